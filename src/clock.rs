@@ -1,0 +1,223 @@
+//! Time sources. All time enters Kairos through [`Clock`], so tests can drive
+//! a [`ManualClock`] and run months of simulated time in milliseconds.
+//!
+//! Two readings are kept apart, as tokio's timer and Netty's switch to
+//! `nanoTime` taught: *wall* time (UTC, used to map absolute due times and
+//! stored on disk) and *monotonic* time (drives firing, never goes back).
+
+use parking_lot::Mutex;
+use std::fmt;
+use std::sync::Arc;
+use std::task::Waker;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A source of wall and monotonic time.
+///
+/// Implementations must be cheap to call (the driver reads the clock on every
+/// wake-up) and must never panic.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Current wall-clock time (UTC). May jump forwards or backwards.
+    fn now_wall(&self) -> SystemTime;
+
+    /// Monotonic time since an arbitrary fixed origin. Never decreases.
+    fn now_monotonic(&self) -> Duration;
+
+    /// `true` if time only moves when a test moves it. The driver then waits
+    /// for [`Clock::register_waker`] notifications instead of real timeouts.
+    fn is_manual(&self) -> bool {
+        false
+    }
+
+    /// Asks to be woken whenever the clock is moved by hand. Real clocks
+    /// ignore it (the default).
+    fn register_waker(&self, waker: Waker) {
+        let _ = waker;
+    }
+}
+
+/// The operating system's clocks: [`SystemTime`] and [`Instant`].
+#[derive(Debug, Clone)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl SystemClock {
+    /// A system clock whose monotonic origin is now.
+    pub fn new() -> Self {
+        SystemClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now_wall(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
+    fn now_monotonic(&self) -> Duration {
+        self.origin.elapsed()
+    }
+}
+
+#[derive(Debug)]
+struct ManualState {
+    wall: SystemTime,
+    monotonic: Duration,
+    wakers: Vec<Waker>,
+}
+
+/// A clock that moves only when told to. Cloning shares the same time.
+///
+/// [`ManualClock::advance`] moves wall and monotonic time together;
+/// [`ManualClock::step_wall`] moves only the wall clock (an NTP or operator
+/// step); [`ManualClock::advance_monotonic`] moves only monotonic time.
+/// Every move wakes the engines using the clock; follow it with
+/// `Engine::run_until_idle` to wait until they have handed out what fell due.
+#[derive(Clone)]
+pub struct ManualClock {
+    state: Arc<Mutex<ManualState>>,
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("ManualClock")
+            .field("wall", &s.wall)
+            .field("monotonic", &s.monotonic)
+            .finish()
+    }
+}
+
+impl ManualClock {
+    /// A manual clock whose wall time is `wall_ms` milliseconds after the Unix
+    /// epoch and whose monotonic time is zero.
+    pub fn new(wall_ms: u64) -> Self {
+        ManualClock {
+            state: Arc::new(Mutex::new(ManualState {
+                wall: UNIX_EPOCH + Duration::from_millis(wall_ms),
+                monotonic: Duration::ZERO,
+                wakers: Vec::new(),
+            })),
+        }
+    }
+
+    /// Moves wall and monotonic time forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        self.update(|s| {
+            s.wall += by;
+            s.monotonic += by;
+        });
+    }
+
+    /// Moves only monotonic time forward by `by` (as across a suspend that the
+    /// wall clock did not see).
+    pub fn advance_monotonic(&self, by: Duration) {
+        self.update(|s| s.monotonic += by);
+    }
+
+    /// Steps only the wall clock by `delta_ms` milliseconds (negative: back).
+    /// Saturates at the Unix epoch.
+    pub fn step_wall(&self, delta_ms: i64) {
+        self.update(|s| {
+            let d = Duration::from_millis(delta_ms.unsigned_abs());
+            s.wall = if delta_ms >= 0 {
+                s.wall + d
+            } else {
+                s.wall.checked_sub(d).unwrap_or(UNIX_EPOCH)
+            };
+        });
+    }
+
+    /// Current wall time in milliseconds since the Unix epoch.
+    pub fn wall_ms(&self) -> u64 {
+        system_time_to_ms(self.state.lock().wall).unwrap_or(0)
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ManualState)) {
+        let wakers = {
+            let mut s = self.state.lock();
+            f(&mut s);
+            s.wakers.clone()
+        };
+        // Wake outside our lock: wakers take engine locks that may in turn
+        // read this clock.
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_wall(&self) -> SystemTime {
+        self.state.lock().wall
+    }
+
+    fn now_monotonic(&self) -> Duration {
+        self.state.lock().monotonic
+    }
+
+    fn is_manual(&self) -> bool {
+        true
+    }
+
+    fn register_waker(&self, waker: Waker) {
+        let mut s = self.state.lock();
+        s.wakers.retain(|w| !w.will_wake(&waker));
+        s.wakers.push(waker);
+    }
+}
+
+/// Milliseconds since the Unix epoch, or `None` for a time before it or past
+/// `u64::MAX` ms.
+pub fn system_time_to_ms(t: SystemTime) -> Option<u64> {
+    let d = t.duration_since(UNIX_EPOCH).ok()?;
+    u64::try_from(d.as_millis()).ok()
+}
+
+/// Nanoseconds since the Unix epoch as a signed 128-bit value (negative before
+/// the epoch). Never fails.
+pub(crate) fn system_time_to_ns(t: SystemTime) -> i128 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    }
+}
+
+/// The [`SystemTime`] `ms` milliseconds after the Unix epoch.
+pub fn ms_to_system_time(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let c = ManualClock::new(1_000);
+        assert_eq!(c.wall_ms(), 1_000);
+        assert_eq!(c.now_monotonic(), Duration::ZERO);
+        c.advance(Duration::from_millis(250));
+        assert_eq!(c.wall_ms(), 1_250);
+        assert_eq!(c.now_monotonic(), Duration::from_millis(250));
+        c.step_wall(-2_000);
+        assert_eq!(c.wall_ms(), 0);
+        assert_eq!(c.now_monotonic(), Duration::from_millis(250));
+        c.advance_monotonic(Duration::from_millis(5));
+        assert_eq!(c.now_monotonic(), Duration::from_millis(255));
+    }
+
+    #[test]
+    fn time_conversions_round_trip() {
+        assert_eq!(system_time_to_ms(ms_to_system_time(42)), Some(42));
+        assert_eq!(system_time_to_ms(UNIX_EPOCH - Duration::from_millis(1)), None);
+        assert_eq!(system_time_to_ns(UNIX_EPOCH - Duration::from_nanos(5)), -5);
+    }
+}

@@ -1,0 +1,1181 @@
+//! The engine: tombstone index + timing wheel + write-ahead log + driver.
+//!
+//! Concurrency model. One mutex guards the [`Core`] (wheel, index, tasks,
+//! overdue queue, log handle). Every state change takes the lock, checks,
+//! appends its log record (which only enqueues it to the log's writer thread,
+//! so the lock is never held across I/O), applies the change in memory and
+//! releases the lock; the caller then waits for the record's durability.
+//! Because records are enqueued under the lock, the log's order is the order
+//! in which changes took effect, and a later record is never durable before an
+//! earlier one (the log syncs a prefix). Hence:
+//!
+//! * `cancel` returns `Cancelled` only after its cancel record is durable
+//!   (under `Sync`), and the task left memory before anyone could deliver it;
+//! * the driver hands a task to the consumers only after its deliver record is
+//!   durable, and a task taken for delivery answers cancel with
+//!   `AlreadyDelivered`.
+//!
+//! So for any task, exactly one of "cancel returned `Cancelled`" and "a
+//! consumer received it" happens, across crashes too.
+
+use crate::clock::{system_time_to_ms, system_time_to_ns, Clock, SystemClock};
+use crate::config::{Config, BATCH_TASKS_MAX};
+use crate::consumer::{Consumer, Delivery};
+use crate::error::{AckError, CancelError, OpenError, ScheduleError, ShutdownError};
+use crate::record::{Record, SCHEDULE_FIXED_BYTES};
+use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
+use crate::wheel::{Expired, InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
+use crossbeam_channel::{Receiver, Sender};
+use kairos_wal::storage::LockGuard;
+use kairos_wal::{
+    AppendTicket, FsStorage, RecordView, RecoveryReport, ReplayError, Storage, Wal, WalError,
+    WalOptions,
+};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::task::{Wake, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+/// When a task is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// At an absolute wall-clock time (stored as UTC milliseconds, rounded up).
+    At(SystemTime),
+    /// After a delay from now.
+    After(Duration),
+}
+
+/// One task for [`Engine::schedule_many`].
+#[derive(Debug, Clone, Copy)]
+pub struct NewTask<'a> {
+    /// Caller-chosen key, 1..=`Config::key_bytes_max` bytes.
+    pub key: &'a [u8],
+    /// When it is due.
+    pub due: Due,
+    /// Payload, up to `Config::payload_bytes_max` bytes.
+    pub payload: &'a [u8],
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CancelOutcome {
+    /// The task was pending and will never be delivered. Under `Sync` the
+    /// cancel is durable when this is returned.
+    Cancelled,
+    /// The task was already handed to the consumers (and not yet acked): the
+    /// caller should compensate.
+    AlreadyDelivered,
+    /// No live task has this key (never scheduled, cancelled, or finished).
+    NotFound,
+}
+
+/// What recovery found when the engine was opened.
+#[derive(Debug, Clone, Default)]
+pub struct Recovery {
+    /// The log's own report: records replayed, torn tail truncated, clean shutdown.
+    pub wal: RecoveryReport,
+    /// Live tasks after recovery (scheduled, plus delivered but never acked).
+    pub pending: usize,
+    /// Of those, tasks that fell due while the engine was closed.
+    pub overdue: usize,
+    /// Of those, tasks delivered before the restart but never acked: they are
+    /// delivered again.
+    pub redelivered: usize,
+}
+
+/// Counters for observing an engine. Cheap: one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Tasks waiting for their due time.
+    pub scheduled: usize,
+    /// Tasks handed to consumers and not yet acked (includes `ready`).
+    pub delivered_unacked: usize,
+    /// Deliveries waiting in the ready queue for a consumer.
+    pub ready: usize,
+    /// Payload bytes held in memory.
+    pub payload_bytes_in_memory: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Status {
+    Open,
+    Closed,
+    Poisoned(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DriverSleep {
+    /// Working; will look at the wheel again before sleeping.
+    Busy,
+    /// Sleeping until this tick (or a wake-up).
+    Until(Tick),
+    /// Sleeping until woken (nothing scheduled, or a manual clock).
+    Forever,
+}
+
+/// Everything behind the engine's one lock.
+struct Core {
+    status: Status,
+    wheel: Wheel,
+    tasks: TaskSlab,
+    /// The tombstone index: key → task slot. O(1) cancel wherever the task is.
+    index: HashMap<Arc<[u8]>, u32>,
+    payloads: PayloadStore,
+    /// Tasks due at once (scheduled in the past, or due during downtime),
+    /// oldest first; entries of cancelled tasks are skipped by id check.
+    overdue: VecDeque<(u32, TaskId)>,
+    next_id: u64,
+    wal: Option<Wal>,
+    sleep: DriverSleep,
+    stop: bool,
+    /// Every task due at or before this tick has been handed out.
+    processed_tick: Tick,
+    delivered_unacked: usize,
+}
+
+impl Core {
+    fn check_open(&self) -> Result<(), Status> {
+        match &self.status {
+            Status::Open => Ok(()),
+            other => Err(other.clone()),
+        }
+    }
+}
+
+/// State shared by the engine handle, the driver thread and consumers.
+pub(crate) struct Shared {
+    config: Config,
+    clock: Arc<dyn Clock>,
+    tick_ns: u128,
+    origin_monotonic: Duration,
+    core: Mutex<Core>,
+    /// The driver waits here; notified on an earlier deadline, a clock move,
+    /// a stop.
+    driver_cv: Condvar,
+    /// `run_until_idle` waits here for the driver to catch up.
+    idle_cv: Condvar,
+    ready_rx: Receiver<Delivery>,
+}
+
+/// An embedded delayed-task engine.
+///
+/// Schedule tasks with a key, a due time and a payload; cancel them by key in
+/// O(1); receive them when due through a [`Consumer`]; acknowledge them. With
+/// a directory, every change is in a write-ahead log first and survives
+/// crashes per the configured [`kairos_wal::Durability`].
+///
+/// `Engine` is `Send + Sync`: share it by reference or in an `Arc`. Dropping
+/// it without [`Engine::shutdown`] stops it like a crash would (anything not
+/// yet durable may be lost) and never panics.
+pub struct Engine {
+    shared: Arc<Shared>,
+    driver: Mutex<Option<JoinHandle<()>>>,
+    dir_lock: Mutex<Option<Box<dyn LockGuard>>>,
+    recovery: Recovery,
+    dir: Option<PathBuf>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("dir", &self.dir)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+struct ReplayTask {
+    key: Vec<u8>,
+    payload: Vec<u8>,
+    due_ms: u64,
+    deliveries: u32,
+}
+
+/// Rebuilds the live task set from log records.
+#[derive(Default)]
+struct Replayer {
+    tasks: HashMap<u64, ReplayTask>,
+    keys: HashSet<Vec<u8>>,
+    max_id: u64,
+}
+
+impl Replayer {
+    fn apply(&mut self, view: RecordView<'_>) -> Result<(), ReplayError> {
+        let record = Record::decode(view.record_type, view.body)
+            .map_err(|e| ReplayError(e.to_string()))?;
+        let missing = |what: &str, id: TaskId| {
+            ReplayError(format!("{what} record for task {} which is not live", id.0))
+        };
+        match record {
+            Record::Schedule {
+                id,
+                due_ms,
+                key,
+                payload,
+            } => {
+                if id.0 <= self.max_id {
+                    return Err(ReplayError(format!(
+                        "task id {} is not above the previous maximum {}",
+                        id.0, self.max_id
+                    )));
+                }
+                if !self.keys.insert(key.to_vec()) {
+                    return Err(ReplayError(format!(
+                        "schedule of key {:?} which is already live",
+                        String::from_utf8_lossy(key)
+                    )));
+                }
+                self.max_id = id.0;
+                self.tasks.insert(
+                    id.0,
+                    ReplayTask {
+                        key: key.to_vec(),
+                        payload: payload.to_vec(),
+                        due_ms,
+                        deliveries: 0,
+                    },
+                );
+            }
+            Record::Cancel { id } => match self.tasks.get(&id.0) {
+                Some(t) if t.deliveries == 0 => self.remove(id.0),
+                Some(_) => {
+                    return Err(ReplayError(format!(
+                        "cancel record for task {} which was already delivered",
+                        id.0
+                    )))
+                }
+                None => return Err(missing("cancel", id)),
+            },
+            Record::Deliver { id, .. } => match self.tasks.get_mut(&id.0) {
+                Some(t) => t.deliveries = t.deliveries.saturating_add(1),
+                None => return Err(missing("deliver", id)),
+            },
+            Record::Ack { id } => match self.tasks.get(&id.0) {
+                Some(t) if t.deliveries > 0 => self.remove(id.0),
+                Some(_) => {
+                    return Err(ReplayError(format!(
+                        "ack record for task {} which was never delivered",
+                        id.0
+                    )))
+                }
+                None => return Err(missing("ack", id)),
+            },
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some(t) = self.tasks.remove(&id) {
+            self.keys.remove(&t.key);
+        }
+    }
+}
+
+/// Wakes the driver when a manual clock moves.
+struct DriverWaker(Weak<Shared>);
+
+impl Wake for DriverWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(shared) = self.0.upgrade() {
+            // Take the lock so the notification cannot slip in between the
+            // driver reading the clock and starting to wait.
+            let _core = shared.core.lock();
+            shared.driver_cv.notify_all();
+        }
+    }
+}
+
+impl Engine {
+    /// Opens (or creates) the engine stored in directory `dir` with the real
+    /// file system and the system clock. Tasks that fell due while it was
+    /// closed are delivered at once, oldest first; deliveries never acked are
+    /// delivered again.
+    ///
+    /// # Errors
+    /// [`OpenError::Locked`] if the directory is open elsewhere;
+    /// [`OpenError::Wal`] for I/O errors and for corruption (naming file and
+    /// offset); [`OpenError::InvalidConfig`].
+    pub fn open(dir: impl AsRef<Path>, config: Config) -> Result<Engine, OpenError> {
+        Self::open_with(
+            dir,
+            config,
+            Arc::new(FsStorage),
+            Arc::new(SystemClock::new()),
+        )
+    }
+
+    /// [`Engine::open`] with an explicit storage (e.g. `kairos_wal::SimStorage`
+    /// for crash tests) and clock (e.g. [`crate::ManualClock`]).
+    pub fn open_with(
+        dir: impl AsRef<Path>,
+        config: Config,
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Engine, OpenError> {
+        config
+            .validate()
+            .map_err(|reason| OpenError::InvalidConfig { reason })?;
+        let dir = dir.as_ref().to_path_buf();
+        storage
+            .create_dir_all(&dir)
+            .map_err(|source| OpenError::Io {
+                op: "create directory",
+                path: dir.clone(),
+                source,
+            })?;
+        let lock_path = dir.join("LOCK");
+        let dir_lock = storage.lock(&lock_path).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::WouldBlock {
+                OpenError::Locked { path: dir.clone() }
+            } else {
+                OpenError::Io {
+                    op: "lock",
+                    path: lock_path.clone(),
+                    source,
+                }
+            }
+        })?;
+        let options = WalOptions {
+            segment_bytes: config.segment_bytes,
+            durability: config.durability,
+            ..WalOptions::default()
+        };
+        let mut replayer = Replayer::default();
+        let (wal, report) = Wal::open(storage, &dir.join("wal"), options, &mut |view| {
+            replayer.apply(view)
+        })
+        .map_err(|e| match e {
+            WalError::Locked { .. } => OpenError::Locked { path: dir.clone() },
+            other => OpenError::Wal(other),
+        })?;
+        let mut engine = Self::start(config, clock, Some(wal), replayer, report);
+        *engine.dir_lock.get_mut() = Some(dir_lock);
+        engine.dir = Some(dir);
+        Ok(engine)
+    }
+
+    /// An engine with no directory: nothing is written anywhere, everything
+    /// is lost when it stops. For tests and benchmarks.
+    ///
+    /// # Errors
+    /// [`OpenError::InvalidConfig`].
+    pub fn in_memory(config: Config, clock: Arc<dyn Clock>) -> Result<Engine, OpenError> {
+        config
+            .validate()
+            .map_err(|reason| OpenError::InvalidConfig { reason })?;
+        Ok(Self::start(
+            config,
+            clock,
+            None,
+            Replayer::default(),
+            RecoveryReport::default(),
+        ))
+    }
+
+    fn start(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        wal: Option<Wal>,
+        replayer: Replayer,
+        wal_report: RecoveryReport,
+    ) -> Engine {
+        let tick_ns = config.tick.as_nanos();
+        let origin_monotonic = clock.now_monotonic();
+        let (ready_tx, ready_rx) = crossbeam_channel::unbounded();
+        let core = Core {
+            status: Status::Open,
+            wheel: Wheel::new(),
+            tasks: TaskSlab::default(),
+            index: HashMap::new(),
+            payloads: PayloadStore::default(),
+            overdue: VecDeque::new(),
+            next_id: replayer.max_id + 1,
+            wal,
+            sleep: DriverSleep::Busy,
+            stop: false,
+            processed_tick: Tick(0),
+            delivered_unacked: 0,
+        };
+        let shared = Arc::new(Shared {
+            config,
+            clock,
+            tick_ns,
+            origin_monotonic,
+            core: Mutex::new(core),
+            driver_cv: Condvar::new(),
+            idle_cv: Condvar::new(),
+            ready_rx,
+        });
+        let recovery = shared.load_replayed(replayer, wal_report);
+        shared
+            .clock
+            .register_waker(Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared)))));
+        let driver_shared = Arc::clone(&shared);
+        let driver = std::thread::Builder::new()
+            .name("kairos-driver".into())
+            .spawn(move || driver_loop(&driver_shared, ready_tx));
+        let driver = match driver {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                shared.poison(format!("cannot start the driver thread: {e}"));
+                None
+            }
+        };
+        Engine {
+            shared,
+            driver: Mutex::new(driver),
+            dir_lock: Mutex::new(None),
+            recovery,
+            dir: None,
+        }
+    }
+
+    /// Schedules a task. `key` must not belong to a live task. A due time
+    /// already past fires at once (as overdue).
+    ///
+    /// Returns the task's id. Under `Sync` the task is durable when this
+    /// returns; under `Interval`/`Buffered` it is written to the OS.
+    ///
+    /// Cost: O(1) (hash insert, wheel insert, one log append).
+    ///
+    /// # Errors
+    /// See [`ScheduleError`]: bad key/payload/due time, `AlreadyExists`,
+    /// `TooManyPending`, `Closed`, `Poisoned`.
+    pub fn schedule(&self, key: &[u8], due: Due, payload: &[u8]) -> Result<TaskId, ScheduleError> {
+        let ids = self.schedule_many(&[NewTask { key, due, payload }])?;
+        Ok(ids[0])
+    }
+
+    /// [`Engine::schedule`] with a delay from now.
+    pub fn schedule_after(
+        &self,
+        key: &[u8],
+        delay: Duration,
+        payload: &[u8],
+    ) -> Result<TaskId, ScheduleError> {
+        self.schedule(key, Due::After(delay), payload)
+    }
+
+    /// [`Engine::schedule`] at an absolute wall-clock time.
+    pub fn schedule_at(
+        &self,
+        key: &[u8],
+        at: SystemTime,
+        payload: &[u8],
+    ) -> Result<TaskId, ScheduleError> {
+        self.schedule(key, Due::At(at), payload)
+    }
+
+    /// Schedules many tasks with one log write (one fdatasync under `Sync`):
+    /// all of them or none. Returns their ids in order.
+    ///
+    /// # Errors
+    /// As [`Engine::schedule`], plus `DuplicateKeyInBatch` and
+    /// `BatchTooLarge` (more than [`BATCH_TASKS_MAX`] tasks).
+    pub fn schedule_many(&self, tasks: &[NewTask<'_>]) -> Result<Vec<TaskId>, ScheduleError> {
+        self.shared.schedule_many(tasks)
+    }
+
+    /// Cancels the live task with `key`.
+    ///
+    /// Cost: O(1). A cancelled task's memory (entry, key, payload, wheel
+    /// node) is freed at once.
+    ///
+    /// # Errors
+    /// `Closed`; `Poisoned` (the outcome is then unknown: the engine stopped
+    /// before the cancel was durable).
+    pub fn cancel(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
+        let outcomes = self.cancel_many(&[key])?;
+        Ok(outcomes[0])
+    }
+
+    /// Cancels many keys with one log write; returns one outcome per key.
+    pub fn cancel_many(&self, keys: &[&[u8]]) -> Result<Vec<CancelOutcome>, CancelError> {
+        self.shared.cancel_many(keys)
+    }
+
+    /// Acknowledges a delivery (same as [`Consumer::ack`]).
+    ///
+    /// # Errors
+    /// [`AckError::NotOutstanding`] if it was already acked or comes from
+    /// before a restart; `Closed`; `Poisoned`.
+    pub fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
+        self.shared.ack(delivery)
+    }
+
+    /// A new consumer handle.
+    pub fn consumer(&self) -> Consumer {
+        Consumer {
+            shared: Arc::clone(&self.shared),
+            rx: self.shared.ready_rx.clone(),
+        }
+    }
+
+    /// Counters: scheduled, delivered-unacked, ready backlog.
+    pub fn stats(&self) -> Stats {
+        let core = self.shared.core.lock();
+        Stats {
+            scheduled: core.tasks.len() - core.delivered_unacked,
+            delivered_unacked: core.delivered_unacked,
+            ready: self.shared.ready_rx.len(),
+            payload_bytes_in_memory: core.payloads.bytes_in_memory(),
+        }
+    }
+
+    /// What recovery found at open.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// Waits until the driver has handed out every task due at the clock's
+    /// current time. With a [`crate::ManualClock`]: advance the clock, then
+    /// call this; afterwards `try_recv` sees exactly what fell due. Returns at
+    /// once if the engine is stopped.
+    pub fn run_until_idle(&self) {
+        self.shared.run_until_idle();
+    }
+
+    /// Stops the engine cleanly: stops the driver, syncs the log and writes a
+    /// clean-close marker, releases the directory. Deliveries not yet received
+    /// or acked are delivered again after the next open. Idempotent.
+    ///
+    /// # Errors
+    /// The log could not be flushed ([`ShutdownError::Wal`]), or the engine
+    /// was already poisoned.
+    pub fn shutdown(&self) -> Result<(), ShutdownError> {
+        let wal = {
+            let mut core = self.shared.core.lock();
+            if core.status == Status::Open {
+                core.status = Status::Closed;
+            }
+            core.stop = true;
+            self.shared.driver_cv.notify_all();
+            core.wal.take()
+        };
+        self.join_driver();
+        // Deliveries nobody received stay unacked: redelivered after reopen.
+        while self.shared.ready_rx.try_recv().is_ok() {}
+        let result = match wal {
+            Some(wal) => wal.close().map_err(ShutdownError::from),
+            None => Ok(()),
+        };
+        self.dir_lock.lock().take();
+        match self.shared.poison_cause() {
+            Some(cause) if result.is_ok() => Err(ShutdownError::Poisoned { cause }),
+            _ => result,
+        }
+    }
+
+    fn join_driver(&self) {
+        if let Some(handle) = self.driver.lock().take() {
+            // A panic in the driver is a bug; it has already poisoned nothing
+            // on disk, so report it through the status instead of re-panicking.
+            if handle.join().is_err() {
+                self.shared.poison("the driver thread panicked".into());
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let wal = {
+            let mut core = self.shared.core.lock();
+            if core.status == Status::Open {
+                core.status = Status::Closed;
+            }
+            core.stop = true;
+            self.shared.driver_cv.notify_all();
+            core.wal.take()
+        };
+        self.join_driver();
+        // Dropping the log without close: like a crash for anything not durable.
+        drop(wal);
+        self.dir_lock.get_mut().take();
+    }
+}
+
+fn status_to_schedule_error(s: Status) -> ScheduleError {
+    match s {
+        Status::Poisoned(cause) => ScheduleError::Poisoned { cause },
+        _ => ScheduleError::Closed,
+    }
+}
+
+fn status_to_cancel_error(s: Status) -> CancelError {
+    match s {
+        Status::Poisoned(cause) => CancelError::Poisoned { cause },
+        _ => CancelError::Closed,
+    }
+}
+
+fn status_to_ack_error(s: Status) -> AckError {
+    match s {
+        Status::Poisoned(cause) => AckError::Poisoned { cause },
+        _ => AckError::Closed,
+    }
+}
+
+fn key_lossy(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+impl Shared {
+    pub(crate) fn poison_cause(&self) -> Option<String> {
+        match &self.core.lock().status {
+            Status::Poisoned(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+
+    fn poison(&self, cause: String) {
+        let mut core = self.core.lock();
+        if !matches!(core.status, Status::Poisoned(_)) {
+            tracing::error!(%cause, "kairos engine poisoned");
+            core.status = Status::Poisoned(cause);
+        }
+        core.stop = true;
+        self.driver_cv.notify_all();
+        self.idle_cv.notify_all();
+    }
+
+    /// Waits for a log ticket; a failure poisons the engine and is returned
+    /// as its cause.
+    fn wait_durable(&self, ticket: Option<AppendTicket>) -> Result<(), String> {
+        let Some(ticket) = ticket else { return Ok(()) };
+        ticket.wait().map_err(|e| {
+            let cause = e.to_string();
+            self.poison(cause.clone());
+            cause
+        })
+    }
+
+    /// Nanoseconds of monotonic time since the engine started.
+    fn now_ns(&self) -> u128 {
+        self.clock
+            .now_monotonic()
+            .saturating_sub(self.origin_monotonic)
+            .as_nanos()
+    }
+
+    fn now_tick(&self) -> Tick {
+        Tick((self.now_ns() / self.tick_ns) as u64)
+    }
+
+    /// Maps an absolute due time to the first tick at or after it, using the
+    /// current wall and monotonic readings. `Tick(0)` if already past.
+    fn due_tick(&self, due_ms: u64, now_ns: u128, wall_ns: i128) -> Tick {
+        let until_due_ns = i128::from(due_ms) * 1_000_000 - wall_ns;
+        let due_mono_ns = now_ns as i128 + until_due_ns;
+        if due_mono_ns <= 0 {
+            return Tick(0);
+        }
+        let tick_ns = self.tick_ns as i128;
+        let ticks = (due_mono_ns + tick_ns - 1) / tick_ns;
+        Tick(u64::try_from(ticks).unwrap_or(u64::MAX))
+    }
+
+    fn load_replayed(&self, replayer: Replayer, wal: RecoveryReport) -> Recovery {
+        let now_ns = self.now_ns();
+        let wall_ns = system_time_to_ns(self.clock.now_wall());
+        let mut tasks: Vec<(u64, ReplayTask)> = replayer.tasks.into_iter().collect();
+        // Oldest first; equal due times in scheduling (id) order.
+        tasks.sort_unstable_by_key(|(id, t)| (t.due_ms, *id));
+        let mut recovery = Recovery {
+            wal,
+            pending: tasks.len(),
+            ..Recovery::default()
+        };
+        let mut core = self.core.lock();
+        for (id, t) in tasks {
+            let id = TaskId(id);
+            let redeliver = t.deliveries > 0;
+            let due_tick = self.due_tick(t.due_ms, now_ns, wall_ns);
+            let payload = core.payloads.put(&t.payload);
+            let task = Task {
+                id,
+                key: Arc::from(t.key),
+                due_ms: t.due_ms,
+                payload,
+                state: if redeliver {
+                    TaskState::Delivered
+                } else {
+                    TaskState::Scheduled
+                },
+                deliveries: t.deliveries,
+                timer: None,
+            };
+            let key = Arc::clone(&task.key);
+            let Some(slot) = core.tasks.insert(task) else {
+                break;
+            };
+            core.index.insert(key, slot);
+            if redeliver {
+                core.delivered_unacked += 1;
+                recovery.redelivered += 1;
+                core.overdue.push_back((slot, id));
+                continue;
+            }
+            match core.wheel.insert(due_tick, slot) {
+                Ok(timer) => {
+                    if let Some(t) = core.tasks.get_mut(slot) {
+                        t.timer = Some(timer);
+                    }
+                }
+                Err(_) => {
+                    recovery.overdue += 1;
+                    core.overdue.push_back((slot, id));
+                }
+            }
+        }
+        recovery
+    }
+
+    fn schedule_many(&self, new: &[NewTask<'_>]) -> Result<Vec<TaskId>, ScheduleError> {
+        if new.len() > BATCH_TASKS_MAX {
+            return Err(ScheduleError::BatchTooLarge {
+                tasks: new.len(),
+                max: BATCH_TASKS_MAX,
+            });
+        }
+        let wall_ns = system_time_to_ns(self.clock.now_wall());
+        let now_ns = self.now_ns();
+        let mut due_ms = Vec::with_capacity(new.len());
+        for t in new {
+            self.validate_shape(t)?;
+            due_ms.push(self.validate_due(t.due, wall_ns)?);
+        }
+        if new.len() > 1 {
+            let mut seen = HashSet::with_capacity(new.len());
+            for t in new {
+                if !seen.insert(t.key) {
+                    return Err(ScheduleError::DuplicateKeyInBatch {
+                        key: key_lossy(t.key),
+                    });
+                }
+            }
+        }
+        let due_ticks: Vec<Tick> = due_ms
+            .iter()
+            .map(|&d| self.due_tick(d, now_ns, wall_ns))
+            .collect();
+
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_schedule_error)?;
+        let live = core.tasks.len();
+        if live + new.len() > self.config.pending_tasks_max {
+            return Err(ScheduleError::TooManyPending {
+                pending: live,
+                max: self.config.pending_tasks_max,
+            });
+        }
+        if let Some(t) = new.iter().find(|t| core.index.contains_key(t.key)) {
+            return Err(ScheduleError::AlreadyExists {
+                key: key_lossy(t.key),
+            });
+        }
+        let horizon = Tick(core.wheel.elapsed().0.saturating_add(WHEEL_RANGE_TICKS - 1));
+        if let Some(i) = due_ticks.iter().position(|&t| t > horizon) {
+            return Err(ScheduleError::DueTooFar {
+                due_ms: due_ms[i],
+                max_ms: due_ms[i].saturating_sub(due_ticks[i].0 - horizon.0),
+            });
+        }
+        let first_id = core.next_id;
+        let ticket = match &core.wal {
+            Some(wal) => {
+                let (bodies, ends) = encode_schedules(new, &due_ms, first_id);
+                let mut records = Vec::with_capacity(new.len());
+                let mut start = 0;
+                for &end in &ends {
+                    records.push(kairos_wal::Record {
+                        record_type: crate::record::RECORD_SCHEDULE,
+                        body: &bodies[start..end],
+                    });
+                    start = end;
+                }
+                Some(wal.append(&records).map_err(|e| self.append_failed(&mut core, e))?)
+            }
+            None => None,
+        };
+        core.next_id += new.len() as u64;
+        let mut wake_driver = false;
+        let mut ids = Vec::with_capacity(new.len());
+        for (i, t) in new.iter().enumerate() {
+            let id = TaskId(first_id + i as u64);
+            ids.push(id);
+            let payload = core.payloads.put(t.payload);
+            let key: Arc<[u8]> = Arc::from(t.key);
+            let task = Task {
+                id,
+                key: Arc::clone(&key),
+                due_ms: due_ms[i],
+                payload,
+                state: TaskState::Scheduled,
+                deliveries: 0,
+                timer: None,
+            };
+            // pending_tasks_max ≤ u32::MAX (validated), so a slot always exists.
+            let Some(slot) = core.tasks.insert(task) else {
+                continue;
+            };
+            core.index.insert(key, slot);
+            match core.wheel.insert(due_ticks[i], slot) {
+                Ok(timer) => {
+                    if let Some(task) = core.tasks.get_mut(slot) {
+                        task.timer = Some(timer);
+                    }
+                    wake_driver |= match core.sleep {
+                        DriverSleep::Busy => false,
+                        DriverSleep::Forever => true,
+                        DriverSleep::Until(t) => due_ticks[i] < t,
+                    };
+                }
+                Err(InsertError::Elapsed) => {
+                    core.overdue.push_back((slot, id));
+                    wake_driver |= core.sleep != DriverSleep::Busy;
+                }
+                Err(e @ (InsertError::TooFar | InsertError::Full)) => {
+                    // Ruled out above (range) and by `pending_tasks_max` (count).
+                    // Never fire early: the task stays scheduled, without a
+                    // timer, and is placed again by the next open.
+                    debug_assert!(false, "wheel refused task {id:?}: {e:?}");
+                    tracing::error!(?id, ?e, "wheel refused a task");
+                }
+            }
+        }
+        if wake_driver {
+            self.driver_cv.notify_all();
+        }
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
+        Ok(ids)
+    }
+
+    fn append_failed(&self, core: &mut Core, e: WalError) -> ScheduleError {
+        let cause = e.to_string();
+        core.status = Status::Poisoned(cause.clone());
+        core.stop = true;
+        self.driver_cv.notify_all();
+        ScheduleError::Poisoned { cause }
+    }
+
+    fn validate_shape(&self, t: &NewTask<'_>) -> Result<(), ScheduleError> {
+        if t.key.is_empty() {
+            return Err(ScheduleError::EmptyKey);
+        }
+        if t.key.len() > self.config.key_bytes_max {
+            return Err(ScheduleError::KeyTooLong {
+                bytes: t.key.len(),
+                max: self.config.key_bytes_max,
+            });
+        }
+        if t.payload.len() > self.config.payload_bytes_max {
+            return Err(ScheduleError::PayloadTooLarge {
+                bytes: t.payload.len(),
+                max: self.config.payload_bytes_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// The due time in UTC ms (rounded up), checked against `delay_max`.
+    fn validate_due(&self, due: Due, wall_ns: i128) -> Result<u64, ScheduleError> {
+        let due_ns: i128 = match due {
+            Due::At(at) => {
+                if system_time_to_ms(at).is_none() {
+                    return Err(ScheduleError::DueBeforeEpoch);
+                }
+                system_time_to_ns(at)
+            }
+            Due::After(d) => wall_ns.saturating_add(d.as_nanos().min(i128::MAX as u128) as i128),
+        };
+        if due_ns < 0 {
+            return Err(ScheduleError::DueBeforeEpoch);
+        }
+        let due_ms = (due_ns + 999_999) / 1_000_000;
+        let max_ms = (wall_ns.max(0) / 1_000_000) + self.config.delay_max.as_millis() as i128;
+        if due_ms > max_ms {
+            return Err(ScheduleError::DueTooFar {
+                due_ms: u64::try_from(due_ms).unwrap_or(u64::MAX),
+                max_ms: u64::try_from(max_ms).unwrap_or(u64::MAX),
+            });
+        }
+        u64::try_from(due_ms).map_err(|_| ScheduleError::DueTooFar {
+            due_ms: u64::MAX,
+            max_ms: u64::try_from(max_ms).unwrap_or(u64::MAX),
+        })
+    }
+
+    fn cancel_many(&self, keys: &[&[u8]]) -> Result<Vec<CancelOutcome>, CancelError> {
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_cancel_error)?;
+        let mut outcomes = Vec::with_capacity(keys.len());
+        let mut victims: Vec<(u32, TaskId)> = Vec::new();
+        let mut seen: HashSet<u32> = HashSet::new();
+        for key in keys {
+            let outcome = match core.index.get(*key).copied() {
+                None => CancelOutcome::NotFound,
+                Some(slot) => match core.tasks.get(slot) {
+                    Some(t) if t.state == TaskState::Scheduled => {
+                        if seen.insert(slot) {
+                            victims.push((slot, t.id));
+                            CancelOutcome::Cancelled
+                        } else {
+                            // The same key twice in one call: the second finds it gone.
+                            CancelOutcome::NotFound
+                        }
+                    }
+                    Some(_) => CancelOutcome::AlreadyDelivered,
+                    None => CancelOutcome::NotFound,
+                },
+            };
+            outcomes.push(outcome);
+        }
+        let ticket = match (&core.wal, victims.is_empty()) {
+            (Some(wal), false) => {
+                let mut bodies = Vec::with_capacity(victims.len() * 8);
+                for (_, id) in &victims {
+                    Record::Cancel { id: *id }.encode_into(&mut bodies);
+                }
+                let records: Vec<kairos_wal::Record<'_>> = bodies
+                    .chunks_exact(8)
+                    .map(|body| kairos_wal::Record {
+                        record_type: crate::record::RECORD_CANCEL,
+                        body,
+                    })
+                    .collect();
+                match wal.append(&records) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        let cause = e.to_string();
+                        core.status = Status::Poisoned(cause.clone());
+                        core.stop = true;
+                        self.driver_cv.notify_all();
+                        return Err(CancelError::Poisoned { cause });
+                    }
+                }
+            }
+            _ => None,
+        };
+        for (slot, _) in victims {
+            self.forget_task(&mut core, slot);
+        }
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| CancelError::Poisoned { cause })?;
+        Ok(outcomes)
+    }
+
+    /// Removes a task from every structure and frees its memory.
+    fn forget_task(&self, core: &mut Core, slot: u32) {
+        if let Some(task) = core.tasks.remove(slot) {
+            if let Some(timer) = task.timer {
+                core.wheel.remove(timer);
+            }
+            if task.state == TaskState::Delivered {
+                core.delivered_unacked -= 1;
+            }
+            core.index.remove(&task.key);
+            core.payloads.release(task.payload);
+            // An overdue-queue entry, if any, is skipped by its id check.
+        }
+    }
+
+    pub(crate) fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_ack_error)?;
+        let outstanding = core
+            .tasks
+            .get_checked(delivery.slot, delivery.task_id)
+            .is_some_and(|t| t.state == TaskState::Delivered && t.deliveries == delivery.attempt);
+        if !outstanding {
+            return Err(AckError::NotOutstanding {
+                task_id: delivery.task_id.0,
+            });
+        }
+        let ticket = match &core.wal {
+            Some(wal) => {
+                let mut body = Vec::with_capacity(8);
+                Record::Ack {
+                    id: delivery.task_id,
+                }
+                .encode_into(&mut body);
+                match wal.append(&[kairos_wal::Record {
+                    record_type: crate::record::RECORD_ACK,
+                    body: &body,
+                }]) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        let cause = e.to_string();
+                        core.status = Status::Poisoned(cause.clone());
+                        core.stop = true;
+                        self.driver_cv.notify_all();
+                        return Err(AckError::Poisoned { cause });
+                    }
+                }
+            }
+            None => None,
+        };
+        self.forget_task(&mut core, delivery.slot);
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| AckError::Poisoned { cause })
+    }
+
+    fn run_until_idle(&self) {
+        let target = self.now_tick();
+        let mut core = self.core.lock();
+        loop {
+            if core.stop {
+                return;
+            }
+            if core.processed_tick >= target
+                && core.overdue.is_empty()
+                && core.sleep != DriverSleep::Busy
+            {
+                return;
+            }
+            self.driver_cv.notify_all();
+            self.idle_cv.wait(&mut core);
+        }
+    }
+}
+
+/// Encodes schedule bodies back to back; returns the bytes and each body's end.
+fn encode_schedules(new: &[NewTask<'_>], due_ms: &[u64], first_id: u64) -> (Vec<u8>, Vec<usize>) {
+    let total: usize = new
+        .iter()
+        .map(|t| SCHEDULE_FIXED_BYTES + t.key.len() + t.payload.len())
+        .sum();
+    let mut bodies = Vec::with_capacity(total);
+    let mut ends = Vec::with_capacity(new.len());
+    for (i, t) in new.iter().enumerate() {
+        Record::Schedule {
+            id: TaskId(first_id + i as u64),
+            due_ms: due_ms[i],
+            key: t.key,
+            payload: t.payload,
+        }
+        .encode_into(&mut bodies);
+        ends.push(bodies.len());
+    }
+    (bodies, ends)
+}
+
+/// The driver: advances the wheel by the clock, logs deliveries, hands them
+/// to consumers, sleeps until the next deadline. Never blocks on consumers:
+/// the ready channel is unbounded.
+fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
+    let mut expired: Vec<Expired> = Vec::new();
+    let mut due: Vec<(u32, TaskId)> = Vec::new();
+    let mut deliveries: Vec<Delivery> = Vec::new();
+    let mut bodies: Vec<u8> = Vec::new();
+    let mut core = shared.core.lock();
+    loop {
+        if core.stop {
+            break;
+        }
+        core.sleep = DriverSleep::Busy;
+        let now = shared.now_tick();
+        due.clear();
+        due.extend(core.overdue.drain(..));
+        if now > core.wheel.elapsed() {
+            expired.clear();
+            core.wheel.advance(now, &mut expired);
+            for e in &expired {
+                if let Some(t) = core.tasks.get(e.item) {
+                    due.push((e.item, t.id));
+                }
+            }
+        }
+        if due.is_empty() {
+            core.processed_tick = now;
+            shared.idle_cv.notify_all();
+            let next = core.wheel.next_deadline();
+            core.sleep = next.map_or(DriverSleep::Forever, DriverSleep::Until);
+            match next {
+                Some(deadline) if !shared.clock.is_manual() => {
+                    let wait_ns = (u128::from(deadline.0) * shared.tick_ns)
+                        .saturating_sub(shared.now_ns());
+                    let wait = Duration::from_nanos(u64::try_from(wait_ns).unwrap_or(u64::MAX));
+                    if !wait.is_zero() {
+                        shared.driver_cv.wait_for(&mut core, wait);
+                    }
+                }
+                _ => shared.driver_cv.wait(&mut core),
+            }
+            continue;
+        }
+        let fired_ms = system_time_to_ms(shared.clock.now_wall()).unwrap_or(0);
+        deliveries.clear();
+        bodies.clear();
+        let c = &mut *core;
+        for &(slot, id) in &due {
+            let Some(task) = c.tasks.get_mut(slot).filter(|t| t.id == id) else {
+                continue; // cancelled while overdue
+            };
+            if task.state == TaskState::Scheduled {
+                task.state = TaskState::Delivered;
+                c.delivered_unacked += 1;
+            }
+            task.timer = None;
+            task.deliveries = task.deliveries.saturating_add(1);
+            deliveries.push(Delivery {
+                task_id: id,
+                slot,
+                key: Arc::clone(&task.key),
+                payload: c.payloads.get(&task.payload).to_vec(),
+                due_ms: task.due_ms,
+                fired_ms,
+                attempt: task.deliveries,
+            });
+            Record::Deliver { id, fired_ms }.encode_into(&mut bodies);
+        }
+        let ticket = match (&core.wal, deliveries.is_empty()) {
+            (Some(wal), false) => {
+                let records: Vec<kairos_wal::Record<'_>> = bodies
+                    .chunks_exact(crate::record::DELIVER_BYTES)
+                    .map(|body| kairos_wal::Record {
+                        record_type: crate::record::RECORD_DELIVER,
+                        body,
+                    })
+                    .collect();
+                match wal.append(&records) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        drop(core);
+                        shared.poison(e.to_string());
+                        return;
+                    }
+                }
+            }
+            _ => None,
+        };
+        drop(core);
+        if shared.wait_durable(ticket).is_err() {
+            return;
+        }
+        for d in deliveries.drain(..) {
+            // The receiver lives in `Shared`, so the channel never disconnects
+            // while this thread runs.
+            let _ = ready_tx.send(d);
+        }
+        core = shared.core.lock();
+    }
+    shared.idle_cv.notify_all();
+}

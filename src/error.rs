@@ -1,0 +1,182 @@
+//! Typed errors, one enum per operation whose callers react differently.
+
+use kairos_wal::WalError;
+use std::path::PathBuf;
+
+/// Opening an engine failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Another engine (in this or another process) holds the directory.
+    #[error("data directory {path} is already open (lock held on {path}/LOCK)")]
+    Locked {
+        /// The data directory.
+        path: PathBuf,
+    },
+    /// A configuration field is out of range.
+    #[error("invalid configuration: {reason}")]
+    InvalidConfig {
+        /// Which field and why.
+        reason: String,
+    },
+    /// Creating or locking the directory failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation.
+        op: &'static str,
+        /// The path it was applied to.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The write-ahead log could not be opened or recovered (corruption,
+    /// foreign or missing segment, I/O error). Corruption names file and offset.
+    #[error(transparent)]
+    Wal(#[from] WalError),
+}
+
+/// Scheduling failed; nothing was scheduled (a batch is all or nothing).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The key is empty.
+    #[error("empty key")]
+    EmptyKey,
+    /// The key is longer than the configured maximum.
+    #[error("key is {bytes} bytes, the maximum is {max}")]
+    KeyTooLong {
+        /// Its length.
+        bytes: usize,
+        /// `Config::key_bytes_max`.
+        max: usize,
+    },
+    /// The payload is larger than the configured maximum.
+    #[error("payload is {bytes} bytes, the maximum is {max}")]
+    PayloadTooLarge {
+        /// Its length.
+        bytes: usize,
+        /// `Config::payload_bytes_max`.
+        max: usize,
+    },
+    /// The due time is further ahead than `Config::delay_max` (never clamped).
+    #[error("due time {due_ms} ms is past the latest accepted {max_ms} ms (now + delay_max)")]
+    DueTooFar {
+        /// Requested due time, UTC ms (saturated at `u64::MAX`).
+        due_ms: u64,
+        /// Latest acceptable due time at the moment of the call, UTC ms.
+        max_ms: u64,
+    },
+    /// The due time is before the Unix epoch.
+    #[error("due time is before the Unix epoch")]
+    DueBeforeEpoch,
+    /// A task with this key is already live (scheduled, or delivered and not acked).
+    #[error("a task with key {key:?} is already pending")]
+    AlreadyExists {
+        /// The key, lossily as UTF-8.
+        key: String,
+    },
+    /// The same key appears twice in one batch.
+    #[error("key {key:?} appears twice in one batch")]
+    DuplicateKeyInBatch {
+        /// The key, lossily as UTF-8.
+        key: String,
+    },
+    /// The batch is larger than [`crate::config::BATCH_TASKS_MAX`].
+    #[error("batch of {tasks} tasks exceeds the maximum of {max}")]
+    BatchTooLarge {
+        /// Tasks in the batch.
+        tasks: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// Live tasks would exceed `Config::pending_tasks_max`.
+    #[error("{pending} tasks are pending; the maximum is {max}")]
+    TooManyPending {
+        /// Live tasks now.
+        pending: usize,
+        /// `Config::pending_tasks_max`.
+        max: usize,
+    },
+    /// The engine was shut down.
+    #[error("the engine is shut down")]
+    Closed,
+    /// A write or sync failed earlier; the engine refuses work until reopened.
+    #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
+    Poisoned {
+        /// The original failure.
+        cause: String,
+    },
+}
+
+/// Cancelling failed. The outcome is unknown to the caller only for
+/// `Poisoned`: the cancel record may or may not have reached the disk.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CancelError {
+    /// The engine was shut down.
+    #[error("the engine is shut down")]
+    Closed,
+    /// A write or sync failed; the engine refuses work until reopened.
+    #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
+    Poisoned {
+        /// The original failure.
+        cause: String,
+    },
+}
+
+/// Acknowledging a delivery failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AckError {
+    /// The delivery is not outstanding: already acked, or from before a restart.
+    #[error("delivery of task {task_id} is not outstanding (already acked or stale)")]
+    NotOutstanding {
+        /// The task id in the delivery.
+        task_id: u64,
+    },
+    /// The engine was shut down.
+    #[error("the engine is shut down")]
+    Closed,
+    /// A write or sync failed; the engine refuses work until reopened.
+    #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
+    Poisoned {
+        /// The original failure.
+        cause: String,
+    },
+}
+
+/// Why a consumer could not receive.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecvError {
+    /// Nothing is ready (`try_recv` only).
+    #[error("no task is ready")]
+    Empty,
+    /// Nothing became ready in time (`recv_timeout` only).
+    #[error("timed out waiting for a task")]
+    Timeout,
+    /// The engine was shut down and nothing is left to receive.
+    #[error("the engine is shut down")]
+    Closed,
+    /// The engine stopped after an I/O failure.
+    #[error("the engine is poisoned by an I/O failure: {cause}")]
+    Poisoned {
+        /// The original failure.
+        cause: String,
+    },
+}
+
+/// Shutting down failed to flush the log; anything not yet durable may be lost.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShutdownError {
+    /// The log could not be flushed and closed.
+    #[error(transparent)]
+    Wal(#[from] WalError),
+    /// The engine was poisoned before shutdown.
+    #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
+    Poisoned {
+        /// The original failure.
+        cause: String,
+    },
+}

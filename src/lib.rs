@@ -1,0 +1,50 @@
+//! # Kairos — an embeddable, durable delayed-task engine
+//!
+//! Schedule a task to fire at a moment in the future, cancel it by key in
+//! O(1) before then, and receive it on consumer threads when it falls due.
+//! Kairos runs inside your process, like SQLite: a hierarchical timing wheel
+//! (Varghese & Lauck 1987, scheme 7) holds the tasks, a tombstone index maps
+//! keys to them, and a segmented write-ahead log ([`kairos_wal`]) makes every
+//! state change durable before it takes effect.
+//!
+//! ```
+//! use kairos::{Config, Engine, CancelOutcome, ManualClock};
+//! use std::{sync::Arc, time::Duration};
+//!
+//! let clock = ManualClock::new(1_700_000_000_000);
+//! let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone())).unwrap();
+//! engine.schedule_after(b"order:1:timeout", Duration::from_secs(1800), b"cancel order 1").unwrap();
+//! engine.schedule_after(b"order:2:timeout", Duration::from_secs(1800), b"cancel order 2").unwrap();
+//! assert_eq!(engine.cancel(b"order:1:timeout").unwrap(), CancelOutcome::Cancelled); // paid
+//!
+//! clock.advance(Duration::from_secs(1800));
+//! engine.run_until_idle();
+//! let consumer = engine.consumer();
+//! let task = consumer.try_recv().unwrap();
+//! assert_eq!(task.key(), b"order:2:timeout");
+//! consumer.ack(&task).unwrap();
+//! engine.shutdown().unwrap();
+//! ```
+//!
+//! See `README.md` for the durability contract of each [`Durability`] mode
+//! and `ARCHITECTURE.md` for a map of the code.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod config;
+mod consumer;
+mod engine;
+pub mod error;
+pub mod record;
+mod task;
+pub mod wheel;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::Config;
+pub use consumer::{Consumer, Delivery};
+pub use engine::{CancelOutcome, Due, Engine, NewTask, Recovery, Stats};
+pub use error::{AckError, CancelError, OpenError, RecvError, ScheduleError, ShutdownError};
+pub use kairos_wal::{Durability, RecoveryReport, TornTail};
+pub use task::{PayloadRef, PayloadStore, TaskId, TaskState};

@@ -1,0 +1,199 @@
+//! Tasks as the engine holds them: ids, the one state enum, the per-task
+//! entry, and the component that decides where payload bytes live.
+
+use crate::wheel::TimerKey;
+use std::sync::Arc;
+
+/// Engine-assigned task id: unique for the life of a data directory (never
+/// reused, even after a restart), increasing in scheduling order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct TaskId(pub u64);
+
+/// Where a task stands. This is the single place task state is defined; later
+/// issues (leases, retries, dead letters) extend it here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskState {
+    /// Waiting for its due time: in the timing wheel or in the overdue queue.
+    Scheduled,
+    /// Due and handed to the consumers (its deliver record is logged), not yet
+    /// acknowledged. Cancel answers `AlreadyDelivered`; after a restart it is
+    /// delivered again.
+    Delivered,
+}
+
+/// Where a payload's bytes live. One component ([`PayloadStore`]) decides;
+/// today every payload is held in memory, a later issue keeps payloads of
+/// tasks not due soon on disk and adds a variant here.
+#[derive(Debug, Clone)]
+pub enum PayloadRef {
+    /// The bytes, in memory.
+    Inline(Box<[u8]>),
+}
+
+/// Decides where payload bytes live and reads them back.
+#[derive(Debug, Default)]
+pub struct PayloadStore {
+    bytes_in_memory: usize,
+}
+
+impl PayloadStore {
+    /// Stores `bytes` for a new task and returns where they went.
+    pub fn put(&mut self, bytes: &[u8]) -> PayloadRef {
+        self.bytes_in_memory += bytes.len();
+        PayloadRef::Inline(bytes.into())
+    }
+
+    /// Reads a payload back (for delivery).
+    pub fn get<'a>(&self, at: &'a PayloadRef) -> &'a [u8] {
+        match at {
+            PayloadRef::Inline(b) => b,
+        }
+    }
+
+    /// Forgets a payload: its memory is freed at once.
+    pub fn release(&mut self, at: PayloadRef) {
+        match at {
+            PayloadRef::Inline(b) => self.bytes_in_memory -= b.len(),
+        }
+    }
+
+    /// Payload bytes currently held in memory.
+    pub fn bytes_in_memory(&self) -> usize {
+        self.bytes_in_memory
+    }
+}
+
+/// One live task: a small fixed entry plus its key and payload reference.
+#[derive(Debug)]
+pub(crate) struct Task {
+    pub id: TaskId,
+    pub key: Arc<[u8]>,
+    pub due_ms: u64,
+    pub payload: PayloadRef,
+    pub state: TaskState,
+    /// Deliveries made so far (survives restarts through the deliver records).
+    pub deliveries: u32,
+    /// The task's wheel entry while it waits there.
+    pub timer: Option<TimerKey>,
+}
+
+/// A slab: tasks addressed by a dense `u32` slot, with a free list so a
+/// cancelled task's slot is reused at once.
+#[derive(Debug, Default)]
+pub(crate) struct TaskSlab {
+    slots: Vec<Slot>,
+    free_head: Option<u32>,
+    len: usize,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Occupied(Task),
+    Vacant { next_free: Option<u32> },
+}
+
+impl TaskSlab {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Stores `task`, returning its slot. `None` if 2^32 slots are in use.
+    pub fn insert(&mut self, task: Task) -> Option<u32> {
+        self.len += 1;
+        if let Some(slot) = self.free_head {
+            let entry = &mut self.slots[slot as usize];
+            if let Slot::Vacant { next_free } = *entry {
+                self.free_head = next_free;
+            }
+            *entry = Slot::Occupied(task);
+            return Some(slot);
+        }
+        let Ok(slot) = u32::try_from(self.slots.len()) else {
+            self.len -= 1;
+            return None;
+        };
+        self.slots.push(Slot::Occupied(task));
+        Some(slot)
+    }
+
+    pub fn get(&self, slot: u32) -> Option<&Task> {
+        match self.slots.get(slot as usize) {
+            Some(Slot::Occupied(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn get_mut(&mut self, slot: u32) -> Option<&mut Task> {
+        match self.slots.get_mut(slot as usize) {
+            Some(Slot::Occupied(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The task in `slot` if its id is `id` (a slot may have been reused).
+    pub fn get_checked(&self, slot: u32, id: TaskId) -> Option<&Task> {
+        self.get(slot).filter(|t| t.id == id)
+    }
+
+    pub fn remove(&mut self, slot: u32) -> Option<Task> {
+        let entry = self.slots.get_mut(slot as usize)?;
+        if !matches!(entry, Slot::Occupied(_)) {
+            return None;
+        }
+        let old = std::mem::replace(
+            entry,
+            Slot::Vacant {
+                next_free: self.free_head,
+            },
+        );
+        self.free_head = Some(slot);
+        self.len -= 1;
+        match old {
+            Slot::Occupied(t) => Some(t),
+            Slot::Vacant { .. } => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: u64) -> Task {
+        Task {
+            id: TaskId(id),
+            key: Arc::from(&b"k"[..]),
+            due_ms: 0,
+            payload: PayloadRef::Inline(Box::new([])),
+            state: TaskState::Scheduled,
+            deliveries: 0,
+            timer: None,
+        }
+    }
+
+    #[test]
+    fn slab_reuses_freed_slots() {
+        let mut s = TaskSlab::default();
+        let a = s.insert(task(1)).unwrap();
+        let b = s.insert(task(2)).unwrap();
+        assert_eq!((a, b), (0, 1));
+        assert_eq!(s.remove(a).map(|t| t.id), Some(TaskId(1)));
+        assert!(s.remove(a).is_none());
+        assert_eq!(s.len(), 1);
+        let c = s.insert(task(3)).unwrap();
+        assert_eq!(c, a);
+        assert!(s.get_checked(c, TaskId(1)).is_none());
+        assert_eq!(s.get_checked(c, TaskId(3)).map(|t| t.id), Some(TaskId(3)));
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn payload_store_counts_bytes() {
+        let mut p = PayloadStore::default();
+        let r = p.put(b"hello");
+        assert_eq!(p.get(&r), b"hello");
+        assert_eq!(p.bytes_in_memory(), 5);
+        p.release(r);
+        assert_eq!(p.bytes_in_memory(), 0);
+    }
+}

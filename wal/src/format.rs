@@ -1,0 +1,1 @@
+//! On-disk format constants and codecs (see FORMAT.md).

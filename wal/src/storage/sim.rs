@@ -1,0 +1,762 @@
+//! [`SimStorage`]: an in-memory file system for crash and fault tests.
+//!
+//! Model (after SQLite's crash VFS `src/test6.c`, redb's crash-consistency backend and
+//! TigerBeetle's `src/testing/storage.zig`):
+//!
+//! - Every file (inode) has its *current* bytes (what reads see, i.e. the page cache) and its
+//!   *durable* bytes (what the disk holds), plus the list of writes and length changes made
+//!   since its last `sync_data`, in order.
+//! - The namespace has a current and a durable view too, plus the ordered log of creates,
+//!   renames and removes not yet made durable by `sync_dir` of their directory.
+//! - Directories themselves are durable as soon as they are created (a simplification: the log
+//!   creates its directory once, before anything else).
+//! - [`SimStorage::power_cut`] keeps the durable state plus a seeded random subset of the
+//!   unsynced writes, each possibly torn at 512-byte sectors into new / zero / garbage / stale
+//!   bytes, and a seeded random prefix of the unsynced directory operations.
+//! - Handles and locks carry the epoch they were made in; a power cut or process crash starts
+//!   a new epoch and every older handle fails with EIO.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{FaultKind, FaultOp, FaultPlan, LockGuard, OpenMode, Storage, StorageFile};
+
+/// Sector size at which [`SimStorage::power_cut`] tears unsynced writes, in bytes.
+pub const SIM_SECTOR_BYTES: u64 = 512;
+
+/// The constant wall clock of [`SimStorage`] (`Storage::now_ms`), in ms since the Unix epoch.
+pub const SIM_NOW_MS: u64 = 1_700_000_000_000;
+
+const EIO: i32 = 5;
+const ENOSPC: i32 = 28;
+
+/// An in-memory [`Storage`] that is deterministic from a seed and can lose power.
+///
+/// Cloning is cheap and every clone sees the same files (an `Arc` inside), so a test keeps one
+/// clone to cut the power while the log holds another.
+///
+/// What it keeps apart: synced and unsynced bytes per file, and synced and unsynced directory
+/// entries. What it can do to them: [`power_cut`](Self::power_cut) (tear and drop unsynced
+/// state at random), [`power_cut_drop_unsynced`](Self::power_cut_drop_unsynced) (drop exactly
+/// all unsynced state), [`crash_process`](Self::crash_process) (keep everything written), and
+/// [`inject`](Self::inject) (fail the n-th matching operation with EIO, ENOSPC or a short
+/// write). It counts operations ([`io_ops`](Self::io_ops)) and file syncs
+/// ([`sync_count`](Self::sync_count)).
+///
+/// Simplifications: directories are durable at once; locks are in memory only (no lock file
+/// appears); a failed `sync_data` makes nothing durable but keeps the writes pending (a real
+/// kernel may drop them — a correct log never retries, so it cannot tell the difference).
+#[derive(Clone)]
+pub struct SimStorage {
+    inner: Arc<Mutex<SimState>>,
+}
+
+impl std::fmt::Debug for SimStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.inner.lock();
+        f.debug_struct("SimStorage")
+            .field("files", &state.names.len())
+            .field("epoch", &state.epoch)
+            .field("io_ops", &state.io_ops)
+            .finish_non_exhaustive()
+    }
+}
+
+type InodeId = u64;
+
+/// SplitMix64: small, seedable, good enough to pick crash outcomes.
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`; returns 0 for `n == 0`).
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+}
+
+#[derive(Debug)]
+enum PendingOp {
+    Write { offset: u64, data: Vec<u8> },
+    SetLen(u64),
+}
+
+#[derive(Debug, Default)]
+struct Inode {
+    current: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<PendingOp>,
+}
+
+#[derive(Debug)]
+enum DirOp {
+    Create { path: PathBuf, ino: InodeId },
+    Rename { from: PathBuf, to: PathBuf, ino: InodeId },
+    Remove { path: PathBuf },
+}
+
+impl DirOp {
+    /// The directory whose sync makes this operation durable.
+    fn dir(&self) -> Option<&Path> {
+        match self {
+            DirOp::Create { path, .. } | DirOp::Remove { path } => path.parent(),
+            DirOp::Rename { to, .. } => to.parent(),
+        }
+    }
+
+    fn apply(&self, names: &mut BTreeMap<PathBuf, InodeId>) {
+        match self {
+            DirOp::Create { path, ino } => {
+                names.insert(path.clone(), *ino);
+            }
+            DirOp::Rename { from, to, ino } => {
+                names.remove(from);
+                names.insert(to.clone(), *ino);
+            }
+            DirOp::Remove { path } => {
+                names.remove(path);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ArmedFault {
+    remaining: u64,
+    op: FaultOp,
+    kind: FaultKind,
+}
+
+/// Operation classes, for fault matching.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpClass {
+    Other,
+    Write,
+    Sync,
+    Open,
+    Rename,
+}
+
+#[derive(Debug)]
+struct SimState {
+    rng: Rng,
+    epoch: u64,
+    dirs: BTreeSet<PathBuf>,
+    names: BTreeMap<PathBuf, InodeId>,
+    durable_names: BTreeMap<PathBuf, InodeId>,
+    dir_log: Vec<DirOp>,
+    inodes: HashMap<InodeId, Inode>,
+    next_ino: InodeId,
+    locks: HashMap<PathBuf, (u64, u64)>,
+    next_lock_id: u64,
+    faults: Vec<ArmedFault>,
+    io_ops: u64,
+    sync_count: u64,
+}
+
+fn os_error(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))
+}
+
+/// Normalises a path so that `a/b`, `a//b` and `a/./b/` name the same entry.
+fn normalize(path: &Path) -> PathBuf {
+    path.components()
+        .filter(|c| !matches!(c, Component::CurDir))
+        .collect()
+}
+
+impl SimState {
+    /// Counts one operation and returns the fault to inject into it, if one is due.
+    fn begin_op(&mut self, class: OpClass) -> Option<FaultKind> {
+        self.io_ops += 1;
+        let mut fired = None;
+        let mut index = 0;
+        while index < self.faults.len() {
+            let fault = &mut self.faults[index];
+            let matches = match fault.op {
+                FaultOp::Any => true,
+                FaultOp::Write => class == OpClass::Write,
+                FaultOp::Sync => class == OpClass::Sync,
+                FaultOp::Open => class == OpClass::Open,
+                FaultOp::Rename => class == OpClass::Rename,
+            };
+            if matches {
+                if fault.remaining == 0 && fired.is_none() {
+                    fired = Some(fault.kind);
+                    self.faults.remove(index);
+                    continue;
+                }
+                fault.remaining = fault.remaining.saturating_sub(1);
+            }
+            index += 1;
+        }
+        fired
+    }
+
+    /// Fails a non-write operation if a fault fired.
+    fn check(&mut self, class: OpClass) -> io::Result<()> {
+        match self.begin_op(class) {
+            None => Ok(()),
+            Some(FaultKind::Enospc) => Err(os_error(ENOSPC)),
+            Some(FaultKind::Eio | FaultKind::ShortWrite) => Err(os_error(EIO)),
+        }
+    }
+
+    fn require_dir(&self, dir: &Path) -> io::Result<()> {
+        if self.dirs.contains(dir) {
+            Ok(())
+        } else {
+            Err(not_found(dir))
+        }
+    }
+
+    fn require_parent(&self, path: &Path) -> io::Result<()> {
+        match path.parent() {
+            Some(parent) => self.require_dir(parent),
+            None => Err(not_found(path)),
+        }
+    }
+
+    fn new_epoch(&mut self) {
+        self.epoch += 1;
+        self.locks.clear();
+        self.faults.clear();
+    }
+
+    /// Drops inodes no durable name refers to.
+    fn collect_garbage(&mut self) {
+        let live: BTreeSet<InodeId> = self.names.values().copied().collect();
+        self.inodes.retain(|ino, _| live.contains(ino));
+    }
+
+    /// The disk image a power cut leaves of one inode: durable bytes plus a random subset of
+    /// pending operations, writes possibly torn per sector.
+    fn cut_image(rng: &mut Rng, inode: &Inode) -> Vec<u8> {
+        let mut image = inode.durable.clone();
+        for op in &inode.pending {
+            match op {
+                PendingOp::SetLen(len) => {
+                    if rng.below(2) == 0 {
+                        image.resize(usize_of(*len), 0);
+                    }
+                }
+                PendingOp::Write { offset, data } => match rng.below(100) {
+                    0..=34 => write_into(&mut image, *offset, data),
+                    35..=59 => {}
+                    _ => tear_into(rng, &mut image, *offset, data),
+                },
+            }
+        }
+        image
+    }
+}
+
+fn usize_of(value: u64) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX)
+}
+
+/// Writes `data` at `offset`, zero-extending the image as a file system would.
+fn write_into(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let start = usize_of(offset);
+    let end = start.saturating_add(data.len());
+    if image.len() < end {
+        image.resize(end, 0);
+    }
+    image[start..end].copy_from_slice(data);
+}
+
+/// Applies a write sector by sector: each 512-byte piece independently becomes the new bytes,
+/// stays stale (the image's old bytes), becomes zeros, or becomes garbage.
+fn tear_into(rng: &mut Rng, image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let mut position = offset;
+    let end = offset + data.len() as u64;
+    while position < end {
+        let sector_end = ((position / SIM_SECTOR_BYTES) + 1) * SIM_SECTOR_BYTES;
+        let piece_end = sector_end.min(end);
+        let piece = &data[usize_of(position - offset)..usize_of(piece_end - offset)];
+        match rng.below(4) {
+            0 => write_into(image, position, piece),
+            1 => {}
+            2 => write_into(image, position, &vec![0u8; piece.len()]),
+            _ => {
+                let garbage: Vec<u8> = (0..piece.len()).map(|_| rng.next_u64() as u8).collect();
+                write_into(image, position, &garbage);
+            }
+        }
+        position = piece_end;
+    }
+}
+
+impl SimStorage {
+    /// A new, empty file system whose random choices (crash outcomes, store ids, short-write
+    /// lengths) all derive from `seed`.
+    pub fn new(seed: u64) -> Self {
+        let state = SimState {
+            rng: Rng(seed),
+            epoch: 0,
+            dirs: BTreeSet::from([PathBuf::from("/"), PathBuf::new()]),
+            names: BTreeMap::new(),
+            durable_names: BTreeMap::new(),
+            dir_log: Vec::new(),
+            inodes: HashMap::new(),
+            next_ino: 1,
+            locks: HashMap::new(),
+            next_lock_id: 1,
+            faults: Vec::new(),
+            io_ops: 0,
+            sync_count: 0,
+        };
+        SimStorage {
+            inner: Arc::new(Mutex::new(state)),
+        }
+    }
+
+    /// Power loss. Every file keeps its synced bytes plus a seeded random subset of its unsynced
+    /// writes and length changes, each write possibly torn at 512-byte sectors into new bytes,
+    /// zeros, garbage or stale bytes (so unsynced data is lost, torn, zeroed or reordered). A
+    /// seeded random prefix of the unsynced creates/renames/removes survives; the rest are
+    /// undone. Every handle and lock taken before the cut is dead afterwards (its calls fail
+    /// with EIO), so a dropped engine cannot write into the new image. Pending injected faults
+    /// are cleared.
+    pub fn power_cut(&self) {
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        let keep = usize_of(state.rng.below(state.dir_log.len() as u64 + 1));
+        for op in state.dir_log.drain(..).take(keep) {
+            op.apply(&mut state.durable_names);
+        }
+        state.names = state.durable_names.clone();
+        state.collect_garbage();
+        let mut inos: Vec<InodeId> = state.inodes.keys().copied().collect();
+        inos.sort_unstable();
+        for ino in inos {
+            if let Some(inode) = state.inodes.get_mut(&ino) {
+                let image = SimState::cut_image(&mut state.rng, inode);
+                inode.current = image.clone();
+                inode.durable = image;
+                inode.pending.clear();
+            }
+        }
+        state.new_epoch();
+    }
+
+    /// Process crash: every written byte and directory operation survives (it is in the page
+    /// cache) but stays exactly as durable as it was; every handle and lock dies (EIO).
+    pub fn crash_process(&self) {
+        self.inner.lock().new_epoch();
+    }
+
+    /// Loses every unsynced byte, length change and directory operation exactly, with no
+    /// tearing — the deterministic power cut. Handles and locks die as in
+    /// [`power_cut`](Self::power_cut).
+    pub fn power_cut_drop_unsynced(&self) {
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        state.dir_log.clear();
+        state.names = state.durable_names.clone();
+        state.collect_garbage();
+        for inode in state.inodes.values_mut() {
+            inode.current = inode.durable.clone();
+            inode.pending.clear();
+        }
+        state.new_epoch();
+    }
+
+    /// Arms a fault: the matching operation number `plan.after` from now (0 = the next one)
+    /// fails once with `plan.kind`. Several faults may be armed at once; a power cut or crash
+    /// disarms them all.
+    pub fn inject(&self, plan: FaultPlan) {
+        self.inner.lock().faults.push(ArmedFault {
+            remaining: plan.after,
+            op: plan.op,
+            kind: plan.kind,
+        });
+    }
+
+    /// Operations performed so far: every trait method call on the storage or its files
+    /// (including ones that failed), except [`Storage::random_id`] and [`Storage::now_ms`].
+    pub fn io_ops(&self) -> u64 {
+        self.inner.lock().io_ops
+    }
+
+    /// `sync_data` calls so far (file fdatasyncs, successful or not; directory syncs are not
+    /// counted).
+    pub fn sync_count(&self) -> u64 {
+        self.inner.lock().sync_count
+    }
+
+    /// The current (visible, possibly unsynced) bytes of the file at `path`, or `None` if no
+    /// such file exists. Not counted as an operation.
+    pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
+        let state = self.inner.lock();
+        let ino = state.names.get(&normalize(path))?;
+        state.inodes.get(ino).map(|inode| inode.current.clone())
+    }
+
+    /// Test tampering: replaces the file at `path` (creating it and its parent directories if
+    /// needed) with `bytes`, durable at once. Not counted as an operation.
+    pub fn write_file(&self, path: &Path, bytes: &[u8]) {
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        let path = normalize(path);
+        for ancestor in path.ancestors().skip(1) {
+            state.dirs.insert(ancestor.to_path_buf());
+        }
+        let ino = match state.names.get(&path) {
+            Some(ino) => *ino,
+            None => {
+                let ino = state.next_ino;
+                state.next_ino += 1;
+                state.names.insert(path.clone(), ino);
+                ino
+            }
+        };
+        state.durable_names.insert(path, ino);
+        let inode = state.inodes.entry(ino).or_default();
+        inode.current = bytes.to_vec();
+        inode.durable = bytes.to_vec();
+        inode.pending.clear();
+    }
+
+    /// Number of files currently visible anywhere (for tests).
+    pub fn file_count(&self) -> usize {
+        self.inner.lock().names.len()
+    }
+}
+
+impl Storage for SimStorage {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.inner.lock();
+        state.check(OpClass::Other)?;
+        let path = normalize(path);
+        if state.names.contains_key(&path) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a file exists at this path",
+            ));
+        }
+        for ancestor in path.ancestors() {
+            state.dirs.insert(ancestor.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        state.check(OpClass::Open)?;
+        let path = normalize(path);
+        state.require_parent(&path)?;
+        let ino = match mode {
+            OpenMode::Read | OpenMode::ReadWrite => match state.names.get(&path) {
+                Some(ino) => *ino,
+                None => return Err(not_found(&path)),
+            },
+            OpenMode::CreateNew => {
+                if state.names.contains_key(&path) || state.dirs.contains(&path) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{} exists", path.display()),
+                    ));
+                }
+                let ino = state.next_ino;
+                state.next_ino += 1;
+                state.inodes.insert(ino, Inode::default());
+                state.names.insert(path.clone(), ino);
+                state.dir_log.push(DirOp::Create {
+                    path: path.clone(),
+                    ino,
+                });
+                ino
+            }
+        };
+        Ok(Box::new(SimFile {
+            inner: Arc::clone(&self.inner),
+            ino,
+            epoch: state.epoch,
+            writable: mode != OpenMode::Read,
+            path,
+        }))
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut state = self.inner.lock();
+        state.check(OpClass::Other)?;
+        let dir = normalize(dir);
+        state.require_dir(&dir)?;
+        let mut names: Vec<String> = state
+            .names
+            .keys()
+            .filter(|path| path.parent() == Some(dir.as_path()))
+            .filter_map(|path| path.file_name()?.to_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        let mut state = self.inner.lock();
+        state.check(OpClass::Other)?;
+        let path = normalize(path);
+        Ok(state.names.contains_key(&path) || state.dirs.contains(&path))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        state.check(OpClass::Rename)?;
+        let (from, to) = (normalize(from), normalize(to));
+        state.require_parent(&to)?;
+        let Some(ino) = state.names.remove(&from) else {
+            return Err(not_found(&from));
+        };
+        state.names.insert(to.clone(), ino);
+        state.dir_log.push(DirOp::Rename { from, to, ino });
+        Ok(())
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        state.check(OpClass::Other)?;
+        let path = normalize(path);
+        if state.names.remove(&path).is_none() {
+            return Err(not_found(&path));
+        }
+        state.dir_log.push(DirOp::Remove { path });
+        Ok(())
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        state.check(OpClass::Sync)?;
+        let dir = normalize(path);
+        state.require_dir(&dir)?;
+        let (synced, pending): (Vec<DirOp>, Vec<DirOp>) = state
+            .dir_log
+            .drain(..)
+            .partition(|op| op.dir() == Some(dir.as_path()));
+        for op in &synced {
+            op.apply(&mut state.durable_names);
+        }
+        state.dir_log = pending;
+        Ok(())
+    }
+
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        state.check(OpClass::Other)?;
+        let path = normalize(path);
+        state.require_parent(&path)?;
+        if let Some((epoch, _)) = state.locks.get(&path) {
+            if *epoch == state.epoch {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "lock is held by another open",
+                ));
+            }
+        }
+        let id = state.next_lock_id;
+        state.next_lock_id += 1;
+        state.locks.insert(path.clone(), (state.epoch, id));
+        Ok(Box::new(SimLock {
+            inner: Arc::clone(&self.inner),
+            path,
+            id,
+        }))
+    }
+
+    fn random_id(&self) -> io::Result<[u8; 16]> {
+        let mut state = self.inner.lock();
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&state.rng.next_u64().to_le_bytes());
+        id[8..].copy_from_slice(&state.rng.next_u64().to_le_bytes());
+        Ok(id)
+    }
+
+    fn now_ms(&self) -> u64 {
+        SIM_NOW_MS
+    }
+}
+
+/// A handle of [`SimStorage`]; dead (EIO) once its epoch has passed.
+struct SimFile {
+    inner: Arc<Mutex<SimState>>,
+    ino: InodeId,
+    epoch: u64,
+    writable: bool,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SimFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimFile")
+            .field("path", &self.path)
+            .field("ino", &self.ino)
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimFile {
+    /// Locks the state, counts the operation, checks the handle is alive and returns the
+    /// fault due for it, if any.
+    fn begin(
+        &self,
+        class: OpClass,
+    ) -> io::Result<(parking_lot::MutexGuard<'_, SimState>, Option<FaultKind>)> {
+        let mut state = self.inner.lock();
+        let fault = state.begin_op(class);
+        if state.epoch != self.epoch {
+            return Err(os_error(EIO));
+        }
+        if class == OpClass::Write && !self.writable {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "file was opened read-only",
+            ));
+        }
+        Ok((state, fault))
+    }
+}
+
+impl StorageFile for SimFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let (state, fault) = self.begin(OpClass::Other)?;
+        if fault.is_some() {
+            return Err(os_error(EIO));
+        }
+        let Some(inode) = state.inodes.get(&self.ino) else {
+            return Err(os_error(EIO));
+        };
+        let start = usize_of(offset);
+        if start >= inode.current.len() {
+            return Ok(0);
+        }
+        let n = buf.len().min(inode.current.len() - start);
+        buf[..n].copy_from_slice(&inode.current[start..start + n]);
+        Ok(n)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let (mut guard, fault) = self.begin(OpClass::Write)?;
+        let state = &mut *guard;
+        let data = match fault {
+            None => buf,
+            Some(FaultKind::Eio) => return Err(os_error(EIO)),
+            Some(FaultKind::Enospc) => return Err(os_error(ENOSPC)),
+            Some(FaultKind::ShortWrite) => {
+                let n = usize_of(state.rng.below(buf.len() as u64));
+                &buf[..n]
+            }
+        };
+        let Some(inode) = state.inodes.get_mut(&self.ino) else {
+            return Err(os_error(EIO));
+        };
+        if !data.is_empty() {
+            write_into(&mut inode.current, offset, data);
+            inode.pending.push(PendingOp::Write {
+                offset,
+                data: data.to_vec(),
+            });
+        }
+        if fault.is_some() {
+            return Err(os_error(EIO));
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        let (state, fault) = self.begin(OpClass::Other)?;
+        if fault.is_some() {
+            return Err(os_error(EIO));
+        }
+        match state.inodes.get(&self.ino) {
+            Some(inode) => Ok(inode.current.len() as u64),
+            None => Err(os_error(EIO)),
+        }
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let (mut state, fault) = self.begin(OpClass::Write)?;
+        match fault {
+            None => {}
+            Some(FaultKind::Enospc) => return Err(os_error(ENOSPC)),
+            Some(_) => return Err(os_error(EIO)),
+        }
+        let Some(inode) = state.inodes.get_mut(&self.ino) else {
+            return Err(os_error(EIO));
+        };
+        inode.current.resize(usize_of(len), 0);
+        inode.pending.push(PendingOp::SetLen(len));
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let (mut state, fault) = self.begin(OpClass::Sync)?;
+        state.sync_count += 1;
+        match fault {
+            None => {}
+            Some(FaultKind::Enospc) => return Err(os_error(ENOSPC)),
+            Some(_) => return Err(os_error(EIO)),
+        }
+        let Some(inode) = state.inodes.get_mut(&self.ino) else {
+            return Err(os_error(EIO));
+        };
+        for op in std::mem::take(&mut inode.pending) {
+            match op {
+                PendingOp::Write { offset, data } => write_into(&mut inode.durable, offset, &data),
+                PendingOp::SetLen(len) => inode.durable.resize(usize_of(len), 0),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A held lock of [`SimStorage`]; releases on drop unless a power cut or crash already did.
+struct SimLock {
+    inner: Arc<Mutex<SimState>>,
+    path: PathBuf,
+    id: u64,
+}
+
+impl std::fmt::Debug for SimLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimLock")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockGuard for SimLock {}
+
+impl Drop for SimLock {
+    fn drop(&mut self) {
+        let mut state = self.inner.lock();
+        if state.locks.get(&self.path).is_some_and(|(_, id)| *id == self.id) {
+            state.locks.remove(&self.path);
+        }
+    }
+}
