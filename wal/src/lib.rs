@@ -1,5 +1,87 @@
-//! kairos-wal: segmented, CRC-checked write-ahead log (stub surface; being implemented).
+//! # kairos-wal — a segmented, CRC-checked write-ahead log
+//!
+//! The log of Kairos: an append-only sequence of *records* (a caller-chosen type byte and a
+//! body), each with a dense *LSN* (log sequence number, from 1), kept in *segment* files in one
+//! directory. It knows bytes, records, LSNs and segments — never what the records mean.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use kairos_wal::{FsStorage, Record, Wal, WalOptions};
+//!
+//! # fn main() -> Result<(), kairos_wal::WalError> {
+//! let dir = std::path::Path::new("/tmp/kairos-demo/wal");
+//! let mut replayed = Vec::new();
+//! let (wal, report) = Wal::open(Arc::new(FsStorage), dir, WalOptions::default(), &mut |r| {
+//!     replayed.push((r.lsn, r.record_type, r.body.to_vec()));
+//!     Ok(())
+//! })?;
+//! assert_eq!(report.records, replayed.len() as u64);
+//! let ticket = wal.append(&[Record { record_type: 1, body: b"hello" }])?;
+//! ticket.wait()?; // fdatasynced (Durability::Sync, the default)
+//! wal.close()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Layout
+//!
+//! `DIR/META` (store identity), `DIR/LOCK` (lock file), and segments
+//! `DIR/{seq:016x}-{first_lsn:016x}.seg`. Each segment is a 64-byte header followed by
+//! *frames*; a frame is one [`Wal::append`] (all its records survive a crash or none does).
+//! Every byte is specified in `FORMAT.md` next to this crate; [`mod@format`] holds the constants
+//! and codecs. Segments roll at [`WalOptions::segment_bytes`]; once a checkpoint covers their
+//! records, [`Wal::remove_segments_before`] deletes them, oldest first.
+//!
+//! ## Durability
+//!
+//! - [`Durability::Sync`]: [`AppendTicket::wait`] returns after the frame is fdatasynced.
+//!   Group commit: one writer thread drains every queued append, writes them with one
+//!   `write`, syncs once, and wakes all their waiters.
+//! - [`Durability::Interval`]: `wait` returns once the frame is written to the OS (survives a
+//!   process crash); the writer fdatasyncs in the background every interval, so a power cut
+//!   loses at most about one interval.
+//! - [`Durability::Buffered`]: written to the OS, synced by the log only when a segment rolls,
+//!   on [`Wal::sync`] and on [`Wal::close`].
+//!
+//! A failed write or fdatasync *poisons* the log: every waiter gets the error, nothing more is
+//! acknowledged, and only dropping and reopening (which re-reads the disk) recovers. A sync is
+//! never retried (PostgreSQL's fsyncgate, 2018).
+//!
+//! ## Recovery
+//!
+//! [`Wal::open`] replays every surviving record in LSN order. Bytes at the end of the newest
+//! segment that do not form valid frames are an unsynced *torn tail* — truncated and reported
+//! ([`TornTail`]) — unless a later valid frame records that those LSNs had been synced, or
+//! they lie in an older, sealed segment: then durable data is damaged and open fails with
+//! [`WalError::Corrupt`] naming the file and offset. Nothing durable is ever skipped or
+//! truncated. [`scan`] performs the same checks read-only, for tools and untrusted input.
+//!
+//! ## Assumptions about the disk
+//!
+//! Only `fdatasync` of a file and `fsync` of a directory are barriers. Anything not yet
+//! synced may be lost, torn at 512-byte granularity, zero-filled or persisted out of order.
+//! A synced byte is assumed to read back as written; damage to synced data is detected (CRC-32)
+//! and reported, not repaired — there is no second copy. The one blind spot: bit rot in the
+//! very last synced frames when no later frame recording their sync reached the disk looks
+//! exactly like a torn write and is truncated.
+//!
+//! ## I/O
+//!
+//! Every file operation goes through [`Storage`]: [`FsStorage`] for real files (positional
+//! `write`/`read`, never mmap; files 0600, directories 0700) and [`SimStorage`], an in-memory
+//! file system that can cut the power, crash the process and inject faults.
+//!
+//! ## Sources followed
+//!
+//! LevelDB `doc/log_format.md` (framing), etcd's WAL (segment names, tmp + rename + directory
+//! fsync, torn-write repair of the last file only, lengths checked before allocating),
+//! RocksDB's predecessor-WAL records (each segment names its predecessor's last LSN, so a
+//! missing file is detected), fjall's journal (a batch is atomic; a corrupt checksum is an
+//! error, a missing end is a torn tail), okaywal (group fsync), TigerBeetle's journal and
+//! PAR (Alagappan et al., FAST'18: tell a crash from corruption with persisted evidence) and
+//! SQLite's crash VFS (the simulated storage).
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod error;
 mod recovery;
@@ -10,41 +92,61 @@ pub mod storage;
 
 pub use error::{ReplayError, WalError};
 pub use recovery::{scan, RecoveryReport, ScanReport, SegmentInfo, TornTail};
-pub use storage::{FsStorage, SimStorage, Storage, StorageFile};
+pub use storage::{
+    FaultKind, FaultOp, FaultPlan, FsStorage, LockGuard, OpenMode, SimStorage, Storage, StorageFile,
+};
 pub use wal::{AppendTicket, Wal};
 
-/// Log sequence number: dense, the first record is `Lsn(1)`; `Lsn(0)` means "none".
+/// A log sequence number. Dense: the first record ever appended is `Lsn(1)` and each record
+/// gets the next one; `Lsn(0)` means "none".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Lsn(pub u64);
 
-/// Default roll threshold (64 MiB).
+impl std::fmt::Display for Lsn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Default segment roll threshold: 64 MiB (etcd uses 64 MB).
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
-/// Smallest accepted roll threshold (4 KiB).
+/// Smallest accepted segment roll threshold: 4 KiB (tests use it to roll constantly).
 pub const SEGMENT_BYTES_MIN: u64 = 4 * 1024;
-/// Default largest record body (16 MiB).
+/// Default largest record body: 16 MiB.
 pub const RECORD_BYTES_MAX_DEFAULT: u32 = 16 * 1024 * 1024;
-/// Largest caller-chosen record type.
+/// Largest record type a caller may use; `0` and `0xF0..=0xFF` are reserved.
 pub const RECORD_TYPE_USER_MAX: u8 = 0xEF;
 
-/// When an appended frame counts as done.
+const _: () = assert!(SEGMENT_BYTES_MIN <= SEGMENT_BYTES_DEFAULT);
+const _: () = assert!(SEGMENT_BYTES_MIN > format::SEGMENT_HEADER_BYTES as u64 * 2);
+
+/// When an appended frame counts as done ([`AppendTicket::wait`] returns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
-    /// fdatasync before `wait` returns (group commit).
+    /// After an fdatasync of the frame. Concurrent appends share one fdatasync (group commit).
+    /// Survives power loss.
     Sync,
-    /// Written at once, synced in the background every interval.
+    /// After the frame is written to the OS; fdatasynced in the background every interval
+    /// (must be non-zero). Survives a process crash; a power cut loses at most the last
+    /// interval or so.
     Interval(std::time::Duration),
-    /// Written to the OS; synced only at roll/close.
+    /// After the frame is written to the OS; synced only at segment roll, [`Wal::sync`] and
+    /// [`Wal::close`]. Survives a process crash; a power cut may lose anything unsynced.
     Buffered,
 }
 
 /// Options for [`Wal::open`].
 #[derive(Clone, Debug)]
 pub struct WalOptions {
-    /// Roll threshold in bytes.
+    /// Roll threshold in bytes: a frame that would take the active segment past it goes to a
+    /// new segment (a single larger frame gets a segment of its own). Default
+    /// [`SEGMENT_BYTES_DEFAULT`], at least [`SEGMENT_BYTES_MIN`].
     pub segment_bytes: u64,
-    /// Durability mode.
+    /// Durability mode; default [`Durability::Sync`].
     pub durability: Durability,
-    /// Largest record body accepted by append and recovery, in bytes.
+    /// Largest record body in bytes accepted by [`Wal::append`] and by recovery (a valid frame
+    /// holding a larger record is reported as corrupt, never truncated). Default
+    /// [`RECORD_BYTES_MAX_DEFAULT`], at most [`format::RECORD_BYTES_MAX_LIMIT`].
     pub record_bytes_max: u32,
 }
 
@@ -58,22 +160,23 @@ impl Default for WalOptions {
     }
 }
 
-/// One record to append.
+/// One record to append: a caller-chosen type byte (`1..=RECORD_TYPE_USER_MAX`) and its body
+/// (at most `record_bytes_max` bytes).
 #[derive(Clone, Copy, Debug)]
 pub struct Record<'a> {
-    /// Caller-chosen type, 1..=RECORD_TYPE_USER_MAX.
+    /// The record type, `1..=RECORD_TYPE_USER_MAX`.
     pub record_type: u8,
-    /// Body bytes.
+    /// The body bytes.
     pub body: &'a [u8],
 }
 
-/// A record read back.
+/// A record read back during replay or [`scan`]; the body borrows the reader's buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct RecordView<'a> {
-    /// Its LSN.
+    /// The record's LSN.
     pub lsn: Lsn,
-    /// Its type.
+    /// The record type it was appended with.
     pub record_type: u8,
-    /// Its body.
+    /// The body it was appended with.
     pub body: &'a [u8],
 }

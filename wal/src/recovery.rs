@@ -1,75 +1,863 @@
-//! Recovery and scan.
+//! Recovery: reading a log directory back, deciding torn tail versus corruption.
+//!
+//! The decision rule (FORMAT.md, "Recovery"), after PAR (Alagappan et al., FAST'18) and etcd's
+//! `repair.go`: scan every segment in order; the first invalid frame in the newest segment at
+//! offset `o`, where LSN `x` was expected, is an unsynced torn write — truncated — only if no
+//! evidence says LSN `x` was already durable. The evidence is the durable mark `D`: every LSN
+//! of older (sealed, synced) segments, and the `synced_lsn` of every valid frame found *after*
+//! the damage by resynchronising byte by byte. `D >= x` means acknowledged data is damaged:
+//! [`WalError::Corrupt`], nothing truncated. Damage anywhere in an older segment is always
+//! corruption.
+
+use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::{Lsn, RecordView, Storage, WalError};
+use crate::format::{
+    self, FrameHeader, FrameKind, HeaderError, SegmentHeader, StoreId, FRAME_BODY_BYTES_MAX,
+    FRAME_HEADER_BYTES, META_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+};
+use crate::storage::OpenMode;
+use crate::{Lsn, RecordView, ReplayError, Storage, StorageFile, WalError};
 
-/// What recovery found and did.
-#[derive(Clone, Debug, Default)]
+/// What [`Wal::open`](crate::Wal::open) found and did while recovering.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
-    /// Segments.
+    /// Segment files in the log after recovery (including a newly created one).
     pub segments: usize,
-    /// Records.
+    /// Records replayed.
     pub records: u64,
-    /// Last LSN.
+    /// LSN of the first record still in the log (`last_lsn + 1` if none is left; older
+    /// segments may have been removed with
+    /// [`Wal::remove_segments_before`](crate::Wal::remove_segments_before)).
+    pub first_lsn: Lsn,
+    /// LSN of the last record replayed (`Lsn(0)` for an empty log); the next append gets
+    /// `last_lsn + 1`.
     pub last_lsn: Lsn,
-    /// Close marker last.
+    /// Whether the last thing in the log was a close marker (the previous run called
+    /// [`Wal::close`](crate::Wal::close) successfully and nothing was damaged after it).
     pub clean_shutdown: bool,
-    /// Torn tail.
+    /// The unsynced torn tail that was truncated, if any.
     pub torn_tail: Option<TornTail>,
 }
 
-/// Torn tail.
+/// An unsynced torn tail: bytes at the end of the newest segment that did not form valid
+/// frames, with no evidence that any of their records had been made durable. [`Wal::open`]
+/// truncates them (and fsyncs); [`scan`] only reports them.
+///
+/// [`Wal::open`]: crate::Wal::open
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TornTail {
-    /// File.
+    /// The segment file.
     pub file: PathBuf,
-    /// Offset.
+    /// Byte offset in `file` of the first invalid frame (0 for a segment whose header was
+    /// never completely written; such a file is replaced by a fresh one).
     pub offset: u64,
-    /// Bytes.
+    /// Bytes from `offset` to the end of the file that were (or would be) cut off.
     pub bytes_truncated: u64,
-    /// First lost LSN.
+    /// The LSN the first invalid frame should have started with: no record at or after it
+    /// survives, and the next append gets it.
     pub first_lost_lsn: Lsn,
 }
 
-/// Scan result.
-#[derive(Clone, Debug, Default)]
+/// The result of [`scan`]: what a read-only check of a log directory found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScanReport {
-    /// Segments.
+    /// Every segment, oldest first.
     pub segments: Vec<SegmentInfo>,
-    /// Records.
+    /// Valid records found (excluding any torn tail).
     pub records: u64,
-    /// Last LSN.
+    /// LSN of the last valid record (`Lsn(0)` if none).
     pub last_lsn: Lsn,
-    /// Clean.
+    /// Whether the log ends with a close marker and nothing after it.
     pub clean_shutdown: bool,
-    /// Torn.
+    /// The unsynced torn tail [`Wal::open`](crate::Wal::open) would truncate, if any.
     pub torn_tail: Option<TornTail>,
 }
 
-/// One segment.
+/// One segment as [`scan`] saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentInfo {
-    /// File.
+    /// Path of the segment file.
     pub file: PathBuf,
-    /// Bytes.
+    /// File size in bytes (including any torn tail).
     pub bytes: u64,
-    /// Records.
+    /// Valid records in the segment.
     pub records: u64,
-    /// First LSN.
+    /// LSN the first record of the segment has (or would have).
     pub first_lsn: Lsn,
-    /// Last LSN.
+    /// LSN of the last valid record; `first_lsn - 1` if the segment holds none.
     pub last_lsn: Lsn,
-    /// Sealed.
+    /// Whether the segment ends with a SEAL frame (it was rolled).
     pub sealed: bool,
 }
 
-/// Read-only check of a log directory.
+/// Per-record callback of the analysis: the record, its file and its frame's offset.
+pub(crate) type Visit<'v> = dyn FnMut(RecordView<'_>, &Path, u64) -> Result<(), ReplayError> + 'v;
+
+/// Everything the analysis learnt.
+#[derive(Debug, Default)]
+pub(crate) struct Analysis {
+    pub segments: Vec<SegmentInfo>,
+    pub records: u64,
+    pub first_lsn: Lsn,
+    pub last_lsn: Lsn,
+    pub clean_shutdown: bool,
+    pub torn_tail: Option<TornTail>,
+    /// The newest segment, `None` if there is none.
+    pub tail: Option<Tail>,
+}
+
+/// The newest segment and what open must do with it.
+#[derive(Debug, Clone)]
+pub(crate) struct Tail {
+    pub path: PathBuf,
+    pub seq: u64,
+    /// Last LSN of the segment before it (from the header or, if unwritten, the file name).
+    pub prev_last_lsn: u64,
+    /// Offset after the last valid frame: appends continue here (after truncation).
+    pub valid_end: u64,
+    /// Size of the file as found.
+    pub file_len: u64,
+    /// The segment ends with SEAL: open must roll to a new one.
+    pub sealed: bool,
+    /// The header was never completely written: open must replace the file.
+    pub unwritten: bool,
+}
+
+fn io_error(op: &'static str, path: &Path, source: io::Error) -> WalError {
+    WalError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn corrupt(file: &Path, offset: u64, reason: impl Into<String>) -> WalError {
+    WalError::Corrupt {
+        file: file.to_path_buf(),
+        offset,
+        reason: reason.into(),
+    }
+}
+
+/// A segment file as named in the directory.
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentFile {
+    pub path: PathBuf,
+    pub seq: u64,
+    pub first_lsn: Lsn,
+}
+
+/// Segment files of `dir` sorted by sequence number, and the names of leftover `.tmp` files.
+///
+/// # Errors
+/// I/O errors; [`WalError::Corrupt`] if two segment files carry the same sequence number.
+pub(crate) fn list_dir(
+    storage: &dyn Storage,
+    dir: &Path,
+) -> Result<(Vec<SegmentFile>, Vec<String>), WalError> {
+    let names = storage.list(dir).map_err(|e| io_error("list", dir, e))?;
+    let mut segments = Vec::new();
+    let mut tmps = Vec::new();
+    for name in names {
+        if name.ends_with(format::TMP_SUFFIX) {
+            tmps.push(name);
+        } else if let Some((seq, first_lsn)) = format::parse_segment_file_name(&name) {
+            segments.push(SegmentFile {
+                path: dir.join(&name),
+                seq,
+                first_lsn,
+            });
+        } else if name.ends_with(format::SEGMENT_SUFFIX) {
+            tracing::warn!(file = %dir.join(&name).display(), "ignoring a .seg file whose name does not parse");
+        }
+    }
+    segments.sort_by_key(|s| s.seq);
+    for pair in segments.windows(2) {
+        if pair[0].seq == pair[1].seq {
+            return Err(corrupt(
+                &pair[1].path,
+                0,
+                format!("two segment files have sequence number {}", pair[1].seq),
+            ));
+        }
+    }
+    Ok((segments, tmps))
+}
+
+/// Reads `META` of `dir`: `Ok(None)` if it does not exist.
+///
+/// # Errors
+/// I/O errors; [`WalError::Corrupt`] or [`WalError::UnsupportedVersion`] for a bad file.
+pub(crate) fn read_meta(storage: &dyn Storage, dir: &Path) -> Result<Option<StoreId>, WalError> {
+    let path = dir.join(format::META_FILE_NAME);
+    if !storage
+        .exists(&path)
+        .map_err(|e| io_error("stat", &path, e))?
+    {
+        return Ok(None);
+    }
+    let file = storage
+        .open(&path, OpenMode::Read)
+        .map_err(|e| io_error("open", &path, e))?;
+    let len = file.len().map_err(|e| io_error("stat", &path, e))?;
+    if len != META_BYTES as u64 {
+        return Err(corrupt(
+            &path,
+            0,
+            format!("META is {len} bytes, expected {META_BYTES}"),
+        ));
+    }
+    let mut bytes = [0u8; META_BYTES];
+    read_exact_at(file.as_ref(), &mut bytes, 0).map_err(|e| io_error("read", &path, e))?;
+    match format::decode_meta(&bytes) {
+        Ok(id) => Ok(Some(id)),
+        Err(HeaderError::UnsupportedVersion(version)) => Err(WalError::UnsupportedVersion {
+            file: path,
+            version,
+        }),
+        Err(e) => Err(corrupt(&path, 0, format!("invalid META: {e}"))),
+    }
+}
+
+/// Fills `buf` from `offset`.
+///
+/// # Errors
+/// `UnexpectedEof` if the file ends first, or the read error.
+pub(crate) fn read_exact_at(
+    file: &dyn StorageFile,
+    mut buf: &mut [u8],
+    mut offset: u64,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = file.read_at(buf, offset)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file ended before the expected bytes",
+            ));
+        }
+        buf = &mut buf[n..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// Bytes read per chunk while scanning a segment.
+const READ_CHUNK_BYTES: usize = 1 << 20;
+
+/// A window over a segment file read in chunks, so scanning many small frames costs few
+/// reads. Requests are always within the file length checked up front, so a damaged length
+/// field can never make it allocate more than the file holds.
+struct SegmentReader<'f> {
+    file: &'f dyn StorageFile,
+    path: &'f Path,
+    len: u64,
+    buf: Vec<u8>,
+    buf_offset: u64,
+}
+
+impl<'f> SegmentReader<'f> {
+    fn new(file: &'f dyn StorageFile, path: &'f Path, len: u64) -> Self {
+        SegmentReader {
+            file,
+            path,
+            len,
+            buf: Vec::new(),
+            buf_offset: 0,
+        }
+    }
+
+    /// The `n` bytes at `offset`.
+    ///
+    /// # Errors
+    /// I/O errors, including a file that shrank under us.
+    ///
+    /// # Panics
+    /// If the range exceeds the file length (a caller bug: every caller checks first).
+    fn get(&mut self, offset: u64, n: usize) -> Result<&[u8], WalError> {
+        assert!(
+            offset + n as u64 <= self.len,
+            "read of {n} bytes at {offset} past the end {}",
+            self.len
+        );
+        let cached_end = self.buf_offset + self.buf.len() as u64;
+        if offset < self.buf_offset || offset + n as u64 > cached_end {
+            let want = n.max(READ_CHUNK_BYTES) as u64;
+            let want = usize::try_from(want.min(self.len - offset)).unwrap_or(n);
+            self.buf.clear();
+            self.buf.try_reserve_exact(want).map_err(|_| {
+                io_error(
+                    "read",
+                    self.path,
+                    io::Error::new(io::ErrorKind::OutOfMemory, "cannot allocate read buffer"),
+                )
+            })?;
+            self.buf.resize(want, 0);
+            self.buf_offset = offset;
+            if let Err(e) = read_exact_at(self.file, &mut self.buf, offset) {
+                self.buf.clear();
+                return Err(io_error("read", self.path, e));
+            }
+        }
+        let start = usize::try_from(offset - self.buf_offset).unwrap_or(usize::MAX);
+        Ok(&self.buf[start..start + n])
+    }
+}
+
+/// What checking the frame at one offset found.
+enum FrameCheck {
+    /// A valid frame with the expected LSN.
+    Valid {
+        header: FrameHeader,
+        kind: FrameKind,
+    },
+    /// Damage that a torn write can produce (short, bad length, bad CRC, unexpected LSN).
+    Invalid(String),
+    /// A frame whose CRC checks but whose content breaks the format: never a torn write.
+    Malformed(String),
+}
+
+fn check_frame_at(
+    reader: &mut SegmentReader<'_>,
+    offset: u64,
+    expected_lsn: u64,
+    record_bytes_max: u32,
+) -> Result<FrameCheck, WalError> {
+    let remaining = reader.len - offset;
+    if remaining < FRAME_HEADER_BYTES as u64 {
+        return Ok(FrameCheck::Invalid(format!(
+            "only {remaining} bytes left, a frame header needs {FRAME_HEADER_BYTES}"
+        )));
+    }
+    let header = FrameHeader::parse(reader.get(offset, FRAME_HEADER_BYTES)?);
+    let body_room = remaining - FRAME_HEADER_BYTES as u64;
+    if header.body_bytes > FRAME_BODY_BYTES_MAX || u64::from(header.body_bytes) > body_room {
+        return Ok(FrameCheck::Invalid(format!(
+            "frame length {} exceeds the {} bytes left (limit {FRAME_BODY_BYTES_MAX})",
+            header.body_bytes, body_room
+        )));
+    }
+    let frame = reader.get(offset, FRAME_HEADER_BYTES + header.body_bytes as usize)?;
+    let (head, body) = frame.split_at(FRAME_HEADER_BYTES);
+    if format::frame_crc(head, body) != header.crc {
+        return Ok(FrameCheck::Invalid("frame checksum mismatch".to_owned()));
+    }
+    let kind = match header.check_fields() {
+        Ok(kind) => kind,
+        Err(reason) => return Ok(FrameCheck::Malformed(reason.to_owned())),
+    };
+    if kind == FrameKind::Data {
+        let checked =
+            format::for_each_record(body, header.record_count, record_bytes_max, |_, _, _| {
+                Ok::<(), ()>(())
+            });
+        if let Err(reason) = checked {
+            return Ok(FrameCheck::Malformed(reason));
+        }
+    }
+    if header.first_lsn != expected_lsn {
+        return Ok(FrameCheck::Invalid(format!(
+            "frame starts at LSN {} where {expected_lsn} was expected",
+            header.first_lsn
+        )));
+    }
+    Ok(FrameCheck::Valid { header, kind })
+}
+
+/// What scanning one segment's frames found.
+struct FrameScan {
+    /// Offset after the last valid frame.
+    end: u64,
+    /// LSN the next record would get.
+    next_lsn: u64,
+    records: u64,
+    last_kind: Option<FrameKind>,
+    damage: Option<Damage>,
+}
+
+/// The first invalid frame of a segment.
+struct Damage {
+    offset: u64,
+    reason: String,
+    /// Highest `synced_lsn` of the valid frames found after the damage (0 if none).
+    synced_after: u64,
+}
+
+fn scan_frames(
+    reader: &mut SegmentReader<'_>,
+    first_lsn: u64,
+    record_bytes_max: u32,
+    visit: &mut Visit<'_>,
+) -> Result<FrameScan, WalError> {
+    let path = reader.path;
+    let mut scan = FrameScan {
+        end: SEGMENT_HEADER_BYTES as u64,
+        next_lsn: first_lsn,
+        records: 0,
+        last_kind: None,
+        damage: None,
+    };
+    while scan.end < reader.len {
+        let offset = scan.end;
+        match check_frame_at(reader, offset, scan.next_lsn, record_bytes_max)? {
+            FrameCheck::Valid { header, kind } => {
+                if scan.last_kind == Some(FrameKind::Seal) {
+                    return Err(corrupt(
+                        path,
+                        offset,
+                        "a valid frame follows the SEAL frame",
+                    ));
+                }
+                let frame_bytes = FRAME_HEADER_BYTES + header.body_bytes as usize;
+                if kind == FrameKind::Data {
+                    let frame = reader.get(offset, frame_bytes)?;
+                    let body = &frame[FRAME_HEADER_BYTES..];
+                    let first = header.first_lsn;
+                    let replayed = format::for_each_record(
+                        body,
+                        header.record_count,
+                        record_bytes_max,
+                        |index, record_type, record_body| {
+                            let lsn = Lsn(first + u64::from(index));
+                            let view = RecordView {
+                                lsn,
+                                record_type,
+                                body: record_body,
+                            };
+                            visit(view, path, offset).map_err(|source| WalError::Replay {
+                                lsn,
+                                file: path.to_path_buf(),
+                                offset,
+                                source,
+                            })
+                        },
+                    );
+                    match replayed {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(e),
+                        Err(reason) => return Err(corrupt(path, offset, reason)),
+                    }
+                    scan.records += u64::from(header.record_count);
+                    scan.next_lsn += u64::from(header.record_count);
+                }
+                scan.last_kind = Some(kind);
+                scan.end = offset + frame_bytes as u64;
+            }
+            FrameCheck::Malformed(reason) => {
+                return Err(corrupt(
+                    path,
+                    offset,
+                    format!("{reason} (in a frame whose checksum is valid)"),
+                ));
+            }
+            FrameCheck::Invalid(reason) => {
+                let synced_after = resync(reader, offset, scan.next_lsn, record_bytes_max)?;
+                scan.damage = Some(Damage {
+                    offset,
+                    reason,
+                    synced_after,
+                });
+                break;
+            }
+        }
+    }
+    Ok(scan)
+}
+
+/// After damage at `damage_offset` where LSN `expected_lsn` was expected, finds every valid
+/// frame further on (byte by byte, then frame by frame once one is found) and returns the
+/// highest `synced_lsn` among them. Damaged bytes are never trusted: a candidate counts only
+/// if its whole frame checks (length within the file, CRC, fields, records) and its LSN is
+/// plausible for its position (at or after `expected_lsn`, at most one LSN per
+/// [`RECORD_HEADER_BYTES`] bytes since the damage).
+///
+/// # Errors
+/// I/O errors, or [`WalError::Corrupt`] if hashing candidates costs more than a few passes
+/// over the file (crafted input) — refusing is the safe side.
+fn resync(
+    reader: &mut SegmentReader<'_>,
+    damage_offset: u64,
+    expected_lsn: u64,
+    record_bytes_max: u32,
+) -> Result<u64, WalError> {
+    let len = reader.len;
+    let budget = len.saturating_mul(4).saturating_add(1 << 20);
+    let mut hashed = 0u64;
+    let mut synced_after = 0u64;
+    let mut position = damage_offset + 1;
+    while len - position >= FRAME_HEADER_BYTES as u64 {
+        let header = FrameHeader::parse(reader.get(position, FRAME_HEADER_BYTES)?);
+        let lsn_window = (position - damage_offset) / RECORD_HEADER_BYTES as u64;
+        let plausible = header.check_fields().is_ok()
+            && header.first_lsn >= expected_lsn
+            && header.first_lsn - expected_lsn <= lsn_window
+            && u64::from(header.body_bytes) <= len - position - FRAME_HEADER_BYTES as u64;
+        if !plausible {
+            position += 1;
+            continue;
+        }
+        let frame_bytes = FRAME_HEADER_BYTES + header.body_bytes as usize;
+        hashed += frame_bytes as u64;
+        if hashed > budget {
+            return Err(corrupt(
+                reader.path,
+                damage_offset,
+                "too many candidate frames after the damage to tell a torn tail from corruption",
+            ));
+        }
+        let frame = reader.get(position, frame_bytes)?;
+        let (head, body) = frame.split_at(FRAME_HEADER_BYTES);
+        let valid = format::frame_crc(head, body) == header.crc
+            && (header.kind != FrameKind::Data as u8
+                || format::for_each_record(
+                    body,
+                    header.record_count,
+                    record_bytes_max,
+                    |_, _, _| Ok::<(), ()>(()),
+                )
+                .is_ok());
+        if valid {
+            synced_after = synced_after.max(header.synced_lsn);
+            position += frame_bytes as u64;
+        } else {
+            position += 1;
+        }
+    }
+    Ok(synced_after)
+}
+
+/// A segment whose header passed the checks of the first pass.
+struct Checked {
+    file: SegmentFile,
+    /// `None` for an unwritten newest segment.
+    header: Option<SegmentHeader>,
+    len: u64,
+}
+
+/// First pass: every header, before any frame — so a foreign, missing or future-version
+/// segment is named as such rather than as damage in its neighbour.
+fn check_headers(
+    storage: &dyn Storage,
+    store_id: &StoreId,
+    files: Vec<SegmentFile>,
+) -> Result<Vec<Checked>, WalError> {
+    let count = files.len();
+    let mut checked: Vec<Checked> = Vec::with_capacity(count);
+    for (index, segment) in files.into_iter().enumerate() {
+        let is_last = index + 1 == count;
+        let path = &segment.path;
+        let file = storage
+            .open(path, OpenMode::Read)
+            .map_err(|e| io_error("open", path, e))?;
+        let len = file.len().map_err(|e| io_error("stat", path, e))?;
+        let header = read_segment_header(file.as_ref(), path, len, is_last)?;
+        if let Some(header) = &header {
+            if header.store_id != *store_id {
+                return Err(WalError::ForeignSegment { file: path.clone() });
+            }
+            if header.seq != segment.seq || header.first_lsn() != segment.first_lsn {
+                return Err(corrupt(
+                    path,
+                    0,
+                    format!(
+                        "header says seq {} first LSN {}, the file name says seq {} first LSN {}",
+                        header.seq,
+                        header.first_lsn().0,
+                        segment.seq,
+                        segment.first_lsn.0
+                    ),
+                ));
+            }
+        } else if segment.first_lsn.0 == 0 {
+            return Err(corrupt(path, 0, "segment file name says first LSN 0"));
+        }
+        if let Some(previous) = checked.last() {
+            if previous.file.seq.checked_add(1) != Some(segment.seq) {
+                return Err(WalError::MissingSegment {
+                    file: path.clone(),
+                    reason: format!(
+                        "segment seq {} follows seq {}: seq {}..={} missing",
+                        segment.seq,
+                        previous.file.seq,
+                        previous.file.seq.saturating_add(1),
+                        segment.seq.saturating_sub(1)
+                    ),
+                });
+            }
+        }
+        checked.push(Checked {
+            file: segment,
+            header,
+            len,
+        });
+    }
+    Ok(checked)
+}
+
+/// Reads and checks every segment of `dir` for the log `store_id`, calling `visit` for every
+/// valid record in LSN order, and decides what the newest segment's tail is. Never writes.
+pub(crate) fn analyze(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: &StoreId,
+    record_bytes_max: u32,
+    visit: &mut Visit<'_>,
+) -> Result<Analysis, WalError> {
+    let (files, _) = list_dir(storage, dir)?;
+    let checked = check_headers(storage, store_id, files)?;
+    let mut analysis = Analysis::default();
+    let count = checked.len();
+    // Last LSN of the previous segment.
+    let mut previous_last: Option<u64> = None;
+    for (index, segment) in checked.into_iter().enumerate() {
+        let is_last = index + 1 == count;
+        let path = &segment.file.path;
+        let len = segment.len;
+        let Some(header) = segment.header else {
+            // An unwritten newest segment: its name is all we know.
+            let first = segment.file.first_lsn.0;
+            check_lsn_continuity(path, previous_last, first - 1)?;
+            analysis.torn_tail = Some(TornTail {
+                file: path.clone(),
+                offset: 0,
+                bytes_truncated: len,
+                first_lost_lsn: Lsn(first),
+            });
+            analysis.segments.push(SegmentInfo {
+                file: path.clone(),
+                bytes: len,
+                records: 0,
+                first_lsn: Lsn(first),
+                last_lsn: Lsn(first - 1),
+                sealed: false,
+            });
+            if analysis.segments.len() == 1 {
+                analysis.first_lsn = Lsn(first);
+            }
+            analysis.last_lsn = Lsn(first - 1);
+            analysis.clean_shutdown = false;
+            analysis.tail = Some(Tail {
+                path: path.clone(),
+                seq: segment.file.seq,
+                prev_last_lsn: first - 1,
+                valid_end: 0,
+                file_len: len,
+                sealed: false,
+                unwritten: true,
+            });
+            break;
+        };
+        check_lsn_continuity(path, previous_last, header.prev_last_lsn)?;
+        let first_lsn = header.prev_last_lsn + 1;
+        let file = storage
+            .open(path, OpenMode::Read)
+            .map_err(|e| io_error("open", path, e))?;
+        let mut reader = SegmentReader::new(file.as_ref(), path, len);
+        let scan = scan_frames(&mut reader, first_lsn, record_bytes_max, visit)?;
+        let sealed = scan.last_kind == Some(FrameKind::Seal);
+        if !is_last {
+            if let Some(damage) = &scan.damage {
+                return Err(corrupt(
+                    path,
+                    damage.offset,
+                    format!("{} (in a sealed segment)", damage.reason),
+                ));
+            }
+            if !sealed {
+                return Err(corrupt(
+                    path,
+                    scan.end,
+                    "segment does not end with a SEAL frame but a newer segment exists",
+                ));
+            }
+        }
+        let mut valid_end = scan.end;
+        if let Some(damage) = &scan.damage {
+            // Every LSN of older segments is durable (they were synced before sealing).
+            let durable_mark = header.prev_last_lsn.max(damage.synced_after);
+            if durable_mark >= scan.next_lsn {
+                return Err(corrupt(
+                    path,
+                    damage.offset,
+                    format!(
+                        "{}; LSN {} was already durable (a later frame records synced LSN {})",
+                        damage.reason, scan.next_lsn, durable_mark
+                    ),
+                ));
+            }
+            tracing::warn!(
+                file = %path.display(),
+                offset = damage.offset,
+                bytes = len - damage.offset,
+                first_lost_lsn = scan.next_lsn,
+                reason = %damage.reason,
+                "unsynced torn tail"
+            );
+            analysis.torn_tail = Some(TornTail {
+                file: path.clone(),
+                offset: damage.offset,
+                bytes_truncated: len - damage.offset,
+                first_lost_lsn: Lsn(scan.next_lsn),
+            });
+            valid_end = damage.offset;
+        }
+        if analysis.segments.is_empty() {
+            analysis.first_lsn = Lsn(first_lsn);
+        }
+        analysis.segments.push(SegmentInfo {
+            file: path.clone(),
+            bytes: len,
+            records: scan.records,
+            first_lsn: Lsn(first_lsn),
+            last_lsn: Lsn(scan.next_lsn - 1),
+            sealed,
+        });
+        analysis.records += scan.records;
+        analysis.last_lsn = Lsn(scan.next_lsn - 1);
+        analysis.clean_shutdown = scan.damage.is_none() && scan.last_kind == Some(FrameKind::Close);
+        previous_last = Some(scan.next_lsn - 1);
+        if is_last {
+            analysis.tail = Some(Tail {
+                path: path.clone(),
+                seq: header.seq,
+                prev_last_lsn: header.prev_last_lsn,
+                valid_end,
+                file_len: len,
+                sealed,
+                unwritten: false,
+            });
+        }
+    }
+    if analysis.segments.is_empty() {
+        analysis.first_lsn = Lsn(1);
+    }
+    Ok(analysis)
+}
+
+/// Reads the header of a segment; `Ok(None)` if it is the newest segment and its header was
+/// never completely written (no more than a header's worth of bytes, none of them a valid
+/// header).
+fn read_segment_header(
+    file: &dyn StorageFile,
+    path: &Path,
+    len: u64,
+    is_last: bool,
+) -> Result<Option<SegmentHeader>, WalError> {
+    let unwritten_allowed = is_last && len <= SEGMENT_HEADER_BYTES as u64;
+    if len < SEGMENT_HEADER_BYTES as u64 {
+        if unwritten_allowed {
+            return Ok(None);
+        }
+        return Err(corrupt(
+            path,
+            0,
+            format!(
+                "segment of {len} bytes is shorter than its {SEGMENT_HEADER_BYTES}-byte header"
+            ),
+        ));
+    }
+    let mut bytes = [0u8; SEGMENT_HEADER_BYTES];
+    read_exact_at(file, &mut bytes, 0).map_err(|e| io_error("read", path, e))?;
+    match SegmentHeader::decode(&bytes) {
+        Ok(header) => Ok(Some(header)),
+        Err(HeaderError::UnsupportedVersion(version)) => Err(WalError::UnsupportedVersion {
+            file: path.to_path_buf(),
+            version,
+        }),
+        Err(HeaderError::BadMagic | HeaderError::BadCrc | HeaderError::Short)
+            if unwritten_allowed =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(corrupt(path, 0, format!("invalid segment header: {e}"))),
+    }
+}
+
+/// Checks that a segment starts right after the previous segment's last LSN.
+fn check_lsn_continuity(
+    path: &Path,
+    previous_last: Option<u64>,
+    prev_last_lsn: u64,
+) -> Result<(), WalError> {
+    let Some(prev_last) = previous_last else {
+        return Ok(());
+    };
+    if prev_last_lsn > prev_last {
+        return Err(WalError::MissingSegment {
+            file: path.to_path_buf(),
+            reason: format!(
+                "segment starts after LSN {prev_last_lsn} but the previous one ends at LSN {prev_last}: LSNs {}..={prev_last_lsn} missing",
+                prev_last + 1
+            ),
+        });
+    }
+    if prev_last_lsn < prev_last {
+        return Err(corrupt(
+            path,
+            0,
+            format!(
+                "segment starts after LSN {prev_last_lsn} but the previous one already ends at LSN {prev_last}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Read-only check of a log directory that may be untrusted: no writes, no mmap, every length
+/// checked against limits and the bytes remaining before anything is allocated. The directory
+/// lock is taken for the duration if `dir/LOCK` exists and is free; otherwise the scan runs
+/// unlocked (a live log may then show its in-flight tail as torn).
+///
+/// `record_bytes_max` is the largest record body accepted (clamped to
+/// [`RECORD_BYTES_MAX_LIMIT`](crate::format::RECORD_BYTES_MAX_LIMIT)); `visit` sees every
+/// valid record in LSN order — on an error, those before the damage.
+///
+/// An empty or missing-`META` directory with no segments is an empty log.
+///
+/// # Errors
+/// [`WalError::Corrupt`] (file and offset of the damage), [`WalError::ForeignSegment`],
+/// [`WalError::MissingSegment`], [`WalError::UnsupportedVersion`], or [`WalError::Io`]. A torn
+/// tail is not an error: it is reported in [`ScanReport::torn_tail`].
 pub fn scan(
     storage: &dyn Storage,
     dir: &Path,
     record_bytes_max: u32,
     visit: &mut dyn FnMut(RecordView<'_>),
 ) -> Result<ScanReport, WalError> {
-    let _ = (storage, dir, record_bytes_max, visit);
-    unimplemented!()
+    let record_bytes_max = record_bytes_max.min(format::RECORD_BYTES_MAX_LIMIT);
+    let lock_path = dir.join(format::LOCK_FILE_NAME);
+    let _lock = match storage.exists(&lock_path) {
+        Ok(true) => storage.lock(&lock_path).ok(),
+        _ => None,
+    };
+    let store_id = match read_meta(storage, dir)? {
+        Some(id) => id,
+        None => {
+            let (segments, _) = list_dir(storage, dir)?;
+            if let Some(first) = segments.first() {
+                return Err(corrupt(
+                    &dir.join(format::META_FILE_NAME),
+                    0,
+                    format!(
+                        "META is missing but segment {} exists",
+                        first.path.display()
+                    ),
+                ));
+            }
+            return Ok(ScanReport::default());
+        }
+    };
+    let mut adapter = |view: RecordView<'_>, _: &Path, _: u64| {
+        visit(view);
+        Ok(())
+    };
+    let analysis = analyze(storage, dir, &store_id, record_bytes_max, &mut adapter)?;
+    Ok(ScanReport {
+        segments: analysis.segments,
+        records: analysis.records,
+        last_lsn: analysis.last_lsn,
+        clean_shutdown: analysis.clean_shutdown,
+        torn_tail: analysis.torn_tail,
+    })
 }

@@ -1,69 +1,1040 @@
-//! The log handle and its writer.
-use std::path::Path;
+//! [`Wal`]: the log handle, and the writer thread that owns the active segment.
+//!
+//! One writer thread does all appending I/O (STYLE: "one owner appends to the log"). Callers
+//! encode and checksum their frame bodies on their own threads, take an LSN range and enqueue
+//! under one short lock, and wait on a shared condition variable. The writer drains *every*
+//! queued frame, writes them with one `write`, makes them durable with one `fdatasync` (in
+//! [`Durability::Sync`]) and wakes all waiters: group commit, as in okaywal, etcd's `Save` and
+//! RocksDB's write groups. A failed write or sync poisons the log for good (PostgreSQL's
+//! `data_sync_retry = off`, fjall's `Poisoned`, redb's `PreviousIo`).
+
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crate::{Durability, Lsn, Record, RecordView, RecoveryReport, ReplayError, Storage, WalError, WalOptions};
+use parking_lot::{Condvar, Mutex};
 
-/// The write-ahead log.
+use crate::format::{
+    self, FrameKind, SegmentHeader, StoreId, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES,
+    RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+};
+use crate::recovery::{self, Analysis};
+use crate::storage::{LockGuard, OpenMode};
+use crate::{
+    Durability, Lsn, Record, RecordView, RecoveryReport, ReplayError, Storage, StorageFile,
+    WalError, WalOptions, RECORD_TYPE_USER_MAX, SEGMENT_BYTES_MIN,
+};
+
+/// A segmented, append-only write-ahead log with group commit.
+///
+/// `Wal` is `Send + Sync`: share it behind an `Arc` and append from any thread. Inside, one
+/// writer thread owns the active segment file. See the crate documentation for the format and
+/// the durability contract of each [`Durability`] mode.
 pub struct Wal {
-    _p: (),
+    shared: Arc<Shared>,
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    writer: Option<JoinHandle<Result<(), WalError>>>,
+    // Dropped after `writer` has been joined (see `Drop`), so no other open can start while
+    // the writer may still touch the files.
+    _lock: Option<Box<dyn LockGuard>>,
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal")
+            .field("dir", &self.dir)
+            .field("durability", &self.shared.durability)
+            .field("last_lsn", &self.last_lsn())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A claim on one append: its LSN range, and a way to wait until it has the log's durability.
+///
+/// Dropping a ticket without waiting is fine: the append still happens.
+#[must_use = "an append is not durable until `wait` returns Ok"]
+pub struct AppendTicket {
+    shared: Arc<Shared>,
+    first_lsn: Lsn,
+    last_lsn: Lsn,
+}
+
+impl std::fmt::Debug for AppendTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppendTicket")
+            .field("first_lsn", &self.first_lsn)
+            .field("last_lsn", &self.last_lsn)
+            .finish()
+    }
+}
+
+/// State shared by the handle, the tickets and the writer thread.
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the writer: new frames, a sync request, or a stop.
+    writer_wake: Condvar,
+    /// Wakes waiters: the written/synced marks moved, the log was poisoned, or the writer ended.
+    progress: Condvar,
+    durability: Durability,
+    record_bytes_max: u32,
+    /// Sealed segments still on disk, oldest first.
+    sealed: Mutex<Vec<SealedSegment>>,
+}
+
+#[derive(Debug, Clone)]
+struct SealedSegment {
+    path: PathBuf,
+    last_lsn: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Running,
+    /// `close`: drain, sync, write CLOSE, sync, exit.
+    Close,
+    /// `Drop`: drain per the durability mode, exit.
+    Drop,
+}
+
+struct State {
+    /// LSN the next appended record gets.
+    next_lsn: u64,
+    queue: Vec<PendingFrame>,
+    /// Highest LSN written to the OS.
+    written_lsn: u64,
+    /// Highest LSN fdatasynced.
+    synced_lsn: u64,
+    /// Highest LSN a `Wal::sync` caller wants synced.
+    sync_wanted: u64,
+    poison: Option<Poison>,
+    stop: Stop,
+    writer_done: bool,
+}
+
+/// One append waiting for the writer.
+struct PendingFrame {
+    first_lsn: u64,
+    record_count: u32,
+    body: Vec<u8>,
+    body_crc: crc32fast::Hasher,
+}
+
+/// The failure that poisoned the log, kept so every waiter can get its own copy.
+#[derive(Clone, Debug)]
+struct Poison {
+    op: &'static str,
+    path: PathBuf,
+    kind: io::ErrorKind,
+    raw_os_error: Option<i32>,
+    message: String,
+}
+
+impl Poison {
+    fn from_error(error: &WalError) -> Poison {
+        match error {
+            WalError::Io { op, path, source } => Poison {
+                op,
+                path: path.clone(),
+                kind: source.kind(),
+                raw_os_error: source.raw_os_error(),
+                message: source.to_string(),
+            },
+            other => Poison {
+                op: "write",
+                path: PathBuf::new(),
+                kind: io::ErrorKind::Other,
+                raw_os_error: None,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// The original I/O error, for callers whose appends it failed.
+    fn to_error(&self) -> WalError {
+        let source = match self.raw_os_error {
+            Some(code) => io::Error::from_raw_os_error(code),
+            None => io::Error::new(self.kind, self.message.clone()),
+        };
+        WalError::Io {
+            op: self.op,
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn cause(&self) -> String {
+        format!("{} {}: {}", self.op, self.path.display(), self.message)
+    }
+}
+
+fn io_error(op: &'static str, path: &Path, source: io::Error) -> WalError {
+    WalError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn invalid_options(reason: impl Into<String>) -> WalError {
+    WalError::InvalidOptions {
+        reason: reason.into(),
+    }
+}
+
+fn check_options(options: &WalOptions) -> Result<(), WalError> {
+    if options.segment_bytes < SEGMENT_BYTES_MIN {
+        return Err(invalid_options(format!(
+            "segment_bytes {} is below the minimum {SEGMENT_BYTES_MIN}",
+            options.segment_bytes
+        )));
+    }
+    if options.record_bytes_max > format::RECORD_BYTES_MAX_LIMIT {
+        return Err(invalid_options(format!(
+            "record_bytes_max {} is above the limit {}",
+            options.record_bytes_max,
+            format::RECORD_BYTES_MAX_LIMIT
+        )));
+    }
+    if options.durability == Durability::Interval(Duration::ZERO) {
+        return Err(invalid_options(
+            "Durability::Interval needs a non-zero interval",
+        ));
+    }
+    Ok(())
+}
+
+/// The segment being appended to.
+#[derive(Debug)]
+struct Active {
+    file: Box<dyn StorageFile>,
+    path: PathBuf,
+    seq: u64,
+    /// Bytes in the file (the offset of the next frame).
+    len: u64,
+}
+
+/// Creates segment `seq` following LSN `prev_last_lsn`: header into `NAME.tmp`, fdatasync,
+/// rename to `NAME`, fsync the directory (etcd's `cut`). A crash at any point leaves either
+/// no segment or a complete, durable header.
+fn create_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: &StoreId,
+    seq: u64,
+    prev_last_lsn: u64,
+) -> Result<Active, WalError> {
+    let name = format::segment_file_name(seq, Lsn(prev_last_lsn + 1));
+    let path = dir.join(&name);
+    let tmp = dir.join(format!("{name}{}", format::TMP_SUFFIX));
+    let header = SegmentHeader {
+        store_id: *store_id,
+        seq,
+        prev_last_lsn,
+        created_ms: storage.now_ms(),
+    };
+    let file = storage
+        .open(&tmp, OpenMode::CreateNew)
+        .map_err(|e| io_error("create", &tmp, e))?;
+    file.write_all_at(&header.encode(), 0)
+        .map_err(|e| io_error("write", &tmp, e))?;
+    file.sync_data()
+        .map_err(|e| io_error("fdatasync", &tmp, e))?;
+    storage
+        .rename(&tmp, &path)
+        .map_err(|e| io_error("rename", &tmp, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| io_error("fsync dir", dir, e))?;
+    tracing::debug!(file = %path.display(), seq, first_lsn = prev_last_lsn + 1, "created segment");
+    Ok(Active {
+        file,
+        path,
+        seq,
+        len: SEGMENT_HEADER_BYTES as u64,
+    })
+}
+
+/// Writes `META` for a new log: tmp, fdatasync, rename, fsync the directory.
+fn create_meta(storage: &dyn Storage, dir: &Path) -> Result<StoreId, WalError> {
+    let store_id = storage
+        .random_id()
+        .map_err(|e| io_error("random store id", dir, e))?;
+    let path = dir.join(format::META_FILE_NAME);
+    let tmp = dir.join(format!("{}{}", format::META_FILE_NAME, format::TMP_SUFFIX));
+    let file = storage
+        .open(&tmp, OpenMode::CreateNew)
+        .map_err(|e| io_error("create", &tmp, e))?;
+    file.write_all_at(&format::encode_meta(&store_id), 0)
+        .map_err(|e| io_error("write", &tmp, e))?;
+    file.sync_data()
+        .map_err(|e| io_error("fdatasync", &tmp, e))?;
+    storage
+        .rename(&tmp, &path)
+        .map_err(|e| io_error("rename", &tmp, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| io_error("fsync dir", dir, e))?;
+    Ok(store_id)
+}
+
+/// Creates `dir` if needed, making every new directory entry durable (each created
+/// directory's parent is fsynced, outermost first), then takes the lock.
+fn prepare_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn LockGuard>, WalError> {
+    let mut created = Vec::new();
+    for ancestor in dir.ancestors().filter(|p| !p.as_os_str().is_empty()) {
+        if storage
+            .exists(ancestor)
+            .map_err(|e| io_error("stat", ancestor, e))?
+        {
+            break;
+        }
+        created.push(ancestor);
+    }
+    if !created.is_empty() {
+        storage
+            .create_dir_all(dir)
+            .map_err(|e| io_error("create dir", dir, e))?;
+        for new_dir in created.iter().rev() {
+            if let Some(parent) = new_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                storage
+                    .sync_dir(parent)
+                    .map_err(|e| io_error("fsync dir", parent, e))?;
+            }
+        }
+    }
+    let lock_path = dir.join(format::LOCK_FILE_NAME);
+    let lock = storage.lock(&lock_path).map_err(|e| {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            WalError::Locked {
+                path: lock_path.clone(),
+            }
+        } else {
+            io_error("lock", &lock_path, e)
+        }
+    })?;
+    if !created.is_empty() {
+        storage
+            .sync_dir(dir)
+            .map_err(|e| io_error("fsync dir", dir, e))?;
+    }
+    Ok(lock)
+}
+
+/// The sequence number after `seq`.
+///
+/// # Errors
+/// [`WalError::Corrupt`] if `seq` is `u64::MAX` (only a crafted file name gets there).
+fn next_seq(seq: u64, path: &Path) -> Result<u64, WalError> {
+    seq.checked_add(1).ok_or_else(|| WalError::Corrupt {
+        file: path.to_path_buf(),
+        offset: 0,
+        reason: "segment sequence number space exhausted".to_owned(),
+    })
+}
+
+/// Applies the analysis to the newest segment — truncate a torn tail, replace an unwritten
+/// segment, roll past a sealed one, create the first — and returns the segment to append to.
+fn prepare_active(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: &StoreId,
+    analysis: &Analysis,
+) -> Result<(Active, bool), WalError> {
+    let last = analysis.last_lsn.0;
+    let Some(tail) = &analysis.tail else {
+        return Ok((create_segment(storage, dir, store_id, 1, last)?, true));
+    };
+    if tail.unwritten {
+        storage
+            .remove_file(&tail.path)
+            .map_err(|e| io_error("remove", &tail.path, e))?;
+        storage
+            .sync_dir(dir)
+            .map_err(|e| io_error("fsync dir", dir, e))?;
+        let active = create_segment(storage, dir, store_id, tail.seq, tail.prev_last_lsn)?;
+        return Ok((active, false));
+    }
+    let path = &tail.path;
+    let file = storage
+        .open(path, OpenMode::ReadWrite)
+        .map_err(|e| io_error("open", path, e))?;
+    if tail.valid_end < tail.file_len {
+        file.set_len(tail.valid_end)
+            .map_err(|e| io_error("truncate", path, e))?;
+    }
+    // Whatever was replayed becomes durable before any later frame can claim it is.
+    file.sync_data()
+        .map_err(|e| io_error("fdatasync", path, e))?;
+    if tail.sealed {
+        let seq = next_seq(tail.seq, path)?;
+        return Ok((create_segment(storage, dir, store_id, seq, last)?, true));
+    }
+    let active = Active {
+        file,
+        path: path.clone(),
+        seq: tail.seq,
+        len: tail.valid_end,
+    };
+    Ok((active, false))
 }
 
 impl Wal {
-    /// Opens the log.
+    /// Opens the log in `dir`, creating it if absent (directory, `META` with a fresh random
+    /// store id, first segment), and recovers it.
+    ///
+    /// Steps: create `dir` (mode 0700) and fsync its parent if it was missing; take `dir/LOCK`;
+    /// remove leftover `*.tmp` files; read or create `META`; read every segment in order,
+    /// calling `replay` once per surviving record in LSN order; truncate an unsynced torn tail
+    /// of the newest segment (see [`TornTail`](crate::TornTail)) and fdatasync it; roll to a
+    /// new segment if the newest one is sealed; start the writer thread.
+    ///
+    /// On error, `replay` may already have seen a prefix of the records; discard what it built.
+    ///
+    /// # Errors
+    /// - [`WalError::InvalidOptions`] for options out of range;
+    /// - [`WalError::Locked`] if the log is open elsewhere (this or another process);
+    /// - [`WalError::Corrupt`] (with file and offset) if durable data is damaged — nothing is
+    ///   truncated or skipped;
+    /// - [`WalError::ForeignSegment`], [`WalError::MissingSegment`],
+    ///   [`WalError::UnsupportedVersion`];
+    /// - [`WalError::Replay`] if `replay` returned an error;
+    /// - [`WalError::Io`] for any failed file operation.
     pub fn open(
         storage: Arc<dyn Storage>,
         dir: &Path,
         options: WalOptions,
         replay: &mut dyn FnMut(RecordView<'_>) -> Result<(), ReplayError>,
     ) -> Result<(Wal, RecoveryReport), WalError> {
-        let _ = (storage, dir, options, replay);
-        unimplemented!()
+        check_options(&options)?;
+        let lock = prepare_dir(storage.as_ref(), dir)?;
+        let (segments, tmps) = recovery::list_dir(storage.as_ref(), dir)?;
+        for name in &tmps {
+            let path = dir.join(name);
+            tracing::info!(file = %path.display(), "removing leftover temporary file");
+            storage
+                .remove_file(&path)
+                .map_err(|e| io_error("remove", &path, e))?;
+        }
+        if !tmps.is_empty() {
+            storage
+                .sync_dir(dir)
+                .map_err(|e| io_error("fsync dir", dir, e))?;
+        }
+        let store_id = match recovery::read_meta(storage.as_ref(), dir)? {
+            Some(id) => id,
+            None => {
+                if let Some(first) = segments.first() {
+                    return Err(WalError::Corrupt {
+                        file: dir.join(format::META_FILE_NAME),
+                        offset: 0,
+                        reason: format!(
+                            "META is missing but segment {} exists",
+                            first.path.display()
+                        ),
+                    });
+                }
+                create_meta(storage.as_ref(), dir)?
+            }
+        };
+        let mut adapter = |view: RecordView<'_>, _: &Path, _: u64| replay(view);
+        let analysis = recovery::analyze(
+            storage.as_ref(),
+            dir,
+            &store_id,
+            options.record_bytes_max,
+            &mut adapter,
+        )?;
+        let (active, created) = prepare_active(storage.as_ref(), dir, &store_id, &analysis)?;
+        let last = analysis.last_lsn.0;
+        let sealed: Vec<SealedSegment> = analysis
+            .segments
+            .iter()
+            .filter(|s| s.sealed)
+            .map(|s| SealedSegment {
+                path: s.file.clone(),
+                last_lsn: s.last_lsn.0,
+            })
+            .collect();
+        let report = RecoveryReport {
+            segments: analysis.segments.len() + usize::from(created),
+            records: analysis.records,
+            first_lsn: analysis.first_lsn,
+            last_lsn: analysis.last_lsn,
+            clean_shutdown: analysis.clean_shutdown,
+            torn_tail: analysis.torn_tail.clone(),
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                next_lsn: last + 1,
+                queue: Vec::new(),
+                written_lsn: last,
+                synced_lsn: last,
+                sync_wanted: 0,
+                poison: None,
+                stop: Stop::Running,
+                writer_done: false,
+            }),
+            writer_wake: Condvar::new(),
+            progress: Condvar::new(),
+            durability: options.durability,
+            record_bytes_max: options.record_bytes_max,
+            sealed: Mutex::new(sealed),
+        });
+        let writer = Writer {
+            shared: Arc::clone(&shared),
+            storage: Arc::clone(&storage),
+            dir: dir.to_path_buf(),
+            store_id,
+            segment_bytes: options.segment_bytes,
+            active,
+            written: last,
+            synced: last,
+            recorded_synced: last,
+            buf: Vec::new(),
+            buf_last_lsn: last,
+            last_sync: Instant::now(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("kairos-wal-writer".to_owned())
+            .spawn(move || writer.run())
+            .map_err(|e| io_error("spawn writer thread", dir, e))?;
+        tracing::info!(
+            dir = %dir.display(),
+            records = report.records,
+            last_lsn = report.last_lsn.0,
+            clean_shutdown = report.clean_shutdown,
+            torn_tail = report.torn_tail.is_some(),
+            "opened log"
+        );
+        let wal = Wal {
+            shared,
+            storage,
+            dir: dir.to_path_buf(),
+            writer: Some(handle),
+            _lock: Some(lock),
+        };
+        Ok((wal, report))
     }
-    /// Appends one atomic frame.
+
+    /// Enqueues `records` as one atomic frame: after a crash either all of them survive or
+    /// none does. LSNs are assigned densely in call order (calls are totally ordered; hold your
+    /// own lock around `append` to make log order equal your apply order). Encodes and
+    /// checksums the frame on the calling thread; never blocks on I/O (the queue is unbounded).
+    ///
+    /// # Errors
+    /// At once, appending nothing: [`WalError::InvalidRecord`] for an empty batch, a record
+    /// type outside `1..=RECORD_TYPE_USER_MAX` or more than `u32::MAX` records;
+    /// [`WalError::RecordTooLarge`] for a body over `record_bytes_max` or a batch over
+    /// [`FRAME_BODY_BYTES_MAX`]; [`WalError::Poisoned`] after an I/O failure;
+    /// [`WalError::Closed`] while closing.
     pub fn append(&self, records: &[Record<'_>]) -> Result<AppendTicket, WalError> {
-        let _ = records;
-        unimplemented!()
+        let Some(last) = records.len().checked_sub(1) else {
+            return Err(WalError::InvalidRecord {
+                reason: "an append needs at least one record".to_owned(),
+            });
+        };
+        let record_count = u32::try_from(records.len()).map_err(|_| WalError::InvalidRecord {
+            reason: format!("{} records in one append exceed u32::MAX", records.len()),
+        })?;
+        let mut body_bytes = 0usize;
+        for record in records {
+            if record.record_type == 0 || record.record_type > RECORD_TYPE_USER_MAX {
+                return Err(WalError::InvalidRecord {
+                    reason: format!(
+                        "record type {:#04x} is reserved (user types are 0x01..={RECORD_TYPE_USER_MAX:#04x})",
+                        record.record_type
+                    ),
+                });
+            }
+            if record.body.len() > self.shared.record_bytes_max as usize {
+                return Err(WalError::RecordTooLarge {
+                    bytes: record.body.len(),
+                    max: self.shared.record_bytes_max,
+                });
+            }
+            body_bytes = body_bytes.saturating_add(RECORD_HEADER_BYTES + record.body.len());
+        }
+        if body_bytes > FRAME_BODY_BYTES_MAX as usize {
+            return Err(WalError::RecordTooLarge {
+                bytes: body_bytes,
+                max: FRAME_BODY_BYTES_MAX,
+            });
+        }
+        let mut body = Vec::with_capacity(body_bytes);
+        for record in records {
+            format::encode_record(&mut body, record.record_type, record.body);
+        }
+        let mut body_crc = crc32fast::Hasher::new();
+        body_crc.update(&body);
+
+        let mut state = self.shared.state.lock();
+        if let Some(poison) = &state.poison {
+            return Err(WalError::Poisoned {
+                cause: poison.cause(),
+            });
+        }
+        if state.stop != Stop::Running {
+            return Err(WalError::Closed);
+        }
+        let first_lsn = state.next_lsn;
+        let Some(next) = first_lsn.checked_add(u64::from(record_count)) else {
+            return Err(WalError::InvalidRecord {
+                reason: "the LSN space is exhausted".to_owned(),
+            });
+        };
+        state.next_lsn = next;
+        state.queue.push(PendingFrame {
+            first_lsn,
+            record_count,
+            body,
+            body_crc,
+        });
+        self.shared.writer_wake.notify_one();
+        drop(state);
+        Ok(AppendTicket {
+            shared: Arc::clone(&self.shared),
+            first_lsn: Lsn(first_lsn),
+            last_lsn: Lsn(first_lsn + last as u64),
+        })
     }
-    /// Mode.
+
+    /// The durability mode the log was opened with.
     pub fn durability(&self) -> Durability {
-        unimplemented!()
+        self.shared.durability
     }
-    /// Last LSN.
+
+    /// The last LSN assigned so far (`Lsn(0)` if none): appended, not necessarily written.
     pub fn last_lsn(&self) -> Lsn {
-        unimplemented!()
+        Lsn(self.shared.state.lock().next_lsn - 1)
     }
-    /// Poisoned.
+
+    /// The last LSN known to be fdatasynced.
+    pub fn synced_lsn(&self) -> Lsn {
+        Lsn(self.shared.state.lock().synced_lsn)
+    }
+
+    /// `Some(description of the failed operation)` once the log is poisoned; it stays poisoned
+    /// until it is dropped and opened again.
     pub fn poisoned(&self) -> Option<String> {
-        unimplemented!()
+        self.shared.state.lock().poison.as_ref().map(Poison::cause)
     }
-    /// Sync.
+
+    /// The directory the log lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Forces an fdatasync of everything appended so far and waits for it, in any durability
+    /// mode (shares the writer's group commit). Returns at once if everything is synced.
+    ///
+    /// # Errors
+    /// [`WalError::Io`] if the sync (or a write before it) failed — the log is then poisoned;
+    /// [`WalError::Poisoned`] if it already was; [`WalError::Closed`] while closing.
     pub fn sync(&self) -> Result<(), WalError> {
-        unimplemented!()
+        let mut state = self.shared.state.lock();
+        if let Some(poison) = &state.poison {
+            return Err(WalError::Poisoned {
+                cause: poison.cause(),
+            });
+        }
+        if state.stop != Stop::Running {
+            return Err(WalError::Closed);
+        }
+        let target = state.next_lsn - 1;
+        if state.synced_lsn >= target {
+            return Ok(());
+        }
+        state.sync_wanted = state.sync_wanted.max(target);
+        self.shared.writer_wake.notify_one();
+        loop {
+            if state.synced_lsn >= target {
+                return Ok(());
+            }
+            if let Some(poison) = &state.poison {
+                return Err(poison.to_error());
+            }
+            if state.writer_done {
+                return Err(WalError::Closed);
+            }
+            self.shared.progress.wait(&mut state);
+        }
     }
-    /// Close.
-    pub fn close(self) -> Result<(), WalError> {
-        unimplemented!()
+
+    /// Removes every sealed segment whose records all have LSNs below `lsn`, oldest first,
+    /// fsyncing the directory after each removal so a crash leaves a contiguous suffix. Call it
+    /// once a checkpoint covers those records. The active segment is never removed. Returns the
+    /// number of files removed.
+    ///
+    /// # Errors
+    /// [`WalError::Io`] if a removal or directory sync failed (the log is not poisoned: the
+    /// segments still on disk stay valid).
+    pub fn remove_segments_before(&self, lsn: Lsn) -> Result<usize, WalError> {
+        let mut sealed = self.shared.sealed.lock();
+        let mut removed = 0;
+        while let Some(oldest) = sealed.first() {
+            if oldest.last_lsn >= lsn.0 {
+                break;
+            }
+            let path = oldest.path.clone();
+            self.storage
+                .remove_file(&path)
+                .map_err(|e| io_error("remove", &path, e))?;
+            sealed.remove(0);
+            self.storage
+                .sync_dir(&self.dir)
+                .map_err(|e| io_error("fsync dir", &self.dir, e))?;
+            tracing::debug!(file = %path.display(), "removed segment");
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Clean close: waits for queued appends, syncs, writes a CLOSE frame recording the final
+    /// LSN, syncs it, stops the writer and releases the lock. The next open reports
+    /// `clean_shutdown`.
+    ///
+    /// # Errors
+    /// [`WalError::Poisoned`] if an I/O failure poisoned the log earlier, or the error of the
+    /// final writes and syncs. The lock is released either way.
+    pub fn close(mut self) -> Result<(), WalError> {
+        let result = self.stop_writer(Stop::Close);
+        tracing::info!(dir = %self.dir.display(), ok = result.is_ok(), "closed log");
+        result
+    }
+
+    fn stop_writer(&mut self, stop: Stop) -> Result<(), WalError> {
+        let Some(handle) = self.writer.take() else {
+            return Ok(());
+        };
+        {
+            let mut state = self.shared.state.lock();
+            if state.stop == Stop::Running {
+                state.stop = stop;
+            }
+            self.shared.writer_wake.notify_all();
+        }
+        match handle.join() {
+            Ok(result) => result,
+            Err(_) => Err(WalError::Poisoned {
+                cause: "the writer thread panicked".to_owned(),
+            }),
+        }
     }
 }
 
-/// Ticket.
-#[must_use]
-pub struct AppendTicket {
-    _p: (),
+impl Drop for Wal {
+    /// Stops the writer after it has written — and synced only as its mode requires — what was
+    /// queued, then releases the lock: like a process crash for anything not durable. Never
+    /// panics.
+    fn drop(&mut self) {
+        if let Err(e) = self.stop_writer(Stop::Drop) {
+            tracing::debug!(error = %e, "log dropped after an error");
+        }
+    }
 }
 
 impl AppendTicket {
-    /// First.
+    /// LSN of the first record of the append.
     pub fn first_lsn(&self) -> Lsn {
-        unimplemented!()
+        self.first_lsn
     }
-    /// Last.
+
+    /// LSN of the last record of the append.
     pub fn last_lsn(&self) -> Lsn {
-        unimplemented!()
+        self.last_lsn
     }
-    /// Wait.
+
+    /// Blocks until the append has the log's durability: [`Durability::Sync`] — fdatasynced
+    /// (concurrent appenders share one fdatasync); `Interval`/`Buffered` — written to the OS
+    /// (survives a process crash, not necessarily a power cut).
+    ///
+    /// # Errors
+    /// [`WalError::Io`] with the original failure if the write or sync of this append (or one
+    /// before it) failed — the log is then poisoned and the append may or may not survive a
+    /// reopen; [`WalError::Closed`] if the writer stopped without completing it.
     pub fn wait(self) -> Result<(), WalError> {
-        unimplemented!()
+        let shared = &self.shared;
+        let mut state = shared.state.lock();
+        loop {
+            let done = match shared.durability {
+                Durability::Sync => state.synced_lsn,
+                Durability::Interval(_) | Durability::Buffered => state.written_lsn,
+            };
+            if done >= self.last_lsn.0 {
+                return Ok(());
+            }
+            if let Some(poison) = &state.poison {
+                return Err(poison.to_error());
+            }
+            if state.writer_done {
+                return Err(WalError::Closed);
+            }
+            shared.progress.wait(&mut state);
+        }
+    }
+}
+
+/// One round of work for the writer.
+struct Work {
+    batch: Vec<PendingFrame>,
+    sync_wanted: u64,
+    stop: Stop,
+    interval_due: bool,
+    poisoned: bool,
+}
+
+/// Marks the writer as gone when its thread ends, however it ends.
+struct DoneGuard(Arc<Shared>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock();
+        state.writer_done = true;
+        self.0.progress.notify_all();
+    }
+}
+
+/// Capacity of the writer's batch buffer kept between batches, in bytes.
+const WRITE_BUFFER_KEEP_BYTES: usize = 4 << 20;
+
+/// The writer thread's state: it alone touches the active segment.
+struct Writer {
+    shared: Arc<Shared>,
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    store_id: StoreId,
+    segment_bytes: u64,
+    active: Active,
+    /// Highest LSN written to the OS.
+    written: u64,
+    /// Highest LSN fdatasynced.
+    synced: u64,
+    /// Highest `synced_lsn` recorded in a frame on disk.
+    recorded_synced: u64,
+    /// Frames encoded but not yet written.
+    buf: Vec<u8>,
+    /// Last LSN in `buf`.
+    buf_last_lsn: u64,
+    last_sync: Instant,
+}
+
+impl Writer {
+    fn run(mut self) -> Result<(), WalError> {
+        let _done = DoneGuard(Arc::clone(&self.shared));
+        loop {
+            let work = self.next_work();
+            if work.poisoned {
+                let state = self.shared.state.lock();
+                let cause = state.poison.as_ref().map(Poison::cause).unwrap_or_default();
+                return Err(WalError::Poisoned { cause });
+            }
+            let stop = work.stop;
+            let result = self.process(work);
+            if let Err(error) = &result {
+                tracing::error!(error = %error, "log poisoned");
+                let mut state = self.shared.state.lock();
+                state.poison = Some(Poison::from_error(error));
+                state.queue.clear();
+                self.shared.progress.notify_all();
+            }
+            match (stop, result) {
+                (Stop::Running, _) => {}
+                (_, Err(e)) => return Err(e),
+                (_, Ok(())) => return Ok(()),
+            }
+        }
+    }
+
+    /// Waits for something to do and takes it.
+    fn next_work(&mut self) -> Work {
+        let interval = match self.shared.durability {
+            Durability::Interval(d) => Some(d),
+            Durability::Sync | Durability::Buffered => None,
+        };
+        let mut state = self.shared.state.lock();
+        loop {
+            if state.poison.is_some() {
+                state.queue.clear();
+                if state.stop != Stop::Running {
+                    return Work {
+                        batch: Vec::new(),
+                        sync_wanted: 0,
+                        stop: state.stop,
+                        interval_due: false,
+                        poisoned: true,
+                    };
+                }
+                self.shared.writer_wake.wait(&mut state);
+                continue;
+            }
+            let interval_due = interval
+                .is_some_and(|d| self.written > self.synced && self.last_sync.elapsed() >= d);
+            if !state.queue.is_empty()
+                || state.sync_wanted > self.synced
+                || state.stop != Stop::Running
+                || interval_due
+            {
+                return Work {
+                    batch: std::mem::take(&mut state.queue),
+                    sync_wanted: state.sync_wanted,
+                    stop: state.stop,
+                    interval_due,
+                    poisoned: false,
+                };
+            }
+            match interval {
+                Some(d) if self.written > self.synced => {
+                    let deadline = self.last_sync + d;
+                    self.shared.writer_wake.wait_until(&mut state, deadline);
+                }
+                _ => self.shared.writer_wake.wait(&mut state),
+            }
+        }
+    }
+
+    fn process(&mut self, work: Work) -> Result<(), WalError> {
+        let had_batch = !work.batch.is_empty();
+        if had_batch {
+            self.write_batch(work.batch)?;
+        }
+        let need_sync = (had_batch && self.shared.durability == Durability::Sync)
+            || work.sync_wanted > self.synced
+            || work.interval_due
+            || work.stop == Stop::Close;
+        if need_sync && self.written > self.synced {
+            self.sync()?;
+        }
+        self.publish();
+        match work.stop {
+            Stop::Close => {
+                self.write_control(FrameKind::Close)?;
+                self.sync_file()?;
+                Ok(())
+            }
+            Stop::Drop => Ok(()),
+            Stop::Running => {
+                // Put the sync on record while idle, so that damage to the batch just synced
+                // is recognisable as corruption after a process crash.
+                if self.synced > self.recorded_synced
+                    && self.synced == self.written
+                    && self.shared.state.lock().queue.is_empty()
+                {
+                    self.write_control(FrameKind::Mark)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let mut state = self.shared.state.lock();
+        state.written_lsn = self.written;
+        state.synced_lsn = self.synced;
+        self.shared.progress.notify_all();
+    }
+
+    /// Encodes and writes a batch with as few writes as possible (one unless it rolls).
+    fn write_batch(&mut self, batch: Vec<PendingFrame>) -> Result<(), WalError> {
+        self.buf.clear();
+        for frame in batch {
+            let frame_bytes = (FRAME_HEADER_BYTES + frame.body.len()) as u64;
+            let end = self.active.len + self.buf.len() as u64;
+            if end > SEGMENT_HEADER_BYTES as u64 && end + frame_bytes > self.segment_bytes {
+                self.flush()?;
+                self.roll()?;
+            }
+            let header = format::encode_frame_header(
+                FrameKind::Data,
+                frame.body.len() as u32,
+                frame.record_count,
+                frame.first_lsn,
+                self.synced,
+                &frame.body_crc,
+            );
+            debug_assert_eq!(
+                frame.first_lsn,
+                self.buf_last_lsn.max(self.written) + 1,
+                "frames must be written in LSN order"
+            );
+            self.buf.extend_from_slice(&header);
+            self.buf.extend_from_slice(&frame.body);
+            self.buf_last_lsn = frame.first_lsn + u64::from(frame.record_count) - 1;
+        }
+        self.flush()
+    }
+
+    /// Writes `buf` at the end of the active segment.
+    fn flush(&mut self) -> Result<(), WalError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.active
+            .file
+            .write_all_at(&self.buf, self.active.len)
+            .map_err(|e| io_error("write", &self.active.path, e))?;
+        self.active.len += self.buf.len() as u64;
+        self.buf.clear();
+        if self.buf.capacity() > WRITE_BUFFER_KEEP_BYTES {
+            // One huge append should not pin its size in memory for the life of the log.
+            self.buf = Vec::new();
+        }
+        self.written = self.buf_last_lsn;
+        self.recorded_synced = self.recorded_synced.max(self.synced);
+        Ok(())
+    }
+
+    fn sync_file(&mut self) -> Result<(), WalError> {
+        self.active
+            .file
+            .sync_data()
+            .map_err(|e| io_error("fdatasync", &self.active.path, e))?;
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), WalError> {
+        self.sync_file()?;
+        self.synced = self.written;
+        Ok(())
+    }
+
+    /// Writes a SEAL, CLOSE or MARK frame; only valid when everything written is synced.
+    fn write_control(&mut self, kind: FrameKind) -> Result<(), WalError> {
+        debug_assert_eq!(self.synced, self.written, "{kind:?} needs a synced log");
+        let frame = format::encode_frame(kind, 0, self.written + 1, self.synced, &[]);
+        self.active
+            .file
+            .write_all_at(&frame, self.active.len)
+            .map_err(|e| io_error("write", &self.active.path, e))?;
+        self.active.len += frame.len() as u64;
+        self.recorded_synced = self.synced;
+        Ok(())
+    }
+
+    /// Syncs and seals the active segment, then starts the next one.
+    fn roll(&mut self) -> Result<(), WalError> {
+        if self.written > self.synced {
+            self.sync()?;
+        }
+        self.write_control(FrameKind::Seal)?;
+        self.sync_file()?;
+        self.shared.sealed.lock().push(SealedSegment {
+            path: self.active.path.clone(),
+            last_lsn: self.written,
+        });
+        let seq = next_seq(self.active.seq, &self.active.path)?;
+        let next = create_segment(
+            self.storage.as_ref(),
+            &self.dir,
+            &self.store_id,
+            seq,
+            self.written,
+        )?;
+        tracing::debug!(sealed = %self.active.path.display(), last_lsn = self.written, "rolled segment");
+        self.active = next;
+        Ok(())
     }
 }

@@ -19,7 +19,7 @@ mod fs;
 mod sim;
 
 pub use fs::FsStorage;
-pub use sim::SimStorage;
+pub use sim::{SimStorage, SIM_NOW_MS, SIM_SECTOR_BYTES};
 
 /// How [`Storage::open`] opens a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -123,6 +123,8 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
 
 /// An open regular file. Reads and writes are positional (`pread`/`pwrite`): there is no cursor,
 /// so a handle can be shared between threads.
+// `len` is a fallible system call (`fstat`), not a container size: no `is_empty` twin.
+#[allow(clippy::len_without_is_empty)]
 pub trait StorageFile: Send + Sync + std::fmt::Debug {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at or past the
     /// end of the file).

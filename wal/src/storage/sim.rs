@@ -106,9 +106,18 @@ struct Inode {
 
 #[derive(Debug)]
 enum DirOp {
-    Create { path: PathBuf, ino: InodeId },
-    Rename { from: PathBuf, to: PathBuf, ino: InodeId },
-    Remove { path: PathBuf },
+    Create {
+        path: PathBuf,
+        ino: InodeId,
+    },
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+        ino: InodeId,
+    },
+    Remove {
+        path: PathBuf,
+    },
 }
 
 impl DirOp {
@@ -168,6 +177,7 @@ struct SimState {
     faults: Vec<ArmedFault>,
     io_ops: u64,
     sync_count: u64,
+    sync_latency: std::time::Duration,
 }
 
 fn os_error(code: i32) -> io::Error {
@@ -175,7 +185,10 @@ fn os_error(code: i32) -> io::Error {
 }
 
 fn not_found(path: &Path) -> io::Error {
-    io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{} not found", path.display()),
+    )
 }
 
 /// Normalises a path so that `a/b`, `a//b` and `a/./b/` name the same entry.
@@ -325,6 +338,7 @@ impl SimStorage {
             faults: Vec::new(),
             io_ops: 0,
             sync_count: 0,
+            sync_latency: std::time::Duration::ZERO,
         };
         SimStorage {
             inner: Arc::new(Mutex::new(state)),
@@ -393,6 +407,11 @@ impl SimStorage {
         });
     }
 
+    /// Disarms every injected fault that has not fired yet.
+    pub fn clear_faults(&self) {
+        self.inner.lock().faults.clear();
+    }
+
     /// Operations performed so far: every trait method call on the storage or its files
     /// (including ones that failed), except [`Storage::random_id`] and [`Storage::now_ms`].
     pub fn io_ops(&self) -> u64 {
@@ -438,9 +457,10 @@ impl SimStorage {
         inode.pending.clear();
     }
 
-    /// Number of files currently visible anywhere (for tests).
-    pub fn file_count(&self) -> usize {
-        self.inner.lock().names.len()
+    /// Makes every later `sync_data` sleep for `latency` (outside the storage's lock) before
+    /// it takes effect, like a real disk flush. Useful to make group commit observable.
+    pub fn set_sync_latency(&self, latency: std::time::Duration) {
+        self.inner.lock().sync_latency = latency;
     }
 }
 
@@ -715,6 +735,10 @@ impl StorageFile for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let latency = self.inner.lock().sync_latency;
+        if !latency.is_zero() {
+            std::thread::sleep(latency);
+        }
         let (mut state, fault) = self.begin(OpClass::Sync)?;
         state.sync_count += 1;
         match fault {
@@ -755,7 +779,11 @@ impl LockGuard for SimLock {}
 impl Drop for SimLock {
     fn drop(&mut self) {
         let mut state = self.inner.lock();
-        if state.locks.get(&self.path).is_some_and(|(_, id)| *id == self.id) {
+        if state
+            .locks
+            .get(&self.path)
+            .is_some_and(|(_, id)| *id == self.id)
+        {
             state.locks.remove(&self.path);
         }
     }

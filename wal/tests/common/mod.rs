@@ -1,0 +1,139 @@
+//! Helpers shared by the integration tests: each case should read as a few lines of data.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kairos_wal::format::{
+    FRAME_HEADER_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX,
+};
+use kairos_wal::{
+    Durability, Record, RecoveryReport, SimStorage, Storage, Wal, WalError, WalOptions,
+};
+
+pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The log directory used on SimStorage.
+pub const DIR: &str = "/data/wal";
+
+pub fn dir() -> &'static Path {
+    Path::new(DIR)
+}
+
+/// A replayed record: (lsn, type, body).
+pub type Replayed = Vec<(u64, u8, Vec<u8>)>;
+
+pub fn options(durability: Durability, segment_bytes: u64) -> WalOptions {
+    WalOptions {
+        segment_bytes,
+        durability,
+        ..WalOptions::default()
+    }
+}
+
+/// Opens the log on `storage` at `dir`, collecting every replayed record.
+pub fn open_at(
+    storage: Arc<dyn Storage>,
+    dir: &Path,
+    options: WalOptions,
+) -> Result<(Wal, RecoveryReport, Replayed), WalError> {
+    let mut replayed = Vec::new();
+    let (wal, report) = Wal::open(storage, dir, options, &mut |r| {
+        replayed.push((r.lsn.0, r.record_type, r.body.to_vec()));
+        Ok(())
+    })?;
+    Ok((wal, report, replayed))
+}
+
+pub fn open(
+    sim: &SimStorage,
+    options: WalOptions,
+) -> Result<(Wal, RecoveryReport, Replayed), WalError> {
+    open_at(Arc::new(sim.clone()), dir(), options)
+}
+
+/// The deterministic body of record number `i` (varying lengths, 0..=70 bytes).
+pub fn body(i: u64) -> Vec<u8> {
+    let len = (i * 7 % 71) as usize;
+    (0..len).map(|k| (i as usize * 31 + k) as u8).collect()
+}
+
+/// The record type of record number `i`.
+pub fn record_type(i: u64) -> u8 {
+    (i % 0xEF) as u8 + 1
+}
+
+/// Appends record `i` alone and waits for it.
+pub fn append_one(wal: &Wal, i: u64) -> Result<u64, WalError> {
+    let b = body(i);
+    let ticket = wal.append(&[Record {
+        record_type: record_type(i),
+        body: &b,
+    }])?;
+    let lsn = ticket.last_lsn().0;
+    ticket.wait()?;
+    Ok(lsn)
+}
+
+/// What replaying records 1..=n appended with `append_one(wal, lsn)` must give.
+pub fn expected(n: u64) -> Replayed {
+    (1..=n).map(|i| (i, record_type(i), body(i))).collect()
+}
+
+/// Size of a DATA frame with one record of `body_len` bytes.
+pub fn data_frame_bytes(body_len: usize) -> u64 {
+    (FRAME_HEADER_BYTES + RECORD_HEADER_BYTES + body_len) as u64
+}
+
+/// Offset of the frame of record `i` in the first segment of a log written only by
+/// `append_one(wal, 1..)` without syncs (Buffered mode, no MARK frames).
+pub fn buffered_frame_offset(i: u64) -> u64 {
+    SEGMENT_HEADER_BYTES as u64 + (1..i).map(|k| data_frame_bytes(body(k).len())).sum::<u64>()
+}
+
+/// Segment files of the log, oldest first.
+pub fn segments(storage: &dyn Storage, dir: &Path) -> Vec<PathBuf> {
+    let mut names: Vec<String> = storage
+        .list(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.ends_with(SEGMENT_SUFFIX))
+        .collect();
+    names.sort();
+    names.into_iter().map(|n| dir.join(n)).collect()
+}
+
+/// Every file of a SimStorage directory with its bytes.
+pub fn snapshot(sim: &SimStorage, dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    sim.list(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|n| {
+            let path = dir.join(n);
+            sim.read_file(&path).map(|bytes| (path, bytes))
+        })
+        .collect()
+}
+
+/// Flips bit `bit` of byte `offset` of a SimStorage file (durably).
+pub fn flip_bit(sim: &SimStorage, path: &Path, offset: u64, bit: u8) {
+    let mut bytes = sim.read_file(path).unwrap_or_default();
+    bytes[offset as usize] ^= 1 << bit;
+    sim.write_file(path, &bytes);
+}
+
+/// Checks that `replayed` is exactly records 1..=n as appended by `append_one`.
+pub fn assert_prefix(replayed: &Replayed, at_least: u64, at_most: u64) -> u64 {
+    let n = replayed.len() as u64;
+    assert!(
+        (at_least..=at_most).contains(&n),
+        "{n} records survived, expected {at_least}..={at_most}"
+    );
+    assert_eq!(
+        replayed,
+        &expected(n),
+        "survivors are not the appended prefix"
+    );
+    n
+}

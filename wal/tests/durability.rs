@@ -1,0 +1,293 @@
+//! Group commit and what survives power cuts and process crashes in each durability mode.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use kairos_wal::{Durability, Lsn, Record, SimStorage, Wal, WalOptions};
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn wal_is_send_and_sync_and_tickets_are_send() {
+    assert_send_sync::<Wal>();
+    fn assert_send<T: Send>() {}
+    assert_send::<kairos_wal::AppendTicket>();
+}
+
+/// Appends from `threads` threads, `per_thread` each, every append waited; returns the
+/// (lsn → body) of every acknowledged append.
+fn concurrent_appends(wal: &Wal, threads: u64, per_thread: u64) -> BTreeMap<u64, Vec<u8>> {
+    let acked = Mutex::new(BTreeMap::new());
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let acked = &acked;
+            scope.spawn(move || {
+                for k in 0..per_thread {
+                    let body = format!("thread {t} append {k}").into_bytes();
+                    let Ok(ticket) = wal.append(&[Record {
+                        record_type: 1,
+                        body: &body,
+                    }]) else {
+                        return;
+                    };
+                    let lsn = ticket.last_lsn().0;
+                    if ticket.wait().is_err() {
+                        return;
+                    }
+                    if let Ok(mut map) = acked.lock() {
+                        map.insert(lsn, body);
+                    }
+                }
+            });
+        }
+    });
+    acked.into_inner().unwrap_or_default()
+}
+
+#[test]
+fn group_commit_shares_fdatasyncs_and_everything_acked_is_durable() -> TestResult {
+    let sim = SimStorage::new(11);
+    sim.set_sync_latency(Duration::from_millis(1));
+    let (wal, _, _) = open(&sim, WalOptions::default())?;
+    let syncs_before = sim.sync_count();
+    let acked = concurrent_appends(&wal, 8, 40);
+    assert_eq!(acked.len(), 320);
+    let syncs = sim.sync_count() - syncs_before;
+    assert!(
+        syncs < 320 / 2,
+        "{syncs} fdatasyncs for 320 appends: no group commit"
+    );
+    // LSNs are dense and each thread's appends are in its own order.
+    assert_eq!(
+        acked.keys().copied().collect::<Vec<_>>(),
+        (1..=320).collect::<Vec<_>>()
+    );
+
+    // Exactly the synced state survives: drop without close, lose every unsynced byte.
+    drop(wal);
+    sim.power_cut_drop_unsynced();
+    let (_wal, report, replayed) = open(&sim, WalOptions::default())?;
+    assert_eq!(report.last_lsn, Lsn(320));
+    let got: BTreeMap<u64, Vec<u8>> = replayed.into_iter().map(|(l, _, b)| (l, b)).collect();
+    assert_eq!(got, acked);
+    Ok(())
+}
+
+#[test]
+fn power_cut_under_sync_keeps_every_waited_append() -> TestResult {
+    for seed in 0..12 {
+        let sim = SimStorage::new(100 + seed);
+        sim.set_sync_latency(Duration::from_micros(200));
+        let opts = options(kairos_wal::Durability::Sync, 4096);
+        let (wal, _, _) = open(&sim, opts.clone())?;
+        let stop = AtomicBool::new(false);
+        let acked = std::thread::scope(|scope| {
+            let cutter = scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(5 + seed));
+                sim.power_cut();
+                stop.store(true, Ordering::SeqCst);
+            });
+            let acked = concurrent_appends(&wal, 4, 10_000);
+            let _ = cutter.join();
+            acked
+        });
+        assert!(stop.load(Ordering::SeqCst));
+        assert!(
+            !acked.is_empty(),
+            "seed {seed}: nothing was acknowledged before the cut"
+        );
+        assert!(wal.poisoned().is_some() || acked.len() == 40_000);
+        drop(wal);
+        let (_wal, report, replayed) = open(&sim, opts)?;
+        let got: BTreeMap<u64, Vec<u8>> = replayed.into_iter().map(|(l, _, b)| (l, b)).collect();
+        // Survivors are dense from 1; every acked append is among them with its body.
+        assert_eq!(
+            got.keys().copied().collect::<Vec<_>>(),
+            (1..=report.last_lsn.0).collect::<Vec<_>>()
+        );
+        for (lsn, body) in &acked {
+            assert_eq!(
+                got.get(lsn),
+                Some(body),
+                "seed {seed}: acked LSN {lsn} lost"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Appends `n` records one by one (waiting: written to the OS), calling `sync` after
+/// `sync_at` of them; returns how many were synced.
+fn appends_with_a_sync(wal: &Wal, n: u64, sync_at: u64) -> Result<u64, kairos_wal::WalError> {
+    let mut synced = 0;
+    for i in 1..=n {
+        append_one(wal, i)?;
+        if i == sync_at {
+            wal.sync()?;
+            synced = i;
+        }
+    }
+    Ok(synced)
+}
+
+fn power_cut_leaves_a_prefix(durability: Durability, seeds: std::ops::Range<u64>) -> TestResult {
+    let mut torn = 0;
+    for seed in seeds {
+        let sim = SimStorage::new(seed);
+        let segment_bytes = if seed % 2 == 0 { 4096 } else { 1 << 20 };
+        let opts = options(durability, segment_bytes);
+        let (wal, _, _) = open(&sim, opts.clone())?;
+        let n = 40 + seed % 50;
+        let synced = appends_with_a_sync(&wal, n, n / 2)?;
+        if seed % 3 == 0 {
+            // The writer finishes what was queued, then the power goes.
+            drop(wal);
+            sim.power_cut();
+        } else {
+            // The power goes while the log is open; its handles die with it.
+            sim.power_cut();
+            drop(wal);
+        }
+        // Reopen needs no repair, whatever the cut left.
+        let (wal, report, replayed) = open(&sim, opts.clone())?;
+        let survivors = assert_prefix(&replayed, synced, n);
+        torn += u64::from(report.torn_tail.is_some());
+        assert_eq!(report.last_lsn, Lsn(survivors));
+        // The log continues at the next LSN, and a second reopen sees no damage.
+        assert_eq!(append_one(&wal, survivors + 1)?, survivors + 1);
+        wal.close()?;
+        let (_wal, report, replayed) = open(&sim, opts)?;
+        assert_eq!(report.torn_tail, None);
+        assert!(report.clean_shutdown);
+        assert_prefix(&replayed, survivors + 1, survivors + 1);
+    }
+    assert!(
+        torn > 0,
+        "no seed produced a torn tail: the test does not test much"
+    );
+    Ok(())
+}
+
+#[test]
+fn power_cut_under_buffered_leaves_a_prefix_and_needs_no_repair() -> TestResult {
+    power_cut_leaves_a_prefix(Durability::Buffered, 200..240)
+}
+
+#[test]
+fn power_cut_under_interval_leaves_a_prefix_and_needs_no_repair() -> TestResult {
+    power_cut_leaves_a_prefix(Durability::Interval(Duration::from_millis(1)), 300..340)
+}
+
+#[test]
+fn interval_mode_syncs_in_the_background() -> TestResult {
+    let sim = SimStorage::new(12);
+    let opts = options(Durability::Interval(Duration::from_millis(2)), 1 << 20);
+    let (wal, _, _) = open(&sim, opts.clone())?;
+    for i in 1..=10 {
+        append_one(&wal, i)?;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while wal.synced_lsn() < Lsn(10) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no background sync within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(wal);
+    sim.power_cut_drop_unsynced();
+    let (_wal, _, replayed) = open(&sim, opts)?;
+    assert_eq!(replayed, expected(10));
+    Ok(())
+}
+
+#[test]
+fn buffered_mode_does_not_sync_appends_but_sync_does() -> TestResult {
+    let sim = SimStorage::new(13);
+    let opts = options(Durability::Buffered, 1 << 20);
+    let (wal, _, _) = open(&sim, opts.clone())?;
+    let syncs = sim.sync_count();
+    for i in 1..=20 {
+        append_one(&wal, i)?;
+    }
+    assert_eq!(sim.sync_count(), syncs);
+    assert_eq!(wal.synced_lsn(), Lsn(0));
+    wal.sync()?;
+    assert_eq!(wal.synced_lsn(), Lsn(20));
+    for i in 21..=30 {
+        append_one(&wal, i)?;
+    }
+    drop(wal);
+    sim.power_cut_drop_unsynced();
+    let (_wal, report, replayed) = open(&sim, opts)?;
+    assert_eq!(replayed, expected(20));
+    assert_eq!(report.torn_tail, None);
+    Ok(())
+}
+
+#[test]
+fn process_crash_keeps_everything_written_in_every_mode() -> TestResult {
+    for durability in [
+        Durability::Sync,
+        Durability::Interval(Duration::from_secs(3600)),
+        Durability::Buffered,
+    ] {
+        let sim = SimStorage::new(14);
+        let opts = options(durability, 4096);
+        let (wal, _, _) = open(&sim, opts.clone())?;
+        for i in 1..=100 {
+            append_one(&wal, i)?;
+        }
+        sim.crash_process();
+        // The old handle is dead: nothing more is acknowledged.
+        assert!(append_one(&wal, 101).is_err());
+        drop(wal);
+        let (_wal, report, replayed) = open(&sim, opts)?;
+        assert_eq!(replayed, expected(100), "{durability:?}");
+        assert!(!report.clean_shutdown);
+        assert_eq!(report.torn_tail, None, "{durability:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn drop_without_close_is_not_a_clean_shutdown_but_loses_nothing_written() -> TestResult {
+    let sim = SimStorage::new(15);
+    let opts = options(Durability::Buffered, 1 << 20);
+    let (wal, _, _) = open(&sim, opts.clone())?;
+    let tickets: Vec<_> = (1..=50)
+        .map(|i| {
+            let b = body(i);
+            wal.append(&[Record {
+                record_type: record_type(i),
+                body: &b,
+            }])
+        })
+        .collect::<Result<_, _>>()?;
+    drop(wal);
+    for ticket in tickets {
+        ticket.wait()?; // the writer wrote them before stopping
+    }
+    let (_wal, report, replayed) = open(&sim, opts)?;
+    assert_eq!(replayed, expected(50));
+    assert!(!report.clean_shutdown);
+    Ok(())
+}
+
+#[test]
+fn close_refuses_new_appends_and_releases_the_lock() -> TestResult {
+    let sim = SimStorage::new(16);
+    let (wal, _, _) = open(&sim, WalOptions::default())?;
+    let wal = Arc::new(wal);
+    append_one(&wal, 1)?;
+    let wal = Arc::try_unwrap(wal).map_err(|_| "still shared")?;
+    wal.close()?;
+    let (_wal, report, _) = open(&sim, WalOptions::default())?;
+    assert!(report.clean_shutdown);
+    Ok(())
+}

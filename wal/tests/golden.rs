@@ -1,0 +1,99 @@
+//! The encoder against the hex vectors of FORMAT.md (read from the file itself), and the
+//! decoder against the same bytes.
+
+use kairos_wal::format::{
+    decode_meta, encode_frame, encode_meta, encode_record, frame_crc, FrameHeader, FrameKind,
+    SegmentHeader, FORMAT_VERSION, FRAME_HEADER_BYTES, META_BYTES, SEGMENT_HEADER_BYTES,
+};
+use kairos_wal::RECORD_BYTES_MAX_DEFAULT;
+
+const FORMAT_MD: &str = include_str!("../FORMAT.md");
+
+/// The bytes of the hex block right after `<!-- golden:NAME -->` in FORMAT.md.
+fn golden(name: &str) -> Vec<u8> {
+    let marker = format!("<!-- golden:{name} -->");
+    let start = FORMAT_MD
+        .find(&marker)
+        .unwrap_or_else(|| panic!("FORMAT.md has no {marker}"));
+    let rest = &FORMAT_MD[start + marker.len()..];
+    let block = rest
+        .split("```text")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap_or_else(|| panic!("no hex block after {marker}"));
+    block
+        .split_whitespace()
+        .map(|h| u8::from_str_radix(h, 16).unwrap_or_else(|_| panic!("bad hex {h:?} in {name}")))
+        .collect()
+}
+
+fn store_id() -> [u8; 16] {
+    core::array::from_fn(|i| i as u8)
+}
+
+#[test]
+fn meta_matches_format_md() {
+    let bytes = golden("meta");
+    assert_eq!(bytes.len(), META_BYTES);
+    assert_eq!(encode_meta(&store_id()).as_slice(), bytes.as_slice());
+    assert_eq!(decode_meta(&bytes), Ok(store_id()));
+}
+
+#[test]
+fn segment_header_matches_format_md() {
+    let header = SegmentHeader {
+        store_id: store_id(),
+        seq: 1,
+        prev_last_lsn: 0,
+        created_ms: 1_700_000_000_000,
+    };
+    let bytes = golden("segment-header");
+    assert_eq!(bytes.len(), SEGMENT_HEADER_BYTES);
+    assert_eq!(header.encode().as_slice(), bytes.as_slice());
+    assert_eq!(SegmentHeader::decode(&bytes), Ok(header));
+    assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), FORMAT_VERSION);
+}
+
+#[test]
+fn data_frame_matches_format_md() {
+    let mut body = Vec::new();
+    encode_record(&mut body, 1, b"hello");
+    encode_record(&mut body, 2, b"");
+    let bytes = golden("data-frame");
+    assert_eq!(encode_frame(FrameKind::Data, 2, 1, 0, &body), bytes);
+
+    let header = FrameHeader::parse(&bytes);
+    assert_eq!(header.body_bytes, 15);
+    assert_eq!(header.record_count, 2);
+    assert_eq!((header.first_lsn, header.synced_lsn), (1, 0));
+    assert_eq!(header.check_fields(), Ok(FrameKind::Data));
+    let (head, body) = bytes.split_at(FRAME_HEADER_BYTES);
+    assert_eq!(frame_crc(head, body), header.crc);
+    let mut records = Vec::new();
+    let walked = kairos_wal::format::for_each_record(
+        body,
+        header.record_count,
+        RECORD_BYTES_MAX_DEFAULT,
+        |index, record_type, record_body| -> Result<(), ()> {
+            records.push((index, record_type, record_body.to_vec()));
+            Ok(())
+        },
+    );
+    assert_eq!(walked, Ok(Ok(())));
+    assert_eq!(records, vec![(0, 1, b"hello".to_vec()), (1, 2, Vec::new())]);
+}
+
+#[test]
+fn control_frames_match_format_md() {
+    for (name, kind) in [
+        ("mark-frame", FrameKind::Mark),
+        ("seal-frame", FrameKind::Seal),
+        ("close-frame", FrameKind::Close),
+    ] {
+        let bytes = golden(name);
+        assert_eq!(encode_frame(kind, 0, 3, 2, &[]), bytes, "{name}");
+        let header = FrameHeader::parse(&bytes);
+        assert_eq!(header.check_fields(), Ok(kind), "{name}");
+        assert_eq!(frame_crc(&bytes, &[]), header.crc, "{name}");
+    }
+}
