@@ -217,7 +217,10 @@ mod tests {
     #[test]
     fn time_conversions_round_trip() {
         assert_eq!(system_time_to_ms(ms_to_system_time(42)), Some(42));
-        assert_eq!(system_time_to_ms(UNIX_EPOCH - Duration::from_millis(1)), None);
+        assert_eq!(
+            system_time_to_ms(UNIX_EPOCH - Duration::from_millis(1)),
+            None
+        );
         assert_eq!(system_time_to_ns(UNIX_EPOCH - Duration::from_nanos(5)), -5);
     }
 }

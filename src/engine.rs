@@ -32,6 +32,7 @@ use kairos_wal::{
     WalOptions,
 };
 use parking_lot::{Condvar, Mutex};
+use smallvec::SmallVec;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -124,7 +125,7 @@ struct Core {
     wheel: Wheel,
     tasks: TaskSlab,
     /// The tombstone index: key → task slot. O(1) cancel wherever the task is.
-    index: HashMap<Arc<[u8]>, u32>,
+    index: HashMap<Arc<[u8]>, u32, foldhash::fast::RandomState>,
     payloads: PayloadStore,
     /// Tasks due at once (scheduled in the past, or due during downtime),
     /// oldest first; entries of cancelled tasks are skipped by id check.
@@ -206,8 +207,8 @@ struct Replayer {
 
 impl Replayer {
     fn apply(&mut self, view: RecordView<'_>) -> Result<(), ReplayError> {
-        let record = Record::decode(view.record_type, view.body)
-            .map_err(|e| ReplayError(e.to_string()))?;
+        let record =
+            Record::decode(view.record_type, view.body).map_err(|e| ReplayError(e.to_string()))?;
         let missing = |what: &str, id: TaskId| {
             ReplayError(format!("{what} record for task {} which is not live", id.0))
         };
@@ -394,7 +395,7 @@ impl Engine {
             status: Status::Open,
             wheel: Wheel::new(),
             tasks: TaskSlab::default(),
-            index: HashMap::new(),
+            index: HashMap::with_hasher(foldhash::fast::RandomState::default()),
             payloads: PayloadStore::default(),
             overdue: VecDeque::new(),
             next_id: replayer.max_id + 1,
@@ -450,8 +451,10 @@ impl Engine {
     /// See [`ScheduleError`]: bad key/payload/due time, `AlreadyExists`,
     /// `TooManyPending`, `Closed`, `Poisoned`.
     pub fn schedule(&self, key: &[u8], due: Due, payload: &[u8]) -> Result<TaskId, ScheduleError> {
-        let ids = self.schedule_many(&[NewTask { key, due, payload }])?;
-        Ok(ids[0])
+        let first = self
+            .shared
+            .schedule_batch(&[NewTask { key, due, payload }])?;
+        Ok(first)
     }
 
     /// [`Engine::schedule`] with a delay from now.
@@ -481,7 +484,13 @@ impl Engine {
     /// As [`Engine::schedule`], plus `DuplicateKeyInBatch` and
     /// `BatchTooLarge` (more than [`BATCH_TASKS_MAX`] tasks).
     pub fn schedule_many(&self, tasks: &[NewTask<'_>]) -> Result<Vec<TaskId>, ScheduleError> {
-        self.shared.schedule_many(tasks)
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first = self.shared.schedule_batch(tasks)?;
+        Ok((0..tasks.len() as u64)
+            .map(|i| TaskId(first.0 + i))
+            .collect())
     }
 
     /// Cancels the live task with `key`.
@@ -744,7 +753,9 @@ impl Shared {
         recovery
     }
 
-    fn schedule_many(&self, new: &[NewTask<'_>]) -> Result<Vec<TaskId>, ScheduleError> {
+    /// Schedules a non-empty batch atomically; returns the first id (the
+    /// batch's ids are consecutive).
+    fn schedule_batch(&self, new: &[NewTask<'_>]) -> Result<TaskId, ScheduleError> {
         if new.len() > BATCH_TASKS_MAX {
             return Err(ScheduleError::BatchTooLarge {
                 tasks: new.len(),
@@ -753,7 +764,7 @@ impl Shared {
         }
         let wall_ns = system_time_to_ns(self.clock.now_wall());
         let now_ns = self.now_ns();
-        let mut due_ms = Vec::with_capacity(new.len());
+        let mut due_ms: SmallVec<[u64; 1]> = SmallVec::with_capacity(new.len());
         for t in new {
             self.validate_shape(t)?;
             due_ms.push(self.validate_due(t.due, wall_ns)?);
@@ -768,7 +779,7 @@ impl Shared {
                 }
             }
         }
-        let due_ticks: Vec<Tick> = due_ms
+        let due_ticks: SmallVec<[Tick; 1]> = due_ms
             .iter()
             .map(|&d| self.due_tick(d, now_ns, wall_ns))
             .collect();
@@ -807,16 +818,17 @@ impl Shared {
                     });
                     start = end;
                 }
-                Some(wal.append(&records).map_err(|e| self.append_failed(&mut core, e))?)
+                Some(
+                    wal.append(&records)
+                        .map_err(|e| self.append_failed(&mut core, e))?,
+                )
             }
             None => None,
         };
         core.next_id += new.len() as u64;
         let mut wake_driver = false;
-        let mut ids = Vec::with_capacity(new.len());
         for (i, t) in new.iter().enumerate() {
             let id = TaskId(first_id + i as u64);
-            ids.push(id);
             let payload = core.payloads.put(t.payload);
             let key: Arc<[u8]> = Arc::from(t.key);
             let task = Task {
@@ -863,7 +875,7 @@ impl Shared {
         drop(core);
         self.wait_durable(ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
-        Ok(ids)
+        Ok(TaskId(first_id))
     }
 
     fn append_failed(&self, core: &mut Core, e: WalError) -> ScheduleError {
@@ -925,19 +937,20 @@ impl Shared {
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_cancel_error)?;
         let mut outcomes = Vec::with_capacity(keys.len());
-        let mut victims: Vec<(u32, TaskId)> = Vec::new();
-        let mut seen: HashSet<u32> = HashSet::new();
+        let mut victims: SmallVec<[(u32, TaskId); 1]> = SmallVec::new();
+        // Only a multi-key call can name a key twice; a single cancel allocates nothing.
+        let mut seen: Option<HashSet<u32>> = (keys.len() > 1).then(HashSet::new);
         for key in keys {
             let outcome = match core.index.get(*key).copied() {
                 None => CancelOutcome::NotFound,
                 Some(slot) => match core.tasks.get(slot) {
                     Some(t) if t.state == TaskState::Scheduled => {
-                        if seen.insert(slot) {
+                        // The same key twice in one call: the second finds it gone.
+                        if seen.as_mut().is_some_and(|seen| !seen.insert(slot)) {
+                            CancelOutcome::NotFound
+                        } else {
                             victims.push((slot, t.id));
                             CancelOutcome::Cancelled
-                        } else {
-                            // The same key twice in one call: the second finds it gone.
-                            CancelOutcome::NotFound
                         }
                     }
                     Some(_) => CancelOutcome::AlreadyDelivered,
@@ -1110,8 +1123,8 @@ fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
             core.sleep = next.map_or(DriverSleep::Forever, DriverSleep::Until);
             match next {
                 Some(deadline) if !shared.clock.is_manual() => {
-                    let wait_ns = (u128::from(deadline.0) * shared.tick_ns)
-                        .saturating_sub(shared.now_ns());
+                    let wait_ns =
+                        (u128::from(deadline.0) * shared.tick_ns).saturating_sub(shared.now_ns());
                     let wait = Duration::from_nanos(u64::try_from(wait_ns).unwrap_or(u64::MAX));
                     if !wait.is_zero() {
                         shared.driver_cv.wait_for(&mut core, wait);

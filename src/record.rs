@@ -116,7 +116,9 @@ impl Record<'_> {
                 out.extend_from_slice(key);
                 out.extend_from_slice(payload);
             }
-            Record::Cancel { id } | Record::Ack { id } => out.extend_from_slice(&id.0.to_le_bytes()),
+            Record::Cancel { id } | Record::Ack { id } => {
+                out.extend_from_slice(&id.0.to_le_bytes())
+            }
             Record::Deliver { id, fired_ms } => {
                 out.extend_from_slice(&id.0.to_le_bytes());
                 out.extend_from_slice(&fired_ms.to_le_bytes());
