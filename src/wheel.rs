@@ -13,9 +13,9 @@
 //! [`LEVELS`] levels of [`SLOTS_PER_LEVEL`] slots. A slot at level `k` spans `64^k` ticks, so
 //! level 0 holds single ticks and the top level spans `64^6 = 2^36` ticks per slot, one rotation
 //! of the top level being [`WHEEL_RANGE_TICKS`] `= 2^42`. Each slot is an intrusive, doubly
-//! linked FIFO list threaded through a slab of 24-byte nodes (`u32` indices, [`NIL`] = none);
-//! each level keeps a `u64` bitmap of its non-empty slots. Freed nodes go on a free list and
-//! are reused by the next insert.
+//! linked FIFO list threaded through a slab of 24-byte nodes (`u32` indices, `NIL = u32::MAX`
+//! for none); each level keeps a `u64` bitmap of its non-empty slots. Freed nodes go on a free
+//! list and are reused by the next insert.
 //!
 //! # Invariants
 //!
@@ -62,10 +62,10 @@ pub const LEVELS: usize = 7;
 /// tick `due - elapsed >= WHEEL_RANGE_TICKS`.
 pub const WHEEL_RANGE_TICKS: u64 = (SLOTS_PER_LEVEL as u64).pow(LEVELS as u32);
 
-/// Most timers one wheel can hold at once: node indices are `u32` and `u32::MAX` is [`NIL`].
+/// Most timers one wheel can hold at once: node indices are `u32` and `u32::MAX` means "no node".
 /// [`Wheel::insert`] returns [`InsertError::Full`] beyond it (never reached in practice:
 /// it would take ~96 GiB of nodes).
-pub const TIMER_COUNT_MAX: u32 = u32::MAX;
+pub const TIMER_COUNT_MAX: u32 = NIL;
 
 /// Bits of a tick per level (`log2(SLOTS_PER_LEVEL)`).
 const SLOT_BITS: u32 = SLOTS_PER_LEVEL.trailing_zeros();
@@ -79,8 +79,6 @@ const _: () = assert!(SLOTS_PER_LEVEL == 64 && SLOTS_PER_LEVEL.is_power_of_two()
 const _: () = assert!(LEVELS >= 1 && SLOT_BITS as usize * LEVELS < 64);
 const _: () = assert!(WHEEL_RANGE_TICKS == 1 << (SLOT_BITS as usize * LEVELS));
 const _: () = assert!(WHEEL_RANGE_TICKS == 1 << 42);
-// Every index below TIMER_COUNT_MAX must be distinct from NIL.
-const _: () = assert!(TIMER_COUNT_MAX <= NIL);
 
 /// Handle to one inserted timer, for [`Wheel::remove`].
 ///
@@ -213,12 +211,14 @@ impl Wheel {
     /// An empty wheel whose elapsed tick is `Tick(0)`. O(1), no allocation.
     ///
     /// Source: Varghese & Lauck 1987, scheme 7; tokio `runtime/time/wheel`.
+    #[must_use]
     pub fn new() -> Self {
         Self::with_elapsed(Tick(0))
     }
 
     /// An empty wheel whose elapsed tick is `elapsed` (e.g. the engine's current tick when it
     /// reopens). Timers due at or before `elapsed` cannot be inserted. O(1), no allocation.
+    #[must_use]
     pub fn with_elapsed(elapsed: Tick) -> Self {
         Self {
             elapsed_tick: elapsed.0,
@@ -235,16 +235,19 @@ impl Wheel {
 
     /// The wheel's current tick: the largest `now` passed to [`Wheel::advance`], or the initial
     /// tick. Every timer due at or before it has been handed out. O(1).
+    #[must_use]
     pub fn elapsed(&self) -> Tick {
         Tick(self.elapsed_tick)
     }
 
     /// Number of timers in the wheel (inserted, neither removed nor expired). O(1).
+    #[must_use]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the wheel holds no timer. O(1).
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -259,7 +262,7 @@ impl Wheel {
     /// * [`InsertError::TooFar`] if `due - elapsed >= WHEEL_RANGE_TICKS`;
     /// * [`InsertError::Full`] if the wheel holds [`TIMER_COUNT_MAX`] timers.
     ///
-    /// Panics: none. Source: Varghese & Lauck 1987, scheme 7 (START_TIMER).
+    /// Panics: none. Source: Varghese & Lauck 1987, scheme 7 (`START_TIMER`).
     pub fn insert(&mut self, due: Tick, item: u32) -> Result<TimerKey, InsertError> {
         let due = due.0;
         if due <= self.elapsed_tick {
@@ -278,7 +281,7 @@ impl Wheel {
     /// was already removed or has expired) or unknown. O(1): eager unlink from its slot list;
     /// the node is freed at once and reused by the next insert.
     ///
-    /// Panics: none. Source: Varghese & Lauck 1987, scheme 7 (STOP_TIMER).
+    /// Panics: none. Source: Varghese & Lauck 1987, scheme 7 (`STOP_TIMER`).
     pub fn remove(&mut self, key: TimerKey) -> Option<u32> {
         let TimerKey(index, generation) = key;
         let node = self.nodes.get(index as usize)?;
@@ -299,6 +302,7 @@ impl Wheel {
     ///
     /// O(LEVELS): one `rotate_right` + `trailing_zeros` on each level's occupancy bitmap.
     /// Panics: none. Source: tokio `runtime/time/wheel` (`next_expiration`).
+    #[must_use]
     pub fn next_deadline(&self) -> Option<Tick> {
         self.next_expiration()
             .map(|expiration| Tick(expiration.deadline))
@@ -312,7 +316,7 @@ impl Wheel {
     /// Cost: amortised O(1) per timer (at most `LEVELS - 1` cascades each) plus O(LEVELS) per
     /// non-empty slot visited; empty stretches of time are skipped whole, so a jump of years over
     /// an empty wheel costs O(LEVELS). Panics: none. Source: Varghese & Lauck 1987, scheme 7
-    /// (PER_TICK_BOOKKEEPING + EXPIRY_PROCESSING); tokio `Wheel::poll`.
+    /// (`PER_TICK_BOOKKEEPING` + `EXPIRY_PROCESSING`); tokio `Wheel::poll`.
     pub fn advance(&mut self, now: Tick, out: &mut Vec<Expired>) {
         let now = now.0;
         if now <= self.elapsed_tick {
@@ -474,13 +478,19 @@ impl Wheel {
         let slot = slot_for(due, level);
         let list = &mut self.lists[level][slot];
         if prev == NIL {
-            debug_assert_eq!(list.head, index, "node {index} due {due}: not its list head");
+            debug_assert_eq!(
+                list.head, index,
+                "node {index} due {due}: not its list head"
+            );
             list.head = next;
         } else {
             self.nodes[prev as usize].next = next;
         }
         if next == NIL {
-            debug_assert_eq!(list.tail, index, "node {index} due {due}: not its list tail");
+            debug_assert_eq!(
+                list.tail, index,
+                "node {index} due {due}: not its list tail"
+            );
             list.tail = prev;
         } else {
             self.nodes[next as usize].prev = prev;
@@ -557,8 +567,14 @@ mod tests {
     /// checking that the tick before each deadline hands out nothing, until something expires.
     fn drive_to_next_expiry(wheel: &mut Wheel) -> Result<Vec<Expired>, Box<dyn std::error::Error>> {
         loop {
-            let deadline = wheel.next_deadline().ok_or("wheel emptied without expiry")?;
-            assert!(deadline > wheel.elapsed(), "{deadline:?} <= {:?}", wheel.elapsed());
+            let deadline = wheel
+                .next_deadline()
+                .ok_or("wheel emptied without expiry")?;
+            assert!(
+                deadline > wheel.elapsed(),
+                "{deadline:?} <= {:?}",
+                wheel.elapsed()
+            );
             assert_eq!(advance(wheel, deadline.0 - 1), []);
             let out = advance(wheel, deadline.0);
             if !out.is_empty() {
@@ -575,7 +591,10 @@ mod tests {
         assert_eq!(level_for(0, WHEEL_RANGE_TICKS - 1), LEVELS - 1);
         assert_eq!(level_for(0, 63), 0);
         assert_eq!(level_for(0, 64), 1);
-        assert_eq!(level_for(WHEEL_RANGE_TICKS - 1, WHEEL_RANGE_TICKS), LEVELS - 1);
+        assert_eq!(
+            level_for(WHEEL_RANGE_TICKS - 1, WHEEL_RANGE_TICKS),
+            LEVELS - 1
+        );
     }
 
     #[test]
@@ -605,7 +624,12 @@ mod tests {
 
     #[test]
     fn too_far_at_wheel_range() -> TestResult {
-        for start in [0, 12_345, WHEEL_RANGE_TICKS - 1, u64::MAX - WHEEL_RANGE_TICKS] {
+        for start in [
+            0,
+            12_345,
+            WHEEL_RANGE_TICKS - 1,
+            u64::MAX - WHEEL_RANGE_TICKS,
+        ] {
             let mut wheel = Wheel::with_elapsed(Tick(start));
             let range_end = start + WHEEL_RANGE_TICKS;
             assert_eq!(wheel.insert(Tick(range_end), 1), Err(InsertError::TooFar));
@@ -633,7 +657,11 @@ mod tests {
                 // By jumping: nothing at due - 1, exactly the timer at due.
                 let mut wheel = Wheel::with_elapsed(Tick(start));
                 wheel.insert(Tick(due), 7)?;
-                assert_eq!(advance(&mut wheel, due - 1), [], "start {start} delta {delta}");
+                assert_eq!(
+                    advance(&mut wheel, due - 1),
+                    [],
+                    "start {start} delta {delta}"
+                );
                 assert_eq!(advance(&mut wheel, due), [expired(due, 7)]);
                 // By following next_deadline, as the driver does.
                 let mut wheel = Wheel::with_elapsed(Tick(start));
@@ -848,7 +876,11 @@ mod tests {
             advance(&mut wheel, u64::MAX),
             [expired(WHEEL_RANGE_TICKS - 1, 1)]
         );
-        assert!(wheel.slots_processed <= LEVELS as u64, "{}", wheel.slots_processed);
+        assert!(
+            wheel.slots_processed <= LEVELS as u64,
+            "{}",
+            wheel.slots_processed
+        );
 
         // Sparse timers: the work is bounded by timers x levels, not by ticks.
         let mut wheel = Wheel::new();
@@ -857,7 +889,11 @@ mod tests {
             wheel.insert(Tick(due), item)?;
         }
         assert_eq!(advance(&mut wheel, 1 << 50).len(), dues.len());
-        assert!(wheel.slots_processed <= 100 * LEVELS as u64, "{}", wheel.slots_processed);
+        assert!(
+            wheel.slots_processed <= 100 * LEVELS as u64,
+            "{}",
+            wheel.slots_processed
+        );
         Ok(())
     }
 
@@ -866,7 +902,10 @@ mod tests {
         let mut wheel = Wheel::with_elapsed(Tick(3));
         wheel.insert(Tick(9), 1)?;
         let text = format!("{wheel:?}");
-        assert!(text.contains("elapsed: Tick(3)") && text.contains("len: 1"), "{text}");
+        assert!(
+            text.contains("elapsed: Tick(3)") && text.contains("len: 1"),
+            "{text}"
+        );
         assert_eq!(
             InsertError::TooFar.to_string(),
             "due tick is WHEEL_RANGE_TICKS or more after the wheel's elapsed tick"
@@ -880,14 +919,27 @@ mod tests {
     #[derive(Clone, Debug)]
     enum Op {
         /// Insert at `elapsed + delta` (0 and >= range are expected to fail).
-        Insert { delta: u64 },
+        Insert {
+            delta: u64,
+        },
         /// Insert another timer at the due tick of a live one (equal-due FIFO).
-        InsertSameDue { pick: usize },
-        Remove { pick: usize },
-        RemoveStale { pick: usize },
-        Advance { step: u64 },
+        InsertSameDue {
+            pick: usize,
+        },
+        Remove {
+            pick: usize,
+        },
+        RemoveStale {
+            pick: usize,
+        },
+        Advance {
+            step: u64,
+        },
         /// Advance to the next multiple of `64^level`, plus `jitter - 1`.
-        AdvanceToBoundary { level: u32, jitter: u64 },
+        AdvanceToBoundary {
+            level: u32,
+            jitter: u64,
+        },
         /// Advance to `next_deadline - 1` (nothing may come out), then to `next_deadline`.
         AdvanceToDeadline,
     }
@@ -1056,7 +1108,10 @@ mod tests {
             match (self.wheel.next_deadline(), self.model.keys().next()) {
                 (None, None) => {}
                 (Some(deadline), Some(&(due, _))) => {
-                    prop_assert!(elapsed < deadline && deadline.0 <= due, "{deadline:?} {due}")
+                    prop_assert!(
+                        elapsed < deadline && deadline.0 <= due,
+                        "{deadline:?} {due}"
+                    )
                 }
                 (deadline, first) => prop_assert!(false, "{deadline:?} vs model {first:?}"),
             }
