@@ -48,3 +48,8 @@ pub use engine::{CancelOutcome, Due, Engine, NewTask, Recovery, Stats};
 pub use error::{AckError, CancelError, OpenError, RecvError, ScheduleError, ShutdownError};
 pub use kairos_wal::{Durability, RecoveryReport, TornTail};
 pub use task::{PayloadRef, PayloadStore, TaskId, TaskState};
+
+/// The README's examples compile (checked by `cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
