@@ -1,0 +1,344 @@
+//! `kairos demo`: the order-timeout workload of `DESIGN.md` on a real data
+//! directory, with a clean shutdown and reopen midway, checked task by task.
+//!
+//! Threads: producers schedule every order's timeout in batches; a canceller
+//! cancels the paid orders at planned moments; per engine generation,
+//! receivers take due tasks (timestamping them for lateness) and ackers
+//! acknowledge them. The main thread restarts the engine halfway through
+//! the time span and waits until every task is delivered or cancelled.
+
+mod canceller;
+mod consumers;
+mod context;
+mod producer;
+mod progress;
+mod report;
+mod session;
+mod tracker;
+mod workload;
+
+use super::Verdict;
+use anyhow::{bail, ensure, Context as _};
+use clap::{Args, ValueEnum};
+use kairos::{Config, Durability};
+use report::{Lateness, Report};
+use session::{Findings, Settings};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use workload::Workload;
+
+/// By default orders arrive evenly over this share of the time span.
+const ARRIVAL_SHARE_OF_SPAN: f64 = 0.1;
+
+/// Run the order-timeout workload on a real data directory, restarting the
+/// engine midway, and check that every task was delivered exactly once or
+/// cancelled.
+#[derive(Debug, Args)]
+#[command(long_about = "\
+Run the order-timeout workload on a real data directory, restarting the engine midway, and \
+check that every task was delivered exactly once or cancelled.
+
+Orders arrive over the first tenth of the time span (see --rate) and are scheduled in batches \
+with timeouts: 45 % due within 30 minutes, 35 % within 7 days, 20 % within 30 days, divided by \
+the time scale (by default 86 400, so 30 days take 30 seconds). Paid orders (65 % of the short \
+ones, 30 % of the others) are cancelled at a random moment before their timeout. Consumers \
+receive and ack the rest. Halfway through the time span the engine is shut down and reopened on \
+the same directory; the run ends when every task is delivered or cancelled (about 35 s with the \
+defaults).
+
+If DIR exists it is removed first, so every run starts fresh; a directory that is not empty and \
+holds neither `wal/` nor `LOCK` is refused rather than removed.
+
+Exit status 1 if an invariant breaks: a task lost, delivered twice, delivered after its cancel \
+returned Cancelled, or delivered early; p99 lateness above --max-p99-ms; or the reopened engine \
+not recovering exactly the tasks that were pending at shutdown.")]
+pub struct DemoArgs {
+    /// Data directory (removed first if it exists).
+    #[arg(long, value_name = "DIR", default_value = "./kairos-data")]
+    dir: PathBuf,
+    /// Orders (tasks) to schedule.
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..=50_000_000))]
+    tasks: u32,
+    /// Simulated seconds per real second; 86 400 makes 30 days last 30 s.
+    #[arg(long, value_name = "X", default_value_t = 86_400.0, value_parser = parse_time_scale)]
+    time_scale: f64,
+    /// Log segment roll size, bytes (at least 4096).
+    #[arg(long, value_name = "B", default_value_t = kairos::config::SEGMENT_BYTES_DEFAULT)]
+    segment_bytes: u64,
+    /// When a call returns relative to its log record reaching the disk.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Sync)]
+    durability: DurabilityArg,
+    /// Background sync period for `--durability interval`, ms.
+    #[arg(long, value_name = "MS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    interval_ms: u64,
+    /// Print one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    json: bool,
+    /// Seed of the workload (random by default; reported, so a run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Orders arriving per second, spread evenly [default: all tasks over the
+    /// first tenth of the time span, 3 s with the defaults]; 0 schedules as
+    /// fast as the engine takes them (a burst).
+    #[arg(long, value_name = "N", value_parser = parse_rate)]
+    rate: Option<f64>,
+    /// Producer threads.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    producers: u16,
+    /// Tasks per `schedule_many` call (one log write each).
+    #[arg(long, value_name = "N", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    batch: u32,
+    /// Receiver threads per engine generation.
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    consumers: u16,
+    /// Acker threads per engine generation. Under `sync` each ack waits for an
+    /// fdatasync; concurrent acks share one (group commit).
+    #[arg(long, value_name = "N", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    ackers: u16,
+    /// Pause between shutdown and reopen, ms.
+    #[arg(long, value_name = "MS", default_value_t = 200)]
+    downtime_ms: u64,
+    /// Also write every receipt to FILE as CSV (due_ms, received_us, attempt,
+    /// generation), for plotting lateness over time.
+    #[arg(long, value_name = "FILE")]
+    samples_csv: Option<PathBuf>,
+    /// Largest acceptable p99 lateness, ms; above it the run fails. An unpaced
+    /// burst (`--rate 0`) on a small machine may need more.
+    #[arg(long, value_name = "MS", default_value_t = 10.0)]
+    max_p99_ms: f64,
+}
+
+/// `--durability` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DurabilityArg {
+    /// Each call returns once its record is fdatasynced (group commit).
+    Sync,
+    /// Written to the OS at once, synced every --interval-ms.
+    Interval,
+    /// Written to the OS, synced only at segment roll and shutdown.
+    Buffered,
+}
+
+/// Runs the demo and prints its report; fails the verdict if an invariant
+/// broke.
+pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
+    let settings = settings(args);
+    if fresh_dir(&settings.dir)? && !args.json {
+        println!(
+            "removed the previous data directory {}",
+            settings.dir.display()
+        );
+    }
+    let findings = session::run(&settings)?;
+    if let Some(path) = &args.samples_csv {
+        write_samples(path, &findings.samples)?;
+    }
+    let report = report(args, &settings, &findings);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        report.print_summary();
+    }
+    for violation in &report.violations {
+        eprintln!("kairos demo: invariant broken: {violation}");
+    }
+    Ok(if report.ok {
+        Verdict::Pass
+    } else {
+        Verdict::Fail
+    })
+}
+
+/// The run's settings from the command line (the seed drawn if not given).
+fn settings(args: &DemoArgs) -> Settings {
+    let mut config = Config::default();
+    config.durability = durability(args);
+    config.segment_bytes = args.segment_bytes;
+    let workload = Workload {
+        tasks: args.tasks,
+        time_scale: args.time_scale,
+        seed: args.seed.unwrap_or_else(rand::random),
+    };
+    Settings {
+        dir: args.dir.clone(),
+        workload,
+        config,
+        producers: usize::from(args.producers),
+        batch: args.batch as usize,
+        rate: arrival_rate(args, &workload),
+        consumers: usize::from(args.consumers),
+        ackers: usize::from(args.ackers),
+        downtime: Duration::from_millis(args.downtime_ms),
+        progress: !args.json,
+    }
+}
+
+/// `--durability` as the engine's mode.
+fn durability(args: &DemoArgs) -> Durability {
+    match args.durability {
+        DurabilityArg::Sync => Durability::Sync,
+        DurabilityArg::Interval => Durability::Interval(Duration::from_millis(args.interval_ms)),
+        DurabilityArg::Buffered => Durability::Buffered,
+    }
+}
+
+/// A time scale: a finite number ≥ 1.
+fn parse_time_scale(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if x.is_finite() && x >= 1.0 {
+        Ok(x)
+    } else {
+        Err("must be a number ≥ 1".into())
+    }
+}
+
+/// Orders per second: `--rate`, or every task over the first tenth of the
+/// span; `None` (unpaced) for `--rate 0`.
+fn arrival_rate(args: &DemoArgs, workload: &Workload) -> Option<f64> {
+    let rate = args.rate.unwrap_or_else(|| {
+        f64::from(workload.tasks) / (workload.span().as_secs_f64() * ARRIVAL_SHARE_OF_SPAN)
+    });
+    (rate > 0.0 && rate.is_finite()).then_some(rate)
+}
+
+/// An arrival rate: a finite number ≥ 0.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err("must be a number ≥ 0".into())
+    }
+}
+
+/// Removes `dir` if it exists, refusing anything that does not look like a
+/// Kairos data directory. Returns whether something was removed.
+fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", dir.display())),
+    };
+    if !meta.is_dir() {
+        bail!("{} exists and is not a directory", dir.display());
+    }
+    ensure!(
+        looks_like_data_dir(dir)?,
+        "refusing to remove {}: it is not empty and holds neither wal/ nor LOCK, so it does not \
+         look like a Kairos data directory; choose another --dir",
+        dir.display()
+    );
+    std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+    Ok(true)
+}
+
+/// Empty, or holding a `wal` directory or a `LOCK` file.
+fn looks_like_data_dir(dir: &Path) -> anyhow::Result<bool> {
+    let mut entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    if entries.next().is_none() {
+        return Ok(true);
+    }
+    Ok(dir.join("wal").is_dir() || dir.join("LOCK").is_file())
+}
+
+/// Writes the receipts as CSV with a header line.
+fn write_samples(path: &Path, samples: &[consumers::Sample]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(out, "due_ms,received_us,attempt,generation")?;
+    for s in samples {
+        writeln!(
+            out,
+            "{},{},{},{}",
+            s.due_ms, s.received_us, s.attempt, s.generation
+        )?;
+    }
+    out.flush()
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Assembles the report and judges the invariants.
+fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
+    let (t, e, r) = (&f.tally, &f.events, &f.restart);
+    let busy_s = f.schedule_busy.as_secs_f64();
+    let mut report = Report {
+        tasks: s.workload.tasks,
+        time_scale: s.workload.time_scale,
+        durability: format!("{:?}", args.durability).to_lowercase(),
+        interval_ms: (args.durability == DurabilityArg::Interval).then_some(args.interval_ms),
+        dir: s.dir.display().to_string(),
+        seed: s.workload.seed,
+        segment_bytes: s.config.segment_bytes,
+        producers: s.producers,
+        batch: s.batch,
+        consumers: s.consumers,
+        ackers: s.ackers,
+        elapsed_ms: millis(f.elapsed),
+        scheduled: t.scheduled,
+        schedule_ms: millis(f.schedule_time),
+        schedule_busy_ms: millis(f.schedule_busy),
+        schedule_per_sec: if busy_s > 0.0 {
+            (t.scheduled as f64 / busy_s).round()
+        } else {
+            0.0
+        },
+        rate: s.rate.map(f64::round),
+        cancel_planned: e.cancel_planned,
+        cancelled: t.cancelled,
+        cancel_too_late: e.cancel_already_delivered + e.cancel_not_found,
+        cancel_already_delivered: e.cancel_already_delivered,
+        cancel_not_found: e.cancel_not_found,
+        delivered: t.delivered,
+        acked: t.acked,
+        receipts: f.samples.len() as u64,
+        lost: t.lost,
+        duplicates: t.duplicates,
+        redelivered_after_restart: t.redelivered,
+        ack_refused: e.ack_failed,
+        cancelled_then_delivered: t.cancelled_then_delivered,
+        early: e.early,
+        unacked: t.unacked,
+        payload_mismatches: e.payload_mismatches,
+        foreign_keys: e.foreign_keys,
+        lateness_ms: Lateness::measure(&f.samples, r.reopened_at_ms),
+        restart_at_ms: millis(r.at),
+        shutdown_ms: millis(r.shutdown),
+        downtime_ms: millis(s.downtime),
+        reopen_ms: millis(r.reopen),
+        pending_at_shutdown: r.pending_at_shutdown as u64,
+        recovered_pending: r.recovery.pending as u64,
+        recovered_overdue: r.recovery.overdue as u64,
+        recovered_redelivered: r.recovery.redelivered as u64,
+        recovered_records: r.recovery.wal.records,
+        recovered_clean_shutdown: r.recovery.wal.clean_shutdown,
+        recovered_torn_tail: r.recovery.wal.torn_tail.as_ref().map(|t| {
+            format!(
+                "{}@{} ({} bytes)",
+                t.file.display(),
+                t.offset,
+                t.bytes_truncated
+            )
+        }),
+        pending_at_end: f.pending_at_end as u64,
+        timed_out: f.timed_out,
+        max_p99_ms: args.max_p99_ms,
+        ok: false,
+        violations: Vec::new(),
+    };
+    report.judge();
+    report
+}
+
+/// A duration in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

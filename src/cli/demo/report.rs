@@ -1,0 +1,355 @@
+//! The demo's findings: the JSON report, the readable summary, and the
+//! invariants that decide the exit status.
+
+use super::consumers::Sample;
+use serde::Serialize;
+
+/// Lateness of deliveries that fell due while an engine was open: receipt
+/// wall time − due time, in ms with µs resolution.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Lateness {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+    /// Deliveries measured.
+    pub samples: usize,
+    /// Deliveries left out: due during the restart gap, or redeliveries.
+    pub excluded: usize,
+}
+
+impl Lateness {
+    /// Lateness over the samples that fell due while an engine was open:
+    /// first deliveries of generation 1, and first deliveries of later
+    /// generations due after `reopened_at_ms` (the reopen returned).
+    pub fn measure(samples: &[Sample], reopened_at_ms: u64) -> Lateness {
+        let mut late_us: Vec<i64> = samples
+            .iter()
+            .filter(|s| s.attempt == 1 && (s.generation == 1 || s.due_ms >= reopened_at_ms))
+            .map(|s| s.received_us as i64 - (s.due_ms as i64).saturating_mul(1000))
+            .collect();
+        late_us.sort_unstable();
+        Lateness {
+            p50: percentile_ms(&late_us, 0.50),
+            p99: percentile_ms(&late_us, 0.99),
+            p999: percentile_ms(&late_us, 0.999),
+            max: late_us.last().map_or(0.0, |&us| us_to_ms(us)),
+            samples: late_us.len(),
+            excluded: samples.len() - late_us.len(),
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted µs values, in ms; 0 if empty.
+fn percentile_ms(sorted_us: &[i64], q: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted_us.len() as f64).ceil() as usize;
+    us_to_ms(sorted_us[rank.clamp(1, sorted_us.len()) - 1])
+}
+
+/// µs as ms, rounded to the µs.
+fn us_to_ms(us: i64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Everything the demo reports; serialized as the `--json` object.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Tasks the run was asked to schedule.
+    pub tasks: u32,
+    /// Simulated seconds per real second.
+    pub time_scale: f64,
+    /// `sync`, `interval` or `buffered`.
+    pub durability: String,
+    /// Background sync period under `interval`, ms.
+    pub interval_ms: Option<u64>,
+    /// The data directory.
+    pub dir: String,
+    /// The workload seed (rerun with `--seed` to repeat the mix).
+    pub seed: u64,
+    /// Log segment roll size, bytes.
+    pub segment_bytes: u64,
+    /// Producer threads.
+    pub producers: usize,
+    /// Tasks per `schedule_many`.
+    pub batch: usize,
+    /// Receiver threads per generation.
+    pub consumers: usize,
+    /// Acker threads per generation.
+    pub ackers: usize,
+    /// Wall time of the whole run, ms.
+    pub elapsed_ms: u64,
+
+    /// Tasks scheduled.
+    pub scheduled: u64,
+    /// Time from start until the last producer finished, ms.
+    pub schedule_ms: u64,
+    /// Time during which at least one `schedule_many` call was running, ms.
+    pub schedule_busy_ms: u64,
+    /// `scheduled / schedule_busy_ms`: tasks per second of time spent inside
+    /// `schedule_many` calls. Unpaced (`--rate 0`), the saturated throughput.
+    pub schedule_per_sec: f64,
+    /// Orders arriving per second, or null for as fast as possible.
+    pub rate: Option<f64>,
+    /// Cancels planned (paid orders).
+    pub cancel_planned: u64,
+    /// Cancels that returned `Cancelled`.
+    pub cancelled: u64,
+    /// Cancels that came too late: `AlreadyDelivered` or `NotFound`.
+    pub cancel_too_late: u64,
+    /// Of those, `AlreadyDelivered`.
+    pub cancel_already_delivered: u64,
+    /// Of those, `NotFound` (already fired and acked).
+    pub cancel_not_found: u64,
+    /// Unique tasks a consumer received.
+    pub delivered: u64,
+    /// Unique tasks acked.
+    pub acked: u64,
+    /// Deliveries received (all attempts).
+    pub receipts: u64,
+    /// Scheduled tasks neither cancelled nor delivered.
+    pub lost: u64,
+    /// Tasks received or acked again after a successful ack.
+    pub duplicates: u64,
+    /// Tasks delivered again after the restart because their ack was
+    /// refused at shutdown (at-least-once, expected).
+    pub redelivered_after_restart: u64,
+    /// Acks refused (engine shut down); those tasks come again.
+    pub ack_refused: u64,
+    /// Tasks whose cancel returned `Cancelled` and that a consumer received.
+    pub cancelled_then_delivered: u64,
+    /// Deliveries received before their due time.
+    pub early: u64,
+    /// Tasks received but never acked at the end.
+    pub unacked: u64,
+    /// Deliveries whose payload was not the one scheduled.
+    pub payload_mismatches: u64,
+    /// Deliveries with a key this run never scheduled.
+    pub foreign_keys: u64,
+    /// Lateness of deliveries due while an engine was open.
+    pub lateness_ms: Lateness,
+
+    /// When the restart began, ms after the start.
+    pub restart_at_ms: u64,
+    /// `engine.shutdown()` duration, ms.
+    pub shutdown_ms: u64,
+    /// Pause between shutdown and reopen, ms.
+    pub downtime_ms: u64,
+    /// `Engine::open` duration (recovery), ms.
+    pub reopen_ms: u64,
+    /// Live tasks (scheduled + delivered-unacked) in the engine's stats once
+    /// `shutdown()` returned: the state the log was closed with.
+    pub pending_at_shutdown: u64,
+    /// `engine.recovery().pending` after the reopen.
+    pub recovered_pending: u64,
+    /// Recovered tasks that fell due during the downtime.
+    pub recovered_overdue: u64,
+    /// Recovered tasks delivered before the restart and never acked.
+    pub recovered_redelivered: u64,
+    /// Log records replayed at the reopen.
+    pub recovered_records: u64,
+    /// Whether the log ended with a clean-close marker.
+    pub recovered_clean_shutdown: bool,
+    /// A torn tail found at the reopen (there should be none after a clean
+    /// shutdown), as `file@offset (N bytes)`.
+    pub recovered_torn_tail: Option<String>,
+    /// Live tasks left when the run ended.
+    pub pending_at_end: u64,
+    /// Whether the run gave up waiting for every task to resolve.
+    pub timed_out: bool,
+
+    /// The p99 lateness bound checked, ms.
+    pub max_p99_ms: f64,
+    /// Whether every invariant held.
+    pub ok: bool,
+    /// The invariants that broke, in words.
+    pub violations: Vec<String>,
+}
+
+impl Report {
+    /// Checks the invariants and fills `ok` and `violations`.
+    pub fn judge(&mut self) {
+        let mut v = Vec::new();
+        let zero = [
+            ("lost", self.lost),
+            ("duplicates", self.duplicates),
+            ("cancelled_then_delivered", self.cancelled_then_delivered),
+            ("early", self.early),
+            ("unacked", self.unacked),
+            ("payload_mismatches", self.payload_mismatches),
+            ("foreign_keys", self.foreign_keys),
+            ("pending_at_end", self.pending_at_end),
+        ];
+        for (name, value) in zero {
+            if value != 0 {
+                v.push(format!("{name} = {value}, expected 0"));
+            }
+        }
+        if self.scheduled != u64::from(self.tasks) {
+            v.push(format!(
+                "scheduled {} of {} tasks",
+                self.scheduled, self.tasks
+            ));
+        }
+        if self.recovered_pending != self.pending_at_shutdown {
+            v.push(format!(
+                "recovered_pending {} != pending_at_shutdown {}",
+                self.recovered_pending, self.pending_at_shutdown
+            ));
+        }
+        if !self.recovered_clean_shutdown {
+            v.push("the reopen did not find a clean shutdown".into());
+        }
+        if let Some(torn) = &self.recovered_torn_tail {
+            v.push(format!(
+                "the reopen found a torn tail after a clean shutdown: {torn}"
+            ));
+        }
+        if self.lateness_ms.p99 > self.max_p99_ms {
+            v.push(format!(
+                "p99 lateness {:.3} ms exceeds {} ms",
+                self.lateness_ms.p99, self.max_p99_ms
+            ));
+        }
+        if self.timed_out {
+            v.push("timed out before every task was delivered or cancelled".into());
+        }
+        self.ok = v.is_empty();
+        self.violations = v;
+    }
+
+    /// The readable summary, for a terminal.
+    pub fn print_summary(&self) {
+        let secs = |ms: u64| ms as f64 / 1000.0;
+        println!(
+            "Kairos demo: {} order timeouts, time scale {}x (30 days -> {:.1} s), durability {}{}",
+            self.tasks,
+            self.time_scale,
+            30.0 * 86_400.0 / self.time_scale,
+            self.durability,
+            self.interval_ms
+                .map_or(String::new(), |ms| format!(" ({ms} ms)")),
+        );
+        println!(
+            "  data directory   {} (segments of {} bytes, seed {})",
+            self.dir, self.segment_bytes, self.seed
+        );
+        println!(
+            "  scheduled        {} in {:.2} s, {} producers in batches of {}{}: {:.0} tasks/s while scheduling",
+            self.scheduled,
+            secs(self.schedule_ms),
+            self.producers,
+            self.batch,
+            self.rate.map_or(String::new(), |r| format!(", arriving at {r:.0}/s")),
+            self.schedule_per_sec,
+        );
+        println!(
+            "  paid (cancelled) {} of {} planned; {} too late ({} already delivered, {} already finished)",
+            self.cancelled,
+            self.cancel_planned,
+            self.cancel_too_late,
+            self.cancel_already_delivered,
+            self.cancel_not_found
+        );
+        println!(
+            "  delivered        {} tasks, {} acked; {} delivered again after the restart",
+            self.delivered, self.acked, self.redelivered_after_restart
+        );
+        self.print_restart();
+        let l = &self.lateness_ms;
+        println!(
+            "  lateness         p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms ({} deliveries; {} due during the restart or redelivered, not counted)",
+            l.p50, l.p99, l.p999, l.max, l.samples, l.excluded
+        );
+        println!(
+            "  invariants       lost {}, duplicates {}, cancelled-then-delivered {}, early {}",
+            self.lost, self.duplicates, self.cancelled_then_delivered, self.early
+        );
+        println!("  elapsed          {:.1} s", secs(self.elapsed_ms));
+        self.print_verdict();
+    }
+
+    fn print_restart(&self) {
+        println!(
+            "  restart          at {:.1} s: shutdown {} ms, down {} ms, reopen {} ms ({} records replayed, clean shutdown: {})",
+            self.restart_at_ms as f64 / 1000.0,
+            self.shutdown_ms,
+            self.downtime_ms,
+            self.reopen_ms,
+            self.recovered_records,
+            if self.recovered_clean_shutdown { "yes" } else { "no" }
+        );
+        println!(
+            "                   {} pending at shutdown, {} recovered ({} overdue, {} delivered but unacked)",
+            self.pending_at_shutdown,
+            self.recovered_pending,
+            self.recovered_overdue,
+            self.recovered_redelivered
+        );
+    }
+
+    fn print_verdict(&self) {
+        if self.ok {
+            println!("OK: every task was delivered exactly once or cancelled, none early");
+        } else {
+            println!("FAILED:");
+            for v in &self.violations {
+                println!("  - {v}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(due_ms: u64, late_us: u64, attempt: u32, generation: u32) -> Sample {
+        Sample {
+            due_ms,
+            received_us: due_ms * 1000 + late_us,
+            attempt,
+            generation,
+        }
+    }
+
+    #[test]
+    fn lateness_leaves_out_the_restart_gap_and_redeliveries() {
+        let samples = [
+            sample(1_000, 1_000, 1, 1),
+            sample(1_001, 2_000, 1, 1),
+            sample(1_500, 900_000, 1, 2), // due during the gap
+            sample(1_002, 950_000, 2, 2), // redelivered
+            sample(2_000, 3_000, 1, 2),
+        ];
+        let l = Lateness::measure(&samples, 1_900);
+        assert_eq!(l.samples, 3);
+        assert_eq!(l.excluded, 2);
+        assert_eq!(l.p50, 2.0);
+        assert_eq!(l.max, 3.0);
+    }
+
+    #[test]
+    fn judge_flags_each_broken_invariant() {
+        let mut r = Report {
+            tasks: 10,
+            scheduled: 10,
+            recovered_clean_shutdown: true,
+            max_p99_ms: 5.0,
+            ..Report::default()
+        };
+        r.judge();
+        assert!(r.ok, "{:?}", r.violations);
+        r.lost = 1;
+        r.recovered_pending = 3;
+        r.judge();
+        assert!(!r.ok);
+        assert_eq!(r.violations.len(), 2);
+    }
+}

@@ -1,0 +1,299 @@
+//! One demo run, start to end: open the engine, start the threads, restart
+//! the engine midway, wait until every task is delivered or cancelled, shut
+//! down and collect the findings.
+
+use super::canceller;
+use super::consumers::{wall_clock_us, Generation, Sample};
+use super::context::Context;
+use super::producer::{self, Call, Pace};
+use super::progress::Progress;
+use super::tracker::{EventTally, Tally};
+use super::workload::Workload;
+use anyhow::{anyhow, Context as _};
+use kairos::{Config, Engine, Recovery};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long past the last due time (plus the downtime) the run waits for
+/// stragglers before it gives up and reports them lost.
+const GRACE: Duration = Duration::from_secs(30);
+/// How often the main thread looks at the progress.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Everything a run needs, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The data directory (fresh).
+    pub dir: PathBuf,
+    /// What to schedule.
+    pub workload: Workload,
+    /// Engine configuration, the same for both generations.
+    pub config: Config,
+    /// Producer threads.
+    pub producers: usize,
+    /// Tasks per `schedule_many`.
+    pub batch: usize,
+    /// Orders arriving per second (`None`: as fast as possible).
+    pub rate: Option<f64>,
+    /// Receiver threads per generation.
+    pub consumers: usize,
+    /// Acker threads per generation.
+    pub ackers: usize,
+    /// Pause between shutdown and reopen.
+    pub downtime: Duration,
+    /// Whether to draw a progress bar.
+    pub progress: bool,
+}
+
+/// What the restart measured.
+#[derive(Debug, Clone)]
+pub struct Restart {
+    /// When it began, after the start.
+    pub at: Duration,
+    /// `shutdown()` duration.
+    pub shutdown: Duration,
+    /// `Engine::open` duration.
+    pub reopen: Duration,
+    /// Live tasks once `shutdown()` returned.
+    pub pending_at_shutdown: usize,
+    /// The reopened engine's recovery report.
+    pub recovery: Recovery,
+    /// Wall time the reopen returned, UTC ms.
+    pub reopened_at_ms: u64,
+}
+
+/// The raw findings of a run.
+#[derive(Debug)]
+pub struct Findings {
+    /// Per-task tally.
+    pub tally: Tally,
+    /// Event counters.
+    pub events: EventTally,
+    /// Every receipt, both generations.
+    pub samples: Vec<Sample>,
+    /// The restart.
+    pub restart: Restart,
+    /// Start until the last producer finished.
+    pub schedule_time: Duration,
+    /// Time during which at least one `schedule_many` call was running.
+    pub schedule_busy: Duration,
+    /// Whole run.
+    pub elapsed: Duration,
+    /// Live tasks left at the end.
+    pub pending_at_end: usize,
+    /// Whether the run gave up waiting.
+    pub timed_out: bool,
+}
+
+/// The threads that span both generations.
+struct Workers {
+    producers: Vec<JoinHandle<Vec<Call>>>,
+    canceller: JoinHandle<()>,
+}
+
+/// Runs the demo. Errors are unexpected failures (I/O, a poisoned engine),
+/// not broken invariants: those are in the findings.
+pub fn run(s: &Settings) -> anyhow::Result<Findings> {
+    let engine = open(s)?;
+    let ctx = Arc::new(Context::new(s.workload, Arc::clone(&engine)));
+    let progress = Progress::new(u64::from(s.workload.tasks), s.progress);
+    let start = Instant::now();
+    let first = Generation::spawn(&ctx, &engine, 1, s.consumers, s.ackers)?;
+    drop(engine);
+    let workers = start_workers(&ctx, s, start)?;
+    let span = s.workload.span();
+    let deadline = start + span + s.downtime + GRACE;
+    let midway = start + span / 2;
+    progress.phase("before the restart");
+    wait_until(&ctx, &progress, deadline, || {
+        Instant::now() >= midway || all_resolved(&ctx)
+    })
+    .inspect_err(|_| abort(&ctx))?;
+    progress.phase("restarting");
+    let (restart, second, mut samples) =
+        restart(&ctx, s, first, start).inspect_err(|_| abort(&ctx))?;
+    progress.phase("after the restart");
+    let done = wait_until(&ctx, &progress, deadline, || all_resolved(&ctx))
+        .inspect_err(|_| abort(&ctx))?;
+    let (pending_at_end, mut last) = finish(&ctx, second)?;
+    drop(progress);
+    samples.append(&mut last);
+    let calls = join_workers(workers);
+    Ok(Findings {
+        tally: ctx.tracker.tally(),
+        events: ctx.tracker.events.snapshot(),
+        samples,
+        restart,
+        schedule_time: last_end(&calls).saturating_duration_since(start),
+        schedule_busy: busy_time(calls),
+        elapsed: start.elapsed(),
+        pending_at_end,
+        timed_out: !done,
+    })
+}
+
+fn open(s: &Settings) -> anyhow::Result<Arc<Engine>> {
+    let engine = Engine::open(&s.dir, s.config.clone())
+        .with_context(|| format!("cannot open the engine in {}", s.dir.display()))?;
+    Ok(Arc::new(engine))
+}
+
+/// Starts the canceller and the producers.
+fn start_workers(ctx: &Arc<Context>, s: &Settings, start: Instant) -> anyhow::Result<Workers> {
+    let (plan_tx, plan_rx) = crossbeam_channel::unbounded();
+    let canceller = canceller::spawn(ctx, plan_rx)?;
+    let pace = Pace {
+        producers: s.producers,
+        batch: s.batch,
+        rate: s.rate,
+        start,
+    };
+    let producers = producer::spawn(ctx, pace, &plan_tx)?;
+    Ok(Workers {
+        producers,
+        canceller,
+    })
+}
+
+/// Waits for the producers and the canceller; returns every successful
+/// `schedule_many` call.
+fn join_workers(workers: Workers) -> Vec<Call> {
+    let mut calls = Vec::new();
+    for handle in workers.producers {
+        match handle.join() {
+            Ok(mut c) => calls.append(&mut c),
+            Err(_) => eprintln!("kairos: a producer panicked"),
+        }
+    }
+    if workers.canceller.join().is_err() {
+        eprintln!("kairos: the canceller panicked");
+    }
+    calls
+}
+
+/// When the last call ended (now if there were none).
+fn last_end(calls: &[Call]) -> Instant {
+    calls.iter().map(|c| c.1).max().unwrap_or_else(Instant::now)
+}
+
+/// Length of the union of the calls' intervals: the time during which the
+/// engine was busy scheduling.
+fn busy_time(mut calls: Vec<Call>) -> Duration {
+    calls.sort_unstable();
+    let mut busy = Duration::ZERO;
+    let mut covered: Option<Call> = None;
+    for (start, end) in calls {
+        covered = match covered {
+            Some((s, e)) if start <= e => Some((s, e.max(end))),
+            Some((s, e)) => {
+                busy += e - s;
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    busy + covered.map_or(Duration::ZERO, |(s, e)| e - s)
+}
+
+/// Whether every task is finished (cancelled, or delivered and acked).
+fn all_resolved(ctx: &Context) -> bool {
+    ctx.tracker.resolved() >= ctx.workload.tasks as usize
+}
+
+/// Polls until `done()` (Ok(true)) or the deadline (Ok(false)); fails as
+/// soon as a thread reports an unexpected error.
+fn wait_until(
+    ctx: &Context,
+    progress: &Progress,
+    deadline: Instant,
+    done: impl Fn() -> bool,
+) -> anyhow::Result<bool> {
+    loop {
+        if let Some(error) = ctx.failure() {
+            return Err(anyhow!(error));
+        }
+        progress.set(ctx.tracker.resolved() as u64);
+        if done() {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Shuts the engine down, waits `downtime`, reopens it on the same
+/// directory and starts the next generation of consumers. Returns what it
+/// measured, the new generation and the first generation's receipts.
+fn restart(
+    ctx: &Arc<Context>,
+    s: &Settings,
+    first: Generation,
+    start: Instant,
+) -> anyhow::Result<(Restart, Generation, Vec<Sample>)> {
+    let at = start.elapsed();
+    let engine = ctx
+        .cell
+        .take()
+        .ok_or_else(|| anyhow!("no engine to restart"))?;
+    let began = Instant::now();
+    engine
+        .shutdown()
+        .context("shutdown before the restart failed")?;
+    let shutdown = began.elapsed();
+    let pending_at_shutdown = pending(&engine);
+    let samples = first.join();
+    drop(engine);
+    std::thread::sleep(s.downtime);
+    let began = Instant::now();
+    let engine = open(s)?;
+    let reopen = began.elapsed();
+    let reopened_at_ms = wall_clock_us() / 1000;
+    let second = Generation::spawn(ctx, &engine, 2, s.consumers, s.ackers)?;
+    let recovery = engine.recovery().clone();
+    ctx.cell.install(engine);
+    let restart = Restart {
+        at,
+        shutdown,
+        reopen,
+        pending_at_shutdown,
+        recovery,
+        reopened_at_ms,
+    };
+    Ok((restart, second, samples))
+}
+
+/// Stops the run and shuts the last engine down; returns the live tasks
+/// left and the last generation's receipts.
+fn finish(ctx: &Context, last: Generation) -> anyhow::Result<(usize, Vec<Sample>)> {
+    ctx.cell.stop();
+    let engine = ctx
+        .cell
+        .take()
+        .ok_or_else(|| anyhow!("no engine to shut down"))?;
+    engine.shutdown().context("final shutdown failed")?;
+    if let Some(error) = ctx.failure() {
+        return Err(anyhow!(error));
+    }
+    Ok((pending(&engine), last.join()))
+}
+
+/// Stops the producers and the canceller and shuts the engine down after an
+/// unexpected error; threads still running are abandoned to process exit.
+fn abort(ctx: &Context) {
+    ctx.cell.stop();
+    if let Some(engine) = ctx.cell.take() {
+        let _ = engine.shutdown();
+    }
+}
+
+/// Live tasks: scheduled plus delivered and not acked. Read once
+/// `shutdown()` has returned, it is exactly the state the log was closed
+/// with, which the next open must recover.
+fn pending(engine: &Engine) -> usize {
+    let stats = engine.stats();
+    stats.scheduled + stats.delivered_unacked
+}

@@ -1,0 +1,209 @@
+//! End-to-end tests of the `kairos` binary: a small demo run with a restart
+//! must keep every invariant, its data directory must verify, and a flipped
+//! byte in a sealed segment must make `verify` fail naming file and offset.
+//!
+//! Timing is never asserted (the lateness bound is set out of reach); only
+//! correctness is.
+
+#![cfg(feature = "cli")]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const KAIROS: &str = env!("CARGO_BIN_EXE_kairos");
+
+fn kairos(args: &[&str]) -> Output {
+    Command::new(KAIROS)
+        .args(args)
+        .output()
+        .expect("the kairos binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A small demo (2 000 tasks, 30 days in 1.3 s, 64 KiB segments) on `dir`.
+fn small_demo(dir: &Path) -> Value {
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--tasks",
+        "2000",
+        "--time-scale",
+        "2000000",
+        "--segment-bytes",
+        "65536",
+        "--batch",
+        "100",
+        "--seed",
+        "42",
+        "--max-p99-ms",
+        "600000",
+        "--json",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {}\n{stdout}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"))
+}
+
+fn count(report: &Value, field: &str) -> u64 {
+    report[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} missing in {report}"))
+}
+
+/// The log's segment files, oldest first.
+fn segments(data_dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data_dir.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Flips one byte in the middle of the largest sealed segment (every
+/// segment but the last is sealed); returns the file and the byte's offset.
+fn corrupt_sealed_segment(data_dir: &Path) -> (PathBuf, u64) {
+    let files = segments(data_dir);
+    assert!(files.len() >= 3, "expected several segments, got {files:?}");
+    let sealed = &files[..files.len() - 1];
+    let file = sealed
+        .iter()
+        .max_by_key(|f| std::fs::metadata(f).unwrap().len())
+        .unwrap()
+        .clone();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x5A;
+    std::fs::write(&file, &bytes).unwrap();
+    (file, at as u64)
+}
+
+#[test]
+fn demo_keeps_every_invariant_then_verify_passes_and_catches_a_flipped_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let report = small_demo(&dir);
+
+    assert_eq!(report["ok"], Value::Bool(true), "{report}");
+    assert_eq!(count(&report, "scheduled"), 2000);
+    for zero in [
+        "lost",
+        "duplicates",
+        "cancelled_then_delivered",
+        "early",
+        "unacked",
+    ] {
+        assert_eq!(count(&report, zero), 0, "{zero} in {report}");
+    }
+    assert_eq!(
+        count(&report, "cancelled") + count(&report, "delivered"),
+        count(&report, "scheduled"),
+        "{report}"
+    );
+    assert_eq!(count(&report, "delivered"), count(&report, "acked"));
+    assert_eq!(
+        count(&report, "recovered_pending"),
+        count(&report, "pending_at_shutdown"),
+        "{report}"
+    );
+    assert_eq!(report["recovered_clean_shutdown"], Value::Bool(true));
+    for field in [
+        "schedule_per_sec",
+        "elapsed_ms",
+        "durability",
+        "tasks",
+        "time_scale",
+    ] {
+        assert!(!report[field].is_null(), "{field} missing in {report}");
+    }
+    for field in ["p50", "p99", "max"] {
+        assert!(
+            report["lateness_ms"][field].is_number(),
+            "lateness {field} in {report}"
+        );
+    }
+
+    let out = kairos(&["verify", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).contains("OK: every record checks"));
+
+    // Pointed at the log directory itself, with JSON output.
+    let out = kairos(&["verify", "--json", dir.join("wal").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["live_tasks"], 0, "every task finished: {v}");
+    assert_eq!(v["clean_shutdown"], Value::Bool(true));
+
+    let (file, flipped_at) = corrupt_sealed_segment(&dir);
+    let name = file.file_name().unwrap().to_str().unwrap();
+    let out = kairos(&["verify", dir.to_str().unwrap()]);
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains(name), "the damaged file is not named: {all}");
+    assert!(all.contains("offset"), "no offset: {all}");
+
+    let out = kairos(&["verify", "--json", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["error"]["file"].as_str().unwrap().ends_with(name), "{v}");
+    let offset = v["error"]["offset"].as_u64().expect("an offset");
+    assert!(
+        offset <= flipped_at,
+        "offset {offset} is past the flipped byte {flipped_at}"
+    );
+}
+
+#[test]
+fn verify_refuses_a_directory_without_a_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = kairos(&["verify", tmp.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = kairos(&["verify", tmp.path().join("missing").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn demo_refuses_to_remove_a_directory_that_is_not_a_data_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let precious = tmp.path().join("precious.txt");
+    std::fs::write(&precious, b"keep me").unwrap();
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        tmp.path().to_str().unwrap(),
+        "--tasks",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("refusing to remove"));
+    assert!(precious.exists());
+}
+
+#[test]
+fn help_and_version() {
+    let out = kairos(&["--version"]);
+    assert!(out.status.success());
+    assert!(text(&out.stdout).starts_with("kairos "));
+    for args in [&["--help"][..], &["demo", "--help"], &["verify", "--help"]] {
+        let out = kairos(args);
+        assert!(out.status.success(), "{args:?}");
+        assert!(!out.stdout.is_empty());
+    }
+    assert_eq!(kairos(&["demo", "--tasks", "0"]).status.code(), Some(2));
+}
