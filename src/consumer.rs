@@ -126,7 +126,13 @@ impl Consumer {
     /// delivered again. Under `Durability::Sync` the ack is durable when this
     /// returns. Same as [`crate::Engine::ack`].
     pub fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
-        self.shared.ack(delivery)
+        self.shared.ack_many(std::slice::from_ref(delivery))
+    }
+
+    /// Acknowledges many deliveries with one log write. Same as
+    /// [`crate::Engine::ack_many`].
+    pub fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
+        self.shared.ack_many(deliveries)
     }
 
     /// Deliveries waiting in the engine's ready queue.

@@ -22,7 +22,10 @@ use crate::clock::{system_time_to_ms, system_time_to_ns, Clock, SystemClock};
 use crate::config::{Config, BATCH_TASKS_MAX};
 use crate::consumer::{Consumer, Delivery};
 use crate::error::{AckError, CancelError, OpenError, ScheduleError, ShutdownError};
-use crate::record::{Record, SCHEDULE_FIXED_BYTES};
+use crate::record::{
+    Record, DELIVER_BYTES, ID_ONLY_BYTES, RECORD_ACK, RECORD_CANCEL, RECORD_DELIVER,
+    RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES,
+};
 use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
 use crate::wheel::{Expired, InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
 use crossbeam_channel::{Receiver, Sender};
@@ -389,7 +392,13 @@ impl Engine {
         wal_report: RecoveryReport,
     ) -> Engine {
         let tick_ns = config.tick.as_nanos();
-        let origin_monotonic = clock.now_monotonic();
+        // Start the tick grid on a wall-clock tick boundary, so that a task
+        // due at a whole millisecond fires at that millisecond rather than up
+        // to a tick later.
+        let wall_phase_ns = system_time_to_ns(clock.now_wall()).rem_euclid(tick_ns as i128);
+        let origin_monotonic = clock
+            .now_monotonic()
+            .saturating_sub(Duration::from_nanos(wall_phase_ns as u64));
         let (ready_tx, ready_rx) = crossbeam_channel::unbounded();
         let core = Core {
             status: Status::Open,
@@ -517,7 +526,17 @@ impl Engine {
     /// [`AckError::NotOutstanding`] if it was already acked or comes from
     /// before a restart; `Closed`; `Poisoned`.
     pub fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
-        self.shared.ack(delivery)
+        self.shared.ack_many(std::slice::from_ref(delivery))
+    }
+
+    /// Acknowledges many deliveries with one log write (one fdatasync under
+    /// `Sync`): all of them, or none if any is not outstanding.
+    ///
+    /// # Errors
+    /// As [`Engine::ack`]; `NotOutstanding` names the first offending task
+    /// (also for a delivery listed twice).
+    pub fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
+        self.shared.ack_many(deliveries)
     }
 
     /// A new consumer handle.
@@ -652,6 +671,11 @@ impl Shared {
 
     fn poison(&self, cause: String) {
         let mut core = self.core.lock();
+        self.poison_locked(&mut core, cause);
+    }
+
+    /// Marks the engine poisoned (keeping the first cause) and stops the driver.
+    fn poison_locked(&self, core: &mut Core, cause: String) {
         if !matches!(core.status, Status::Poisoned(_)) {
             tracing::error!(%cause, "kairos engine poisoned");
             core.status = Status::Poisoned(cause);
@@ -806,24 +830,21 @@ impl Shared {
             });
         }
         let first_id = core.next_id;
-        let ticket = match &core.wal {
-            Some(wal) => {
-                let (bodies, ends) = encode_schedules(new, &due_ms, first_id);
-                let mut records = Vec::with_capacity(new.len());
-                let mut start = 0;
-                for &end in &ends {
-                    records.push(kairos_wal::Record {
-                        record_type: crate::record::RECORD_SCHEDULE,
-                        body: &bodies[start..end],
-                    });
-                    start = end;
-                }
-                Some(
-                    wal.append(&records)
-                        .map_err(|e| self.append_failed(&mut core, e))?,
-                )
+        let ticket = if core.wal.is_some() {
+            let (bodies, ends) = encode_schedules(new, &due_ms, first_id);
+            let mut records = Vec::with_capacity(new.len());
+            let mut start = 0;
+            for &end in &ends {
+                records.push(kairos_wal::Record {
+                    record_type: RECORD_SCHEDULE,
+                    body: &bodies[start..end],
+                });
+                start = end;
             }
-            None => None,
+            self.append_locked(&mut core, &records)
+                .map_err(|cause| ScheduleError::Poisoned { cause })?
+        } else {
+            None
         };
         core.next_id += new.len() as u64;
         let mut wake_driver = false;
@@ -876,14 +897,6 @@ impl Shared {
         self.wait_durable(ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         Ok(TaskId(first_id))
-    }
-
-    fn append_failed(&self, core: &mut Core, e: WalError) -> ScheduleError {
-        let cause = e.to_string();
-        core.status = Status::Poisoned(cause.clone());
-        core.stop = true;
-        self.driver_cv.notify_all();
-        ScheduleError::Poisoned { cause }
     }
 
     fn validate_shape(&self, t: &NewTask<'_>) -> Result<(), ScheduleError> {
@@ -959,32 +972,13 @@ impl Shared {
             };
             outcomes.push(outcome);
         }
-        let ticket = match (&core.wal, victims.is_empty()) {
-            (Some(wal), false) => {
-                let mut bodies = Vec::with_capacity(victims.len() * 8);
-                for (_, id) in &victims {
-                    Record::Cancel { id: *id }.encode_into(&mut bodies);
-                }
-                let records: Vec<kairos_wal::Record<'_>> = bodies
-                    .chunks_exact(8)
-                    .map(|body| kairos_wal::Record {
-                        record_type: crate::record::RECORD_CANCEL,
-                        body,
-                    })
-                    .collect();
-                match wal.append(&records) {
-                    Ok(t) => Some(t),
-                    Err(e) => {
-                        let cause = e.to_string();
-                        core.status = Status::Poisoned(cause.clone());
-                        core.stop = true;
-                        self.driver_cv.notify_all();
-                        return Err(CancelError::Poisoned { cause });
-                    }
-                }
-            }
-            _ => None,
-        };
+        let mut bodies = Vec::with_capacity(victims.len() * ID_ONLY_BYTES);
+        for (_, id) in &victims {
+            Record::Cancel { id: *id }.encode_into(&mut bodies);
+        }
+        let ticket = self
+            .append_fixed(&mut core, RECORD_CANCEL, &bodies, ID_ONLY_BYTES)
+            .map_err(|cause| CancelError::Poisoned { cause })?;
         for (slot, _) in victims {
             self.forget_task(&mut core, slot);
         }
@@ -1009,45 +1003,76 @@ impl Shared {
         }
     }
 
-    pub(crate) fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
+    /// Acks deliveries with one log write: all of them, or none if any is
+    /// not outstanding.
+    pub(crate) fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_ack_error)?;
-        let outstanding = core
-            .tasks
-            .get_checked(delivery.slot, delivery.task_id)
-            .is_some_and(|t| t.state == TaskState::Delivered && t.deliveries == delivery.attempt);
-        if !outstanding {
-            return Err(AckError::NotOutstanding {
-                task_id: delivery.task_id.0,
-            });
-        }
-        let ticket = match &core.wal {
-            Some(wal) => {
-                let mut body = Vec::with_capacity(8);
-                Record::Ack {
-                    id: delivery.task_id,
-                }
-                .encode_into(&mut body);
-                match wal.append(&[kairos_wal::Record {
-                    record_type: crate::record::RECORD_ACK,
-                    body: &body,
-                }]) {
-                    Ok(t) => Some(t),
-                    Err(e) => {
-                        let cause = e.to_string();
-                        core.status = Status::Poisoned(cause.clone());
-                        core.stop = true;
-                        self.driver_cv.notify_all();
-                        return Err(AckError::Poisoned { cause });
-                    }
-                }
+        let mut seen: Option<HashSet<u32>> = (deliveries.len() > 1).then(HashSet::new);
+        for d in deliveries {
+            let outstanding = core
+                .tasks
+                .get_checked(d.slot, d.task_id)
+                .is_some_and(|t| t.state == TaskState::Delivered && t.deliveries == d.attempt);
+            let repeated = seen.as_mut().is_some_and(|seen| !seen.insert(d.slot));
+            if !outstanding || repeated {
+                return Err(AckError::NotOutstanding {
+                    task_id: d.task_id.0,
+                });
             }
-            None => None,
-        };
-        self.forget_task(&mut core, delivery.slot);
+        }
+        let mut bodies = Vec::with_capacity(deliveries.len() * ID_ONLY_BYTES);
+        for d in deliveries {
+            Record::Ack { id: d.task_id }.encode_into(&mut bodies);
+        }
+        let ticket = self
+            .append_fixed(&mut core, RECORD_ACK, &bodies, ID_ONLY_BYTES)
+            .map_err(|cause| AckError::Poisoned { cause })?;
+        for d in deliveries {
+            self.forget_task(&mut core, d.slot);
+        }
         drop(core);
         self.wait_durable(ticket)
             .map_err(|cause| AckError::Poisoned { cause })
+    }
+
+    /// Appends records (if the engine has a log) while the caller holds the
+    /// core lock, so log order is apply order. An append error poisons the
+    /// engine and is returned as its cause.
+    fn append_locked(
+        &self,
+        core: &mut Core,
+        records: &[kairos_wal::Record<'_>],
+    ) -> Result<Option<AppendTicket>, String> {
+        let Some(wal) = &core.wal else {
+            return Ok(None);
+        };
+        if records.is_empty() {
+            return Ok(None);
+        }
+        wal.append(records).map(Some).map_err(|e| {
+            let cause = e.to_string();
+            self.poison_locked(core, cause.clone());
+            cause
+        })
+    }
+
+    /// [`Shared::append_locked`] for bodies of one fixed size laid end to end.
+    fn append_fixed(
+        &self,
+        core: &mut Core,
+        record_type: u8,
+        bodies: &[u8],
+        body_bytes: usize,
+    ) -> Result<Option<AppendTicket>, String> {
+        if core.wal.is_none() {
+            return Ok(None);
+        }
+        let records: Vec<kairos_wal::Record<'_>> = bodies
+            .chunks_exact(body_bytes)
+            .map(|body| kairos_wal::Record { record_type, body })
+            .collect();
+        self.append_locked(core, &records)
     }
 
     fn run_until_idle(&self) {
@@ -1159,25 +1184,9 @@ fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
             });
             Record::Deliver { id, fired_ms }.encode_into(&mut bodies);
         }
-        let ticket = match (&core.wal, deliveries.is_empty()) {
-            (Some(wal), false) => {
-                let records: Vec<kairos_wal::Record<'_>> = bodies
-                    .chunks_exact(crate::record::DELIVER_BYTES)
-                    .map(|body| kairos_wal::Record {
-                        record_type: crate::record::RECORD_DELIVER,
-                        body,
-                    })
-                    .collect();
-                match wal.append(&records) {
-                    Ok(t) => Some(t),
-                    Err(e) => {
-                        drop(core);
-                        shared.poison(e.to_string());
-                        return;
-                    }
-                }
-            }
-            _ => None,
+        let Ok(ticket) = shared.append_fixed(&mut core, RECORD_DELIVER, &bodies, DELIVER_BYTES)
+        else {
+            return; // poisoned
         };
         drop(core);
         if shared.wait_durable(ticket).is_err() {
