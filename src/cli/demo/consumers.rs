@@ -3,8 +3,9 @@
 //!
 //! Receiving and acking are split so that the receipt time — what lateness
 //! is measured on — never waits for a disk: under `Durability::Sync` an ack
-//! returns after an fdatasync, and many concurrent ackers share one sync
-//! (group commit), so a pool of ackers keeps up with a burst of deliveries.
+//! returns after an fdatasync. Ackers take whatever is waiting and ack it
+//! with one `ack_many` (one log write), so a couple of them keep up with a
+//! burst of deliveries.
 
 use super::context::Context;
 use super::tracker::Tracker;
@@ -141,22 +142,46 @@ fn check(ctx: &Context, delivery: &Delivery, received_us: u64) -> Option<u32> {
     Some(index)
 }
 
-/// Acks until the receivers hang up. An ack refused because the engine shut
-/// down is expected: that task is delivered again after the restart.
+/// Acks until the receivers hang up, in batches of whatever is waiting (one
+/// log write per batch). An ack refused because the engine shut down is
+/// expected: that task is delivered again after the restart.
 fn acknowledge(ctx: &Context, consumer: &Consumer, acks: &Receiver<(u32, Delivery)>) {
-    for (index, delivery) in acks {
-        match consumer.ack(&delivery) {
-            Ok(()) => ctx.tracker.on_ack(index),
+    let mut batch: Vec<(u32, Delivery)> = Vec::with_capacity(ACK_BATCH_MAX);
+    let mut deliveries: Vec<Delivery> = Vec::with_capacity(ACK_BATCH_MAX);
+    while let Ok(first) = acks.recv() {
+        batch.push(first);
+        while batch.len() < ACK_BATCH_MAX {
+            match acks.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        deliveries.extend(batch.iter().map(|(_, d)| d.clone()));
+        match consumer.ack_many(&deliveries) {
+            Ok(()) => batch
+                .iter()
+                .for_each(|(index, _)| ctx.tracker.on_ack(*index)),
             Err(AckError::Closed | AckError::NotOutstanding { .. }) => {
-                Tracker::count(&ctx.tracker.events.ack_failed);
+                // Ack one by one so the tasks still outstanding are acked.
+                for (index, delivery) in &batch {
+                    match consumer.ack(delivery) {
+                        Ok(()) => ctx.tracker.on_ack(*index),
+                        Err(_) => Tracker::count(&ctx.tracker.events.ack_failed),
+                    }
+                }
             }
             Err(e) => {
                 ctx.fail(format!("ack failed: {e}"));
                 return;
             }
         }
+        batch.clear();
+        deliveries.clear();
     }
 }
+
+/// Most deliveries acked with one `ack_many`.
+const ACK_BATCH_MAX: usize = 512;
 
 /// Wall-clock time, µs since the Unix epoch.
 pub fn wall_clock_us() -> u64 {

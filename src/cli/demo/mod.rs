@@ -96,9 +96,9 @@ pub struct DemoArgs {
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     consumers: u16,
-    /// Acker threads per engine generation. Under `sync` each ack waits for an
-    /// fdatasync; concurrent acks share one (group commit).
-    #[arg(long, value_name = "N", default_value_t = 32,
+    /// Acker threads per engine generation. Each acks whatever is waiting
+    /// with one `ack_many` (one log write; under `sync`, one fdatasync).
+    #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     ackers: u16,
     /// Pause between shutdown and reopen, ms.
