@@ -73,7 +73,9 @@ impl Config {
 
     /// Checks every field; the error names the first bad one.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if self.tick < Duration::from_millis(1) || !self.tick.subsec_nanos().is_multiple_of(1_000_000) {
+        if self.tick < Duration::from_millis(1)
+            || !self.tick.subsec_nanos().is_multiple_of(1_000_000)
+        {
             return Err(format!(
                 "tick must be a whole number of milliseconds ≥ 1 ms, got {:?}",
                 self.tick

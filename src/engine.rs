@@ -29,6 +29,7 @@ use crate::record::{
 use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
 use crate::wheel::{Expired, InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
 use crossbeam_channel::{Receiver, Sender};
+use kairos_wal::format::{FRAME_BODY_BYTES_MAX, RECORD_HEADER_BYTES};
 use kairos_wal::storage::LockGuard;
 use kairos_wal::{
     AppendTicket, FsStorage, RecordView, RecoveryReport, ReplayError, Storage, Wal, WalError,
@@ -157,6 +158,9 @@ pub(crate) struct Shared {
     clock: Arc<dyn Clock>,
     tick_ns: u128,
     origin_monotonic: Duration,
+    /// Wall-clock phase of the tick grid at open: engine time starts here so
+    /// that tick boundaries fall on wall-clock tick boundaries.
+    grid_phase_ns: u128,
     core: Mutex<Core>,
     /// The driver waits here; notified on an earlier deadline, a clock move,
     /// a stop.
@@ -395,10 +399,8 @@ impl Engine {
         // Start the tick grid on a wall-clock tick boundary, so that a task
         // due at a whole millisecond fires at that millisecond rather than up
         // to a tick later.
-        let wall_phase_ns = system_time_to_ns(clock.now_wall()).rem_euclid(tick_ns as i128);
-        let origin_monotonic = clock
-            .now_monotonic()
-            .saturating_sub(Duration::from_nanos(wall_phase_ns as u64));
+        let grid_phase_ns = system_time_to_ns(clock.now_wall()).rem_euclid(tick_ns as i128) as u128;
+        let origin_monotonic = clock.now_monotonic();
         let (ready_tx, ready_rx) = crossbeam_channel::unbounded();
         let core = Core {
             status: Status::Open,
@@ -419,6 +421,7 @@ impl Engine {
             clock,
             tick_ns,
             origin_monotonic,
+            grid_phase_ns,
             core: Mutex::new(core),
             driver_cv: Condvar::new(),
             idle_cv: Condvar::new(),
@@ -696,12 +699,14 @@ impl Shared {
         })
     }
 
-    /// Nanoseconds of monotonic time since the engine started.
+    /// Engine time in nanoseconds: monotonic time since open, plus the grid
+    /// phase (so tick boundaries fall on wall-clock tick boundaries).
     fn now_ns(&self) -> u128 {
         self.clock
             .now_monotonic()
             .saturating_sub(self.origin_monotonic)
             .as_nanos()
+            + self.grid_phase_ns
     }
 
     fn now_tick(&self) -> Tick {
@@ -713,7 +718,8 @@ impl Shared {
     fn due_tick(&self, due_ms: u64, now_ns: u128, wall_ns: i128) -> Tick {
         let until_due_ns = i128::from(due_ms) * 1_000_000 - wall_ns;
         let due_mono_ns = now_ns as i128 + until_due_ns;
-        if due_mono_ns <= 0 {
+        if until_due_ns <= 0 || due_mono_ns <= 0 {
+            // Already due: overdue, handed out at once (not at the next tick).
             return Tick(0);
         }
         let tick_ns = self.tick_ns as i128;
@@ -802,6 +808,16 @@ impl Shared {
                     });
                 }
             }
+        }
+        let body_bytes: usize = new
+            .iter()
+            .map(|t| RECORD_HEADER_BYTES + SCHEDULE_FIXED_BYTES + t.key.len() + t.payload.len())
+            .sum();
+        if body_bytes > FRAME_BODY_BYTES_MAX as usize {
+            return Err(ScheduleError::BatchTooManyBytes {
+                bytes: body_bytes,
+                max: FRAME_BODY_BYTES_MAX as usize,
+            });
         }
         let due_ticks: SmallVec<[Tick; 1]> = due_ms
             .iter()
@@ -1052,7 +1068,15 @@ impl Shared {
         }
         wal.append(records).map(Some).map_err(|e| {
             let cause = e.to_string();
-            self.poison_locked(core, cause.clone());
+            // Input the log refuses (size, type) is checked by the engine
+            // before it gets here; if one slips through, it is still no
+            // reason to stop the engine: nothing was written.
+            if !matches!(
+                e,
+                WalError::RecordTooLarge { .. } | WalError::InvalidRecord { .. }
+            ) {
+                self.poison_locked(core, cause.clone());
+            }
             cause
         })
     }

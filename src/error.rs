@@ -89,6 +89,15 @@ pub enum ScheduleError {
         /// The maximum.
         max: usize,
     },
+    /// The batch's log records would exceed one log frame
+    /// (`kairos_wal::format::FRAME_BODY_BYTES_MAX`, 1 GiB); split it.
+    #[error("batch of {bytes} bytes exceeds the largest log frame of {max} bytes")]
+    BatchTooManyBytes {
+        /// Encoded size of the batch.
+        bytes: usize,
+        /// The maximum.
+        max: usize,
+    },
     /// Live tasks would exceed `Config::pending_tasks_max`.
     #[error("{pending} tasks are pending; the maximum is {max}")]
     TooManyPending {

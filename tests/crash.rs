@@ -1,0 +1,410 @@
+//! Out-of-process crash tests (redb's and sled's crash loops): the test re-runs its own binary
+//! as a child that works on a real directory, and SIGKILLs it at a random moment.
+//!
+//! The child reports each completed call on stdout only *after* the call returned, so every
+//! line the parent reads names a call the engine acknowledged under `Durability::Sync`; the
+//! pipe keeps lines written before the kill. After the kill the parent reopens the directory
+//! and checks that each acknowledged call took effect.
+
+mod common;
+
+use common::{key, payload, scale, scaled, BoxError, TestResult, START_MS};
+use kairos::{CancelOutcome, Config, Due, Durability, Engine, ManualClock};
+use kairos_wal::FsStorage;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// Set in the child: the name of the test whose child body to run.
+const ROLE_VAR: &str = "KAIROS_CRASH_CHILD";
+/// Set in the child: the data directory.
+const DIR_VAR: &str = "KAIROS_CRASH_DIR";
+/// Set in the child: its round number.
+const ROUND_VAR: &str = "KAIROS_CRASH_ROUND";
+/// Set in the child: the wall-clock base of due times, ms.
+const BASE_VAR: &str = "KAIROS_CRASH_BASE_MS";
+
+fn child_role() -> Option<String> {
+    std::env::var(ROLE_VAR).ok()
+}
+
+fn env_u64(name: &str) -> TestResult<u64> {
+    Ok(std::env::var(name)?.parse()?)
+}
+
+/// Marks protocol lines in the child's stdout. libtest writes `test NAME ... ` before running a
+/// test without a newline, so a protocol line may share its line with that prefix.
+const MARK: &str = "@@kairos:";
+
+/// How long a child may take to answer before the parent gives up on it (a hung child must
+/// fail the test, not hang it).
+const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A child running this test binary in child mode.
+struct ChildProc {
+    child: Arc<Mutex<Child>>,
+    lines: BufReader<ChildStdout>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+    /// Dropping it stops the watchdog.
+    _watchdog: mpsc::Sender<()>,
+}
+
+impl ChildProc {
+    /// Starts this test binary running only `test`, in child mode.
+    fn spawn(test: &str, dir: &Path, round: u64, base_ms: u64) -> TestResult<ChildProc> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(ROLE_VAR, test)
+            .env(DIR_VAR, dir)
+            .env(ROUND_VAR, round.to_string())
+            .env(BASE_VAR, base_ms.to_string())
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let lines = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut err = child.stderr.take().ok_or("no stderr")?;
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        let child = Arc::new(Mutex::new(child));
+        let (tx, rx) = mpsc::channel::<()>();
+        let watched = Arc::clone(&child);
+        std::thread::spawn(move || {
+            if rx.recv_timeout(CHILD_TIMEOUT) == Err(mpsc::RecvTimeoutError::Timeout) {
+                if let Ok(mut c) = watched.lock() {
+                    let _ = c.kill();
+                }
+            }
+        });
+        Ok(ChildProc {
+            child,
+            lines,
+            stderr: Some(stderr),
+            _watchdog: tx,
+        })
+    }
+
+    /// The next protocol line, or `None` at the end of the child's output.
+    fn next_line(&mut self) -> TestResult<Option<String>> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.lines.read_line(&mut line)? == 0 {
+                return Ok(None);
+            }
+            if let Some(at) = line.find(MARK) {
+                return Ok(Some(line[at + MARK.len()..].trim_end().to_string()));
+            }
+        }
+    }
+
+    /// SIGKILL (`Child::kill` sends SIGKILL on Unix).
+    fn kill(&self) -> TestResult {
+        self.child.lock().map_err(|_| "poisoned")?.kill()?;
+        Ok(())
+    }
+
+    /// Waits for the child to end; returns whether it succeeded, and its stderr.
+    fn wait(&mut self) -> TestResult<(bool, String)> {
+        let status = self.child.lock().map_err(|_| "poisoned")?.wait()?;
+        let err = match self.stderr.take() {
+            Some(h) => h.join().unwrap_or_default(),
+            None => String::new(),
+        };
+        Ok((status.success(), err))
+    }
+
+    /// Kills the child and fails with `what` and its stderr.
+    fn fail(&mut self, what: String) -> BoxError {
+        let _ = self.kill();
+        let err = self.wait().map(|(_, e)| e).unwrap_or_default();
+        format!("{what}\nchild stderr:\n{err}").into()
+    }
+}
+
+/// Prints one protocol line and flushes it past any buffering.
+fn report(line: &str) -> TestResult {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{MARK}{line}")?;
+    out.flush()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const SIGKILL_TEST: &str = "sigkill_while_scheduling_loses_no_returned_call";
+
+/// Tiny segments, so kills land during segment rolls too.
+fn crash_config(durability: Durability) -> Config {
+    let mut c = Config::default();
+    c.durability = durability;
+    c.segment_bytes = common::SMALL_SEGMENT_BYTES;
+    c
+}
+
+/// Each round runs under one mode; every mode keeps every returned call across a process
+/// crash (README, "Durability contracts").
+fn mode_of(round: u64) -> (&'static str, Durability) {
+    match round % 3 {
+        0 => ("sync", Durability::Sync),
+        1 => ("interval", Durability::Interval(Duration::from_millis(20))),
+        _ => ("buffered", Durability::Buffered),
+    }
+}
+
+fn crash_key(round: u64, i: u64) -> Vec<u8> {
+    key(&format!("r{round}-"), i as usize)
+}
+
+fn crash_payload(round: u64, i: u64) -> Vec<u8> {
+    payload(&format!("crash-r{round}"), i as usize, 100)
+}
+
+/// The child's calls, the same in parent and child: in every five, four schedules (task
+/// `4g..4g+4`, due `base + task` ms) and a cancel of the second of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CrashOp {
+    Schedule(u64),
+    Cancel(u64),
+}
+
+fn crash_op(n: u64) -> CrashOp {
+    let (group, r) = (n / 5, n % 5);
+    if r < 4 {
+        CrashOp::Schedule(4 * group + r)
+    } else {
+        CrashOp::Cancel(4 * group + 1)
+    }
+}
+
+/// A round's live tasks after its first `ops` calls.
+fn crash_state(round: u64, base_ms: u64, ops: u64) -> common::TaskMap {
+    let mut state = common::TaskMap::new();
+    for n in 0..ops {
+        match crash_op(n) {
+            CrashOp::Schedule(i) => {
+                state.insert(crash_key(round, i), (base_ms + i, crash_payload(round, i)));
+            }
+            CrashOp::Cancel(i) => {
+                state.remove(&crash_key(round, i));
+            }
+        }
+    }
+    state
+}
+
+/// Child: makes its calls until killed (a cap keeps a forgotten child from running for
+/// ever), reporting each after it returned.
+fn sigkill_child() -> TestResult {
+    let dir = std::env::var(DIR_VAR)?;
+    let round = env_u64(ROUND_VAR)?;
+    let base_ms = env_u64(BASE_VAR)?;
+    let engine = Engine::open(&dir, crash_config(mode_of(round).1))?;
+    report(&format!("ready {}", engine.recovery().pending))?;
+    for n in 0..100_000u64 {
+        match crash_op(n) {
+            CrashOp::Schedule(i) => {
+                let due = Due::At(kairos::clock::ms_to_system_time(base_ms + i));
+                engine.schedule(&crash_key(round, i), due, &crash_payload(round, i))?;
+            }
+            CrashOp::Cancel(i) => {
+                let outcome = engine.cancel(&crash_key(round, i))?;
+                if outcome != CancelOutcome::Cancelled {
+                    return Err(format!("cancel {i}: {outcome:?}").into());
+                }
+            }
+        }
+        report(&format!("op {n}"))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
+    if child_role().as_deref() == Some(SIGKILL_TEST) {
+        return sigkill_child();
+    }
+    let dir = tempfile::tempdir()?;
+    // Due an hour from now in real time, so nothing fires while children run.
+    let now_ms = kairos::clock::system_time_to_ms(std::time::SystemTime::now()).ok_or("clock")?;
+    let base_ms = now_ms + 3_600_000;
+    let kills = scaled(6, 300) as u64;
+    let mut rng = rand::rng();
+    // round → calls acknowledged.
+    let mut acked: BTreeMap<u64, u64> = BTreeMap::new();
+    for round in 0..kills {
+        let mut child = ChildProc::spawn(SIGKILL_TEST, dir.path(), round, base_ms)?;
+        let pending = match child.next_line()? {
+            Some(l) if l.starts_with("ready ") => l["ready ".len()..].parse::<usize>()?,
+            other => {
+                return Err(child.fail(format!(
+                    "round {round} ({}): child did not open: {other:?}",
+                    mode_of(round).0
+                )))
+            }
+        };
+        // Every earlier round's acknowledged calls are in; its call in flight (a schedule or
+        // a cancel) may be too.
+        let (low, high) = acked.iter().fold((0, 0), |(low, high), (&r, &k)| {
+            let before = crash_state(r, base_ms, k).len();
+            let after = crash_state(r, base_ms, k + 1).len();
+            (low + before.min(after), high + before.max(after))
+        });
+        if !(low..=high).contains(&pending) {
+            return Err(child.fail(format!(
+                "round {round}: child reopened with {pending} pending, expected {low}..={high}"
+            )));
+        }
+        let kill_after = rand::Rng::random_range(&mut rng, 1..=150u64);
+        let mut count = 0;
+        while count < kill_after {
+            match child.next_line()? {
+                Some(l) if l == format!("op {count}") => count += 1,
+                other => return Err(child.fail(format!("round {round}: unexpected {other:?}"))),
+            }
+        }
+        child.kill()?;
+        // Lines already in the pipe are acknowledged calls too.
+        while let Some(l) = child.next_line()? {
+            if l != format!("op {count}") {
+                return Err(child.fail(format!("round {round}: unexpected line {l:?}")));
+            }
+            count += 1;
+        }
+        let (success, _) = child.wait()?;
+        assert!(
+            !success,
+            "round {round}: the child finished before the kill"
+        );
+        acked.insert(round, count);
+    }
+
+    // Reopen on a manual clock past every due time: everything live comes out at once.
+    let clock = ManualClock::new(base_ms + 3_600_000);
+    let engine = Engine::open_with(
+        dir.path(),
+        crash_config(Durability::Sync),
+        Arc::new(FsStorage),
+        Arc::new(clock),
+    )?;
+    let got = common::by_key(&common::drain(&engine)?)?;
+    let mut total = 0;
+    for (&round, &count) in &acked {
+        let prefix = format!("r{round}-").into_bytes();
+        let mine: common::TaskMap = got
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        total += mine.len();
+        // Exactly the acknowledged calls, plus perhaps the one in flight at the kill.
+        let acknowledged = crash_state(round, base_ms, count);
+        if mine != acknowledged && mine != crash_state(round, base_ms, count + 1) {
+            let lost: Vec<_> = acknowledged
+                .keys()
+                .filter(|k| !mine.contains_key(*k))
+                .collect();
+            let extra: Vec<_> = mine
+                .keys()
+                .filter(|k| !acknowledged.contains_key(*k))
+                .collect();
+            return Err(format!(
+                "round {round} ({}): {count} calls acknowledged; lost {lost:?}, unexpected {extra:?}",
+                mode_of(round).0
+            )
+            .into());
+        }
+    }
+    assert_eq!(total, got.len(), "tasks nobody scheduled");
+    engine.shutdown()?;
+    eprintln!(
+        "{kills} SIGKILLs, {} acknowledged calls, {total} tasks recovered (scale {})",
+        acked.values().sum::<u64>(),
+        scale()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const SCENARIO_07_TEST: &str = "scenario_07_cancel_survives_sigkill";
+
+/// Child: on a manual clock, schedule +5 s, move to +1 s, cancel, report, wait to be killed.
+fn scenario_07_child() -> TestResult {
+    let dir = std::env::var(DIR_VAR)?;
+    let clock = ManualClock::new(env_u64(BASE_VAR)?);
+    let engine = Engine::open_with(
+        &dir,
+        crash_config(Durability::Sync),
+        Arc::new(FsStorage),
+        Arc::new(clock.clone()),
+    )?;
+    engine.schedule_after(
+        b"order:7:timeout",
+        Duration::from_secs(5),
+        b"cancel order 7",
+    )?;
+    engine.schedule_after(
+        b"order:8:timeout",
+        Duration::from_secs(5),
+        b"cancel order 8",
+    )?;
+    clock.advance(Duration::from_secs(1));
+    engine.run_until_idle();
+    let outcome = engine.cancel(b"order:7:timeout")?;
+    report(&format!("{outcome:?}"))?;
+    loop {
+        std::thread::park(); // until the SIGKILL
+    }
+}
+
+/// Scenario 7 with a real SIGKILL: schedule +5 s, cancel at +1 s (Cancelled), kill, reopen at
+/// +2 s, run past +10 s: never fires; a second cancel says NotFound.
+#[test]
+fn scenario_07_cancel_survives_sigkill() -> TestResult {
+    if child_role().as_deref() == Some(SCENARIO_07_TEST) {
+        return scenario_07_child();
+    }
+    for round in 0..scaled(1, 20) as u64 {
+        let dir = tempfile::tempdir()?;
+        let mut child = ChildProc::spawn(SCENARIO_07_TEST, dir.path(), round, START_MS)?;
+        let line = child.next_line()?;
+        if line.as_deref() != Some("Cancelled") {
+            return Err(child.fail(format!("cancel at +1 s answered {line:?}, not Cancelled")));
+        }
+        child.kill()?;
+        let (success, _) = child.wait()?;
+        assert!(!success, "the child ended before the kill");
+
+        let clock = ManualClock::new(START_MS + 2_000);
+        let engine = Engine::open_with(
+            dir.path(),
+            crash_config(Durability::Sync),
+            Arc::new(FsStorage),
+            Arc::new(clock.clone()),
+        )?;
+        assert_eq!(engine.recovery().pending, 1);
+        let mut fired = Vec::new();
+        for _ in 0..9 {
+            fired.extend(common::advance(&clock, &engine, Duration::from_secs(1))?);
+        }
+        assert_eq!(
+            common::triples(&fired),
+            vec![(
+                "order:8:timeout".to_string(),
+                b"cancel order 8".to_vec(),
+                START_MS + 5_000
+            )]
+        );
+        assert_eq!(engine.cancel(b"order:7:timeout")?, CancelOutcome::NotFound);
+        engine.shutdown()?;
+    }
+    Ok(())
+}
