@@ -8,6 +8,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map_or("schedule", String::as_str);
     let n: usize = args.get(2).map_or(Ok(1_000_000), |s| s.parse())?;
+    if what == "sync" {
+        let producers: usize = args.get(3).map_or(Ok(8), |s| s.parse())?;
+        return sync_producers(producers, n);
+    }
     let clock = ManualClock::new(1_700_000_000_000);
     let mut config = Config::default();
     config.pending_tasks_max = n + 1;
@@ -47,6 +51,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "schedule {:.0} ns/op; {what} {:.0} ns/op",
         schedule.as_nanos() as f64 / n as f64,
         second.as_nanos() as f64 / n as f64
+    );
+    Ok(())
+}
+
+/// `probe sync N P`: P threads each schedule N single tasks under `Sync` on a
+/// temporary directory; prints tasks/s.
+fn sync_producers(producers: usize, per_producer: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let engine = Engine::open(dir.path(), Config::default())?;
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for p in 0..producers {
+            let engine = &engine;
+            s.spawn(move || {
+                for i in 0..per_producer {
+                    let key = format!("p{p}:order:{i:012}");
+                    if let Err(e) = engine.schedule_after(
+                        key.as_bytes(),
+                        Duration::from_secs(3600),
+                        &[0u8; 100],
+                    ) {
+                        eprintln!("schedule: {e}");
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let elapsed = t.elapsed();
+    engine.shutdown()?;
+    let total = producers * per_producer;
+    println!(
+        "sync: {producers} producers x {per_producer}: {:.0} tasks/s",
+        total as f64 / elapsed.as_secs_f64()
     );
     Ok(())
 }
