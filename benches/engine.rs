@@ -4,17 +4,23 @@
 //! * in-memory engine, 1 M tasks with the DESIGN.md delay mix: schedule,
 //!   cancel, and expire (advance a manual clock past every due time and
 //!   receive every task);
+//! * the same three phases on a peer in the same run: what a user writes
+//!   instead — a `BTreeMap` ordered by due time plus a `HashMap` by key, behind
+//!   a mutex (eager cancel, in-order expiry; the research note's B-tree peer);
 //! * `Sync` on a real directory: single-task schedules from 1 and from 8
 //!   producer threads (group commit), and batches of 1 000.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kairos::{Config, Durability, Engine, ManualClock, NewTask};
+use parking_lot::Mutex;
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MIX_TASKS: usize = 1_000_000;
 const WALL_START_MS: u64 = 1_700_000_000_000;
+const PAYLOAD: &[u8] = b"payload-64-bytes-payload-64-bytes-payload-64-bytes-payload-64-by";
 
 /// Delays in ms with the DESIGN.md mix: 45 % ≤ 30 min, 35 % ≤ 7 d, 20 % ≤ 30 d.
 fn delays_ms(n: usize, seed: u64) -> Vec<u64> {
@@ -49,11 +55,7 @@ fn memory_engine(clock: &ManualClock) -> Engine {
 fn schedule_all(engine: &Engine, keys: &[Vec<u8>], delays: &[u64]) {
     for (k, d) in keys.iter().zip(delays) {
         engine
-            .schedule_after(
-                k,
-                Duration::from_millis(*d),
-                b"payload-64-bytes-payload-64-bytes-payload-64-bytes-payload-64-by",
-            )
+            .schedule_after(k, Duration::from_millis(*d), PAYLOAD)
             .expect("schedule");
     }
 }
@@ -115,6 +117,108 @@ fn in_memory(c: &mut Criterion) {
                 assert_eq!(received, MIX_TASKS);
             }
             total
+        })
+    });
+    g.finish();
+}
+
+/// The peer: a B-tree by (due, seq) and a hash map by key, behind a mutex.
+#[derive(Default)]
+struct BTreeQueue {
+    by_due: BTreeMap<(u64, u64), Vec<u8>>,
+    by_key: HashMap<Vec<u8>, (u64, u64, Vec<u8>)>,
+    seq: u64,
+}
+
+impl BTreeQueue {
+    fn schedule(&mut self, key: &[u8], due_ms: u64, payload: &[u8]) -> bool {
+        if self.by_key.contains_key(key) {
+            return false;
+        }
+        self.seq += 1;
+        self.by_due.insert((due_ms, self.seq), key.to_vec());
+        self.by_key
+            .insert(key.to_vec(), (due_ms, self.seq, payload.to_vec()));
+        true
+    }
+
+    fn cancel(&mut self, key: &[u8]) -> bool {
+        match self.by_key.remove(key) {
+            Some((due, seq, _)) => self.by_due.remove(&(due, seq)).is_some(),
+            None => false,
+        }
+    }
+
+    /// Pops every task due at or before `now_ms`, in order.
+    fn expire(&mut self, now_ms: u64, out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
+        while let Some(entry) = self.by_due.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            let key = entry.remove();
+            if let Some((_, _, payload)) = self.by_key.remove(&key) {
+                out.push((key, payload));
+            }
+        }
+    }
+}
+
+fn peer_fill(keys: &[Vec<u8>], delays: &[u64]) -> Mutex<BTreeQueue> {
+    let q = Mutex::new(BTreeQueue::default());
+    for (k, d) in keys.iter().zip(delays) {
+        assert!(q.lock().schedule(k, WALL_START_MS + d, PAYLOAD));
+    }
+    q
+}
+
+fn peer_btree(c: &mut Criterion) {
+    let keys = keys(MIX_TASKS);
+    let delays = delays_ms(MIX_TASKS, 7);
+    let mut g = c.benchmark_group("peer_btreemap_1M");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(MIX_TASKS as u64));
+    g.bench_function("schedule", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let t = Instant::now();
+                    let q = peer_fill(&keys, &delays);
+                    let elapsed = t.elapsed();
+                    drop(q);
+                    elapsed
+                })
+                .sum()
+        })
+    });
+    g.bench_function("cancel", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let q = peer_fill(&keys, &delays);
+                    let t = Instant::now();
+                    for k in &keys {
+                        assert!(q.lock().cancel(k));
+                    }
+                    t.elapsed()
+                })
+                .sum()
+        })
+    });
+    g.bench_function("expire", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let q = peer_fill(&keys, &delays);
+                    let mut out = Vec::new();
+                    let t = Instant::now();
+                    q.lock().expire(WALL_START_MS + 31 * 86_400_000, &mut out);
+                    let received = out.len();
+                    drop(out);
+                    let elapsed = t.elapsed();
+                    assert_eq!(received, MIX_TASKS);
+                    elapsed
+                })
+                .sum()
         })
     });
     g.finish();
@@ -199,5 +303,5 @@ fn sync_disk(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, in_memory, sync_disk);
+criterion_group!(benches, in_memory, peer_btree, sync_disk);
 criterion_main!(benches);

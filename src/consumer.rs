@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 pub struct Delivery {
     pub(crate) task_id: TaskId,
     pub(crate) slot: u32,
-    pub(crate) key: Arc<[u8]>,
+    pub(crate) key: Box<[u8]>,
     pub(crate) payload: Vec<u8>,
     pub(crate) due_ms: u64,
     pub(crate) fired_ms: u64,

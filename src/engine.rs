@@ -29,6 +29,7 @@ use crate::record::{
 use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
 use crate::wheel::{Expired, InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
 use crossbeam_channel::{Receiver, Sender};
+use hashbrown::HashTable;
 use kairos_wal::format::{FRAME_BODY_BYTES_MAX, RECORD_HEADER_BYTES};
 use kairos_wal::storage::LockGuard;
 use kairos_wal::{
@@ -39,6 +40,7 @@ use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::task::{Wake, Waker};
@@ -128,8 +130,11 @@ struct Core {
     status: Status,
     wheel: Wheel,
     tasks: TaskSlab,
-    /// The tombstone index: key → task slot. O(1) cancel wherever the task is.
-    index: HashMap<Arc<[u8]>, u32, foldhash::fast::RandomState>,
+    /// The tombstone index: key → task slot, O(1) cancel wherever the task
+    /// is. Holds only the slot (4 bytes + 1 control byte); the key lives once,
+    /// in the task, with its hash (so growth never rehashes key bytes).
+    index: HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
     payloads: PayloadStore,
     /// Tasks due at once (scheduled in the past, or due during downtime),
     /// oldest first; entries of cancelled tasks are skipped by id check.
@@ -144,6 +149,30 @@ struct Core {
 }
 
 impl Core {
+    fn key_hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The slot of the live task with `key`, if any.
+    fn find_slot(&self, hash: u64, key: &[u8]) -> Option<u32> {
+        let tasks = &self.tasks;
+        self.index
+            .find(hash, |&slot| {
+                tasks.get(slot).is_some_and(|t| *t.key == *key)
+            })
+            .copied()
+    }
+
+    /// Stores `task` in the slab and the index; `None` if the slab is full.
+    fn insert_task(&mut self, task: Task) -> Option<u32> {
+        let hash = task.key_hash;
+        let slot = self.tasks.insert(task)?;
+        let tasks = &self.tasks;
+        self.index
+            .insert_unique(hash, slot, |&s| tasks.get(s).map_or(0, |t| t.key_hash));
+        Some(slot)
+    }
+
     fn check_open(&self) -> Result<(), Status> {
         match &self.status {
             Status::Open => Ok(()),
@@ -406,7 +435,8 @@ impl Engine {
             status: Status::Open,
             wheel: Wheel::new(),
             tasks: TaskSlab::default(),
-            index: HashMap::with_hasher(foldhash::fast::RandomState::default()),
+            index: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
             payloads: PayloadStore::default(),
             overdue: VecDeque::new(),
             next_id: replayer.max_id + 1,
@@ -746,7 +776,8 @@ impl Shared {
             let payload = core.payloads.put(&t.payload);
             let task = Task {
                 id,
-                key: Arc::from(t.key),
+                key_hash: core.key_hash(&t.key),
+                key: t.key.into_boxed_slice(),
                 due_ms: t.due_ms,
                 payload,
                 state: if redeliver {
@@ -757,11 +788,9 @@ impl Shared {
                 deliveries: t.deliveries,
                 timer: None,
             };
-            let key = Arc::clone(&task.key);
-            let Some(slot) = core.tasks.insert(task) else {
+            let Some(slot) = core.insert_task(task) else {
                 break;
             };
-            core.index.insert(key, slot);
             if redeliver {
                 core.delivered_unacked += 1;
                 recovery.redelivered += 1;
@@ -833,7 +862,10 @@ impl Shared {
                 max: self.config.pending_tasks_max,
             });
         }
-        if let Some(t) = new.iter().find(|t| core.index.contains_key(t.key)) {
+        if let Some(t) = new
+            .iter()
+            .find(|t| core.find_slot(core.key_hash(t.key), t.key).is_some())
+        {
             return Err(ScheduleError::AlreadyExists {
                 key: key_lossy(t.key),
             });
@@ -867,10 +899,10 @@ impl Shared {
         for (i, t) in new.iter().enumerate() {
             let id = TaskId(first_id + i as u64);
             let payload = core.payloads.put(t.payload);
-            let key: Arc<[u8]> = Arc::from(t.key);
             let task = Task {
                 id,
-                key: Arc::clone(&key),
+                key_hash: core.key_hash(t.key),
+                key: t.key.into(),
                 due_ms: due_ms[i],
                 payload,
                 state: TaskState::Scheduled,
@@ -878,10 +910,9 @@ impl Shared {
                 timer: None,
             };
             // pending_tasks_max ≤ u32::MAX (validated), so a slot always exists.
-            let Some(slot) = core.tasks.insert(task) else {
+            let Some(slot) = core.insert_task(task) else {
                 continue;
             };
-            core.index.insert(key, slot);
             match core.wheel.insert(due_ticks[i], slot) {
                 Ok(timer) => {
                     if let Some(task) = core.tasks.get_mut(slot) {
@@ -970,7 +1001,7 @@ impl Shared {
         // Only a multi-key call can name a key twice; a single cancel allocates nothing.
         let mut seen: Option<HashSet<u32>> = (keys.len() > 1).then(HashSet::new);
         for key in keys {
-            let outcome = match core.index.get(*key).copied() {
+            let outcome = match core.find_slot(core.key_hash(key), key) {
                 None => CancelOutcome::NotFound,
                 Some(slot) => match core.tasks.get(slot) {
                     Some(t) if t.state == TaskState::Scheduled => {
@@ -1013,7 +1044,9 @@ impl Shared {
             if task.state == TaskState::Delivered {
                 core.delivered_unacked -= 1;
             }
-            core.index.remove(&task.key);
+            if let Ok(entry) = core.index.find_entry(task.key_hash, |&s| s == slot) {
+                entry.remove();
+            }
             core.payloads.release(task.payload);
             // An overdue-queue entry, if any, is skipped by its id check.
         }
@@ -1200,7 +1233,7 @@ fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
             deliveries.push(Delivery {
                 task_id: id,
                 slot,
-                key: Arc::clone(&task.key),
+                key: task.key.clone(),
                 payload: c.payloads.get(&task.payload).to_vec(),
                 due_ms: task.due_ms,
                 fired_ms,

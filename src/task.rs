@@ -2,7 +2,6 @@
 //! entry, and the component that decides where payload bytes live.
 
 use crate::wheel::TimerKey;
-use std::sync::Arc;
 
 /// Engine-assigned task id: unique for the life of a data directory (never
 /// reused, even after a restart), increasing in scheduling order.
@@ -67,7 +66,9 @@ impl PayloadStore {
 #[derive(Debug)]
 pub(crate) struct Task {
     pub id: TaskId,
-    pub key: Arc<[u8]>,
+    pub key: Box<[u8]>,
+    /// Hash of `key` under the index's hasher.
+    pub key_hash: u64,
     pub due_ms: u64,
     pub payload: PayloadRef,
     pub state: TaskState,
@@ -162,7 +163,8 @@ mod tests {
     fn task(id: u64) -> Task {
         Task {
             id: TaskId(id),
-            key: Arc::from(&b"k"[..]),
+            key: Box::from(&b"k"[..]),
+            key_hash: 0,
             due_ms: 0,
             payload: PayloadRef::Inline(Box::new([])),
             state: TaskState::Scheduled,
