@@ -26,6 +26,7 @@ use crate::record::{
     Record, DELIVER_BYTES, ID_ONLY_BYTES, RECORD_ACK, RECORD_CANCEL, RECORD_DELIVER,
     RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES,
 };
+use crate::replay::{LiveTask, Replay};
 use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
 use crate::wheel::{Expired, InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
 use crossbeam_channel::{Receiver, Sender};
@@ -33,12 +34,11 @@ use hashbrown::HashTable;
 use kairos_wal::format::{FRAME_BODY_BYTES_MAX, RECORD_HEADER_BYTES};
 use kairos_wal::storage::LockGuard;
 use kairos_wal::{
-    AppendTicket, FsStorage, RecordView, RecoveryReport, ReplayError, Storage, Wal, WalError,
-    WalOptions,
+    AppendTicket, FsStorage, RecoveryReport, ReplayError, Storage, Wal, WalError, WalOptions,
 };
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
@@ -226,93 +226,6 @@ impl fmt::Debug for Engine {
     }
 }
 
-struct ReplayTask {
-    key: Vec<u8>,
-    payload: Vec<u8>,
-    due_ms: u64,
-    deliveries: u32,
-}
-
-/// Rebuilds the live task set from log records.
-#[derive(Default)]
-struct Replayer {
-    tasks: HashMap<u64, ReplayTask>,
-    keys: HashSet<Vec<u8>>,
-    max_id: u64,
-}
-
-impl Replayer {
-    fn apply(&mut self, view: RecordView<'_>) -> Result<(), ReplayError> {
-        let record =
-            Record::decode(view.record_type, view.body).map_err(|e| ReplayError(e.to_string()))?;
-        let missing = |what: &str, id: TaskId| {
-            ReplayError(format!("{what} record for task {} which is not live", id.0))
-        };
-        match record {
-            Record::Schedule {
-                id,
-                due_ms,
-                key,
-                payload,
-            } => {
-                if id.0 <= self.max_id {
-                    return Err(ReplayError(format!(
-                        "task id {} is not above the previous maximum {}",
-                        id.0, self.max_id
-                    )));
-                }
-                if !self.keys.insert(key.to_vec()) {
-                    return Err(ReplayError(format!(
-                        "schedule of key {:?} which is already live",
-                        String::from_utf8_lossy(key)
-                    )));
-                }
-                self.max_id = id.0;
-                self.tasks.insert(
-                    id.0,
-                    ReplayTask {
-                        key: key.to_vec(),
-                        payload: payload.to_vec(),
-                        due_ms,
-                        deliveries: 0,
-                    },
-                );
-            }
-            Record::Cancel { id } => match self.tasks.get(&id.0) {
-                Some(t) if t.deliveries == 0 => self.remove(id.0),
-                Some(_) => {
-                    return Err(ReplayError(format!(
-                        "cancel record for task {} which was already delivered",
-                        id.0
-                    )))
-                }
-                None => return Err(missing("cancel", id)),
-            },
-            Record::Deliver { id, .. } => match self.tasks.get_mut(&id.0) {
-                Some(t) => t.deliveries = t.deliveries.saturating_add(1),
-                None => return Err(missing("deliver", id)),
-            },
-            Record::Ack { id } => match self.tasks.get(&id.0) {
-                Some(t) if t.deliveries > 0 => self.remove(id.0),
-                Some(_) => {
-                    return Err(ReplayError(format!(
-                        "ack record for task {} which was never delivered",
-                        id.0
-                    )))
-                }
-                None => return Err(missing("ack", id)),
-            },
-        }
-        Ok(())
-    }
-
-    fn remove(&mut self, id: u64) {
-        if let Some(t) = self.tasks.remove(&id) {
-            self.keys.remove(&t.key);
-        }
-    }
-}
-
 /// Wakes the driver when a manual clock moves.
 struct DriverWaker(Weak<Shared>);
 
@@ -385,15 +298,19 @@ impl Engine {
             durability: config.durability,
             ..WalOptions::default()
         };
-        let mut replayer = Replayer::default();
+        let mut replay = Replay::new(true);
         let (wal, report) = Wal::open(storage, &dir.join("wal"), options, &mut |view| {
-            replayer.apply(view)
+            let record = Record::decode(view.record_type, view.body)
+                .map_err(|e| ReplayError(e.to_string()))?;
+            replay
+                .apply(&record)
+                .map_err(|e| ReplayError(e.to_string()))
         })
         .map_err(|e| match e {
             WalError::Locked { .. } => OpenError::Locked { path: dir.clone() },
             other => OpenError::Wal(other),
         })?;
-        let mut engine = Self::start(config, clock, Some(wal), replayer, report);
+        let mut engine = Self::start(config, clock, Some(wal), replay, report);
         *engine.dir_lock.get_mut() = Some(dir_lock);
         engine.dir = Some(dir);
         Ok(engine)
@@ -412,7 +329,7 @@ impl Engine {
             config,
             clock,
             None,
-            Replayer::default(),
+            Replay::new(false),
             RecoveryReport::default(),
         ))
     }
@@ -421,7 +338,7 @@ impl Engine {
         config: Config,
         clock: Arc<dyn Clock>,
         wal: Option<Wal>,
-        replayer: Replayer,
+        replay: Replay,
         wal_report: RecoveryReport,
     ) -> Engine {
         let tick_ns = config.tick.as_nanos();
@@ -439,7 +356,7 @@ impl Engine {
             hasher: foldhash::fast::RandomState::default(),
             payloads: PayloadStore::default(),
             overdue: VecDeque::new(),
-            next_id: replayer.max_id + 1,
+            next_id: replay.max_id() + 1,
             wal,
             sleep: DriverSleep::Busy,
             stop: false,
@@ -457,7 +374,7 @@ impl Engine {
             idle_cv: Condvar::new(),
             ready_rx,
         });
-        let recovery = shared.load_replayed(replayer, wal_report);
+        let recovery = shared.load_replayed(replay, wal_report);
         shared
             .clock
             .register_waker(Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared)))));
@@ -757,10 +674,10 @@ impl Shared {
         Tick(u64::try_from(ticks).unwrap_or(u64::MAX))
     }
 
-    fn load_replayed(&self, replayer: Replayer, wal: RecoveryReport) -> Recovery {
+    fn load_replayed(&self, replay: Replay, wal: RecoveryReport) -> Recovery {
         let now_ns = self.now_ns();
         let wall_ns = system_time_to_ns(self.clock.now_wall());
-        let mut tasks: Vec<(u64, ReplayTask)> = replayer.tasks.into_iter().collect();
+        let mut tasks: Vec<(u64, LiveTask)> = replay.into_tasks().into_iter().collect();
         // Oldest first; equal due times in scheduling (id) order.
         tasks.sort_unstable_by_key(|(id, t)| (t.due_ms, *id));
         let mut recovery = Recovery {
@@ -777,7 +694,7 @@ impl Shared {
             let task = Task {
                 id,
                 key_hash: core.key_hash(&t.key),
-                key: t.key.into_boxed_slice(),
+                key: t.key,
                 due_ms: t.due_ms,
                 payload,
                 state: if redeliver {

@@ -38,6 +38,7 @@ mod consumer;
 mod engine;
 pub mod error;
 pub mod record;
+pub mod replay;
 mod task;
 pub mod wheel;
 

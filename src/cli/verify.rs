@@ -11,9 +11,9 @@ use super::Verdict;
 use anyhow::{bail, Context as _};
 use clap::Args;
 use kairos::record::Record;
+use kairos::replay::Replay;
 use kairos_wal::{FsStorage, RecordView, ScanReport, SegmentInfo, WalError};
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// Bad records described one by one; the rest are only counted.
@@ -149,18 +149,27 @@ fn log_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(if wal.is_dir() { wal } else { dir.to_path_buf() })
 }
 
-/// Replays record bodies with the engine's rules, counting and collecting
-/// what does not fit.
-#[derive(Debug, Default)]
+/// Replays record bodies with the engine's own rules ([`Replay`]), counting
+/// and collecting what does not fit.
+#[derive(Debug)]
 struct Census {
     records: u64,
     types: TypeCounts,
-    /// Live task id → delivered?
-    live: HashMap<u64, (Vec<u8>, bool)>,
-    live_keys: HashSet<Vec<u8>>,
-    max_id: u64,
+    replay: Replay,
     bad: u64,
     bad_details: Vec<(u64, String)>,
+}
+
+impl Default for Census {
+    fn default() -> Census {
+        Census {
+            records: 0,
+            types: TypeCounts::default(),
+            replay: Replay::new(false),
+            bad: 0,
+            bad_details: Vec::new(),
+        }
+    }
 }
 
 impl Census {
@@ -168,7 +177,10 @@ impl Census {
         self.records += 1;
         let outcome = Record::decode(view.record_type, view.body)
             .map_err(|e| e.to_string())
-            .and_then(|record| self.apply(record));
+            .and_then(|record| {
+                self.count(&record);
+                self.replay.apply(&record).map_err(|e| e.to_string())
+            });
         if let Err(reason) = outcome {
             self.bad += 1;
             if self.bad_details.len() < BAD_RECORDS_SHOWN {
@@ -177,62 +189,14 @@ impl Census {
         }
     }
 
-    /// Applies one record as the engine's recovery does; `Err` says why the
-    /// engine would refuse it.
-    fn apply(&mut self, record: Record<'_>) -> Result<(), String> {
-        match record {
-            Record::Schedule { id, key, .. } => {
-                self.types.schedule += 1;
-                if id.0 <= self.max_id {
-                    return Err(format!(
-                        "task id {} does not exceed the previous {}",
-                        id.0, self.max_id
-                    ));
-                }
-                self.max_id = id.0;
-                if !self.live_keys.insert(key.to_vec()) {
-                    return Err(format!(
-                        "schedule of key {:?}, already live",
-                        String::from_utf8_lossy(key)
-                    ));
-                }
-                self.live.insert(id.0, (key.to_vec(), false));
-            }
-            Record::Cancel { id } => {
-                self.types.cancel += 1;
-                match self.live.get(&id.0) {
-                    Some((_, false)) => self.finish(id.0),
-                    Some((_, true)) => {
-                        return Err(format!("cancel of task {}, already delivered", id.0))
-                    }
-                    None => return Err(format!("cancel of task {}, not live", id.0)),
-                }
-            }
-            Record::Deliver { id, .. } => {
-                self.types.deliver += 1;
-                match self.live.get_mut(&id.0) {
-                    Some((_, delivered)) => *delivered = true,
-                    None => return Err(format!("delivery of task {}, not live", id.0)),
-                }
-            }
-            Record::Ack { id } => {
-                self.types.ack += 1;
-                match self.live.get(&id.0) {
-                    Some((_, true)) => self.finish(id.0),
-                    Some((_, false)) => {
-                        return Err(format!("ack of task {}, never delivered", id.0))
-                    }
-                    None => return Err(format!("ack of task {}, not live", id.0)),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self, id: u64) {
-        if let Some((key, _)) = self.live.remove(&id) {
-            self.live_keys.remove(&key);
-        }
+    fn count(&mut self, record: &Record<'_>) {
+        let counter = match record {
+            Record::Schedule { .. } => &mut self.types.schedule,
+            Record::Cancel { .. } => &mut self.types.cancel,
+            Record::Deliver { .. } => &mut self.types.deliver,
+            Record::Ack { .. } => &mut self.types.ack,
+        };
+        *counter += 1;
     }
 }
 
@@ -272,8 +236,8 @@ impl Verification {
                     bytes_truncated: t.bytes_truncated,
                     first_lost_lsn: t.first_lost_lsn.0,
                 }),
-            live_tasks: census.live.len(),
-            live_delivered: census.live.values().filter(|(_, d)| *d).count(),
+            live_tasks: census.replay.live(),
+            live_delivered: census.replay.tasks().filter(|t| t.deliveries > 0).count(),
             record_types: census.types,
             bad_records: census.bad,
             bad_record_details,
