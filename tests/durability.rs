@@ -298,13 +298,14 @@ fn power_cut_under_interval_after_a_background_sync_loses_nothing() -> TestResul
         let mut rng = SplitMix(seed ^ 0x1e7);
         let count = rng.range(1, 300) as usize;
         let ops = random_workload(h.engine(), START_MS, &mut rng, count)?;
+        // The writer thread writes and syncs in turn, so any sync that
+        // completes after the last call returned covers it. The background
+        // sync may also have completed before this read, leaving nothing to
+        // sync (the writer then never syncs again): after a quiet spell of
+        // 2 500 intervals, that is the case, and nothing may be lost either.
         let synced_before = h.sim.sync_count();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while h.sim.sync_count() == synced_before {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no background sync in 30 s"
-            );
+        let quiet_until = std::time::Instant::now() + Duration::from_secs(5);
+        while h.sim.sync_count() == synced_before && std::time::Instant::now() < quiet_until {
             std::thread::yield_now();
         }
         h.restart(Stop::PowerCut)?;
