@@ -6,6 +6,8 @@ use std::time::Duration;
 
 /// Default tick: the wheel's resolution. 1 ms (tokio, Linux at HZ=1000).
 pub const TICK_DEFAULT: Duration = Duration::from_millis(1);
+/// Coarsest tick accepted: one hour.
+pub const TICK_MAX: Duration = Duration::from_secs(3600);
 /// Default segment roll size of the write-ahead log: 64 MiB (etcd's choice).
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 /// Default longest key, in bytes.
@@ -33,7 +35,7 @@ pub const BATCH_TASKS_MAX: usize = 1_000_000;
 pub struct Config {
     /// Wheel resolution. Due times round *up* to a tick, so a task is never
     /// delivered early and at most one tick late (plus scheduling noise).
-    /// Whole milliseconds, at least 1 ms. Default [`TICK_DEFAULT`].
+    /// Whole milliseconds, 1 ms..=[`TICK_MAX`]. Default [`TICK_DEFAULT`].
     pub tick: Duration,
     /// When a call returns relative to its record reaching stable storage.
     /// Default [`Durability::Sync`]. Ignored by in-memory engines.
@@ -68,16 +70,18 @@ impl Default for Config {
 impl Config {
     /// The tick in whole milliseconds.
     pub(crate) fn tick_ms(&self) -> u64 {
-        self.tick.as_millis() as u64
+        // validate() caps the tick at TICK_MAX, so this never saturates.
+        u64::try_from(self.tick.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Checks every field; the error names the first bad one.
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.tick < Duration::from_millis(1)
+            || self.tick > TICK_MAX
             || !self.tick.subsec_nanos().is_multiple_of(1_000_000)
         {
             return Err(format!(
-                "tick must be a whole number of milliseconds ≥ 1 ms, got {:?}",
+                "tick must be a whole number of milliseconds in 1 ms..=1 h, got {:?}",
                 self.tick
             ));
         }

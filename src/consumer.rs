@@ -15,6 +15,8 @@ use std::time::{Duration, SystemTime};
 /// (at-least-once), with [`Delivery::attempt`] raised.
 #[derive(Clone)]
 pub struct Delivery {
+    /// The engine instance that made it; only that one accepts its ack.
+    pub(crate) engine_id: u64,
     pub(crate) task_id: TaskId,
     pub(crate) slot: u32,
     pub(crate) key: Box<[u8]>,

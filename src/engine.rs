@@ -197,7 +197,13 @@ pub(crate) struct Shared {
     /// `run_until_idle` waits here for the driver to catch up.
     idle_cv: Condvar,
     ready_rx: Receiver<Delivery>,
+    /// Distinguishes this engine instance (this open) from every other in
+    /// the process, so a delivery is only ever acked by the engine that made it.
+    engine_id: u64,
 }
+
+/// Source of [`Shared::engine_id`].
+static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// An embedded delayed-task engine.
 ///
@@ -373,6 +379,7 @@ impl Engine {
             driver_cv: Condvar::new(),
             idle_cv: Condvar::new(),
             ready_rx,
+            engine_id: NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
         let recovery = shared.load_replayed(replay, wal_report);
         shared
@@ -789,9 +796,10 @@ impl Shared {
         }
         let horizon = Tick(core.wheel.elapsed().0.saturating_add(WHEEL_RANGE_TICKS - 1));
         if let Some(i) = due_ticks.iter().position(|&t| t > horizon) {
+            let excess_ms = (due_ticks[i].0 - horizon.0).saturating_mul(self.config.tick_ms());
             return Err(ScheduleError::DueTooFar {
                 due_ms: due_ms[i],
-                max_ms: due_ms[i].saturating_sub(due_ticks[i].0 - horizon.0),
+                max_ms: due_ms[i].saturating_sub(excess_ms),
             });
         }
         let first_id = core.next_id;
@@ -886,8 +894,15 @@ impl Shared {
     fn validate_due(&self, due: Due, wall_ns: i128) -> Result<u64, ScheduleError> {
         let due_ns: i128 = match due {
             Due::At(at) => {
-                if system_time_to_ms(at).is_none() {
+                if at < std::time::UNIX_EPOCH {
                     return Err(ScheduleError::DueBeforeEpoch);
+                }
+                if system_time_to_ms(at).is_none() {
+                    // Past u64::MAX ms: far beyond any delay_max.
+                    return Err(ScheduleError::DueTooFar {
+                        due_ms: u64::MAX,
+                        max_ms: self.latest_due_ms(wall_ns),
+                    });
                 }
                 system_time_to_ns(at)
             }
@@ -897,20 +912,29 @@ impl Shared {
             return Err(ScheduleError::DueBeforeEpoch);
         }
         let due_ms = (due_ns + 999_999) / 1_000_000;
-        let max_ms = (wall_ns.max(0) / 1_000_000) + self.config.delay_max.as_millis() as i128;
-        if due_ms > max_ms {
-            return Err(ScheduleError::DueTooFar {
+        let max_ms = self.latest_due_ms(wall_ns);
+        match u64::try_from(due_ms) {
+            Ok(due_ms) if due_ms <= max_ms => Ok(due_ms),
+            _ => Err(ScheduleError::DueTooFar {
                 due_ms: u64::try_from(due_ms).unwrap_or(u64::MAX),
-                max_ms: u64::try_from(max_ms).unwrap_or(u64::MAX),
-            });
+                max_ms,
+            }),
         }
-        u64::try_from(due_ms).map_err(|_| ScheduleError::DueTooFar {
-            due_ms: u64::MAX,
-            max_ms: u64::try_from(max_ms).unwrap_or(u64::MAX),
-        })
+    }
+
+    /// The latest due time accepted now: wall time + `delay_max`, UTC ms.
+    fn latest_due_ms(&self, wall_ns: i128) -> u64 {
+        let max_ms = (wall_ns.max(0) / 1_000_000) + self.config.delay_max.as_millis() as i128;
+        u64::try_from(max_ms).unwrap_or(u64::MAX)
     }
 
     fn cancel_many(&self, keys: &[&[u8]]) -> Result<Vec<CancelOutcome>, CancelError> {
+        if keys.len() > BATCH_TASKS_MAX {
+            return Err(CancelError::BatchTooLarge {
+                tasks: keys.len(),
+                max: BATCH_TASKS_MAX,
+            });
+        }
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_cancel_error)?;
         let mut outcomes = Vec::with_capacity(keys.len());
@@ -972,10 +996,21 @@ impl Shared {
     /// Acks deliveries with one log write: all of them, or none if any is
     /// not outstanding.
     pub(crate) fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
+        if deliveries.len() > BATCH_TASKS_MAX {
+            return Err(AckError::BatchTooLarge {
+                tasks: deliveries.len(),
+                max: BATCH_TASKS_MAX,
+            });
+        }
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_ack_error)?;
         let mut seen: Option<HashSet<u32>> = (deliveries.len() > 1).then(HashSet::new);
         for d in deliveries {
+            if d.engine_id != self.engine_id {
+                return Err(AckError::NotOutstanding {
+                    task_id: d.task_id.0,
+                });
+            }
             let outstanding = core
                 .tasks
                 .get_checked(d.slot, d.task_id)
@@ -1089,6 +1124,9 @@ fn encode_schedules(new: &[NewTask<'_>], due_ms: &[u64], first_id: u64) -> (Vec<
     (bodies, ends)
 }
 
+/// Most deliver records in one log frame (16 B each: 1 MiB frames).
+const DELIVER_CHUNK_TASKS: usize = 65_536;
+
 /// The driver: advances the wheel by the clock, logs deliveries, hands them
 /// to consumers, sleeps until the next deadline. Never blocks on consumers:
 /// the ready channel is unbounded.
@@ -1148,6 +1186,7 @@ fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
             task.timer = None;
             task.deliveries = task.deliveries.saturating_add(1);
             deliveries.push(Delivery {
+                engine_id: shared.engine_id,
                 task_id: id,
                 slot,
                 key: task.key.clone(),
@@ -1158,13 +1197,23 @@ fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
             });
             Record::Deliver { id, fired_ms }.encode_into(&mut bodies);
         }
-        let Ok(ticket) = shared.append_fixed(&mut core, RECORD_DELIVER, &bodies, DELIVER_BYTES)
-        else {
-            return; // poisoned
-        };
+        // One frame per chunk keeps a huge pass (a backlog after downtime)
+        // within the log's frame size.
+        let mut tickets = Vec::new();
+        for chunk in bodies.chunks(DELIVER_CHUNK_TASKS * DELIVER_BYTES) {
+            match shared.append_fixed(&mut core, RECORD_DELIVER, chunk, DELIVER_BYTES) {
+                Ok(ticket) => tickets.push(ticket),
+                Err(cause) => {
+                    shared.poison_locked(&mut core, cause);
+                    return;
+                }
+            }
+        }
         drop(core);
-        if shared.wait_durable(ticket).is_err() {
-            return;
+        for ticket in tickets {
+            if shared.wait_durable(ticket).is_err() {
+                return;
+            }
         }
         for d in deliveries.drain(..) {
             // The receiver lives in `Shared`, so the channel never disconnects

@@ -122,6 +122,14 @@ pub enum ScheduleError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CancelError {
+    /// More keys than [`crate::config::BATCH_TASKS_MAX`] in one call; nothing was cancelled.
+    #[error("batch of {tasks} keys exceeds the maximum of {max}")]
+    BatchTooLarge {
+        /// Keys in the call.
+        tasks: usize,
+        /// The maximum.
+        max: usize,
+    },
     /// The engine was shut down.
     #[error("the engine is shut down")]
     Closed,
@@ -137,8 +145,17 @@ pub enum CancelError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AckError {
-    /// The delivery is not outstanding: already acked, or from before a restart.
-    #[error("delivery of task {task_id} is not outstanding (already acked or stale)")]
+    /// More deliveries than [`crate::config::BATCH_TASKS_MAX`] in one call; nothing was acked.
+    #[error("batch of {tasks} deliveries exceeds the maximum of {max}")]
+    BatchTooLarge {
+        /// Deliveries in the call.
+        tasks: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// The delivery is not outstanding: already acked, from before a restart,
+    /// or made by another engine.
+    #[error("delivery of task {task_id} is not outstanding (already acked, stale, or from another engine)")]
     NotOutstanding {
         /// The task id in the delivery.
         task_id: u64,

@@ -618,3 +618,86 @@ fn batch_larger_than_a_log_frame_is_rejected_without_poisoning() -> TestResult {
     keepers.insert(b"big-one".to_vec(), (START_MS + 1_000, big));
     assert_survivors(&mut h, &keepers, keepers_end())
 }
+
+/// A delivery is acked only by the engine instance that made it: another engine (here a second
+/// in-memory engine, or the same directory reopened) answers `NotOutstanding` and its own task
+/// stays outstanding.
+#[test]
+fn ack_of_a_delivery_from_another_engine_is_refused() -> TestResult {
+    let clock = ManualClock::new(START_MS);
+    let a = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+    let b = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+    a.schedule_after(b"engine-a-task", Duration::from_millis(5), b"")?;
+    b.schedule_after(b"engine-b-task", Duration::from_millis(5), b"")?;
+    let da = common::advance(&clock, &a, Duration::from_millis(5))?;
+    let db = common::drain(&b)?;
+    assert_eq!((da.len(), db.len()), (1, 1));
+    assert!(matches!(
+        b.ack(&da[0]),
+        Err(AckError::NotOutstanding { task_id: 1 })
+    ));
+    assert_eq!(b.stats().delivered_unacked, 1);
+    b.ack(&db[0])?;
+    a.ack(&da[0])?;
+    assert_eq!(
+        (a.stats().delivered_unacked, b.stats().delivered_unacked),
+        (0, 0)
+    );
+    Ok(())
+}
+
+/// A `SystemTime` too far ahead to count in `u64` milliseconds is `DueTooFar`, not
+/// `DueBeforeEpoch`.
+#[test]
+fn far_future_system_time_is_due_too_far() -> TestResult {
+    let clock = ManualClock::new(START_MS);
+    let engine = Engine::in_memory(Config::default(), Arc::new(clock))?;
+    let far = UNIX_EPOCH + Duration::from_secs(i64::MAX as u64 / 2);
+    match engine.schedule_at(b"far", far, b"") {
+        Err(ScheduleError::DueTooFar { due_ms, max_ms }) => {
+            assert_eq!(due_ms, u64::MAX);
+            assert_eq!(
+                max_ms,
+                START_MS + Config::default().delay_max.as_millis() as u64
+            );
+        }
+        other => return Err(format!("expected DueTooFar, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+/// A tick outside 1 ms..=1 h is a configuration error, not an engine that never fires.
+#[test]
+fn absurd_ticks_are_invalid_config() -> TestResult {
+    for tick in [Duration::from_secs(3601), Duration::from_secs(u64::MAX)] {
+        let mut c = Config::default();
+        c.tick = tick;
+        let got = Engine::in_memory(c, Arc::new(ManualClock::new(START_MS)));
+        assert!(
+            matches!(got, Err(OpenError::InvalidConfig { .. })),
+            "tick {tick:?}: {got:?}"
+        );
+    }
+    Ok(())
+}
+
+/// `cancel_many` and `ack_many` beyond `BATCH_TASKS_MAX` are refused whole, without poisoning.
+#[test]
+fn cancel_and_ack_batches_over_the_limit_are_refused() -> TestResult {
+    let clock = ManualClock::new(START_MS);
+    let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+    engine.schedule_after(b"k", Duration::from_millis(1), b"")?;
+    let keys: Vec<&[u8]> = vec![b"k"; BATCH_TASKS_MAX + 1];
+    assert!(matches!(
+        engine.cancel_many(&keys),
+        Err(CancelError::BatchTooLarge { .. })
+    ));
+    let d = common::advance(&clock, &engine, Duration::from_millis(1))?;
+    let many = vec![d[0].clone(); BATCH_TASKS_MAX + 1];
+    assert!(matches!(
+        engine.ack_many(&many),
+        Err(AckError::BatchTooLarge { .. })
+    ));
+    engine.ack(&d[0])?;
+    Ok(())
+}

@@ -196,6 +196,28 @@ fn demo_refuses_to_remove_a_directory_that_is_not_a_data_directory() {
 }
 
 #[test]
+fn demo_refuses_to_remove_a_directory_open_in_an_engine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let engine = kairos::Engine::open(tmp.path(), kairos::Config::default()).unwrap();
+    engine
+        .schedule_after(b"still-here", std::time::Duration::from_secs(60), b"")
+        .unwrap();
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        tmp.path().to_str().unwrap(),
+        "--tasks",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("open in another engine"));
+    assert_eq!(engine.stats().scheduled, 1);
+    engine.shutdown().unwrap();
+    let reopened = kairos::Engine::open(tmp.path(), kairos::Config::default()).unwrap();
+    assert_eq!(reopened.recovery().pending, 1);
+}
+
+#[test]
 fn help_and_version() {
     let out = kairos(&["--version"]);
     assert!(out.status.success());

@@ -21,6 +21,7 @@ use super::Verdict;
 use anyhow::{bail, ensure, Context as _};
 use clap::{Args, ValueEnum};
 use kairos::{Config, Durability};
+use kairos_wal::{FsStorage, Storage as _};
 use report::{Lateness, Report};
 use session::{Findings, Settings};
 use std::path::{Path, PathBuf};
@@ -50,8 +51,9 @@ If DIR exists it is removed first, so every run starts fresh; a directory that i
 holds neither `wal/` nor `LOCK` is refused rather than removed.
 
 Exit status 1 if an invariant breaks: a task lost, delivered twice, delivered after its cancel \
-returned Cancelled, or delivered early; p99 lateness above --max-p99-ms; or the reopened engine \
-not recovering exactly the tasks that were pending at shutdown.")]
+returned Cancelled, or delivered early; p99 lateness above --max-p99-ms when given (otherwise \
+a p99 above 10 ms is only a warning); or the reopened engine not recovering exactly the tasks \
+that were pending at shutdown. A directory open in another engine is never removed.")]
 pub struct DemoArgs {
     /// Data directory (removed first if it exists).
     #[arg(long, value_name = "DIR", default_value = "./kairos-data")]
@@ -108,11 +110,16 @@ pub struct DemoArgs {
     /// generation), for plotting lateness over time.
     #[arg(long, value_name = "FILE")]
     samples_csv: Option<PathBuf>,
-    /// Largest acceptable p99 lateness, ms; above it the run fails. An unpaced
-    /// burst (`--rate 0`) on a small machine may need more.
-    #[arg(long, value_name = "MS", default_value_t = 10.0)]
-    max_p99_ms: f64,
+    /// Largest acceptable p99 lateness, ms. Given, a p99 above it fails the
+    /// run; by default (10 ms) it only warns, since lateness depends on how
+    /// busy the machine is. An unpaced burst (`--rate 0`) on a small machine
+    /// may need more.
+    #[arg(long, value_name = "MS")]
+    max_p99_ms: Option<f64>,
 }
+
+/// The p99 lateness aim, ms, when `--max-p99-ms` is not given.
+const DEFAULT_MAX_P99_MS: f64 = 10.0;
 
 /// `--durability` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -147,6 +154,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     }
     for violation in &report.violations {
         eprintln!("kairos demo: invariant broken: {violation}");
+    }
+    for warning in &report.warnings {
+        eprintln!("kairos demo: warning: {warning}");
     }
     Ok(if report.ok {
         Verdict::Pass
@@ -234,6 +244,25 @@ fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
          look like a Kairos data directory; choose another --dir",
         dir.display()
     );
+    // Never delete a directory an engine holds open (here or in another
+    // process): take its locks first, and keep them while removing.
+    let _locks = [dir.join("LOCK"), dir.join("wal").join("LOCK")]
+        .iter()
+        .filter(|lock| lock.is_file())
+        .map(|lock| {
+            FsStorage.lock(lock).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::WouldBlock {
+                    anyhow::anyhow!(
+                        "refusing to remove {}: it is open in another engine (lock held on {})",
+                        dir.display(),
+                        lock.display()
+                    )
+                } else {
+                    anyhow::Error::new(e).context(format!("cannot lock {}", lock.display()))
+                }
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))?;
     Ok(true)
 }
@@ -330,9 +359,11 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
         }),
         pending_at_end: f.pending_at_end as u64,
         timed_out: f.timed_out,
-        max_p99_ms: args.max_p99_ms,
+        max_p99_ms: args.max_p99_ms.unwrap_or(DEFAULT_MAX_P99_MS),
+        p99_is_gate: args.max_p99_ms.is_some(),
         ok: false,
         violations: Vec::new(),
+        warnings: Vec::new(),
     };
     report.judge();
     report
