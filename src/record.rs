@@ -92,13 +92,11 @@ impl Record<'_> {
         }
     }
 
-    /// Appends the body's bytes to `out`.
-    ///
-    /// # Panics
-    /// If a schedule's key is longer than `u16::MAX` or its payload longer
-    /// than `u32::MAX` bytes; the engine validates both against far smaller
-    /// configured limits first.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
+    /// Appends the body's bytes to `out`. Crate-internal: the engine has
+    /// already checked a schedule's key (≤ `u16::MAX` bytes) and payload
+    /// (≤ `u32::MAX` bytes) against far smaller configured limits, so the
+    /// length conversions below cannot fail.
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
         match *self {
             Record::Schedule {
                 id,
