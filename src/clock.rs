@@ -33,6 +33,12 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn register_waker(&self, waker: Waker) {
         let _ = waker;
     }
+
+    /// Forgets a waker registered with [`Clock::register_waker`] (an engine
+    /// calls it when it stops). Real clocks ignore it (the default).
+    fn unregister_waker(&self, waker: &Waker) {
+        let _ = waker;
+    }
 }
 
 /// The operating system's clocks: [`SystemTime`] and [`Instant`].
@@ -172,6 +178,10 @@ impl Clock for ManualClock {
         s.wakers.retain(|w| !w.will_wake(&waker));
         s.wakers.push(waker);
     }
+
+    fn unregister_waker(&self, waker: &Waker) {
+        self.state.lock().wakers.retain(|w| !w.will_wake(waker));
+    }
 }
 
 /// Milliseconds since the Unix epoch, or `None` for a time before it or past
@@ -212,6 +222,30 @@ mod tests {
         assert_eq!(c.now_monotonic(), Duration::from_millis(250));
         c.advance_monotonic(Duration::from_millis(5));
         assert_eq!(c.now_monotonic(), Duration::from_millis(255));
+    }
+
+    struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn manual_clock_wakes_registered_wakers_until_unregistered() {
+        let c = ManualClock::new(0);
+        let count = Arc::new(CountingWaker(Default::default()));
+        let waker = Waker::from(Arc::clone(&count));
+        c.register_waker(waker.clone());
+        c.register_waker(waker.clone()); // the same waker once
+        c.advance(Duration::from_millis(1));
+        c.step_wall(5);
+        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+        c.unregister_waker(&waker);
+        c.advance(Duration::from_millis(1));
+        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(c.state.lock().wakers.is_empty());
     }
 
     #[test]

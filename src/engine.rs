@@ -217,6 +217,8 @@ static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 /// yet durable may be lost) and never panics.
 pub struct Engine {
     shared: Arc<Shared>,
+    /// Registered with the clock; unregistered when the engine drops.
+    clock_waker: Waker,
     driver: Mutex<Option<JoinHandle<()>>>,
     dir_lock: Mutex<Option<Box<dyn LockGuard>>>,
     recovery: Recovery,
@@ -382,9 +384,8 @@ impl Engine {
             engine_id: NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
         let recovery = shared.load_replayed(replay, wal_report);
-        shared
-            .clock
-            .register_waker(Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared)))));
+        let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
+        shared.clock.register_waker(clock_waker.clone());
         let driver_shared = Arc::clone(&shared);
         let driver = std::thread::Builder::new()
             .name("kairos-driver".into())
@@ -398,6 +399,7 @@ impl Engine {
         };
         Engine {
             shared,
+            clock_waker,
             driver: Mutex::new(driver),
             dir_lock: Mutex::new(None),
             recovery,
@@ -589,6 +591,7 @@ impl Drop for Engine {
         self.join_driver();
         // Dropping the log without close: like a crash for anything not durable.
         drop(wal);
+        self.shared.clock.unregister_waker(&self.clock_waker);
         self.dir_lock.get_mut().take();
     }
 }
