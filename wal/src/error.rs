@@ -49,10 +49,13 @@ pub enum WalError {
         /// The foreign segment.
         file: PathBuf,
     },
-    /// A segment between two others is missing (sequence numbers or LSNs jump).
-    #[error("missing segment before {}: {reason}", file.display())]
+    /// A segment is missing: between two others (sequence numbers or LSNs jump), below the
+    /// oldest present one (it is not the one `TRIM` names, or not segment 1 when there is no
+    /// `TRIM`), or above the newest (the last clean close, recorded in `CLOSED`, saw it).
+    #[error("missing segment (detected at {}): {reason}", file.display())]
     MissingSegment {
-        /// The segment after the gap.
+        /// The segment right after the gap; if no segment follows it, the file that proves
+        /// the missing one existed (`TRIM` or `CLOSED`).
         file: PathBuf,
         /// Which sequence numbers or LSNs are missing.
         reason: String,

@@ -1,5 +1,5 @@
-//! The on-disk format, byte by byte: constants and codecs for the `META` file, segment headers,
-//! frames and records. `wal/FORMAT.md` is the specification; every constant here mirrors a
+//! The on-disk format, byte by byte: constants and codecs for the `META` file, the `TRIM` and
+//! `CLOSED` bound files, segment headers, frames and records. `wal/FORMAT.md` is the specification; every constant here mirrors a
 //! line of it, and each offset is built from the previous one so the two cannot drift apart
 //! silently (the golden-vector test reads FORMAT.md itself).
 //!
@@ -29,6 +29,12 @@ pub const LOCK_FILE_NAME: &str = "LOCK";
 pub const SEGMENT_SUFFIX: &str = ".seg";
 /// Suffix of files being created; leftovers are removed when the log opens.
 pub const TMP_SUFFIX: &str = ".tmp";
+/// File name of the low-water mark: the oldest segment that must still exist (written by
+/// `Wal::remove_segments_before` before it deletes anything). Absent: segment 1 must exist.
+pub const TRIM_FILE_NAME: &str = "TRIM";
+/// File name of the high-water mark: the newest segment and last LSN at the last clean close.
+/// Absent: no clean close recorded (nothing is checked).
+pub const CLOSED_FILE_NAME: &str = "CLOSED";
 
 // ---------------------------------------------------------------------------------------------
 // META: 32 bytes.
@@ -121,6 +127,146 @@ const _: () = assert!(RECORD_HEADER_BYTES == 5);
 /// Largest value accepted for `WalOptions::record_bytes_max`: one record must fit in a frame.
 pub const RECORD_BYTES_MAX_LIMIT: u32 = FRAME_BODY_BYTES_MAX - RECORD_HEADER_BYTES as u32;
 const _: () = assert!(crate::RECORD_BYTES_MAX_DEFAULT <= RECORD_BYTES_MAX_LIMIT);
+
+// ---------------------------------------------------------------------------------------------
+// Bound files (`TRIM`, `CLOSED`): 48 bytes, one layout, told apart by the magic.
+
+/// Magic at the start of `TRIM`.
+pub const TRIM_MAGIC: [u8; 8] = *b"KAIROSTR";
+/// Magic at the start of `CLOSED`.
+pub const CLOSED_MAGIC: [u8; 8] = *b"KAIROSCL";
+/// Bound file offset of the magic (8 bytes).
+pub const BOUND_MAGIC_OFFSET: usize = 0;
+/// Bound file offset of `format_version` (u16).
+pub const BOUND_VERSION_OFFSET: usize = BOUND_MAGIC_OFFSET + TRIM_MAGIC.len();
+/// Bound file offset of `flags` (u16, must be 0).
+pub const BOUND_FLAGS_OFFSET: usize = BOUND_VERSION_OFFSET + 2;
+/// Bound file offset of `store_id` (16 bytes, equal to META's).
+pub const BOUND_STORE_ID_OFFSET: usize = BOUND_FLAGS_OFFSET + 2;
+/// Bound file offset of `seq` (u64, at least 1).
+pub const BOUND_SEQ_OFFSET: usize = BOUND_STORE_ID_OFFSET + 16;
+/// Bound file offset of `lsn` (u64): `TRIM` — first LSN of segment `seq` (at least 1);
+/// `CLOSED` — last LSN of the log at the clean close (0 if it held none).
+pub const BOUND_LSN_OFFSET: usize = BOUND_SEQ_OFFSET + 8;
+/// Bound file offset of `crc` (u32, CRC-32 of bytes `0..BOUND_CRC_OFFSET`).
+pub const BOUND_CRC_OFFSET: usize = BOUND_LSN_OFFSET + 8;
+/// Size of a bound file in bytes.
+pub const BOUND_FILE_BYTES: usize = BOUND_CRC_OFFSET + 4;
+const _: () = assert!(BOUND_FILE_BYTES == 48);
+const _: () = assert!(CLOSED_MAGIC.len() == TRIM_MAGIC.len());
+
+/// The contents of `TRIM`: segment `seq`, whose first record has LSN `first_lsn`, is the
+/// oldest segment that must exist; older ones are leftovers of a removal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trim {
+    /// Identity of the log directory (equal to META's).
+    pub store_id: StoreId,
+    /// Sequence number of the oldest segment that must exist (at least 1).
+    pub seq: u64,
+    /// First LSN of that segment (at least 1).
+    pub first_lsn: Lsn,
+}
+
+/// The contents of `CLOSED`: at the last clean close the newest segment was `seq` and the log
+/// ended at `last_lsn`, both durable. The log only grows past them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Closed {
+    /// Identity of the log directory (equal to META's).
+    pub store_id: StoreId,
+    /// Sequence number of the newest segment at the close (at least 1).
+    pub seq: u64,
+    /// Last LSN of the log at the close (0 if it held no record).
+    pub last_lsn: Lsn,
+}
+
+fn encode_bound(magic: &[u8; 8], store_id: &StoreId, seq: u64, lsn: u64) -> [u8; BOUND_FILE_BYTES] {
+    let mut b = [0u8; BOUND_FILE_BYTES];
+    b[BOUND_MAGIC_OFFSET..BOUND_VERSION_OFFSET].copy_from_slice(magic);
+    b[BOUND_VERSION_OFFSET..BOUND_FLAGS_OFFSET].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b[BOUND_FLAGS_OFFSET..BOUND_STORE_ID_OFFSET].copy_from_slice(&0u16.to_le_bytes());
+    b[BOUND_STORE_ID_OFFSET..BOUND_SEQ_OFFSET].copy_from_slice(store_id);
+    b[BOUND_SEQ_OFFSET..BOUND_LSN_OFFSET].copy_from_slice(&seq.to_le_bytes());
+    b[BOUND_LSN_OFFSET..BOUND_CRC_OFFSET].copy_from_slice(&lsn.to_le_bytes());
+    let crc = crc32(&b[..BOUND_CRC_OFFSET]);
+    b[BOUND_CRC_OFFSET..BOUND_FILE_BYTES].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Checks length, magic, version (before the CRC, so a future layout is named as such), CRC,
+/// flags and `seq >= 1`; returns `(store_id, seq, lsn)`.
+fn decode_bound(magic: &[u8; 8], bytes: &[u8]) -> Result<(StoreId, u64, u64), HeaderError> {
+    if bytes.len() < BOUND_FILE_BYTES {
+        return Err(HeaderError::Short);
+    }
+    if bytes.len() > BOUND_FILE_BYTES {
+        return Err(HeaderError::Invalid("longer than 48 bytes"));
+    }
+    if bytes[BOUND_MAGIC_OFFSET..BOUND_VERSION_OFFSET] != magic[..] {
+        return Err(HeaderError::BadMagic);
+    }
+    let version = u16_at(bytes, BOUND_VERSION_OFFSET);
+    if version != FORMAT_VERSION {
+        return Err(HeaderError::UnsupportedVersion(version));
+    }
+    if crc32(&bytes[..BOUND_CRC_OFFSET]) != u32_at(bytes, BOUND_CRC_OFFSET) {
+        return Err(HeaderError::BadCrc);
+    }
+    if u16_at(bytes, BOUND_FLAGS_OFFSET) != 0 {
+        return Err(HeaderError::Invalid("flags are not 0"));
+    }
+    let seq = u64_at(bytes, BOUND_SEQ_OFFSET);
+    if seq == 0 {
+        return Err(HeaderError::Invalid("seq is 0"));
+    }
+    let mut store_id = [0u8; 16];
+    store_id.copy_from_slice(&bytes[BOUND_STORE_ID_OFFSET..BOUND_SEQ_OFFSET]);
+    Ok((store_id, seq, u64_at(bytes, BOUND_LSN_OFFSET)))
+}
+
+impl Trim {
+    /// Encodes the 48-byte `TRIM` file.
+    pub fn encode(&self) -> [u8; BOUND_FILE_BYTES] {
+        encode_bound(&TRIM_MAGIC, &self.store_id, self.seq, self.first_lsn.0)
+    }
+
+    /// Decodes and checks a `TRIM` file (exactly [`BOUND_FILE_BYTES`] bytes).
+    ///
+    /// # Errors
+    /// [`HeaderError`]: wrong size or magic, unsupported version, checksum mismatch, non-zero
+    /// flags, `seq` 0 or `first_lsn` 0.
+    pub fn decode(bytes: &[u8]) -> Result<Trim, HeaderError> {
+        let (store_id, seq, first_lsn) = decode_bound(&TRIM_MAGIC, bytes)?;
+        if first_lsn == 0 {
+            return Err(HeaderError::Invalid("first_lsn is 0"));
+        }
+        Ok(Trim {
+            store_id,
+            seq,
+            first_lsn: Lsn(first_lsn),
+        })
+    }
+}
+
+impl Closed {
+    /// Encodes the 48-byte `CLOSED` file.
+    pub fn encode(&self) -> [u8; BOUND_FILE_BYTES] {
+        encode_bound(&CLOSED_MAGIC, &self.store_id, self.seq, self.last_lsn.0)
+    }
+
+    /// Decodes and checks a `CLOSED` file (exactly [`BOUND_FILE_BYTES`] bytes).
+    ///
+    /// # Errors
+    /// [`HeaderError`]: wrong size or magic, unsupported version, checksum mismatch, non-zero
+    /// flags or `seq` 0.
+    pub fn decode(bytes: &[u8]) -> Result<Closed, HeaderError> {
+        let (store_id, seq, last_lsn) = decode_bound(&CLOSED_MAGIC, bytes)?;
+        Ok(Closed {
+            store_id,
+            seq,
+            last_lsn: Lsn(last_lsn),
+        })
+    }
+}
 
 /// What a frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

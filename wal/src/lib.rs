@@ -30,7 +30,10 @@
 //! *frames*; a frame is one [`Wal::append`] (all its records survive a crash or none does).
 //! Every byte is specified in `FORMAT.md` next to this crate; [`mod@format`] holds the constants
 //! and codecs. Segments roll at [`WalOptions::segment_bytes`]; once a checkpoint covers their
-//! records, [`Wal::remove_segments_before`] deletes them, oldest first.
+//! records, [`Wal::remove_segments_before`] deletes them after recording the new oldest
+//! segment in `DIR/TRIM`. A clean close records the newest segment and last LSN in
+//! `DIR/CLOSED`. So a deleted segment is reported ([`WalError::MissingSegment`]) whether it was
+//! between two others, the oldest, or — after a clean close — the newest.
 //!
 //! ## Durability
 //!

@@ -13,8 +13,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::format::{
-    self, FrameHeader, FrameKind, HeaderError, SegmentHeader, StoreId, FRAME_BODY_BYTES_MAX,
-    FRAME_HEADER_BYTES, META_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+    self, Closed, FrameHeader, FrameKind, HeaderError, SegmentHeader, StoreId, Trim,
+    BOUND_FILE_BYTES, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES, META_BYTES, RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
 };
 use crate::storage::OpenMode;
 use crate::{Lsn, RecordView, ReplayError, Storage, StorageFile, WalError};
@@ -72,6 +73,10 @@ pub struct ScanReport {
     pub clean_shutdown: bool,
     /// The unsynced torn tail [`Wal::open`](crate::Wal::open) would truncate, if any.
     pub torn_tail: Option<TornTail>,
+    /// Segments older than the low-water mark in `TRIM`: leftovers of a
+    /// [`Wal::remove_segments_before`](crate::Wal::remove_segments_before) cut short by a
+    /// crash. Not checked, not counted; [`Wal::open`](crate::Wal::open) removes them.
+    pub leftover_segments: Vec<PathBuf>,
 }
 
 /// One segment as [`scan`] saw it.
@@ -79,6 +84,8 @@ pub struct ScanReport {
 pub struct SegmentInfo {
     /// Path of the segment file.
     pub file: PathBuf,
+    /// Sequence number of the segment.
+    pub seq: u64,
     /// File size in bytes (including any torn tail).
     pub bytes: u64,
     /// Valid records in the segment.
@@ -105,6 +112,8 @@ pub(crate) struct Analysis {
     pub torn_tail: Option<TornTail>,
     /// The newest segment, `None` if there is none.
     pub tail: Option<Tail>,
+    /// Segments below the `TRIM` mark (ignored; open removes them).
+    pub leftovers: Vec<PathBuf>,
 }
 
 /// The newest segment and what open must do with it.
@@ -185,38 +194,151 @@ pub(crate) fn list_dir(
     Ok((segments, tmps))
 }
 
-/// Reads `META` of `dir`: `Ok(None)` if it does not exist.
+/// Reads the small fixed-size file `dir/name` into `bytes`: `Ok(false)` if it does not exist.
 ///
 /// # Errors
-/// I/O errors; [`WalError::Corrupt`] or [`WalError::UnsupportedVersion`] for a bad file.
-pub(crate) fn read_meta(storage: &dyn Storage, dir: &Path) -> Result<Option<StoreId>, WalError> {
-    let path = dir.join(format::META_FILE_NAME);
+/// I/O errors; [`WalError::Corrupt`] if its size is not `bytes.len()`.
+fn read_fixed(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    bytes: &mut [u8],
+) -> Result<bool, WalError> {
+    let path = dir.join(name);
     if !storage
         .exists(&path)
         .map_err(|e| io_error("stat", &path, e))?
     {
-        return Ok(None);
+        return Ok(false);
     }
     let file = storage
         .open(&path, OpenMode::Read)
         .map_err(|e| io_error("open", &path, e))?;
     let len = file.len().map_err(|e| io_error("stat", &path, e))?;
-    if len != META_BYTES as u64 {
+    if len != bytes.len() as u64 {
         return Err(corrupt(
             &path,
             0,
-            format!("META is {len} bytes, expected {META_BYTES}"),
+            format!("{name} is {len} bytes, expected {}", bytes.len()),
         ));
     }
-    let mut bytes = [0u8; META_BYTES];
-    read_exact_at(file.as_ref(), &mut bytes, 0).map_err(|e| io_error("read", &path, e))?;
-    match format::decode_meta(&bytes) {
-        Ok(id) => Ok(Some(id)),
-        Err(HeaderError::UnsupportedVersion(version)) => Err(WalError::UnsupportedVersion {
-            file: path,
+    read_exact_at(file.as_ref(), bytes, 0).map_err(|e| io_error("read", &path, e))?;
+    Ok(true)
+}
+
+/// Turns a decoding error of `dir/name` into the error recovery reports.
+fn header_error(dir: &Path, name: &str, error: HeaderError) -> WalError {
+    match error {
+        HeaderError::UnsupportedVersion(version) => WalError::UnsupportedVersion {
+            file: dir.join(name),
             version,
-        }),
-        Err(e) => Err(corrupt(&path, 0, format!("invalid META: {e}"))),
+        },
+        e => corrupt(&dir.join(name), 0, format!("invalid {name}: {e}")),
+    }
+}
+
+/// Reads `META` of `dir`: `Ok(None)` if it does not exist.
+///
+/// # Errors
+/// I/O errors; [`WalError::Corrupt`] or [`WalError::UnsupportedVersion`] for a bad file.
+pub(crate) fn read_meta(storage: &dyn Storage, dir: &Path) -> Result<Option<StoreId>, WalError> {
+    let name = format::META_FILE_NAME;
+    let mut bytes = [0u8; META_BYTES];
+    if !read_fixed(storage, dir, name, &mut bytes)? {
+        return Ok(None);
+    }
+    format::decode_meta(&bytes)
+        .map(Some)
+        .map_err(|e| header_error(dir, name, e))
+}
+
+/// Checks that a bound file belongs to this log.
+fn check_bound_store_id(
+    dir: &Path,
+    name: &str,
+    found: &StoreId,
+    store_id: &StoreId,
+) -> Result<(), WalError> {
+    if found == store_id {
+        Ok(())
+    } else {
+        Err(corrupt(
+            &dir.join(name),
+            0,
+            format!("{name} carries another log's store id than META"),
+        ))
+    }
+}
+
+/// Reads `TRIM` of `dir` (the low-water mark): `Ok(None)` if it does not exist.
+///
+/// # Errors
+/// I/O errors; [`WalError::Corrupt`] (naming the file) for a damaged file or one of another
+/// log; [`WalError::UnsupportedVersion`].
+pub(crate) fn read_trim(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: &StoreId,
+) -> Result<Option<Trim>, WalError> {
+    let name = format::TRIM_FILE_NAME;
+    let mut bytes = [0u8; BOUND_FILE_BYTES];
+    if !read_fixed(storage, dir, name, &mut bytes)? {
+        return Ok(None);
+    }
+    let trim = Trim::decode(&bytes).map_err(|e| header_error(dir, name, e))?;
+    check_bound_store_id(dir, name, &trim.store_id, store_id)?;
+    Ok(Some(trim))
+}
+
+/// Reads `CLOSED` of `dir` (the high-water mark of the last clean close): `Ok(None)` if it
+/// does not exist.
+///
+/// # Errors
+/// As [`read_trim`].
+pub(crate) fn read_closed(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: &StoreId,
+) -> Result<Option<Closed>, WalError> {
+    let name = format::CLOSED_FILE_NAME;
+    let mut bytes = [0u8; BOUND_FILE_BYTES];
+    if !read_fixed(storage, dir, name, &mut bytes)? {
+        return Ok(None);
+    }
+    let closed = Closed::decode(&bytes).map_err(|e| header_error(dir, name, e))?;
+    check_bound_store_id(dir, name, &closed.store_id, store_id)?;
+    Ok(Some(closed))
+}
+
+/// For a directory without `META`: a new log unless a segment, `TRIM` or `CLOSED` says one
+/// existed.
+///
+/// # Errors
+/// [`WalError::Corrupt`] naming `META` if such a file exists; I/O errors.
+pub(crate) fn check_meta_absent(
+    storage: &dyn Storage,
+    dir: &Path,
+    segments: &[SegmentFile],
+) -> Result<(), WalError> {
+    let meta = dir.join(format::META_FILE_NAME);
+    let mut found = segments.first().map(|s| s.path.clone());
+    for name in [format::TRIM_FILE_NAME, format::CLOSED_FILE_NAME] {
+        let path = dir.join(name);
+        if found.is_none()
+            && storage
+                .exists(&path)
+                .map_err(|e| io_error("stat", &path, e))?
+        {
+            found = Some(path);
+        }
+    }
+    match found {
+        Some(path) => Err(corrupt(
+            &meta,
+            0,
+            format!("META is missing but {} exists", path.display()),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -535,12 +657,87 @@ struct Checked {
     len: u64,
 }
 
+/// The oldest segment that must exist: the one `TRIM` names, or segment 1 at LSN 1.
+#[derive(Clone, Copy, Debug)]
+struct Floor {
+    seq: u64,
+    first_lsn: u64,
+    from_trim: bool,
+}
+
+impl Floor {
+    fn new(trim: Option<&Trim>) -> Floor {
+        match trim {
+            Some(trim) => Floor {
+                seq: trim.seq,
+                first_lsn: trim.first_lsn.0,
+                from_trim: true,
+            },
+            None => Floor {
+                seq: 1,
+                first_lsn: 1,
+                from_trim: false,
+            },
+        }
+    }
+
+    /// Why this segment must exist, for error messages.
+    fn rule(&self) -> String {
+        if self.from_trim {
+            format!(
+                "{} says segment seq {} (first LSN {}) is the oldest that must exist",
+                format::TRIM_FILE_NAME,
+                self.seq,
+                self.first_lsn
+            )
+        } else {
+            format!(
+                "there is no {} file, so segment seq 1 (first LSN 1) must exist",
+                format::TRIM_FILE_NAME
+            )
+        }
+    }
+
+    /// Checks that `oldest` (the oldest segment at or above the floor) is the floor segment.
+    fn check(&self, oldest: &SegmentFile) -> Result<(), WalError> {
+        if oldest.seq > self.seq {
+            return Err(WalError::MissingSegment {
+                file: oldest.path.clone(),
+                reason: format!(
+                    "the oldest segment is seq {} (first LSN {}), but {}: seq {}..={} (LSNs from {}) missing",
+                    oldest.seq,
+                    oldest.first_lsn.0,
+                    self.rule(),
+                    self.seq,
+                    oldest.seq - 1,
+                    self.first_lsn
+                ),
+            });
+        }
+        if oldest.first_lsn.0 != self.first_lsn {
+            return Err(corrupt(
+                &oldest.path,
+                0,
+                format!(
+                    "segment seq {} starts at LSN {}, but {}",
+                    oldest.seq,
+                    oldest.first_lsn.0,
+                    self.rule()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// First pass: every header, before any frame — so a foreign, missing or future-version
-/// segment is named as such rather than as damage in its neighbour.
+/// segment is named as such rather than as damage in its neighbour. `files` are the segments
+/// at or above `floor`, oldest first; the first must be the floor segment.
 fn check_headers(
     storage: &dyn Storage,
     store_id: &StoreId,
     files: Vec<SegmentFile>,
+    floor: &Floor,
 ) -> Result<Vec<Checked>, WalError> {
     let count = files.len();
     let mut checked: Vec<Checked> = Vec::with_capacity(count);
@@ -572,6 +769,9 @@ fn check_headers(
         } else if segment.first_lsn.0 == 0 {
             return Err(corrupt(path, 0, "segment file name says first LSN 0"));
         }
+        if checked.is_empty() {
+            floor.check(&segment)?;
+        }
         if let Some(previous) = checked.last() {
             if previous.file.seq.checked_add(1) != Some(segment.seq) {
                 return Err(WalError::MissingSegment {
@@ -596,7 +796,8 @@ fn check_headers(
 }
 
 /// Reads and checks every segment of `dir` for the log `store_id`, calling `visit` for every
-/// valid record in LSN order, and decides what the newest segment's tail is. Never writes.
+/// valid record in LSN order, and decides what the newest segment's tail is. Segments below
+/// the `TRIM` mark are left out (listed in [`Analysis::leftovers`]). Never writes.
 pub(crate) fn analyze(
     storage: &dyn Storage,
     dir: &Path,
@@ -604,9 +805,65 @@ pub(crate) fn analyze(
     record_bytes_max: u32,
     visit: &mut Visit<'_>,
 ) -> Result<Analysis, WalError> {
+    // The directory is listed before TRIM is read: a removal writes TRIM before it deletes
+    // anything, so a segment missing from this listing is below whatever TRIM says next.
     let (files, _) = list_dir(storage, dir)?;
-    let checked = check_headers(storage, store_id, files)?;
-    let mut analysis = Analysis::default();
+    let trim = read_trim(storage, dir, store_id)?;
+    let closed = read_closed(storage, dir, store_id)?;
+    let floor = Floor::new(trim.as_ref());
+    let (leftovers, files): (Vec<SegmentFile>, Vec<SegmentFile>) =
+        files.into_iter().partition(|f| f.seq < floor.seq);
+    for leftover in &leftovers {
+        tracing::info!(
+            file = %leftover.path.display(),
+            trim_seq = floor.seq,
+            "segment below the TRIM mark: leftover of an interrupted removal"
+        );
+    }
+    if files.is_empty() {
+        if trim.is_some() {
+            return Err(WalError::MissingSegment {
+                file: dir.join(format::TRIM_FILE_NAME),
+                reason: format!(
+                    "no segment at or after seq {} exists, but {}",
+                    floor.seq,
+                    floor.rule()
+                ),
+            });
+        }
+        if let Some(closed) = &closed {
+            return Err(WalError::MissingSegment {
+                file: dir.join(format::CLOSED_FILE_NAME),
+                reason: format!(
+                    "no segment exists, but the log was cleanly closed with segment seq {} at LSN {}",
+                    closed.seq, closed.last_lsn.0
+                ),
+            });
+        }
+    }
+    let checked = check_headers(storage, store_id, files, &floor)?;
+    // The high-water mark of the last clean close: segment `seq` existed and every LSN up to
+    // `last_lsn` was durable; the log only grows past both.
+    let closed_lsn = closed.map_or(0, |c| c.last_lsn.0);
+    if let (Some(closed), Some(newest)) = (&closed, checked.last()) {
+        if newest.file.seq < closed.seq {
+            return Err(WalError::MissingSegment {
+                file: dir.join(format::CLOSED_FILE_NAME),
+                reason: format!(
+                    "the newest segment is seq {}, but the log was cleanly closed with segment seq {} at LSN {}: seq {}..={} missing",
+                    newest.file.seq,
+                    closed.seq,
+                    closed.last_lsn.0,
+                    newest.file.seq + 1,
+                    closed.seq
+                ),
+            });
+        }
+    }
+    let mut analysis = Analysis {
+        leftovers: leftovers.into_iter().map(|f| f.path).collect(),
+        ..Analysis::default()
+    };
     let count = checked.len();
     // Last LSN of the previous segment.
     let mut previous_last: Option<u64> = None;
@@ -618,6 +875,16 @@ pub(crate) fn analyze(
             // An unwritten newest segment: its name is all we know.
             let first = segment.file.first_lsn.0;
             check_lsn_continuity(path, previous_last, first - 1)?;
+            if closed_lsn >= first {
+                return Err(corrupt(
+                    path,
+                    0,
+                    format!(
+                        "the newest segment has no valid header, but LSN {first} in it was durable (the last clean close recorded LSN {closed_lsn} in {})",
+                        format::CLOSED_FILE_NAME
+                    ),
+                ));
+            }
             analysis.torn_tail = Some(TornTail {
                 file: path.clone(),
                 offset: 0,
@@ -626,6 +893,7 @@ pub(crate) fn analyze(
             });
             analysis.segments.push(SegmentInfo {
                 file: path.clone(),
+                seq: segment.file.seq,
                 bytes: len,
                 records: 0,
                 first_lsn: Lsn(first),
@@ -674,7 +942,8 @@ pub(crate) fn analyze(
         }
         let mut valid_end = scan.end;
         if let Some(damage) = &scan.damage {
-            // Every LSN of older segments is durable (they were synced before sealing).
+            // Every LSN of older segments is durable (they were synced before sealing), and so
+            // is every LSN up to the last clean close.
             let durable_mark = header.prev_last_lsn.max(damage.synced_after);
             if durable_mark >= scan.next_lsn {
                 return Err(corrupt(
@@ -683,6 +952,19 @@ pub(crate) fn analyze(
                     format!(
                         "{}; LSN {} was already durable (a later frame records synced LSN {})",
                         damage.reason, scan.next_lsn, durable_mark
+                    ),
+                ));
+            }
+            if closed_lsn >= scan.next_lsn {
+                return Err(corrupt(
+                    path,
+                    damage.offset,
+                    format!(
+                        "{}; LSN {} was already durable (the last clean close recorded LSN {} in {})",
+                        damage.reason,
+                        scan.next_lsn,
+                        closed_lsn,
+                        format::CLOSED_FILE_NAME
                     ),
                 ));
             }
@@ -702,11 +984,24 @@ pub(crate) fn analyze(
             });
             valid_end = damage.offset;
         }
+        if is_last && scan.next_lsn - 1 < closed_lsn {
+            return Err(corrupt(
+                path,
+                scan.end,
+                format!(
+                    "the log ends at LSN {}, but the last clean close recorded LSN {} in {}: durable records are missing",
+                    scan.next_lsn - 1,
+                    closed_lsn,
+                    format::CLOSED_FILE_NAME
+                ),
+            ));
+        }
         if analysis.segments.is_empty() {
             analysis.first_lsn = Lsn(first_lsn);
         }
         analysis.segments.push(SegmentInfo {
             file: path.clone(),
+            seq: header.seq,
             bytes: len,
             records: scan.records,
             first_lsn: Lsn(first_lsn),
@@ -813,7 +1108,9 @@ fn check_lsn_continuity(
 /// [`RECORD_BYTES_MAX_LIMIT`](crate::format::RECORD_BYTES_MAX_LIMIT)); `visit` sees every
 /// valid record in LSN order — on an error, those before the damage.
 ///
-/// An empty or missing-`META` directory with no segments is an empty log.
+/// An empty or missing-`META` directory with no segments is an empty log. Segments below the
+/// `TRIM` mark (left over by an interrupted removal) are not checked; they are listed in
+/// [`ScanReport::leftover_segments`].
 ///
 /// # Errors
 /// [`WalError::Corrupt`] (file and offset of the damage), [`WalError::ForeignSegment`],
@@ -835,16 +1132,7 @@ pub fn scan(
         Some(id) => id,
         None => {
             let (segments, _) = list_dir(storage, dir)?;
-            if let Some(first) = segments.first() {
-                return Err(corrupt(
-                    &dir.join(format::META_FILE_NAME),
-                    0,
-                    format!(
-                        "META is missing but segment {} exists",
-                        first.path.display()
-                    ),
-                ));
-            }
+            check_meta_absent(storage, dir, &segments)?;
             return Ok(ScanReport::default());
         }
     };
@@ -859,5 +1147,6 @@ pub fn scan(
         last_lsn: analysis.last_lsn,
         clean_shutdown: analysis.clean_shutdown,
         torn_tail: analysis.torn_tail,
+        leftover_segments: analysis.leftovers,
     })
 }

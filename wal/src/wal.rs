@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::format::{
-    self, FrameKind, SegmentHeader, StoreId, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES,
-    RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+    self, Closed, FrameKind, SegmentHeader, StoreId, Trim, FRAME_BODY_BYTES_MAX,
+    FRAME_HEADER_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::recovery::{self, Analysis};
 use crate::storage::{LockGuard, OpenMode};
@@ -36,6 +36,7 @@ pub struct Wal {
     shared: Arc<Shared>,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
+    store_id: StoreId,
     writer: Option<JoinHandle<Result<(), WalError>>>,
     // Dropped after `writer` has been joined (see `Drop`), so no other open can start while
     // the writer may still touch the files.
@@ -80,13 +81,14 @@ struct Shared {
     progress: Condvar,
     durability: Durability,
     record_bytes_max: u32,
-    /// Sealed segments still on disk, oldest first.
+    /// Sealed segments still on disk whose successor exists durably, oldest first.
     sealed: Mutex<Vec<SealedSegment>>,
 }
 
 #[derive(Debug, Clone)]
 struct SealedSegment {
     path: PathBuf,
+    seq: u64,
     last_lsn: u64,
 }
 
@@ -257,6 +259,41 @@ fn create_segment(
     })
 }
 
+/// Replaces the small file `dir/name` with `bytes`, crash-safely: write `name.tmp` (a stale
+/// one is removed first), fdatasync, rename over `name`, fsync the directory. A crash leaves
+/// the old file or the new one, and at most a `.tmp` leftover.
+fn write_file_atomically(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), WalError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}{}", format::TMP_SUFFIX));
+    if storage
+        .exists(&tmp)
+        .map_err(|e| io_error("stat", &tmp, e))?
+    {
+        storage
+            .remove_file(&tmp)
+            .map_err(|e| io_error("remove", &tmp, e))?;
+    }
+    let file = storage
+        .open(&tmp, OpenMode::CreateNew)
+        .map_err(|e| io_error("create", &tmp, e))?;
+    file.write_all_at(bytes, 0)
+        .map_err(|e| io_error("write", &tmp, e))?;
+    file.sync_data()
+        .map_err(|e| io_error("fdatasync", &tmp, e))?;
+    drop(file);
+    storage
+        .rename(&tmp, &path)
+        .map_err(|e| io_error("rename", &tmp, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| io_error("fsync dir", dir, e))
+}
+
 /// Writes `META` for a new log: tmp, fdatasync, rename, fsync the directory.
 fn create_meta(storage: &dyn Storage, dir: &Path) -> Result<StoreId, WalError> {
     let store_id = storage
@@ -386,10 +423,12 @@ impl Wal {
     /// store id, first segment), and recovers it.
     ///
     /// Steps: create `dir` (mode 0700) and fsync its parent if it was missing; take `dir/LOCK`;
-    /// remove leftover `*.tmp` files; read or create `META`; read every segment in order,
-    /// calling `replay` once per surviving record in LSN order; truncate an unsynced torn tail
-    /// of the newest segment (see [`TornTail`](crate::TornTail)) and fdatasync it; roll to a
-    /// new segment if the newest one is sealed; start the writer thread.
+    /// remove leftover `*.tmp` files; read or create `META`; read `TRIM` and `CLOSED`; read
+    /// every segment from the one `TRIM` names (segment 1 without it) in order, calling
+    /// `replay` once per surviving record in LSN order; remove segments below the `TRIM` mark
+    /// (left over by an interrupted [`Wal::remove_segments_before`]); truncate an unsynced torn
+    /// tail of the newest segment (see [`TornTail`](crate::TornTail)) and fdatasync it; roll to
+    /// a new segment if the newest one is sealed; start the writer thread.
     ///
     /// On error, `replay` may already have seen a prefix of the records; discard what it built.
     ///
@@ -426,16 +465,7 @@ impl Wal {
         let store_id = match recovery::read_meta(storage.as_ref(), dir)? {
             Some(id) => id,
             None => {
-                if let Some(first) = segments.first() {
-                    return Err(WalError::Corrupt {
-                        file: dir.join(format::META_FILE_NAME),
-                        offset: 0,
-                        reason: format!(
-                            "META is missing but segment {} exists",
-                            first.path.display()
-                        ),
-                    });
-                }
+                recovery::check_meta_absent(storage.as_ref(), dir, &segments)?;
                 create_meta(storage.as_ref(), dir)?
             }
         };
@@ -447,6 +477,18 @@ impl Wal {
             options.record_bytes_max,
             &mut adapter,
         )?;
+        // Segments below the TRIM mark: a removal was cut short after TRIM was durable.
+        for path in &analysis.leftovers {
+            tracing::info!(file = %path.display(), "removing a segment below the TRIM mark");
+            storage
+                .remove_file(path)
+                .map_err(|e| io_error("remove", path, e))?;
+        }
+        if !analysis.leftovers.is_empty() {
+            storage
+                .sync_dir(dir)
+                .map_err(|e| io_error("fsync dir", dir, e))?;
+        }
         let (active, created) = prepare_active(storage.as_ref(), dir, &store_id, &analysis)?;
         let last = analysis.last_lsn.0;
         let sealed: Vec<SealedSegment> = analysis
@@ -455,6 +497,7 @@ impl Wal {
             .filter(|s| s.sealed)
             .map(|s| SealedSegment {
                 path: s.file.clone(),
+                seq: s.seq,
                 last_lsn: s.last_lsn.0,
             })
             .collect();
@@ -514,6 +557,7 @@ impl Wal {
             shared,
             storage,
             dir: dir.to_path_buf(),
+            store_id,
             writer: Some(handle),
             _lock: Some(lock),
         };
@@ -664,38 +708,58 @@ impl Wal {
         }
     }
 
-    /// Removes every sealed segment whose records all have LSNs below `lsn`, oldest first,
-    /// fsyncing the directory after each removal so a crash leaves a contiguous suffix. Call it
-    /// once a checkpoint covers those records. The active segment is never removed. Returns the
+    /// Removes every sealed segment whose records all have LSNs below `lsn`. Call it once a
+    /// checkpoint covers those records. The active segment is never removed. Returns the
     /// number of files removed.
     ///
+    /// Before deleting anything it durably records the new low-water mark — the oldest segment
+    /// kept and its first LSN — in `TRIM` (tmp, fdatasync, rename, directory fsync); then it
+    /// removes the segments and fsyncs the directory once. After a crash at any point, open
+    /// finds either the old mark with every segment, or the new mark with some segments below
+    /// it left over (they are removed then). A deleted segment at or above the mark is
+    /// reported as [`WalError::MissingSegment`].
+    ///
     /// # Errors
-    /// [`WalError::Io`] if a removal or directory sync failed (the log is not poisoned: the
-    /// segments still on disk stay valid).
+    /// [`WalError::Io`] if writing `TRIM`, a removal or the directory sync failed (the log is
+    /// not poisoned: the segments still on disk stay valid, and a later call retries).
     pub fn remove_segments_before(&self, lsn: Lsn) -> Result<usize, WalError> {
         let mut sealed = self.shared.sealed.lock();
-        let mut removed = 0;
-        while let Some(oldest) = sealed.first() {
-            if oldest.last_lsn >= lsn.0 {
-                break;
-            }
-            let path = oldest.path.clone();
+        let count = sealed.iter().take_while(|s| s.last_lsn < lsn.0).count();
+        let Some(newest_removed) = count.checked_sub(1).map(|i| sealed[i].clone()) else {
+            return Ok(0);
+        };
+        // Sealed segments are listed only once their successor exists durably (`roll`), so
+        // the segment the mark names is on disk.
+        let trim = Trim {
+            store_id: self.store_id,
+            seq: next_seq(newest_removed.seq, &newest_removed.path)?,
+            first_lsn: Lsn(newest_removed.last_lsn + 1),
+        };
+        write_file_atomically(
+            self.storage.as_ref(),
+            &self.dir,
+            format::TRIM_FILE_NAME,
+            &trim.encode(),
+        )?;
+        tracing::debug!(seq = trim.seq, first_lsn = trim.first_lsn.0, "wrote TRIM");
+        for _ in 0..count {
+            let path = sealed[0].path.clone();
             self.storage
                 .remove_file(&path)
                 .map_err(|e| io_error("remove", &path, e))?;
             sealed.remove(0);
-            self.storage
-                .sync_dir(&self.dir)
-                .map_err(|e| io_error("fsync dir", &self.dir, e))?;
             tracing::debug!(file = %path.display(), "removed segment");
-            removed += 1;
         }
-        Ok(removed)
+        self.storage
+            .sync_dir(&self.dir)
+            .map_err(|e| io_error("fsync dir", &self.dir, e))?;
+        Ok(count)
     }
 
     /// Clean close: waits for queued appends, syncs, writes a CLOSE frame recording the final
-    /// LSN, syncs it, stops the writer and releases the lock. The next open reports
-    /// `clean_shutdown`.
+    /// LSN, syncs it, records the newest segment and last LSN in `CLOSED` (so a later open
+    /// detects a deleted or truncated newest segment), stops the writer and releases the lock.
+    /// The next open reports `clean_shutdown`.
     ///
     /// # Errors
     /// [`WalError::Poisoned`] if an I/O failure poisoned the log earlier, or the error of the
@@ -946,7 +1010,18 @@ impl Writer {
             Stop::Close => {
                 self.write_control(FrameKind::Close)?;
                 self.sync_file()?;
-                Ok(())
+                // The high-water mark: this segment and every LSN so far are durable now.
+                let closed = Closed {
+                    store_id: self.store_id,
+                    seq: self.active.seq,
+                    last_lsn: Lsn(self.written),
+                };
+                write_file_atomically(
+                    self.storage.as_ref(),
+                    &self.dir,
+                    format::CLOSED_FILE_NAME,
+                    &closed.encode(),
+                )
             }
             Stop::Drop => Ok(()),
             Stop::Running => {
@@ -1055,10 +1130,6 @@ impl Writer {
         }
         self.write_control(FrameKind::Seal)?;
         self.sync_file()?;
-        self.shared.sealed.lock().push(SealedSegment {
-            path: self.active.path.clone(),
-            last_lsn: self.written,
-        });
         let seq = next_seq(self.active.seq, &self.active.path)?;
         let next = create_segment(
             self.storage.as_ref(),
@@ -1067,6 +1138,13 @@ impl Writer {
             seq,
             self.written,
         )?;
+        // Removable only now that its successor exists durably: `remove_segments_before`
+        // records the successor in TRIM as the oldest segment that must exist.
+        self.shared.sealed.lock().push(SealedSegment {
+            path: self.active.path.clone(),
+            seq: self.active.seq,
+            last_lsn: self.written,
+        });
         tracing::debug!(sealed = %self.active.path.display(), last_lsn = self.written, "rolled segment");
         self.active = next;
         Ok(())

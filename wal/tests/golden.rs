@@ -2,10 +2,11 @@
 //! decoder against the same bytes.
 
 use kairos_wal::format::{
-    decode_meta, encode_frame, encode_meta, encode_record, frame_crc, FrameHeader, FrameKind,
-    SegmentHeader, FORMAT_VERSION, FRAME_HEADER_BYTES, META_BYTES, SEGMENT_HEADER_BYTES,
+    decode_meta, encode_frame, encode_meta, encode_record, frame_crc, Closed, FrameHeader,
+    FrameKind, HeaderError, SegmentHeader, Trim, BOUND_FILE_BYTES, FORMAT_VERSION,
+    FRAME_HEADER_BYTES, META_BYTES, SEGMENT_HEADER_BYTES,
 };
-use kairos_wal::RECORD_BYTES_MAX_DEFAULT;
+use kairos_wal::{Lsn, RECORD_BYTES_MAX_DEFAULT};
 
 const FORMAT_MD: &str = include_str!("../FORMAT.md");
 
@@ -96,4 +97,82 @@ fn control_frames_match_format_md() {
         assert_eq!(header.check_fields(), Ok(kind), "{name}");
         assert_eq!(frame_crc(&bytes, &[]), header.crc, "{name}");
     }
+}
+
+#[test]
+fn trim_matches_format_md() {
+    let trim = Trim {
+        store_id: store_id(),
+        seq: 5,
+        first_lsn: Lsn(101),
+    };
+    let bytes = golden("trim");
+    assert_eq!(bytes.len(), BOUND_FILE_BYTES);
+    assert_eq!(trim.encode().as_slice(), bytes.as_slice());
+    assert_eq!(Trim::decode(&bytes), Ok(trim));
+    assert_eq!(&bytes[..8], b"KAIROSTR");
+    assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), FORMAT_VERSION);
+    // A CLOSED file is not a TRIM file, and the other way round.
+    assert_eq!(Closed::decode(&bytes), Err(HeaderError::BadMagic));
+}
+
+#[test]
+fn closed_matches_format_md() {
+    let closed = Closed {
+        store_id: store_id(),
+        seq: 7,
+        last_lsn: Lsn(200),
+    };
+    let bytes = golden("closed");
+    assert_eq!(bytes.len(), BOUND_FILE_BYTES);
+    assert_eq!(closed.encode().as_slice(), bytes.as_slice());
+    assert_eq!(Closed::decode(&bytes), Ok(closed));
+    assert_eq!(&bytes[..8], b"KAIROSCL");
+    assert_eq!(Trim::decode(&bytes), Err(HeaderError::BadMagic));
+}
+
+#[test]
+fn bound_files_reject_damage_and_forbidden_values() {
+    let trim = Trim {
+        store_id: store_id(),
+        seq: 5,
+        first_lsn: Lsn(101),
+    };
+    let good = trim.encode();
+    for offset in 0..good.len() {
+        let mut bytes = good;
+        bytes[offset] ^= 0x10;
+        assert!(Trim::decode(&bytes).is_err(), "flip at {offset} accepted");
+    }
+    assert_eq!(Trim::decode(&good[..47]), Err(HeaderError::Short));
+    let mut long = good.to_vec();
+    long.push(0);
+    assert!(Trim::decode(&long).is_err());
+    let mut future = good;
+    future[8] = 2;
+    assert_eq!(
+        Trim::decode(&future),
+        Err(HeaderError::UnsupportedVersion(2))
+    );
+    for bad in [
+        Trim { seq: 0, ..trim },
+        Trim {
+            first_lsn: Lsn(0),
+            ..trim
+        },
+    ] {
+        assert!(matches!(
+            Trim::decode(&bad.encode()),
+            Err(HeaderError::Invalid(_))
+        ));
+    }
+    // CLOSED may record LSN 0 (a log closed before its first append), never seq 0.
+    let empty = Closed {
+        store_id: store_id(),
+        seq: 1,
+        last_lsn: Lsn(0),
+    };
+    assert_eq!(Closed::decode(&empty.encode()), Ok(empty));
+    let zero_seq = Closed { seq: 0, ..empty };
+    assert!(Closed::decode(&zero_seq.encode()).is_err());
 }
