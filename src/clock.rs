@@ -22,6 +22,12 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Monotonic time since an arbitrary fixed origin. Never decreases.
     fn now_monotonic(&self) -> Duration;
 
+    /// Both readings at once. The default reads them one after the other;
+    /// a clock that can take both more cheaply (one lock) overrides it.
+    fn now_wall_and_monotonic(&self) -> (SystemTime, Duration) {
+        (self.now_wall(), self.now_monotonic())
+    }
+
     /// `true` if time only moves when a test moves it. The driver then waits
     /// for [`Clock::register_waker`] notifications instead of real timeouts.
     fn is_manual(&self) -> bool {
@@ -167,6 +173,11 @@ impl Clock for ManualClock {
 
     fn now_monotonic(&self) -> Duration {
         self.state.lock().monotonic
+    }
+
+    fn now_wall_and_monotonic(&self) -> (SystemTime, Duration) {
+        let s = self.state.lock();
+        (s.wall, s.monotonic)
     }
 
     fn is_manual(&self) -> bool {

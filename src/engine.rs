@@ -158,7 +158,7 @@ impl Core {
         let tasks = &self.tasks;
         self.index
             .find(hash, |&slot| {
-                tasks.get(slot).is_some_and(|t| *t.key == *key)
+                tasks.get(slot).is_some_and(|t| t.key() == key)
             })
             .copied()
     }
@@ -419,10 +419,7 @@ impl Engine {
     /// See [`ScheduleError`]: bad key/payload/due time, `AlreadyExists`,
     /// `TooManyPending`, `Closed`, `Poisoned`.
     pub fn schedule(&self, key: &[u8], due: Due, payload: &[u8]) -> Result<TaskId, ScheduleError> {
-        let first = self
-            .shared
-            .schedule_batch(&[NewTask { key, due, payload }])?;
-        Ok(first)
+        self.shared.schedule_one(&NewTask { key, due, payload })
     }
 
     /// [`Engine::schedule`] with a delay from now.
@@ -470,8 +467,7 @@ impl Engine {
     /// `Closed`; `Poisoned` (the outcome is then unknown: the engine stopped
     /// before the cancel was durable).
     pub fn cancel(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
-        let outcomes = self.cancel_many(&[key])?;
-        Ok(outcomes[0])
+        self.shared.cancel_one(key)
     }
 
     /// Cancels many keys with one log write; returns one outcome per key.
@@ -659,11 +655,22 @@ impl Shared {
     /// Engine time in nanoseconds: monotonic time since open, plus the grid
     /// phase (so tick boundaries fall on wall-clock tick boundaries).
     fn now_ns(&self) -> u128 {
-        self.clock
-            .now_monotonic()
-            .saturating_sub(self.origin_monotonic)
-            .as_nanos()
-            + self.grid_phase_ns
+        self.engine_ns(self.clock.now_monotonic())
+    }
+
+    /// [`Shared::now_ns`] for a monotonic reading already taken.
+    fn engine_ns(&self, monotonic: Duration) -> u128 {
+        monotonic.saturating_sub(self.origin_monotonic).as_nanos() + self.grid_phase_ns
+    }
+
+    /// Both readings a schedule needs, taken together (one lock on a manual
+    /// clock).
+    fn now(&self) -> Now {
+        let (wall, monotonic) = self.clock.now_wall_and_monotonic();
+        Now {
+            wall_ns: system_time_to_ns(wall),
+            engine_ns: self.engine_ns(monotonic),
+        }
     }
 
     fn now_tick(&self) -> Tick {
@@ -672,21 +679,19 @@ impl Shared {
 
     /// Maps an absolute due time to the first tick at or after it, using the
     /// current wall and monotonic readings. `Tick(0)` if already past.
-    fn due_tick(&self, due_ms: u64, now_ns: u128, wall_ns: i128) -> Tick {
-        let until_due_ns = i128::from(due_ms) * 1_000_000 - wall_ns;
-        let due_mono_ns = now_ns as i128 + until_due_ns;
+    fn due_tick(&self, due_ms: u64, now: Now) -> Tick {
+        let until_due_ns = i128::from(due_ms) * 1_000_000 - now.wall_ns;
+        let due_mono_ns = now.engine_ns as i128 + until_due_ns;
         if until_due_ns <= 0 || due_mono_ns <= 0 {
             // Already due: overdue, handed out at once (not at the next tick).
             return Tick(0);
         }
-        let tick_ns = self.tick_ns as i128;
-        let ticks = (due_mono_ns + tick_ns - 1) / tick_ns;
+        let ticks = div_u128(due_mono_ns as u128, self.tick_ns, Round::Up);
         Tick(u64::try_from(ticks).unwrap_or(u64::MAX))
     }
 
     fn load_replayed(&self, replay: Replay, wal: RecoveryReport) -> Recovery {
-        let now_ns = self.now_ns();
-        let wall_ns = system_time_to_ns(self.clock.now_wall());
+        let now = self.now();
         let mut tasks: Vec<(u64, LiveTask)> = replay.into_tasks().into_iter().collect();
         // Oldest first; equal due times in scheduling (id) order.
         tasks.sort_unstable_by_key(|(id, t)| (t.due_ms, *id));
@@ -699,14 +704,12 @@ impl Shared {
         for (id, t) in tasks {
             let id = TaskId(id);
             let redeliver = t.deliveries > 0;
-            let due_tick = self.due_tick(t.due_ms, now_ns, wall_ns);
-            let payload = core.payloads.put(&t.payload);
+            let due_tick = self.due_tick(t.due_ms, now);
             let task = Task {
                 id,
                 key_hash: core.key_hash(&t.key),
-                key: t.key,
+                bytes: core.payloads.put(&t.key, &t.payload),
                 due_ms: t.due_ms,
-                payload,
                 state: if redeliver {
                     TaskState::Delivered
                 } else {
@@ -739,6 +742,35 @@ impl Shared {
         recovery
     }
 
+    /// Schedules one task: [`Shared::schedule_batch`] without the batch's
+    /// bookkeeping (duplicate check, per-task vectors), so an in-memory
+    /// schedule makes one allocation: the task's key and payload.
+    fn schedule_one(&self, t: &NewTask<'_>) -> Result<TaskId, ScheduleError> {
+        let now = self.now();
+        let (due_ms, due_tick) = self.prepare(t, now)?;
+        check_frame_bytes(std::slice::from_ref(t))?;
+
+        let mut core = self.core.lock();
+        self.check_room(&core, 1)?;
+        let hash = core.key_hash(t.key);
+        if core.find_slot(hash, t.key).is_some() {
+            return Err(ScheduleError::AlreadyExists {
+                key: key_lossy(t.key),
+            });
+        }
+        self.check_horizon(&core, due_ms, due_tick)?;
+        let id = TaskId(core.next_id);
+        let ticket = self.log_schedules(&mut core, std::slice::from_ref(t), &[due_ms], id.0)?;
+        core.next_id += 1;
+        if self.place_task(&mut core, id, t, hash, due_ms, due_tick) {
+            self.driver_cv.notify_all();
+        }
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
+        Ok(id)
+    }
+
     /// Schedules a non-empty batch atomically; returns the first id (the
     /// batch's ids are consecutive).
     fn schedule_batch(&self, new: &[NewTask<'_>]) -> Result<TaskId, ScheduleError> {
@@ -748,12 +780,13 @@ impl Shared {
                 max: BATCH_TASKS_MAX,
             });
         }
-        let wall_ns = system_time_to_ns(self.clock.now_wall());
-        let now_ns = self.now_ns();
+        let now = self.now();
         let mut due_ms: SmallVec<[u64; 1]> = SmallVec::with_capacity(new.len());
+        let mut due_ticks: SmallVec<[Tick; 1]> = SmallVec::with_capacity(new.len());
         for t in new {
-            self.validate_shape(t)?;
-            due_ms.push(self.validate_due(t.due, wall_ns)?);
+            let (ms, tick) = self.prepare(t, now)?;
+            due_ms.push(ms);
+            due_ticks.push(tick);
         }
         if new.len() > 1 {
             let mut seen = HashSet::with_capacity(new.len());
@@ -765,105 +798,31 @@ impl Shared {
                 }
             }
         }
-        let body_bytes: usize = new
-            .iter()
-            .map(|t| RECORD_HEADER_BYTES + SCHEDULE_FIXED_BYTES + t.key.len() + t.payload.len())
-            .sum();
-        if body_bytes > FRAME_BODY_BYTES_MAX as usize {
-            return Err(ScheduleError::BatchTooManyBytes {
-                bytes: body_bytes,
-                max: FRAME_BODY_BYTES_MAX as usize,
-            });
-        }
-        let due_ticks: SmallVec<[Tick; 1]> = due_ms
-            .iter()
-            .map(|&d| self.due_tick(d, now_ns, wall_ns))
-            .collect();
+        check_frame_bytes(new)?;
 
         let mut core = self.core.lock();
-        core.check_open().map_err(status_to_schedule_error)?;
-        let live = core.tasks.len();
-        if live + new.len() > self.config.pending_tasks_max {
-            return Err(ScheduleError::TooManyPending {
-                pending: live,
-                max: self.config.pending_tasks_max,
-            });
-        }
+        self.check_room(&core, new.len())?;
+        let hashes: SmallVec<[u64; 1]> = new.iter().map(|t| core.key_hash(t.key)).collect();
         if let Some(t) = new
             .iter()
-            .find(|t| core.find_slot(core.key_hash(t.key), t.key).is_some())
+            .zip(&hashes)
+            .find(|(t, &hash)| core.find_slot(hash, t.key).is_some())
+            .map(|(t, _)| t)
         {
             return Err(ScheduleError::AlreadyExists {
                 key: key_lossy(t.key),
             });
         }
-        let horizon = Tick(core.wheel.elapsed().0.saturating_add(WHEEL_RANGE_TICKS - 1));
-        if let Some(i) = due_ticks.iter().position(|&t| t > horizon) {
-            let excess_ms = (due_ticks[i].0 - horizon.0).saturating_mul(self.config.tick_ms());
-            return Err(ScheduleError::DueTooFar {
-                due_ms: due_ms[i],
-                max_ms: due_ms[i].saturating_sub(excess_ms),
-            });
+        for (&ms, &tick) in due_ms.iter().zip(&due_ticks) {
+            self.check_horizon(&core, ms, tick)?;
         }
         let first_id = core.next_id;
-        let ticket = if core.wal.is_some() {
-            let (bodies, ends) = encode_schedules(new, &due_ms, first_id);
-            let mut records = Vec::with_capacity(new.len());
-            let mut start = 0;
-            for &end in &ends {
-                records.push(kairos_wal::Record {
-                    record_type: RECORD_SCHEDULE,
-                    body: &bodies[start..end],
-                });
-                start = end;
-            }
-            self.append_locked(&mut core, &records)
-                .map_err(|cause| ScheduleError::Poisoned { cause })?
-        } else {
-            None
-        };
+        let ticket = self.log_schedules(&mut core, new, &due_ms, first_id)?;
         core.next_id += new.len() as u64;
         let mut wake_driver = false;
         for (i, t) in new.iter().enumerate() {
             let id = TaskId(first_id + i as u64);
-            let payload = core.payloads.put(t.payload);
-            let task = Task {
-                id,
-                key_hash: core.key_hash(t.key),
-                key: t.key.into(),
-                due_ms: due_ms[i],
-                payload,
-                state: TaskState::Scheduled,
-                deliveries: 0,
-                timer: None,
-            };
-            // pending_tasks_max ≤ u32::MAX (validated), so a slot always exists.
-            let Some(slot) = core.insert_task(task) else {
-                continue;
-            };
-            match core.wheel.insert(due_ticks[i], slot) {
-                Ok(timer) => {
-                    if let Some(task) = core.tasks.get_mut(slot) {
-                        task.timer = Some(timer);
-                    }
-                    wake_driver |= match core.sleep {
-                        DriverSleep::Busy => false,
-                        DriverSleep::Forever => true,
-                        DriverSleep::Until(t) => due_ticks[i] < t,
-                    };
-                }
-                Err(InsertError::Elapsed) => {
-                    core.overdue.push_back((slot, id));
-                    wake_driver |= core.sleep != DriverSleep::Busy;
-                }
-                Err(e @ (InsertError::TooFar | InsertError::Full)) => {
-                    // Ruled out above (range) and by `pending_tasks_max` (count).
-                    // Never fire early: the task stays scheduled, without a
-                    // timer, and is placed again by the next open.
-                    debug_assert!(false, "wheel refused task {id:?}: {e:?}");
-                    tracing::error!(?id, ?e, "wheel refused a task");
-                }
-            }
+            wake_driver |= self.place_task(&mut core, id, t, hashes[i], due_ms[i], due_ticks[i]);
         }
         if wake_driver {
             self.driver_cv.notify_all();
@@ -872,6 +831,119 @@ impl Shared {
         self.wait_durable(ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         Ok(TaskId(first_id))
+    }
+
+    /// Checks a task's shape and due time (no lock needed); returns its due
+    /// time in UTC ms and its due tick.
+    fn prepare(&self, t: &NewTask<'_>, now: Now) -> Result<(u64, Tick), ScheduleError> {
+        self.validate_shape(t)?;
+        let due_ms = self.validate_due(t.due, now.wall_ns)?;
+        Ok((due_ms, self.due_tick(due_ms, now)))
+    }
+
+    /// Refuses `adding` more tasks if that would pass `pending_tasks_max`,
+    /// or if the engine is not open.
+    fn check_room(&self, core: &Core, adding: usize) -> Result<(), ScheduleError> {
+        core.check_open().map_err(status_to_schedule_error)?;
+        let live = core.tasks.len();
+        if live + adding > self.config.pending_tasks_max {
+            return Err(ScheduleError::TooManyPending {
+                pending: live,
+                max: self.config.pending_tasks_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a due tick past the wheel's range (reachable when the wheel
+    /// lags behind the clock).
+    fn check_horizon(&self, core: &Core, due_ms: u64, due_tick: Tick) -> Result<(), ScheduleError> {
+        let horizon = Tick(core.wheel.elapsed().0.saturating_add(WHEEL_RANGE_TICKS - 1));
+        if due_tick <= horizon {
+            return Ok(());
+        }
+        let excess_ms = (due_tick.0 - horizon.0).saturating_mul(self.config.tick_ms());
+        Err(ScheduleError::DueTooFar {
+            due_ms,
+            max_ms: due_ms.saturating_sub(excess_ms),
+        })
+    }
+
+    /// Appends the schedule records of `new` (if the engine has a log), under
+    /// the core lock so log order is apply order.
+    fn log_schedules(
+        &self,
+        core: &mut Core,
+        new: &[NewTask<'_>],
+        due_ms: &[u64],
+        first_id: u64,
+    ) -> Result<Option<AppendTicket>, ScheduleError> {
+        if core.wal.is_none() {
+            return Ok(None);
+        }
+        let (bodies, ends) = encode_schedules(new, due_ms, first_id);
+        let mut records = Vec::with_capacity(new.len());
+        let mut start = 0;
+        for &end in &ends {
+            records.push(kairos_wal::Record {
+                record_type: RECORD_SCHEDULE,
+                body: &bodies[start..end],
+            });
+            start = end;
+        }
+        self.append_locked(core, &records)
+            .map_err(|cause| ScheduleError::Poisoned { cause })
+    }
+
+    /// Stores a validated, logged task in the slab, the index and the wheel
+    /// (or the overdue queue). Returns whether the driver must be woken.
+    fn place_task(
+        &self,
+        core: &mut Core,
+        id: TaskId,
+        t: &NewTask<'_>,
+        key_hash: u64,
+        due_ms: u64,
+        due_tick: Tick,
+    ) -> bool {
+        let task = Task {
+            id,
+            key_hash,
+            bytes: core.payloads.put(t.key, t.payload),
+            due_ms,
+            state: TaskState::Scheduled,
+            deliveries: 0,
+            timer: None,
+        };
+        // pending_tasks_max ≤ u32::MAX (validated), so a slot always exists.
+        let Some(slot) = core.insert_task(task) else {
+            return false;
+        };
+        match core.wheel.insert(due_tick, slot) {
+            Ok(timer) => {
+                if let Some(task) = core.tasks.get_mut(slot) {
+                    task.timer = Some(timer);
+                }
+                match core.sleep {
+                    DriverSleep::Busy => false,
+                    DriverSleep::Forever => true,
+                    DriverSleep::Until(t) => due_tick < t,
+                }
+            }
+            Err(InsertError::Elapsed) => {
+                core.overdue.push_back((slot, id));
+                core.sleep != DriverSleep::Busy
+            }
+            Err(e @ (InsertError::TooFar | InsertError::Full)) => {
+                // Ruled out by `check_horizon` (range) and by
+                // `pending_tasks_max` (count). Never fire early: the task
+                // stays scheduled, without a timer, and is placed again by
+                // the next open.
+                debug_assert!(false, "wheel refused task {id:?}: {e:?}");
+                tracing::error!(?id, ?e, "wheel refused a task");
+                false
+            }
+        }
     }
 
     fn validate_shape(&self, t: &NewTask<'_>) -> Result<(), ScheduleError> {
@@ -911,10 +983,10 @@ impl Shared {
             }
             Due::After(d) => wall_ns.saturating_add(d.as_nanos().min(i128::MAX as u128) as i128),
         };
-        if due_ns < 0 {
+        let Ok(due_ns) = u128::try_from(due_ns) else {
             return Err(ScheduleError::DueBeforeEpoch);
-        }
-        let due_ms = (due_ns + 999_999) / 1_000_000;
+        };
+        let due_ms = div_u128(due_ns, 1_000_000, Round::Up);
         let max_ms = self.latest_due_ms(wall_ns);
         match u64::try_from(due_ms) {
             Ok(due_ms) if due_ms <= max_ms => Ok(due_ms),
@@ -927,8 +999,31 @@ impl Shared {
 
     /// The latest due time accepted now: wall time + `delay_max`, UTC ms.
     fn latest_due_ms(&self, wall_ns: i128) -> u64 {
-        let max_ms = (wall_ns.max(0) / 1_000_000) + self.config.delay_max.as_millis() as i128;
-        u64::try_from(max_ms).unwrap_or(u64::MAX)
+        let wall_ms = div_u128(u128::try_from(wall_ns).unwrap_or(0), 1_000_000, Round::Down);
+        u64::try_from(wall_ms + self.config.delay_max.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Cancels one key: [`Shared::cancel_many`] without the outcome vector
+    /// and duplicate tracking, so an in-memory cancel allocates nothing.
+    fn cancel_one(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_cancel_error)?;
+        let Some(slot) = core.find_slot(core.key_hash(key), key) else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        let id = match core.tasks.get(slot) {
+            Some(t) if t.state == TaskState::Scheduled => t.id,
+            Some(_) => return Ok(CancelOutcome::AlreadyDelivered),
+            None => return Ok(CancelOutcome::NotFound),
+        };
+        let ticket = self
+            .log_ids(&mut core, RECORD_CANCEL, [id], |id| Record::Cancel { id })
+            .map_err(|cause| CancelError::Poisoned { cause })?;
+        self.forget_task(&mut core, slot);
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| CancelError::Poisoned { cause })?;
+        Ok(CancelOutcome::Cancelled)
     }
 
     fn cancel_many(&self, keys: &[&[u8]]) -> Result<Vec<CancelOutcome>, CancelError> {
@@ -963,12 +1058,9 @@ impl Shared {
             };
             outcomes.push(outcome);
         }
-        let mut bodies = Vec::with_capacity(victims.len() * ID_ONLY_BYTES);
-        for (_, id) in &victims {
-            Record::Cancel { id: *id }.encode_into(&mut bodies);
-        }
+        let ids = victims.iter().map(|&(_, id)| id);
         let ticket = self
-            .append_fixed(&mut core, RECORD_CANCEL, &bodies, ID_ONLY_BYTES)
+            .log_ids(&mut core, RECORD_CANCEL, ids, |id| Record::Cancel { id })
             .map_err(|cause| CancelError::Poisoned { cause })?;
         for (slot, _) in victims {
             self.forget_task(&mut core, slot);
@@ -977,6 +1069,26 @@ impl Shared {
         self.wait_durable(ticket)
             .map_err(|cause| CancelError::Poisoned { cause })?;
         Ok(outcomes)
+    }
+
+    /// Appends one id-only record (`record(id)`, of type `record_type`) per
+    /// id in one log write, under the core lock. Encodes nothing without a
+    /// log.
+    fn log_ids(
+        &self,
+        core: &mut Core,
+        record_type: u8,
+        ids: impl IntoIterator<Item = TaskId>,
+        record: impl Fn(TaskId) -> Record<'static>,
+    ) -> Result<Option<AppendTicket>, String> {
+        if core.wal.is_none() {
+            return Ok(None);
+        }
+        let mut bodies = Vec::new();
+        for id in ids {
+            record(id).encode_into(&mut bodies);
+        }
+        self.append_fixed(core, record_type, &bodies, ID_ONLY_BYTES)
     }
 
     /// Removes a task from every structure and frees its memory.
@@ -991,7 +1103,7 @@ impl Shared {
             if let Ok(entry) = core.index.find_entry(task.key_hash, |&s| s == slot) {
                 entry.remove();
             }
-            core.payloads.release(task.payload);
+            core.payloads.release(task.bytes);
             // An overdue-queue entry, if any, is skipped by its id check.
         }
     }
@@ -1025,12 +1137,9 @@ impl Shared {
                 });
             }
         }
-        let mut bodies = Vec::with_capacity(deliveries.len() * ID_ONLY_BYTES);
-        for d in deliveries {
-            Record::Ack { id: d.task_id }.encode_into(&mut bodies);
-        }
+        let ids = deliveries.iter().map(|d| d.task_id);
         let ticket = self
-            .append_fixed(&mut core, RECORD_ACK, &bodies, ID_ONLY_BYTES)
+            .log_ids(&mut core, RECORD_ACK, ids, |id| Record::Ack { id })
             .map_err(|cause| AckError::Poisoned { cause })?;
         for d in deliveries {
             self.forget_task(&mut core, d.slot);
@@ -1127,6 +1236,53 @@ fn encode_schedules(new: &[NewTask<'_>], due_ms: &[u64], first_id: u64) -> (Vec<
     (bodies, ends)
 }
 
+/// Refuses a batch whose records would not fit in one log frame.
+fn check_frame_bytes(new: &[NewTask<'_>]) -> Result<(), ScheduleError> {
+    let body_bytes: usize = new
+        .iter()
+        .map(|t| RECORD_HEADER_BYTES + SCHEDULE_FIXED_BYTES + t.key.len() + t.payload.len())
+        .sum();
+    if body_bytes > FRAME_BODY_BYTES_MAX as usize {
+        return Err(ScheduleError::BatchTooManyBytes {
+            bytes: body_bytes,
+            max: FRAME_BODY_BYTES_MAX as usize,
+        });
+    }
+    Ok(())
+}
+
+/// One reading of both clocks, for due-time arithmetic.
+#[derive(Debug, Clone, Copy)]
+struct Now {
+    /// Wall time, ns since the Unix epoch (negative before it).
+    wall_ns: i128,
+    /// Engine time ([`Shared::now_ns`]).
+    engine_ns: u128,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    Down,
+    Up,
+}
+
+/// `n / d`, rounded as asked. Divides in 64 bits whenever both fit (always
+/// in practice: 2^64 ns is 584 years), since the 128-bit division routine
+/// costs several times as much on the schedule path.
+#[inline]
+fn div_u128(n: u128, d: u128, round: Round) -> u128 {
+    if let (Ok(n), Ok(d)) = (u64::try_from(n), u64::try_from(d)) {
+        return u128::from(match round {
+            Round::Down => n / d,
+            Round::Up => n.div_ceil(d),
+        });
+    }
+    match round {
+        Round::Down => n / d,
+        Round::Up => n.div_ceil(d),
+    }
+}
+
 /// Most deliver records in one log frame (16 B each: 1 MiB frames).
 const DELIVER_CHUNK_TASKS: usize = 65_536;
 
@@ -1192,8 +1348,8 @@ fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
                 engine_id: shared.engine_id,
                 task_id: id,
                 slot,
-                key: task.key.clone(),
-                payload: c.payloads.get(&task.payload).to_vec(),
+                key: task.key().into(),
+                payload: c.payloads.get(&task.bytes).to_vec(),
                 due_ms: task.due_ms,
                 fired_ms,
                 attempt: task.deliveries,

@@ -48,7 +48,7 @@ pub use consumer::{Consumer, Delivery};
 pub use engine::{CancelOutcome, Due, Engine, NewTask, Recovery, Stats};
 pub use error::{AckError, CancelError, OpenError, RecvError, ScheduleError, ShutdownError};
 pub use kairos_wal::{Durability, RecoveryReport, TornTail};
-pub use task::{PayloadRef, PayloadStore, TaskId, TaskState};
+pub use task::{TaskId, TaskState};
 
 /// The README's examples compile (checked by `cargo test --doc`).
 #[cfg(doctest)]
