@@ -299,21 +299,12 @@ fn create_meta(storage: &dyn Storage, dir: &Path) -> Result<StoreId, WalError> {
     let store_id = storage
         .random_id()
         .map_err(|e| io_error("random store id", dir, e))?;
-    let path = dir.join(format::META_FILE_NAME);
-    let tmp = dir.join(format!("{}{}", format::META_FILE_NAME, format::TMP_SUFFIX));
-    let file = storage
-        .open(&tmp, OpenMode::CreateNew)
-        .map_err(|e| io_error("create", &tmp, e))?;
-    file.write_all_at(&format::encode_meta(&store_id), 0)
-        .map_err(|e| io_error("write", &tmp, e))?;
-    file.sync_data()
-        .map_err(|e| io_error("fdatasync", &tmp, e))?;
-    storage
-        .rename(&tmp, &path)
-        .map_err(|e| io_error("rename", &tmp, e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| io_error("fsync dir", dir, e))?;
+    write_file_atomically(
+        storage,
+        dir,
+        format::META_FILE_NAME,
+        &format::encode_meta(&store_id),
+    )?;
     Ok(store_id)
 }
 
