@@ -11,7 +11,7 @@ use kairos::{
     AckError, CancelError, CancelOutcome, Config, Due, Durability, Engine, ManualClock, NewTask,
     OpenError, RecvError, ScheduleError,
 };
-use kairos_wal::{FsStorage, Storage, WalError};
+use kairos_wal::{Storage, WalError};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -347,14 +347,7 @@ fn calls_after_shutdown_fail_closed() -> TestResult {
 fn second_open_of_a_directory_is_locked_fs() -> TestResult {
     let dir = tempfile::tempdir()?;
     let clock = ManualClock::new(START_MS);
-    let open = || {
-        Engine::open_with(
-            dir.path(),
-            config(Durability::Sync),
-            Arc::new(FsStorage),
-            Arc::new(clock.clone()),
-        )
-    };
+    let open = || common::open_fs(dir.path(), config(Durability::Sync), &clock);
     let first = open()?;
     let keepers = schedule_keepers(&first, START_MS)?;
     match open() {

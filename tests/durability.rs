@@ -14,8 +14,6 @@ use common::{
     START_MS,
 };
 use kairos::{CancelOutcome, Durability, Engine, ManualClock};
-use kairos_wal::FsStorage;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Live tasks by key: (due_ms, payload).
@@ -114,14 +112,7 @@ fn observe_all(h: &SimHarness) -> TestResult<State> {
 fn restart_keeps_every_pending_task_and_no_cancelled_one() -> TestResult {
     let dir = tempfile::tempdir()?;
     let clock = ManualClock::new(START_MS);
-    let open = || {
-        Engine::open_with(
-            dir.path(),
-            config(Durability::Sync),
-            Arc::new(FsStorage),
-            Arc::new(clock.clone()),
-        )
-    };
+    let open = || common::open_fs(dir.path(), config(Durability::Sync), &clock);
     let engine = open()?;
     // Each schedule is one fdatasync on a real disk (a few ms): keep the count modest.
     let count = scaled(150, 3_000);

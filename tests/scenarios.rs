@@ -9,9 +9,7 @@ use common::{
 };
 use kairos::{CancelOutcome, Config, Delivery, Due, Durability, Engine, ManualClock, NewTask};
 use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
-use kairos_wal::FsStorage;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// One schedule call of scenario 1 (a single task or a batch).
@@ -173,14 +171,7 @@ fn scenario_01_torn_tail_reopen() -> TestResult {
 fn scenario_02_closed_while_due() -> TestResult {
     let dir = tempfile::tempdir()?;
     let clock = ManualClock::new(START_MS);
-    let open = || {
-        Engine::open_with(
-            dir.path(),
-            config(Durability::Sync),
-            Arc::new(FsStorage),
-            Arc::new(clock.clone()),
-        )
-    };
+    let open = || common::open_fs(dir.path(), config(Durability::Sync), &clock);
     let engine = open()?;
     engine.schedule_after(
         b"order:1:timeout",

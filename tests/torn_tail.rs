@@ -14,10 +14,9 @@ use common::{
 };
 use kairos::{Durability, Engine, ManualClock, OpenError, TornTail};
 use kairos_wal::format::{FRAME_FIRST_LSN_OFFSET, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
-use kairos_wal::{FsStorage, Lsn, Storage, WalError};
+use kairos_wal::{Lsn, Storage, WalError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How a test damages the last segment after a crash.
@@ -213,14 +212,7 @@ fn torn_tail_after_crash_is_truncated_and_reported_fs() -> TestResult {
     for (case, how) in TEARS.into_iter().enumerate() {
         let dir = tempfile::tempdir()?;
         let clock = ManualClock::new(START_MS);
-        let open = || {
-            Engine::open_with(
-                dir.path(),
-                torn_config(case),
-                Arc::new(FsStorage),
-                Arc::new(clock.clone()),
-            )
-        };
+        let open = || common::open_fs(dir.path(), torn_config(case), &clock);
         let engine = open()?;
         schedule_torn_tasks(&engine)?;
         drop(engine); // no shutdown: a crash as far as the log knows
@@ -414,14 +406,7 @@ fn corrupt_sealed_segment_on_real_disk_is_refused_and_left_untouched() -> TestRe
     const TASKS: usize = 50;
     let dir = tempfile::tempdir()?;
     let clock = ManualClock::new(START_MS);
-    let open = || {
-        Engine::open_with(
-            dir.path(),
-            config(Durability::Buffered),
-            Arc::new(FsStorage),
-            Arc::new(clock.clone()),
-        )
-    };
+    let open = || common::open_fs(dir.path(), config(Durability::Buffered), &clock);
     let engine = open()?;
     for i in 0..TASKS {
         engine.schedule_after(&key("c", i), Duration::from_secs(5), &payload("fs", i, 150))?;

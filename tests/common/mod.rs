@@ -65,6 +65,16 @@ pub fn payload(tag: &str, i: usize, len_max: usize) -> Vec<u8> {
     p
 }
 
+/// Opens (or reopens) an engine on the real file system at `dir`, reading `clock`.
+pub fn open_fs(dir: &Path, config: Config, clock: &ManualClock) -> Result<Engine, OpenError> {
+    Engine::open_with(
+        dir,
+        config,
+        Arc::new(kairos_wal::FsStorage),
+        Arc::new(clock.clone()),
+    )
+}
+
 /// Everything ready now: waits for the driver to hand out what is due at the clock's current
 /// time, then receives without blocking until nothing is left.
 pub fn drain(engine: &Engine) -> TestResult<Vec<Delivery>> {
