@@ -1283,7 +1283,8 @@ fn div_u128(n: u128, d: u128, round: Round) -> u128 {
     }
 }
 
-/// Most deliver records in one log frame (16 B each: 1 MiB frames).
+/// Most deliver records in one log frame (16-byte bodies + 5-byte record
+/// headers: frames of about 1.3 MiB, far below the 1 GiB frame limit).
 const DELIVER_CHUNK_TASKS: usize = 65_536;
 
 /// The driver: advances the wheel by the clock, logs deliveries, hands them
@@ -1382,4 +1383,37 @@ fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
         core = shared.core.lock();
     }
     shared.idle_cv.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 64-bit fast path and the 128-bit fallback agree with plain
+    /// division at every boundary between them, rounding both ways.
+    #[test]
+    fn div_u128_matches_plain_division_at_the_boundaries() {
+        let big = u128::from(u64::MAX);
+        let cases = [
+            (0u128, 1u128),
+            (1, 1),
+            (999_999, 1_000_000),
+            (1_000_000, 1_000_000),
+            (1_000_001, 1_000_000),
+            (big, 1_000_000),
+            (big + 1, 1_000_000),
+            (big - 1, 7),
+            (big, big),
+            (big + 1, big),
+            (big * 3 + 5, big + 1),
+            (u128::MAX, 1_000_000),
+            (u128::MAX, 1),
+            (5, big + 1),
+        ];
+        for (n, d) in cases {
+            assert_eq!(div_u128(n, d, Round::Down), n / d, "{n} / {d}");
+            let up = n / d + u128::from(n % d != 0);
+            assert_eq!(div_u128(n, d, Round::Up), up, "ceil {n} / {d}");
+        }
+    }
 }

@@ -104,7 +104,9 @@ pub(crate) struct Task {
     pub timer: Option<TimerKey>,
 }
 
-// Kept small: a lookup touches one or two cache lines of the slab.
+// Kept small: a lookup touches one or two cache lines of the slab. The slab
+// slot (task or free-list link) is the entry's real size.
+const _: () = assert!(std::mem::size_of::<Task>() <= 72);
 const _: () = assert!(std::mem::size_of::<Slot>() <= 72);
 
 impl Task {
