@@ -10,10 +10,12 @@
 //! * `Sync` on a real directory: single-task schedules from 1 and from 8
 //!   producer threads (group commit), and batches of 1 000.
 
+mod common;
+
+use common::delays_ms;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kairos::{Config, Durability, Engine, ManualClock, NewTask};
 use parking_lot::Mutex;
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,24 +23,6 @@ use std::time::{Duration, Instant};
 const MIX_TASKS: usize = 1_000_000;
 const WALL_START_MS: u64 = 1_700_000_000_000;
 const PAYLOAD: &[u8] = b"payload-64-bytes-payload-64-bytes-payload-64-bytes-payload-64-by";
-
-/// Delays in ms with the DESIGN.md mix: 45 % ≤ 30 min, 35 % ≤ 7 d, 20 % ≤ 30 d.
-fn delays_ms(n: usize, seed: u64) -> Vec<u64> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let p: f64 = rng.random();
-            let max = if p < 0.45 {
-                30 * 60_000
-            } else if p < 0.80 {
-                7 * 86_400_000
-            } else {
-                30 * 86_400_000
-            };
-            rng.random_range(1..=max)
-        })
-        .collect()
-}
 
 fn keys(n: usize) -> Vec<Vec<u8>> {
     (0..n)
@@ -60,63 +44,63 @@ fn schedule_all(engine: &Engine, keys: &[Vec<u8>], delays: &[u64]) {
     }
 }
 
+/// Runs `phase` on a fresh in-memory engine per iteration (with every task
+/// already scheduled if `prefill`) and returns the time spent in `phase` only.
+fn time_phase(
+    iters: u64,
+    keys: &[Vec<u8>],
+    delays: &[u64],
+    prefill: bool,
+    phase: impl Fn(&Engine, &ManualClock),
+) -> Duration {
+    (0..iters)
+        .map(|_| {
+            let clock = ManualClock::new(WALL_START_MS);
+            let engine = memory_engine(&clock);
+            if prefill {
+                schedule_all(&engine, keys, delays);
+            }
+            let t = Instant::now();
+            phase(&engine, &clock);
+            t.elapsed()
+        })
+        .sum()
+}
+
 fn in_memory(c: &mut Criterion) {
     let keys = keys(MIX_TASKS);
     let delays = delays_ms(MIX_TASKS, 7);
     let mut g = c.benchmark_group("in_memory_1M");
     g.sample_size(10);
     g.throughput(Throughput::Elements(MIX_TASKS as u64));
-
     g.bench_function("schedule", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let clock = ManualClock::new(WALL_START_MS);
-                let engine = memory_engine(&clock);
-                let t = Instant::now();
-                schedule_all(&engine, &keys, &delays);
-                total += t.elapsed();
-            }
-            total
+            time_phase(iters, &keys, &delays, false, |engine, _| {
+                schedule_all(engine, &keys, &delays)
+            })
         })
     });
-
     g.bench_function("cancel", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let clock = ManualClock::new(WALL_START_MS);
-                let engine = memory_engine(&clock);
-                schedule_all(&engine, &keys, &delays);
-                let t = Instant::now();
+            time_phase(iters, &keys, &delays, true, |engine, _| {
                 for k in &keys {
                     engine.cancel(k).expect("cancel");
                 }
-                total += t.elapsed();
-            }
-            total
+            })
         })
     });
-
     g.bench_function("expire", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let clock = ManualClock::new(WALL_START_MS);
-                let engine = memory_engine(&clock);
-                schedule_all(&engine, &keys, &delays);
+            time_phase(iters, &keys, &delays, true, |engine, clock| {
                 let consumer = engine.consumer();
-                let t = Instant::now();
                 clock.advance(Duration::from_secs(31 * 86_400));
                 engine.run_until_idle();
                 let mut received = 0;
                 while consumer.try_recv().is_ok() {
                     received += 1;
                 }
-                total += t.elapsed();
                 assert_eq!(received, MIX_TASKS);
-            }
-            total
+            })
         })
     });
     g.finish();

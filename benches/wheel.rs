@@ -10,33 +10,17 @@
 //! * `lifecycle` — insert 1 M, remove a random half, expire the rest with one jump (the
 //!   research peer table's workload, in-memory structure only).
 
+mod common;
+
+use common::{delays_ms, DAY_MS};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kairos::wheel::{Expired, Tick, TimerKey, Wheel};
-use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
+use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 use std::hint::black_box;
 use std::time::Duration;
 
 const TIMER_COUNT: usize = 1_000_000;
-const DAY_MS: u64 = 86_400_000;
 const END_TICK: u64 = 30 * DAY_MS + 1;
-
-/// Delays in ms with the DESIGN.md mix: 45 % ≤ 30 min, 35 % ≤ 7 d, 20 % ≤ 30 d.
-fn delays_ms(n: usize, seed: u64) -> Vec<u64> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let p: f64 = rng.random();
-            let max = if p < 0.45 {
-                30 * 60_000
-            } else if p < 0.80 {
-                7 * DAY_MS
-            } else {
-                30 * DAY_MS
-            };
-            rng.random_range(1..=max)
-        })
-        .collect()
-}
 
 /// Inserts one timer per delay into `wheel` (at elapsed 0, so due = delay) and returns the keys.
 fn fill(wheel: &mut Wheel, delays: &[u64]) -> Vec<TimerKey> {

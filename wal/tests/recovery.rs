@@ -26,13 +26,7 @@ fn unsynced_log(seed: u64, n: u64) -> Result<(SimStorage, PathBuf), WalError> {
 
 /// A Sync log of records 1..=n with 4 KiB segments, closed cleanly.
 fn closed_log(seed: u64, n: u64) -> Result<SimStorage, WalError> {
-    let sim = SimStorage::new(seed);
-    let (wal, _, _) = open(&sim, options(Durability::Sync, 4096))?;
-    for i in 1..=n {
-        append_one(&wal, i)?;
-    }
-    wal.close()?;
-    Ok(sim)
+    common::closed_log(seed, n, Durability::Sync)
 }
 
 fn expect_corrupt(result: Result<impl std::fmt::Debug, WalError>) -> (PathBuf, u64, String) {

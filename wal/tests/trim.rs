@@ -23,13 +23,7 @@ fn opts() -> WalOptions {
 /// A log of records 1..=n in 4 KiB segments, closed cleanly. Written in Buffered mode, so no
 /// MARK frame depends on thread timing: the same `n` always gives the same segments.
 fn closed_log(seed: u64, n: u64) -> Result<SimStorage, WalError> {
-    let sim = SimStorage::new(seed);
-    let (wal, _, _) = open(&sim, options(Durability::Buffered, 4096))?;
-    for i in 1..=n {
-        append_one(&wal, i)?;
-    }
-    wal.close()?;
-    Ok(sim)
+    common::closed_log(seed, n, Durability::Buffered)
 }
 
 fn trim_path() -> PathBuf {

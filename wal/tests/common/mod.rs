@@ -137,3 +137,14 @@ pub fn assert_prefix(replayed: &Replayed, at_least: u64, at_most: u64) -> u64 {
     );
     n
 }
+
+/// A log of records 1..=n in 4 KiB segments, written in `durability` mode and closed cleanly.
+pub fn closed_log(seed: u64, n: u64, durability: Durability) -> Result<SimStorage, WalError> {
+    let sim = SimStorage::new(seed);
+    let (wal, _, _) = open(&sim, options(durability, 4096))?;
+    for i in 1..=n {
+        append_one(&wal, i)?;
+    }
+    wal.close()?;
+    Ok(sim)
+}
