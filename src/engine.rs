@@ -22,6 +22,7 @@ use crate::clock::{system_time_to_ms, system_time_to_ns, Clock, SystemClock};
 use crate::config::{Config, BATCH_TASKS_MAX};
 use crate::consumer::{Consumer, Delivery};
 use crate::error::{AckError, CancelError, OpenError, ScheduleError, ShutdownError};
+use crate::index::TaskIndex;
 use crate::record::{
     Record, DELIVER_BYTES, ID_ONLY_BYTES, RECORD_ACK, RECORD_CANCEL, RECORD_DELIVER,
     RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES,
@@ -30,7 +31,6 @@ use crate::replay::{LiveTask, Replay};
 use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
 use crate::wheel::{Expired, InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
 use crossbeam_channel::{Receiver, Sender};
-use hashbrown::HashTable;
 use kairos_wal::format::{FRAME_BODY_BYTES_MAX, RECORD_HEADER_BYTES};
 use kairos_wal::storage::LockGuard;
 use kairos_wal::{
@@ -40,7 +40,6 @@ use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
-use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::task::{Wake, Waker};
@@ -130,11 +129,9 @@ struct Core {
     status: Status,
     wheel: Wheel,
     tasks: TaskSlab,
-    /// The tombstone index: key → task slot, O(1) cancel wherever the task
-    /// is. Holds only the slot (4 bytes + 1 control byte); the key lives once,
-    /// in the task, with its hash (so growth never rehashes key bytes).
-    index: HashTable<u32>,
-    hasher: foldhash::fast::RandomState,
+    /// The tombstone index: key → task slot (tags only; keys live in
+    /// the tasks).
+    index: TaskIndex,
     payloads: PayloadStore,
     /// Tasks due at once (scheduled in the past, or due during downtime),
     /// oldest first; entries of cancelled tasks are skipped by id check.
@@ -149,27 +146,23 @@ struct Core {
 }
 
 impl Core {
-    fn key_hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
+    /// The key's tag in the index.
+    fn key_tag(&self, key: &[u8]) -> u32 {
+        self.index.tag(key)
     }
 
-    /// The slot of the live task with `key`, if any.
-    fn find_slot(&self, hash: u64, key: &[u8]) -> Option<u32> {
+    /// The slot of the live task with `key` (whose tag is `tag`), if any.
+    fn find_slot(&self, tag: u32, key: &[u8]) -> Option<u32> {
         let tasks = &self.tasks;
         self.index
-            .find(hash, |&slot| {
-                tasks.get(slot).is_some_and(|t| t.key() == key)
-            })
-            .copied()
+            .find(tag, |slot| tasks.get(slot).is_some_and(|t| t.key() == key))
     }
 
     /// Stores `task` in the slab and the index; `None` if the slab is full.
     fn insert_task(&mut self, task: Task) -> Option<u32> {
-        let hash = task.key_hash;
+        let tag = task.key_tag;
         let slot = self.tasks.insert(task)?;
-        let tasks = &self.tasks;
-        self.index
-            .insert_unique(hash, slot, |&s| tasks.get(s).map_or(0, |t| t.key_hash));
+        self.index.insert(tag, slot);
         Some(slot)
     }
 
@@ -360,8 +353,7 @@ impl Engine {
             status: Status::Open,
             wheel: Wheel::new(),
             tasks: TaskSlab::default(),
-            index: HashTable::new(),
-            hasher: foldhash::fast::RandomState::default(),
+            index: TaskIndex::default(),
             payloads: PayloadStore::default(),
             overdue: VecDeque::new(),
             next_id: replay.max_id() + 1,
@@ -707,7 +699,7 @@ impl Shared {
             let due_tick = self.due_tick(t.due_ms, now);
             let task = Task {
                 id,
-                key_hash: core.key_hash(&t.key),
+                key_tag: core.key_tag(&t.key),
                 bytes: core.payloads.put(&t.key, &t.payload),
                 due_ms: t.due_ms,
                 state: if redeliver {
@@ -752,8 +744,8 @@ impl Shared {
 
         let mut core = self.core.lock();
         self.check_room(&core, 1)?;
-        let hash = core.key_hash(t.key);
-        if core.find_slot(hash, t.key).is_some() {
+        let tag = core.key_tag(t.key);
+        if core.find_slot(tag, t.key).is_some() {
             return Err(ScheduleError::AlreadyExists {
                 key: key_lossy(t.key),
             });
@@ -762,7 +754,7 @@ impl Shared {
         let id = TaskId(core.next_id);
         let ticket = self.log_schedules(&mut core, std::slice::from_ref(t), &[due_ms], id.0)?;
         core.next_id += 1;
-        if self.place_task(&mut core, id, t, hash, due_ms, due_tick) {
+        if self.place_task(&mut core, id, t, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
         drop(core);
@@ -802,11 +794,11 @@ impl Shared {
 
         let mut core = self.core.lock();
         self.check_room(&core, new.len())?;
-        let hashes: SmallVec<[u64; 1]> = new.iter().map(|t| core.key_hash(t.key)).collect();
+        let tags: SmallVec<[u32; 1]> = new.iter().map(|t| core.key_tag(t.key)).collect();
         if let Some(t) = new
             .iter()
-            .zip(&hashes)
-            .find(|(t, &hash)| core.find_slot(hash, t.key).is_some())
+            .zip(&tags)
+            .find(|(t, &tag)| core.find_slot(tag, t.key).is_some())
             .map(|(t, _)| t)
         {
             return Err(ScheduleError::AlreadyExists {
@@ -822,7 +814,7 @@ impl Shared {
         let mut wake_driver = false;
         for (i, t) in new.iter().enumerate() {
             let id = TaskId(first_id + i as u64);
-            wake_driver |= self.place_task(&mut core, id, t, hashes[i], due_ms[i], due_ticks[i]);
+            wake_driver |= self.place_task(&mut core, id, t, tags[i], due_ms[i], due_ticks[i]);
         }
         if wake_driver {
             self.driver_cv.notify_all();
@@ -902,34 +894,34 @@ impl Shared {
         core: &mut Core,
         id: TaskId,
         t: &NewTask<'_>,
-        key_hash: u64,
+        key_tag: u32,
         due_ms: u64,
         due_tick: Tick,
     ) -> bool {
+        // pending_tasks_max ≤ u32::MAX (validated), so a slot always exists.
+        let Some(slot) = core.tasks.vacant_slot() else {
+            return false;
+        };
+        // The wheel entry first, so the task is written once, complete, and
+        // never read back (at a million tasks that read is a cache miss).
+        let placed = core.wheel.insert(due_tick, slot);
         let task = Task {
             id,
-            key_hash,
+            key_tag,
             bytes: core.payloads.put(t.key, t.payload),
             due_ms,
             state: TaskState::Scheduled,
             deliveries: 0,
-            timer: None,
+            timer: placed.ok(),
         };
-        // pending_tasks_max ≤ u32::MAX (validated), so a slot always exists.
-        let Some(slot) = core.insert_task(task) else {
-            return false;
-        };
-        match core.wheel.insert(due_tick, slot) {
-            Ok(timer) => {
-                if let Some(task) = core.tasks.get_mut(slot) {
-                    task.timer = Some(timer);
-                }
-                match core.sleep {
-                    DriverSleep::Busy => false,
-                    DriverSleep::Forever => true,
-                    DriverSleep::Until(t) => due_tick < t,
-                }
-            }
+        let stored = core.insert_task(task);
+        debug_assert_eq!(stored, Some(slot));
+        match placed {
+            Ok(_) => match core.sleep {
+                DriverSleep::Busy => false,
+                DriverSleep::Forever => true,
+                DriverSleep::Until(t) => due_tick < t,
+            },
             Err(InsertError::Elapsed) => {
                 core.overdue.push_back((slot, id));
                 core.sleep != DriverSleep::Busy
@@ -1008,7 +1000,7 @@ impl Shared {
     fn cancel_one(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_cancel_error)?;
-        let Some(slot) = core.find_slot(core.key_hash(key), key) else {
+        let Some(slot) = core.find_slot(core.key_tag(key), key) else {
             return Ok(CancelOutcome::NotFound);
         };
         let id = match core.tasks.get(slot) {
@@ -1040,7 +1032,7 @@ impl Shared {
         // Only a multi-key call can name a key twice; a single cancel allocates nothing.
         let mut seen: Option<HashSet<u32>> = (keys.len() > 1).then(HashSet::new);
         for key in keys {
-            let outcome = match core.find_slot(core.key_hash(key), key) {
+            let outcome = match core.find_slot(core.key_tag(key), key) {
                 None => CancelOutcome::NotFound,
                 Some(slot) => match core.tasks.get(slot) {
                     Some(t) if t.state == TaskState::Scheduled => {
@@ -1100,9 +1092,7 @@ impl Shared {
             if task.state == TaskState::Delivered {
                 core.delivered_unacked -= 1;
             }
-            if let Ok(entry) = core.index.find_entry(task.key_hash, |&s| s == slot) {
-                entry.remove();
-            }
+            core.index.remove(task.key_tag, slot);
             core.payloads.release(task.bytes);
             // An overdue-queue entry, if any, is skipped by its id check.
         }

@@ -37,6 +37,7 @@ pub mod config;
 mod consumer;
 mod engine;
 pub mod error;
+mod index;
 pub mod record;
 pub mod replay;
 mod task;

@@ -92,8 +92,9 @@ impl PayloadStore {
 #[derive(Debug)]
 pub(crate) struct Task {
     pub id: TaskId,
-    /// Hash of the key under the index's hasher.
-    pub key_hash: u64,
+    /// The key's 32-bit tag in the index (so removing the task's index
+    /// entry never rehashes the key).
+    pub key_tag: u32,
     pub due_ms: u64,
     /// The key and payload bytes.
     pub bytes: PayloadRef,
@@ -133,6 +134,15 @@ enum Slot {
 impl TaskSlab {
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The slot the next [`TaskSlab::insert`] will use; `None` if 2^32
+    /// slots are in use.
+    pub fn vacant_slot(&self) -> Option<u32> {
+        match self.free_head {
+            Some(slot) => Some(slot),
+            None => u32::try_from(self.slots.len()).ok(),
+        }
     }
 
     /// Stores `task`, returning its slot. `None` if 2^32 slots are in use.
@@ -200,7 +210,7 @@ mod tests {
     fn task(id: u64) -> Task {
         Task {
             id: TaskId(id),
-            key_hash: 0,
+            key_tag: 0,
             due_ms: 0,
             bytes: PayloadStore::default().put(b"k", b""),
             state: TaskState::Scheduled,
