@@ -28,6 +28,104 @@ pub const PENDING_TASKS_LIMIT: usize = 1 << 31;
 pub const DELAY_MAX_DEFAULT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Largest tasks in one `schedule_many` call (one log record batch).
 pub const BATCH_TASKS_MAX: usize = 1_000_000;
+/// Default lease (visibility timeout) of a delivery: 30 s (Amazon SQS's
+/// default visibility timeout).
+pub const LEASE_DEFAULT: Duration = Duration::from_secs(30);
+/// Longest lease accepted: 12 hours (SQS's maximum visibility timeout).
+pub const LEASE_MAX: Duration = Duration::from_secs(12 * 3600);
+/// Default attempts per task before it is dead-lettered: 3.
+pub const MAX_ATTEMPTS_DEFAULT: u32 = 3;
+/// Default delay before the second attempt: 1 s.
+pub const BACKOFF_INITIAL_DEFAULT: Duration = Duration::from_secs(1);
+/// Default cap on the delay between attempts: 5 minutes.
+pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
+/// Default growth factor of the delay between attempts: ×2 per attempt.
+pub const BACKOFF_MULTIPLIER_DEFAULT: u32 = 2;
+/// Default jitter: each delay is shortened by up to 20 %.
+pub const BACKOFF_JITTER_PERCENT_DEFAULT: u8 = 20;
+
+/// What a delivery means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliveryGuarantee {
+    /// At-least-once (default): a delivery carries a lease; the consumer
+    /// acks or nacks it; a lease that expires redelivers the task (attempt
+    /// + 1) until [`RetryPolicy::max_attempts`], then it is dead-lettered.
+    AtLeastOnce,
+    /// At-most-once: the task is finished (its ack logged, and durable under
+    /// `Sync`) before a consumer receives it. No lease, no retry: a crash
+    /// while the consumer works loses that task, and nothing is ever
+    /// delivered twice.
+    AtMostOnce,
+}
+
+/// When a failed attempt is retried. A failed attempt is a nack, or a lease
+/// that expired. After attempt `n` fails (`n < max_attempts`), attempt `n+1`
+/// is due `min(backoff_max, backoff_initial × backoff_multiplier^(n−1))`
+/// later, shortened by a jitter of up to `backoff_jitter_percent` % that is a
+/// fixed function of the task id and `n` (so runs are reproducible). After
+/// attempt `max_attempts` fails, the task is dead-lettered. (Exponential
+/// backoff with jitter as in the AWS architecture blog's "Exponential
+/// Backoff and Jitter"; `max_attempts` = SQS's `maxReceiveCount`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// Deliveries a task gets before it is dead-lettered, ≥ 1. Default
+    /// [`MAX_ATTEMPTS_DEFAULT`].
+    pub max_attempts: u32,
+    /// Delay before the second attempt. Default [`BACKOFF_INITIAL_DEFAULT`].
+    pub backoff_initial: Duration,
+    /// Cap on any delay between attempts. Default [`BACKOFF_MAX_DEFAULT`].
+    pub backoff_max: Duration,
+    /// Growth of the delay per attempt, ≥ 1. Default [`BACKOFF_MULTIPLIER_DEFAULT`].
+    pub backoff_multiplier: u32,
+    /// Largest share of a delay removed at random, 0..=100 %. Default
+    /// [`BACKOFF_JITTER_PERCENT_DEFAULT`].
+    pub backoff_jitter_percent: u8,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: MAX_ATTEMPTS_DEFAULT,
+            backoff_initial: BACKOFF_INITIAL_DEFAULT,
+            backoff_max: BACKOFF_MAX_DEFAULT,
+            backoff_multiplier: BACKOFF_MULTIPLIER_DEFAULT,
+            backoff_jitter_percent: BACKOFF_JITTER_PERCENT_DEFAULT,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay before attempt `failed_attempt + 1` of task `task_id`, after
+    /// attempt `failed_attempt` (≥ 1) failed. Pure: the same inputs give the
+    /// same delay.
+    pub fn backoff(&self, task_id: u64, failed_attempt: u32) -> Duration {
+        let exponent = failed_attempt.saturating_sub(1);
+        let mut delay = self.backoff_initial;
+        for _ in 0..exponent {
+            delay = delay.saturating_mul(self.backoff_multiplier);
+            if delay >= self.backoff_max {
+                break;
+            }
+        }
+        let delay = delay.min(self.backoff_max);
+        let jitter = u128::from(self.backoff_jitter_percent.min(100));
+        if jitter == 0 {
+            return delay;
+        }
+        // SplitMix64 of (id, attempt): a fixed pseudo-random share in 0..1.
+        let mut z = task_id ^ u64::from(failed_attempt).rotate_left(32);
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let nanos = delay.as_nanos();
+        // nanos × jitter% × (z / 2^64), in integers.
+        let cut = ((nanos * jitter / 100) * u128::from(z >> 32)) >> 32;
+        Duration::from_nanos(u64::try_from(nanos - cut).unwrap_or(u64::MAX))
+    }
+}
 
 /// How an engine is set up. Build with [`Config::default`] and adjust fields.
 #[derive(Debug, Clone)]
@@ -51,6 +149,19 @@ pub struct Config {
     /// Latest due time accepted, relative to now. Must fit the wheel:
     /// at most `tick × 2^41` (half the wheel's range; ≈ 69 years at 1 ms).
     pub delay_max: Duration,
+    /// At-least-once (default) or at-most-once delivery.
+    pub delivery: DeliveryGuarantee,
+    /// How long a consumer holds a delivery before it is redelivered
+    /// (visibility timeout), whole milliseconds, 1 ms..=[`LEASE_MAX`].
+    /// Default [`LEASE_DEFAULT`]. Unused at most once.
+    pub lease: Duration,
+    /// Retries and dead letters. Unused at most once.
+    pub retry: RetryPolicy,
+    /// Most tasks per second handed out from the backlog found at open
+    /// (tasks that fell due while the engine was closed, and deliveries in
+    /// flight at a crash), oldest first; `None` (default) hands them all out
+    /// at once. Tasks falling due after open are not limited.
+    pub catch_up_tasks_per_sec: Option<u32>,
 }
 
 impl Default for Config {
@@ -63,6 +174,10 @@ impl Default for Config {
             payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
             pending_tasks_max: PENDING_TASKS_MAX_DEFAULT,
             delay_max: DELAY_MAX_DEFAULT,
+            delivery: DeliveryGuarantee::AtLeastOnce,
+            lease: LEASE_DEFAULT,
+            retry: RetryPolicy::default(),
+            catch_up_tasks_per_sec: None,
         }
     }
 }
@@ -111,6 +226,36 @@ impl Config {
                 self.delay_max
             ));
         }
+        if self.lease < Duration::from_millis(1)
+            || self.lease > LEASE_MAX
+            || !self.lease.subsec_nanos().is_multiple_of(1_000_000)
+        {
+            return Err(format!(
+                "lease must be a whole number of milliseconds in 1 ms..={LEASE_MAX:?}, got {:?}",
+                self.lease
+            ));
+        }
+        if self.retry.max_attempts == 0 {
+            return Err("retry.max_attempts must be at least 1".into());
+        }
+        if self.retry.backoff_multiplier == 0 {
+            return Err("retry.backoff_multiplier must be at least 1".into());
+        }
+        if self.retry.backoff_jitter_percent > 100 {
+            return Err(format!(
+                "retry.backoff_jitter_percent must be ≤ 100, got {}",
+                self.retry.backoff_jitter_percent
+            ));
+        }
+        if self.retry.backoff_max > self.delay_max {
+            return Err(format!(
+                "retry.backoff_max {:?} exceeds delay_max {:?}",
+                self.retry.backoff_max, self.delay_max
+            ));
+        }
+        if self.catch_up_tasks_per_sec == Some(0) {
+            return Err("catch_up_tasks_per_sec must be at least 1 (or None)".into());
+        }
         if self.segment_bytes < kairos_wal::SEGMENT_BYTES_MIN {
             return Err(format!(
                 "segment_bytes must be ≥ {}, got {}",
@@ -119,5 +264,81 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_without_jitter() {
+        let p = RetryPolicy {
+            backoff_jitter_percent: 0,
+            backoff_max: Duration::from_secs(5),
+            ..RetryPolicy::default()
+        };
+        let secs: Vec<u64> = (1..=5).map(|n| p.backoff(7, n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 5, 5]);
+        assert_eq!(p.backoff(7, 1000), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn jitter_only_shortens_and_is_reproducible() {
+        let p = RetryPolicy {
+            backoff_jitter_percent: 50,
+            ..RetryPolicy::default()
+        };
+        let mut distinct = std::collections::HashSet::new();
+        for id in 0..200 {
+            let d = p.backoff(id, 2);
+            assert!(
+                d <= Duration::from_secs(2) && d >= Duration::from_secs(1),
+                "{d:?}"
+            );
+            assert_eq!(d, p.backoff(id, 2));
+            distinct.insert(d);
+        }
+        assert!(
+            distinct.len() > 150,
+            "jitter spreads retries: {}",
+            distinct.len()
+        );
+    }
+
+    #[test]
+    fn delivery_settings_are_validated() {
+        let bad = [
+            Config {
+                lease: Duration::ZERO,
+                ..Config::default()
+            },
+            Config {
+                lease: LEASE_MAX + Duration::from_millis(1),
+                ..Config::default()
+            },
+            Config {
+                retry: RetryPolicy {
+                    max_attempts: 0,
+                    ..RetryPolicy::default()
+                },
+                ..Config::default()
+            },
+            Config {
+                retry: RetryPolicy {
+                    backoff_jitter_percent: 101,
+                    ..RetryPolicy::default()
+                },
+                ..Config::default()
+            },
+            Config {
+                catch_up_tasks_per_sec: Some(0),
+                ..Config::default()
+            },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
+        assert!(Config::default().validate().is_ok());
     }
 }

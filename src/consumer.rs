@@ -1,18 +1,22 @@
 //! The consumer side: a handle that receives due tasks, and the delivery it
-//! hands out. The internal crossbeam channel is not part of the API.
+//! hands out. The ready queue behind it is internal.
 
 use crate::clock::ms_to_system_time;
-use crate::engine::Shared;
+use crate::engine::{NackOutcome, Shared, Wait};
 use crate::error::{AckError, RecvError};
 use crate::task::TaskId;
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-/// A task handed to a consumer. Acknowledge it with [`Consumer::ack`] once
-/// handled; a delivery never acknowledged is delivered again after a restart
-/// (at-least-once), with [`Delivery::attempt`] raised.
+/// A task handed to a consumer.
+///
+/// At least once (the default), the consumer holds a lease on it for
+/// `Config::lease`: [`Consumer::ack`] finishes the task, [`Consumer::nack`]
+/// reports a failed attempt (retried with backoff, or dead-lettered after
+/// `max_attempts`), [`Consumer::extend_lease`] keeps a long job's lease
+/// alive. A lease that expires counts as a failed attempt. At most once,
+/// the task is already finished when the consumer gets it; ack is a no-op.
 #[derive(Clone)]
 pub struct Delivery {
     /// The engine instance that made it; only that one accepts its ack.
@@ -24,6 +28,7 @@ pub struct Delivery {
     pub(crate) due_ms: u64,
     pub(crate) fired_ms: u64,
     pub(crate) attempt: u32,
+    pub(crate) at_most_once: bool,
 }
 
 impl fmt::Debug for Delivery {
@@ -69,25 +74,24 @@ impl Delivery {
     pub fn lateness(&self) -> Duration {
         Duration::from_millis(self.fired_ms.saturating_sub(self.due_ms))
     }
-    /// 1 for the first delivery, 2 for the first redelivery, …
+    /// 1 for the first delivery, 2 for the first redelivery (after a nack,
+    /// a lease expiry or a restart), …
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
 }
 
 /// A handle for receiving due tasks. Clone it freely: any number of consumer
-/// threads may receive, and each delivery goes to exactly one of them.
+/// threads may receive, and each delivery goes to exactly one of them (a
+/// task is handed to another consumer only after its lease ends).
 #[derive(Clone)]
 pub struct Consumer {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) rx: Receiver<Delivery>,
 }
 
 impl fmt::Debug for Consumer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Consumer")
-            .field("ready", &self.rx.len())
-            .finish()
+        f.debug_struct("Consumer").finish_non_exhaustive()
     }
 }
 
@@ -95,28 +99,24 @@ impl Consumer {
     /// Blocks until a task is delivered.
     ///
     /// # Errors
-    /// [`RecvError::Closed`] once the engine is shut down (or dropped) and
-    /// nothing is left; [`RecvError::Poisoned`] if it stopped after an I/O
-    /// failure.
+    /// [`RecvError::Closed`] once the engine is shut down (or dropped);
+    /// [`RecvError::Poisoned`] if it stopped after an I/O failure.
     pub fn recv(&self) -> Result<Delivery, RecvError> {
-        self.rx.recv().map_err(|_| self.stopped_error())
+        self.shared.receive(Wait::Forever)
     }
 
     /// Like [`Consumer::recv`], giving up after `timeout` with
     /// [`RecvError::Timeout`].
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery, RecvError> {
-        self.rx.recv_timeout(timeout).map_err(|e| match e {
-            RecvTimeoutError::Timeout => RecvError::Timeout,
-            RecvTimeoutError::Disconnected => self.stopped_error(),
-        })
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.shared.receive(Wait::Until(deadline)),
+            None => self.recv(),
+        }
     }
 
     /// Returns a ready task without blocking, or [`RecvError::Empty`].
     pub fn try_recv(&self) -> Result<Delivery, RecvError> {
-        self.rx.try_recv().map_err(|e| match e {
-            TryRecvError::Empty => RecvError::Empty,
-            TryRecvError::Disconnected => self.stopped_error(),
-        })
+        self.shared.receive(Wait::No)
     }
 
     /// A blocking iterator over deliveries; it ends when the engine stops.
@@ -126,26 +126,58 @@ impl Consumer {
 
     /// Acknowledges a delivery: the task is finished and will not be
     /// delivered again. Under `Durability::Sync` the ack is durable when this
-    /// returns. Same as [`crate::Engine::ack`].
+    /// returns. At most once: a no-op.
+    ///
+    /// # Errors
+    /// [`AckError::LeaseExpired`] if the lease ran out first (the task is
+    /// redelivered or dead-lettered); [`AckError::NotOutstanding`] if it was
+    /// already acked or nacked, or the delivery is from before a restart or
+    /// from another engine; `Closed`; `Poisoned`. An error changes nothing.
     pub fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         self.shared.ack_many(std::slice::from_ref(delivery))
     }
 
-    /// Acknowledges many deliveries with one log write. Same as
-    /// [`crate::Engine::ack_many`].
+    /// Acknowledges many deliveries with one log write: all of them, or none
+    /// if any is not outstanding (the error names the first).
+    ///
+    /// # Errors
+    /// As [`Consumer::ack`], plus `BatchTooLarge`.
     pub fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
         self.shared.ack_many(deliveries)
     }
 
-    /// Deliveries waiting in the engine's ready queue.
-    pub fn ready(&self) -> usize {
-        self.rx.len()
+    /// Reports a failed attempt with its `error` text (kept, up to 4 KiB,
+    /// with a dead letter). If the task has deliveries left, its next attempt
+    /// is due `retry_after` from now, or after the retry policy's backoff if
+    /// `None`; otherwise it is dead-lettered. If the task was cancelled while
+    /// held, it is finished. Under `Sync` the outcome is durable when this
+    /// returns.
+    ///
+    /// # Errors
+    /// As [`Consumer::ack`] (an expired lease was already counted as the
+    /// failure); `RetryTooFar` past `Config::delay_max`; at most once,
+    /// `NotOutstanding`.
+    pub fn nack(
+        &self,
+        delivery: &Delivery,
+        retry_after: Option<Duration>,
+        error: &str,
+    ) -> Result<NackOutcome, AckError> {
+        self.shared.nack(delivery, retry_after, error)
     }
 
-    fn stopped_error(&self) -> RecvError {
-        match self.shared.poison_cause() {
-            Some(cause) => RecvError::Poisoned { cause },
-            None => RecvError::Closed,
-        }
+    /// Heartbeat: the lease now ends `lease` from now (1 ms..=12 h), for
+    /// work that takes longer than `Config::lease`. Not logged: a restart
+    /// ends every lease.
+    ///
+    /// # Errors
+    /// As [`Consumer::ack`]; `InvalidLease`.
+    pub fn extend_lease(&self, delivery: &Delivery, lease: Duration) -> Result<(), AckError> {
+        self.shared.extend_lease(delivery, lease)
+    }
+
+    /// Deliveries waiting in the engine's ready queue.
+    pub fn ready(&self) -> usize {
+        self.shared.ready_count()
     }
 }

@@ -106,6 +106,19 @@ pub enum ScheduleError {
         /// `Config::pending_tasks_max`.
         max: usize,
     },
+    /// A consumer holds the task with this key now: it cannot be
+    /// rescheduled (cancel it, or let the consumer nack it).
+    #[error("task {key:?} is held by a consumer")]
+    InFlight {
+        /// The key (lossy UTF-8).
+        key: String,
+    },
+    /// No dead letter has this task id.
+    #[error("no dead letter with task id {task_id}")]
+    NotDeadLetter {
+        /// The id asked for.
+        task_id: u64,
+    },
     /// The engine was shut down.
     #[error("the engine is shut down")]
     Closed,
@@ -153,12 +166,35 @@ pub enum AckError {
         /// The maximum.
         max: usize,
     },
-    /// The delivery is not outstanding: already acked, from before a restart,
-    /// or made by another engine.
+    /// The delivery is not outstanding: already acked or nacked, finished,
+    /// from before a restart, or made by another engine. Nothing changed.
     #[error("delivery of task {task_id} is not outstanding (already acked, stale, or from another engine)")]
     NotOutstanding {
         /// The task id in the delivery.
         task_id: u64,
+    },
+    /// The delivery's lease expired (the task will be, or already was,
+    /// delivered again, or was dead-lettered). Nothing changed.
+    #[error("the lease of task {task_id}'s delivery expired; it is redelivered or dead-lettered")]
+    LeaseExpired {
+        /// The task id in the delivery.
+        task_id: u64,
+    },
+    /// A nack asked for a retry later than `Config::delay_max`.
+    #[error("retry after {retry_after_ms} ms is past the maximum delay of {max_ms} ms")]
+    RetryTooFar {
+        /// The retry delay asked for, ms.
+        retry_after_ms: u64,
+        /// `Config::delay_max`, ms.
+        max_ms: u64,
+    },
+    /// A lease extension of zero or more than `LEASE_MAX`.
+    #[error("lease of {lease_ms} ms is not in 1..={max_ms} ms")]
+    InvalidLease {
+        /// The lease asked for, ms.
+        lease_ms: u64,
+        /// `LEASE_MAX`, ms.
+        max_ms: u64,
     },
     /// The engine was shut down.
     #[error("the engine is shut down")]

@@ -15,7 +15,7 @@
 //! let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone())).unwrap();
 //! engine.schedule_after(b"order:1:timeout", Duration::from_secs(1800), b"cancel order 1").unwrap();
 //! engine.schedule_after(b"order:2:timeout", Duration::from_secs(1800), b"cancel order 2").unwrap();
-//! assert_eq!(engine.cancel(b"order:1:timeout").unwrap(), CancelOutcome::Cancelled); // paid
+//! assert_eq!(engine.cancel(b"order:1:timeout").unwrap(), CancelOutcome::Cancelled { deliveries: 0 }); // paid
 //!
 //! clock.advance(Duration::from_secs(1800));
 //! engine.run_until_idle();
@@ -44,9 +44,12 @@ mod task;
 pub mod wheel;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::Config;
+pub use config::{Config, DeliveryGuarantee, RetryPolicy};
 pub use consumer::{Consumer, Delivery};
-pub use engine::{CancelOutcome, Due, Engine, NewTask, Recovery, Stats};
+pub use engine::{
+    CancelOutcome, DeadLetter, Due, Engine, NackOutcome, NewTask, Recovery, RescheduleOutcome,
+    Stats,
+};
 pub use error::{AckError, CancelError, OpenError, RecvError, ScheduleError, ShutdownError};
 pub use kairos_wal::{Durability, RecoveryReport, TornTail};
 pub use task::{TaskId, TaskState};

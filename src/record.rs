@@ -18,6 +18,16 @@ pub const RECORD_CANCEL: u8 = 2;
 pub const RECORD_DELIVER: u8 = 3;
 /// Record type of [`Record::Ack`].
 pub const RECORD_ACK: u8 = 4;
+/// Record type of [`Record::Retry`].
+pub const RECORD_RETRY: u8 = 5;
+/// Record type of [`Record::Dead`].
+pub const RECORD_DEAD: u8 = 6;
+/// Record type of [`Record::Purge`].
+pub const RECORD_PURGE: u8 = 7;
+/// Record type of [`Record::Reschedule`].
+pub const RECORD_RESCHEDULE: u8 = 8;
+/// Record type of [`Record::Release`].
+pub const RECORD_RELEASE: u8 = 9;
 
 const TASK_ID_OFFSET: usize = 0;
 const TASK_ID_BYTES: usize = 8;
@@ -37,6 +47,21 @@ const FIRED_MS_OFFSET: usize = TASK_ID_OFFSET + TASK_ID_BYTES;
 const FIRED_MS_BYTES: usize = 8;
 /// Body size of a deliver record: task id and the wall time it was handed out.
 pub const DELIVER_BYTES: usize = FIRED_MS_OFFSET + FIRED_MS_BYTES;
+
+const ERROR_LEN_OFFSET: usize = DUE_MS_OFFSET + DUE_MS_BYTES;
+const ERROR_LEN_BYTES: usize = 2;
+/// Fixed part of retry and dead bodies (task id, a time, error length); the
+/// error text follows.
+pub const WITH_ERROR_FIXED_BYTES: usize = ERROR_LEN_OFFSET + ERROR_LEN_BYTES;
+/// Longest error text a retry or dead record carries (longer texts are cut
+/// at a character boundary before logging).
+pub const ERROR_BYTES_MAX: usize = 4096;
+
+const PAYLOAD_FLAG_OFFSET: usize = DUE_MS_OFFSET + DUE_MS_BYTES;
+const PAYLOAD_FLAG_BYTES: usize = 1;
+const NEW_PAYLOAD_LEN_OFFSET: usize = PAYLOAD_FLAG_OFFSET + PAYLOAD_FLAG_BYTES;
+/// Fixed part of a reschedule body; the new payload (if any) follows.
+pub const RESCHEDULE_FIXED_BYTES: usize = NEW_PAYLOAD_LEN_OFFSET + PAYLOAD_LEN_BYTES;
 
 /// A decoded record body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +94,46 @@ pub enum Record<'a> {
         /// The finished task.
         id: TaskId,
     },
+    /// A delivered task failed (nack, or its lease expired) and waits for
+    /// its next attempt at `due_ms`.
+    Retry {
+        /// The task.
+        id: TaskId,
+        /// When the next attempt is due, UTC ms.
+        due_ms: u64,
+        /// Why the attempt failed (UTF-8, at most [`ERROR_BYTES_MAX`] bytes).
+        error: &'a [u8],
+    },
+    /// A delivered task exhausted its attempts and became a dead letter.
+    Dead {
+        /// The task.
+        id: TaskId,
+        /// When it was dead-lettered, UTC ms.
+        dead_ms: u64,
+        /// Why the last attempt failed (UTF-8, at most [`ERROR_BYTES_MAX`] bytes).
+        error: &'a [u8],
+    },
+    /// A dead letter was removed (purged, or requeued as a new task).
+    Purge {
+        /// The dead letter's task id.
+        id: TaskId,
+    },
+    /// A waiting task got a new due time and, if `payload` is `Some`, a new
+    /// payload.
+    Reschedule {
+        /// The task.
+        id: TaskId,
+        /// The new due time, UTC ms.
+        due_ms: u64,
+        /// The new payload, or `None` to keep the old one.
+        payload: Option<&'a [u8]>,
+    },
+    /// A delivery that no consumer received was taken back (at a clean
+    /// shutdown): it does not count as an attempt.
+    Release {
+        /// The task.
+        id: TaskId,
+    },
 }
 
 /// A record body that does not decode.
@@ -89,6 +154,11 @@ impl Record<'_> {
             Record::Cancel { .. } => RECORD_CANCEL,
             Record::Deliver { .. } => RECORD_DELIVER,
             Record::Ack { .. } => RECORD_ACK,
+            Record::Retry { .. } => RECORD_RETRY,
+            Record::Dead { .. } => RECORD_DEAD,
+            Record::Purge { .. } => RECORD_PURGE,
+            Record::Reschedule { .. } => RECORD_RESCHEDULE,
+            Record::Release { .. } => RECORD_RELEASE,
         }
     }
 
@@ -114,8 +184,41 @@ impl Record<'_> {
                 out.extend_from_slice(key);
                 out.extend_from_slice(payload);
             }
-            Record::Cancel { id } | Record::Ack { id } => {
-                out.extend_from_slice(&id.0.to_le_bytes())
+            Record::Cancel { id }
+            | Record::Ack { id }
+            | Record::Purge { id }
+            | Record::Release { id } => out.extend_from_slice(&id.0.to_le_bytes()),
+            Record::Retry {
+                id,
+                due_ms: time_ms,
+                error,
+            }
+            | Record::Dead {
+                id,
+                dead_ms: time_ms,
+                error,
+            } => {
+                let error = &error[..error.len().min(ERROR_BYTES_MAX)];
+                let error_len = u16::try_from(error.len()).expect("ERROR_BYTES_MAX < 2^16");
+                out.reserve(WITH_ERROR_FIXED_BYTES + error.len());
+                out.extend_from_slice(&id.0.to_le_bytes());
+                out.extend_from_slice(&time_ms.to_le_bytes());
+                out.extend_from_slice(&error_len.to_le_bytes());
+                out.extend_from_slice(error);
+            }
+            Record::Reschedule {
+                id,
+                due_ms,
+                payload,
+            } => {
+                let bytes = payload.unwrap_or(&[]);
+                let payload_len = u32::try_from(bytes.len()).expect("payload length validated");
+                out.reserve(RESCHEDULE_FIXED_BYTES + bytes.len());
+                out.extend_from_slice(&id.0.to_le_bytes());
+                out.extend_from_slice(&due_ms.to_le_bytes());
+                out.push(u8::from(payload.is_some()));
+                out.extend_from_slice(&payload_len.to_le_bytes());
+                out.extend_from_slice(bytes);
             }
             Record::Deliver { id, fired_ms } => {
                 out.extend_from_slice(&id.0.to_le_bytes());
@@ -134,6 +237,21 @@ impl Record<'_> {
             RECORD_ACK => Ok(Record::Ack {
                 id: decode_id_only("ack", body)?,
             }),
+            RECORD_PURGE => Ok(Record::Purge {
+                id: decode_id_only("purge", body)?,
+            }),
+            RECORD_RELEASE => Ok(Record::Release {
+                id: decode_id_only("release", body)?,
+            }),
+            RECORD_RETRY => {
+                let (id, due_ms, error) = decode_with_error("retry", body)?;
+                Ok(Record::Retry { id, due_ms, error })
+            }
+            RECORD_DEAD => {
+                let (id, dead_ms, error) = decode_with_error("dead", body)?;
+                Ok(Record::Dead { id, dead_ms, error })
+            }
+            RECORD_RESCHEDULE => decode_reschedule(body),
             RECORD_DELIVER => {
                 exact_len("deliver", body, DELIVER_BYTES)?;
                 Ok(Record::Deliver {
@@ -188,6 +306,74 @@ fn decode_schedule(body: &[u8]) -> Result<Record<'_>, DecodeError> {
         due_ms: read_u64(body, DUE_MS_OFFSET),
         key: &body[SCHEDULE_FIXED_BYTES..key_end],
         payload: &body[key_end..],
+    })
+}
+
+fn decode_with_error<'a>(
+    kind: &'static str,
+    body: &'a [u8],
+) -> Result<(TaskId, u64, &'a [u8]), DecodeError> {
+    let err = |reason: String| DecodeError { kind, reason };
+    if body.len() < WITH_ERROR_FIXED_BYTES {
+        return Err(err(format!(
+            "body is {} bytes, shorter than the fixed {WITH_ERROR_FIXED_BYTES}",
+            body.len()
+        )));
+    }
+    let error_len = usize::from(u16::from_le_bytes([
+        body[ERROR_LEN_OFFSET],
+        body[ERROR_LEN_OFFSET + 1],
+    ]));
+    if error_len > ERROR_BYTES_MAX || WITH_ERROR_FIXED_BYTES + error_len != body.len() {
+        return Err(err(format!(
+            "error length {error_len} does not match a {} byte body (max {ERROR_BYTES_MAX})",
+            body.len()
+        )));
+    }
+    Ok((
+        TaskId(read_u64(body, TASK_ID_OFFSET)),
+        read_u64(body, DUE_MS_OFFSET),
+        &body[WITH_ERROR_FIXED_BYTES..],
+    ))
+}
+
+fn decode_reschedule(body: &[u8]) -> Result<Record<'_>, DecodeError> {
+    let err = |reason: String| DecodeError {
+        kind: "reschedule",
+        reason,
+    };
+    if body.len() < RESCHEDULE_FIXED_BYTES {
+        return Err(err(format!(
+            "body is {} bytes, shorter than the fixed {RESCHEDULE_FIXED_BYTES}",
+            body.len()
+        )));
+    }
+    let flag = body[PAYLOAD_FLAG_OFFSET];
+    let payload_len = u32::from_le_bytes([
+        body[NEW_PAYLOAD_LEN_OFFSET],
+        body[NEW_PAYLOAD_LEN_OFFSET + 1],
+        body[NEW_PAYLOAD_LEN_OFFSET + 2],
+        body[NEW_PAYLOAD_LEN_OFFSET + 3],
+    ]) as usize;
+    if RESCHEDULE_FIXED_BYTES.checked_add(payload_len) != Some(body.len()) {
+        return Err(err(format!(
+            "payload {payload_len} bytes does not match a {} byte body",
+            body.len()
+        )));
+    }
+    let payload = match flag {
+        0 if payload_len == 0 => None,
+        1 => Some(&body[RESCHEDULE_FIXED_BYTES..]),
+        _ => {
+            return Err(err(format!(
+                "payload flag {flag} with {payload_len} payload bytes"
+            )))
+        }
+    };
+    Ok(Record::Reschedule {
+        id: TaskId(read_u64(body, TASK_ID_OFFSET)),
+        due_ms: read_u64(body, DUE_MS_OFFSET),
+        payload,
     })
 }
 
@@ -261,6 +447,86 @@ mod tests {
             }),
             vec![1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]
         );
+    }
+
+    #[test]
+    fn golden_delivery_outcome_bodies() {
+        assert_eq!(
+            round_trip(Record::Retry {
+                id: TaskId(3),
+                due_ms: 0x0102,
+                error: b"no"
+            }),
+            vec![3, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 2, 0, b'n', b'o']
+        );
+        assert_eq!(
+            round_trip(Record::Dead {
+                id: TaskId(3),
+                dead_ms: 5,
+                error: b""
+            }),
+            vec![3, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            round_trip(Record::Purge { id: TaskId(4) }),
+            vec![4, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            round_trip(Record::Release { id: TaskId(5) }),
+            vec![5, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            round_trip(Record::Reschedule {
+                id: TaskId(6),
+                due_ms: 7,
+                payload: None
+            }),
+            vec![6, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            round_trip(Record::Reschedule {
+                id: TaskId(6),
+                due_ms: 7,
+                payload: Some(b"p")
+            }),
+            vec![6, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, b'p']
+        );
+    }
+
+    #[test]
+    fn long_error_texts_are_cut_to_the_maximum() {
+        let long = vec![b'e'; ERROR_BYTES_MAX + 10];
+        let mut out = Vec::new();
+        Record::Dead {
+            id: TaskId(1),
+            dead_ms: 0,
+            error: &long,
+        }
+        .encode_into(&mut out);
+        assert_eq!(out.len(), WITH_ERROR_FIXED_BYTES + ERROR_BYTES_MAX);
+        assert!(Record::decode(RECORD_DEAD, &out).is_ok());
+    }
+
+    #[test]
+    fn bad_delivery_outcome_bodies_are_errors() {
+        // Error length past the body.
+        let mut body = vec![0u8; WITH_ERROR_FIXED_BYTES];
+        body[ERROR_LEN_OFFSET] = 1;
+        assert!(Record::decode(RECORD_RETRY, &body).is_err());
+        // Error length above the maximum, even if the body holds it.
+        let mut body = vec![0u8; WITH_ERROR_FIXED_BYTES + ERROR_BYTES_MAX + 1];
+        body[ERROR_LEN_OFFSET..ERROR_LEN_OFFSET + 2]
+            .copy_from_slice(&((ERROR_BYTES_MAX + 1) as u16).to_le_bytes());
+        assert!(Record::decode(RECORD_DEAD, &body).is_err());
+        // "Keep the payload" with payload bytes, and an unknown flag.
+        let mut body = vec![0u8; RESCHEDULE_FIXED_BYTES + 1];
+        body[NEW_PAYLOAD_LEN_OFFSET] = 1;
+        assert!(Record::decode(RECORD_RESCHEDULE, &body).is_err());
+        let mut body = vec![0u8; RESCHEDULE_FIXED_BYTES];
+        body[PAYLOAD_FLAG_OFFSET] = 2;
+        assert!(Record::decode(RECORD_RESCHEDULE, &body).is_err());
+        assert!(Record::decode(RECORD_PURGE, &[0; 7]).is_err());
+        assert!(Record::decode(RECORD_RELEASE, &[0; 9]).is_err());
     }
 
     #[test]

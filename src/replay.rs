@@ -13,10 +13,34 @@ pub struct LiveTask {
     pub key: Box<[u8]>,
     /// Its payload (empty when the replay keeps no payloads).
     pub payload: Box<[u8]>,
-    /// Due time, UTC ms.
+    /// Due time of its next attempt, UTC ms.
     pub due_ms: u64,
-    /// Deliver records seen for it (0 = never delivered).
+    /// Deliveries so far: DELIVER records, less RELEASE records (0 = never
+    /// delivered).
     pub deliveries: u32,
+    /// Handed to the consumers by its last DELIVER and not yet acked,
+    /// retried, dead-lettered or released: a restart redelivers it.
+    pub in_flight: bool,
+    /// The error text of its last failed attempt (empty if none).
+    pub last_error: Box<[u8]>,
+}
+
+/// A dead letter: a task that exhausted its attempts, kept until purged or
+/// requeued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadTask {
+    /// Its key.
+    pub key: Box<[u8]>,
+    /// Its payload (empty when the replay keeps no payloads).
+    pub payload: Box<[u8]>,
+    /// Due time of its last attempt, UTC ms.
+    pub due_ms: u64,
+    /// Deliveries it had.
+    pub deliveries: u32,
+    /// When it was dead-lettered, UTC ms.
+    pub dead_ms: u64,
+    /// The error text of its last attempt.
+    pub error: Box<[u8]>,
 }
 
 /// A record that breaks the replay rules: the log is not one the engine
@@ -25,13 +49,15 @@ pub struct LiveTask {
 #[error("{0}")]
 pub struct RuleError(pub String);
 
-/// The live task set, rebuilt record by record.
+/// The live task set and the dead letters, rebuilt record by record.
 ///
-/// Memory: one entry per live task (its key, and its payload if kept).
+/// Memory: one entry per live task and per dead letter (its key, and its
+/// payload if kept).
 #[derive(Debug, Default)]
 pub struct Replay {
     tasks: HashMap<u64, LiveTask>,
     keys: HashSet<Box<[u8]>>,
+    dead: HashMap<u64, DeadTask>,
     max_id: u64,
     keep_payloads: bool,
 }
@@ -48,9 +74,12 @@ impl Replay {
 
     /// Applies one record. On `Err` nothing changed.
     ///
-    /// Rules: a schedule's id exceeds every earlier id and its key is not
-    /// live; a cancel names a live task never delivered; a deliver names a
-    /// live task; an ack names a live task delivered at least once.
+    /// Rules (`wal/FORMAT.md`, "Replay rules"): a schedule's id exceeds every
+    /// earlier id and its key is not live; a cancel names a live task (it is
+    /// finished, in flight or not); a deliver names a live task not in
+    /// flight; an ack, retry, dead or release names a live task in flight; a
+    /// reschedule names a live task not in flight; a purge names a dead
+    /// letter.
     pub fn apply(&mut self, record: &Record<'_>) -> Result<(), RuleError> {
         match *record {
             Record::Schedule {
@@ -81,30 +110,100 @@ impl Replay {
                         payload: payload.into(),
                         due_ms,
                         deliveries: 0,
+                        in_flight: false,
+                        last_error: Box::default(),
                     },
                 );
             }
-            Record::Cancel { id } => match self.tasks.get(&id.0) {
-                Some(t) if t.deliveries == 0 => self.finish(id.0),
-                Some(_) => return Err(rule("cancel", id.0, "which was already delivered")),
-                None => return Err(rule("cancel", id.0, "which is not live")),
-            },
-            Record::Deliver { id, .. } => match self.tasks.get_mut(&id.0) {
-                Some(t) => t.deliveries = t.deliveries.saturating_add(1),
-                None => return Err(rule("deliver", id.0, "which is not live")),
-            },
-            Record::Ack { id } => match self.tasks.get(&id.0) {
-                Some(t) if t.deliveries > 0 => self.finish(id.0),
-                Some(_) => return Err(rule("ack", id.0, "which was never delivered")),
-                None => return Err(rule("ack", id.0, "which is not live")),
-            },
+            Record::Cancel { id } => {
+                self.live(id.0, "cancel")?;
+                self.finish(id.0);
+            }
+            Record::Deliver { id, .. } => {
+                let t = self.waiting(id.0, "deliver")?;
+                t.deliveries = t.deliveries.saturating_add(1);
+                t.in_flight = true;
+            }
+            Record::Ack { id } => {
+                self.in_flight(id.0, "ack")?;
+                self.finish(id.0);
+            }
+            Record::Retry { id, due_ms, error } => {
+                let t = self.in_flight(id.0, "retry")?;
+                t.in_flight = false;
+                t.due_ms = due_ms;
+                t.last_error = error.into();
+            }
+            Record::Release { id } => {
+                let t = self.in_flight(id.0, "release")?;
+                t.in_flight = false;
+                t.deliveries = t.deliveries.saturating_sub(1);
+            }
+            Record::Dead { id, dead_ms, error } => {
+                self.in_flight(id.0, "dead")?;
+                if let Some(t) = self.finish(id.0) {
+                    self.dead.insert(
+                        id.0,
+                        DeadTask {
+                            key: t.key,
+                            payload: t.payload,
+                            due_ms: t.due_ms,
+                            deliveries: t.deliveries,
+                            dead_ms,
+                            error: error.into(),
+                        },
+                    );
+                }
+            }
+            Record::Purge { id } => {
+                if self.dead.remove(&id.0).is_none() {
+                    return Err(rule("purge", id.0, "which is not a dead letter"));
+                }
+            }
+            Record::Reschedule {
+                id,
+                due_ms,
+                payload,
+            } => {
+                let keep_payloads = self.keep_payloads;
+                let t = self.waiting(id.0, "reschedule")?;
+                t.due_ms = due_ms;
+                if let (Some(p), true) = (payload, keep_payloads) {
+                    t.payload = p.into();
+                }
+            }
         }
         Ok(())
     }
 
+    fn live(&mut self, id: u64, kind: &str) -> Result<&mut LiveTask, RuleError> {
+        self.tasks
+            .get_mut(&id)
+            .ok_or_else(|| rule(kind, id, "which is not live"))
+    }
+
+    fn waiting(&mut self, id: u64, kind: &str) -> Result<&mut LiveTask, RuleError> {
+        match self.live(id, kind)? {
+            t if !t.in_flight => Ok(t),
+            _ => Err(rule(kind, id, "which is in flight")),
+        }
+    }
+
+    fn in_flight(&mut self, id: u64, kind: &str) -> Result<&mut LiveTask, RuleError> {
+        match self.live(id, kind)? {
+            t if t.in_flight => Ok(t),
+            _ => Err(rule(kind, id, "which is not in flight")),
+        }
+    }
+
     /// Live tasks so far.
-    pub fn live(&self) -> usize {
+    pub fn live_tasks(&self) -> usize {
         self.tasks.len()
+    }
+
+    /// Dead letters so far.
+    pub fn dead_letters(&self) -> usize {
+        self.dead.len()
     }
 
     /// The live tasks so far, in no particular order.
@@ -117,15 +216,15 @@ impl Replay {
         self.max_id
     }
 
-    /// The live tasks, by id.
-    pub fn into_tasks(self) -> HashMap<u64, LiveTask> {
-        self.tasks
+    /// The live tasks and the dead letters, by id.
+    pub fn into_parts(self) -> (HashMap<u64, LiveTask>, HashMap<u64, DeadTask>) {
+        (self.tasks, self.dead)
     }
 
-    fn finish(&mut self, id: u64) {
-        if let Some(t) = self.tasks.remove(&id) {
-            self.keys.remove(&t.key);
-        }
+    fn finish(&mut self, id: u64) -> Option<LiveTask> {
+        let t = self.tasks.remove(&id)?;
+        self.keys.remove(&t.key);
+        Some(t)
     }
 }
 
@@ -158,32 +257,77 @@ mod tests {
             r.apply(&Record::Ack { id: TaskId(1) }).is_err(),
             "never delivered"
         );
-        r.apply(&Record::Deliver {
-            id: TaskId(1),
+        let deliver = |id| Record::Deliver {
+            id: TaskId(id),
             fired_ms: 6,
-        })
-        .unwrap();
-        assert!(
-            r.apply(&Record::Cancel { id: TaskId(1) }).is_err(),
-            "delivered"
-        );
+        };
+        r.apply(&deliver(1)).unwrap();
+        assert!(r.apply(&deliver(1)).is_err(), "in flight");
         r.apply(&Record::Ack { id: TaskId(1) }).unwrap();
         r.apply(&Record::Cancel { id: TaskId(2) }).unwrap();
         assert!(
             r.apply(&Record::Cancel { id: TaskId(2) }).is_err(),
             "not live"
         );
-        assert_eq!(r.live(), 0);
+        assert_eq!(r.live_tasks(), 0);
         r.apply(&schedule(3, b"a")).unwrap();
         assert_eq!(r.max_id(), 3);
-        let tasks = r.into_tasks();
+        let (tasks, _) = r.into_parts();
         assert_eq!(tasks[&3].payload.as_ref(), b"p");
+    }
+
+    #[test]
+    fn retries_dead_letters_and_releases() {
+        let mut r = Replay::new(true);
+        let deliver = |id| Record::Deliver {
+            id: TaskId(id),
+            fired_ms: 6,
+        };
+        r.apply(&schedule(1, b"a")).unwrap();
+        assert!(r.apply(&Record::Release { id: TaskId(1) }).is_err());
+        r.apply(&deliver(1)).unwrap();
+        r.apply(&Record::Release { id: TaskId(1) }).unwrap();
+        r.apply(&deliver(1)).unwrap();
+        let retry = Record::Retry {
+            id: TaskId(1),
+            due_ms: 50,
+            error: b"boom",
+        };
+        r.apply(&retry).unwrap();
+        assert!(r.apply(&retry).is_err(), "not in flight");
+        let reschedule = Record::Reschedule {
+            id: TaskId(1),
+            due_ms: 60,
+            payload: Some(b"q"),
+        };
+        r.apply(&reschedule).unwrap();
+        let t = &r.tasks[&1];
+        assert_eq!((t.deliveries, t.in_flight, t.due_ms), (1, false, 60));
+        assert_eq!((&*t.last_error, &*t.payload), (&b"boom"[..], &b"q"[..]));
+        r.apply(&deliver(1)).unwrap();
+        assert!(r.apply(&reschedule).is_err(), "in flight");
+        r.apply(&Record::Dead {
+            id: TaskId(1),
+            dead_ms: 70,
+            error: b"again",
+        })
+        .unwrap();
+        assert_eq!((r.live_tasks(), r.dead_letters()), (0, 1));
+        // The key is free again while the dead letter is kept.
+        r.apply(&schedule(2, b"a")).unwrap();
+        r.apply(&Record::Purge { id: TaskId(1) }).unwrap();
+        assert!(r.apply(&Record::Purge { id: TaskId(1) }).is_err());
+        // Cancel finishes a task in flight too.
+        r.apply(&deliver(2)).unwrap();
+        r.apply(&Record::Cancel { id: TaskId(2) }).unwrap();
+        assert!(r.apply(&Record::Ack { id: TaskId(2) }).is_err());
+        assert_eq!((r.live_tasks(), r.dead_letters()), (0, 0));
     }
 
     #[test]
     fn verifier_keeps_no_payloads() {
         let mut r = Replay::new(false);
         r.apply(&schedule(1, b"a")).unwrap();
-        assert!(r.into_tasks()[&1].payload.is_empty());
+        assert!(r.into_parts().0[&1].payload.is_empty());
     }
 }

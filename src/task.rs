@@ -8,16 +8,30 @@ use crate::wheel::TimerKey;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct TaskId(pub u64);
 
-/// Where a task stands. This is the single place task state is defined; later
-/// issues (leases, retries, dead letters) extend it here.
+/// Where a task stands. This is the single place task state is defined.
+///
+/// ```text
+/// Scheduled ──due──▶ Ready ──received──▶ Leased ──ack──▶ (finished)
+///     ▲                │                   │ ├─nack / lease expiry, attempts left──▶ Scheduled
+///     └───release──────┘                   │ └─nack / lease expiry, none left──▶ dead letter
+///                                          └─cancel──▶ Abandoned ──ack / nack / expiry──▶ (finished)
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskState {
-    /// Waiting for its due time: in the timing wheel or in the overdue queue.
+    /// Waiting for its due time (first attempt or a retry): in the timing
+    /// wheel, the overdue queue or the catch-up backlog. Cancel answers
+    /// `Cancelled`.
     Scheduled,
-    /// Due and handed to the consumers (its deliver record is logged), not yet
-    /// acknowledged. Cancel answers `AlreadyDelivered`; after a restart it is
-    /// delivered again.
-    Delivered,
+    /// Due and handed out (its deliver record is logged), waiting in the
+    /// ready queue for a consumer. Cancel still answers `Cancelled`: no
+    /// consumer has it.
+    Ready,
+    /// Received by a consumer, which holds its lease (its expiry is a timer
+    /// in the wheel). Cancel answers `AlreadyDelivered`.
+    Leased,
+    /// Leased, then cancelled: the holder may still ack or nack, but no
+    /// retry or redelivery follows. Its key is free again.
+    Abandoned,
 }
 
 /// Where a task's variable-length bytes (key and payload) live. One

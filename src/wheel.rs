@@ -295,6 +295,15 @@ impl Wheel {
         Some(item)
     }
 
+    /// The due tick of the live timer `key`, or `None` if the key is stale
+    /// (removed or expired) or unknown. O(1).
+    #[must_use]
+    pub fn due(&self, key: TimerKey) -> Option<Tick> {
+        let TimerKey(index, generation) = key;
+        let node = self.nodes.get(index as usize)?;
+        (node.generation == generation && is_live(generation)).then_some(Tick(node.due))
+    }
+
     /// The earliest tick at which [`Wheel::advance`] has work to do — the start of the first
     /// non-empty slot, where timers either expire or cascade to a finer level — or `None` if the
     /// wheel is empty. Always after `elapsed` and never later than the earliest due tick, so a
@@ -595,6 +604,20 @@ mod tests {
             level_for(WHEEL_RANGE_TICKS - 1, WHEEL_RANGE_TICKS),
             LEVELS - 1
         );
+    }
+
+    #[test]
+    fn due_of_live_and_stale_keys() {
+        let mut wheel = Wheel::new();
+        let key = wheel.insert(Tick(5), 1).expect("in range");
+        assert_eq!(wheel.due(key), Some(Tick(5)));
+        assert_eq!(wheel.remove(key), Some(1));
+        assert_eq!(wheel.due(key), None);
+        let key = wheel.insert(Tick(3), 2).expect("in range");
+        let mut out = Vec::new();
+        wheel.advance(Tick(3), &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(wheel.due(key), None, "expired");
     }
 
     #[test]

@@ -205,7 +205,7 @@ fn too_many_pending_is_rejected_until_a_task_leaves() -> TestResult {
         Err(ScheduleError::TooManyPending { .. })
     ));
     // A cancel frees a place.
-    assert_eq!(e.cancel(b"a")?, CancelOutcome::Cancelled);
+    assert_eq!(e.cancel(b"a")?, CancelOutcome::Cancelled { deliveries: 0 });
     e.schedule_after(b"c", at, b"c")?;
     // A delivered but unacked task still counts; its ack frees the place.
     let d = h.advance(Duration::from_millis(KEEPER_DELAY_MS))?;
@@ -513,7 +513,7 @@ fn cancel_of_unknown_keys_and_stale_acks_are_answered_not_errors() -> TestResult
     assert_eq!(
         e.cancel_many(&[b"keeper-0", b"nope", b"keeper-0"])?,
         vec![
-            CancelOutcome::Cancelled,
+            CancelOutcome::Cancelled { deliveries: 0 },
             CancelOutcome::NotFound,
             CancelOutcome::NotFound
         ]
@@ -629,13 +629,10 @@ fn ack_of_a_delivery_from_another_engine_is_refused() -> TestResult {
         b.ack(&da[0]),
         Err(AckError::NotOutstanding { task_id: 1 })
     ));
-    assert_eq!(b.stats().delivered_unacked, 1);
+    assert_eq!(b.stats().in_flight, 1);
     b.ack(&db[0])?;
     a.ack(&da[0])?;
-    assert_eq!(
-        (a.stats().delivered_unacked, b.stats().delivered_unacked),
-        (0, 0)
-    );
+    assert_eq!((a.stats().in_flight, b.stats().in_flight), (0, 0));
     Ok(())
 }
 

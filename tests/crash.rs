@@ -216,7 +216,7 @@ fn sigkill_child() -> TestResult {
             }
             CrashOp::Cancel(i) => {
                 let outcome = engine.cancel(&crash_key(round, i))?;
-                if outcome != CancelOutcome::Cancelled {
+                if !outcome.is_cancelled() {
                     return Err(format!("cancel {i}: {outcome:?}").into());
                 }
             }
@@ -376,7 +376,7 @@ fn scenario_07_cancel_survives_sigkill() -> TestResult {
         let dir = tempfile::tempdir()?;
         let mut child = ChildProc::spawn(SCENARIO_07_TEST, dir.path(), round, START_MS)?;
         let line = child.next_line()?;
-        if line.as_deref() != Some("Cancelled") {
+        if line.as_deref() != Some("Cancelled { deliveries: 0 }") {
             return Err(child.fail(format!("cancel at +1 s answered {line:?}, not Cancelled")));
         }
         child.kill()?;

@@ -71,7 +71,11 @@ fn random_workload(
     for i in 0..count {
         if !live.is_empty() && rng.chance(30) {
             let k = live.swap_remove(rng.next_u64() as usize % live.len());
-            assert_eq!(engine.cancel(&k)?, CancelOutcome::Cancelled, "cancel {i}");
+            assert_eq!(
+                engine.cancel(&k)?,
+                CancelOutcome::Cancelled { deliveries: 0 },
+                "cancel {i}"
+            );
             ops.push(Op::Cancel { key: k });
         } else {
             let k = key("task-", i);

@@ -2,17 +2,21 @@
 //! reopen and power cut as operations (mrecordlog's, sled's and redb's model tests).
 //!
 //! Each case runs a random sequence of operations — schedule (after a delay, or at an absolute
-//! time that may be past), batch schedule, cancel, advance the clock (milliseconds to a year),
-//! step the wall clock alone, ack, ack a stale delivery, clean reopen, power cut — on an
-//! engine with `Durability::Sync` on `SimStorage` with tiny segments, and checks after every
-//! step:
+//! time that may be past), batch schedule, reschedule (upsert), cancel, advance the clock
+//! (milliseconds to a year), step the wall clock alone, ack, ack many (some spoiled), nack
+//! (with or without a retry delay), extend a lease, clean reopen, process crash, power cut —
+//! on an at-least-once engine with short leases, a small `max_attempts` and a fast backoff,
+//! with `SimStorage` and tiny segments, and checks after every step:
 //!
-//! * every outcome (ids aside) is exactly what the model predicts;
+//! * every outcome (ids aside) is exactly what the model predicts — including which acks are
+//!   refused because the lease expired, and each nack's retry time or dead letter;
 //! * the deliveries are exactly the tasks that fell due — keys, payloads, due times, attempts
-//!   and hand-out times — in deadline order, FIFO among equal deadlines;
+//!   and hand-out times — in deadline order, FIFO among equal deadlines (lease expiries share
+//!   the wheel and its FIFO order);
 //! * after a reopen or a power cut, every task the model holds is still there (nothing
-//!   acknowledged under `Sync` is lost), delivered-but-unacked tasks come again with
-//!   `attempt + 1`, and `Engine::recovery()` counts them exactly.
+//!   acknowledged under `Sync` is lost), tasks in flight come again with `attempt + 1` or are
+//!   dead-lettered when their attempts are used up, tasks cancelled in flight never come back,
+//!   dead letters are kept, and `Engine::recovery()` and `Engine::stats()` count it all exactly.
 //!
 //! Time follows the README: firing follows the monotonic clock; a due time is converted with
 //! the wall clock at the call and again at open, so a wall step moves no scheduled task until
@@ -22,7 +26,10 @@ mod common;
 
 use common::{drain, scale, SimHarness, Stop, TestResult, SMALL_SEGMENT_BYTES};
 use kairos::clock::ms_to_system_time;
-use kairos::{AckError, CancelOutcome, Config, Delivery, Due, Durability, NewTask, ScheduleError};
+use kairos::{
+    AckError, CancelOutcome, Config, Delivery, Due, Durability, NackOutcome, NewTask,
+    RescheduleOutcome, RetryPolicy, ScheduleError,
+};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,6 +40,9 @@ const KEY_SPACE: u8 = 12;
 
 /// About 463 days, in ms: past the wheel's coarse levels (2^36 ms ≈ 795 days is level 6).
 const LONG_MS: u64 = 40_000_000_000;
+
+/// The error text a lease expiry records (checked through the dead letters).
+const NACK_ERROR: &str = "model nack";
 
 #[derive(Debug, Clone, Copy)]
 enum When {
@@ -53,6 +63,11 @@ enum Op {
         keys: Vec<u8>,
         delay_ms: u64,
     },
+    Reschedule {
+        key: u8,
+        delay_ms: u64,
+        new_payload: bool,
+    },
     Cancel {
         key: u8,
     },
@@ -62,17 +77,25 @@ enum Op {
     StepWall {
         ms: i64,
     },
+    /// Ack one delivery of this incarnation that the model says is held (`fresh`), or any
+    /// delivery ever made (acked, expired, cancelled, from an earlier incarnation).
     Ack {
         pick: usize,
+        fresh: bool,
     },
-    AckStale {
-        pick: usize,
-    },
-    /// `ack_many` of some outstanding deliveries; with `spoil`, one of them twice or a stale
-    /// one too, so the whole call must fail and ack nothing.
+    /// `ack_many` of some held deliveries; with `spoil`, one of them twice or another delivery
+    /// too, so the whole call must fail and ack nothing.
     AckMany {
         picks: Vec<usize>,
         spoil: Option<bool>,
+    },
+    Nack {
+        pick: usize,
+        retry_after_ms: Option<u64>,
+    },
+    ExtendLease {
+        pick: usize,
+        lease_ms: u64,
     },
     Reopen,
     ProcessCrash,
@@ -98,28 +121,36 @@ fn op() -> impl Strategy<Value = Op> {
         }),
         2 => (proptest::collection::vec(0..KEY_SPACE, 1..=4), delay_ms())
             .prop_map(|(keys, delay_ms)| Op::ScheduleBatch { keys, delay_ms }),
+        2 => (0..KEY_SPACE, delay_ms(), any::<bool>()).prop_map(|(key, delay_ms, new_payload)| {
+            Op::Reschedule { key, delay_ms, new_payload }
+        }),
         4 => (0..KEY_SPACE).prop_map(|key| Op::Cancel { key }),
         6 => prop_oneof![8 => 1..=50u64, 2 => 1_000..=60_000u64, 1 => 1..=LONG_MS]
             .prop_map(|ms| Op::Advance { ms }),
         1 => prop_oneof![-3_600_000..=3_600_000i64, -5..=5i64].prop_map(|ms| Op::StepWall { ms }),
-        3 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
-        1 => any::<usize>().prop_map(|pick| Op::AckStale { pick }),
+        3 => any::<usize>().prop_map(|pick| Op::Ack { pick, fresh: true }),
+        1 => any::<usize>().prop_map(|pick| Op::Ack { pick, fresh: false }),
         2 => (
             proptest::collection::vec(any::<usize>(), 1..=4),
             prop_oneof![3 => Just(None), 1 => any::<bool>().prop_map(Some)],
         )
             .prop_map(|(picks, spoil)| Op::AckMany { picks, spoil }),
+        2 => (any::<usize>(), prop_oneof![2 => Just(None), 1 => (0..=40u64).prop_map(Some)])
+            .prop_map(|(pick, retry_after_ms)| Op::Nack { pick, retry_after_ms }),
+        1 => (any::<usize>(), 1..=200u64).prop_map(|(pick, lease_ms)| Op::ExtendLease { pick, lease_ms }),
         1 => Just(Op::Reopen),
         1 => Just(Op::ProcessCrash),
         1 => Just(Op::PowerCut),
     ]
 }
 
-/// The engine configurations the model runs against: tick and durability.
+/// The engine configurations the model runs against.
 #[derive(Debug, Clone, Copy)]
 struct Setup {
     tick_ms: u64,
     durability: Durability,
+    lease_ms: u64,
+    max_attempts: u32,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -130,31 +161,82 @@ fn setup() -> impl Strategy<Value = Setup> {
         1 => Just(Durability::Buffered),
         1 => Just(Durability::Interval(Duration::from_millis(1))),
     ];
-    (tick_ms, durability).prop_map(|(tick_ms, durability)| Setup {
-        tick_ms,
-        durability,
-    })
+    let lease_ms = prop_oneof![2 => Just(30u64), 1 => Just(5_000u64), 1 => Just(30_000u64)];
+    (tick_ms, durability, lease_ms, 1..=3u32).prop_map(
+        |(tick_ms, durability, lease_ms, max_attempts)| Setup {
+            tick_ms,
+            durability,
+            lease_ms,
+            max_attempts,
+        },
+    )
+}
+
+impl Setup {
+    fn config(&self) -> Config {
+        let mut config = Config::default();
+        config.segment_bytes = SMALL_SEGMENT_BYTES;
+        config.durability = self.durability;
+        config.tick = Duration::from_millis(self.tick_ms);
+        config.lease = Duration::from_millis(self.lease_ms);
+        let mut retry = RetryPolicy::default();
+        retry.max_attempts = self.max_attempts;
+        retry.backoff_initial = Duration::from_millis(5);
+        retry.backoff_max = Duration::from_secs(2);
+        config.retry = retry;
+        config
+    }
+}
+
+/// A lease the model knows a consumer holds.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    /// Monotonic time (ms) at which its expiry fires.
+    fire_mono_ms: u64,
+    /// Order of entering the wheel (FIFO among equal deadlines).
+    rank: u64,
 }
 
 #[derive(Debug, Clone)]
 struct ModelTask {
+    id: u64,
     /// Scheduling order: ids are assigned in this order.
     seq: u64,
     due_ms: u64,
     payload: Vec<u8>,
-    /// Deliveries so far; 0 = scheduled, else delivered and not acked.
+    /// Deliveries so far.
     deliveries: u32,
     /// Monotonic time (ms) at which it fires: the start of its deadline's tick, fixed when it
-    /// enters the wheel.
+    /// enters the wheel. Meaningless while in flight.
     fire_mono_ms: u64,
     /// Order of entering the wheel: FIFO among equal deadlines.
     rank: u64,
+    /// Held by a consumer (attempt `deliveries`), with this lease.
+    lease: Option<Lease>,
+}
+
+/// A task cancelled while a consumer held it: the holder may still ack or nack it.
+#[derive(Debug, Clone)]
+struct Abandoned {
+    attempt: u32,
+    lease: Lease,
+}
+
+/// A dead letter as the model expects it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Dead {
+    key: Vec<u8>,
+    payload: Vec<u8>,
+    attempts: u32,
+    error: String,
 }
 
 /// The reference queue and the clock as the engine sees it.
 #[derive(Debug)]
 struct Model {
     tasks: BTreeMap<Vec<u8>, ModelTask>,
+    abandoned: BTreeMap<u64, Abandoned>,
+    dead: BTreeMap<u64, Dead>,
     next_seq: u64,
     next_rank: u64,
     wall_ms: u64,
@@ -162,6 +244,8 @@ struct Model {
     /// Monotonic time at which the running engine opened: its tick 0.
     origin_ms: u64,
     tick_ms: u64,
+    lease_ms: u64,
+    retry: RetryPolicy,
 }
 
 /// What a delivery must look like: key, payload, due time, attempt, hand-out time.
@@ -181,20 +265,42 @@ fn observed(ds: &[Delivery]) -> Vec<Expected> {
         .collect()
 }
 
+/// What acting on a delivery must answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Held, task live.
+    Live,
+    /// Held, task cancelled meanwhile (abandoned).
+    Abandoned,
+    /// Refused: `LeaseExpired`.
+    Expired,
+    /// Refused: `NotOutstanding`.
+    NotOutstanding,
+}
+
 impl Model {
-    fn new(wall_ms: u64, tick_ms: u64) -> Model {
+    fn new(wall_ms: u64, setup: &Setup) -> Model {
         Model {
             tasks: BTreeMap::new(),
+            abandoned: BTreeMap::new(),
+            dead: BTreeMap::new(),
             next_seq: 0,
             next_rank: 0,
             wall_ms,
             mono_ms: 0,
             origin_ms: 0,
-            tick_ms,
+            tick_ms: setup.tick_ms,
+            lease_ms: setup.lease_ms,
+            retry: setup.config().retry,
         }
     }
 
-    /// When a task due at `due_ms` fires if scheduled now: at the start of the first tick at or
+    fn rank(&mut self) -> u64 {
+        self.next_rank += 1;
+        self.next_rank
+    }
+
+    /// When a task due at `due_ms` fires if placed now: at the start of the first tick at or
     /// after its due time; `None` if it is due already (it fires at once).
     fn fire_time(&self, due_ms: u64) -> Option<u64> {
         if due_ms <= self.wall_ms {
@@ -204,27 +310,51 @@ impl Model {
         Some(self.origin_ms + due_since_origin.div_ceil(self.tick_ms) * self.tick_ms)
     }
 
+    /// A lease taken now: its expiry fires `lease_ms` (rounded up to ticks) after the current
+    /// tick's start.
+    fn lease_now(&mut self, lease_ms: u64) -> Lease {
+        let now_tick = (self.mono_ms - self.origin_ms) / self.tick_ms;
+        let ticks = lease_ms.div_ceil(self.tick_ms).max(1);
+        Lease {
+            fire_mono_ms: self.origin_ms + (now_tick + ticks) * self.tick_ms,
+            rank: self.rank(),
+        }
+    }
+
     /// Adds a scheduled task; returns whether it is overdue (due now or before).
-    fn add(&mut self, key: Vec<u8>, due_ms: u64, payload: Vec<u8>) -> bool {
+    fn add(&mut self, key: Vec<u8>, id: u64, due_ms: u64, payload: Vec<u8>) -> bool {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let rank = self.next_rank;
-        self.next_rank += 1;
+        let rank = self.rank();
         let fire = self.fire_time(due_ms);
         let task = ModelTask {
+            id,
             seq,
             due_ms,
             payload,
             deliveries: 0,
             fire_mono_ms: fire.unwrap_or(self.mono_ms),
             rank,
+            lease: None,
         };
         assert!(self.tasks.insert(key, task).is_none());
         fire.is_none()
     }
 
-    /// Hands out every task matching `pick` in the order given by `order`, raising its delivery
-    /// count, and returns what the engine must deliver.
+    /// Puts a waiting task back in the wheel at `due_ms` (retry or reschedule).
+    fn place(&mut self, key: &[u8], due_ms: u64) {
+        let rank = self.rank();
+        let fire = self.fire_time(due_ms).unwrap_or(self.mono_ms);
+        let t = self.tasks.get_mut(key).expect("placed task is live");
+        t.due_ms = due_ms;
+        t.fire_mono_ms = fire;
+        t.rank = rank;
+        t.lease = None;
+    }
+
+    /// Hands out every waiting task matching `pick` in the order given by `order`, raising
+    /// its delivery count, and returns what the engine must deliver (and the consumer then
+    /// leases, in this order).
     fn hand_out<O: Ord>(
         &mut self,
         pick: impl Fn(&[u8], &ModelTask) -> bool,
@@ -233,29 +363,106 @@ impl Model {
         let mut chosen: Vec<(O, Vec<u8>)> = self
             .tasks
             .iter()
-            .filter(|(k, t)| pick(k, t))
+            .filter(|(k, t)| t.lease.is_none() && pick(k, t))
             .map(|(k, t)| (order(t), k.clone()))
             .collect();
         chosen.sort_by(|a, b| a.0.cmp(&b.0));
         let now = self.wall_ms;
+        let lease_ms = self.lease_ms;
         chosen
             .into_iter()
             .map(|(_, k)| {
+                let lease = self.lease_now(lease_ms);
                 let t = self.tasks.get_mut(&k).expect("chosen from the map");
                 t.deliveries += 1;
+                t.lease = Some(lease);
                 (k, t.payload.clone(), t.due_ms, t.deliveries, now)
             })
             .collect()
     }
 
-    /// What a clock advance hands out: scheduled tasks whose monotonic deadline has come, in
-    /// deadline order, FIFO among equal deadlines.
-    fn fire_due(&mut self) -> Vec<Expected> {
+    /// A failed attempt of the held task `key` (nack, or lease expiry): retry at the backoff
+    /// (or `retry_after_ms`), or a dead letter once its attempts are used up.
+    fn fail(&mut self, key: &[u8], retry_after_ms: Option<u64>, error: &str) -> NackOutcome {
+        let t = self.tasks[key].clone();
+        if t.deliveries >= self.retry.max_attempts {
+            self.tasks.remove(key);
+            self.dead.insert(
+                t.id,
+                Dead {
+                    key: key.to_vec(),
+                    payload: t.payload,
+                    attempts: t.deliveries,
+                    error: error.to_string(),
+                },
+            );
+            return NackOutcome::DeadLettered;
+        }
+        let delay_ms = retry_after_ms.unwrap_or_else(|| {
+            let d = self.retry.backoff(t.id, t.deliveries);
+            u64::try_from(d.as_nanos().div_ceil(1_000_000)).expect("small backoff")
+        });
+        let due_ms = self.wall_ms + delay_ms;
+        self.place(key, due_ms);
+        NackOutcome::Retry {
+            next_attempt: t.deliveries + 1,
+            due: ms_to_system_time(due_ms),
+        }
+    }
+
+    /// One driver pass after a clock move: hands out waiting tasks whose deadline has come (in
+    /// deadline order, FIFO among equal deadlines) and expires leases whose deadline has come.
+    fn pass(&mut self) -> Vec<Expected> {
         let mono = self.mono_ms;
-        self.hand_out(
-            |_, t| t.deliveries == 0 && t.fire_mono_ms <= mono,
-            |t| (t.fire_mono_ms, t.rank),
-        )
+        let handed = self.hand_out(|_, t| t.fire_mono_ms <= mono, |t| (t.fire_mono_ms, t.rank));
+        // Leases just taken (by `hand_out`) cannot have expired: they end after `mono`.
+        let mut expired: Vec<(u64, u64, Vec<u8>)> = self
+            .tasks
+            .iter()
+            .filter_map(|(k, t)| {
+                t.lease
+                    .filter(|l| l.fire_mono_ms <= mono)
+                    .map(|l| (l.fire_mono_ms, l.rank, k.clone()))
+            })
+            .collect();
+        expired.sort();
+        let error = format!("lease of {} ms expired without ack or nack", self.lease_ms);
+        for (_, _, k) in expired {
+            self.fail(&k, None, &error);
+        }
+        self.abandoned.retain(|_, a| a.lease.fire_mono_ms > mono);
+        handed
+    }
+
+    /// An ack of the held delivery `d`: its task is finished (the key may belong to a new
+    /// task by now if `d`'s was cancelled in flight).
+    fn finish(&mut self, d: &Delivery) {
+        if self.abandoned.remove(&d.task_id().0).is_none() {
+            self.tasks.remove(d.key());
+        }
+    }
+
+    /// What acting on delivery `d` of the running incarnation must answer.
+    fn held(&self, d: &Delivery, current: bool) -> Held {
+        if !current {
+            return Held::NotOutstanding;
+        }
+        let id = d.task_id().0;
+        if let Some(a) = self.abandoned.get(&id) {
+            return if a.attempt == d.attempt() {
+                Held::Abandoned
+            } else {
+                Held::Expired
+            };
+        }
+        match self.tasks.get(d.key()) {
+            Some(t) if t.id == id => match t.lease {
+                Some(_) if t.deliveries == d.attempt() => Held::Live,
+                _ if t.deliveries >= d.attempt() => Held::Expired,
+                _ => Held::NotOutstanding,
+            },
+            _ => Held::NotOutstanding,
+        }
     }
 
     /// A new engine incarnation starts its tick grid at the moment of opening, which `run`
@@ -263,11 +470,6 @@ impl Model {
     fn open(&mut self) {
         assert_eq!(self.wall_ms % self.tick_ms, 0, "open off a tick boundary");
         self.origin_ms = self.mono_ms;
-    }
-
-    /// Whether open hands a still-scheduled task out at once: it fell due while closed.
-    fn overdue_at_open(&self, due_ms: u64) -> bool {
-        due_ms <= self.wall_ms
     }
 
     /// Moves both clocks to the next wall-clock tick boundary (while the engine is stopped).
@@ -282,37 +484,71 @@ impl Model {
         self.mono_ms += by;
     }
 
-    /// What an open hands out at once (unacked deliveries and overdue tasks, oldest first),
-    /// after re-placing every other task by the wall clock. Call after [`Model::open`].
-    fn reopen(&mut self) -> Vec<Expected> {
-        let overdue: Vec<Vec<u8>> = self
+    /// The engine stopped: leases end, tasks cancelled in flight are finished, tasks in flight
+    /// are retried (their interrupted attempt counts) or dead-lettered. Returns the keys to
+    /// redeliver at open and the number dead-lettered.
+    fn settle_after_stop(&mut self) -> (Vec<Vec<u8>>, usize) {
+        self.abandoned.clear();
+        let in_flight: Vec<Vec<u8>> = self
             .tasks
             .iter()
-            .filter(|(_, t)| t.deliveries > 0 || self.overdue_at_open(t.due_ms))
+            .filter(|(_, t)| t.lease.is_some())
             .map(|(k, _)| k.clone())
             .collect();
-        let expected = self.hand_out(|k, _| overdue.iter().any(|o| o == k), |t| (t.due_ms, t.seq));
+        let (mut redelivered, mut dead) = (Vec::new(), 0);
+        for k in in_flight {
+            let t = self.tasks.get_mut(&k).expect("listed from the map");
+            t.lease = None;
+            if t.deliveries >= self.retry.max_attempts {
+                let t = self.tasks.remove(&k).expect("listed from the map");
+                self.dead.insert(
+                    t.id,
+                    Dead {
+                        key: k,
+                        payload: t.payload,
+                        attempts: t.deliveries,
+                        error: "in flight when the engine stopped (lease lost in a restart)".into(),
+                    },
+                );
+                dead += 1;
+            } else {
+                // Handed out at open whatever its due time (a wall step may have moved it
+                // into the future).
+                redelivered.push(k);
+            }
+        }
+        (redelivered, dead)
+    }
+
+    /// What an open hands out at once (tasks in flight before, and overdue tasks, oldest
+    /// first), after re-placing every other task by the wall clock. Call after
+    /// [`Model::open`].
+    fn reopen(&mut self, overdue_keys: &[Vec<u8>]) -> Vec<Expected> {
+        let expected = self.hand_out(
+            |k, _| overdue_keys.iter().any(|o| o == k),
+            |t| (t.due_ms, t.seq),
+        );
         let mut waiting: Vec<(u64, u64, Vec<u8>)> = self
             .tasks
             .iter()
-            .filter(|(_, t)| t.deliveries == 0)
+            .filter(|(_, t)| t.lease.is_none())
             .map(|(k, t)| (t.due_ms, t.seq, k.clone()))
             .collect();
         waiting.sort();
         for (_, _, k) in waiting {
-            let rank = self.next_rank;
-            self.next_rank += 1;
             let due_ms = self.tasks[&k].due_ms;
-            let fire = self.fire_time(due_ms).expect("not overdue at open");
-            let t = self.tasks.get_mut(&k).expect("listed from the map");
-            t.fire_mono_ms = fire;
-            t.rank = rank;
+            assert!(self.fire_time(due_ms).is_some(), "not overdue at open");
+            self.place(&k, due_ms);
         }
         expected
     }
 
     fn scheduled(&self) -> usize {
-        self.tasks.values().filter(|t| t.deliveries == 0).count()
+        self.tasks.values().filter(|t| t.lease.is_none()).count()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.tasks.values().filter(|t| t.lease.is_some()).count() + self.abandoned.len()
     }
 }
 
@@ -337,18 +573,49 @@ fn check(what: &str, got: &[Delivery], expected: &[Expected]) -> Result<(), Stri
     }
 }
 
+/// Every delivery made so far and whether it is from the running incarnation.
+#[derive(Default)]
+struct Deliveries {
+    all: Vec<(Delivery, u32)>,
+    incarnation: u32,
+}
+
+impl Deliveries {
+    fn add(&mut self, ds: Vec<Delivery>) {
+        let inc = self.incarnation;
+        self.all.extend(ds.into_iter().map(|d| (d, inc)));
+    }
+
+    /// Indices of deliveries the model says are held now.
+    fn held(&self, model: &Model) -> Vec<usize> {
+        (0..self.all.len())
+            .filter(|&i| {
+                matches!(
+                    model.held(&self.all[i].0, self.all[i].1 == self.incarnation),
+                    Held::Live | Held::Abandoned
+                )
+            })
+            .collect()
+    }
+
+    fn status(&self, model: &Model, i: usize) -> Held {
+        model.held(&self.all[i].0, self.all[i].1 == self.incarnation)
+    }
+}
+
+fn expected_refusal(held: Held, got: &Result<impl std::fmt::Debug, AckError>) -> bool {
+    match held {
+        Held::Expired => matches!(got, Err(AckError::LeaseExpired { .. })),
+        Held::NotOutstanding => matches!(got, Err(AckError::NotOutstanding { .. })),
+        Held::Live | Held::Abandoned => false,
+    }
+}
+
 /// Runs one operation sequence against engine and model; an `Err` names the failing step.
 fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
-    let mut config = Config::default();
-    config.segment_bytes = SMALL_SEGMENT_BYTES;
-    config.durability = setup.durability;
-    config.tick = Duration::from_millis(setup.tick_ms);
-    let mut h = SimHarness::new(seed, config)?;
-    let mut model = Model::new(h.clock.wall_ms(), setup.tick_ms);
-    // Deliveries of the running engine not yet acked, and deliveries that must be refused
-    // (acked already, or from an earlier incarnation).
-    let mut outstanding: Vec<Delivery> = Vec::new();
-    let mut stale: Vec<Delivery> = Vec::new();
+    let mut h = SimHarness::new(seed, setup.config())?;
+    let mut model = Model::new(h.clock.wall_ms(), &setup);
+    let mut ds = Deliveries::default();
 
     for (step, op) in ops.iter().enumerate() {
         let at =
@@ -382,12 +649,12 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                         return Err(at(format!("expected AlreadyExists, got {got:?}")));
                     }
                 } else {
-                    got.map_err(|e| at(format!("schedule failed: {e}")))?;
-                    if model.add(k, due_ms, p) {
+                    let id = got.map_err(|e| at(format!("schedule failed: {e}")))?;
+                    if model.add(k, id.0, due_ms, p) {
                         // Due already: handed out at once, without a clock move.
-                        let ds = drain(h.engine())?;
-                        check("overdue deliveries", &ds, &model.fire_due()).map_err(at)?;
-                        outstanding.extend(ds);
+                        let got = drain(h.engine())?;
+                        check("overdue deliveries", &got, &model.pass()).map_err(at)?;
+                        ds.add(got);
                     }
                 }
             }
@@ -422,18 +689,61 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                     if ids.len() != ks.len() || ids.windows(2).any(|w| w[0] >= w[1]) {
                         return Err(at(format!("ids not increasing: {ids:?}")));
                     }
-                    for (k, p) in ks.into_iter().zip(ps) {
-                        let overdue = model.add(k, now_ms + delay_ms, p);
+                    for ((k, p), id) in ks.into_iter().zip(ps).zip(ids) {
+                        let overdue = model.add(k, id.0, now_ms + delay_ms, p);
                         assert!(!overdue, "a batch is due at least 1 ms ahead");
                     }
+                }
+            }
+            Op::Reschedule {
+                key,
+                delay_ms,
+                new_payload,
+            } => {
+                let k = key_bytes(*key);
+                let p = payload_for(model.next_seq, 3);
+                let payload = new_payload.then_some(p.as_slice());
+                let got = h.engine().reschedule(
+                    &k,
+                    Due::After(Duration::from_millis(*delay_ms)),
+                    payload,
+                );
+                let due_ms = now_ms + delay_ms;
+                match model.tasks.get(&k).map(|t| (t.id, t.lease.is_some())) {
+                    Some((_, true)) => {
+                        if !matches!(got, Err(ScheduleError::InFlight { .. })) {
+                            return Err(at(format!("expected InFlight, got {got:?}")));
+                        }
+                    }
+                    Some((id, false)) => {
+                        if got.as_ref().ok()
+                            != Some(&RescheduleOutcome::Rescheduled(kairos::TaskId(id)))
+                        {
+                            return Err(at(format!("expected Rescheduled({id}), got {got:?}")));
+                        }
+                        if let Some(p) = payload {
+                            model.tasks.get_mut(&k).expect("live").payload = p.to_vec();
+                        }
+                        model.place(&k, due_ms);
+                    }
+                    None => match got {
+                        Ok(RescheduleOutcome::Scheduled(id)) => {
+                            model.add(k, id.0, due_ms, payload.unwrap_or(&[]).to_vec());
+                        }
+                        other => return Err(at(format!("expected Scheduled, got {other:?}"))),
+                    },
                 }
             }
             Op::Cancel { key } => {
                 let k = key_bytes(*key);
                 let expected = match model.tasks.get(&k) {
                     None => CancelOutcome::NotFound,
-                    Some(t) if t.deliveries == 0 => CancelOutcome::Cancelled,
-                    Some(_) => CancelOutcome::AlreadyDelivered,
+                    Some(t) if t.lease.is_none() => CancelOutcome::Cancelled {
+                        deliveries: t.deliveries,
+                    },
+                    Some(t) => CancelOutcome::AlreadyDelivered {
+                        attempt: t.deliveries,
+                    },
                 };
                 let got = h
                     .engine()
@@ -444,78 +754,139 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                         "cancel returned {got:?}, model says {expected:?}"
                     )));
                 }
-                if got == CancelOutcome::Cancelled {
-                    model.tasks.remove(&k);
+                if let Some(t) = model.tasks.remove(&k) {
+                    if let Some(lease) = t.lease {
+                        model.abandoned.insert(
+                            t.id,
+                            Abandoned {
+                                attempt: t.deliveries,
+                                lease,
+                            },
+                        );
+                    }
                 }
             }
             Op::Advance { ms } => {
-                let ds = h.advance(Duration::from_millis(*ms))?;
+                let got = h.advance(Duration::from_millis(*ms))?;
                 model.wall_ms += ms;
                 model.mono_ms += ms;
-                check("deliveries", &ds, &model.fire_due()).map_err(at)?;
-                outstanding.extend(ds);
+                check("deliveries", &got, &model.pass()).map_err(at)?;
+                ds.add(got);
             }
             Op::StepWall { ms } => {
                 h.clock.step_wall(*ms);
                 model.wall_ms = model.wall_ms.saturating_add_signed(*ms);
-                let ds = drain(h.engine())?;
-                check("deliveries after a wall step", &ds, &[]).map_err(at)?;
+                let got = drain(h.engine())?;
+                check("deliveries after a wall step", &got, &[]).map_err(at)?;
             }
-            Op::Ack { pick } => {
-                if outstanding.is_empty() {
+            Op::Ack { pick, fresh } => {
+                let candidates: Vec<usize> = if *fresh {
+                    ds.held(&model)
+                } else {
+                    (0..ds.all.len()).collect()
+                };
+                if candidates.is_empty() {
                     continue;
                 }
-                let d = outstanding.remove(pick % outstanding.len());
-                h.engine()
-                    .ack(&d)
-                    .map_err(|e| at(format!("ack of {d:?} failed: {e}")))?;
-                model.tasks.remove(d.key());
-                stale.push(d);
-            }
-            Op::AckStale { pick } => {
-                if stale.is_empty() {
-                    continue;
-                }
-                let d = &stale[pick % stale.len()];
-                match h.engine().ack(d) {
-                    Err(AckError::NotOutstanding { task_id }) if task_id == d.task_id().0 => {}
-                    other => {
-                        return Err(at(format!("stale ack of {d:?} returned {other:?}")));
+                let i = candidates[pick % candidates.len()];
+                let held = ds.status(&model, i);
+                let d = ds.all[i].0.clone();
+                let got = h.engine().ack(&d);
+                match held {
+                    Held::Live | Held::Abandoned => {
+                        got.map_err(|e| at(format!("ack of {d:?} failed: {e}")))?;
+                        model.finish(&d);
+                    }
+                    refused if expected_refusal(refused, &got) => {}
+                    refused => {
+                        return Err(at(format!("ack of {d:?} ({refused:?}) returned {got:?}")))
                     }
                 }
             }
             Op::AckMany { picks, spoil } => {
-                if outstanding.is_empty() {
+                let held = ds.held(&model);
+                if held.is_empty() {
                     continue;
                 }
-                let mut chosen: Vec<usize> = picks.iter().map(|p| p % outstanding.len()).collect();
+                let mut chosen: Vec<usize> = picks.iter().map(|p| held[p % held.len()]).collect();
                 chosen.sort_unstable();
                 chosen.dedup();
                 let mut batch: Vec<Delivery> =
-                    chosen.iter().map(|&i| outstanding[i].clone()).collect();
+                    chosen.iter().map(|&i| ds.all[i].0.clone()).collect();
+                let refused: Vec<usize> = (0..ds.all.len())
+                    .filter(|&i| {
+                        matches!(ds.status(&model, i), Held::Expired | Held::NotOutstanding)
+                    })
+                    .collect();
                 let spoiled = match spoil {
                     Some(true) => {
                         batch.push(batch[0].clone());
                         true
                     }
-                    Some(false) if !stale.is_empty() => {
-                        batch.insert(batch.len() / 2, stale[picks[0] % stale.len()].clone());
+                    Some(false) if !refused.is_empty() => {
+                        let bad = refused[picks[0] % refused.len()];
+                        batch.insert(batch.len() / 2, ds.all[bad].0.clone());
                         true
                     }
                     _ => false,
                 };
                 let got = h.engine().ack_many(&batch);
                 if spoiled {
-                    if !matches!(got, Err(AckError::NotOutstanding { .. })) {
-                        return Err(at(format!("spoiled ack_many returned {got:?}")));
+                    if got.is_ok() {
+                        return Err(at("spoiled ack_many succeeded".into()));
                     }
                 } else {
                     got.map_err(|e| at(format!("ack_many failed: {e}")))?;
-                    for &i in chosen.iter().rev() {
-                        let d = outstanding.remove(i);
-                        model.tasks.remove(d.key());
-                        stale.push(d);
+                    for d in &batch {
+                        model.finish(d);
                     }
+                }
+            }
+            Op::Nack {
+                pick,
+                retry_after_ms,
+            } => {
+                let held = ds.held(&model);
+                if held.is_empty() {
+                    continue;
+                }
+                let i = held[pick % held.len()];
+                let d = ds.all[i].0.clone();
+                let got =
+                    h.engine()
+                        .nack(&d, retry_after_ms.map(Duration::from_millis), NACK_ERROR);
+                let expected = match ds.status(&model, i) {
+                    Held::Abandoned => {
+                        model.abandoned.remove(&d.task_id().0);
+                        NackOutcome::Finished
+                    }
+                    _ => model.fail(d.key(), *retry_after_ms, NACK_ERROR),
+                };
+                if got.as_ref().ok() != Some(&expected) {
+                    return Err(at(format!(
+                        "nack of {d:?} returned {got:?}, model says {expected:?}"
+                    )));
+                }
+                // A retry due now is handed out at once.
+                let got = drain(h.engine())?;
+                check("deliveries after a nack", &got, &model.pass()).map_err(at)?;
+                ds.add(got);
+            }
+            Op::ExtendLease { pick, lease_ms } => {
+                let held = ds.held(&model);
+                if held.is_empty() {
+                    continue;
+                }
+                let i = held[pick % held.len()];
+                let d = ds.all[i].0.clone();
+                h.engine()
+                    .extend_lease(&d, Duration::from_millis(*lease_ms))
+                    .map_err(|e| at(format!("extend_lease of {d:?} failed: {e}")))?;
+                let lease = model.lease_now(*lease_ms);
+                if let Some(a) = model.abandoned.get_mut(&d.task_id().0) {
+                    a.lease = lease;
+                } else if let Some(t) = model.tasks.get_mut(d.key()) {
+                    t.lease = Some(lease);
                 }
             }
             Op::Reopen | Op::ProcessCrash | Op::PowerCut => {
@@ -525,50 +896,90 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                     Op::PowerCut if setup.durability == Durability::Sync => Stop::PowerCut,
                     _ => Stop::ProcessCrash,
                 };
-                stale.append(&mut outstanding);
                 h.stop(how)?;
+                ds.incarnation += 1;
+                let (redelivered, dead_lettered) = model.settle_after_stop();
                 model.align_for_open(&h.clock);
                 h.start()?;
                 let recovery = h.engine().recovery().clone();
                 model.open();
-                let redelivered = model.tasks.len() - model.scheduled();
-                let overdue = model
+                let mut overdue_keys: Vec<Vec<u8>> = model
                     .tasks
-                    .values()
-                    .filter(|t| t.deliveries == 0 && model.overdue_at_open(t.due_ms))
-                    .count();
+                    .iter()
+                    .filter(|(k, t)| t.due_ms <= model.wall_ms && !redelivered.contains(k))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let overdue = overdue_keys.len();
+                let redelivered_count = redelivered.len();
+                overdue_keys.extend(redelivered);
+                let redelivered = redelivered_count;
                 if recovery.pending != model.tasks.len()
                     || recovery.redelivered != redelivered
                     || recovery.overdue != overdue
+                    || recovery.dead_lettered != dead_lettered
+                    || recovery.dead_letters != model.dead.len()
                 {
                     return Err(at(format!(
                         "recovery {recovery:?}, model: {} pending, {redelivered} redelivered, \
-                         {overdue} overdue",
-                        model.tasks.len()
+                         {overdue} overdue, {dead_lettered} dead-lettered, {} dead letters",
+                        model.tasks.len(),
+                        model.dead.len()
                     )));
                 }
                 if how == Stop::Clean && !recovery.wal.clean_shutdown {
                     return Err(at(format!("clean shutdown not reported: {recovery:?}")));
                 }
-                let ds = drain(h.engine())?;
-                check("deliveries at open", &ds, &model.reopen()).map_err(at)?;
-                outstanding.extend(ds);
+                let got = drain(h.engine())?;
+                check("deliveries at open", &got, &model.reopen(&overdue_keys)).map_err(at)?;
+                ds.add(got);
             }
         }
         let stats = h.engine().stats();
-        let scheduled = model.scheduled();
-        if stats.scheduled != scheduled
-            || stats.delivered_unacked != model.tasks.len() - scheduled
+        if stats.scheduled != model.scheduled()
+            || stats.in_flight != model.in_flight()
             || stats.ready != 0
+            || stats.dead_letters != model.dead.len()
         {
             return Err(at(format!(
-                "stats {stats:?}, model: {scheduled} scheduled, {} delivered",
-                model.tasks.len() - scheduled
+                "stats {stats:?}, model: {} scheduled, {} in flight, {} dead letters",
+                model.scheduled(),
+                model.in_flight(),
+                model.dead.len()
             )));
         }
     }
 
-    // Finally every task still scheduled must come out, in order, once the clock passes it.
+    // The dead letters are exactly the model's.
+    let dead: BTreeMap<u64, Dead> = h
+        .engine()
+        .dead_letters()
+        .into_iter()
+        .map(|d| {
+            (
+                d.task_id.0,
+                Dead {
+                    key: d.key,
+                    payload: d.payload,
+                    attempts: d.attempts,
+                    error: d.error,
+                },
+            )
+        })
+        .collect();
+    if dead != model.dead {
+        return Err(format!("dead letters {dead:?}, model {:?}", model.dead).into());
+    }
+    // Finally, with every held delivery acked, every task still scheduled must come out, in
+    // order, once the clock passes it.
+    let held: Vec<Delivery> = ds
+        .held(&model)
+        .into_iter()
+        .map(|i| ds.all[i].0.clone())
+        .collect();
+    h.engine().ack_many(&held)?;
+    for d in &held {
+        model.finish(d);
+    }
     let last = model
         .tasks
         .values()
@@ -576,10 +987,10 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
         .max()
         .unwrap_or(0);
     let by = last.saturating_sub(model.mono_ms) + 1;
-    let ds = h.advance(Duration::from_millis(by))?;
+    let got = h.advance(Duration::from_millis(by))?;
     model.wall_ms += by;
     model.mono_ms += by;
-    check("final deliveries", &ds, &model.fire_due())?;
+    check("final deliveries", &got, &model.pass())?;
     if model.scheduled() != 0 {
         return Err("tasks left scheduled in the model".into());
     }
@@ -656,10 +1067,42 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
         Cancel { key: 5 },
         Advance { ms: 10 },
         Cancel { key: 1 },
-        Ack { pick: 0 },
-        AckStale { pick: 0 },
+        Ack {
+            pick: 0,
+            fresh: true,
+        },
+        Ack {
+            pick: 0,
+            fresh: false,
+        },
         PowerCut,
-        Ack { pick: 1 },
+        Ack {
+            pick: 1,
+            fresh: true,
+        },
+        Nack {
+            pick: 0,
+            retry_after_ms: None,
+        },
+        Nack {
+            pick: 0,
+            retry_after_ms: Some(0),
+        },
+        ExtendLease {
+            pick: 0,
+            lease_ms: 90,
+        },
+        Reschedule {
+            key: 3,
+            delay_ms: 20,
+            new_payload: true,
+        },
+        Reschedule {
+            key: 11,
+            delay_ms: 20,
+            new_payload: false,
+        },
+        Advance { ms: 40 },
         Schedule {
             key: 3,
             when: When::After(2_000),
@@ -680,7 +1123,10 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
         Advance { ms: 1_999 },
         StepWall { ms: 7_200_000 },
         Advance { ms: 1 },
-        AckStale { pick: 3 },
+        Ack {
+            pick: 3,
+            fresh: false,
+        },
         AckMany {
             picks: vec![0, 1],
             spoil: Some(true),
@@ -693,7 +1139,12 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
             picks: vec![0, 1, 2],
             spoil: None,
         },
-        Ack { pick: 0 },
+        Ack {
+            pick: 0,
+            fresh: true,
+        },
+        Advance { ms: 100 },
+        Advance { ms: 100 },
         PowerCut,
         Reopen,
         ProcessCrash,
@@ -703,14 +1154,20 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
         Setup {
             tick_ms: 1,
             durability: Durability::Sync,
+            lease_ms: 30,
+            max_attempts: 3,
         },
         Setup {
             tick_ms: 10,
             durability: Durability::Buffered,
+            lease_ms: 5_000,
+            max_attempts: 1,
         },
         Setup {
             tick_ms: 8,
             durability: Durability::Interval(Duration::from_millis(1)),
+            lease_ms: 30,
+            max_attempts: 2,
         },
     ];
     for setup in setups {

@@ -342,7 +342,10 @@ fn scenario_05_earlier_deadline_wakes_driver_real_clock() -> TestResult {
         assert!(d.fired_ms() >= d.due_ms(), "{d:?} fired early");
     }
     assert!(consumer.try_recv().is_err(), "A fired early");
-    assert_eq!(engine.cancel(b"A")?, CancelOutcome::Cancelled);
+    assert_eq!(
+        engine.cancel(b"A")?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
     engine.shutdown()?;
     Ok(())
 }
@@ -368,7 +371,7 @@ fn scenario_07_cancel_survives_crash() -> TestResult {
         assert!(h.advance(Duration::from_secs(1))?.is_empty());
         assert_eq!(
             h.engine().cancel(b"order:7:timeout")?,
-            CancelOutcome::Cancelled
+            CancelOutcome::Cancelled { deliveries: 0 }
         );
         h.stop(how)?;
         h.clock.advance(Duration::from_secs(1));

@@ -9,7 +9,10 @@ fn in_memory_schedule_cancel_fire() -> Result<(), Box<dyn std::error::Error>> {
     engine.schedule_after(b"a", Duration::from_millis(10), b"pa")?;
     engine.schedule_after(b"b", Duration::from_millis(5), b"pb")?;
     engine.schedule_after(b"c", Duration::from_millis(5), b"pc")?;
-    assert_eq!(engine.cancel(b"c")?, CancelOutcome::Cancelled);
+    assert_eq!(
+        engine.cancel(b"c")?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
     assert_eq!(engine.cancel(b"c")?, CancelOutcome::NotFound);
     let consumer = engine.consumer();
     clock.advance(Duration::from_millis(4));
@@ -20,7 +23,10 @@ fn in_memory_schedule_cancel_fire() -> Result<(), Box<dyn std::error::Error>> {
     let d = consumer.try_recv()?;
     assert_eq!(d.key(), b"b");
     assert_eq!(d.payload(), b"pb");
-    assert_eq!(engine.cancel(b"b")?, CancelOutcome::AlreadyDelivered);
+    assert_eq!(
+        engine.cancel(b"b")?,
+        CancelOutcome::AlreadyDelivered { attempt: 1 }
+    );
     consumer.ack(&d)?;
     assert_eq!(engine.cancel(b"b")?, CancelOutcome::NotFound);
     clock.advance(Duration::from_secs(400 * 86_400));

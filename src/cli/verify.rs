@@ -70,8 +70,10 @@ struct Verification {
     torn_tail: Option<Torn>,
     /// Tasks live at the end of the log.
     live_tasks: usize,
-    /// Of those, delivered and not acked.
+    /// Of those, delivered and not acked (in flight at the end of the log).
     live_delivered: usize,
+    /// Dead letters kept at the end of the log.
+    dead_letters: usize,
     /// Records whose body does not decode or does not replay.
     bad_records: u64,
     /// The first few of them.
@@ -110,6 +112,11 @@ struct TypeCounts {
     cancel: u64,
     deliver: u64,
     ack: u64,
+    retry: u64,
+    dead: u64,
+    purge: u64,
+    reschedule: u64,
+    release: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -195,6 +202,11 @@ impl Census {
             Record::Cancel { .. } => &mut self.types.cancel,
             Record::Deliver { .. } => &mut self.types.deliver,
             Record::Ack { .. } => &mut self.types.ack,
+            Record::Retry { .. } => &mut self.types.retry,
+            Record::Dead { .. } => &mut self.types.dead,
+            Record::Purge { .. } => &mut self.types.purge,
+            Record::Reschedule { .. } => &mut self.types.reschedule,
+            Record::Release { .. } => &mut self.types.release,
         };
         *counter += 1;
     }
@@ -236,8 +248,9 @@ impl Verification {
                     bytes_truncated: t.bytes_truncated,
                     first_lost_lsn: t.first_lost_lsn.0,
                 }),
-            live_tasks: census.replay.live(),
-            live_delivered: census.replay.tasks().filter(|t| t.deliveries > 0).count(),
+            live_tasks: census.replay.live_tasks(),
+            live_delivered: census.replay.tasks().filter(|t| t.in_flight).count(),
+            dead_letters: census.replay.dead_letters(),
             record_types: census.types,
             bad_records: census.bad,
             bad_record_details,
@@ -301,8 +314,8 @@ impl Verification {
             ),
         }
         println!(
-            "live tasks      {} ({} delivered, not acked)",
-            self.live_tasks, self.live_delivered
+            "live tasks      {} ({} delivered, not acked); {} dead letters",
+            self.live_tasks, self.live_delivered, self.dead_letters
         );
     }
 

@@ -40,10 +40,15 @@ pub fn scaled(base: usize, cap: usize) -> usize {
 }
 
 /// A default configuration with tiny segments and the given durability.
+///
+/// The lease is the longest allowed (12 h): tests written before leases existed receive a
+/// delivery and ack it much later in simulated time; lease behaviour has its own tests
+/// (`tests/delivery.rs`).
 pub fn config(durability: Durability) -> Config {
     let mut c = Config::default();
     c.segment_bytes = SMALL_SEGMENT_BYTES;
     c.durability = durability;
+    c.lease = kairos::config::LEASE_MAX;
     c
 }
 

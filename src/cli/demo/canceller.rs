@@ -130,8 +130,10 @@ fn record(ctx: &Context, due: &[u32], outcomes: &[CancelOutcome]) {
     let events = &ctx.tracker.events;
     for (&index, outcome) in due.iter().zip(outcomes) {
         match outcome {
-            CancelOutcome::Cancelled => ctx.tracker.on_cancelled(index),
-            CancelOutcome::AlreadyDelivered => Tracker::count(&events.cancel_already_delivered),
+            CancelOutcome::Cancelled { .. } => ctx.tracker.on_cancelled(index),
+            CancelOutcome::AlreadyDelivered { .. } => {
+                Tracker::count(&events.cancel_already_delivered)
+            }
             _ => Tracker::count(&events.cancel_not_found),
         }
     }

@@ -290,10 +290,10 @@ fn abort(ctx: &Context) {
     }
 }
 
-/// Live tasks: scheduled plus delivered and not acked. Read once
+/// Live tasks: scheduled, ready and in flight. Read once
 /// `shutdown()` has returned, it is exactly the state the log was closed
 /// with, which the next open must recover.
 fn pending(engine: &Engine) -> usize {
     let stats = engine.stats();
-    stats.scheduled + stats.delivered_unacked
+    stats.pending
 }

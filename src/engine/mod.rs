@@ -1,36 +1,41 @@
 //! The engine: tombstone index + timing wheel + write-ahead log + driver.
 //!
 //! Concurrency model. One mutex guards the [`Core`] (wheel, index, tasks,
-//! overdue queue, log handle). Every state change takes the lock, checks,
-//! appends its log record (which only enqueues it to the log's writer thread,
-//! so the lock is never held across I/O), applies the change in memory and
-//! releases the lock; the caller then waits for the record's durability.
-//! Because records are enqueued under the lock, the log's order is the order
-//! in which changes took effect, and a later record is never durable before an
-//! earlier one (the log syncs a prefix). Hence:
+//! overdue queue, ready queue, dead letters, log handle). Every state change
+//! takes the lock, checks, appends its log record (which only enqueues it to
+//! the log's writer thread, so the lock is never held across I/O), applies
+//! the change in memory and releases the lock; the caller then waits for the
+//! record's durability. Because records are enqueued under the lock, the
+//! log's order is the order in which changes took effect, and a later record
+//! is never durable before an earlier one (the log syncs a prefix). Hence:
 //!
 //! * `cancel` returns `Cancelled` only after its cancel record is durable
-//!   (under `Sync`), and the task left memory before anyone could deliver it;
-//! * the driver hands a task to the consumers only after its deliver record is
-//!   durable, and a task taken for delivery answers cancel with
-//!   `AlreadyDelivered`.
+//!   (under `Sync`), and the task left memory before any consumer could
+//!   receive it;
+//! * the driver puts a task in the ready queue only after its deliver record
+//!   is durable, and a consumer takes it from there under the lock, so a task
+//!   a consumer received answers cancel with `AlreadyDelivered`.
 //!
-//! So for any task, exactly one of "cancel returned `Cancelled`" and "a
-//! consumer received it" happens, across crashes too.
+//! So for a task never delivered, exactly one of "cancel returned
+//! `Cancelled`" and "a consumer received it" happens, across crashes too.
+//! The delivery side (ready queue, leases, acks, retries, dead letters, the
+//! driver) is in [`delivery`].
+
+mod delivery;
+
+pub(crate) use delivery::Wait;
+pub use delivery::{DeadLetter, NackOutcome};
 
 use crate::clock::{system_time_to_ms, system_time_to_ns, Clock, SystemClock};
+use crate::config::DeliveryGuarantee;
 use crate::config::{Config, BATCH_TASKS_MAX};
 use crate::consumer::{Consumer, Delivery};
 use crate::error::{AckError, CancelError, OpenError, ScheduleError, ShutdownError};
 use crate::index::TaskIndex;
-use crate::record::{
-    Record, DELIVER_BYTES, ID_ONLY_BYTES, RECORD_ACK, RECORD_CANCEL, RECORD_DELIVER,
-    RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES,
-};
-use crate::replay::{LiveTask, Replay};
+use crate::record::{Record, ID_ONLY_BYTES, RECORD_CANCEL, RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES};
+use crate::replay::{DeadTask, LiveTask, Replay};
 use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
-use crate::wheel::{Expired, InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
-use crossbeam_channel::{Receiver, Sender};
+use crate::wheel::{InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
 use kairos_wal::format::{FRAME_BODY_BYTES_MAX, RECORD_HEADER_BYTES};
 use kairos_wal::storage::LockGuard;
 use kairos_wal::{
@@ -38,7 +43,7 @@ use kairos_wal::{
 };
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
@@ -66,18 +71,46 @@ pub struct NewTask<'a> {
     pub payload: &'a [u8],
 }
 
-/// What a cancel did.
+/// What a cancel did. Exact: see the crate docs ("Cancel and delivery").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CancelOutcome {
-    /// The task was pending and will never be delivered. Under `Sync` the
-    /// cancel is durable when this is returned.
-    Cancelled,
-    /// The task was already handed to the consumers (and not yet acked): the
-    /// caller should compensate.
-    AlreadyDelivered,
-    /// No live task has this key (never scheduled, cancelled, or finished).
+    /// The task was waiting — for its first delivery, or for its next
+    /// attempt after `deliveries` failed ones — or was due but not yet
+    /// received by any consumer; it will never be delivered (again). Under
+    /// `Sync` the cancel is durable when this is returned.
+    Cancelled {
+        /// Deliveries the task had before (0: no consumer ever received it).
+        deliveries: u32,
+    },
+    /// A consumer holds the task right now (delivery `attempt`). No retry or
+    /// redelivery of it will follow (the cancel is logged); the holder may
+    /// still ack it. The caller should compensate for the work in progress.
+    AlreadyDelivered {
+        /// The attempt the consumer holds.
+        attempt: u32,
+    },
+    /// No live task has this key (never scheduled, cancelled, finished, or
+    /// dead-lettered).
     NotFound,
+}
+
+impl CancelOutcome {
+    /// True for [`CancelOutcome::Cancelled`].
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, CancelOutcome::Cancelled { .. })
+    }
+}
+
+/// What [`Engine::reschedule`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RescheduleOutcome {
+    /// The waiting task with this key got the new due time (and payload, if
+    /// given); it keeps its id and attempt count.
+    Rescheduled(TaskId),
+    /// No task with this key was live: a new task was scheduled (upsert).
+    Scheduled(TaskId),
 }
 
 /// What recovery found when the engine was opened.
@@ -85,25 +118,41 @@ pub enum CancelOutcome {
 pub struct Recovery {
     /// The log's own report: records replayed, torn tail truncated, clean shutdown.
     pub wal: RecoveryReport,
-    /// Live tasks after recovery (scheduled, plus delivered but never acked).
+    /// Live tasks after recovery.
     pub pending: usize,
-    /// Of those, tasks that fell due while the engine was closed.
+    /// Of those, tasks that fell due while the engine was closed (the
+    /// catch-up backlog, with `redelivered`).
     pub overdue: usize,
-    /// Of those, tasks delivered before the restart but never acked: they are
-    /// delivered again.
+    /// Of those, tasks in flight at a crash (delivered, never acked): they
+    /// are delivered again, attempt + 1.
     pub redelivered: usize,
+    /// Tasks in flight at a crash whose attempts were used up: dead-lettered
+    /// at open.
+    pub dead_lettered: usize,
+    /// Dead letters kept.
+    pub dead_letters: usize,
 }
 
-/// Counters for observing an engine. Cheap: one lock.
+/// Counters for observing an engine (backpressure). Cheap: one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Stats {
-    /// Tasks waiting for their due time.
+    /// Tasks waiting for a due time (first attempt or retry), including the
+    /// catch-up backlog.
     pub scheduled: usize,
-    /// Tasks handed to consumers and not yet acked (includes `ready`).
-    pub delivered_unacked: usize,
-    /// Deliveries waiting in the ready queue for a consumer.
+    /// Due tasks waiting in the ready queue for a consumer.
     pub ready: usize,
-    /// Payload bytes held in memory.
+    /// Tasks a consumer holds (leased, not yet acked or nacked).
+    pub in_flight: usize,
+    /// Of `scheduled`: the backlog found at open not yet handed out (see
+    /// [`Config::catch_up_tasks_per_sec`]).
+    pub catch_up_backlog: usize,
+    /// Dead letters kept.
+    pub dead_letters: usize,
+    /// Live tasks in all (`scheduled + ready + in_flight`), the figure
+    /// [`Config::pending_tasks_max`] limits.
+    pub pending: usize,
+    /// Payload bytes held in memory (live tasks and dead letters).
     pub payload_bytes_in_memory: usize,
 }
 
@@ -133,16 +182,39 @@ struct Core {
     /// the tasks).
     index: TaskIndex,
     payloads: PayloadStore,
-    /// Tasks due at once (scheduled in the past, or due during downtime),
-    /// oldest first; entries of cancelled tasks are skipped by id check.
+    /// Tasks due at once (scheduled in the past, retried without backoff),
+    /// in order; entries of cancelled tasks are skipped by id check.
     overdue: VecDeque<(u32, TaskId)>,
+    /// The backlog found at open (overdue during downtime, in flight at a
+    /// crash), oldest first, handed out at most at
+    /// `Config::catch_up_tasks_per_sec`; stale entries skipped by id check.
+    backlog: VecDeque<(u32, TaskId)>,
+    /// Backlog tasks handed out so far (for the rate limit).
+    backlog_taken: u64,
+    /// Due tasks waiting for a consumer, in hand-out order.
+    ready: VecDeque<ReadyEntry>,
+    /// Tasks in state `Ready`.
+    ready_count: usize,
+    /// Tasks in state `Leased` or `Abandoned`.
+    in_flight_count: usize,
+    /// Dead letters by task id.
+    dead: HashMap<u64, DeadTask>,
     next_id: u64,
     wal: Option<Wal>,
     sleep: DriverSleep,
     stop: bool,
     /// Every task due at or before this tick has been handed out.
     processed_tick: Tick,
-    delivered_unacked: usize,
+}
+
+/// One ready-queue entry; stale (skipped) unless the slot still holds task
+/// `id` in state `Ready`.
+#[derive(Debug, Clone, Copy)]
+struct ReadyEntry {
+    slot: u32,
+    id: TaskId,
+    /// Wall time of the hand-out, UTC ms (from its deliver record).
+    fired_ms: u64,
 }
 
 impl Core {
@@ -189,7 +261,10 @@ pub(crate) struct Shared {
     driver_cv: Condvar,
     /// `run_until_idle` waits here for the driver to catch up.
     idle_cv: Condvar,
-    ready_rx: Receiver<Delivery>,
+    /// Consumers wait here for the ready queue.
+    ready_cv: Condvar,
+    /// Engine time at open, ns: the catch-up rate limit counts from here.
+    catch_up_start_ns: u128,
     /// Distinguishes this engine instance (this open) from every other in
     /// the process, so a delivery is only ever acked by the engine that made it.
     engine_id: u64,
@@ -348,7 +423,6 @@ impl Engine {
         // to a tick later.
         let grid_phase_ns = system_time_to_ns(clock.now_wall()).rem_euclid(tick_ns as i128) as u128;
         let origin_monotonic = clock.now_monotonic();
-        let (ready_tx, ready_rx) = crossbeam_channel::unbounded();
         let core = Core {
             status: Status::Open,
             wheel: Wheel::new(),
@@ -356,12 +430,17 @@ impl Engine {
             index: TaskIndex::default(),
             payloads: PayloadStore::default(),
             overdue: VecDeque::new(),
+            backlog: VecDeque::new(),
+            backlog_taken: 0,
+            ready: VecDeque::new(),
+            ready_count: 0,
+            in_flight_count: 0,
+            dead: HashMap::new(),
             next_id: replay.max_id() + 1,
             wal,
             sleep: DriverSleep::Busy,
             stop: false,
             processed_tick: Tick(0),
-            delivered_unacked: 0,
         };
         let shared = Arc::new(Shared {
             config,
@@ -372,7 +451,8 @@ impl Engine {
             core: Mutex::new(core),
             driver_cv: Condvar::new(),
             idle_cv: Condvar::new(),
-            ready_rx,
+            ready_cv: Condvar::new(),
+            catch_up_start_ns: grid_phase_ns,
             engine_id: NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
         let recovery = shared.load_replayed(replay, wal_report);
@@ -381,7 +461,7 @@ impl Engine {
         let driver_shared = Arc::clone(&shared);
         let driver = std::thread::Builder::new()
             .name("kairos-driver".into())
-            .spawn(move || driver_loop(&driver_shared, ready_tx));
+            .spawn(move || delivery::driver_loop(&driver_shared));
         let driver = match driver {
             Ok(handle) => Some(handle),
             Err(e) => {
@@ -467,11 +547,32 @@ impl Engine {
         self.shared.cancel_many(keys)
     }
 
+    /// Reschedules the live task with `key` (upsert): a task waiting for
+    /// its first delivery or its next attempt gets the new due time, and
+    /// `payload` if given, keeping its id and attempt count; a due task not
+    /// yet received by a consumer is taken back and rescheduled. If no task
+    /// with `key` is live, schedules a new one (`payload` or empty).
+    ///
+    /// Cost: O(1) (index lookup, wheel remove + insert, one log append).
+    ///
+    /// # Errors
+    /// As [`Engine::schedule`] (bad key, payload or due time, `TooManyPending`
+    /// for a new task, `Closed`, `Poisoned`), plus [`ScheduleError::InFlight`]
+    /// when a consumer holds the task now: it is not changed (cancel it, or
+    /// let the consumer nack it).
+    pub fn reschedule(
+        &self,
+        key: &[u8],
+        due: Due,
+        payload: Option<&[u8]>,
+    ) -> Result<RescheduleOutcome, ScheduleError> {
+        self.shared.reschedule(key, due, payload)
+    }
+
     /// Acknowledges a delivery (same as [`Consumer::ack`]).
     ///
     /// # Errors
-    /// [`AckError::NotOutstanding`] if it was already acked or comes from
-    /// before a restart; `Closed`; `Poisoned`.
+    /// See [`Consumer::ack`].
     pub fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         self.shared.ack_many(std::slice::from_ref(delivery))
     }
@@ -480,29 +581,84 @@ impl Engine {
     /// `Sync`): all of them, or none if any is not outstanding.
     ///
     /// # Errors
-    /// As [`Engine::ack`]; `NotOutstanding` names the first offending task
-    /// (also for a delivery listed twice).
+    /// As [`Engine::ack`]; the error names the first offending task (also
+    /// for a delivery listed twice).
     pub fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
         self.shared.ack_many(deliveries)
+    }
+
+    /// Reports a failed attempt (same as [`Consumer::nack`]).
+    ///
+    /// # Errors
+    /// See [`Consumer::nack`].
+    pub fn nack(
+        &self,
+        delivery: &Delivery,
+        retry_after: Option<Duration>,
+        error: &str,
+    ) -> Result<NackOutcome, AckError> {
+        self.shared.nack(delivery, retry_after, error)
+    }
+
+    /// Extends a lease (same as [`Consumer::extend_lease`]).
+    ///
+    /// # Errors
+    /// See [`Consumer::extend_lease`].
+    pub fn extend_lease(&self, delivery: &Delivery, lease: Duration) -> Result<(), AckError> {
+        self.shared.extend_lease(delivery, lease)
     }
 
     /// A new consumer handle.
     pub fn consumer(&self) -> Consumer {
         Consumer {
             shared: Arc::clone(&self.shared),
-            rx: self.shared.ready_rx.clone(),
         }
     }
 
-    /// Counters: scheduled, delivered-unacked, ready backlog.
+    /// Counters: scheduled, ready, in flight, backlog, dead letters.
     pub fn stats(&self) -> Stats {
         let core = self.shared.core.lock();
+        let pending = core.tasks.len();
         Stats {
-            scheduled: core.tasks.len() - core.delivered_unacked,
-            delivered_unacked: core.delivered_unacked,
-            ready: self.shared.ready_rx.len(),
-            payload_bytes_in_memory: core.payloads.bytes_in_memory(),
+            scheduled: pending - core.ready_count - core.in_flight_count,
+            ready: core.ready_count,
+            in_flight: core.in_flight_count,
+            catch_up_backlog: core
+                .backlog
+                .iter()
+                .filter(|&&(slot, id)| core.tasks.get_checked(slot, id).is_some())
+                .count(),
+            dead_letters: core.dead.len(),
+            pending,
+            payload_bytes_in_memory: core.payloads.bytes_in_memory()
+                + core.dead.values().map(|d| d.payload.len()).sum::<usize>(),
         }
+    }
+
+    /// The dead letters, oldest id first. O(dead letters) with their
+    /// payloads copied.
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.shared.dead_letters()
+    }
+
+    /// Puts dead letter `id` back as a new task (new id, same key and
+    /// payload, a fresh attempt count), due at `due`; removes the dead
+    /// letter. One log write.
+    ///
+    /// # Errors
+    /// [`ScheduleError::NotDeadLetter`] if there is no such dead letter;
+    /// `AlreadyExists` if a live task has its key now; bad due time;
+    /// `TooManyPending`; `Closed`; `Poisoned`.
+    pub fn requeue_dead_letter(&self, id: TaskId, due: Due) -> Result<TaskId, ScheduleError> {
+        self.shared.requeue_dead_letter(id, due)
+    }
+
+    /// Deletes dead letter `id` for good. Returns false if there was none.
+    ///
+    /// # Errors
+    /// `Closed`; `Poisoned`.
+    pub fn purge_dead_letter(&self, id: TaskId) -> Result<bool, CancelError> {
+        self.shared.purge_dead_letter(id)
     }
 
     /// What recovery found at open.
@@ -517,15 +673,20 @@ impl Engine {
 
     /// Waits until the driver has handed out every task due at the clock's
     /// current time. With a [`crate::ManualClock`]: advance the clock, then
-    /// call this; afterwards `try_recv` sees exactly what fell due. Returns at
+    /// call this; afterwards `try_recv` sees exactly what fell due (and lease
+    /// expiries up to now are processed). A rate-limited catch-up backlog is
+    /// handed out only as far as the rate allows at this time. Returns at
     /// once if the engine is stopped.
     pub fn run_until_idle(&self) {
         self.shared.run_until_idle();
     }
 
-    /// Stops the engine cleanly: stops the driver, syncs the log and writes a
-    /// clean-close marker, releases the directory. Deliveries not yet received
-    /// or acked are delivered again after the next open. Idempotent.
+    /// Stops the engine cleanly: stops the driver, takes back deliveries no
+    /// consumer received (they are delivered again after the next open,
+    /// without counting as an attempt), syncs the log and writes a
+    /// clean-close marker, releases the directory. Leases held by consumers
+    /// end: those tasks are delivered again after the next open (attempt +
+    /// 1). Idempotent.
     ///
     /// # Errors
     /// The log could not be flushed ([`ShutdownError::Wal`]), or the engine
@@ -535,14 +696,14 @@ impl Engine {
             let mut core = self.shared.core.lock();
             if core.status == Status::Open {
                 core.status = Status::Closed;
+                self.shared.release_ready_locked(&mut core);
             }
             core.stop = true;
             self.shared.driver_cv.notify_all();
+            self.shared.ready_cv.notify_all();
             core.wal.take()
         };
         self.join_driver();
-        // Deliveries nobody received stay unacked: redelivered after reopen.
-        while self.shared.ready_rx.try_recv().is_ok() {}
         let result = match wal {
             Some(wal) => wal.close().map_err(ShutdownError::from),
             None => Ok(()),
@@ -574,6 +735,7 @@ impl Drop for Engine {
             }
             core.stop = true;
             self.shared.driver_cv.notify_all();
+            self.shared.ready_cv.notify_all();
             core.wal.take()
         };
         self.join_driver();
@@ -610,6 +772,11 @@ fn key_lossy(key: &[u8]) -> String {
 }
 
 impl Shared {
+    /// Tasks in the ready queue.
+    pub(crate) fn ready_count(&self) -> usize {
+        self.core.lock().ready_count
+    }
+
     pub(crate) fn poison_cause(&self) -> Option<String> {
         match &self.core.lock().status {
             Status::Poisoned(c) => Some(c.clone()),
@@ -631,6 +798,7 @@ impl Shared {
         core.stop = true;
         self.driver_cv.notify_all();
         self.idle_cv.notify_all();
+        self.ready_cv.notify_all();
     }
 
     /// Waits for a log ticket; a failure poisons the engine and is returned
@@ -682,53 +850,101 @@ impl Shared {
         Tick(u64::try_from(ticks).unwrap_or(u64::MAX))
     }
 
+    /// Rebuilds the wheel, index and dead letters from a replay. Deliveries
+    /// in flight at a crash are settled with one log write: at least once,
+    /// a retry (the interrupted attempt counts) or, with attempts used up, a
+    /// dead letter; at most once, a release (no consumer received them: the
+    /// ack is logged before a consumer gets a task).
     fn load_replayed(&self, replay: Replay, wal: RecoveryReport) -> Recovery {
         let now = self.now();
-        let mut tasks: Vec<(u64, LiveTask)> = replay.into_tasks().into_iter().collect();
+        let now_ms = wall_ms(now);
+        let (live, dead) = replay.into_parts();
+        let mut tasks: Vec<(u64, LiveTask)> = live.into_iter().collect();
         // Oldest first; equal due times in scheduling (id) order.
         tasks.sort_unstable_by_key(|(id, t)| (t.due_ms, *id));
         let mut recovery = Recovery {
             wal,
-            pending: tasks.len(),
             ..Recovery::default()
         };
+        let mut settle = RecordBatch::default();
         let mut core = self.core.lock();
+        core.dead = dead;
         for (id, t) in tasks {
             let id = TaskId(id);
-            let redeliver = t.deliveries > 0;
+            let mut deliveries = t.deliveries;
+            if t.in_flight {
+                match self.config.delivery {
+                    DeliveryGuarantee::AtMostOnce => {
+                        settle.push(&Record::Release { id });
+                        deliveries = deliveries.saturating_sub(1);
+                    }
+                    _ if deliveries >= self.config.retry.max_attempts => {
+                        let error = LOST_LEASE_ERROR.as_bytes();
+                        settle.push(&Record::Dead {
+                            id,
+                            dead_ms: now_ms,
+                            error,
+                        });
+                        recovery.dead_lettered += 1;
+                        core.dead.insert(
+                            id.0,
+                            DeadTask {
+                                key: t.key,
+                                payload: t.payload,
+                                due_ms: t.due_ms,
+                                deliveries,
+                                dead_ms: now_ms,
+                                error: error.into(),
+                            },
+                        );
+                        continue;
+                    }
+                    _ => {
+                        settle.push(&Record::Retry {
+                            id,
+                            due_ms: t.due_ms,
+                            error: LOST_LEASE_ERROR.as_bytes(),
+                        });
+                        recovery.redelivered += 1;
+                    }
+                }
+            }
             let due_tick = self.due_tick(t.due_ms, now);
+            let Some(slot) = core.tasks.vacant_slot() else {
+                break;
+            };
+            let placed = if t.in_flight {
+                Err(InsertError::Elapsed)
+            } else {
+                core.wheel.insert(due_tick, slot)
+            };
             let task = Task {
                 id,
                 key_tag: core.key_tag(&t.key),
                 bytes: core.payloads.put(&t.key, &t.payload),
                 due_ms: t.due_ms,
-                state: if redeliver {
-                    TaskState::Delivered
-                } else {
-                    TaskState::Scheduled
-                },
-                deliveries: t.deliveries,
-                timer: None,
+                state: TaskState::Scheduled,
+                deliveries,
+                timer: placed.ok(),
             };
-            let Some(slot) = core.insert_task(task) else {
-                break;
-            };
-            if redeliver {
-                core.delivered_unacked += 1;
-                recovery.redelivered += 1;
-                core.overdue.push_back((slot, id));
-                continue;
-            }
-            match core.wheel.insert(due_tick, slot) {
-                Ok(timer) => {
-                    if let Some(t) = core.tasks.get_mut(slot) {
-                        t.timer = Some(timer);
-                    }
-                }
-                Err(_) => {
+            core.insert_task(task);
+            if placed.is_err() {
+                if !t.in_flight {
                     recovery.overdue += 1;
-                    core.overdue.push_back((slot, id));
                 }
+                core.backlog.push_back((slot, id));
+            }
+        }
+        recovery.pending = core.tasks.len();
+        recovery.dead_letters = core.dead.len();
+        if !settle.is_empty() {
+            // Waited for (before the driver starts): a power cut right after
+            // open must not undo a dead letter made here. A failure poisons
+            // the engine.
+            let ticket = self.append_locked(&mut core, &settle.records());
+            drop(core);
+            if let Err(cause) = ticket.and_then(|ticket| self.wait_durable(ticket)) {
+                tracing::error!(%cause, "could not log the settling of deliveries in flight");
             }
         }
         recovery
@@ -755,6 +971,148 @@ impl Shared {
         let ticket = self.log_schedules(&mut core, std::slice::from_ref(t), &[due_ms], id.0)?;
         core.next_id += 1;
         if self.place_task(&mut core, id, t, tag, due_ms, due_tick) {
+            self.driver_cv.notify_all();
+        }
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
+        Ok(id)
+    }
+
+    /// [`Engine::reschedule`].
+    fn reschedule(
+        &self,
+        key: &[u8],
+        due: Due,
+        payload: Option<&[u8]>,
+    ) -> Result<RescheduleOutcome, ScheduleError> {
+        let new = NewTask {
+            key,
+            due,
+            payload: payload.unwrap_or(&[]),
+        };
+        let now = self.now();
+        let (due_ms, due_tick) = self.prepare(&new, now)?;
+        check_frame_bytes(std::slice::from_ref(&new))?;
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_schedule_error)?;
+        let tag = core.key_tag(key);
+        let Some(slot) = core.find_slot(tag, key) else {
+            // Upsert: a new task, under the same lock as the lookup.
+            self.check_room(&core, 1)?;
+            self.check_horizon(&core, due_ms, due_tick)?;
+            let id = TaskId(core.next_id);
+            let ticket =
+                self.log_schedules(&mut core, std::slice::from_ref(&new), &[due_ms], id.0)?;
+            core.next_id += 1;
+            if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
+                self.driver_cv.notify_all();
+            }
+            drop(core);
+            self.wait_durable(ticket)
+                .map_err(|cause| ScheduleError::Poisoned { cause })?;
+            return Ok(RescheduleOutcome::Scheduled(id));
+        };
+        let (id, state) = match core.tasks.get(slot) {
+            Some(t) => (t.id, t.state),
+            None => return Err(ScheduleError::Closed),
+        };
+        if matches!(state, TaskState::Leased | TaskState::Abandoned) {
+            return Err(ScheduleError::InFlight {
+                key: key_lossy(key),
+            });
+        }
+        self.check_horizon(&core, due_ms, due_tick)?;
+        let mut batch = RecordBatch::default();
+        if state == TaskState::Ready {
+            // Handed out but not received: take the delivery back first.
+            batch.push(&Record::Release { id });
+        }
+        batch.push(&Record::Reschedule {
+            id,
+            due_ms,
+            payload,
+        });
+        let ticket = self
+            .append_locked(&mut core, &batch.records())
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
+        let c = &mut *core;
+        if let Some(task) = c.tasks.get_mut(slot) {
+            if state == TaskState::Ready {
+                task.state = TaskState::Scheduled;
+                task.deliveries = task.deliveries.saturating_sub(1);
+                c.ready_count -= 1;
+            }
+            if let Some(timer) = task.timer.take() {
+                c.wheel.remove(timer);
+            }
+            task.due_ms = due_ms;
+            if let Some(payload) = payload {
+                let bytes = c.payloads.put(key, payload);
+                let old = std::mem::replace(&mut task.bytes, bytes);
+                c.payloads.release(old);
+            }
+        }
+        let wake = match c.wheel.insert(due_tick, slot) {
+            Ok(timer) => {
+                if let Some(task) = c.tasks.get_mut(slot) {
+                    task.timer = Some(timer);
+                }
+                self.driver_should_wake(c, due_tick)
+            }
+            Err(_) => {
+                c.overdue.push_back((slot, id));
+                c.sleep != DriverSleep::Busy
+            }
+        };
+        if wake {
+            self.driver_cv.notify_all();
+        }
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
+        Ok(RescheduleOutcome::Rescheduled(id))
+    }
+
+    /// [`Engine::requeue_dead_letter`].
+    fn requeue_dead_letter(&self, dead_id: TaskId, due: Due) -> Result<TaskId, ScheduleError> {
+        let now = self.now();
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_schedule_error)?;
+        let Some(dead) = core.dead.get(&dead_id.0) else {
+            return Err(ScheduleError::NotDeadLetter { task_id: dead_id.0 });
+        };
+        let (key, payload) = (dead.key.clone(), dead.payload.clone());
+        let new = NewTask {
+            key: &key,
+            due,
+            payload: &payload,
+        };
+        let (due_ms, due_tick) = self.prepare(&new, now)?;
+        check_frame_bytes(std::slice::from_ref(&new))?;
+        self.check_room(&core, 1)?;
+        let tag = core.key_tag(&key);
+        if core.find_slot(tag, &key).is_some() {
+            return Err(ScheduleError::AlreadyExists {
+                key: key_lossy(&key),
+            });
+        }
+        self.check_horizon(&core, due_ms, due_tick)?;
+        let id = TaskId(core.next_id);
+        let mut batch = RecordBatch::default();
+        batch.push(&Record::Purge { id: dead_id });
+        batch.push(&Record::Schedule {
+            id,
+            due_ms,
+            key: &key,
+            payload: &payload,
+        });
+        let ticket = self
+            .append_locked(&mut core, &batch.records())
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
+        core.next_id += 1;
+        core.dead.remove(&dead_id.0);
+        if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
         drop(core);
@@ -995,6 +1353,51 @@ impl Shared {
         u64::try_from(wall_ms + self.config.delay_max.as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// What cancelling the task in `slot` answers, and whether it is
+    /// cancelled outright (`Some(true)`: forget it), or abandoned in flight
+    /// (`Some(false)`), or left alone (`None`).
+    fn cancel_decision(core: &Core, slot: u32) -> (CancelOutcome, Option<(TaskId, bool)>) {
+        match core.tasks.get(slot) {
+            Some(t) => match t.state {
+                TaskState::Scheduled => (
+                    CancelOutcome::Cancelled {
+                        deliveries: t.deliveries,
+                    },
+                    Some((t.id, true)),
+                ),
+                // Handed out, but no consumer has it: its deliver record
+                // reached nobody.
+                TaskState::Ready => (
+                    CancelOutcome::Cancelled {
+                        deliveries: t.deliveries.saturating_sub(1),
+                    },
+                    Some((t.id, true)),
+                ),
+                TaskState::Leased => (
+                    CancelOutcome::AlreadyDelivered {
+                        attempt: t.deliveries,
+                    },
+                    Some((t.id, false)),
+                ),
+                // Not reachable by key (its index entry is gone).
+                TaskState::Abandoned => (CancelOutcome::NotFound, None),
+            },
+            None => (CancelOutcome::NotFound, None),
+        }
+    }
+
+    /// Applies a logged cancel to the task in `slot`.
+    fn apply_cancel(&self, core: &mut Core, slot: u32, outright: bool) {
+        if outright {
+            self.forget_task(core, slot);
+        } else if let Some(t) = core.tasks.get_mut(slot) {
+            // The holder may still ack or nack; nothing follows either way.
+            t.state = TaskState::Abandoned;
+            let tag = t.key_tag;
+            core.index.remove(tag, slot);
+        }
+    }
+
     /// Cancels one key: [`Shared::cancel_many`] without the outcome vector
     /// and duplicate tracking, so an in-memory cancel allocates nothing.
     fn cancel_one(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
@@ -1003,19 +1406,18 @@ impl Shared {
         let Some(slot) = core.find_slot(core.key_tag(key), key) else {
             return Ok(CancelOutcome::NotFound);
         };
-        let id = match core.tasks.get(slot) {
-            Some(t) if t.state == TaskState::Scheduled => t.id,
-            Some(_) => return Ok(CancelOutcome::AlreadyDelivered),
-            None => return Ok(CancelOutcome::NotFound),
+        let (outcome, action) = Self::cancel_decision(&core, slot);
+        let Some((id, outright)) = action else {
+            return Ok(outcome);
         };
         let ticket = self
             .log_ids(&mut core, RECORD_CANCEL, [id], |id| Record::Cancel { id })
             .map_err(|cause| CancelError::Poisoned { cause })?;
-        self.forget_task(&mut core, slot);
+        self.apply_cancel(&mut core, slot, outright);
         drop(core);
         self.wait_durable(ticket)
             .map_err(|cause| CancelError::Poisoned { cause })?;
-        Ok(CancelOutcome::Cancelled)
+        Ok(outcome)
     }
 
     fn cancel_many(&self, keys: &[&[u8]]) -> Result<Vec<CancelOutcome>, CancelError> {
@@ -1028,34 +1430,32 @@ impl Shared {
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_cancel_error)?;
         let mut outcomes = Vec::with_capacity(keys.len());
-        let mut victims: SmallVec<[(u32, TaskId); 1]> = SmallVec::new();
+        let mut victims: SmallVec<[(u32, TaskId, bool); 1]> = SmallVec::new();
         // Only a multi-key call can name a key twice; a single cancel allocates nothing.
         let mut seen: Option<HashSet<u32>> = (keys.len() > 1).then(HashSet::new);
         for key in keys {
             let outcome = match core.find_slot(core.key_tag(key), key) {
                 None => CancelOutcome::NotFound,
-                Some(slot) => match core.tasks.get(slot) {
-                    Some(t) if t.state == TaskState::Scheduled => {
-                        // The same key twice in one call: the second finds it gone.
-                        if seen.as_mut().is_some_and(|seen| !seen.insert(slot)) {
-                            CancelOutcome::NotFound
-                        } else {
-                            victims.push((slot, t.id));
-                            CancelOutcome::Cancelled
-                        }
+                // The same key twice in one call: the second finds it gone.
+                Some(slot) if seen.as_mut().is_some_and(|seen| !seen.insert(slot)) => {
+                    CancelOutcome::NotFound
+                }
+                Some(slot) => {
+                    let (outcome, action) = Self::cancel_decision(&core, slot);
+                    if let Some((id, outright)) = action {
+                        victims.push((slot, id, outright));
                     }
-                    Some(_) => CancelOutcome::AlreadyDelivered,
-                    None => CancelOutcome::NotFound,
-                },
+                    outcome
+                }
             };
             outcomes.push(outcome);
         }
-        let ids = victims.iter().map(|&(_, id)| id);
+        let ids = victims.iter().map(|&(_, id, _)| id);
         let ticket = self
             .log_ids(&mut core, RECORD_CANCEL, ids, |id| Record::Cancel { id })
             .map_err(|cause| CancelError::Poisoned { cause })?;
-        for (slot, _) in victims {
-            self.forget_task(&mut core, slot);
+        for (slot, _, outright) in victims {
+            self.apply_cancel(&mut core, slot, outright);
         }
         drop(core);
         self.wait_durable(ticket)
@@ -1089,54 +1489,17 @@ impl Shared {
             if let Some(timer) = task.timer {
                 core.wheel.remove(timer);
             }
-            if task.state == TaskState::Delivered {
-                core.delivered_unacked -= 1;
+            match task.state {
+                TaskState::Scheduled => {}
+                TaskState::Ready => core.ready_count -= 1,
+                TaskState::Leased | TaskState::Abandoned => core.in_flight_count -= 1,
             }
+            // Absent already for an abandoned task.
             core.index.remove(task.key_tag, slot);
             core.payloads.release(task.bytes);
-            // An overdue-queue entry, if any, is skipped by its id check.
+            // Overdue, backlog and ready entries, if any, are skipped by
+            // their id and state checks.
         }
-    }
-
-    /// Acks deliveries with one log write: all of them, or none if any is
-    /// not outstanding.
-    pub(crate) fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
-        if deliveries.len() > BATCH_TASKS_MAX {
-            return Err(AckError::BatchTooLarge {
-                tasks: deliveries.len(),
-                max: BATCH_TASKS_MAX,
-            });
-        }
-        let mut core = self.core.lock();
-        core.check_open().map_err(status_to_ack_error)?;
-        let mut seen: Option<HashSet<u32>> = (deliveries.len() > 1).then(HashSet::new);
-        for d in deliveries {
-            if d.engine_id != self.engine_id {
-                return Err(AckError::NotOutstanding {
-                    task_id: d.task_id.0,
-                });
-            }
-            let outstanding = core
-                .tasks
-                .get_checked(d.slot, d.task_id)
-                .is_some_and(|t| t.state == TaskState::Delivered && t.deliveries == d.attempt);
-            let repeated = seen.as_mut().is_some_and(|seen| !seen.insert(d.slot));
-            if !outstanding || repeated {
-                return Err(AckError::NotOutstanding {
-                    task_id: d.task_id.0,
-                });
-            }
-        }
-        let ids = deliveries.iter().map(|d| d.task_id);
-        let ticket = self
-            .log_ids(&mut core, RECORD_ACK, ids, |id| Record::Ack { id })
-            .map_err(|cause| AckError::Poisoned { cause })?;
-        for d in deliveries {
-            self.forget_task(&mut core, d.slot);
-        }
-        drop(core);
-        self.wait_durable(ticket)
-            .map_err(|cause| AckError::Poisoned { cause })
     }
 
     /// Appends records (if the engine has a log) while the caller holds the
@@ -1241,6 +1604,62 @@ fn check_frame_bytes(new: &[NewTask<'_>]) -> Result<(), ScheduleError> {
     Ok(())
 }
 
+/// Error text logged for a delivery whose lease a restart ended.
+const LOST_LEASE_ERROR: &str = "in flight when the engine stopped (lease lost in a restart)";
+
+/// Record bodies of several types laid end to end, appended as one frame.
+#[derive(Debug, Default)]
+struct RecordBatch {
+    bodies: Vec<u8>,
+    /// (record type, end of its body in `bodies`).
+    ends: Vec<(u8, usize)>,
+}
+
+impl RecordBatch {
+    fn push(&mut self, record: &Record<'_>) {
+        record.encode_into(&mut self.bodies);
+        self.ends.push((record.record_type(), self.bodies.len()));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn clear(&mut self) {
+        self.bodies.clear();
+        self.ends.clear();
+    }
+
+    /// The records from `from` (an index into the pushes) to the end.
+    fn records_from(&self, from: usize) -> Vec<kairos_wal::Record<'_>> {
+        let mut start = match from {
+            0 => 0,
+            i => self.ends[i - 1].1,
+        };
+        self.ends[from..]
+            .iter()
+            .map(|&(record_type, end)| {
+                let body = &self.bodies[start..end];
+                start = end;
+                kairos_wal::Record { record_type, body }
+            })
+            .collect()
+    }
+
+    fn records(&self) -> Vec<kairos_wal::Record<'_>> {
+        self.records_from(0)
+    }
+}
+
+/// Wall time of a clock reading, UTC ms (0 before the epoch).
+fn wall_ms(now: Now) -> u64 {
+    u64::try_from(now.wall_ns.div_euclid(1_000_000)).unwrap_or(0)
+}
+
 /// One reading of both clocks, for due-time arithmetic.
 #[derive(Debug, Clone, Copy)]
 struct Now {
@@ -1271,108 +1690,6 @@ fn div_u128(n: u128, d: u128, round: Round) -> u128 {
         Round::Down => n / d,
         Round::Up => n.div_ceil(d),
     }
-}
-
-/// Most deliver records in one log frame (16-byte bodies + 5-byte record
-/// headers: frames of about 1.3 MiB, far below the 1 GiB frame limit).
-const DELIVER_CHUNK_TASKS: usize = 65_536;
-
-/// The driver: advances the wheel by the clock, logs deliveries, hands them
-/// to consumers, sleeps until the next deadline. Never blocks on consumers:
-/// the ready channel is unbounded.
-fn driver_loop(shared: &Shared, ready_tx: Sender<Delivery>) {
-    let mut expired: Vec<Expired> = Vec::new();
-    let mut due: Vec<(u32, TaskId)> = Vec::new();
-    let mut deliveries: Vec<Delivery> = Vec::new();
-    let mut bodies: Vec<u8> = Vec::new();
-    let mut core = shared.core.lock();
-    loop {
-        if core.stop {
-            break;
-        }
-        core.sleep = DriverSleep::Busy;
-        let now = shared.now_tick();
-        due.clear();
-        due.extend(core.overdue.drain(..));
-        if now > core.wheel.elapsed() {
-            expired.clear();
-            core.wheel.advance(now, &mut expired);
-            for e in &expired {
-                if let Some(t) = core.tasks.get(e.item) {
-                    due.push((e.item, t.id));
-                }
-            }
-        }
-        if due.is_empty() {
-            core.processed_tick = now;
-            shared.idle_cv.notify_all();
-            let next = core.wheel.next_deadline();
-            core.sleep = next.map_or(DriverSleep::Forever, DriverSleep::Until);
-            match next {
-                Some(deadline) if !shared.clock.is_manual() => {
-                    let wait_ns =
-                        (u128::from(deadline.0) * shared.tick_ns).saturating_sub(shared.now_ns());
-                    let wait = Duration::from_nanos(u64::try_from(wait_ns).unwrap_or(u64::MAX));
-                    if !wait.is_zero() {
-                        shared.driver_cv.wait_for(&mut core, wait);
-                    }
-                }
-                _ => shared.driver_cv.wait(&mut core),
-            }
-            continue;
-        }
-        let fired_ms = system_time_to_ms(shared.clock.now_wall()).unwrap_or(0);
-        deliveries.clear();
-        bodies.clear();
-        let c = &mut *core;
-        for &(slot, id) in &due {
-            let Some(task) = c.tasks.get_mut(slot).filter(|t| t.id == id) else {
-                continue; // cancelled while overdue
-            };
-            if task.state == TaskState::Scheduled {
-                task.state = TaskState::Delivered;
-                c.delivered_unacked += 1;
-            }
-            task.timer = None;
-            task.deliveries = task.deliveries.saturating_add(1);
-            deliveries.push(Delivery {
-                engine_id: shared.engine_id,
-                task_id: id,
-                slot,
-                key: task.key().into(),
-                payload: c.payloads.get(&task.bytes).to_vec(),
-                due_ms: task.due_ms,
-                fired_ms,
-                attempt: task.deliveries,
-            });
-            Record::Deliver { id, fired_ms }.encode_into(&mut bodies);
-        }
-        // One frame per chunk keeps a huge pass (a backlog after downtime)
-        // within the log's frame size.
-        let mut tickets = Vec::new();
-        for chunk in bodies.chunks(DELIVER_CHUNK_TASKS * DELIVER_BYTES) {
-            match shared.append_fixed(&mut core, RECORD_DELIVER, chunk, DELIVER_BYTES) {
-                Ok(ticket) => tickets.push(ticket),
-                Err(cause) => {
-                    shared.poison_locked(&mut core, cause);
-                    return;
-                }
-            }
-        }
-        drop(core);
-        for ticket in tickets {
-            if shared.wait_durable(ticket).is_err() {
-                return;
-            }
-        }
-        for d in deliveries.drain(..) {
-            // The receiver lives in `Shared`, so the channel never disconnects
-            // while this thread runs.
-            let _ = ready_tx.send(d);
-        }
-        core = shared.core.lock();
-    }
-    shared.idle_cv.notify_all();
 }
 
 #[cfg(test)]

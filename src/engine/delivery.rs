@@ -1,0 +1,687 @@
+//! The delivery side of the engine: the driver thread, the ready queue,
+//! leases, acks, nacks, retries with backoff, dead letters.
+//!
+//! A task's path (states in [`TaskState`]): the driver finds it due, logs its
+//! DELIVER record and — once that is durable — puts it in the ready queue
+//! (`Ready`). A consumer takes it under the core lock: at least once, the
+//! task becomes `Leased` and its lease expiry is a timer in the wheel; at most
+//! once, its ACK is logged (and waited for) before the consumer gets it. An
+//! ack finishes a leased task; a nack or a lease expiry is a failed attempt:
+//! RETRY at the backoff (back to `Scheduled`), or DEAD once `max_attempts`
+//! deliveries have failed. Every transition is a log record written under
+//! the lock before it takes effect (leases themselves are not logged: a
+//! restart ends them all, see `Shared::load_replayed`).
+
+use super::{
+    status_to_ack_error, wall_ms, Core, DriverSleep, Now, ReadyEntry, RecordBatch, Round, Shared,
+    Status,
+};
+use crate::clock::ms_to_system_time;
+use crate::config::{DeliveryGuarantee, BATCH_TASKS_MAX};
+use crate::consumer::Delivery;
+use crate::error::{AckError, RecvError};
+use crate::record::{Record, ERROR_BYTES_MAX};
+use crate::replay::DeadTask;
+use crate::task::{TaskId, TaskState};
+use crate::wheel::{Expired, Tick};
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime};
+
+/// What a nack (or a lease expiry) did with the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NackOutcome {
+    /// Attempt `next_attempt` is due at `due`.
+    Retry {
+        /// The number the next delivery will carry.
+        next_attempt: u32,
+        /// When it is due.
+        due: SystemTime,
+    },
+    /// The task had used its `max_attempts` deliveries: it is now a dead
+    /// letter (see [`crate::Engine::dead_letters`]).
+    DeadLettered,
+    /// The task was cancelled while the consumer held it: it is finished,
+    /// nothing follows.
+    Finished,
+}
+
+/// A task that exhausted its attempts, kept until requeued or purged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The task's id.
+    pub task_id: TaskId,
+    /// Its key.
+    pub key: Vec<u8>,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// Deliveries it had (= attempts made).
+    pub attempts: u32,
+    /// Due time of its last attempt, UTC ms.
+    pub due_ms: u64,
+    /// When it was dead-lettered, UTC ms.
+    pub dead_ms: u64,
+    /// The error of its last attempt (the nack's text, or a lease expiry).
+    pub error: String,
+}
+
+/// How a receive waits for a ready task.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Wait {
+    No,
+    Until(Instant),
+    Forever,
+}
+
+/// Most records in one log frame from one driver pass (16-byte deliver
+/// bodies + 5-byte record headers: frames of about 1.3 MiB, far below the
+/// 1 GiB frame limit; retry and dead records carry at most 4 KiB of error).
+const PASS_CHUNK_RECORDS: usize = 65_536;
+
+/// Error text of a lease that expired.
+fn lease_expired_error(lease: Duration) -> String {
+    format!(
+        "lease of {} ms expired without ack or nack",
+        lease.as_millis()
+    )
+}
+
+/// `text` cut to at most [`ERROR_BYTES_MAX`] bytes at a character boundary.
+fn clip_error(text: &str) -> &str {
+    if text.len() <= ERROR_BYTES_MAX {
+        return text;
+    }
+    let mut end = ERROR_BYTES_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+impl Shared {
+    /// Ticks in a lease of `lease` (rounded up: a lease never ends early).
+    fn lease_ticks(&self, lease: Duration) -> u64 {
+        let ticks = super::div_u128(lease.as_nanos(), self.tick_ns, Round::Up);
+        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Takes the next ready task for a consumer.
+    pub(crate) fn receive(&self, wait: Wait) -> Result<Delivery, RecvError> {
+        let mut core = self.core.lock();
+        loop {
+            match &core.status {
+                Status::Open => {}
+                Status::Poisoned(cause) => {
+                    return Err(RecvError::Poisoned {
+                        cause: cause.clone(),
+                    })
+                }
+                Status::Closed => return Err(RecvError::Closed),
+            }
+            if let Some(entry) = core.ready.pop_front() {
+                let Some(task) = core.tasks.get_checked(entry.slot, entry.id) else {
+                    continue;
+                };
+                if task.state != TaskState::Ready {
+                    continue;
+                }
+                return self.take_ready(core, entry);
+            }
+            match wait {
+                Wait::No => return Err(RecvError::Empty),
+                Wait::Forever => self.ready_cv.wait(&mut core),
+                Wait::Until(deadline) => {
+                    if self.ready_cv.wait_until(&mut core, deadline).timed_out()
+                        && core.ready.is_empty()
+                    {
+                        return Err(match &core.status {
+                            Status::Open => RecvError::Timeout,
+                            Status::Poisoned(cause) => RecvError::Poisoned {
+                                cause: cause.clone(),
+                            },
+                            Status::Closed => RecvError::Closed,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands the ready task of `entry` to the calling consumer: leases it
+    /// (at least once) or finishes it (at most once, waiting for its ack
+    /// record's durability before returning it).
+    fn take_ready(
+        &self,
+        mut core: parking_lot::MutexGuard<'_, Core>,
+        entry: ReadyEntry,
+    ) -> Result<Delivery, RecvError> {
+        let now_tick = self.now_tick();
+        let lease_ticks = self.lease_ticks(self.config.lease);
+        let at_most_once = self.config.delivery == DeliveryGuarantee::AtMostOnce;
+        let c = &mut *core;
+        let Some(task) = c.tasks.get_mut(entry.slot) else {
+            return Err(RecvError::Empty);
+        };
+        let delivery = Delivery {
+            engine_id: self.engine_id,
+            task_id: entry.id,
+            slot: entry.slot,
+            key: task.key().into(),
+            payload: c.payloads.get(&task.bytes).to_vec(),
+            due_ms: task.due_ms,
+            fired_ms: entry.fired_ms,
+            attempt: task.deliveries,
+            at_most_once,
+        };
+        if at_most_once {
+            let ticket = self.log_ids(&mut core, crate::record::RECORD_ACK, [entry.id], |id| {
+                Record::Ack { id }
+            });
+            let ticket = match ticket {
+                Ok(ticket) => ticket,
+                Err(cause) => return Err(RecvError::Poisoned { cause }),
+            };
+            self.forget_task(&mut core, entry.slot);
+            drop(core);
+            self.wait_durable(ticket)
+                .map_err(|cause| RecvError::Poisoned { cause })?;
+            return Ok(delivery);
+        }
+        // Lease expiry: a timer in the wheel at now + lease.
+        let due = Tick(
+            now_tick
+                .0
+                .max(c.wheel.elapsed().0)
+                .saturating_add(lease_ticks),
+        );
+        let timer = c.wheel.insert(due, entry.slot).ok();
+        if let Some(task) = c.tasks.get_mut(entry.slot) {
+            task.state = TaskState::Leased;
+            task.timer = timer;
+        }
+        c.ready_count -= 1;
+        c.in_flight_count += 1;
+        if timer.is_some() && self.driver_should_wake(c, due) {
+            self.driver_cv.notify_all();
+        }
+        Ok(delivery)
+    }
+
+    /// Whether the driver, as it sleeps now, would miss a deadline at `due`.
+    pub(super) fn driver_should_wake(&self, core: &Core, due: Tick) -> bool {
+        match core.sleep {
+            DriverSleep::Busy => false,
+            DriverSleep::Forever => true,
+            DriverSleep::Until(t) => due < t,
+        }
+    }
+
+    /// Checks that `d` is a lease its holder may still act on; returns the
+    /// task's slot state.
+    fn check_lease(&self, core: &Core, d: &Delivery, now: Tick) -> Result<TaskState, AckError> {
+        let stale = AckError::NotOutstanding {
+            task_id: d.task_id.0,
+        };
+        if d.engine_id != self.engine_id {
+            return Err(stale);
+        }
+        let task = core.tasks.get_checked(d.slot, d.task_id).ok_or(stale)?;
+        match task.state {
+            TaskState::Leased | TaskState::Abandoned if task.deliveries == d.attempt => {}
+            // Redelivered since, or back to waiting: this lease is over.
+            _ if task.deliveries >= d.attempt => {
+                return Err(AckError::LeaseExpired {
+                    task_id: d.task_id.0,
+                })
+            }
+            _ => {
+                return Err(AckError::NotOutstanding {
+                    task_id: d.task_id.0,
+                })
+            }
+        }
+        // Past its deadline but not yet processed by the driver: expired all
+        // the same (so the answer does not depend on the driver's timing).
+        let deadline = task.timer.and_then(|t| core.wheel.due(t));
+        if deadline.is_none_or(|deadline| deadline <= now) {
+            return Err(AckError::LeaseExpired {
+                task_id: d.task_id.0,
+            });
+        }
+        Ok(task.state)
+    }
+
+    /// Acks deliveries with one log write: all of them, or none if any is
+    /// not outstanding.
+    pub(crate) fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
+        if deliveries.len() > BATCH_TASKS_MAX {
+            return Err(AckError::BatchTooLarge {
+                tasks: deliveries.len(),
+                max: BATCH_TASKS_MAX,
+            });
+        }
+        if deliveries.iter().all(|d| d.at_most_once) {
+            // Finished when it was received: nothing to do.
+            return Ok(());
+        }
+        let now = self.now_tick();
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_ack_error)?;
+        let mut seen: Option<HashSet<u32>> = (deliveries.len() > 1).then(HashSet::new);
+        let mut logged = Vec::with_capacity(deliveries.len());
+        for d in deliveries.iter().filter(|d| !d.at_most_once) {
+            let state = self.check_lease(&core, d, now)?;
+            if seen.as_mut().is_some_and(|seen| !seen.insert(d.slot)) {
+                return Err(AckError::NotOutstanding {
+                    task_id: d.task_id.0,
+                });
+            }
+            // An abandoned task was finished by its cancel record already.
+            if state == TaskState::Leased {
+                logged.push(d.task_id);
+            }
+        }
+        let ticket = self
+            .log_ids(&mut core, crate::record::RECORD_ACK, logged, |id| {
+                Record::Ack { id }
+            })
+            .map_err(|cause| AckError::Poisoned { cause })?;
+        for d in deliveries.iter().filter(|d| !d.at_most_once) {
+            self.forget_task(&mut core, d.slot);
+        }
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| AckError::Poisoned { cause })
+    }
+
+    /// A failed attempt reported by the consumer.
+    pub(crate) fn nack(
+        &self,
+        d: &Delivery,
+        retry_after: Option<Duration>,
+        error: &str,
+    ) -> Result<NackOutcome, AckError> {
+        if d.at_most_once {
+            return Err(AckError::NotOutstanding {
+                task_id: d.task_id.0,
+            });
+        }
+        if let Some(delay) = retry_after {
+            if delay > self.config.delay_max {
+                return Err(AckError::RetryTooFar {
+                    retry_after_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    max_ms: u64::try_from(self.config.delay_max.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+        }
+        let now = self.now();
+        let now_tick = self.tick_of(now);
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_ack_error)?;
+        if self.check_lease(&core, d, now_tick)? == TaskState::Abandoned {
+            self.forget_task(&mut core, d.slot);
+            return Ok(NackOutcome::Finished);
+        }
+        let mut batch = RecordBatch::default();
+        let outcome = self.fail_attempt(&mut core, d.slot, retry_after, error, now, &mut batch);
+        let ticket = self
+            .append_locked(&mut core, &batch.records())
+            .map_err(|cause| AckError::Poisoned { cause })?;
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| AckError::Poisoned { cause })?;
+        Ok(outcome)
+    }
+
+    /// Moves a lease's deadline to `lease` from now (heartbeat).
+    pub(crate) fn extend_lease(&self, d: &Delivery, lease: Duration) -> Result<(), AckError> {
+        if d.at_most_once {
+            return Err(AckError::NotOutstanding {
+                task_id: d.task_id.0,
+            });
+        }
+        if lease.is_zero() || lease > crate::config::LEASE_MAX {
+            return Err(AckError::InvalidLease {
+                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                max_ms: crate::config::LEASE_MAX.as_millis() as u64,
+            });
+        }
+        let now = self.now_tick();
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_ack_error)?;
+        self.check_lease(&core, d, now)?;
+        let due = Tick(
+            now.0
+                .max(core.wheel.elapsed().0)
+                .saturating_add(self.lease_ticks(lease)),
+        );
+        let c = &mut *core;
+        if let Some(task) = c.tasks.get_mut(d.slot) {
+            if let Some(old) = task.timer.take() {
+                c.wheel.remove(old);
+            }
+            task.timer = c.wheel.insert(due, d.slot).ok();
+        }
+        if self.driver_should_wake(c, due) {
+            self.driver_cv.notify_all();
+        }
+        Ok(())
+    }
+
+    /// A failed attempt of the leased task in `slot` (nack or lease expiry):
+    /// pushes its RETRY or DEAD record to `batch` and applies it. The caller
+    /// appends `batch` under the same lock.
+    fn fail_attempt(
+        &self,
+        core: &mut Core,
+        slot: u32,
+        retry_after: Option<Duration>,
+        error: &str,
+        now: Now,
+        batch: &mut RecordBatch,
+    ) -> NackOutcome {
+        let error = clip_error(error);
+        let now_ms = wall_ms(now);
+        let Some(task) = core.tasks.get_mut(slot) else {
+            return NackOutcome::Finished;
+        };
+        if let Some(timer) = task.timer.take() {
+            core.wheel.remove(timer);
+        }
+        let id = task.id;
+        if task.deliveries >= self.config.retry.max_attempts {
+            batch.push(&Record::Dead {
+                id,
+                dead_ms: now_ms,
+                error: error.as_bytes(),
+            });
+            let dead = DeadTask {
+                key: task.key().into(),
+                payload: core.payloads.get(&task.bytes).into(),
+                due_ms: task.due_ms,
+                deliveries: task.deliveries,
+                dead_ms: now_ms,
+                error: error.as_bytes().into(),
+            };
+            core.dead.insert(id.0, dead);
+            self.forget_task(core, slot);
+            return NackOutcome::DeadLettered;
+        }
+        let delay = retry_after.unwrap_or_else(|| self.config.retry.backoff(id.0, task.deliveries));
+        let delay_ms = u64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        let due_ms = now_ms.saturating_add(delay_ms);
+        batch.push(&Record::Retry {
+            id,
+            due_ms,
+            error: error.as_bytes(),
+        });
+        task.state = TaskState::Scheduled;
+        task.due_ms = due_ms;
+        let next_attempt = task.deliveries.saturating_add(1);
+        core.in_flight_count -= 1;
+        let due_tick = self.due_tick(due_ms, now);
+        match core.wheel.insert(due_tick, slot) {
+            Ok(timer) => {
+                if let Some(task) = core.tasks.get_mut(slot) {
+                    task.timer = Some(timer);
+                }
+                if self.driver_should_wake(core, due_tick) {
+                    self.driver_cv.notify_all();
+                }
+            }
+            Err(_) => {
+                core.overdue.push_back((slot, id));
+                if core.sleep != DriverSleep::Busy {
+                    self.driver_cv.notify_all();
+                }
+            }
+        }
+        NackOutcome::Retry {
+            next_attempt,
+            due: ms_to_system_time(due_ms),
+        }
+    }
+
+    /// At a clean shutdown: logs a RELEASE for every task handed out but not
+    /// received, so it is delivered again after reopen without counting as
+    /// an attempt.
+    pub(super) fn release_ready_locked(&self, core: &mut Core) {
+        let mut batch = RecordBatch::default();
+        let entries: Vec<ReadyEntry> = core.ready.drain(..).collect();
+        for e in entries {
+            let Some(task) = core.tasks.get_mut(e.slot).filter(|t| t.id == e.id) else {
+                continue;
+            };
+            if task.state != TaskState::Ready {
+                continue;
+            }
+            task.state = TaskState::Scheduled;
+            task.deliveries = task.deliveries.saturating_sub(1);
+            core.ready_count -= 1;
+            batch.push(&Record::Release { id: e.id });
+        }
+        if !batch.is_empty() {
+            // A failure poisons the engine; shutdown then reports it.
+            let _ = self.append_locked(core, &batch.records());
+        }
+    }
+
+    /// A copy of every dead letter, oldest id first.
+    pub(super) fn dead_letters(&self) -> Vec<DeadLetter> {
+        let core = self.core.lock();
+        let mut out: Vec<DeadLetter> = core
+            .dead
+            .iter()
+            .map(|(&id, d)| DeadLetter {
+                task_id: TaskId(id),
+                key: d.key.to_vec(),
+                payload: d.payload.to_vec(),
+                attempts: d.deliveries,
+                due_ms: d.due_ms,
+                dead_ms: d.dead_ms,
+                error: String::from_utf8_lossy(&d.error).into_owned(),
+            })
+            .collect();
+        out.sort_unstable_by_key(|d| d.task_id);
+        out
+    }
+
+    /// The driver's tick for a clock reading.
+    pub(super) fn tick_of(&self, now: Now) -> Tick {
+        Tick((now.engine_ns / self.tick_ns) as u64)
+    }
+}
+
+/// The driver: advances the wheel by the clock, logs deliveries and failed
+/// leases, hands due tasks to the ready queue, sleeps until the next
+/// deadline. Never blocks on consumers: the ready queue is unbounded.
+pub(super) fn driver_loop(shared: &Shared) {
+    let mut expired: Vec<Expired> = Vec::new();
+    let mut due: Vec<(u32, TaskId)> = Vec::new();
+    let mut handouts: Vec<ReadyEntry> = Vec::new();
+    let mut batch = RecordBatch::default();
+    let rate = shared.config.catch_up_tasks_per_sec.map(u128::from);
+    let mut core = shared.core.lock();
+    loop {
+        if core.stop {
+            break;
+        }
+        core.sleep = DriverSleep::Busy;
+        let now = shared.now();
+        let now_tick = shared.tick_of(now);
+        due.clear();
+        due.extend(core.overdue.drain(..));
+        // The catch-up backlog, oldest first, within the rate limit.
+        let mut next_token_ns = None;
+        if !core.backlog.is_empty() {
+            let allowed = match rate {
+                None => u64::MAX,
+                Some(rate) => {
+                    let since_ns = now.engine_ns.saturating_sub(shared.catch_up_start_ns);
+                    let earned =
+                        u64::try_from(since_ns * rate / 1_000_000_000 + 1).unwrap_or(u64::MAX);
+                    earned.saturating_sub(core.backlog_taken)
+                }
+            };
+            let mut taken = 0;
+            while taken < allowed {
+                let Some((slot, id)) = core.backlog.pop_front() else {
+                    break;
+                };
+                let live = core
+                    .tasks
+                    .get_checked(slot, id)
+                    .is_some_and(|t| t.state == TaskState::Scheduled && t.timer.is_none());
+                if live {
+                    due.push((slot, id));
+                    taken += 1;
+                }
+            }
+            core.backlog_taken += taken;
+            if let (Some(rate), false) = (rate, core.backlog.is_empty()) {
+                // When the next task is earned: taken = rate × t + 1.
+                let at = u128::from(core.backlog_taken) * 1_000_000_000 / rate;
+                next_token_ns = Some(shared.catch_up_start_ns + at + 1);
+            }
+        }
+        if now_tick > core.wheel.elapsed() {
+            expired.clear();
+            core.wheel.advance(now_tick, &mut expired);
+            for e in &expired {
+                if let Some(t) = core.tasks.get_mut(e.item) {
+                    t.timer = None;
+                    due.push((e.item, t.id));
+                }
+            }
+        }
+        if due.is_empty() {
+            core.processed_tick = now_tick;
+            shared.idle_cv.notify_all();
+            let wheel_ns = core
+                .wheel
+                .next_deadline()
+                .map(|d| u128::from(d.0) * shared.tick_ns);
+            let next_ns = match (wheel_ns, next_token_ns) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            core.sleep = match next_ns {
+                None => DriverSleep::Forever,
+                Some(ns) => {
+                    DriverSleep::Until(Tick(u64::try_from(ns / shared.tick_ns).unwrap_or(u64::MAX)))
+                }
+            };
+            match next_ns {
+                Some(at_ns) if !shared.clock.is_manual() => {
+                    let wait_ns = at_ns.saturating_sub(shared.now_ns());
+                    let wait = Duration::from_nanos(u64::try_from(wait_ns).unwrap_or(u64::MAX));
+                    if !wait.is_zero() {
+                        shared.driver_cv.wait_for(&mut core, wait);
+                    }
+                }
+                _ => shared.driver_cv.wait(&mut core),
+            }
+            continue;
+        }
+        let fired_ms = wall_ms(now);
+        let lease_error = lease_expired_error(shared.config.lease);
+        handouts.clear();
+        batch.clear();
+        for &(slot, id) in &due {
+            let Some(task) = core.tasks.get_mut(slot).filter(|t| t.id == id) else {
+                continue; // cancelled meanwhile
+            };
+            // Entries from the wheel had their timer cleared above; an
+            // overdue or backlog entry whose task has a timer again (it was
+            // rescheduled, or leased) is stale.
+            if task.timer.is_some() {
+                continue;
+            }
+            match task.state {
+                TaskState::Scheduled => {
+                    task.state = TaskState::Ready;
+                    task.timer = None;
+                    task.deliveries = task.deliveries.saturating_add(1);
+                    core.ready_count += 1;
+                    batch.push(&Record::Deliver { id, fired_ms });
+                    handouts.push(ReadyEntry { slot, id, fired_ms });
+                }
+                TaskState::Leased => {
+                    shared.fail_attempt(&mut core, slot, None, &lease_error, now, &mut batch);
+                }
+                // Cancelled while held, and its holder never answered.
+                TaskState::Abandoned => shared.forget_task(&mut core, slot),
+                TaskState::Ready => {}
+            }
+        }
+        // One frame per chunk keeps a huge pass (a backlog after downtime)
+        // within the log's frame size.
+        let mut tickets = Vec::new();
+        let mut from = 0;
+        while from < batch.len() {
+            let to = (from + PASS_CHUNK_RECORDS).min(batch.len());
+            let records = batch.records_from(from);
+            match shared.append_locked(&mut core, &records[..to - from]) {
+                Ok(ticket) => tickets.push(ticket),
+                Err(cause) => {
+                    shared.poison_locked(&mut core, cause);
+                    return;
+                }
+            }
+            from = to;
+        }
+        if !tickets.is_empty() {
+            drop(core);
+            for ticket in tickets {
+                if shared.wait_durable(ticket).is_err() {
+                    return;
+                }
+            }
+            core = shared.core.lock();
+        }
+        // Durable: consumers may take them now (those cancelled or
+        // rescheduled meanwhile are skipped when popped).
+        if !handouts.is_empty() {
+            core.ready.extend(handouts.drain(..));
+            shared.ready_cv.notify_all();
+        }
+    }
+    shared.idle_cv.notify_all();
+    shared.ready_cv.notify_all();
+}
+
+impl Shared {
+    /// Removes dead letter `id`. Returns false if there was none.
+    pub(super) fn purge_dead_letter(&self, id: TaskId) -> Result<bool, crate::CancelError> {
+        let mut core = self.core.lock();
+        core.check_open().map_err(super::status_to_cancel_error)?;
+        if !core.dead.contains_key(&id.0) {
+            return Ok(false);
+        }
+        let ticket = self
+            .log_ids(&mut core, crate::record::RECORD_PURGE, [id], |id| {
+                Record::Purge { id }
+            })
+            .map_err(|cause| crate::CancelError::Poisoned { cause })?;
+        core.dead.remove(&id.0);
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| crate::CancelError::Poisoned { cause })?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_texts_are_clipped_at_a_character_boundary() {
+        let long = "é".repeat(ERROR_BYTES_MAX);
+        let clipped = clip_error(&long);
+        assert!(clipped.len() <= ERROR_BYTES_MAX);
+        assert!(clipped.len() >= ERROR_BYTES_MAX - 1);
+        assert_eq!(clip_error("short"), "short");
+    }
+}
