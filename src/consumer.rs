@@ -129,10 +129,13 @@ impl Consumer {
     /// returns. At most once: a no-op.
     ///
     /// # Errors
-    /// [`AckError::LeaseExpired`] if the lease ran out first (the task is
-    /// redelivered or dead-lettered); [`AckError::NotOutstanding`] if it was
-    /// already acked or nacked, or the delivery is from before a restart or
-    /// from another engine; `Closed`; `Poisoned`. An error changes nothing.
+    /// [`AckError::LeaseExpired`] if this attempt is over (the lease ran
+    /// out, or it was nacked) and the task will be tried again;
+    /// [`AckError::NotOutstanding`] if the task is finished (acked,
+    /// cancelled, dead-lettered — also when the last attempt's lease ran
+    /// out) or the delivery is from before a restart or another engine;
+    /// `Closed`; `Poisoned`. An error changes nothing. The answer depends on
+    /// the log and the clock only, never on the driver's timing.
     pub fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         self.shared.ack_many(std::slice::from_ref(delivery))
     }

@@ -166,16 +166,22 @@ pub enum AckError {
         /// The maximum.
         max: usize,
     },
-    /// The delivery is not outstanding: already acked or nacked, finished,
-    /// from before a restart, or made by another engine. Nothing changed.
-    #[error("delivery of task {task_id} is not outstanding (already acked, stale, or from another engine)")]
+    /// The delivery is not outstanding, and its task is finished or will be
+    /// at its lease's end — acked, cancelled, dead-lettered (also when its
+    /// last attempt's lease just ran out) — or unknown, or the delivery is
+    /// from another engine instance (e.g. from before a restart). Nothing
+    /// changed.
+    #[error(
+        "delivery of task {task_id} is not outstanding (finished, stale, or from another engine)"
+    )]
     NotOutstanding {
         /// The task id in the delivery.
         task_id: u64,
     },
-    /// The delivery's lease expired (the task will be, or already was,
-    /// delivered again, or was dead-lettered). Nothing changed.
-    #[error("the lease of task {task_id}'s delivery expired; it is redelivered or dead-lettered")]
+    /// This delivery's attempt is over — its lease ran out, or it was nacked
+    /// — and the task lives on: it waits for, or is in, a later attempt (so
+    /// another consumer may run it again). Nothing changed.
+    #[error("the attempt of task {task_id}'s delivery is over (lease expired or nacked); the task is retried")]
     LeaseExpired {
         /// The task id in the delivery.
         task_id: u64,

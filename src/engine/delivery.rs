@@ -24,6 +24,7 @@ use crate::record::{Record, ERROR_BYTES_MAX};
 use crate::replay::DeadTask;
 use crate::task::{TaskId, TaskState};
 use crate::wheel::{Expired, Tick};
+use kairos_wal::AppendTicket;
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -218,38 +219,49 @@ impl Shared {
     }
 
     /// Checks that `d` is a lease its holder may still act on; returns the
-    /// task's slot state.
+    /// task's state (`Leased`, or `Abandoned` if it was cancelled while held).
+    ///
+    /// The refusals depend only on the log's state and the clock, never on
+    /// whether the driver has processed an expiry yet: `LeaseExpired` when
+    /// this delivery's attempt is over (its lease ran out, or it was nacked)
+    /// and the task lives on for another attempt; `NotOutstanding` when the
+    /// task is finished or will be at its lease's end (acked, cancelled,
+    /// dead-lettered), unknown, or the delivery is another engine's.
     fn check_lease(&self, core: &Core, d: &Delivery, now: Tick) -> Result<TaskState, AckError> {
-        let stale = AckError::NotOutstanding {
-            task_id: d.task_id.0,
-        };
+        let task_id = d.task_id.0;
+        let not_outstanding = AckError::NotOutstanding { task_id };
+        let lease_expired = AckError::LeaseExpired { task_id };
         if d.engine_id != self.engine_id {
-            return Err(stale);
+            return Err(not_outstanding);
         }
-        let task = core.tasks.get_checked(d.slot, d.task_id).ok_or(stale)?;
-        match task.state {
-            TaskState::Leased | TaskState::Abandoned if task.deliveries == d.attempt => {}
-            // Redelivered since, or back to waiting: this lease is over.
-            _ if task.deliveries >= d.attempt => {
-                return Err(AckError::LeaseExpired {
-                    task_id: d.task_id.0,
-                })
-            }
-            _ => {
-                return Err(AckError::NotOutstanding {
-                    task_id: d.task_id.0,
-                })
-            }
+        let Some(task) = core.tasks.get_checked(d.slot, d.task_id) else {
+            return Err(not_outstanding);
+        };
+        let held = matches!(task.state, TaskState::Leased | TaskState::Abandoned);
+        if !held || task.deliveries != d.attempt {
+            return Err(lease_expired);
         }
-        // Past its deadline but not yet processed by the driver: expired all
-        // the same (so the answer does not depend on the driver's timing).
+        // Past its deadline but perhaps not yet processed by the driver: the
+        // answer is the one the driver's processing will make true.
         let deadline = task.timer.and_then(|t| core.wheel.due(t));
         if deadline.is_none_or(|deadline| deadline <= now) {
-            return Err(AckError::LeaseExpired {
-                task_id: d.task_id.0,
+            let finished = task.state == TaskState::Abandoned
+                || task.deliveries >= self.config.retry.max_attempts;
+            return Err(if finished {
+                not_outstanding
+            } else {
+                lease_expired
             });
         }
         Ok(task.state)
+    }
+
+    /// A ticket for everything logged so far (`None` without a log): an
+    /// answer derived from state that an earlier, maybe not yet durable,
+    /// record made (a task cancelled while held, a key already gone) waits
+    /// on it, so the answer never outlives a crash that undoes that record.
+    pub(super) fn barrier_locked(core: &Core) -> Option<AppendTicket> {
+        core.wal.as_ref().map(kairos_wal::Wal::barrier)
     }
 
     /// Acks deliveries with one log write: all of them, or none if any is
@@ -282,11 +294,16 @@ impl Shared {
                 logged.push(d.task_id);
             }
         }
-        let ticket = self
-            .log_ids(&mut core, crate::record::RECORD_ACK, logged, |id| {
+        let ticket = if logged.is_empty() {
+            // Only tasks cancelled while held: their cancel record must be
+            // durable before the ack answers.
+            Self::barrier_locked(&core)
+        } else {
+            self.log_ids(&mut core, crate::record::RECORD_ACK, logged, |id| {
                 Record::Ack { id }
             })
-            .map_err(|cause| AckError::Poisoned { cause })?;
+            .map_err(|cause| AckError::Poisoned { cause })?
+        };
         for d in deliveries.iter().filter(|d| !d.at_most_once) {
             self.forget_task(&mut core, d.slot);
         }
@@ -321,6 +338,10 @@ impl Shared {
         core.check_open().map_err(status_to_ack_error)?;
         if self.check_lease(&core, d, now_tick)? == TaskState::Abandoned {
             self.forget_task(&mut core, d.slot);
+            let ticket = Self::barrier_locked(&core);
+            drop(core);
+            self.wait_durable(ticket)
+                .map_err(|cause| AckError::Poisoned { cause })?;
             return Ok(NackOutcome::Finished);
         }
         let mut batch = RecordBatch::default();

@@ -120,8 +120,10 @@ pub struct Recovery {
     pub wal: RecoveryReport,
     /// Live tasks after recovery.
     pub pending: usize,
-    /// Of those, tasks that fell due while the engine was closed (the
-    /// catch-up backlog, with `redelivered`).
+    /// Of those, tasks due in the past at open and not in flight before:
+    /// they fell due while the engine was closed, or were handed out but
+    /// taken back unreceived by a clean shutdown. With `redelivered`, the
+    /// catch-up backlog.
     pub overdue: usize,
     /// Of those, tasks in flight at a crash (delivered, never acked): they
     /// are delivered again, attempt + 1.
@@ -626,7 +628,11 @@ impl Engine {
             catch_up_backlog: core
                 .backlog
                 .iter()
-                .filter(|&&(slot, id)| core.tasks.get_checked(slot, id).is_some())
+                .filter(|&&(slot, id)| {
+                    core.tasks
+                        .get_checked(slot, id)
+                        .is_some_and(|t| t.state == TaskState::Scheduled && t.timer.is_none())
+                })
                 .count(),
             dead_letters: core.dead.len(),
             pending,
@@ -962,9 +968,7 @@ impl Shared {
         self.check_room(&core, 1)?;
         let tag = core.key_tag(t.key);
         if core.find_slot(tag, t.key).is_some() {
-            return Err(ScheduleError::AlreadyExists {
-                key: key_lossy(t.key),
-            });
+            return Err(self.already_exists(core, t.key));
         }
         self.check_horizon(&core, due_ms, due_tick)?;
         let id = TaskId(core.next_id);
@@ -977,6 +981,19 @@ impl Shared {
         self.wait_durable(ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         Ok(id)
+    }
+
+    /// The `AlreadyExists` error for `key`, returned once everything logged
+    /// so far is durable (the live task's schedule record among it).
+    fn already_exists(&self, core: parking_lot::MutexGuard<'_, Core>, key: &[u8]) -> ScheduleError {
+        let ticket = Self::barrier_locked(&core);
+        drop(core);
+        match self.wait_durable(ticket) {
+            Ok(()) => ScheduleError::AlreadyExists {
+                key: key_lossy(key),
+            },
+            Err(cause) => ScheduleError::Poisoned { cause },
+        }
     }
 
     /// [`Engine::reschedule`].
@@ -1093,9 +1110,7 @@ impl Shared {
         self.check_room(&core, 1)?;
         let tag = core.key_tag(&key);
         if core.find_slot(tag, &key).is_some() {
-            return Err(ScheduleError::AlreadyExists {
-                key: key_lossy(&key),
-            });
+            return Err(self.already_exists(core, &key));
         }
         self.check_horizon(&core, due_ms, due_tick)?;
         let id = TaskId(core.next_id);
@@ -1159,9 +1174,7 @@ impl Shared {
             .find(|(t, &tag)| core.find_slot(tag, t.key).is_some())
             .map(|(t, _)| t)
         {
-            return Err(ScheduleError::AlreadyExists {
-                key: key_lossy(t.key),
-            });
+            return Err(self.already_exists(core, t.key));
         }
         for (&ms, &tick) in due_ms.iter().zip(&due_ticks) {
             self.check_horizon(&core, ms, tick)?;
@@ -1386,6 +1399,20 @@ impl Shared {
         }
     }
 
+    /// Answers `NotFound` once everything logged so far is durable: the task
+    /// may have left by a record not yet durable (an ack, a cancel), and the
+    /// answer must not outlive a crash that undoes it.
+    fn not_found(
+        &self,
+        core: parking_lot::MutexGuard<'_, Core>,
+    ) -> Result<CancelOutcome, CancelError> {
+        let ticket = Self::barrier_locked(&core);
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| CancelError::Poisoned { cause })?;
+        Ok(CancelOutcome::NotFound)
+    }
+
     /// Applies a logged cancel to the task in `slot`.
     fn apply_cancel(&self, core: &mut Core, slot: u32, outright: bool) {
         if outright {
@@ -1404,11 +1431,11 @@ impl Shared {
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_cancel_error)?;
         let Some(slot) = core.find_slot(core.key_tag(key), key) else {
-            return Ok(CancelOutcome::NotFound);
+            return self.not_found(core);
         };
         let (outcome, action) = Self::cancel_decision(&core, slot);
         let Some((id, outright)) = action else {
-            return Ok(outcome);
+            return self.not_found(core);
         };
         let ticket = self
             .log_ids(&mut core, RECORD_CANCEL, [id], |id| Record::Cancel { id })
@@ -1453,7 +1480,8 @@ impl Shared {
         let ids = victims.iter().map(|&(_, id, _)| id);
         let ticket = self
             .log_ids(&mut core, RECORD_CANCEL, ids, |id| Record::Cancel { id })
-            .map_err(|cause| CancelError::Poisoned { cause })?;
+            .map_err(|cause| CancelError::Poisoned { cause })?
+            .or_else(|| Self::barrier_locked(&core));
         for (slot, _, outright) in victims {
             self.apply_cancel(&mut core, slot, outright);
         }

@@ -637,6 +637,18 @@ impl Wal {
         })
     }
 
+    /// A ticket for everything appended so far: its [`AppendTicket::wait`] returns once every
+    /// earlier append has the log's durability. Appends nothing. Callers that answer from state
+    /// an earlier, possibly not yet durable, append produced wait on it before answering.
+    pub fn barrier(&self) -> AppendTicket {
+        let last = Lsn(self.shared.state.lock().next_lsn - 1);
+        AppendTicket {
+            shared: Arc::clone(&self.shared),
+            first_lsn: last,
+            last_lsn: last,
+        }
+    }
+
     /// The durability mode the log was opened with.
     pub fn durability(&self) -> Durability {
         self.shared.durability
@@ -1116,12 +1128,13 @@ impl Writer {
 
     /// Syncs and seals the active segment, then starts the next one.
     fn roll(&mut self) -> Result<(), WalError> {
+        // Before the SEAL: a sealed segment that nothing can follow would not reopen.
+        let seq = next_seq(self.active.seq, &self.active.path)?;
         if self.written > self.synced {
             self.sync()?;
         }
         self.write_control(FrameKind::Seal)?;
         self.sync_file()?;
-        let seq = next_seq(self.active.seq, &self.active.path)?;
         let next = create_segment(
             self.storage.as_ref(),
             &self.dir,
