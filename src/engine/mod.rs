@@ -698,18 +698,26 @@ impl Engine {
     /// The log could not be flushed ([`ShutdownError::Wal`]), or the engine
     /// was already poisoned.
     pub fn shutdown(&self) -> Result<(), ShutdownError> {
-        let wal = {
+        {
             let mut core = self.shared.core.lock();
             if core.status == Status::Open {
                 core.status = Status::Closed;
-                self.shared.release_ready_locked(&mut core);
             }
             core.stop = true;
             self.shared.driver_cv.notify_all();
             self.shared.ready_cv.notify_all();
+        }
+        // The driver finishes its pass first: tasks it logged as delivered
+        // reach the ready queue (no consumer can take them now), so the
+        // release below finds every one of them.
+        self.join_driver();
+        let wal = {
+            let mut core = self.shared.core.lock();
+            if core.status == Status::Closed {
+                self.shared.release_ready_locked(&mut core);
+            }
             core.wal.take()
         };
-        self.join_driver();
         let result = match wal {
             Some(wal) => wal.close().map_err(ShutdownError::from),
             None => Ok(()),
