@@ -4,13 +4,20 @@
 mod common;
 
 use common::{
-    advance, by_key, config, drain, key, payload, scaled, SimHarness, SplitMix, Stop, TestResult,
-    START_MS,
+    advance, by_key, drain, key, payload, scaled, SimHarness, SplitMix, Stop, TestResult, START_MS,
 };
 use kairos::{CancelOutcome, Config, Delivery, Due, Durability, Engine, ManualClock, NewTask};
 use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// The scenarios run with leases and retries as an application has them: the default lease
+/// (30 s) and retry policy. Consumers ack what they receive at once.
+fn config(durability: Durability) -> Config {
+    let mut c = common::config(durability);
+    c.lease = kairos::config::LEASE_DEFAULT;
+    c
+}
 
 /// One schedule call of scenario 1 (a single task or a batch).
 struct Call {
@@ -98,6 +105,7 @@ fn scenario_01_torn_tail_reopen() -> TestResult {
     let mut delivered: Vec<(Delivery, u64)> = Vec::new();
     for _ in 0..61 {
         let ds = h.advance(Duration::from_secs(1))?;
+        h.engine().ack_many(&ds)?;
         let now = h.clock.wall_ms();
         delivered.extend(ds.into_iter().map(|d| (d, now)));
     }
@@ -303,7 +311,9 @@ fn scenario_05_earlier_deadline_wakes_driver() -> TestResult {
     })?;
     let mut fired = Vec::new();
     for _ in 0..510 {
-        for d in h.advance(Duration::from_millis(100))? {
+        let ds = h.advance(Duration::from_millis(100))?;
+        h.engine().ack_many(&ds)?;
+        for d in ds {
             fired.push((
                 String::from_utf8_lossy(d.key()).into_owned(),
                 h.clock.wall_ms() - START_MS,
