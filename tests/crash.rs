@@ -27,6 +27,15 @@ const ROUND_VAR: &str = "KAIROS_CRASH_ROUND";
 /// Set in the child: the wall-clock base of due times, ms.
 const BASE_VAR: &str = "KAIROS_CRASH_BASE_MS";
 
+/// Kills per crash test: `KAIROS_CRASH_KILLS` if set, else `ci` scaled by
+/// `KAIROS_TEST_SCALE`.
+fn kill_count(ci: usize) -> u64 {
+    std::env::var("KAIROS_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| scaled(ci, 1_000) as u64)
+}
+
 fn child_role() -> Option<String> {
     std::env::var(ROLE_VAR).ok()
 }
@@ -235,7 +244,8 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     // Due an hour from now in real time, so nothing fires while children run.
     let now_ms = kairos::clock::system_time_to_ms(std::time::SystemTime::now()).ok_or("clock")?;
     let base_ms = now_ms + 3_600_000;
-    let kills = scaled(6, 300) as u64;
+    // CI: a few dozen kills; `KAIROS_CRASH_KILLS=1000` for a long run.
+    let kills = kill_count(30);
     let mut rng = rand::rng();
     // round → calls acknowledged.
     let mut acked: BTreeMap<u64, u64> = BTreeMap::new();

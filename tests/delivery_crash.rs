@@ -809,7 +809,11 @@ fn sigkill_during_the_race_keeps_every_observed_answer() -> TestResult {
     if std::env::var(ROLE_VAR).as_deref() == Ok(SIGKILL_TEST) {
         return sigkill_child();
     }
-    let rounds = scaled(3, 60) as u64;
+    // CI: a dozen kills; `KAIROS_CRASH_KILLS=1000` for a long run.
+    let rounds = std::env::var("KAIROS_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| scaled(12, 1_000) as u64);
     let n = 300;
     // Each run explores other kill points; KAIROS_TEST_SEED repeats one.
     let base_seed: u64 = std::env::var("KAIROS_TEST_SEED")
