@@ -37,6 +37,8 @@ pub mod config;
 mod consumer;
 mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod index;
 pub mod record;
 pub mod replay;

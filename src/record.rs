@@ -300,9 +300,15 @@ fn decode_schedule(body: &[u8]) -> Result<Record<'_>, DecodeError> {
     if key_len == 0 {
         return Err(err("empty key".into()));
     }
+    let id = read_u64(body, TASK_ID_OFFSET);
+    if id == u64::MAX {
+        // Ids strictly increase and the engine continues after the largest one: no id can
+        // follow this one, so the engine never writes it.
+        return Err(err("task id u64::MAX (no id can follow it)".into()));
+    }
     let key_end = SCHEDULE_FIXED_BYTES + key_len;
     Ok(Record::Schedule {
-        id: TaskId(read_u64(body, TASK_ID_OFFSET)),
+        id: TaskId(id),
         due_ms: read_u64(body, DUE_MS_OFFSET),
         key: &body[SCHEDULE_FIXED_BYTES..key_end],
         payload: &body[key_end..],

@@ -1,6 +1,7 @@
-//! End-to-end tests of the `kairos` binary: a small demo run with a restart
-//! must keep every invariant, its data directory must verify, and a flipped
-//! byte in a sealed segment must make `verify` fail naming file and offset.
+//! End-to-end tests of the `kairos` binary: a small demo run with a restart,
+//! failing and retried deliveries, dead letters and a crashed consumer must
+//! keep every invariant, its data directory must verify, and a flipped byte
+//! in a sealed segment must make `verify` fail naming file and offset.
 //!
 //! Timing is never asserted (the lateness bound is set out of reach); only
 //! correctness is.
@@ -100,20 +101,50 @@ fn demo_keeps_every_invariant_then_verify_passes_and_catches_a_flipped_byte() {
     for zero in [
         "lost",
         "duplicates",
+        "attempt_gaps",
         "cancelled_then_delivered",
         "early",
         "unacked",
+        "pending_at_end",
     ] {
         assert_eq!(count(&report, zero), 0, "{zero} in {report}");
     }
+    // Every task finished in exactly one way.
     assert_eq!(
-        count(&report, "cancelled") + count(&report, "delivered"),
+        count(&report, "cancelled")
+            + count(&report, "acked")
+            + count(&report, "dead_lettered")
+            + count(&report, "abandoned"),
         count(&report, "scheduled"),
         "{report}"
     );
-    assert_eq!(count(&report, "delivered"), count(&report, "acked"));
     assert_eq!(
-        count(&report, "recovered_pending"),
+        count(&report, "dead_lettered"),
+        count(&report, "dead_letters_kept")
+    );
+    // Every redelivery is explained.
+    assert_eq!(
+        count(&report, "redelivered"),
+        count(&report, "redelivered_after_nack")
+            + count(&report, "redelivered_after_lease")
+            + count(&report, "redelivered_after_restart"),
+        "{report}"
+    );
+    // 1 % of 2 000 tasks fail their first delivery: some are retried.
+    assert!(count(&report, "retried") > 0, "{report}");
+    assert!(count(&report, "nacked") >= count(&report, "retried"));
+    // The crashed consumer's deliveries come back (here after the restart:
+    // the run is shorter than a lease).
+    assert!(count(&report, "crashed_holding") > 0, "{report}");
+    assert!(
+        count(&report, "redelivered_after_lease") + count(&report, "redelivered_after_restart")
+            >= count(&report, "crashed_holding"),
+        "{report}"
+    );
+    assert_eq!(
+        count(&report, "recovered_pending")
+            + count(&report, "recovered_dead_lettered")
+            + count(&report, "abandoned_at_shutdown"),
         count(&report, "pending_at_shutdown"),
         "{report}"
     );
@@ -124,6 +155,10 @@ fn demo_keeps_every_invariant_then_verify_passes_and_catches_a_flipped_byte() {
         "durability",
         "tasks",
         "time_scale",
+        "lease_ms",
+        "cancel_in_flight",
+        "lease_expired",
+        "ack_refused",
     ] {
         assert!(!report[field].is_null(), "{field} missing in {report}");
     }
@@ -148,7 +183,19 @@ fn demo_keeps_every_invariant_then_verify_passes_and_catches_a_flipped_byte() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["live_tasks"], 0, "every task finished: {v}");
+    assert_eq!(v["dead_letters"], report["dead_letters_kept"], "{v}");
     assert_eq!(v["clean_shutdown"], Value::Bool(true));
+
+    // The dead letters the demo left, listed offline.
+    let out = kairos(&["dead-letters", "list", "--json", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let letters = v["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len() as u64, count(&report, "dead_letters_kept"));
+    for letter in letters {
+        assert!(letter["key"].as_str().unwrap().starts_with("order:"));
+        assert!(letter["attempts"].as_u64().unwrap() >= 1, "{letter}");
+    }
 
     let (file, flipped_at) = corrupt_sealed_segment(&dir);
     let name = file.file_name().unwrap().to_str().unwrap();

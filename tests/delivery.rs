@@ -1489,7 +1489,11 @@ fn clean_shutdown_during_a_delivery_pass_releases_its_tasks() -> TestResult {
     h.sim.set_sync_latency(Duration::ZERO);
     h.start()?;
     let r = h.engine().recovery().clone();
-    assert_eq!((r.redelivered, r.dead_lettered, r.overdue), (0, 0, 1), "{r:?}");
+    assert_eq!(
+        (r.redelivered, r.dead_lettered, r.overdue),
+        (0, 0, 1),
+        "{r:?}"
+    );
     let d = one(drain(h.engine())?)?;
     assert_eq!((d.key(), d.attempt()), (&b"k"[..], 1));
     h.engine().ack(&d)?;

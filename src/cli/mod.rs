@@ -4,18 +4,23 @@
 //! invariant of the demo broke, `verify` found damage) or failed (I/O error,
 //! bad directory); 2 — bad command-line usage (from clap).
 
+mod dead_letters;
 mod demo;
 mod verify;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kairos::Durability;
+// For `verify`, which names them through `super::` (it is compiled into the library too).
+use kairos::record::Record;
+use kairos::replay::Replay;
 use std::process::ExitCode;
 
 /// Kairos — an embeddable, durable delayed-task engine.
 ///
 /// Schedule a task to fire at a moment in the future, cancel it by key
 /// before then, receive it on consumer threads when it falls due. This tool
-/// runs a demonstration workload against a real data directory and checks
-/// data directories offline.
+/// runs a demonstration workload against a real data directory, checks data
+/// directories offline, and manages their dead letters offline.
 #[derive(Debug, Parser)]
 #[command(name = "kairos", version, propagate_version = true)]
 #[command(
@@ -31,6 +36,7 @@ struct Cli {
 enum Command {
     Demo(demo::DemoArgs),
     Verify(verify::VerifyArgs),
+    DeadLetters(dead_letters::DeadLettersArgs),
 }
 
 /// Parses the command line, runs the command and turns its outcome into the
@@ -40,6 +46,7 @@ pub fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Verify(args) => verify::run(&args),
+        Command::DeadLetters(args) => dead_letters::run(&args),
     };
     match outcome {
         Ok(Verdict::Pass) => ExitCode::SUCCESS,
@@ -59,4 +66,40 @@ pub enum Verdict {
     Pass,
     /// A check failed (exit 1).
     Fail,
+}
+
+/// `--durability` and `--interval-ms`, shared by the commands that open an engine.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct DurabilityArgs {
+    /// When a call returns relative to its log record reaching the disk.
+    #[arg(long = "durability", value_enum, default_value_t = DurabilityMode::Sync)]
+    pub mode: DurabilityMode,
+    /// Background sync period for `--durability interval`, ms.
+    #[arg(long, value_name = "MS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub interval_ms: u64,
+}
+
+impl DurabilityArgs {
+    /// The engine's durability mode.
+    pub fn durability(&self) -> Durability {
+        match self.mode {
+            DurabilityMode::Sync => Durability::Sync,
+            DurabilityMode::Interval => {
+                Durability::Interval(std::time::Duration::from_millis(self.interval_ms))
+            }
+            DurabilityMode::Buffered => Durability::Buffered,
+        }
+    }
+}
+
+/// `--durability` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityMode {
+    /// Each call returns once its record is fdatasynced (group commit).
+    Sync,
+    /// Written to the OS at once, synced every --interval-ms.
+    Interval,
+    /// Written to the OS, synced only at segment roll and shutdown.
+    Buffered,
 }

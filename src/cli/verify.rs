@@ -7,12 +7,13 @@
 //! engine applies when it opens the directory, so a directory that verifies
 //! also opens.
 
-use super::Verdict;
+// `Record` and `Replay` are `kairos::record::Record` and `kairos::replay::Replay`, named
+// through the parent: this file is also compiled into the library (`kairos::fuzzing`), so
+// that the fuzz targets and tests run this very checking code; there the parent is a shim.
+use super::{Record, Replay, Verdict};
 use anyhow::{bail, Context as _};
 use clap::Args;
-use kairos::record::Record;
-use kairos::replay::Replay;
-use kairos_wal::{FsStorage, RecordView, ScanReport, SegmentInfo, WalError};
+use kairos_wal::{FsStorage, RecordView, ScanReport, SegmentInfo, Storage, WalError};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -49,7 +50,7 @@ pub struct VerifyArgs {
 
 /// The whole finding, printed as text or JSON.
 #[derive(Debug, Serialize)]
-struct Verification {
+pub(crate) struct Verification {
     /// The log directory that was read.
     log_dir: PathBuf,
     /// Whether every record checks.
@@ -129,12 +130,7 @@ struct BadRecord {
 
 /// Runs the check and prints the finding.
 pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
-    let log_dir = log_dir(&args.dir)?;
-    let mut census = Census::default();
-    let scan = kairos_wal::scan(&FsStorage, &log_dir, args.record_bytes_max, &mut |view| {
-        census.visit(view)
-    });
-    let v = Verification::new(log_dir, scan, census);
+    let v = check(&FsStorage, log_dir(&args.dir)?, args.record_bytes_max);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -144,6 +140,20 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
         eprintln!("kairos verify: {}", error.message);
     }
     Ok(if v.ok { Verdict::Pass } else { Verdict::Fail })
+}
+
+/// Checks the log directory `log_dir` of `storage` (the real file system here; a simulated
+/// one in the fuzz targets and tests): scan, decode and replay every record.
+pub(crate) fn check(
+    storage: &dyn Storage,
+    log_dir: PathBuf,
+    record_bytes_max: u32,
+) -> Verification {
+    let mut census = Census::default();
+    let scan = kairos_wal::scan(storage, &log_dir, record_bytes_max, &mut |view| {
+        census.visit(view)
+    });
+    Verification::new(log_dir, scan, census)
 }
 
 /// `DIR/wal` if it is a directory, else `DIR` itself.

@@ -438,7 +438,7 @@ impl Engine {
             ready_count: 0,
             in_flight_count: 0,
             dead: HashMap::new(),
-            next_id: replay.max_id() + 1,
+            next_id: replay.max_id().saturating_add(1),
             wal,
             sleep: DriverSleep::Busy,
             stop: false,

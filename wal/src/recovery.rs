@@ -940,6 +940,16 @@ pub(crate) fn analyze(
                 ));
             }
         }
+        if is_last && sealed && header.seq == u64::MAX {
+            // Open would have to roll past it, and no segment can follow seq u64::MAX. The
+            // writer checks before it seals, so it never leaves this behind; decided here,
+            // where scan and open share it, so a directory that verifies also opens.
+            return Err(corrupt(
+                path,
+                scan.end - FRAME_HEADER_BYTES as u64,
+                "segment seq u64::MAX is sealed, but no segment can follow it (the sequence number space is exhausted)",
+            ));
+        }
         let mut valid_end = scan.end;
         if let Some(damage) = &scan.damage {
             // Every LSN of older segments is durable (they were synced before sealing), and so

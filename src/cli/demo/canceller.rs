@@ -1,6 +1,8 @@
 //! The canceller: works through a time-ordered plan of payments, cancelling
-//! each paid order's timeout at its planned moment, and counts whether the
-//! cancel won (`Cancelled`) or came too late (`AlreadyDelivered`/`NotFound`).
+//! each paid order's timeout at its planned moment, and records whether the
+//! cancel won (`Cancelled`), caught the task in a consumer's hands
+//! (`AlreadyDelivered`: no retry follows, the consumer may still ack) or came
+//! too late (`NotFound`).
 
 use super::context::Context;
 use super::tracker::Tracker;
@@ -127,14 +129,14 @@ fn cancel_batch(ctx: &Context, due: &[u32], mut min_generation: u32) -> Option<u
 }
 
 fn record(ctx: &Context, due: &[u32], outcomes: &[CancelOutcome]) {
-    let events = &ctx.tracker.events;
+    let tracker = &ctx.tracker;
     for (&index, outcome) in due.iter().zip(outcomes) {
-        match outcome {
-            CancelOutcome::Cancelled { .. } => ctx.tracker.on_cancelled(index),
-            CancelOutcome::AlreadyDelivered { .. } => {
-                Tracker::count(&events.cancel_already_delivered)
+        match *outcome {
+            CancelOutcome::Cancelled { deliveries } => tracker.on_cancelled(index, deliveries),
+            CancelOutcome::AlreadyDelivered { attempt } => {
+                tracker.on_cancel_in_flight(index, attempt);
             }
-            _ => Tracker::count(&events.cancel_not_found),
+            _ => Tracker::count(&tracker.events.cancel_not_found),
         }
     }
 }

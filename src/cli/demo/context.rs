@@ -90,6 +90,11 @@ impl EngineCell {
         }
     }
 
+    /// The current engine, without waiting (`None` during a restart).
+    pub fn current(&self) -> Option<Arc<Engine>> {
+        self.slot.lock().engine.clone()
+    }
+
     /// Removes the current engine (to shut it down); callers of
     /// [`EngineCell::get`] wait until [`EngineCell::install`].
     pub fn take(&self) -> Option<Arc<Engine>> {

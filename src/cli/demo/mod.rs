@@ -17,10 +17,10 @@ mod session;
 mod tracker;
 mod workload;
 
-use super::Verdict;
+use super::{DurabilityArgs, DurabilityMode, Verdict};
 use anyhow::{bail, ensure, Context as _};
-use clap::{Args, ValueEnum};
-use kairos::{Config, Durability};
+use clap::Args;
+use kairos::Config;
 use kairos_wal::{FsStorage, Storage as _};
 use report::{Lateness, Report};
 use session::{Findings, Settings};
@@ -32,28 +32,37 @@ use workload::Workload;
 const ARRIVAL_SHARE_OF_SPAN: f64 = 0.1;
 
 /// Run the order-timeout workload on a real data directory, restarting the
-/// engine midway, and check that every task was delivered exactly once or
-/// cancelled.
+/// engine midway, and check that every task was cancelled, acked or
+/// dead-lettered, and never delivered twice for the same attempt.
 #[derive(Debug, Args)]
 #[command(long_about = "\
 Run the order-timeout workload on a real data directory, restarting the engine midway, and \
-check that every task was delivered exactly once or cancelled.
+check that every task was cancelled, acked or dead-lettered, and never delivered twice for the \
+same attempt.
 
 Orders arrive over the first tenth of the time span (see --rate) and are scheduled in batches \
 with timeouts: 45 % due within 30 minutes, 35 % within 7 days, 20 % within 30 days, divided by \
 the time scale (by default 86 400, so 30 days take 30 seconds). Paid orders (65 % of the short \
 ones, 30 % of the others) are cancelled at a random moment before their timeout. Consumers \
-receive and ack the rest. Halfway through the time span the engine is shut down and reopened on \
-the same directory; the run ends when every task is delivered or cancelled (about 35 s with the \
-defaults).
+receive and ack the rest, at least once, each delivery under a lease (--lease-ms): 1 % of the \
+tasks fail their first delivery (nacked, retried --retry-ms later), 0.1 % fail every delivery \
+and end as dead letters after 3 attempts (the engine's default max_attempts; list them \
+afterwards with `kairos dead-letters list DIR`), and one consumer \"crashes\" holding \
+--crash-holding deliveries, which come back when their leases expire. Halfway through the time \
+span the engine is shut down and reopened on the same directory; the run ends when every task is \
+finished (about 35 s with the defaults).
 
 If DIR exists it is removed first, so every run starts fresh; a directory that is not empty and \
 holds neither `wal/` nor `LOCK` is refused rather than removed.
 
-Exit status 1 if an invariant breaks: a task lost, delivered twice, delivered after its cancel \
-returned Cancelled, or delivered early; p99 lateness above --max-p99-ms when given (otherwise \
-a p99 above 10 ms is only a warning); or the reopened engine not recovering exactly the tasks \
-that were pending at shutdown. A directory open in another engine is never removed.")]
+Exit status 1 if an invariant breaks: a task lost (neither cancelled, acked nor dead-lettered); \
+a duplicate (an attempt number delivered twice, or a delivery after a successful ack — a \
+redelivery after a nack, a lease expiry or the restart carries the next attempt number and is \
+no duplicate); an attempt number skipped; a delivery after a cancel that promised none \
+(Cancelled, or AlreadyDelivered for a later attempt); an early delivery; p99 lateness above \
+--max-p99-ms when given (otherwise a p99 above 10 ms is only a warning); or the reopened engine \
+not recovering exactly the tasks that were pending at shutdown. A directory open in another \
+engine is never removed.")]
 pub struct DemoArgs {
     /// Data directory (removed first if it exists).
     #[arg(long, value_name = "DIR", default_value = "./kairos-data")]
@@ -70,13 +79,8 @@ pub struct DemoArgs {
     /// seals a few segments (~38 MB of log for 100 000 tasks).
     #[arg(long, value_name = "B", default_value_t = DEMO_SEGMENT_BYTES)]
     segment_bytes: u64,
-    /// When a call returns relative to its log record reaching the disk.
-    #[arg(long, value_enum, default_value_t = DurabilityArg::Sync)]
-    durability: DurabilityArg,
-    /// Background sync period for `--durability interval`, ms.
-    #[arg(long, value_name = "MS", default_value_t = 10,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    interval_ms: u64,
+    #[command(flatten)]
+    durability: DurabilityArgs,
     /// Print one JSON object on stdout instead of the summary.
     #[arg(long)]
     json: bool,
@@ -105,6 +109,23 @@ pub struct DemoArgs {
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     ackers: u16,
+    /// Lease of each delivery, ms: how long a consumer may hold it unanswered
+    /// before it is delivered again. Real time, not scaled. The consumers
+    /// answer within milliseconds (an ack waits for one fdatasync under
+    /// `sync`), so the default 5 s is over a thousand times that and no
+    /// healthy delivery expires; the crashed consumer's deliveries come back
+    /// after it plus the retry backoff (about 1 s), long before the restart
+    /// at 15 s with the default time scale.
+    #[arg(long, value_name = "MS", default_value_t = DEMO_LEASE_MS,
+          value_parser = clap::value_parser!(u64).range(1..=LEASE_MAX_MS))]
+    lease_ms: u64,
+    /// Retry delay of each nack, ms (real time).
+    #[arg(long, value_name = "MS", default_value_t = 50)]
+    retry_ms: u64,
+    /// Deliveries the crashing consumer holds, never answering, before it
+    /// stops (only unpaid orders, so each comes back); 0 for no crash.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    crash_holding: usize,
     /// Pause between shutdown and reopen, ms.
     #[arg(long, value_name = "MS", default_value_t = 200)]
     downtime_ms: u64,
@@ -120,22 +141,17 @@ pub struct DemoArgs {
     max_p99_ms: Option<f64>,
 }
 
+/// Default `--lease-ms`: 5 s.
+const DEMO_LEASE_MS: u64 = 5_000;
+
+/// Largest `--lease-ms`: the engine's `LEASE_MAX`.
+const LEASE_MAX_MS: u64 = kairos::config::LEASE_MAX.as_secs() * 1000;
+
 /// Default `--segment-bytes`: 8 MiB.
 const DEMO_SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The p99 lateness aim, ms, when `--max-p99-ms` is not given.
 const DEFAULT_MAX_P99_MS: f64 = 10.0;
-
-/// `--durability` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum DurabilityArg {
-    /// Each call returns once its record is fdatasynced (group commit).
-    Sync,
-    /// Written to the OS at once, synced every --interval-ms.
-    Interval,
-    /// Written to the OS, synced only at segment roll and shutdown.
-    Buffered,
-}
 
 /// Runs the demo and prints its report; fails the verdict if an invariant
 /// broke.
@@ -173,8 +189,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
 /// The run's settings from the command line (the seed drawn if not given).
 fn settings(args: &DemoArgs) -> Settings {
     let mut config = Config::default();
-    config.durability = durability(args);
+    config.durability = args.durability.durability();
     config.segment_bytes = args.segment_bytes;
+    config.lease = Duration::from_millis(args.lease_ms);
     let workload = Workload {
         tasks: args.tasks,
         time_scale: args.time_scale,
@@ -189,17 +206,10 @@ fn settings(args: &DemoArgs) -> Settings {
         rate: arrival_rate(args, &workload),
         consumers: usize::from(args.consumers),
         ackers: usize::from(args.ackers),
+        crash_holding: args.crash_holding,
+        retry_after: Duration::from_millis(args.retry_ms),
         downtime: Duration::from_millis(args.downtime_ms),
         progress: !args.json,
-    }
-}
-
-/// `--durability` as the engine's mode.
-fn durability(args: &DemoArgs) -> Durability {
-    match args.durability {
-        DurabilityArg::Sync => Durability::Sync,
-        DurabilityArg::Interval => Durability::Interval(Duration::from_millis(args.interval_ms)),
-        DurabilityArg::Buffered => Durability::Buffered,
     }
 }
 
@@ -307,8 +317,9 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
     let mut report = Report {
         tasks: s.workload.tasks,
         time_scale: s.workload.time_scale,
-        durability: format!("{:?}", args.durability).to_lowercase(),
-        interval_ms: (args.durability == DurabilityArg::Interval).then_some(args.interval_ms),
+        durability: format!("{:?}", args.durability.mode).to_lowercase(),
+        interval_ms: (args.durability.mode == DurabilityMode::Interval)
+            .then_some(args.durability.interval_ms),
         dir: s.dir.display().to_string(),
         seed: s.workload.seed,
         segment_bytes: s.config.segment_bytes,
@@ -316,6 +327,10 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
         batch: s.batch,
         consumers: s.consumers,
         ackers: s.ackers,
+        lease_ms: args.lease_ms,
+        max_attempts: s.config.retry.max_attempts,
+        retry_ms: args.retry_ms,
+        crash_holding: s.crash_holding,
         elapsed_ms: millis(f.elapsed),
         scheduled: t.scheduled,
         schedule_ms: millis(f.schedule_time),
@@ -328,16 +343,32 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
         rate: s.rate.map(f64::round),
         cancel_planned: e.cancel_planned,
         cancelled: t.cancelled,
-        cancel_too_late: e.cancel_already_delivered + e.cancel_not_found,
-        cancel_already_delivered: e.cancel_already_delivered,
+        cancel_too_late: e.cancel_in_flight + e.cancel_not_found,
+        cancel_in_flight: e.cancel_in_flight,
         cancel_not_found: e.cancel_not_found,
         delivered: t.delivered,
         acked: t.acked,
+        dead_lettered: t.dead_lettered,
+        dead_lettered_unplanned: t.dead_lettered_unplanned,
+        dead_letters_kept: f.dead_letters_kept as u64,
+        abandoned: t.abandoned,
         receipts: f.samples.len() as u64,
+        redelivered: e.redelivered,
+        redelivered_after_nack: e.redelivered_after_nack,
+        redelivered_after_lease: e.redelivered_after_lease,
+        redelivered_after_restart: e.redelivered_after_restart,
+        nacked: e.nacked,
+        retried: e.retried,
+        nack_finished: e.nack_finished,
+        lease_expired: t.lease_expired,
+        crashed_holding: e.crashed_holding,
+        ack_refused: e.refused_closed + e.refused_lease_expired + e.refused_stale,
+        ack_refused_closed: e.refused_closed,
+        ack_refused_lease_expired: e.refused_lease_expired,
+        ack_refused_stale: e.refused_stale,
         lost: t.lost,
         duplicates: t.duplicates,
-        redelivered_after_restart: t.redelivered,
-        ack_refused: e.ack_failed,
+        attempt_gaps: e.attempt_gaps,
         cancelled_then_delivered: t.cancelled_then_delivered,
         early: e.early,
         unacked: t.unacked,
@@ -349,7 +380,9 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
         downtime_ms: millis(s.downtime),
         reopen_ms: millis(r.reopen),
         pending_at_shutdown: r.pending_at_shutdown as u64,
+        abandoned_at_shutdown: t.abandoned_at_shutdown,
         recovered_pending: r.recovery.pending as u64,
+        recovered_dead_lettered: r.recovery.dead_lettered as u64,
         recovered_overdue: r.recovery.overdue as u64,
         recovered_redelivered: r.recovery.redelivered as u64,
         recovered_records: r.recovery.wal.records,

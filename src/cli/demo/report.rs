@@ -83,6 +83,14 @@ pub struct Report {
     pub consumers: usize,
     /// Acker threads per generation.
     pub ackers: usize,
+    /// Lease of each delivery, ms.
+    pub lease_ms: u64,
+    /// Deliveries a task gets before it is dead-lettered.
+    pub max_attempts: u32,
+    /// Retry delay of each nack, ms.
+    pub retry_ms: u64,
+    /// Deliveries the crashing consumer was to hold.
+    pub crash_holding: usize,
     /// Wall time of the whole run, ms.
     pub elapsed_ms: u64,
 
@@ -103,30 +111,72 @@ pub struct Report {
     pub cancelled: u64,
     /// Cancels that came too late: `AlreadyDelivered` or `NotFound`.
     pub cancel_too_late: u64,
-    /// Of those, `AlreadyDelivered`.
-    pub cancel_already_delivered: u64,
-    /// Of those, `NotFound` (already fired and acked).
+    /// Of those, `AlreadyDelivered`: a consumer held the task; no retry or
+    /// redelivery follows, the consumer may still ack it.
+    pub cancel_in_flight: u64,
+    /// Of those, `NotFound` (already finished).
     pub cancel_not_found: u64,
     /// Unique tasks a consumer received.
     pub delivered: u64,
     /// Unique tasks acked.
     pub acked: u64,
+    /// Tasks dead-lettered (all attempts failed).
+    pub dead_lettered: u64,
+    /// Of those, tasks not planned to fail every attempt (a lease expiry or
+    /// the restart used up their attempts); expected 0, a warning otherwise.
+    pub dead_lettered_unplanned: u64,
+    /// Dead letters in the engine at the end (`kairos dead-letters list DIR`).
+    pub dead_letters_kept: u64,
+    /// Tasks cancelled while a consumer held them and not acked by it.
+    pub abandoned: u64,
     /// Deliveries received (all attempts).
     pub receipts: u64,
-    /// Scheduled tasks neither cancelled nor delivered.
-    pub lost: u64,
-    /// Tasks received or acked again after a successful ack.
-    pub duplicates: u64,
-    /// Tasks delivered again after the restart because their ack was
-    /// refused at shutdown (at-least-once, expected).
+    /// Deliveries with attempt > 1: the sum of the three `redelivered_after_*`
+    /// and `attempt_gaps`.
+    pub redelivered: u64,
+    /// Of those, after the previous attempt was nacked.
+    pub redelivered_after_nack: u64,
+    /// Of those, after the previous attempt's lease expired.
+    pub redelivered_after_lease: u64,
+    /// Of those, after the restart ended the previous attempt's lease (its
+    /// ack or nack was refused at shutdown, or it was never answered).
     pub redelivered_after_restart: u64,
-    /// Acks refused (engine shut down); those tasks come again.
+    /// Nacks the engine took.
+    pub nacked: u64,
+    /// Of those, answered `Retry`.
+    pub retried: u64,
+    /// Of those, answered `Finished` (the task was cancelled while held).
+    pub nack_finished: u64,
+    /// Leases seen expiring: redeliveries after an expiry, plus acks or nacks
+    /// refused for an expired lease that no redelivery followed.
+    pub lease_expired: u64,
+    /// Deliveries the crashing consumer took and never answered.
+    pub crashed_holding: u64,
+    /// Acks and nacks refused; the sum of the three `ack_refused_*`.
     pub ack_refused: u64,
-    /// Tasks whose cancel returned `Cancelled` and that a consumer received.
+    /// Of those, because the engine had shut down (the restart).
+    pub ack_refused_closed: u64,
+    /// Of those, because the lease had expired.
+    pub ack_refused_lease_expired: u64,
+    /// Of those, as not outstanding.
+    pub ack_refused_stale: u64,
+    /// Scheduled tasks never received and not finished (cancelled, acked,
+    /// dead-lettered, or cancelled in flight).
+    pub lost: u64,
+    /// Tasks with an attempt number delivered twice, or received or acked
+    /// again after a successful ack. A redelivery after a nack, a lease
+    /// expiry or the restart carries the next attempt number: no duplicate.
+    pub duplicates: u64,
+    /// Redeliveries whose previous receipt was not the previous attempt (an
+    /// attempt was counted that no consumer received).
+    pub attempt_gaps: u64,
+    /// Tasks received after a cancel that promised no further delivery:
+    /// more deliveries than `Cancelled { deliveries }` reported, or a later
+    /// attempt than `AlreadyDelivered { attempt }`.
     pub cancelled_then_delivered: u64,
     /// Deliveries received before their due time.
     pub early: u64,
-    /// Tasks received but never acked at the end.
+    /// Tasks received but not finished at the end.
     pub unacked: u64,
     /// Deliveries whose payload was not the one scheduled.
     pub payload_mismatches: u64,
@@ -143,14 +193,21 @@ pub struct Report {
     pub downtime_ms: u64,
     /// `Engine::open` duration (recovery), ms.
     pub reopen_ms: u64,
-    /// Live tasks (scheduled + delivered-unacked) in the engine's stats once
+    /// Live tasks (scheduled, ready, in flight) in the engine's stats once
     /// `shutdown()` returned: the state the log was closed with.
     pub pending_at_shutdown: u64,
+    /// Of those, tasks cancelled in a consumer's hands whose ack was refused
+    /// at the shutdown: finished, so not recovered.
+    pub abandoned_at_shutdown: u64,
     /// `engine.recovery().pending` after the reopen.
     pub recovered_pending: u64,
+    /// Deliveries in flight at the shutdown on their last attempt,
+    /// dead-lettered at the reopen (`engine.recovery().dead_lettered`).
+    pub recovered_dead_lettered: u64,
     /// Recovered tasks that fell due during the downtime.
     pub recovered_overdue: u64,
-    /// Recovered tasks delivered before the restart and never acked.
+    /// Recovered tasks in flight at the shutdown (delivered, not answered):
+    /// delivered again, attempt + 1.
     pub recovered_redelivered: u64,
     /// Log records replayed at the reopen.
     pub recovered_records: u64,
@@ -184,6 +241,7 @@ impl Report {
         let zero = [
             ("lost", self.lost),
             ("duplicates", self.duplicates),
+            ("attempt_gaps", self.attempt_gaps),
             ("cancelled_then_delivered", self.cancelled_then_delivered),
             ("early", self.early),
             ("unacked", self.unacked),
@@ -202,10 +260,23 @@ impl Report {
                 self.scheduled, self.tasks
             ));
         }
-        if self.recovered_pending != self.pending_at_shutdown {
+        let expected = self
+            .pending_at_shutdown
+            .saturating_sub(self.abandoned_at_shutdown + self.recovered_dead_lettered);
+        if self.recovered_pending != expected {
             v.push(format!(
-                "recovered_pending {} != pending_at_shutdown {}",
-                self.recovered_pending, self.pending_at_shutdown
+                "recovered_pending {} != pending_at_shutdown {} - abandoned_at_shutdown {} \
+                 - recovered_dead_lettered {}",
+                self.recovered_pending,
+                self.pending_at_shutdown,
+                self.abandoned_at_shutdown,
+                self.recovered_dead_lettered
+            ));
+        }
+        if self.dead_letters_kept != self.dead_lettered {
+            v.push(format!(
+                "the engine keeps {} dead letters, the run saw {} tasks dead-lettered",
+                self.dead_letters_kept, self.dead_lettered
             ));
         }
         if !self.recovered_clean_shutdown {
@@ -229,6 +300,13 @@ impl Report {
                     text + " (is the machine busy? pass --max-p99-ms to make it fail the run)",
                 );
             }
+        }
+        if self.dead_lettered_unplanned > 0 {
+            warnings.push(format!(
+                "{} tasks not planned to fail were dead-lettered: a lease expiry or the restart \
+                 used up their attempts (is the machine busy? see --lease-ms)",
+                self.dead_lettered_unplanned
+            ));
         }
         self.warnings = warnings;
         if self.timed_out {
@@ -264,17 +342,36 @@ impl Report {
             self.schedule_per_sec,
         );
         println!(
-            "  paid (cancelled) {} of {} planned; {} too late ({} already delivered, {} already finished)",
+            "  paid (cancelled) {} of {} planned; {} too late ({} in a consumer's hands, {} already finished)",
             self.cancelled,
             self.cancel_planned,
             self.cancel_too_late,
-            self.cancel_already_delivered,
+            self.cancel_in_flight,
             self.cancel_not_found
         );
         println!(
-            "  delivered        {} tasks, {} acked; {} delivered again after the restart",
-            self.delivered, self.acked, self.redelivered_after_restart
+            "  delivered        {} tasks, {} acked, {} dead-lettered, {} abandoned (cancelled in a consumer's hands)",
+            self.delivered, self.acked, self.dead_lettered, self.abandoned
         );
+        println!(
+            "  retries          {} nacks ({} retried); {} deliveries with attempt > 1: {} after a nack, {} after a lease expiry, {} after the restart",
+            self.nacked,
+            self.retried,
+            self.redelivered,
+            self.redelivered_after_nack,
+            self.redelivered_after_lease,
+            self.redelivered_after_restart
+        );
+        println!(
+            "  leases           {} ms; {} expired; a consumer crashed holding {}",
+            self.lease_ms, self.lease_expired, self.crashed_holding
+        );
+        if self.dead_letters_kept > 0 {
+            println!(
+                "  dead letters     {} kept: kairos dead-letters list {}",
+                self.dead_letters_kept, self.dir
+            );
+        }
         self.print_restart();
         let l = &self.lateness_ms;
         println!(
@@ -282,8 +379,13 @@ impl Report {
             l.p50, l.p99, l.p999, l.max, l.samples, l.excluded
         );
         println!(
-            "  invariants       lost {}, duplicates {}, cancelled-then-delivered {}, early {}",
-            self.lost, self.duplicates, self.cancelled_then_delivered, self.early
+            "  invariants       lost {}, unacked {}, duplicates {}, attempt gaps {}, cancelled-then-delivered {}, early {}",
+            self.lost,
+            self.unacked,
+            self.duplicates,
+            self.attempt_gaps,
+            self.cancelled_then_delivered,
+            self.early
         );
         println!("  elapsed          {:.1} s", secs(self.elapsed_ms));
         self.print_verdict();
@@ -300,17 +402,21 @@ impl Report {
             if self.recovered_clean_shutdown { "yes" } else { "no" }
         );
         println!(
-            "                   {} pending at shutdown, {} recovered ({} overdue, {} delivered but unacked)",
+            "                   {} pending at shutdown ({} abandoned), {} recovered ({} overdue, {} in flight: redelivered), {} dead-lettered at the reopen",
             self.pending_at_shutdown,
+            self.abandoned_at_shutdown,
             self.recovered_pending,
             self.recovered_overdue,
-            self.recovered_redelivered
+            self.recovered_redelivered,
+            self.recovered_dead_lettered
         );
     }
 
     fn print_verdict(&self) {
         if self.ok {
-            println!("OK: every task was delivered exactly once or cancelled, none early");
+            println!(
+                "OK: every task was cancelled, acked or dead-lettered; no attempt delivered twice, none early"
+            );
         } else {
             println!("FAILED:");
             for v in &self.violations {

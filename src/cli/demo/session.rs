@@ -3,12 +3,12 @@
 //! down and collect the findings.
 
 use super::canceller;
-use super::consumers::{wall_clock_us, Generation, Sample};
+use super::consumers::{wall_clock_us, Crew, Generation, Sample};
 use super::context::Context;
 use super::producer::{self, Call, Pace};
 use super::progress::Progress;
 use super::tracker::{EventTally, Tally};
-use super::workload::Workload;
+use super::workload::{Fate, Workload};
 use anyhow::{anyhow, Context as _};
 use kairos::{Config, Engine, Recovery};
 use std::path::PathBuf;
@@ -41,6 +41,10 @@ pub struct Settings {
     pub consumers: usize,
     /// Acker threads per generation.
     pub ackers: usize,
+    /// Deliveries the crashing receiver of the first generation holds (0: none).
+    pub crash_holding: usize,
+    /// Retry delay of each nack.
+    pub retry_after: Duration,
     /// Pause between shutdown and reopen.
     pub downtime: Duration,
     /// Whether to draw a progress bar.
@@ -83,6 +87,8 @@ pub struct Findings {
     pub elapsed: Duration,
     /// Live tasks left at the end.
     pub pending_at_end: usize,
+    /// Dead letters the last engine kept at the end.
+    pub dead_letters_kept: usize,
     /// Whether the run gave up waiting.
     pub timed_out: bool,
 }
@@ -100,7 +106,7 @@ pub fn run(s: &Settings) -> anyhow::Result<Findings> {
     let ctx = Arc::new(Context::new(s.workload, Arc::clone(&engine)));
     let progress = Progress::new(u64::from(s.workload.tasks), s.progress);
     let start = Instant::now();
-    let first = Generation::spawn(&ctx, &engine, 1, s.consumers, s.ackers)?;
+    let first = Generation::spawn(&ctx, &engine, 1, crew(s))?;
     drop(engine);
     let workers = start_workers(&ctx, s, start)?;
     let span = s.workload.span();
@@ -108,21 +114,24 @@ pub fn run(s: &Settings) -> anyhow::Result<Findings> {
     let midway = start + span / 2;
     progress.phase("before the restart");
     wait_until(&ctx, &progress, deadline, || {
-        Instant::now() >= midway || all_resolved(&ctx)
+        Instant::now() >= midway || all_done(&ctx)
     })
     .inspect_err(|_| abort(&ctx))?;
     progress.phase("restarting");
     let (restart, second, mut samples) =
         restart(&ctx, s, first, start).inspect_err(|_| abort(&ctx))?;
     progress.phase("after the restart");
-    let done = wait_until(&ctx, &progress, deadline, || all_resolved(&ctx))
-        .inspect_err(|_| abort(&ctx))?;
-    let (pending_at_end, mut last) = finish(&ctx, second)?;
+    let done =
+        wait_until(&ctx, &progress, deadline, || all_done(&ctx)).inspect_err(|_| abort(&ctx))?;
+    let (pending_at_end, dead_letters_kept, mut last) = finish(&ctx, second)?;
     drop(progress);
     samples.append(&mut last);
     let calls = join_workers(workers);
+    let workload = s.workload;
     Ok(Findings {
-        tally: ctx.tracker.tally(),
+        tally: ctx
+            .tracker
+            .tally(|index| workload.fate(index) == Fate::Poison),
         events: ctx.tracker.events.snapshot(),
         samples,
         restart,
@@ -130,6 +139,7 @@ pub fn run(s: &Settings) -> anyhow::Result<Findings> {
         schedule_busy: busy_time(calls),
         elapsed: start.elapsed(),
         pending_at_end,
+        dead_letters_kept,
         timed_out: !done,
     })
 }
@@ -197,9 +207,40 @@ fn busy_time(mut calls: Vec<Call>) -> Duration {
     busy + covered.map_or(Duration::ZERO, |(s, e)| e - s)
 }
 
-/// Whether every task is finished (cancelled, or delivered and acked).
-fn all_resolved(ctx: &Context) -> bool {
-    ctx.tracker.resolved() >= ctx.workload.tasks as usize
+/// The consumers of a generation.
+fn crew(s: &Settings) -> Crew {
+    Crew {
+        receivers: s.consumers,
+        ackers: s.ackers,
+        crash_holding: s.crash_holding,
+        retry_after: s.retry_after,
+    }
+}
+
+/// Whether every task is finished — cancelled, acked or dead-lettered — and
+/// the engine holds none any more (a task cancelled in a consumer's hands is
+/// finished for the run at once, but held until that consumer answers).
+fn all_done(ctx: &Context) -> bool {
+    let Some(engine) = ctx.cell.current() else {
+        return false;
+    };
+    note_dead_letters(ctx, &engine);
+    ctx.tracker.resolved() >= ctx.workload.tasks as usize && engine.stats().pending == 0
+}
+
+/// Marks the engine's dead letters in the tracker: those a nack made are
+/// marked already, but a task can also die of a lease that expired on its
+/// last attempt, or at the reopen if its last attempt was in flight at the
+/// restart, and nobody is told.
+fn note_dead_letters(ctx: &Context, engine: &Engine) {
+    if engine.stats().dead_letters <= ctx.tracker.dead_lettered() {
+        return;
+    }
+    for letter in engine.dead_letters() {
+        if let Some(index) = ctx.workload.index_of(&letter.key) {
+            ctx.tracker.on_dead_lettered(index);
+        }
+    }
 }
 
 /// Polls until `done()` (Ok(true)) or the deadline (Ok(false)); fails as
@@ -252,7 +293,7 @@ fn restart(
     let engine = open(s)?;
     let reopen = began.elapsed();
     let reopened_at_ms = wall_clock_us() / 1000;
-    let second = Generation::spawn(ctx, &engine, 2, s.consumers, s.ackers)?;
+    let second = Generation::spawn(ctx, &engine, 2, crew(s))?;
     let recovery = engine.recovery().clone();
     ctx.cell.install(engine);
     let restart = Restart {
@@ -267,8 +308,8 @@ fn restart(
 }
 
 /// Stops the run and shuts the last engine down; returns the live tasks
-/// left and the last generation's receipts.
-fn finish(ctx: &Context, last: Generation) -> anyhow::Result<(usize, Vec<Sample>)> {
+/// left, the dead letters kept and the last generation's receipts.
+fn finish(ctx: &Context, last: Generation) -> anyhow::Result<(usize, usize, Vec<Sample>)> {
     ctx.cell.stop();
     let engine = ctx
         .cell
@@ -278,7 +319,9 @@ fn finish(ctx: &Context, last: Generation) -> anyhow::Result<(usize, Vec<Sample>
     if let Some(error) = ctx.failure() {
         return Err(anyhow!(error));
     }
-    Ok((pending(&engine), last.join()))
+    let samples = last.join();
+    note_dead_letters(ctx, &engine);
+    Ok((pending(&engine), engine.stats().dead_letters, samples))
 }
 
 /// Stops the producers and the canceller and shuts the engine down after an
@@ -290,9 +333,11 @@ fn abort(ctx: &Context) {
     }
 }
 
-/// Live tasks: scheduled, ready and in flight. Read once
-/// `shutdown()` has returned, it is exactly the state the log was closed
-/// with, which the next open must recover.
+/// Live tasks: scheduled, ready and in flight. Read once `shutdown()` has
+/// returned, it is the state the log was closed with: the next open recovers
+/// all of them but those cancelled in a consumer's hands (abandoned: their
+/// cancel is logged) and those in flight on their last attempt
+/// (dead-lettered at the open).
 fn pending(engine: &Engine) -> usize {
     let stats = engine.stats();
     stats.pending

@@ -29,6 +29,13 @@ const PAYLOAD_MAX_BYTES: usize = 500;
 /// Order numbers start here, so keys have a fixed width of 8 digits
 /// (`order:10000042:timeout`, 22 bytes).
 const ORDER_BASE: u64 = 10_000_000;
+/// Share of tasks whose first delivery fails (nacked, retried, then acked).
+pub const FAIL_FIRST_SHARE: f64 = 0.01;
+/// Share of tasks that fail every delivery (poison): dead-lettered after
+/// `RetryPolicy::max_attempts` deliveries.
+pub const POISON_SHARE: f64 = 0.001;
+/// Salt of the draw that decides a task's [`Fate`], apart from its spec.
+const FATE_SALT: u64 = 0x5EED_FA7E_0000_0001;
 const KEY_PREFIX: &str = "order:";
 const KEY_SUFFIX: &str = ":timeout";
 
@@ -53,6 +60,17 @@ pub struct TaskSpec {
     pub paid_after: Option<Duration>,
     /// Payload length, bytes.
     pub payload_bytes: usize,
+}
+
+/// What the consumers do with a task's deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Every delivery succeeds (acked).
+    Succeed,
+    /// The first delivery fails (nacked with a short retry); later ones succeed.
+    FailFirst,
+    /// Every delivery fails: the task ends as a dead letter.
+    Poison,
 }
 
 impl Workload {
@@ -83,6 +101,21 @@ impl Workload {
             delay,
             paid_after,
             payload_bytes,
+        }
+    }
+
+    /// The task's fate: [`POISON_SHARE`] poison, [`FAIL_FIRST_SHARE`] failing
+    /// once, the rest succeeding. Drawn apart from [`Workload::spec`], so the
+    /// delays and payments of a seed do not depend on it.
+    pub fn fate(&self, index: u32) -> Fate {
+        // 53 random bits as a share in [0, 1).
+        let u = (mix(self.seed ^ FATE_SALT, index) >> 11) as f64 / (1u64 << 53) as f64;
+        if u < POISON_SHARE {
+            Fate::Poison
+        } else if u < POISON_SHARE + FAIL_FIRST_SHARE {
+            Fate::FailFirst
+        } else {
+            Fate::Succeed
         }
     }
 
@@ -179,5 +212,21 @@ mod tests {
         assert!((share(short) - SHORT_SHARE).abs() < 0.01);
         assert!((share(medium) - MEDIUM_SHARE).abs() < 0.01);
         assert!((f64::from(paid_short) / f64::from(short) - SHORT_PAID_SHARE).abs() < 0.02);
+    }
+
+    #[test]
+    fn fates_match_their_shares() {
+        let w = workload();
+        let (mut fail_first, mut poison) = (0u32, 0u32);
+        for i in 0..w.tasks {
+            match w.fate(i) {
+                Fate::FailFirst => fail_first += 1,
+                Fate::Poison => poison += 1,
+                Fate::Succeed => {}
+            }
+        }
+        let share = |n: u32| f64::from(n) / f64::from(w.tasks);
+        assert!((share(fail_first) - FAIL_FIRST_SHARE).abs() < 0.002);
+        assert!((share(poison) - POISON_SHARE).abs() < 0.0005);
     }
 }

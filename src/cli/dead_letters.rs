@@ -1,0 +1,601 @@
+//! `kairos dead-letters list|requeue|purge DIR`: the dead letters of a data
+//! directory, managed offline.
+//!
+//! Each command opens the engine on DIR (taking the directory's lock, so it
+//! refuses a directory an engine has open), does its work through the
+//! engine's own API — `Engine::dead_letters`, `Engine::requeue_dead_letter`,
+//! `Engine::purge_dead_letter` — and shuts the engine down cleanly.
+
+use super::{DurabilityArgs, Verdict};
+use anyhow::{anyhow, bail, Context as _};
+use clap::{Args, Subcommand};
+use kairos::config::{KEY_BYTES_MAX_LIMIT, PAYLOAD_BYTES_MAX_LIMIT, PENDING_TASKS_LIMIT};
+use kairos::{
+    CancelError, Config, DeadLetter, Due, Engine, OpenError, RetryPolicy, ScheduleError, TaskId,
+};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// List, requeue or purge the dead letters of a data directory, offline.
+#[derive(Debug, Args)]
+#[command(long_about = "\
+List, requeue or purge the dead letters of a data directory, offline.
+
+A dead letter is a task that used up its delivery attempts (RetryPolicy::max_attempts): it is \
+kept, with the error of its last attempt, until it is requeued or purged.
+
+Each command opens the engine on DIR as an application would (recovering the log), does its \
+work and shuts the engine down cleanly. It takes the directory's lock: a directory that an \
+engine has open — a running service — is refused; stop it first. Opening settles deliveries \
+that were in flight when the engine last crashed, as every open does: they are retried, or \
+dead-lettered if they had used --max-attempts attempts.
+
+Exit status 0 on success; 1 if an id given is not a dead letter, a requeue or purge fails \
+(each failure is reported), or the directory cannot be opened; 2 on bad usage.")]
+pub struct DeadLettersArgs {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// Print every dead letter: task id, attempts, when it died (UTC), due
+    /// time, payload size, key and last error.
+    List(ListArgs),
+    /// Put dead letters back as new tasks (new id, same key and payload,
+    /// a fresh attempt count) and print their new ids.
+    Requeue(RequeueArgs),
+    /// Delete dead letters for good.
+    Purge(PurgeArgs),
+}
+
+/// What every action opens.
+#[derive(Debug, Args)]
+struct Target {
+    /// Data directory (the one holding `wal/` and `LOCK`).
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
+    #[command(flatten)]
+    durability: DurabilityArgs,
+    /// The application's `RetryPolicy::max_attempts`. Only used to settle
+    /// deliveries that were in flight at a crash, as the application's own
+    /// open would.
+    #[arg(long, value_name = "N", default_value_t = RetryPolicy::default().max_attempts,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_attempts: u32,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ListArgs {
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Which dead letters: `--id` (repeatable) or `--all`, exactly one of them.
+#[derive(Debug, Args)]
+#[group(id = "which", required = true, multiple = false)]
+struct Selection {
+    /// A dead letter's task id (repeat for several).
+    #[arg(long = "id", value_name = "ID")]
+    ids: Vec<u64>,
+    /// Every dead letter.
+    #[arg(long)]
+    all: bool,
+}
+
+#[derive(Debug, Args)]
+struct RequeueArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    which: Selection,
+    /// Due this long from now: `0` (now), or whole numbers with units, e.g.
+    /// `250ms`, `30s`, `5m`, `2h`, `1d`, `1h30m`.
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_delay)]
+    delay: Duration,
+}
+
+#[derive(Debug, Args)]
+struct PurgeArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    which: Selection,
+}
+
+/// One dead letter, as printed.
+#[derive(Debug, Serialize)]
+struct Letter {
+    task_id: u64,
+    /// The key, lossily as UTF-8.
+    key: String,
+    attempts: u32,
+    /// When it was dead-lettered, UTC ms.
+    dead_ms: u64,
+    /// The same, RFC 3339 UTC.
+    dead_at: String,
+    /// Due time of its last attempt, UTC ms.
+    due_ms: u64,
+    /// The same, RFC 3339 UTC.
+    due_at: String,
+    payload_bytes: usize,
+    /// The error of its last attempt.
+    error: String,
+}
+
+impl From<&DeadLetter> for Letter {
+    fn from(d: &DeadLetter) -> Letter {
+        Letter {
+            task_id: d.task_id.0,
+            key: String::from_utf8_lossy(&d.key).into_owned(),
+            attempts: d.attempts,
+            dead_ms: d.dead_ms,
+            dead_at: rfc3339_utc(d.dead_ms),
+            due_ms: d.due_ms,
+            due_at: rfc3339_utc(d.due_ms),
+            payload_bytes: d.payload.len(),
+            error: d.error.clone(),
+        }
+    }
+}
+
+/// `list --json`.
+#[derive(Debug, Serialize)]
+struct Listing {
+    dir: PathBuf,
+    dead_letters: Vec<Letter>,
+}
+
+/// A dead letter put back as a new task.
+#[derive(Debug, Serialize)]
+struct Requeued {
+    task_id: u64,
+    new_task_id: u64,
+    key: String,
+}
+
+/// A dead letter an action failed on, and why.
+#[derive(Debug, Serialize)]
+struct Failed {
+    task_id: u64,
+    error: String,
+}
+
+/// `requeue --json` and `purge --json`.
+#[derive(Debug, Default, Serialize)]
+struct Changes {
+    dir: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requeued: Option<Vec<Requeued>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    purged: Option<Vec<u64>>,
+    failed: Vec<Failed>,
+}
+
+/// Runs the action and prints its outcome.
+pub fn run(args: &DeadLettersArgs) -> anyhow::Result<Verdict> {
+    let target = match &args.action {
+        Action::List(a) => &a.target,
+        Action::Requeue(a) => &a.target,
+        Action::Purge(a) => &a.target,
+    };
+    let engine = open(target)?;
+    report_settled(&engine, target);
+    let outcome = match &args.action {
+        Action::List(_) => list(&engine, target),
+        Action::Requeue(a) => requeue(&engine, a),
+        Action::Purge(a) => purge(&engine, a),
+    };
+    let closed = engine
+        .shutdown()
+        .with_context(|| format!("cannot shut the engine on {} down", target.dir.display()));
+    let verdict = outcome?;
+    closed?;
+    Ok(verdict)
+}
+
+/// Opens the engine on the target directory. A directory without a log is
+/// refused rather than created.
+fn open(target: &Target) -> anyhow::Result<Engine> {
+    let dir = &target.dir;
+    let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    if !dir.join("wal").is_dir() {
+        bail!(
+            "{} is not a Kairos data directory: it has no wal/ log directory",
+            dir.display()
+        );
+    }
+    Engine::open(dir, config(target)).map_err(|e| match e {
+        OpenError::Locked { .. } => anyhow!(
+            "cannot open {}: it is open in another engine (lock held on {}); stop that process \
+             first, dead letters are managed offline",
+            dir.display(),
+            dir.join("LOCK").display()
+        ),
+        other => anyhow::Error::new(other).context(format!("cannot open {}", dir.display())),
+    })
+}
+
+/// The default configuration with the chosen durability and attempts, and
+/// the size limits at their maxima: a dead letter the application accepted
+/// under its own limits can always be requeued.
+fn config(target: &Target) -> Config {
+    let mut config = Config::default();
+    config.durability = target.durability.durability();
+    config.retry.max_attempts = target.max_attempts;
+    config.key_bytes_max = KEY_BYTES_MAX_LIMIT;
+    config.payload_bytes_max = PAYLOAD_BYTES_MAX_LIMIT;
+    config.pending_tasks_max = PENDING_TASKS_LIMIT;
+    config
+}
+
+/// Says on stderr what the open did to deliveries in flight at a crash.
+fn report_settled(engine: &Engine, target: &Target) {
+    let r = engine.recovery();
+    if r.redelivered > 0 || r.dead_lettered > 0 {
+        eprintln!(
+            "kairos dead-letters: the engine had crashed with deliveries in flight: {} will be \
+             redelivered, {} were dead-lettered (--max-attempts {})",
+            r.redelivered, r.dead_lettered, target.max_attempts
+        );
+    }
+}
+
+fn list(engine: &Engine, target: &Target) -> anyhow::Result<Verdict> {
+    let letters: Vec<Letter> = engine.dead_letters().iter().map(Letter::from).collect();
+    if target.json {
+        let listing = Listing {
+            dir: target.dir.clone(),
+            dead_letters: letters,
+        };
+        println!("{}", serde_json::to_string_pretty(&listing)?);
+    } else {
+        print_table(&target.dir, &letters);
+    }
+    Ok(Verdict::Pass)
+}
+
+/// The dead letters as an aligned table; key and error quoted and escaped
+/// so that each letter stays on one line.
+fn print_table(dir: &Path, letters: &[Letter]) {
+    match letters.len() {
+        0 => {
+            println!("no dead letters in {}", dir.display());
+            return;
+        }
+        1 => println!("1 dead letter in {}", dir.display()),
+        n => println!("{n} dead letters in {}", dir.display()),
+    }
+    let rows: Vec<[String; 7]> = letters
+        .iter()
+        .map(|l| {
+            [
+                l.task_id.to_string(),
+                l.attempts.to_string(),
+                l.dead_at.clone(),
+                l.due_ms.to_string(),
+                l.payload_bytes.to_string(),
+                format!("{:?}", l.key),
+                format!("{:?}", l.error),
+            ]
+        })
+        .collect();
+    let header = [
+        "TASK_ID",
+        "ATTEMPTS",
+        "DEAD_AT (UTC)",
+        "DUE_MS",
+        "PAYLOAD_BYTES",
+        "KEY",
+        "ERROR",
+    ];
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 7]| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        println!("{out}");
+    };
+    line(header);
+    for row in &rows {
+        line(row.each_ref().map(String::as_str));
+    }
+}
+
+fn requeue(engine: &Engine, args: &RequeueArgs) -> anyhow::Result<Verdict> {
+    let letters = engine.dead_letters();
+    let ids = selected(&letters, &args.which);
+    let keys: HashMap<u64, String> = letters
+        .iter()
+        .map(|d| (d.task_id.0, String::from_utf8_lossy(&d.key).into_owned()))
+        .collect();
+    let mut changes = Changes {
+        dir: args.target.dir.clone(),
+        ..Changes::default()
+    };
+    let mut done = Vec::new();
+    for id in ids {
+        match engine.requeue_dead_letter(TaskId(id), Due::After(args.delay)) {
+            Ok(new) => done.push(Requeued {
+                task_id: id,
+                new_task_id: new.0,
+                key: keys.get(&id).cloned().unwrap_or_default(),
+            }),
+            Err(e @ (ScheduleError::Closed | ScheduleError::Poisoned { .. })) => {
+                return Err(anyhow::Error::new(e).context(format!("cannot requeue {id}")))
+            }
+            Err(e) => changes.failed.push(Failed {
+                task_id: id,
+                error: e.to_string(),
+            }),
+        }
+    }
+    if !args.target.json {
+        for r in &done {
+            println!(
+                "requeued dead letter {} (key {:?}) as task {}",
+                r.task_id, r.key, r.new_task_id
+            );
+        }
+    }
+    let requeued = done.len();
+    changes.requeued = Some(done);
+    finish(&args.target, &args.which, &changes, requeued, "requeued")
+}
+
+fn purge(engine: &Engine, args: &PurgeArgs) -> anyhow::Result<Verdict> {
+    let ids = selected(&engine.dead_letters(), &args.which);
+    let mut changes = Changes {
+        dir: args.target.dir.clone(),
+        ..Changes::default()
+    };
+    let mut done = Vec::new();
+    for id in ids {
+        match engine.purge_dead_letter(TaskId(id)) {
+            Ok(true) => done.push(id),
+            Ok(false) => changes.failed.push(Failed {
+                task_id: id,
+                error: format!("no dead letter with task id {id}"),
+            }),
+            Err(e @ (CancelError::Closed | CancelError::Poisoned { .. })) => {
+                return Err(anyhow::Error::new(e).context(format!("cannot purge {id}")))
+            }
+            Err(e) => changes.failed.push(Failed {
+                task_id: id,
+                error: e.to_string(),
+            }),
+        }
+    }
+    if !args.target.json {
+        for id in &done {
+            println!("purged dead letter {id}");
+        }
+    }
+    let purged = done.len();
+    changes.purged = Some(done);
+    finish(&args.target, &args.which, &changes, purged, "purged")
+}
+
+/// Prints the failures (and the JSON object if asked) and decides the
+/// exit status: any failure fails the command.
+fn finish(
+    target: &Target,
+    which: &Selection,
+    changes: &Changes,
+    done: usize,
+    verb: &str,
+) -> anyhow::Result<Verdict> {
+    if target.json {
+        println!("{}", serde_json::to_string_pretty(changes)?);
+    }
+    for f in &changes.failed {
+        eprintln!(
+            "kairos dead-letters: dead letter {}: {}",
+            f.task_id, f.error
+        );
+    }
+    if !target.json {
+        let asked = done + changes.failed.len();
+        if asked == 0 && which.all {
+            println!("no dead letters in {}", target.dir.display());
+        } else {
+            println!("{verb} {done} of {asked} dead letters");
+        }
+    }
+    Ok(if changes.failed.is_empty() {
+        Verdict::Pass
+    } else {
+        Verdict::Fail
+    })
+}
+
+/// The ids to act on, each once, in the order given (`--all`: every one
+/// of `letters`, oldest first).
+fn selected(letters: &[DeadLetter], which: &Selection) -> Vec<u64> {
+    if which.all {
+        return letters.iter().map(|d| d.task_id.0).collect();
+    }
+    let mut seen = HashSet::new();
+    which
+        .ids
+        .iter()
+        .copied()
+        .filter(|id| seen.insert(*id))
+        .collect()
+}
+
+/// A delay: `0`, or one or more `<whole number><unit>` groups with units
+/// `ms`, `s`, `m`, `h`, `d` (`1h30m`).
+fn parse_delay(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let bad = || {
+        format!("{text:?} is not a delay: use 0 or whole numbers with units ms, s, m, h, d (e.g. 30s, 1h30m)")
+    };
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits == 0 {
+            return Err(bad());
+        }
+        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.len()
+            - rest
+                .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                .len();
+        let unit_ms: u64 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        let ms = number
+            .checked_mul(unit_ms)
+            .ok_or_else(|| format!("{text:?} is too long a delay"))?;
+        total = total
+            .checked_add(Duration::from_millis(ms))
+            .ok_or_else(|| format!("{text:?} is too long a delay"))?;
+    }
+    Ok(total)
+}
+
+/// `ms` milliseconds after the Unix epoch as RFC 3339 in UTC with
+/// milliseconds, e.g. `2023-11-14T22:13:20.000Z`. Years past 9999 (which
+/// RFC 3339 cannot write) are printed with more digits.
+fn rfc3339_utc(ms: u64) -> String {
+    let days = ms / 86_400_000;
+    let in_day = ms % 86_400_000;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        in_day / 3_600_000,
+        in_day / 60_000 % 60,
+        in_day / 1_000 % 60,
+        in_day % 1_000
+    )
+}
+
+/// The proleptic Gregorian date `days` days after 1970-01-01: Howard
+/// Hinnant's `civil_from_days` ("chrono-Compatible Low-Level Date
+/// Algorithms"), for days on or after the epoch.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Shift the epoch to 0000-03-01, the start of a 400-year era.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097; // [0, 146096]
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365], from March 1
+    let mp = (5 * doy + 2) / 153; // [0, 11], March = 0
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        // Checked against `date -u -d @SECONDS`.
+        let cases = [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (1, "1970-01-01T00:00:00.001Z"),
+            (86_399_999, "1970-01-01T23:59:59.999Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (978_307_199_000, "2000-12-31T23:59:59.000Z"),
+            (1_700_000_000_123, "2023-11-14T22:13:20.123Z"),
+            (1_709_164_800_000, "2024-02-29T00:00:00.000Z"),
+            (1_709_251_200_000, "2024-03-01T00:00:00.000Z"),
+            (4_107_542_400_000, "2100-03-01T00:00:00.000Z"),
+            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+            (253_402_300_800_000, "10000-01-01T00:00:00.000Z"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(rfc3339_utc(ms), text, "{ms}");
+        }
+        // Never panics, up to the largest value on disk.
+        assert!(rfc3339_utc(u64::MAX).ends_with('Z'));
+    }
+
+    #[test]
+    fn civil_from_days_round_trips_every_day_of_two_eras() {
+        // Walk day by day from the epoch, checking each date follows the last.
+        let mut prev = civil_from_days(0);
+        assert_eq!(prev, (1970, 1, 1));
+        for days in 1..(800 * 366) {
+            let (y, m, d) = civil_from_days(days);
+            let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+            let month_days = match prev.1 {
+                2 if leap => 29,
+                2 => 28,
+                4 | 6 | 9 | 11 => 30,
+                _ => 31,
+            };
+            let expected = if prev.2 < month_days {
+                (prev.0, prev.1, prev.2 + 1)
+            } else if prev.1 < 12 {
+                (prev.0, prev.1 + 1, 1)
+            } else {
+                (prev.0 + 1, 1, 1)
+            };
+            assert_eq!((y, m, d), expected, "day {days}");
+            prev = (y, m, d);
+        }
+    }
+
+    #[test]
+    fn delays_parse_with_units_and_refuse_the_rest() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_delay("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_delay("250ms"), Ok(ms(250)));
+        assert_eq!(parse_delay("30s"), Ok(ms(30_000)));
+        assert_eq!(parse_delay("5m"), Ok(ms(300_000)));
+        assert_eq!(parse_delay("2h"), Ok(ms(7_200_000)));
+        assert_eq!(parse_delay("1d"), Ok(ms(86_400_000)));
+        assert_eq!(parse_delay("1h30m"), Ok(ms(5_400_000)));
+        assert_eq!(parse_delay("0s"), Ok(Duration::ZERO));
+        for bad in [
+            "",
+            "5",
+            "s",
+            "1.5s",
+            "-1s",
+            "1w",
+            "1h 30m",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_delay(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_delay("18446744073709551615d").is_err());
+    }
+}

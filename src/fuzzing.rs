@@ -1,0 +1,893 @@
+//! Bodies of the fuzz targets in `fuzz/` (cargo-fuzz layout, its own workspace).
+//!
+//! They live in the library, not in the fuzz crate, so that ordinary tests can call them:
+//! `tests/fuzz_corpus.rs` replays every committed corpus file through them on stable Rust,
+//! and the named regression tests call them on the inputs that once failed. A fuzz target
+//! only wraps its body in the allocation probe (`fuzz/src/lib.rs`).
+//!
+//! Each body turns arbitrary bytes into something the code under test reads from disk, runs
+//! it, and checks properties that hold for *every* input. A panic in a body is a finding:
+//! either the code under test panicked (it must not, whatever the disk holds) or one of the
+//! body's own `assert!`s — the oracle — failed. Allocation is bounded too, but measuring it
+//! needs a global allocator (and this crate forbids `unsafe`), so the harnesses do it:
+//! they count the largest single allocation while a body runs and compare it with
+//! [`allocation_bound`].
+//!
+//! | target | input | checks |
+//! |---|---|---|
+//! | [`wal_segment`] | [`SegmentImage`]: segment files (and `META`, `TRIM`, `CLOSED`) of one log directory | `kairos_wal::scan` and `Wal::open` agree (records, torn tail, error with file and offset); an open log appends at the next LSN, closes and reopens with the same records |
+//! | [`record_body`] | a record type byte and a body | `Record::decode` never panics; what decodes re-encodes to the same bytes |
+//! | [`verify_dir`] | [`DirImage`]: arbitrary files with plausible or arbitrary names in a log directory | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail); a directory it passes, the engine opens and shuts down |
+//!
+//! Not a stable API: hidden from the docs, changed whenever the targets change.
+
+use std::hash::{DefaultHasher, Hasher};
+use std::path::Path;
+#[cfg(feature = "cli")]
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kairos_wal::format::{
+    self, Closed, StoreId, Trim, FRAME_CRC_OFFSET, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+    SEG_HEADER_CRC_OFFSET, SEG_PREV_LAST_LSN_OFFSET, SEG_SEQ_OFFSET, SEG_STORE_ID_OFFSET,
+};
+use kairos_wal::{
+    Durability, Lsn, RecordView, RecoveryReport, ScanReport, SimStorage, Wal, WalError, WalOptions,
+};
+
+use crate::record::Record;
+
+/// The `kairos verify` command, compiled here from the very file the binary compiles
+/// (`src/cli/verify.rs`), so the fuzz target and the tests run the checking code the command
+/// runs (see `fuzzing/cli.rs`).
+#[cfg(feature = "cli")]
+mod cli;
+
+/// The simulated log directory every target writes its image into.
+pub const LOG_DIR: &str = "/fuzz/wal";
+
+/// Separates segment files in a [`SegmentImage`] input.
+pub const SEGMENT_SEPARATOR: &[u8] = b"\xF5SEG";
+
+/// Separates files in a [`DirImage`] input.
+pub const FILE_SEPARATOR: &[u8] = b"\xF5FIL";
+
+/// Most segment files one [`SegmentImage`] makes (the rest of the input joins the last one).
+pub const SEGMENTS_MAX: usize = 6;
+
+/// Most files one [`DirImage`] makes (the rest of the input joins the last one).
+pub const FILES_MAX: usize = 12;
+
+/// Fixed allowance of [`allocation_bound`], bytes: bookkeeping that does not grow with the
+/// input (paths, reports, small tables, an engine's initial structures).
+pub const ALLOCATION_SLACK_BYTES: usize = 256 * 1024;
+
+/// The largest single allocation a body may make for an input of `input_len` bytes: twice
+/// the input (a file's bytes are copied into the simulated disk, then read back in one
+/// buffer) plus [`ALLOCATION_SLACK_BYTES`]. A length field claiming 4 GiB in a 1 KiB input
+/// must not allocate 4 GiB — nor 1 GiB, nor the 1 MiB read chunk.
+pub fn allocation_bound(input_len: usize) -> usize {
+    input_len
+        .saturating_mul(2)
+        .saturating_add(ALLOCATION_SLACK_BYTES)
+}
+
+fn log_dir() -> &'static Path {
+    Path::new(LOG_DIR)
+}
+
+/// Splits `data` at `separator`, into at most `max` pieces (the last one keeps the rest).
+fn split_at_separator<'a>(data: &'a [u8], separator: &[u8], max: usize) -> Vec<&'a [u8]> {
+    let mut pieces = Vec::new();
+    let mut rest = data;
+    while pieces.len() + 1 < max {
+        match rest.windows(separator.len()).position(|w| w == separator) {
+            Some(at) => {
+                pieces.push(&rest[..at]);
+                rest = &rest[at + separator.len()..];
+            }
+            None => break,
+        }
+    }
+    pieces.push(rest);
+    pieces
+}
+
+fn u64_at(bytes: &[u8], offset: usize) -> Option<u64> {
+    let field = bytes.get(offset..offset + 8)?;
+    let mut b = [0u8; 8];
+    b.copy_from_slice(field);
+    Some(u64::from_le_bytes(b))
+}
+
+/// The store id a segment's header claims (bytes 16..32), if the file is that long.
+fn claimed_store_id(segment: &[u8]) -> Option<StoreId> {
+    let field = segment.get(SEG_STORE_ID_OFFSET..SEG_STORE_ID_OFFSET + 16)?;
+    let mut id = [0u8; 16];
+    id.copy_from_slice(field);
+    Some(id)
+}
+
+/// The file name a segment's own header asks for (`seq`, `prev_last_lsn + 1`), or `None` if
+/// the file is too short to say.
+fn name_from_header(segment: &[u8]) -> Option<String> {
+    let seq = u64_at(segment, SEG_SEQ_OFFSET)?;
+    let prev_last = u64_at(segment, SEG_PREV_LAST_LSN_OFFSET)?;
+    Some(format::segment_file_name(
+        seq,
+        Lsn(prev_last.wrapping_add(1)),
+    ))
+}
+
+/// Makes every checksum of a would-be segment valid: the header's, then each frame's, walking
+/// frames by their length fields as long as they fit. Lets the fuzzer reach the rules that
+/// only apply to frames whose checksum matches.
+fn fix_segment_checksums(segment: &mut [u8]) {
+    if segment.len() < SEGMENT_HEADER_BYTES {
+        return;
+    }
+    let crc = crc32(&segment[..SEG_HEADER_CRC_OFFSET]);
+    segment[SEG_HEADER_CRC_OFFSET..SEG_HEADER_CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+    let mut position = SEGMENT_HEADER_BYTES;
+    while segment.len() - position >= FRAME_HEADER_BYTES {
+        let mut len = [0u8; 4];
+        len.copy_from_slice(&segment[position..position + 4]);
+        let body_bytes = u32::from_le_bytes(len) as usize;
+        let Some(end) = (position + FRAME_HEADER_BYTES)
+            .checked_add(body_bytes)
+            .filter(|end| *end <= segment.len())
+        else {
+            return;
+        };
+        let (head, body) = segment[position..end].split_at(FRAME_HEADER_BYTES);
+        let crc = format::frame_crc(head, body);
+        segment[position + FRAME_CRC_OFFSET..position + FRAME_CRC_OFFSET + 4]
+            .copy_from_slice(&crc.to_le_bytes());
+        position = end;
+    }
+}
+
+/// Makes the checksum of a 32-byte `META` or 48-byte `TRIM`/`CLOSED` valid (the CRC is the
+/// last four bytes, over everything before them); other sizes are left alone.
+fn fix_small_file_checksum(bytes: &mut [u8]) {
+    if bytes.len() == format::META_BYTES || bytes.len() == format::BOUND_FILE_BYTES {
+        let at = bytes.len() - 4;
+        let crc = crc32(&bytes[..at]);
+        bytes[at..].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// CRC-32 (IEEE 802.3, as `crc32fast::hash` computes it), bit by bit: the fuzz inputs are
+/// small, and the library does not depend on `crc32fast` itself.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            let mask = (crc & 1).wrapping_neg();
+            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
+        }
+    }
+    !crc
+}
+
+// ---------------------------------------------------------------------------------------------
+// wal_segment
+
+/// Flags byte of a [`SegmentImage`] input.
+pub mod segment_flags {
+    /// Write no `META` (a directory whose identity file is missing).
+    pub const NO_META: u8 = 0x01;
+    /// Make every header and frame checksum valid before writing.
+    pub const FIX_CHECKSUMS: u8 = 0x02;
+    /// Write a valid `TRIM` with the `seq` and `lsn` that follow the two leading bytes.
+    pub const TRIM: u8 = 0x04;
+    /// Write a valid `CLOSED` with the `seq` and `lsn` that follow (after `TRIM`'s, if any).
+    pub const CLOSED: u8 = 0x08;
+    /// Leave a `*.tmp` file behind (open removes it; scan ignores it).
+    pub const TMP_FILE: u8 = 0x10;
+    /// Name segment `i` with `seq = i + 1` instead of the `seq` its header claims.
+    pub const NAME_BY_POSITION: u8 = 0x20;
+}
+
+/// The decoded input of [`wal_segment`]: the files of one log directory.
+///
+/// Layout: a flags byte ([`segment_flags`]); a byte choosing `record_bytes_max` (0: the
+/// default 16 MiB, `n`: `64 × n` bytes); `TRIM`'s then `CLOSED`'s `seq` and `lsn` (two
+/// little-endian u64 each, only if their flag is set); then the segment files' contents,
+/// separated by [`SEGMENT_SEPARATOR`]. Each segment is named after the `seq` and
+/// `prev_last_lsn + 1` its own header claims (or after its position, see the flags), so a
+/// segment produced by the real writer keeps its real name. `META` carries the store id the
+/// first segment claims, so the real writer's segments belong to the directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentImage {
+    /// [`segment_flags`].
+    pub flags: u8,
+    /// Selects `record_bytes_max` (0: default, `n`: `64 × n` bytes).
+    pub record_limit: u8,
+    /// `TRIM`'s `(seq, lsn)`, if written.
+    pub trim: Option<(u64, u64)>,
+    /// `CLOSED`'s `(seq, lsn)`, if written.
+    pub closed: Option<(u64, u64)>,
+    /// The segment files' bytes, oldest first.
+    pub segments: Vec<Vec<u8>>,
+}
+
+impl SegmentImage {
+    /// Decodes any bytes (never fails: missing fields read as zeros).
+    pub fn decode(data: &[u8]) -> SegmentImage {
+        let flags = data.first().copied().unwrap_or(0);
+        let record_limit = data.get(1).copied().unwrap_or(0);
+        let mut rest = data.get(2..).unwrap_or(&[]);
+        let mut take_pair = || {
+            let mut b = [0u8; 16];
+            let n = rest.len().min(16);
+            b[..n].copy_from_slice(&rest[..n]);
+            rest = &rest[n..];
+            (u64_at(&b, 0).unwrap_or(0), u64_at(&b, 8).unwrap_or(0))
+        };
+        let trim = (flags & segment_flags::TRIM != 0).then(&mut take_pair);
+        let closed = (flags & segment_flags::CLOSED != 0).then(&mut take_pair);
+        let segments = split_at_separator(rest, SEGMENT_SEPARATOR, SEGMENTS_MAX)
+            .into_iter()
+            .map(<[u8]>::to_vec)
+            .collect();
+        SegmentImage {
+            flags,
+            record_limit,
+            trim,
+            closed,
+            segments,
+        }
+    }
+
+    /// The input that decodes to this image (for writing seed corpora). `trim` and `closed`
+    /// must agree with the flags, and no segment may contain [`SEGMENT_SEPARATOR`].
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![self.flags, self.record_limit];
+        for (seq, lsn) in self.trim.iter().chain(self.closed.iter()) {
+            out.extend_from_slice(&seq.to_le_bytes());
+            out.extend_from_slice(&lsn.to_le_bytes());
+        }
+        for (i, segment) in self.segments.iter().enumerate() {
+            if i > 0 {
+                out.extend_from_slice(SEGMENT_SEPARATOR);
+            }
+            out.extend_from_slice(segment);
+        }
+        out
+    }
+
+    /// The `record_bytes_max` the log is read with.
+    pub fn record_bytes_max(&self) -> u32 {
+        match self.record_limit {
+            0 => kairos_wal::RECORD_BYTES_MAX_DEFAULT,
+            n => u32::from(n) * 64,
+        }
+    }
+
+    /// Writes the image into `sim` under [`LOG_DIR`].
+    pub fn write_to(&self, sim: &SimStorage) {
+        let dir = log_dir();
+        let fix = self.flags & segment_flags::FIX_CHECKSUMS != 0;
+        let store_id = self
+            .segments
+            .first()
+            .and_then(|s| claimed_store_id(s))
+            .unwrap_or([0x5A; 16]);
+        if self.flags & segment_flags::NO_META == 0 {
+            sim.write_file(
+                &dir.join(format::META_FILE_NAME),
+                &format::encode_meta(&store_id),
+            );
+        }
+        if let Some((seq, lsn)) = self.trim {
+            let trim = Trim {
+                store_id,
+                seq,
+                first_lsn: Lsn(lsn),
+            };
+            sim.write_file(&dir.join(format::TRIM_FILE_NAME), &trim.encode());
+        }
+        if let Some((seq, lsn)) = self.closed {
+            let closed = Closed {
+                store_id,
+                seq,
+                last_lsn: Lsn(lsn),
+            };
+            sim.write_file(&dir.join(format::CLOSED_FILE_NAME), &closed.encode());
+        }
+        if self.flags & segment_flags::TMP_FILE != 0 {
+            sim.write_file(
+                &dir.join("0000000000000009-0000000000000001.seg.tmp"),
+                b"tmp",
+            );
+        }
+        for (i, segment) in self.segments.iter().enumerate() {
+            let mut bytes = segment.clone();
+            if fix {
+                fix_segment_checksums(&mut bytes);
+            }
+            let position = i as u64 + 1;
+            let name = match name_from_header(&bytes) {
+                Some(name) if self.flags & segment_flags::NAME_BY_POSITION == 0 => name,
+                _ => {
+                    let first =
+                        u64_at(&bytes, SEG_PREV_LAST_LSN_OFFSET).map_or(1, |p| p.wrapping_add(1));
+                    format::segment_file_name(position, Lsn(first))
+                }
+            };
+            sim.write_file(&dir.join(name), &bytes);
+        }
+    }
+}
+
+/// Order-sensitive digest of a record sequence, to compare two readers without keeping the
+/// records (so the harness allocates nothing per record). Also checks LSNs are dense.
+#[derive(Clone)]
+struct Digest {
+    hasher: DefaultHasher,
+    records: u64,
+    last_lsn: Option<u64>,
+}
+
+impl Digest {
+    fn new() -> Digest {
+        Digest {
+            hasher: DefaultHasher::new(),
+            records: 0,
+            last_lsn: None,
+        }
+    }
+
+    fn add(&mut self, view: RecordView<'_>) {
+        if let Some(last) = self.last_lsn {
+            assert_eq!(
+                Some(view.lsn.0),
+                last.checked_add(1),
+                "records are not handed out in dense LSN order"
+            );
+        }
+        self.last_lsn = Some(view.lsn.0);
+        self.records += 1;
+        self.hasher.write_u64(view.lsn.0);
+        self.hasher.write_u8(view.record_type);
+        self.hasher.write_usize(view.body.len());
+        self.hasher.write(view.body);
+    }
+
+    fn value(&self) -> (u64, u64) {
+        (self.records, self.hasher.finish())
+    }
+}
+
+/// What an error names, for comparing the errors of two readers.
+fn error_site(error: &WalError) -> String {
+    match error {
+        WalError::Corrupt { file, offset, .. } => format!("Corrupt {} @{offset}", file.display()),
+        WalError::ForeignSegment { file } => format!("ForeignSegment {}", file.display()),
+        WalError::MissingSegment { file, .. } => format!("MissingSegment {}", file.display()),
+        WalError::UnsupportedVersion { file, version } => {
+            format!("UnsupportedVersion {} v{version}", file.display())
+        }
+        other => format!("other: {other}"),
+    }
+}
+
+/// Checks that an error is one recovery may give for a bad directory image: typed, naming a
+/// file of the directory (corruption with an offset within it).
+fn assert_typed_damage(sim: &SimStorage, error: &WalError) {
+    let file = match error {
+        WalError::Corrupt { file, offset, .. } => {
+            let len = sim.read_file(file).map(|b| b.len() as u64);
+            if let Some(len) = len {
+                assert!(*offset <= len, "{error}: offset past the end ({len} bytes)");
+            }
+            file
+        }
+        WalError::ForeignSegment { file }
+        | WalError::MissingSegment { file, .. }
+        | WalError::UnsupportedVersion { file, .. } => file,
+        other => panic!("recovery of an image failed with an untyped error: {other}"),
+    };
+    assert!(
+        file.starts_with(log_dir()),
+        "{error}: names a file outside the log directory"
+    );
+}
+
+fn options(record_bytes_max: u32) -> WalOptions {
+    WalOptions {
+        durability: Durability::Sync,
+        record_bytes_max,
+        ..WalOptions::default()
+    }
+}
+
+/// Opens the log in [`LOG_DIR`], digesting the replayed records.
+fn open_digest(
+    sim: &SimStorage,
+    record_bytes_max: u32,
+) -> (Result<(Wal, RecoveryReport), WalError>, Digest) {
+    let mut digest = Digest::new();
+    let opened = Wal::open(
+        Arc::new(sim.clone()),
+        log_dir(),
+        options(record_bytes_max),
+        &mut |view| {
+            digest.add(view);
+            Ok(())
+        },
+    );
+    (opened, digest)
+}
+
+/// Fuzz target `wal_segment`: arbitrary bytes as the segment files of one log directory
+/// ([`SegmentImage`]), read by `kairos_wal::scan` and recovered by `Wal::open`.
+///
+/// # Panics
+/// On a finding: the log panicked, or an oracle failed — scan and open disagree (records,
+/// torn tail, or the error and what it names), an error is untyped or names no file of the
+/// directory, or an opened log does not append at the next LSN, close cleanly and reopen with
+/// the same records plus the appended one.
+pub fn wal_segment(data: &[u8]) {
+    let image = SegmentImage::decode(data);
+    let record_bytes_max = image.record_bytes_max();
+    let sim = SimStorage::new(0);
+    image.write_to(&sim);
+
+    let mut scanned = Digest::new();
+    let scan = kairos_wal::scan(&sim, log_dir(), record_bytes_max, &mut |view| {
+        scanned.add(view);
+    });
+    let (opened, replayed) = open_digest(&sim, record_bytes_max);
+    match (scan, opened) {
+        (Ok(report), Ok((wal, recovery))) => {
+            check_open_agrees_with_scan(&sim, &report, &recovery, &scanned, &replayed);
+            append_close_reopen(&sim, wal, &recovery, &replayed, record_bytes_max);
+        }
+        (Err(scan_error), Err(open_error)) => {
+            assert_typed_damage(&sim, &scan_error);
+            assert_eq!(
+                error_site(&scan_error),
+                error_site(&open_error),
+                "scan and open disagree: {scan_error} / {open_error}"
+            );
+        }
+        (Ok(report), Err(open_error)) => {
+            panic!("scan found a readable log ({report:?}) but open failed: {open_error}")
+        }
+        (Err(scan_error), Ok((_, recovery))) => {
+            panic!("scan failed ({scan_error}) but open recovered {recovery:?}")
+        }
+    }
+}
+
+fn check_open_agrees_with_scan(
+    sim: &SimStorage,
+    report: &ScanReport,
+    recovery: &RecoveryReport,
+    scanned: &Digest,
+    replayed: &Digest,
+) {
+    assert_eq!(
+        scanned.value(),
+        replayed.value(),
+        "scan and open read different records"
+    );
+    assert_eq!(
+        report.records, scanned.records,
+        "scan miscounted its records"
+    );
+    assert_eq!(
+        recovery.records, replayed.records,
+        "open miscounted its records"
+    );
+    assert_eq!(report.last_lsn, recovery.last_lsn);
+    assert_eq!(report.torn_tail, recovery.torn_tail);
+    assert_eq!(report.clean_shutdown, recovery.clean_shutdown);
+    if let Some(last) = replayed.last_lsn {
+        assert_eq!(
+            recovery.last_lsn,
+            Lsn(last),
+            "last_lsn is not the last record's"
+        );
+    }
+    if let Some(torn) = &recovery.torn_tail {
+        assert!(torn.file.starts_with(log_dir()));
+        assert_eq!(torn.first_lost_lsn.0, recovery.last_lsn.0 + 1);
+        // Open cut the torn bytes (or replaced an unwritten segment by a fresh header).
+        let len = sim.read_file(&torn.file).map_or(0, |b| b.len() as u64);
+        if torn.offset > 0 {
+            assert_eq!(len, torn.offset, "open did not truncate the torn tail");
+        }
+    }
+}
+
+fn append_close_reopen(
+    sim: &SimStorage,
+    wal: Wal,
+    recovery: &RecoveryReport,
+    replayed: &Digest,
+    record_bytes_max: u32,
+) {
+    // The log never hands out LSN u64::MAX (the LSN after the last one must exist), and
+    // says so with an error: an image whose log ends at u64::MAX - 1 takes no append.
+    let next = recovery
+        .last_lsn
+        .0
+        .checked_add(1)
+        .filter(|next| *next < u64::MAX);
+    let appended = wal
+        .append(&[kairos_wal::Record {
+            record_type: 1,
+            body: b"fuzz",
+        }])
+        .and_then(|ticket| {
+            let lsn = ticket.last_lsn();
+            ticket.wait().map(|()| lsn)
+        });
+    match (next, appended) {
+        (Some(next), Ok(lsn)) => assert_eq!(lsn, Lsn(next), "append after recovery"),
+        // LSNs are exhausted: refusing is right, panicking or wrapping is not.
+        (None, Err(_)) => {
+            drop(wal);
+            return;
+        }
+        (next, appended) => panic!("append after recovery to LSN {next:?} gave {appended:?}"),
+    }
+    if let Err(e) = wal.close() {
+        panic!("close after recovery failed: {e}");
+    }
+    let (reopened, digest) = open_digest(sim, record_bytes_max);
+    let (wal, again) = match reopened {
+        Ok(opened) => opened,
+        Err(e) => panic!("a log that opened, appended and closed does not reopen: {e}"),
+    };
+    assert_eq!(
+        again.records,
+        replayed.records + 1,
+        "reopen lost or invented records"
+    );
+    assert!(
+        again.clean_shutdown,
+        "a cleanly closed log reopens as unclean"
+    );
+    assert_eq!(
+        again.torn_tail, None,
+        "a cleanly closed log reopens with a torn tail"
+    );
+    assert_eq!(again.last_lsn, Lsn(recovery.last_lsn.0 + 1));
+    let mut expected = replayed.clone();
+    expected.add(RecordView {
+        lsn: again.last_lsn,
+        record_type: 1,
+        body: b"fuzz",
+    });
+    assert_eq!(
+        digest.value(),
+        expected.value(),
+        "reopen did not give the recovered records and the appended one"
+    );
+    drop(wal);
+}
+
+// ---------------------------------------------------------------------------------------------
+// record_body
+
+/// Fuzz target `record_body`: the first byte is a record type, the rest its body, through
+/// [`Record::decode`].
+///
+/// # Panics
+/// On a finding: decode panicked, or a body that decodes does not re-encode to exactly the
+/// same bytes (the encoding is canonical: every decodable body has one meaning and one
+/// spelling), or the decoded record reports another type.
+pub fn record_body(data: &[u8]) {
+    let Some((&record_type, body)) = data.split_first() else {
+        return;
+    };
+    let Ok(record) = Record::decode(record_type, body) else {
+        return;
+    };
+    assert_eq!(record.record_type(), record_type, "{record:?}");
+    let mut encoded = Vec::new();
+    record.encode_into(&mut encoded);
+    assert_eq!(encoded, body, "re-encoding {record:?} changed its bytes");
+    assert_eq!(Record::decode(record_type, &encoded), Ok(record));
+}
+
+// ---------------------------------------------------------------------------------------------
+// verify_dir
+
+/// How a [`DirImage`] file is named, from its first byte (`% 8`).
+pub mod file_kinds {
+    /// `META`.
+    pub const META: u8 = 0;
+    /// `TRIM`.
+    pub const TRIM: u8 = 1;
+    /// `CLOSED`.
+    pub const CLOSED: u8 = 2;
+    /// `LOCK`.
+    pub const LOCK: u8 = 3;
+    /// A segment named after the `seq` and `prev_last_lsn + 1` its header claims.
+    pub const SEGMENT: u8 = 4;
+    /// A segment named after its position among the files (`seq = index + 1`).
+    pub const SEGMENT_BY_POSITION: u8 = 5;
+    /// A leftover `*.tmp` file.
+    pub const TMP: u8 = 6;
+    /// An arbitrary name: the next byte is its length (at most 24), then the name's bytes
+    /// (mapped onto `[a-z0-9.-]`).
+    pub const ARBITRARY: u8 = 7;
+}
+
+/// One file of a [`DirImage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirFile {
+    /// Its name in the log directory.
+    pub name: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// The decoded input of [`verify_dir`]: a small log directory of arbitrary files.
+///
+/// Layout: a flags byte (bit 0: make the checksums of `META`, `TRIM`, `CLOSED`, segment
+/// headers and frames valid); a byte choosing `record_bytes_max` as in [`SegmentImage`];
+/// then files separated by [`FILE_SEPARATOR`], each a [`file_kinds`] byte (and, for an
+/// arbitrary name, the name) followed by the contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirImage {
+    /// Bit 0: fix checksums.
+    pub flags: u8,
+    /// Selects `record_bytes_max` (0: default, `n`: `64 × n` bytes).
+    pub record_limit: u8,
+    /// The files, in input order (a later file of the same name replaces an earlier one).
+    pub files: Vec<DirFile>,
+}
+
+impl DirImage {
+    /// Decodes any bytes (never fails).
+    pub fn decode(data: &[u8]) -> DirImage {
+        let flags = data.first().copied().unwrap_or(0);
+        let record_limit = data.get(1).copied().unwrap_or(0);
+        let rest = data.get(2..).unwrap_or(&[]);
+        let mut files = Vec::new();
+        for (index, piece) in split_at_separator(rest, FILE_SEPARATOR, FILES_MAX)
+            .into_iter()
+            .enumerate()
+        {
+            let Some((&kind, mut bytes)) = piece.split_first() else {
+                continue;
+            };
+            let name = match kind % 8 {
+                file_kinds::META => format::META_FILE_NAME.to_owned(),
+                file_kinds::TRIM => format::TRIM_FILE_NAME.to_owned(),
+                file_kinds::CLOSED => format::CLOSED_FILE_NAME.to_owned(),
+                file_kinds::LOCK => format::LOCK_FILE_NAME.to_owned(),
+                file_kinds::SEGMENT => name_from_header(bytes)
+                    .unwrap_or_else(|| format::segment_file_name(index as u64 + 1, Lsn(1))),
+                file_kinds::SEGMENT_BY_POSITION => {
+                    let first =
+                        u64_at(bytes, SEG_PREV_LAST_LSN_OFFSET).map_or(1, |p| p.wrapping_add(1));
+                    format::segment_file_name(index as u64 + 1, Lsn(first))
+                }
+                file_kinds::TMP => format!(
+                    "{}{}",
+                    format::segment_file_name(index as u64 + 1, Lsn(1)),
+                    format::TMP_SUFFIX
+                ),
+                _ => {
+                    let len = usize::from(bytes.first().copied().unwrap_or(0) % 25);
+                    let raw = bytes
+                        .get(1..1 + len)
+                        .unwrap_or(bytes.get(1..).unwrap_or(&[]));
+                    bytes = &bytes[(1 + raw.len()).min(bytes.len())..];
+                    arbitrary_name(raw)
+                }
+            };
+            files.push(DirFile {
+                name,
+                bytes: bytes.to_vec(),
+            });
+        }
+        DirImage {
+            flags,
+            record_limit,
+            files,
+        }
+    }
+
+    /// The input that decodes to this image, for files named by kind (for seed corpora):
+    /// each file is given with the [`file_kinds`] byte that names it.
+    pub fn encode(flags: u8, record_limit: u8, files: &[(u8, &[u8])]) -> Vec<u8> {
+        let mut out = vec![flags, record_limit];
+        for (i, (kind, bytes)) in files.iter().enumerate() {
+            if i > 0 {
+                out.extend_from_slice(FILE_SEPARATOR);
+            }
+            out.push(*kind);
+            out.extend_from_slice(bytes);
+        }
+        out
+    }
+
+    /// The `record_bytes_max` the directory is checked with.
+    pub fn record_bytes_max(&self) -> u32 {
+        match self.record_limit {
+            0 => kairos_wal::RECORD_BYTES_MAX_DEFAULT,
+            n => u32::from(n) * 64,
+        }
+    }
+
+    /// Writes the image into `sim` under [`LOG_DIR`] (fixing checksums if the flag says so).
+    pub fn write_to(&self, sim: &SimStorage) {
+        for file in &self.files {
+            let mut bytes = file.bytes.clone();
+            if self.flags & 1 != 0 {
+                if file.name.ends_with(format::SEGMENT_SUFFIX) {
+                    fix_segment_checksums(&mut bytes);
+                } else {
+                    fix_small_file_checksum(&mut bytes);
+                }
+            }
+            sim.write_file(&log_dir().join(&file.name), &bytes);
+        }
+    }
+}
+
+/// A file name from arbitrary bytes: letters, digits, `.` and `-` only, never `.` or `..`.
+fn arbitrary_name(raw: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"0123456789abcdef-.segtmpMETATRIMCLOSEDLOCKxyz";
+    let name: String = raw
+        .iter()
+        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
+        .collect();
+    if name.is_empty() || name.chars().all(|c| c == '.') {
+        format!("x{name}")
+    } else {
+        name
+    }
+}
+
+/// What `kairos verify` concluded about a directory, as the tests and fuzz targets see it:
+/// the fields of its `--json` report that matter for a verdict.
+#[cfg(feature = "cli")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyOutcome {
+    /// Whether every record checks (exit status 0).
+    pub ok: bool,
+    /// The file the failure names, if any.
+    pub failure_file: Option<PathBuf>,
+    /// The byte offset the failure names, if any.
+    pub failure_offset: Option<u64>,
+    /// The failure's message, if any.
+    pub failure_message: Option<String>,
+    /// Records read (up to the damage, if any).
+    pub records: u64,
+    /// Records whose body does not decode or does not replay.
+    pub bad_records: u64,
+    /// The torn tail: file, offset and first lost LSN.
+    pub torn_tail: Option<(PathBuf, u64, u64)>,
+    /// The whole report as `kairos verify --json` prints it.
+    pub json: String,
+}
+
+/// Runs the checking code of `kairos verify` on the log directory `log_dir` of `storage` —
+/// the binary's own code (`src/cli/verify.rs`), which the binary runs on the real file
+/// system — and reads its report.
+///
+/// # Panics
+/// If the report does not serialize or lacks a field a report always has (a finding).
+#[cfg(feature = "cli")]
+pub fn verify_log(
+    storage: &dyn kairos_wal::Storage,
+    log_dir: &Path,
+    record_bytes_max: u32,
+) -> VerifyOutcome {
+    use serde_json::Value;
+    let report = cli::verify::check(storage, log_dir.to_path_buf(), record_bytes_max);
+    let (json, value) = match (
+        serde_json::to_string_pretty(&report),
+        serde_json::to_value(&report),
+    ) {
+        (Ok(json), Ok(value)) => (json, value),
+        (Err(e), _) | (_, Err(e)) => panic!("the verify report does not serialize: {e}"),
+    };
+    let number = |v: &Value, field: &str| match v[field].as_u64() {
+        Some(n) => n,
+        None => panic!("verify report without {field}: {json}"),
+    };
+    let path = |v: &Value| v.as_str().map(PathBuf::from);
+    let error = &value["error"];
+    let torn = &value["torn_tail"];
+    VerifyOutcome {
+        ok: match value["ok"].as_bool() {
+            Some(ok) => ok,
+            None => panic!("verify report without ok: {json}"),
+        },
+        failure_file: path(&error["file"]),
+        failure_offset: error["offset"].as_u64(),
+        failure_message: error["message"].as_str().map(str::to_owned),
+        records: number(&value, "records"),
+        bad_records: number(&value, "bad_records"),
+        torn_tail: (!torn.is_null()).then(|| {
+            (
+                path(&torn["file"]).unwrap_or_default(),
+                number(torn, "offset"),
+                number(torn, "first_lost_lsn"),
+            )
+        }),
+        json,
+    }
+}
+
+/// Fuzz target `verify_dir`: arbitrary bytes as a small log directory ([`DirImage`]),
+/// checked by the code `kairos verify` runs.
+///
+/// # Panics
+/// On a finding: the check panicked, or its report contradicts itself or the scan — `ok`
+/// with a failure or bad records, `ok` for a log the scan refuses, a corrupt log reported
+/// without its file and offset, a failure or torn tail naming a file outside the directory —
+/// or the engine does not open (or shut down) a directory the check passed, as `verify`
+/// promises it does.
+#[cfg(feature = "cli")]
+pub fn verify_dir(data: &[u8]) {
+    let image = DirImage::decode(data);
+    let record_bytes_max = image.record_bytes_max();
+    let sim = SimStorage::new(0);
+    image.write_to(&sim);
+    let outcome = verify_log(&sim, log_dir(), record_bytes_max);
+    let scan = kairos_wal::scan(&sim, log_dir(), record_bytes_max, &mut |_| {});
+    if outcome.ok {
+        assert_eq!(outcome.failure_message, None, "{outcome:?}");
+        assert_eq!(outcome.bad_records, 0, "{outcome:?}");
+    }
+    match &scan {
+        Err(WalError::Corrupt { file, offset, .. }) => {
+            assert!(!outcome.ok, "verify passed a corrupt log: {outcome:?}");
+            assert_eq!(outcome.failure_file.as_ref(), Some(file), "{outcome:?}");
+            assert_eq!(outcome.failure_offset, Some(*offset), "{outcome:?}");
+        }
+        Err(e) => {
+            assert!(
+                !outcome.ok,
+                "verify passed a log the scan refuses ({e}): {outcome:?}"
+            );
+            assert!(outcome.failure_file.is_some(), "{e}: {outcome:?}");
+        }
+        Ok(report) => {
+            assert_eq!(outcome.records, report.records, "{outcome:?}");
+            let torn = report
+                .torn_tail
+                .as_ref()
+                .map(|t| (t.file.clone(), t.offset, t.first_lost_lsn.0));
+            assert_eq!(outcome.torn_tail, torn, "{outcome:?}");
+        }
+    }
+    if let Some(file) = &outcome.failure_file {
+        assert!(file.starts_with(log_dir()), "{outcome:?}");
+    }
+    if outcome.ok && record_bytes_max == kairos_wal::RECORD_BYTES_MAX_DEFAULT {
+        engine_opens(&sim);
+    }
+}
+
+/// "A directory that verifies also opens" (`src/cli/verify.rs`): the engine opens the
+/// directory `verify` passed, and shuts down cleanly.
+#[cfg(feature = "cli")]
+fn engine_opens(sim: &SimStorage) {
+    let data_dir = log_dir().parent().unwrap_or(log_dir());
+    let clock = crate::ManualClock::new(kairos_wal::storage::SIM_NOW_MS);
+    let engine = match crate::Engine::open_with(
+        data_dir,
+        crate::Config::default(),
+        Arc::new(sim.clone()),
+        Arc::new(clock),
+    ) {
+        Ok(engine) => engine,
+        Err(e) => panic!("verify passed a directory the engine does not open: {e}"),
+    };
+    if let Err(e) = engine.shutdown() {
+        panic!("the engine opened a verified directory but does not shut down: {e}");
+    }
+}

@@ -1,0 +1,21 @@
+//! A stand-in for the binary's `cli` module, so that the library can compile the binary's
+//! `verify` command from its own file (`src/cli/verify.rs`): that file names the engine's
+//! types and the command's verdict through `super::`, and finds them here as it finds them in
+//! the binary. Only `verify::check` is used; the rest (argument parsing, printing) is the
+//! binary's business.
+#![allow(dead_code, unreachable_pub)]
+
+pub(crate) use crate::record::Record;
+pub(crate) use crate::replay::Replay;
+
+/// The binary's `cli::Verdict`, which `verify::run` returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Everything checked out (exit 0).
+    Pass,
+    /// A check failed (exit 1).
+    Fail,
+}
+
+#[path = "../cli/verify.rs"]
+pub(crate) mod verify;
