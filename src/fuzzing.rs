@@ -18,6 +18,7 @@
 //! | [`wal_segment`] | [`SegmentImage`]: segment files (and `META`, `TRIM`, `CLOSED`) of one log directory | `kairos_wal::scan` and `Wal::open` agree (records, torn tail, error with file and offset); an open log appends at the next LSN, closes and reopens with the same records |
 //! | [`record_body`] | a record type byte and a body | `Record::decode` never panics; what decodes re-encodes to the same bytes |
 //! | [`verify_dir`] | [`DirImage`]: arbitrary files with plausible or arbitrary names in a log directory | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail); a directory it passes, the engine opens and shuts down |
+//! | [`engine_model`](fn@engine_model) | [`EngineModelInput`]: a setup and a sequence of schedule, schedule_many, reschedule, cancel, cancel_many, advance, wall step, ack, ack_many, nack, extend_lease, requeue, purge, clean reopen, process crash and power cut operations | the engine on `SimStorage` with a `ManualClock` (`Sync`, tiny segments) answers, delivers (order, key, payload, due time, attempt, hand-out time), recovers, counts and dead-letters exactly as a reference model says |
 //!
 //! Not a stable API: hidden from the docs, changed whenever the targets change.
 
@@ -42,6 +43,9 @@ use crate::record::Record;
 /// runs (see `fuzzing/cli.rs`).
 #[cfg(feature = "cli")]
 mod cli;
+
+pub mod engine_model;
+pub use engine_model::{engine_model, EngineModelInput};
 
 /// The simulated log directory every target writes its image into.
 pub const LOG_DIR: &str = "/fuzz/wal";

@@ -7,7 +7,10 @@
 //!
 //! The seed corpus is written by the real writer: `write_seed_corpus` (ignored; run it with
 //! `cargo test --test fuzz_corpus -- --ignored write_seed_corpus`) rebuilds the `seed-*`
-//! files from the images of the corruption matrix.
+//! files from the images of the corruption matrix. The `engine_model` seeds are hand-made
+//! operation scripts (`engine_model_seeds`), written by `write_engine_model_seed_corpus`;
+//! `engine_model_seeds_exercise_every_outcome` checks that the committed ones reach every
+//! outcome the body counts.
 
 #[path = "../wal/tests/matrix_images/mod.rs"]
 mod matrix_images;
@@ -74,6 +77,11 @@ fn record_body_corpus() {
 #[test]
 fn verify_dir_corpus() {
     replay("verify_dir", fuzzing::verify_dir);
+}
+
+#[test]
+fn engine_model_corpus() {
+    replay("engine_model", fuzzing::engine_model);
 }
 
 #[test]
@@ -220,6 +228,326 @@ fn regression_verify_dir_schedule_with_the_last_task_id() {
     assert!(kairos::record::Record::decode(1, &body).is_err());
     body[..8].copy_from_slice(&(u64::MAX - 1).to_le_bytes());
     assert!(kairos::record::Record::decode(1, &body).is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// engine_model: hand-made seeds, and what they must exercise.
+
+/// The `engine_model` seeds (`fuzz/corpus/engine_model/seed-*`, written by
+/// `write_engine_model_seed_corpus`): short scripts that between them reach every outcome in
+/// `kairos::fuzzing::engine_model::OUTCOMES`.
+mod engine_model_seeds {
+    use kairos::fuzzing::engine_model::{
+        Advance, EngineModelInput, Op, Setup, Spoil, When, LEASES_MS, PENDING_MAX,
+    };
+
+    const DELAY_MAX_MS: u64 = 10 * 365 * 24 * 3_600_000;
+
+    fn setup(max_attempts: u32, lease: usize, pending: usize, seed: u8) -> Setup {
+        Setup {
+            max_attempts,
+            lease_ms: LEASES_MS[lease],
+            pending_max: PENDING_MAX[pending],
+            seed,
+        }
+    }
+
+    fn schedule(key: u8, when: When, payload_len: u8) -> Op {
+        Op::Schedule {
+            key,
+            when,
+            payload_len,
+        }
+    }
+
+    fn after(ms: u64) -> When {
+        When::After(ms)
+    }
+
+    fn ack(pick: u8, fresh: bool) -> Op {
+        Op::Ack { pick, fresh }
+    }
+
+    fn nack(pick: u8, retry_after_ms: Option<u64>, fresh: bool) -> Op {
+        Op::Nack {
+            pick,
+            retry_after_ms,
+            fresh,
+        }
+    }
+
+    fn by(ms: u64) -> Op {
+        Op::Advance(Advance::By(ms))
+    }
+
+    fn to_next(offset_ms: i8) -> Op {
+        Op::Advance(Advance::ToNext(offset_ms))
+    }
+
+    pub fn all() -> Vec<(&'static str, EngineModelInput)> {
+        use Op::*;
+        vec![
+            (
+                // Schedule and batch answers, cancel outcomes, acks and their refusals.
+                "basics",
+                EngineModelInput {
+                    setup: setup(3, 1, 0, 1),
+                    ops: vec![
+                        schedule(0, after(10), 3),
+                        schedule(1, after(10), 0),
+                        schedule(0, after(5), 1),
+                        schedule(2, When::Ago(0), 2),
+                        schedule(3, after(DELAY_MAX_MS + 1), 0),
+                        schedule(3, after(DELAY_MAX_MS), 4),
+                        ScheduleMany {
+                            keys: vec![4, 5],
+                            when: after(7),
+                        },
+                        ScheduleMany {
+                            keys: vec![4, 6],
+                            when: after(7),
+                        },
+                        ScheduleMany {
+                            keys: vec![6, 7, 6],
+                            when: after(7),
+                        },
+                        Cancel { key: 5 },
+                        Cancel { key: 5 },
+                        Cancel { key: 2 },
+                        ack(0, true),
+                        ack(0, false),
+                        by(10),
+                        ack(0, true),
+                        nack(0, None, true),
+                        ack(2, false),
+                        Cancel { key: 0 },
+                        to_next(0),
+                        Cancel { key: 4 },
+                        CancelMany {
+                            keys: vec![0, 1, 1, 6],
+                        },
+                        schedule(5, When::Ago(0), 1),
+                        schedule(6, When::Ago(194), 2),
+                        schedule(7, When::Ago(0), 3),
+                        AckMany {
+                            picks: vec![0, 1],
+                            spoil: Spoil::Duplicate,
+                        },
+                        AckMany {
+                            picks: vec![0],
+                            spoil: Spoil::Stale,
+                        },
+                        AckMany {
+                            picks: vec![0, 1, 2, 3],
+                            spoil: Spoil::No,
+                        },
+                    ],
+                },
+            ),
+            (
+                // Nacks, lease expiries, retries, dead letters, requeue and purge, extend_lease.
+                "retries",
+                EngineModelInput {
+                    setup: setup(2, 0, 0, 2),
+                    ops: vec![
+                        schedule(0, When::Ago(97), 5),
+                        schedule(1, When::Ago(0), 6),
+                        schedule(2, after(3), 7),
+                        nack(0, Some(0), true),
+                        nack(0, Some(30), true),
+                        nack(0, Some(DELAY_MAX_MS + 1), true),
+                        nack(0, None, false),
+                        Op::ExtendLease {
+                            pick: 0,
+                            lease_ms: 0,
+                            fresh: true,
+                        },
+                        Op::ExtendLease {
+                            pick: 0,
+                            lease_ms: 5_000,
+                            fresh: true,
+                        },
+                        by(3),
+                        to_next(-1),
+                        to_next(0),
+                        to_next(1),
+                        by(40),
+                        by(60),
+                        Cancel { key: 2 },
+                        nack(0, None, true),
+                        by(10_000),
+                        nack(0, Some(1), true),
+                        nack(0, Some(1), true),
+                        RequeueDead {
+                            pick: 0,
+                            when: after(1_000),
+                        },
+                        RequeueDead {
+                            pick: 7,
+                            when: after(1),
+                        },
+                        PurgeDead { pick: 0 },
+                        PurgeDead { pick: 7 },
+                        Reschedule {
+                            key: 0,
+                            when: When::Ago(0),
+                            new_payload: true,
+                        },
+                        Reschedule {
+                            key: 0,
+                            when: after(5),
+                            new_payload: false,
+                        },
+                        Reschedule {
+                            key: 5,
+                            when: after(20),
+                            new_payload: true,
+                        },
+                    ],
+                },
+            ),
+            (
+                // Restarts with tasks held, overdue and used up; wall steps; power cut.
+                "restarts",
+                EngineModelInput {
+                    setup: setup(2, 1, 0, 3),
+                    ops: vec![
+                        schedule(0, When::Ago(0), 1),
+                        schedule(1, after(2), 2),
+                        schedule(2, after(1_000), 3),
+                        schedule(3, after(86_400_000), 4),
+                        by(2),
+                        Reopen,
+                        nack(0, Some(0), true),
+                        ProcessCrash,
+                        schedule(4, after(50), 5),
+                        StepWall { ms: 3_600_000 },
+                        schedule(5, after(10), 6),
+                        PowerCut,
+                        StepWall { ms: -1_000 },
+                        by(1_000),
+                        Cancel { key: 4 },
+                        ack(0, true),
+                        ack(0, false),
+                        PowerCut,
+                        Reopen,
+                    ],
+                },
+            ),
+            (
+                // pending_tasks_max = 3, with a task cancelled while held still counted.
+                "pending-limit",
+                EngineModelInput {
+                    setup: setup(1, 2, 1, 4),
+                    ops: vec![
+                        schedule(0, When::Ago(0), 1),
+                        Cancel { key: 0 },
+                        schedule(0, after(5), 1),
+                        schedule(1, after(5), 1),
+                        schedule(2, after(5), 1),
+                        ScheduleMany {
+                            keys: vec![3, 4],
+                            when: after(1),
+                        },
+                        Reschedule {
+                            key: 3,
+                            when: after(1),
+                            new_payload: false,
+                        },
+                        nack(0, None, true),
+                        schedule(2, after(5), 1),
+                        by(3_600_000),
+                        nack(1, None, true),
+                        RequeueDead {
+                            pick: 0,
+                            when: after(1),
+                        },
+                    ],
+                },
+            ),
+            (
+                // Far due times across the wheel's levels and big clock moves.
+                "far",
+                EngineModelInput {
+                    setup: setup(3, 2, 2, 5),
+                    ops: vec![
+                        schedule(0, after(40_000_000_000), 0),
+                        schedule(1, after(2_592_000_000), 48),
+                        schedule(2, after(7_200_001), 0),
+                        schedule(3, after(64_000), 0),
+                        by(100_000),
+                        ack(0, true),
+                        by(43_200_000),
+                        Reopen,
+                        by(259_200_000),
+                        by(40_000_000_000),
+                        to_next(0),
+                    ],
+                },
+            ),
+        ]
+    }
+}
+
+/// The committed `engine_model` seeds between them reach every outcome the body counts.
+#[test]
+fn engine_model_seeds_exercise_every_outcome() {
+    use kairos::fuzzing::engine_model::{engine_model_run, Coverage, OUTCOMES};
+    let dir = fuzz_dir().join("corpus").join("engine_model");
+    let mut total = Coverage::default();
+    let mut seeds = 0;
+    for file in inputs("engine_model") {
+        if file.parent() != Some(dir.as_path())
+            || !file
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("seed-"))
+        {
+            continue;
+        }
+        let data = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let coverage = engine_model_run(&data);
+        eprintln!("{}: {:?}", file.display(), coverage.counts);
+        total.merge(&coverage);
+        seeds += 1;
+    }
+    let missing: Vec<&str> = OUTCOMES
+        .iter()
+        .copied()
+        .filter(|o| total.get(o) == 0)
+        .collect();
+    assert!(seeds >= 3, "{seeds} engine_model seeds");
+    assert!(
+        missing.is_empty(),
+        "the engine_model seeds never reach {missing:?}"
+    );
+}
+
+/// Every operation alone (with all-zero and all-one arguments), under each lease and limit.
+#[test]
+fn engine_model_single_operations() {
+    for setup in [0u8, 13, 26] {
+        for opcode in 0..32u8 {
+            for fill in [0u8, 0xFF] {
+                let data = [setup, opcode, opcode, fill, fill, fill, fill, fill, fill];
+                run_bounded("engine_model", &data, fuzzing::engine_model);
+            }
+        }
+    }
+}
+
+/// Rebuilds the `engine_model` seed corpus (`fuzz/corpus/engine_model/seed-*`).
+#[test]
+#[ignore = "writes fuzz/corpus/engine_model; run by hand after changing the seeds"]
+fn write_engine_model_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+    use kairos::fuzzing::EngineModelInput;
+    let dir = fuzz_dir().join("corpus").join("engine_model");
+    std::fs::create_dir_all(&dir)?;
+    for (name, input) in engine_model_seeds::all() {
+        let bytes = input.encode();
+        assert_eq!(EngineModelInput::decode(&bytes), input, "{name}");
+        std::fs::write(dir.join(format!("seed-{name}")), bytes)?;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
