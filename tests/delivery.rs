@@ -1500,3 +1500,58 @@ fn clean_shutdown_during_a_delivery_pass_releases_its_tasks() -> TestResult {
     assert!(h.engine().dead_letters().is_empty());
     Ok(())
 }
+
+/// Found by the deterministic simulation (seed 23): rescheduling a task that was handed out but
+/// not yet received left its ready-queue entry behind; when the task was handed out again, a
+/// consumer received it through the stale entry — with the first hand-out's time (before the
+/// new due time) and ahead of tasks handed out meanwhile. The reschedule now drops the entry.
+#[test]
+fn reschedule_of_a_ready_task_drops_its_queue_entry() -> TestResult {
+    let h = SimHarness::new(906, cfg(60_000, 3, 0))?;
+    let e = h.engine();
+    e.schedule_after(b"k", ms(10), b"")?;
+    h.clock.advance(ms(10));
+    e.run_until_idle(); // handed out, not received
+    assert_eq!(e.stats().ready, 1);
+    e.reschedule(b"k", Due::After(ms(1_000)), None)?;
+    e.schedule_after(b"j", ms(500), b"")?;
+    h.clock.advance(ms(500));
+    let first = one(drain(e)?)?;
+    assert_eq!(first.key(), b"j");
+    h.clock.advance(ms(500));
+    let d = one(drain(e)?)?;
+    assert_eq!(d.key(), b"k");
+    assert_eq!(d.due_ms(), START_MS + 1_010);
+    assert_eq!(
+        d.fired_ms(),
+        START_MS + 1_010,
+        "fired at the new due time, not the old one"
+    );
+    assert_eq!(d.attempt(), 1);
+    Ok(())
+}
+
+/// Found by the deterministic simulation: `run_until_idle` compared ticks, so a clock move
+/// within one tick that earned catch-up tokens returned before the driver handed those tasks
+/// out. It now waits for the driver to catch up with the clock reading itself.
+#[test]
+fn run_until_idle_waits_for_catch_up_tokens_earned_within_a_tick() -> TestResult {
+    let mut c = cfg(60_000, 3, 0);
+    c.tick = ms(10);
+    c.catch_up_tasks_per_sec = Some(1_000);
+    let mut h = SimHarness::new(907, c)?;
+    for i in 0..50 {
+        h.engine().schedule_after(&key("k", i), ms(10), b"")?;
+    }
+    h.stop(Stop::Clean)?;
+    h.clock.advance(ms(60_000));
+    h.start()?;
+    let first = drain(h.engine())?.len();
+    assert_eq!(first, 1, "one token at open");
+    for step in 1..=4u64 {
+        h.clock.advance(ms(1)); // within the same 10 ms tick
+        let got = drain(h.engine())?.len();
+        assert_eq!(got, 1, "step {step}: one more token per ms at 1000/s");
+    }
+    Ok(())
+}

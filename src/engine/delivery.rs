@@ -577,7 +577,7 @@ pub(super) fn driver_loop(shared: &Shared) {
             }
         }
         if due.is_empty() {
-            core.processed_tick = now_tick;
+            core.processed_ns = now.engine_ns;
             shared.idle_cv.notify_all();
             let wheel_ns = core
                 .wheel

@@ -205,8 +205,10 @@ struct Core {
     wal: Option<Wal>,
     sleep: DriverSleep,
     stop: bool,
-    /// Every task due at or before this tick has been handed out.
-    processed_tick: Tick,
+    /// Engine time (ns) of the driver's last look at the clock before it
+    /// went idle: `run_until_idle` waits until it has caught up with a clock
+    /// reading, even within one tick (catch-up tokens are earned in ns).
+    processed_ns: u128,
 }
 
 /// One ready-queue entry; stale (skipped) unless the slot still holds task
@@ -442,7 +444,7 @@ impl Engine {
             wal,
             sleep: DriverSleep::Busy,
             stop: false,
-            processed_tick: Tick(0),
+            processed_ns: 0,
         };
         let shared = Arc::new(Shared {
             config,
@@ -1067,6 +1069,10 @@ impl Shared {
                 task.state = TaskState::Scheduled;
                 task.deliveries = task.deliveries.saturating_sub(1);
                 c.ready_count -= 1;
+                // Its queue entry would pass for the next hand-out of the same task (same
+                // id, state `Ready` again) with a stale hand-out time and place in line.
+                // O(ready queue); rescheduling a task due but not received is rare.
+                c.ready.retain(|e| !(e.slot == slot && e.id == id));
             }
             if let Some(timer) = task.timer.take() {
                 c.wheel.remove(timer);
@@ -1586,13 +1592,13 @@ impl Shared {
     }
 
     fn run_until_idle(&self) {
-        let target = self.now_tick();
+        let target_ns = self.now_ns();
         let mut core = self.core.lock();
         loop {
             if core.stop {
                 return;
             }
-            if core.processed_tick >= target
+            if core.processed_ns >= target_ns
                 && core.overdue.is_empty()
                 && core.sleep != DriverSleep::Busy
             {

@@ -419,7 +419,8 @@ impl Wal {
     /// `replay` once per surviving record in LSN order; remove segments below the `TRIM` mark
     /// (left over by an interrupted [`Wal::remove_segments_before`]); truncate an unsynced torn
     /// tail of the newest segment (see [`TornTail`](crate::TornTail)) and fdatasync it; roll to
-    /// a new segment if the newest one is sealed; start the writer thread.
+    /// a new segment if the newest one is sealed; fsync the directory (so every adopted segment
+    /// is durably named); start the writer thread.
     ///
     /// On error, `replay` may already have seen a prefix of the records; discard what it built.
     ///
@@ -481,6 +482,14 @@ impl Wal {
                 .map_err(|e| io_error("fsync dir", dir, e))?;
         }
         let (active, created) = prepare_active(storage.as_ref(), dir, &store_id, &analysis)?;
+        // Every segment file recovery adopted must have a durable directory entry before a
+        // record is acknowledged in it: a roll whose directory fsync failed (the log was then
+        // poisoned) left its new segment's rename in the page cache only, and after a process
+        // crash recovery finds and adopts it; a power cut would undo the rename and take
+        // acknowledged records with it.
+        storage
+            .sync_dir(dir)
+            .map_err(|e| io_error("fsync dir", dir, e))?;
         let last = analysis.last_lsn.0;
         let sealed: Vec<SealedSegment> = analysis
             .segments

@@ -107,6 +107,11 @@ fn zeroing_any_sector_of_a_sealed_segment_is_corrupt() -> TestResult {
         let mut bytes = original.clone();
         let end = (start + 512).min(bytes.len());
         bytes[start..end].fill(0);
+        if bytes == original {
+            // Already zeros (a reserved field at the end of the SEAL frame, depending on
+            // where the writer's MARK frames put it): nothing was damaged.
+            continue;
+        }
         sim.write_file(&first, &bytes);
         let result = open(&sim, WalOptions::default());
         assert!(

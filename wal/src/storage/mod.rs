@@ -7,7 +7,10 @@
 //! - [`SimStorage`] — an in-memory file system, deterministic from a seed, that keeps synced and
 //!   unsynced bytes (and synced and unsynced directory entries) apart so tests can cut the power,
 //!   crash the process and inject I/O faults. It follows SQLite's crash VFS (`src/test6.c`),
-//!   redb's crash-consistency backend and TigerBeetle's simulated storage.
+//!   redb's crash-consistency backend and TigerBeetle's simulated storage. A power cut tears
+//!   unsynced writes at 512-byte sectors into new, zero, garbage or stale bytes; with
+//!   [`SimStorage::set_stale_history`] a stale sector may even show bytes that a synced
+//!   truncation cut off (a file system that reuses blocks without zeroing them).
 //!
 //! The split mirrors raft-engine's `FileSystem` trait and redb's `StorageBackend`: the log knows
 //! bytes and barriers, the storage knows files.

@@ -13,6 +13,9 @@
 //! - [`SimStorage::power_cut`] keeps the durable state plus a seeded random subset of the
 //!   unsynced writes, each possibly torn at 512-byte sectors into new / zero / garbage / stale
 //!   bytes, and a seeded random prefix of the unsynced directory operations.
+//! - Every file also remembers what the medium still holds past its durable end (bytes a
+//!   synced truncation cut off): with [`SimStorage::set_stale_history`] on, a power cut may
+//!   show those old bytes again where unsynced writes did not land.
 //! - Handles and locks carry the epoch they were made in; a power cut or process crash starts
 //!   a new epoch and every older handle fails with EIO.
 
@@ -45,7 +48,8 @@ const ENOSPC: i32 = 28;
 /// all unsynced state), [`crash_process`](Self::crash_process) (keep everything written), and
 /// [`inject`](Self::inject) (fail the n-th matching operation with EIO, ENOSPC or a short
 /// write). It counts operations ([`io_ops`](Self::io_ops)) and file syncs
-/// ([`sync_count`](Self::sync_count)).
+/// ([`sync_count`](Self::sync_count)). [`set_stale_history`](Self::set_stale_history) makes
+/// power cuts harsher: stale sectors may show bytes from before a truncation.
 ///
 /// Simplifications: directories are durable at once; locks are in memory only (no lock file
 /// appears); a failed `sync_data` makes nothing durable but keeps the writes pending (a real
@@ -102,6 +106,10 @@ struct Inode {
     current: Vec<u8>,
     durable: Vec<u8>,
     pending: Vec<PendingOp>,
+    /// What the medium still holds at each offset past the durable end: bytes a durable
+    /// truncation cut off (zeros where nothing was, and in every sector a synced write
+    /// rewrote). Read only by power cuts with [`SimStorage::set_stale_history`] on.
+    ghost: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -178,6 +186,8 @@ struct SimState {
     io_ops: u64,
     sync_count: u64,
     sync_latency: std::time::Duration,
+    /// [`SimStorage::set_stale_history`].
+    stale_history: bool,
 }
 
 fn os_error(code: i32) -> io::Error {
@@ -263,20 +273,27 @@ impl SimState {
     }
 
     /// The disk image a power cut leaves of one inode: durable bytes plus a random subset of
-    /// pending operations, writes possibly torn per sector.
-    fn cut_image(rng: &mut Rng, inode: &Inode) -> Vec<u8> {
+    /// pending operations, writes possibly torn per sector. A truncation that survives leaves
+    /// the bytes it cut off in the inode's ghost. With `stale_history`, a region the image
+    /// grows over without new bytes landing there shows the ghost instead of zeros.
+    fn cut_image(rng: &mut Rng, inode: &mut Inode, stale_history: bool) -> Vec<u8> {
         let mut image = inode.durable.clone();
+        let mut stale = stale_history.then(|| inode.ghost.clone());
         for op in &inode.pending {
             match op {
                 PendingOp::SetLen(len) => {
                     if rng.below(2) == 0 {
+                        shrink_into_ghost(&mut inode.ghost, &image, usize_of(*len));
+                        if let Some(stale) = &mut stale {
+                            shrink_into_ghost(stale, &image, usize_of(*len));
+                        }
                         image.resize(usize_of(*len), 0);
                     }
                 }
                 PendingOp::Write { offset, data } => match rng.below(100) {
-                    0..=34 => write_into(&mut image, *offset, data),
+                    0..=34 => write_over(&mut image, *offset, data, stale.as_deref()),
                     35..=59 => {}
-                    _ => tear_into(rng, &mut image, *offset, data),
+                    _ => tear_into(rng, &mut image, *offset, data, stale.as_deref()),
                 },
             }
         }
@@ -290,17 +307,56 @@ fn usize_of(value: u64) -> usize {
 
 /// Writes `data` at `offset`, zero-extending the image as a file system would.
 fn write_into(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    write_over(image, offset, data, None);
+}
+
+/// [`write_into`], except that a gap the write opens past the image's end shows `ghost` (what
+/// the medium held there) rather than zeros, when given.
+fn write_over(image: &mut Vec<u8>, offset: u64, data: &[u8], ghost: Option<&[u8]>) {
     let start = usize_of(offset);
     let end = start.saturating_add(data.len());
     if image.len() < end {
+        let old_len = image.len();
         image.resize(end, 0);
+        if let Some(ghost) = ghost {
+            let gap_end = start.min(ghost.len());
+            if old_len < gap_end {
+                image[old_len..gap_end].copy_from_slice(&ghost[old_len..gap_end]);
+            }
+        }
     }
     image[start..end].copy_from_slice(data);
 }
 
+/// A durable truncation of `image` to `len`: the bytes cut off stay on the medium (`ghost`),
+/// except the rest of the sector holding the new end, which the file system zeroes.
+fn shrink_into_ghost(ghost: &mut Vec<u8>, image: &[u8], len: usize) {
+    if len < image.len() {
+        if ghost.len() < image.len() {
+            ghost.resize(image.len(), 0);
+        }
+        ghost[len..image.len()].copy_from_slice(&image[len..]);
+        let sector_end = usize_of((len as u64).div_ceil(SIM_SECTOR_BYTES) * SIM_SECTOR_BYTES);
+        ghost[len..sector_end.min(image.len())].fill(0);
+    }
+}
+
+/// A synced write of `[offset, offset + bytes)`: the sectors it touched now hold file bytes
+/// (and zeros past the end), not whatever they held before.
+fn rewrite_ghost(ghost: &mut [u8], offset: u64, bytes: usize) {
+    let start = usize_of(offset / SIM_SECTOR_BYTES * SIM_SECTOR_BYTES);
+    let end = usize_of((offset + bytes as u64).div_ceil(SIM_SECTOR_BYTES) * SIM_SECTOR_BYTES);
+    let end = end.min(ghost.len());
+    if start < end {
+        ghost[start..end].fill(0);
+    }
+}
+
 /// Applies a write sector by sector: each 512-byte piece independently becomes the new bytes,
-/// stays stale (the image's old bytes), becomes zeros, or becomes garbage.
-fn tear_into(rng: &mut Rng, image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+/// stays stale (the image's old bytes), becomes zeros, or becomes garbage. A stale piece past
+/// the image's end leaves nothing there, so if a later piece lands the gap shows zeros — or,
+/// with `ghost`, the bytes the medium held before.
+fn tear_into(rng: &mut Rng, image: &mut Vec<u8>, offset: u64, data: &[u8], ghost: Option<&[u8]>) {
     let mut position = offset;
     let end = offset + data.len() as u64;
     while position < end {
@@ -308,12 +364,12 @@ fn tear_into(rng: &mut Rng, image: &mut Vec<u8>, offset: u64, data: &[u8]) {
         let piece_end = sector_end.min(end);
         let piece = &data[usize_of(position - offset)..usize_of(piece_end - offset)];
         match rng.below(4) {
-            0 => write_into(image, position, piece),
+            0 => write_over(image, position, piece, ghost),
             1 => {}
-            2 => write_into(image, position, &vec![0u8; piece.len()]),
+            2 => write_over(image, position, &vec![0u8; piece.len()], ghost),
             _ => {
                 let garbage: Vec<u8> = (0..piece.len()).map(|_| rng.next_u64() as u8).collect();
-                write_into(image, position, &garbage);
+                write_over(image, position, &garbage, ghost);
             }
         }
         position = piece_end;
@@ -339,6 +395,7 @@ impl SimStorage {
             io_ops: 0,
             sync_count: 0,
             sync_latency: std::time::Duration::ZERO,
+            stale_history: false,
         };
         SimStorage {
             inner: Arc::new(Mutex::new(state)),
@@ -363,9 +420,10 @@ impl SimStorage {
         state.collect_garbage();
         let mut inos: Vec<InodeId> = state.inodes.keys().copied().collect();
         inos.sort_unstable();
+        let stale_history = state.stale_history;
         for ino in inos {
             if let Some(inode) = state.inodes.get_mut(&ino) {
-                let image = SimState::cut_image(&mut state.rng, inode);
+                let image = SimState::cut_image(&mut state.rng, inode, stale_history);
                 inode.current = image.clone();
                 inode.durable = image;
                 inode.pending.clear();
@@ -461,6 +519,19 @@ impl SimStorage {
     /// it takes effect, like a real disk flush. Useful to make group commit observable.
     pub fn set_sync_latency(&self, latency: std::time::Duration) {
         self.inner.lock().sync_latency = latency;
+    }
+
+    /// Harsher power cuts (off by default): with `on`, a region that an unsynced write extends
+    /// a file over without its bytes landing (a stale or dropped sector before one that did
+    /// land) shows what the medium last held there — bytes a synced truncation cut off — instead
+    /// of zeros. This is the "stale bytes" of `FORMAT.md`'s disk assumptions taken at its
+    /// worst: a file system that reuses a truncated file's blocks without zeroing them (ext4
+    /// `data=writeback`), so old frames can reappear behind a torn tail that recovery cut off.
+    /// A sector a synced write rewrote no longer holds old bytes. Random choices are the same
+    /// either way (the same seed tears the same sectors); only what a stale sector shows
+    /// differs.
+    pub fn set_stale_history(&self, on: bool) {
+        self.inner.lock().stale_history = on;
     }
 }
 
@@ -751,8 +822,14 @@ impl StorageFile for SimFile {
         };
         for op in std::mem::take(&mut inode.pending) {
             match op {
-                PendingOp::Write { offset, data } => write_into(&mut inode.durable, offset, &data),
-                PendingOp::SetLen(len) => inode.durable.resize(usize_of(len), 0),
+                PendingOp::Write { offset, data } => {
+                    rewrite_ghost(&mut inode.ghost, offset, data.len());
+                    write_into(&mut inode.durable, offset, &data);
+                }
+                PendingOp::SetLen(len) => {
+                    shrink_into_ghost(&mut inode.ghost, &inode.durable, usize_of(len));
+                    inode.durable.resize(usize_of(len), 0);
+                }
             }
         }
         Ok(())
@@ -786,5 +863,69 @@ impl Drop for SimLock {
         {
             state.locks.remove(&self.path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2 KiB of 0xAA, synced; truncated to 100 bytes, synced (the medium keeps what was cut
+    /// off, past the first sector); 1500 bytes of 0x55 appended at 100, unsynced; power cut.
+    fn stale_case(seed: u64, stale_history: bool) -> Vec<u8> {
+        let sim = SimStorage::new(seed);
+        let dir = Path::new("/d");
+        let path = Path::new("/d/f");
+        sim.create_dir_all(dir).expect("mkdir");
+        let file = sim.open(path, OpenMode::CreateNew).expect("create");
+        sim.sync_dir(dir).expect("sync dir");
+        file.write_all_at(&[0xAA; 2048], 0).expect("write");
+        file.sync_data().expect("sync");
+        file.set_len(100).expect("truncate");
+        file.sync_data().expect("sync");
+        file.write_all_at(&[0x55; 1500], 100).expect("append");
+        sim.set_stale_history(stale_history);
+        sim.power_cut();
+        sim.read_file(path).expect("file survives")
+    }
+
+    fn has_old_sector(image: &[u8]) -> bool {
+        image
+            .windows(SIM_SECTOR_BYTES as usize)
+            .any(|w| w.iter().all(|&b| b == 0xAA))
+    }
+
+    #[test]
+    fn stale_history_shows_what_a_synced_truncation_cut_off_and_tears_alike() {
+        let mut shown = 0;
+        for seed in 0..200 {
+            let plain = stale_case(seed, false);
+            let stale = stale_case(seed, true);
+            assert_eq!(
+                plain.len(),
+                stale.len(),
+                "seed {seed}: same tearing either way"
+            );
+            assert_eq!(
+                &plain[..100],
+                &[0xAA; 100][..],
+                "seed {seed}: synced bytes kept"
+            );
+            assert!(
+                !has_old_sector(&plain),
+                "seed {seed}: old bytes without the option"
+            );
+            // The truncation zeroed the rest of its own sector: old bytes come back only from
+            // the sectors after it.
+            let first = &stale[100.min(stale.len())..512.min(stale.len())];
+            assert!(
+                !first.windows(16).any(|w| w.iter().all(|&b| b == 0xAA)),
+                "seed {seed}: old bytes in the truncation's own sector"
+            );
+            if has_old_sector(&stale) {
+                shown += 1;
+            }
+        }
+        assert!(shown > 0, "no power cut showed the truncated bytes");
     }
 }
