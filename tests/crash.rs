@@ -8,14 +8,13 @@
 
 mod common;
 
-use common::{key, payload, scale, scaled, BoxError, TestResult, START_MS};
+use common::child::ChildProc;
+use common::{key, payload, scale, scaled, TestResult, START_MS};
 use kairos::{CancelOutcome, Config, Due, Durability, Engine, ManualClock};
 use kairos_wal::FsStorage;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Set in the child: the name of the test whose child body to run.
@@ -48,102 +47,23 @@ fn env_u64(name: &str) -> TestResult<u64> {
 /// test without a newline, so a protocol line may share its line with that prefix.
 const MARK: &str = "@@kairos:";
 
-/// How long a child may take to answer before the parent gives up on it (a hung child must
-/// fail the test, not hang it).
-const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A child running this test binary in child mode.
-struct ChildProc {
-    child: Arc<Mutex<Child>>,
-    lines: BufReader<ChildStdout>,
-    stderr: Option<std::thread::JoinHandle<String>>,
-    /// Dropping it stops the watchdog.
-    _watchdog: mpsc::Sender<()>,
+/// Starts this test binary running only `test` in child mode.
+fn spawn_child(test: &str, dir: &Path, round: u64, base_ms: u64) -> TestResult<ChildProc> {
+    ChildProc::spawn(
+        test,
+        MARK,
+        &[
+            (ROLE_VAR, test.to_string()),
+            (DIR_VAR, dir.display().to_string()),
+            (ROUND_VAR, round.to_string()),
+            (BASE_VAR, base_ms.to_string()),
+        ],
+    )
 }
 
-impl ChildProc {
-    /// Starts this test binary running only `test`, in child mode.
-    fn spawn(test: &str, dir: &Path, round: u64, base_ms: u64) -> TestResult<ChildProc> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(ROLE_VAR, test)
-            .env(DIR_VAR, dir)
-            .env(ROUND_VAR, round.to_string())
-            .env(BASE_VAR, base_ms.to_string())
-            .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let lines = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-        let mut err = child.stderr.take().ok_or("no stderr")?;
-        let stderr = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
-        let child = Arc::new(Mutex::new(child));
-        let (tx, rx) = mpsc::channel::<()>();
-        let watched = Arc::clone(&child);
-        std::thread::spawn(move || {
-            if rx.recv_timeout(CHILD_TIMEOUT) == Err(mpsc::RecvTimeoutError::Timeout) {
-                if let Ok(mut c) = watched.lock() {
-                    let _ = c.kill();
-                }
-            }
-        });
-        Ok(ChildProc {
-            child,
-            lines,
-            stderr: Some(stderr),
-            _watchdog: tx,
-        })
-    }
-
-    /// The next protocol line, or `None` at the end of the child's output.
-    fn next_line(&mut self) -> TestResult<Option<String>> {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if self.lines.read_line(&mut line)? == 0 {
-                return Ok(None);
-            }
-            if let Some(at) = line.find(MARK) {
-                return Ok(Some(line[at + MARK.len()..].trim_end().to_string()));
-            }
-        }
-    }
-
-    /// SIGKILL (`Child::kill` sends SIGKILL on Unix).
-    fn kill(&self) -> TestResult {
-        self.child.lock().map_err(|_| "poisoned")?.kill()?;
-        Ok(())
-    }
-
-    /// Waits for the child to end; returns whether it succeeded, and its stderr.
-    fn wait(&mut self) -> TestResult<(bool, String)> {
-        let status = self.child.lock().map_err(|_| "poisoned")?.wait()?;
-        let err = match self.stderr.take() {
-            Some(h) => h.join().unwrap_or_default(),
-            None => String::new(),
-        };
-        Ok((status.success(), err))
-    }
-
-    /// Kills the child and fails with `what` and its stderr.
-    fn fail(&mut self, what: String) -> BoxError {
-        let _ = self.kill();
-        let err = self.wait().map(|(_, e)| e).unwrap_or_default();
-        format!("{what}\nchild stderr:\n{err}").into()
-    }
-}
-
-/// Prints one protocol line and flushes it past any buffering.
+/// Prints one protocol line (in the child).
 fn report(line: &str) -> TestResult {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{MARK}{line}")?;
-    out.flush()?;
-    Ok(())
+    common::child::report(MARK, line)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -250,7 +170,7 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     // round → calls acknowledged.
     let mut acked: BTreeMap<u64, u64> = BTreeMap::new();
     for round in 0..kills {
-        let mut child = ChildProc::spawn(SIGKILL_TEST, dir.path(), round, base_ms)?;
+        let mut child = spawn_child(SIGKILL_TEST, dir.path(), round, base_ms)?;
         let pending = match child.next_line()? {
             Some(l) if l.starts_with("ready ") => l["ready ".len()..].parse::<usize>()?,
             other => {
@@ -384,7 +304,7 @@ fn scenario_07_cancel_survives_sigkill() -> TestResult {
     }
     for round in 0..scaled(1, 20) as u64 {
         let dir = tempfile::tempdir()?;
-        let mut child = ChildProc::spawn(SCENARIO_07_TEST, dir.path(), round, START_MS)?;
+        let mut child = spawn_child(SCENARIO_07_TEST, dir.path(), round, START_MS)?;
         let line = child.next_line()?;
         if line.as_deref() != Some("Cancelled { deliveries: 0 }") {
             return Err(child.fail(format!("cancel at +1 s answered {line:?}, not Cancelled")));

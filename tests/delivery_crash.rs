@@ -15,6 +15,7 @@
 
 mod common;
 
+use common::child::ChildProc;
 use common::{drain, scaled, SimHarness, SplitMix, Stop, TestResult, START_MS};
 use kairos::clock::ms_to_system_time;
 use kairos::record::{Record, RECORD_ACK, RECORD_CANCEL, RECORD_DEAD, RECORD_DELIVER};
@@ -24,11 +25,9 @@ use kairos::{
 };
 use kairos_wal::FsStorage;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn ms(n: u64) -> Duration {
@@ -677,101 +676,30 @@ const SEED_VAR: &str = "KAIROS_DELIVERY_CRASH_SEED";
 const TASKS_VAR: &str = "KAIROS_DELIVERY_CRASH_TASKS";
 /// Marks protocol lines in the child's stdout (libtest may print its own text before one).
 const MARK: &str = "@@kairos-dc:";
-const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
 const SIGKILL_TEST: &str = "sigkill_during_the_race_keeps_every_observed_answer";
 
 fn env_u64(name: &str) -> TestResult<u64> {
     Ok(std::env::var(name)?.parse()?)
 }
 
-/// A child running this test binary in child mode (as in `tests/crash.rs`).
-struct ChildProc {
-    child: Arc<Mutex<Child>>,
-    lines: BufReader<ChildStdout>,
-    stderr: Option<std::thread::JoinHandle<String>>,
-    _watchdog: mpsc::Sender<()>,
+/// Starts this test binary running only the SIGKILL test in child mode.
+fn spawn_child(dir: &Path, seed: u64, tasks: usize) -> TestResult<ChildProc> {
+    ChildProc::spawn(
+        SIGKILL_TEST,
+        MARK,
+        &[
+            (ROLE_VAR, SIGKILL_TEST.to_string()),
+            (DIR_VAR, dir.display().to_string()),
+            (SEED_VAR, seed.to_string()),
+            (TASKS_VAR, tasks.to_string()),
+        ],
+    )
 }
 
-impl ChildProc {
-    fn spawn(dir: &Path, seed: u64, tasks: usize) -> TestResult<ChildProc> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(["--exact", SIGKILL_TEST, "--nocapture", "--test-threads=1"])
-            .env(ROLE_VAR, SIGKILL_TEST)
-            .env(DIR_VAR, dir)
-            .env(SEED_VAR, seed.to_string())
-            .env(TASKS_VAR, tasks.to_string())
-            .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let lines = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-        let mut err = child.stderr.take().ok_or("no stderr")?;
-        let stderr = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
-        let child = Arc::new(Mutex::new(child));
-        let (tx, rx) = mpsc::channel::<()>();
-        let watched = Arc::clone(&child);
-        std::thread::spawn(move || {
-            if rx.recv_timeout(CHILD_TIMEOUT) == Err(mpsc::RecvTimeoutError::Timeout) {
-                if let Ok(mut c) = watched.lock() {
-                    let _ = c.kill();
-                }
-            }
-        });
-        Ok(ChildProc {
-            child,
-            lines,
-            stderr: Some(stderr),
-            _watchdog: tx,
-        })
-    }
-
-    /// The next protocol line, or `None` at the end of the child's output.
-    fn next_line(&mut self) -> TestResult<Option<String>> {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if self.lines.read_line(&mut line)? == 0 {
-                return Ok(None);
-            }
-            if let Some(at) = line.find(MARK) {
-                return Ok(Some(line[at + MARK.len()..].trim_end().to_string()));
-            }
-        }
-    }
-
-    fn kill(&self) -> TestResult {
-        self.child.lock().map_err(|_| "poisoned")?.kill()?;
-        Ok(())
-    }
-
-    fn wait(&mut self) -> TestResult<(bool, String)> {
-        let status = self.child.lock().map_err(|_| "poisoned")?.wait()?;
-        let err = match self.stderr.take() {
-            Some(h) => h.join().unwrap_or_default(),
-            None => String::new(),
-        };
-        Ok((status.success(), err))
-    }
-
-    fn fail(&mut self, what: String) -> common::BoxError {
-        let _ = self.kill();
-        let err = self.wait().map(|(_, e)| e).unwrap_or_default();
-        format!("{what}\nchild stderr:\n{err}").into()
-    }
-}
-
-/// Prints one protocol line and flushes it past any buffering; the stdout lock keeps lines
-/// from different threads whole.
+/// Prints one protocol line (in the child); the stdout lock keeps lines from different
+/// threads whole.
 fn report(line: &str) -> TestResult {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{MARK}{line}")?;
-    out.flush()?;
-    Ok(())
+    common::child::report(MARK, line)
 }
 
 /// Child: the race on a real directory, reporting every answer; then waits for the kill.
@@ -825,7 +753,7 @@ fn sigkill_during_the_race_keeps_every_observed_answer() -> TestResult {
     for round in 0..rounds {
         let dir = tempfile::tempdir()?;
         let seed = base_seed.wrapping_add(round);
-        let mut child = ChildProc::spawn(dir.path(), seed, n)?;
+        let mut child = spawn_child(dir.path(), seed, n)?;
         match child.next_line()? {
             Some(l) if l == "ready" => {}
             other => {

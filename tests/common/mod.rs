@@ -5,6 +5,8 @@
 //! Each test binary compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
 
+pub mod child;
+
 use kairos::{Config, Delivery, Durability, Engine, ManualClock, OpenError, RecvError};
 use kairos_wal::format::{FrameHeader, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX};
 use kairos_wal::{SimStorage, Storage};
