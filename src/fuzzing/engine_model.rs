@@ -1044,6 +1044,17 @@ impl Deliveries {
         model.held(d, *inc == self.incarnation)
     }
 
+    /// The delivery an operation acts on: the `pick`-th of those held (`fresh`) or of all
+    /// ever made; `None` if there is none.
+    fn pick(&self, model: &Model, pick: u8, fresh: bool) -> Option<usize> {
+        let candidates: Vec<usize> = if fresh {
+            self.held(model)
+        } else {
+            (0..self.all.len()).collect()
+        };
+        (!candidates.is_empty()).then(|| candidates[usize::from(pick) % candidates.len()])
+    }
+
     /// Indices of the deliveries the model says are held.
     fn held(&self, model: &Model) -> Vec<usize> {
         (0..self.all.len())
@@ -1517,13 +1528,7 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 model.wall_ms = model.wall_ms.saturating_add_signed(*ms);
             }
             Op::Ack { pick, fresh } => {
-                let candidates: Vec<usize> = if *fresh {
-                    ds.held(&model)
-                } else {
-                    (0..ds.all.len()).collect()
-                };
-                if !candidates.is_empty() {
-                    let i = candidates[usize::from(*pick) % candidates.len()];
+                if let Some(i) = ds.pick(&model, *pick, *fresh) {
                     let held = ds.status(&model, i);
                     let d = ds.all[i].0.clone();
                     let got = engine.ack(&d);
@@ -1601,13 +1606,7 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 retry_after_ms,
                 fresh,
             } => {
-                let candidates: Vec<usize> = if *fresh {
-                    ds.held(&model)
-                } else {
-                    (0..ds.all.len()).collect()
-                };
-                if !candidates.is_empty() {
-                    let i = candidates[usize::from(*pick) % candidates.len()];
+                if let Some(i) = ds.pick(&model, *pick, *fresh) {
                     let held = ds.status(&model, i);
                     let d = ds.all[i].0.clone();
                     let retry_after = retry_after_ms.map(Duration::from_millis);
@@ -1643,13 +1642,7 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 lease_ms,
                 fresh,
             } => {
-                let candidates: Vec<usize> = if *fresh {
-                    ds.held(&model)
-                } else {
-                    (0..ds.all.len()).collect()
-                };
-                if !candidates.is_empty() {
-                    let i = candidates[usize::from(*pick) % candidates.len()];
+                if let Some(i) = ds.pick(&model, *pick, *fresh) {
                     let held = ds.status(&model, i);
                     let d = ds.all[i].0.clone();
                     let got = engine.extend_lease(&d, Duration::from_millis(*lease_ms));
