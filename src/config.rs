@@ -43,6 +43,10 @@ pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
 pub const BACKOFF_MULTIPLIER_DEFAULT: u32 = 2;
 /// Default jitter: each delay is shortened by up to 20 %.
 pub const BACKOFF_JITTER_PERCENT_DEFAULT: u8 = 20;
+/// Default [`Config::checkpoint_log_bytes`]: 256 MiB (four default segments).
+pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Default [`Config::checkpoint_interval`]: 10 minutes.
+pub const CHECKPOINT_INTERVAL_DEFAULT: Duration = Duration::from_secs(600);
 
 /// What a delivery means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +166,17 @@ pub struct Config {
     /// flight at a crash), oldest first; `None` (default) hands them all out
     /// at once. Tasks falling due after open are not limited.
     pub catch_up_tasks_per_sec: Option<u32>,
+    /// Take a checkpoint in the background once the log has grown by this
+    /// many bytes since the last one — or by the last checkpoint's size, if
+    /// that is larger, so copying the live state never costs more than the
+    /// log written since. `None`: no growth trigger. Default
+    /// [`CHECKPOINT_LOG_BYTES_DEFAULT`]. Ignored in memory.
+    pub checkpoint_log_bytes: Option<u64>,
+    /// Also take one this often (real time) if anything was logged since the
+    /// last. `None`: no time trigger. Default [`CHECKPOINT_INTERVAL_DEFAULT`].
+    /// With both triggers `None`, checkpoints are taken only by
+    /// [`crate::Engine::checkpoint`] (and `kairos checkpoint DIR`).
+    pub checkpoint_interval: Option<Duration>,
 }
 
 impl Default for Config {
@@ -178,6 +193,8 @@ impl Default for Config {
             lease: LEASE_DEFAULT,
             retry: RetryPolicy::default(),
             catch_up_tasks_per_sec: None,
+            checkpoint_log_bytes: Some(CHECKPOINT_LOG_BYTES_DEFAULT),
+            checkpoint_interval: Some(CHECKPOINT_INTERVAL_DEFAULT),
         }
     }
 }
@@ -255,6 +272,12 @@ impl Config {
         }
         if self.catch_up_tasks_per_sec == Some(0) {
             return Err("catch_up_tasks_per_sec must be at least 1 (or None)".into());
+        }
+        if self.checkpoint_log_bytes == Some(0) {
+            return Err("checkpoint_log_bytes must be at least 1 (or None)".into());
+        }
+        if self.checkpoint_interval == Some(Duration::ZERO) {
+            return Err("checkpoint_interval must be positive (or None)".into());
         }
         if self.segment_bytes < kairos_wal::SEGMENT_BYTES_MIN {
             return Err(format!(

@@ -33,6 +33,51 @@ pub enum OpenError {
     /// foreign or missing segment, I/O error). Corruption names file and offset.
     #[error(transparent)]
     Wal(#[from] WalError),
+    /// The newest checkpoint file is damaged (file and offset), of an unknown
+    /// version, or unreadable, and no older one could be used.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointReadError),
+    /// A checkpoint file reads back but does not fit the log beside it
+    /// (another directory's, or log records after it are missing).
+    #[error("checkpoint {path} does not fit the log: {reason}")]
+    CheckpointMismatch {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What does not fit.
+        reason: String,
+    },
+}
+
+/// A checkpoint could not be taken.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// An in-memory engine has no directory to write one to.
+    #[error("an in-memory engine has no checkpoints")]
+    InMemory,
+    /// The engine was shut down.
+    #[error("engine is shut down")]
+    Closed,
+    /// The engine was poisoned by an earlier I/O failure.
+    #[error("engine is poisoned: {cause}")]
+    Poisoned {
+        /// The first failure.
+        cause: String,
+    },
+    /// Writing the checkpoint file or removing old files failed. The engine
+    /// goes on; the previous checkpoint and the log are intact.
+    #[error("checkpoint: {op} {path}: {source}")]
+    Io {
+        /// The operation.
+        op: &'static str,
+        /// The path it was applied to.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Syncing the log, or trimming its segments, failed.
+    #[error(transparent)]
+    Wal(#[from] WalError),
 }
 
 /// Scheduling failed; nothing was scheduled (a batch is all or nothing).

@@ -601,6 +601,74 @@ pub fn record_body(data: &[u8]) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// checkpoint_file
+
+/// Makes the header and block checksums of a checkpoint image valid where the lengths allow,
+/// so that the fuzzer reaches entry parsing (what [`checkpoint_file`] does when bit 0 of its
+/// flags byte is set). Stops at the first block whose length runs past the end.
+pub fn fix_checkpoint_crcs(bytes: &mut [u8]) {
+    use crate::checkpoint::{BLOCK_HEADER_BYTES, HEADER_BYTES};
+    if bytes.len() < HEADER_BYTES {
+        return;
+    }
+    let mut h = crc32fast::Hasher::new();
+    h.update(&bytes[..12]);
+    h.update(&bytes[16..HEADER_BYTES]);
+    let crc = h.finalize().to_le_bytes();
+    bytes[12..16].copy_from_slice(&crc);
+    let mut at = HEADER_BYTES;
+    while at + BLOCK_HEADER_BYTES <= bytes.len() {
+        let len =
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
+        let body = at + BLOCK_HEADER_BYTES;
+        let Some(end) = body.checked_add(len).filter(|&e| e <= bytes.len()) else {
+            return;
+        };
+        let mut h = crc32fast::Hasher::new();
+        h.update(&bytes[at..at + 4]);
+        h.update(&bytes[at + 8..end]);
+        let crc = h.finalize().to_le_bytes();
+        bytes[at + 4..at + 8].copy_from_slice(&crc);
+        at = end;
+    }
+}
+
+/// Fuzz target `checkpoint_file`: a flags byte (bit 0: fix the checksums with
+/// [`fix_checkpoint_crcs`]), then the bytes of a checkpoint file, through
+/// [`crate::checkpoint::decode`] and [`crate::replay::Replay::from_checkpoint`].
+///
+/// # Panics
+/// On a finding: decoding or restoring panicked, or a file that decodes does not survive
+/// re-encoding (encode what was read, decode that: the same state must come back).
+pub fn checkpoint_file(data: &[u8]) {
+    use crate::checkpoint::{decode, CheckpointEncoder};
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let mut bytes = rest.to_vec();
+    if flags & 1 != 0 {
+        fix_checkpoint_crcs(&mut bytes);
+    }
+    let path = std::path::Path::new("fuzz.ckpt");
+    let Ok(read) = decode(&bytes, path) else {
+        return;
+    };
+    let Some(header) = read.header else {
+        panic!("a checkpoint read back without its header");
+    };
+    let mut enc = CheckpointEncoder::new(&header);
+    for (id, t) in &read.tasks {
+        enc.push_task(*id, t.due_ms, t.deliveries, t.in_flight, &t.key, &t.payload);
+    }
+    for (id, t) in &read.dead {
+        enc.push_dead(*id, t);
+    }
+    let again = decode(&enc.finish(), path).expect("a re-encoded checkpoint reads back");
+    assert_eq!(again, read, "re-encoding changed the checkpoint");
+    let _ = crate::replay::Replay::from_checkpoint(header.max_task_id, read.tasks, read.dead, true);
+}
+
+// ---------------------------------------------------------------------------------------------
 // verify_dir
 
 /// How a [`DirImage`] file is named, from its first byte (`% 8`).

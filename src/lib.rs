@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod clock;
 pub mod config;
 mod consumer;
@@ -49,10 +50,12 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, DeliveryGuarantee, RetryPolicy};
 pub use consumer::{Consumer, Delivery};
 pub use engine::{
-    CancelOutcome, DeadLetter, Due, Engine, NackOutcome, NewTask, Recovery, RescheduleOutcome,
-    Stats,
+    CancelOutcome, CheckpointReport, DeadLetter, Due, Engine, NackOutcome, NewTask, Recovery,
+    RescheduleOutcome, Stats,
 };
-pub use error::{AckError, CancelError, OpenError, RecvError, ScheduleError, ShutdownError};
+pub use error::{
+    AckError, CancelError, CheckpointError, OpenError, RecvError, ScheduleError, ShutdownError,
+};
 pub use kairos_wal::{Durability, RecoveryReport, TornTail};
 pub use task::{TaskId, TaskState};
 

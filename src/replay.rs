@@ -72,6 +72,53 @@ impl Replay {
         }
     }
 
+    /// A replay that starts from a checkpoint's state rather than from an
+    /// empty log: records after the checkpoint's LSN are then applied with
+    /// [`Replay::apply`]. `max_id` is the largest task id ever assigned.
+    ///
+    /// # Errors
+    /// Two live tasks with one key, or an id above `max_id` (a checkpoint
+    /// the engine did not write).
+    pub fn from_checkpoint(
+        max_id: u64,
+        tasks: Vec<(u64, LiveTask)>,
+        dead: Vec<(u64, DeadTask)>,
+        keep_payloads: bool,
+    ) -> Result<Replay, RuleError> {
+        let mut r = Replay {
+            max_id,
+            keep_payloads,
+            ..Replay::default()
+        };
+        r.tasks.reserve(tasks.len());
+        r.keys.reserve(tasks.len());
+        for (id, mut t) in tasks {
+            if id > max_id {
+                return Err(rule("checkpoint", id, "whose id exceeds the largest id"));
+            }
+            if !r.keys.insert(t.key.clone()) {
+                return Err(RuleError(format!(
+                    "checkpoint holds key {:?} twice",
+                    String::from_utf8_lossy(&t.key)
+                )));
+            }
+            if !keep_payloads {
+                t.payload = Box::default();
+            }
+            r.tasks.insert(id, t);
+        }
+        for (id, mut t) in dead {
+            if id > max_id {
+                return Err(rule("checkpoint", id, "whose id exceeds the largest id"));
+            }
+            if !keep_payloads {
+                t.payload = Box::default();
+            }
+            r.dead.insert(id, t);
+        }
+        Ok(r)
+    }
+
     /// Applies one record. On `Err` nothing changed.
     ///
     /// Rules (`wal/FORMAT.md`, "Replay rules"): a schedule's id exceeds every

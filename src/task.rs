@@ -178,6 +178,14 @@ impl TaskSlab {
         Some(slot)
     }
 
+    /// Every task, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = &Task> {
+        self.slots.iter().filter_map(|s| match s {
+            Slot::Occupied(t) => Some(t),
+            Slot::Vacant { .. } => None,
+        })
+    }
+
     pub fn get(&self, slot: u32) -> Option<&Task> {
         match self.slots.get(slot as usize) {
             Some(Slot::Occupied(t)) => Some(t),

@@ -35,6 +35,8 @@ fn config() -> Config {
     c.durability = Durability::Sync;
     c.segment_bytes = common::SMALL_SEGMENT_BYTES;
     c.lease = Duration::from_secs(60);
+    c.checkpoint_log_bytes = None;
+    c.checkpoint_interval = None;
     let mut retry = RetryPolicy::default();
     retry.max_attempts = 2;
     retry.backoff_jitter_percent = 0;

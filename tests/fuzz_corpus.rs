@@ -80,6 +80,64 @@ fn verify_dir_corpus() {
 }
 
 #[test]
+fn checkpoint_file_corpus() {
+    replay("checkpoint_file", fuzzing::checkpoint_file);
+}
+
+/// Checkpoint files written by the real engine (on `SimStorage`): empty, tasks only, tasks in
+/// flight and dead letters; each with flags 0 and 1 (fix checksums).
+#[test]
+#[ignore = "writes fuzz/corpus/checkpoint_file; run by hand after a format change"]
+fn write_checkpoint_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+    use kairos::{Config, Engine, ManualClock};
+    use kairos_wal::SimStorage;
+    use std::sync::Arc;
+    use std::time::Duration;
+    let dir = fuzz_dir().join("corpus").join("checkpoint_file");
+    std::fs::create_dir_all(&dir)?;
+    for (name, tasks, with_dead) in [("empty", 0, false), ("tasks", 6, false), ("dead", 3, true)] {
+        let sim = SimStorage::new(1);
+        let clock = ManualClock::new(1_700_000_000_000);
+        let mut config = Config::default();
+        config.checkpoint_log_bytes = None;
+        config.checkpoint_interval = None;
+        config.retry.max_attempts = 1;
+        let engine =
+            Engine::open_with("/d", config, Arc::new(sim.clone()), Arc::new(clock.clone()))?;
+        for i in 0..tasks {
+            let delay = Duration::from_millis(if with_dead && i == 0 { 1 } else { 5_000 + i });
+            engine.schedule_after(
+                format!("key-{i}").as_bytes(),
+                delay,
+                &b"payload"[..(i as usize % 8)],
+            )?;
+        }
+        if with_dead {
+            clock.advance(Duration::from_millis(1));
+            engine.run_until_idle();
+            let c = engine.consumer();
+            let d = c.try_recv()?;
+            c.nack(&d, None, "boom")?;
+        }
+        engine.schedule_after(b"held", Duration::from_millis(2), b"h")?;
+        clock.advance(Duration::from_millis(2));
+        engine.run_until_idle();
+        let _held = engine.consumer().try_recv()?;
+        let report = engine.checkpoint()?;
+        let path =
+            std::path::Path::new("/d/checkpoint").join(kairos::checkpoint::file_name(report.lsn));
+        let bytes = sim.read_file(&path).ok_or("checkpoint file")?;
+        for flags in [0u8, 1] {
+            let mut input = vec![flags];
+            input.extend_from_slice(&bytes);
+            std::fs::write(dir.join(format!("seed-{name}-{flags}")), input)?;
+        }
+        drop(engine);
+    }
+    Ok(())
+}
+
+#[test]
 fn engine_model_corpus() {
     replay("engine_model", fuzzing::engine_model);
 }
@@ -93,6 +151,7 @@ fn arbitrary_small_inputs_never_fail() {
     for data in &inputs {
         run_bounded("wal_segment", data, fuzzing::wal_segment);
         run_bounded("record_body", data, fuzzing::record_body);
+        run_bounded("checkpoint_file", data, fuzzing::checkpoint_file);
         #[cfg(feature = "cli")]
         run_bounded("verify_dir", data, fuzzing::verify_dir);
     }

@@ -717,6 +717,9 @@ impl Setup {
         retry.backoff_jitter_percent = self.jitter_percent;
         c.retry = retry;
         c.catch_up_tasks_per_sec = self.catch_up;
+        // Checkpoints are operations of the run (deterministic), never background work.
+        c.checkpoint_log_bytes = None;
+        c.checkpoint_interval = None;
         if self.at_most_once {
             c.delivery = DeliveryGuarantee::AtMostOnce;
         }

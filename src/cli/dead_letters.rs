@@ -51,12 +51,12 @@ enum Action {
     Purge(PurgeArgs),
 }
 
-/// What every action opens.
+/// What every action opens (also `kairos checkpoint`).
 #[derive(Debug, Args)]
-struct Target {
+pub(super) struct Target {
     /// Data directory (the one holding `wal/` and `LOCK`).
     #[arg(value_name = "DIR")]
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     #[command(flatten)]
     durability: DurabilityArgs,
     /// The application's `RetryPolicy::max_attempts`. Only used to settle
@@ -67,7 +67,7 @@ struct Target {
     max_attempts: u32,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -201,7 +201,7 @@ pub fn run(args: &DeadLettersArgs) -> anyhow::Result<Verdict> {
 
 /// Opens the engine on the target directory. A directory without a log is
 /// refused rather than created.
-fn open(target: &Target) -> anyhow::Result<Engine> {
+pub(super) fn open(target: &Target) -> anyhow::Result<Engine> {
     let dir = &target.dir;
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     if !meta.is_dir() {
@@ -216,7 +216,7 @@ fn open(target: &Target) -> anyhow::Result<Engine> {
     Engine::open(dir, config(target)).map_err(|e| match e {
         OpenError::Locked { .. } => anyhow!(
             "cannot open {}: it is open in another engine (lock held on {}); stop that process \
-             first, dead letters are managed offline",
+             first: this command works offline",
             dir.display(),
             dir.join("LOCK").display()
         ),
@@ -238,11 +238,11 @@ fn config(target: &Target) -> Config {
 }
 
 /// Says on stderr what the open did to deliveries in flight at a crash.
-fn report_settled(engine: &Engine, target: &Target) {
+pub(super) fn report_settled(engine: &Engine, target: &Target) {
     let r = engine.recovery();
     if r.redelivered > 0 || r.dead_lettered > 0 {
         eprintln!(
-            "kairos dead-letters: the engine had crashed with deliveries in flight: {} will be \
+            "kairos: the engine had crashed with deliveries in flight: {} will be \
              redelivered, {} were dead-lettered (--max-attempts {})",
             r.redelivered, r.dead_lettered, target.max_attempts
         );

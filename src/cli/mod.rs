@@ -4,6 +4,7 @@
 //! invariant of the demo broke, `verify` found damage) or failed (I/O error,
 //! bad directory); 2 — bad command-line usage (from clap).
 
+mod checkpoint;
 mod dead_letters;
 mod demo;
 mod verify;
@@ -34,6 +35,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    Checkpoint(checkpoint::CheckpointArgs),
     Demo(demo::DemoArgs),
     Verify(verify::VerifyArgs),
     DeadLetters(dead_letters::DeadLettersArgs),
@@ -44,6 +46,7 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
+        Command::Checkpoint(args) => checkpoint::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Verify(args) => verify::run(&args),
         Command::DeadLetters(args) => dead_letters::run(&args),

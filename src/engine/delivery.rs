@@ -261,7 +261,7 @@ impl Shared {
     /// record made (a task cancelled while held, a key already gone) waits
     /// on it, so the answer never outlives a crash that undoes that record.
     pub(super) fn barrier_locked(core: &Core) -> Option<AppendTicket> {
-        core.wal.as_ref().map(kairos_wal::Wal::barrier)
+        core.wal.as_deref().map(kairos_wal::Wal::barrier)
     }
 
     /// Acks deliveries with one log write: all of them, or none if any is

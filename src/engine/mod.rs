@@ -21,7 +21,10 @@
 //! The delivery side (ready queue, leases, acks, retries, dead letters, the
 //! driver) is in [`delivery`].
 
+mod checkpointing;
 mod delivery;
+
+pub use checkpointing::CheckpointReport;
 
 pub(crate) use delivery::Wait;
 pub use delivery::{DeadLetter, NackOutcome};
@@ -30,7 +33,9 @@ use crate::clock::{system_time_to_ms, system_time_to_ns, Clock, SystemClock};
 use crate::config::DeliveryGuarantee;
 use crate::config::{Config, BATCH_TASKS_MAX};
 use crate::consumer::{Consumer, Delivery};
-use crate::error::{AckError, CancelError, OpenError, ScheduleError, ShutdownError};
+use crate::error::{
+    AckError, CancelError, CheckpointError, OpenError, ScheduleError, ShutdownError,
+};
 use crate::index::TaskIndex;
 use crate::record::{Record, ID_ONLY_BYTES, RECORD_CANCEL, RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES};
 use crate::replay::{DeadTask, LiveTask, Replay};
@@ -202,13 +207,20 @@ struct Core {
     /// Dead letters by task id.
     dead: HashMap<u64, DeadTask>,
     next_id: u64,
-    wal: Option<Wal>,
+    wal: Option<Arc<Wal>>,
     sleep: DriverSleep,
     stop: bool,
     /// Engine time (ns) of the driver's last look at the clock before it
     /// went idle: `run_until_idle` waits until it has caught up with a clock
     /// reading, even within one tick (catch-up tokens are earned in ns).
     processed_ns: u128,
+    /// Log bytes appended since the last checkpoint (record bodies and
+    /// headers).
+    log_bytes_since_checkpoint: u64,
+    /// Size of the last checkpoint written or loaded, bytes.
+    last_checkpoint_bytes: u64,
+    /// The log grew enough: the checkpointer should run.
+    checkpoint_wanted: bool,
 }
 
 /// One ready-queue entry; stale (skipped) unless the slot still holds task
@@ -272,6 +284,12 @@ pub(crate) struct Shared {
     /// Distinguishes this engine instance (this open) from every other in
     /// the process, so a delivery is only ever acked by the engine that made it.
     engine_id: u64,
+    /// The storage and data directory (none in memory).
+    disk: Option<checkpointing::Disk>,
+    /// Held for the whole of a checkpoint; the newest checkpoint's LSN.
+    checkpointing: Mutex<checkpointing::CheckpointBook>,
+    /// The checkpointer waits here (with the core lock).
+    checkpoint_cv: Condvar,
 }
 
 /// Source of [`Shared::engine_id`].
@@ -292,6 +310,7 @@ pub struct Engine {
     /// Registered with the clock; unregistered when the engine drops.
     clock_waker: Waker,
     driver: Mutex<Option<JoinHandle<()>>>,
+    checkpointer: Mutex<Option<JoinHandle<()>>>,
     dir_lock: Mutex<Option<Box<dyn LockGuard>>>,
     recovery: Recovery,
     dir: Option<PathBuf>,
@@ -378,19 +397,60 @@ impl Engine {
             durability: config.durability,
             ..WalOptions::default()
         };
-        let mut replay = Replay::new(true);
-        let (wal, report) = Wal::open(storage, &dir.join("wal"), options, &mut |view| {
+        let loaded = checkpointing::load(storage.as_ref(), &dir)?;
+        let wal_dir = dir.join("wal");
+        if let Some(loaded) = &loaded {
+            let loaded = &loaded.meta;
+            // A checkpoint without its log: refuse rather than start a new,
+            // empty log beside it.
+            let meta = wal_dir.join(kairos_wal::format::META_FILE_NAME);
+            if !storage.exists(&meta).map_err(|source| OpenError::Io {
+                op: "stat",
+                path: meta.clone(),
+                source,
+            })? {
+                return Err(OpenError::CheckpointMismatch {
+                    path: loaded.path.clone(),
+                    reason: format!("the log's {} is missing", meta.display()),
+                });
+            }
+        }
+        let (mut replay, mut checkpoint) = match loaded {
+            Some(l) => (l.replay, Some(l.meta)),
+            None => (Replay::new(true), None),
+        };
+        let covered = checkpoint.as_ref().map_or(0, |c| c.lsn);
+        let mut replayed_after = 0u64;
+        let opened = Wal::open(Arc::clone(&storage), &wal_dir, options, &mut |view| {
+            if view.lsn.0 <= covered {
+                return Ok(());
+            }
+            replayed_after += 1;
             let record = Record::decode(view.record_type, view.body)
                 .map_err(|e| ReplayError(e.to_string()))?;
             replay
                 .apply(&record)
                 .map_err(|e| ReplayError(e.to_string()))
-        })
-        .map_err(|e| match e {
+        });
+        let (wal, report) = opened.map_err(|e| match e {
             WalError::Locked { .. } => OpenError::Locked { path: dir.clone() },
             other => OpenError::Wal(other),
         })?;
-        let mut engine = Self::start(config, clock, Some(wal), replay, report);
+        if let Some(meta) = &mut checkpoint {
+            checkpointing::check_against_log(meta, &wal, replayed_after)?;
+        }
+        let checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.bytes);
+        let disk = checkpointing::Disk {
+            storage,
+            dir: dir.clone(),
+        };
+        let mut engine = Self::start(config, clock, Some(wal), replay, report, Some(disk));
+        {
+            let mut book = engine.shared.checkpointing.lock();
+            book.lsn = covered;
+            book.bytes = checkpoint_bytes;
+            engine.shared.core.lock().last_checkpoint_bytes = checkpoint_bytes;
+        }
         *engine.dir_lock.get_mut() = Some(dir_lock);
         engine.dir = Some(dir);
         Ok(engine)
@@ -411,6 +471,7 @@ impl Engine {
             None,
             Replay::new(false),
             RecoveryReport::default(),
+            None,
         ))
     }
 
@@ -420,6 +481,7 @@ impl Engine {
         wal: Option<Wal>,
         replay: Replay,
         wal_report: RecoveryReport,
+        disk: Option<checkpointing::Disk>,
     ) -> Engine {
         let tick_ns = config.tick.as_nanos();
         // Start the tick grid on a wall-clock tick boundary, so that a task
@@ -441,10 +503,13 @@ impl Engine {
             in_flight_count: 0,
             dead: HashMap::new(),
             next_id: replay.max_id().saturating_add(1),
-            wal,
+            wal: wal.map(Arc::new),
             sleep: DriverSleep::Busy,
             stop: false,
             processed_ns: 0,
+            log_bytes_since_checkpoint: 0,
+            last_checkpoint_bytes: 0,
+            checkpoint_wanted: false,
         };
         let shared = Arc::new(Shared {
             config,
@@ -458,6 +523,9 @@ impl Engine {
             ready_cv: Condvar::new(),
             catch_up_start_ns: grid_phase_ns,
             engine_id: NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            disk,
+            checkpointing: Mutex::new(checkpointing::CheckpointBook::default()),
+            checkpoint_cv: Condvar::new(),
         });
         let recovery = shared.load_replayed(replay, wal_report);
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
@@ -473,10 +541,29 @@ impl Engine {
                 None
             }
         };
+        let checkpointer = if shared.disk.is_some()
+            && (shared.config.checkpoint_log_bytes.is_some()
+                || shared.config.checkpoint_interval.is_some())
+        {
+            let cp_shared = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name("kairos-checkpointer".into())
+                .spawn(move || cp_shared.checkpointer_loop());
+            match spawned {
+                Ok(handle) => Some(handle),
+                Err(e) => {
+                    shared.poison(format!("cannot start the checkpointer thread: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Engine {
             shared,
             clock_waker,
             driver: Mutex::new(driver),
+            checkpointer: Mutex::new(checkpointer),
             dir_lock: Mutex::new(None),
             recovery,
             dir: None,
@@ -669,6 +756,33 @@ impl Engine {
         self.shared.purge_dead_letter(id)
     }
 
+    /// Writes a checkpoint now: the live tasks and dead letters as of the
+    /// log's last record, so that recovery reads it and only the log after
+    /// it; then deletes the log segments it covers. Also run in the
+    /// background by log growth and time (`Config::checkpoint_log_bytes`,
+    /// `Config::checkpoint_interval`). Returns once the checkpoint is durable.
+    ///
+    /// Cost: the engine's lock is held while the live state is copied
+    /// (O(live tasks + their bytes), reported as `locked`); the file is
+    /// written and synced outside it. A crash at any step leaves the old or
+    /// the new checkpoint usable (`wal/FORMAT.md`, "Checkpoint files").
+    ///
+    /// # Errors
+    /// [`CheckpointError::InMemory`] for an engine without a directory;
+    /// `Closed`; `Poisoned`; [`CheckpointError::Io`] if writing the file
+    /// failed (the engine goes on; the previous checkpoint and the log are
+    /// intact); [`CheckpointError::Wal`] if syncing the log failed (that
+    /// poisons the engine, as any failed sync does).
+    pub fn checkpoint(&self) -> Result<CheckpointReport, CheckpointError> {
+        let result = self.shared.checkpoint();
+        if let Ok(report) = &result {
+            if report.written {
+                self.shared.core.lock().last_checkpoint_bytes = report.bytes;
+            }
+        }
+        result
+    }
+
     /// What recovery found at open.
     pub fn recovery(&self) -> &Recovery {
         &self.recovery
@@ -708,11 +822,15 @@ impl Engine {
             core.stop = true;
             self.shared.driver_cv.notify_all();
             self.shared.ready_cv.notify_all();
+            self.shared.checkpoint_cv.notify_all();
         }
         // The driver finishes its pass first: tasks it logged as delivered
         // reach the ready queue (no consumer can take them now), so the
         // release below finds every one of them.
         self.join_driver();
+        self.join_checkpointer();
+        // A checkpoint a caller is taking finishes first (it holds the log).
+        let checkpointing = self.shared.checkpointing.lock();
         let wal = {
             let mut core = self.shared.core.lock();
             if core.status == Status::Closed {
@@ -720,14 +838,29 @@ impl Engine {
             }
             core.wal.take()
         };
-        let result = match wal {
-            Some(wal) => wal.close().map_err(ShutdownError::from),
+        drop(checkpointing);
+        let result = match wal.map(Arc::try_unwrap) {
+            Some(Ok(wal)) => wal.close().map_err(ShutdownError::from),
+            // Nothing else keeps the log once the checkpointer is joined and
+            // no checkpoint runs; if something did, it is dropped like a crash.
+            Some(Err(_)) => Err(ShutdownError::Poisoned {
+                cause: "the log was still in use at shutdown".into(),
+            }),
             None => Ok(()),
         };
         self.dir_lock.lock().take();
         match self.shared.poison_cause() {
             Some(cause) if result.is_ok() => Err(ShutdownError::Poisoned { cause }),
             _ => result,
+        }
+    }
+
+    fn join_checkpointer(&self) {
+        if let Some(handle) = self.checkpointer.lock().take() {
+            if handle.join().is_err() {
+                self.shared
+                    .poison("the checkpointer thread panicked".into());
+            }
         }
     }
 
@@ -752,9 +885,11 @@ impl Drop for Engine {
             core.stop = true;
             self.shared.driver_cv.notify_all();
             self.shared.ready_cv.notify_all();
+            self.shared.checkpoint_cv.notify_all();
             core.wal.take()
         };
         self.join_driver();
+        self.join_checkpointer();
         // Dropping the log without close: like a crash for anything not durable.
         drop(wal);
         self.shared.clock.unregister_waker(&self.clock_waker);
@@ -815,6 +950,7 @@ impl Shared {
         self.driver_cv.notify_all();
         self.idle_cv.notify_all();
         self.ready_cv.notify_all();
+        self.checkpoint_cv.notify_all();
     }
 
     /// Waits for a log ticket; a failure poisons the engine and is returned
@@ -1558,7 +1694,15 @@ impl Shared {
         if records.is_empty() {
             return Ok(None);
         }
-        wal.append(records).map(Some).map_err(|e| {
+        let bytes: usize = records
+            .iter()
+            .map(|r| r.body.len() + RECORD_HEADER_BYTES)
+            .sum();
+        let appended = wal.append(records);
+        if appended.is_ok() {
+            self.count_log_bytes(core, bytes as u64);
+        }
+        appended.map(Some).map_err(|e| {
             let cause = e.to_string();
             // Input the log refuses (size, type) is checked by the engine
             // before it gets here; if one slips through, it is still no

@@ -146,6 +146,9 @@ impl Setup {
             lease: Duration::from_millis(self.lease_ms),
             pending_tasks_max: self.pending_max,
             catch_up_tasks_per_sec: None,
+            // Checkpoints are operations of the model, never background work.
+            checkpoint_log_bytes: None,
+            checkpoint_interval: None,
             retry: RetryPolicy {
                 max_attempts: self.max_attempts,
                 backoff_initial: Duration::from_millis(5),

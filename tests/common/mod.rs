@@ -51,6 +51,9 @@ pub fn config(durability: Durability) -> Config {
     c.segment_bytes = SMALL_SEGMENT_BYTES;
     c.durability = durability;
     c.lease = kairos::config::LEASE_MAX;
+    // No background checkpoints: tests take them explicitly, deterministically.
+    c.checkpoint_log_bytes = None;
+    c.checkpoint_interval = None;
     c
 }
 

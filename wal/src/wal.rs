@@ -679,6 +679,12 @@ impl Wal {
         self.shared.state.lock().poison.as_ref().map(Poison::cause)
     }
 
+    /// The log's store id (from `META`): files that belong with this log (a checkpoint, say)
+    /// carry it, so that a file from another directory is recognised.
+    pub fn store_id(&self) -> StoreId {
+        self.store_id
+    }
+
     /// The directory the log lives in.
     pub fn dir(&self) -> &Path {
         &self.dir

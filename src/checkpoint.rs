@@ -1,0 +1,887 @@
+//! Checkpoint files: the live task set and the dead letters as of one LSN, so
+//! that recovery reads the checkpoint and then only the log after it, and the
+//! log's older segments can be deleted.
+//!
+//! Layout (`wal/FORMAT.md`, "Checkpoint files"; every offset here mirrors it):
+//! a 64-byte header (magic, format version, header CRC, the log's store id,
+//! the LSN, the largest task id, the creation time), then blocks — each a
+//! 16-byte header (length, CRC-32, kind, entry count) and a body of entries
+//! laid end to end — TASKS blocks, DEAD blocks, and one END block carrying the
+//! totals, which ends the file. A file is written under a temporary name,
+//! fdatasynced, renamed and its directory fsynced (etcd's snapshotter,
+//! LevelDB's CURRENT), so a crash at any step leaves the old checkpoint or the
+//! new one, never a mix.
+//!
+//! Reading trusts nothing: every length is bounded by a limit and by the bytes
+//! left in the file before anything is allocated, every block's CRC is checked
+//! before its entries are parsed, and the entries must fill their block
+//! exactly. Damage is a [`CheckpointReadError::Corrupt`] naming file and
+//! offset. No memory maps.
+
+use crate::replay::{DeadTask, LiveTask};
+use kairos_wal::format::StoreId;
+use kairos_wal::storage::{OpenMode, Storage, StorageFile};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Name of the directory, inside a data directory, holding checkpoint files.
+pub const CHECKPOINT_DIR_NAME: &str = "checkpoint";
+/// File-name suffix of a checkpoint: `{lsn:016x}.ckpt`.
+pub const CHECKPOINT_SUFFIX: &str = ".ckpt";
+/// Suffix of a checkpoint being written; leftovers are removed at open.
+pub const TMP_SUFFIX: &str = ".tmp";
+
+/// The header's magic bytes.
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"KAIROSCP";
+/// The only format version this code reads and writes.
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+/// Bytes of the file header.
+pub const HEADER_BYTES: usize = 64;
+/// Bytes of a block header.
+pub const BLOCK_HEADER_BYTES: usize = 16;
+/// Largest block body accepted, bytes. One entry (a 64 KiB key and a payload
+/// of up to 16 MiB) always fits.
+pub const BLOCK_BODY_BYTES_MAX: u32 = 32 * 1024 * 1024;
+/// Blocks are cut once their body reaches this size.
+pub const BLOCK_BODY_BYTES_TARGET: usize = 1024 * 1024;
+
+/// Block kind: live tasks.
+pub const BLOCK_TASKS: u8 = 1;
+/// Block kind: dead letters.
+pub const BLOCK_DEAD: u8 = 2;
+/// Block kind: totals; the last block of the file.
+pub const BLOCK_END: u8 = 3;
+
+/// Fixed bytes of a task entry (before its key and payload).
+pub const TASK_ENTRY_FIXED_BYTES: usize = 28;
+/// Fixed bytes of a dead-letter entry (before its key, payload and error).
+pub const DEAD_ENTRY_FIXED_BYTES: usize = 36;
+/// Bytes of the END block's body.
+pub const END_BODY_BYTES: usize = 16;
+/// Task entry flag: the task is in flight (delivered, not yet settled).
+pub const TASK_FLAG_IN_FLIGHT: u8 = 1;
+/// Task entry payload kind: the payload follows the key in the entry.
+pub const PAYLOAD_INLINE: u8 = 0;
+
+// Header offsets.
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = H_MAGIC + 8;
+const H_CRC: usize = H_VERSION + 4;
+const H_STORE_ID: usize = H_CRC + 4;
+const H_LSN: usize = H_STORE_ID + 16;
+const H_MAX_ID: usize = H_LSN + 8;
+const H_CREATED_MS: usize = H_MAX_ID + 8;
+const H_RESERVED: usize = H_CREATED_MS + 8;
+const _: () = assert!(H_RESERVED + 8 == HEADER_BYTES);
+
+// Block header offsets.
+const B_BODY_BYTES: usize = 0;
+const B_CRC: usize = B_BODY_BYTES + 4;
+const B_KIND: usize = B_CRC + 4;
+const B_RESERVED: usize = B_KIND + 1;
+const B_COUNT: usize = B_RESERVED + 3;
+const _: () = assert!(B_COUNT + 4 == BLOCK_HEADER_BYTES);
+
+/// What a checkpoint header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointHeader {
+    /// The store id of the log the checkpoint belongs to.
+    pub store_id: StoreId,
+    /// The state is the one after applying every log record with an LSN up
+    /// to and including this one.
+    pub lsn: u64,
+    /// The largest task id ever assigned up to `lsn` (ids are never reused).
+    pub max_task_id: u64,
+    /// Wall-clock creation time, UTC ms (for humans only).
+    pub created_ms: u64,
+}
+
+/// A whole checkpoint: the header and the state it records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Its LSN, largest task id and creation time.
+    pub header: Option<CheckpointHeader>,
+    /// Live tasks by id (ascending when read back from a file the engine wrote).
+    pub tasks: Vec<(u64, LiveTask)>,
+    /// Dead letters by id.
+    pub dead: Vec<(u64, DeadTask)>,
+}
+
+/// Why a checkpoint file could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointReadError {
+    /// The file is damaged or not a checkpoint: the byte offset of the
+    /// damage and what is wrong there.
+    #[error("checkpoint {path} is corrupt at byte offset {offset}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset of the damaged header, block or entry.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Written by a format version this code does not know.
+    #[error("checkpoint {path} has format version {version}; this build reads version {CHECKPOINT_FORMAT_VERSION}")]
+    UnsupportedVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        version: u32,
+    },
+    /// The checkpoint belongs to another data directory's log.
+    #[error(
+        "checkpoint {path} belongs to another data directory (store id differs from the log's)"
+    )]
+    Foreign {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Reading the file failed.
+    #[error("read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// The file name of the checkpoint at `lsn`.
+pub fn file_name(lsn: u64) -> String {
+    format!("{lsn:016x}{CHECKPOINT_SUFFIX}")
+}
+
+/// The LSN a checkpoint file name stands for; `None` for other names.
+pub fn parse_file_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(CHECKPOINT_SUFFIX)?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Encodes a checkpoint into blocks, entry by entry, without holding more
+/// than one block in memory besides what the caller keeps.
+#[derive(Debug)]
+pub struct CheckpointEncoder {
+    out: Vec<u8>,
+    block: Vec<u8>,
+    block_kind: u8,
+    block_count: u32,
+    tasks: u64,
+    dead: u64,
+}
+
+impl CheckpointEncoder {
+    /// Starts a checkpoint with its header.
+    pub fn new(header: &CheckpointHeader) -> CheckpointEncoder {
+        let mut out = Vec::with_capacity(HEADER_BYTES);
+        out.extend_from_slice(&encode_header(header));
+        CheckpointEncoder {
+            out,
+            block: Vec::new(),
+            block_kind: BLOCK_TASKS,
+            block_count: 0,
+            tasks: 0,
+            dead: 0,
+        }
+    }
+
+    fn start_entry(&mut self, kind: u8) {
+        if self.block_kind != kind
+            || self.block.len() >= BLOCK_BODY_BYTES_TARGET
+            || self.block_count == u32::MAX
+        {
+            self.flush();
+            self.block_kind = kind;
+        }
+        self.block_count += 1;
+    }
+
+    fn flush(&mut self) {
+        if self.block_count > 0 {
+            push_block(
+                &mut self.out,
+                self.block_kind,
+                self.block_count,
+                &self.block,
+            );
+        }
+        self.block.clear();
+        self.block_count = 0;
+    }
+
+    /// Adds a live task. Keys are 1..=65 535 bytes and payloads below 4 GiB
+    /// (the engine's limits are far below); longer ones are cut to fit and
+    /// the file then fails to read back rather than misreading.
+    pub fn push_task(
+        &mut self,
+        id: u64,
+        due_ms: u64,
+        deliveries: u32,
+        in_flight: bool,
+        key: &[u8],
+        payload: &[u8],
+    ) {
+        self.start_entry(BLOCK_TASKS);
+        self.tasks += 1;
+        let b = &mut self.block;
+        b.extend_from_slice(&id.to_le_bytes());
+        b.extend_from_slice(&due_ms.to_le_bytes());
+        b.extend_from_slice(&deliveries.to_le_bytes());
+        b.push(if in_flight { TASK_FLAG_IN_FLIGHT } else { 0 });
+        b.push(PAYLOAD_INLINE);
+        b.extend_from_slice(&len_u16(key.len()).to_le_bytes());
+        b.extend_from_slice(&len_u32(payload.len()).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(payload);
+    }
+
+    /// Adds a dead letter.
+    pub fn push_dead(&mut self, id: u64, t: &DeadTask) {
+        self.start_entry(BLOCK_DEAD);
+        self.dead += 1;
+        let b = &mut self.block;
+        b.extend_from_slice(&id.to_le_bytes());
+        b.extend_from_slice(&t.due_ms.to_le_bytes());
+        b.extend_from_slice(&t.dead_ms.to_le_bytes());
+        b.extend_from_slice(&t.deliveries.to_le_bytes());
+        b.extend_from_slice(&len_u16(t.key.len()).to_le_bytes());
+        b.extend_from_slice(&len_u32(t.payload.len()).to_le_bytes());
+        b.extend_from_slice(&len_u16(t.error.len()).to_le_bytes());
+        b.extend_from_slice(&t.key);
+        b.extend_from_slice(&t.payload);
+        b.extend_from_slice(&t.error);
+    }
+
+    /// Live tasks added so far.
+    pub fn tasks(&self) -> u64 {
+        self.tasks
+    }
+
+    /// Dead letters added so far.
+    pub fn dead_letters(&self) -> u64 {
+        self.dead
+    }
+
+    /// Ends the file with the END block and returns its bytes.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.flush();
+        let mut end = [0u8; END_BODY_BYTES];
+        end[..8].copy_from_slice(&self.tasks.to_le_bytes());
+        end[8..].copy_from_slice(&self.dead.to_le_bytes());
+        push_block(&mut self.out, BLOCK_END, 0, &end);
+        self.out
+    }
+}
+
+fn len_u16(len: usize) -> u16 {
+    u16::try_from(len).unwrap_or(u16::MAX)
+}
+
+fn len_u32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+fn encode_header(h: &CheckpointHeader) -> [u8; HEADER_BYTES] {
+    let mut b = [0u8; HEADER_BYTES];
+    b[H_MAGIC..H_VERSION].copy_from_slice(&CHECKPOINT_MAGIC);
+    b[H_VERSION..H_CRC].copy_from_slice(&CHECKPOINT_FORMAT_VERSION.to_le_bytes());
+    b[H_STORE_ID..H_LSN].copy_from_slice(&h.store_id);
+    b[H_LSN..H_MAX_ID].copy_from_slice(&h.lsn.to_le_bytes());
+    b[H_MAX_ID..H_CREATED_MS].copy_from_slice(&h.max_task_id.to_le_bytes());
+    b[H_CREATED_MS..H_RESERVED].copy_from_slice(&h.created_ms.to_le_bytes());
+    let crc = header_crc(&b);
+    b[H_CRC..H_STORE_ID].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn header_crc(b: &[u8; HEADER_BYTES]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&b[..H_CRC]);
+    h.update(&b[H_STORE_ID..]);
+    h.finalize()
+}
+
+fn block_crc(header: &[u8], body: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&header[B_BODY_BYTES..B_CRC]);
+    h.update(&header[B_KIND..BLOCK_HEADER_BYTES]);
+    h.update(body);
+    h.finalize()
+}
+
+fn push_block(out: &mut Vec<u8>, kind: u8, count: u32, body: &[u8]) {
+    let mut header = [0u8; BLOCK_HEADER_BYTES];
+    header[B_BODY_BYTES..B_CRC].copy_from_slice(&len_u32(body.len()).to_le_bytes());
+    header[B_KIND] = kind;
+    header[B_COUNT..].copy_from_slice(&count.to_le_bytes());
+    let crc = block_crc(&header, body);
+    header[B_CRC..B_KIND].copy_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(body);
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    let mut a = [0u8; 2];
+    a.copy_from_slice(&b[at..at + 2]);
+    u16::from_le_bytes(a)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Decodes a header. `Err((offset, reason))` for damage; the version is
+/// checked before the CRC, so a file of a future layout is reported as such.
+fn decode_header(b: &[u8]) -> Result<Result<CheckpointHeader, u32>, String> {
+    let Ok(b) = <&[u8; HEADER_BYTES]>::try_from(b) else {
+        return Err(format!(
+            "header is {} bytes, expected {HEADER_BYTES}",
+            b.len()
+        ));
+    };
+    if b[H_MAGIC..H_VERSION] != CHECKPOINT_MAGIC {
+        return Err("bad magic: not a Kairos checkpoint".into());
+    }
+    let version = u32_at(b, H_VERSION);
+    if version != CHECKPOINT_FORMAT_VERSION {
+        return Ok(Err(version));
+    }
+    if u32_at(b, H_CRC) != header_crc(b) {
+        return Err("header CRC mismatch".into());
+    }
+    if u64_at(b, H_RESERVED) != 0 {
+        return Err("reserved header bytes are not zero".into());
+    }
+    let mut store_id = [0u8; 16];
+    store_id.copy_from_slice(&b[H_STORE_ID..H_LSN]);
+    Ok(Ok(CheckpointHeader {
+        store_id,
+        lsn: u64_at(b, H_LSN),
+        max_task_id: u64_at(b, H_MAX_ID),
+        created_ms: u64_at(b, H_CREATED_MS),
+    }))
+}
+
+/// Reads a checkpoint from bytes in memory (the fuzz target's entry point;
+/// files go through [`read`], which streams block by block).
+///
+/// # Errors
+/// As [`read`], with `path` used only in messages.
+pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointReadError> {
+    let source = SliceSource(bytes);
+    read_from(&source, bytes.len() as u64, path)
+}
+
+/// Reads the header of the checkpoint file at `path` (cheap: 64 bytes).
+///
+/// # Errors
+/// As [`read`].
+pub fn read_header(
+    storage: &dyn Storage,
+    path: &Path,
+) -> Result<CheckpointHeader, CheckpointReadError> {
+    let io_err = |source| CheckpointReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+    let len = file.len().map_err(io_err)?;
+    let source = FileSource(file.as_ref());
+    header_from(&source, len, path)
+}
+
+/// Reads and checks the whole checkpoint file at `path`. Memory: one block
+/// (at most [`BLOCK_BODY_BYTES_MAX`]) besides the state returned.
+///
+/// # Errors
+/// [`CheckpointReadError::Corrupt`] (offset and reason) for any damage — a
+/// bad magic, CRC, length, entry, duplicate id, an id above the header's
+/// largest, a missing or misplaced END block, bytes after it;
+/// [`CheckpointReadError::UnsupportedVersion`]; [`CheckpointReadError::Io`].
+pub fn read(storage: &dyn Storage, path: &Path) -> Result<Checkpoint, CheckpointReadError> {
+    let io_err = |source| CheckpointReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+    let len = file.len().map_err(io_err)?;
+    read_from(&FileSource(file.as_ref()), len, path)
+}
+
+trait Source {
+    /// Fills `buf` from `offset`; `Ok(false)` if the source ends first.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool>;
+}
+
+struct SliceSource<'a>(&'a [u8]);
+
+impl Source for SliceSource<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        let Ok(start) = usize::try_from(offset) else {
+            return Ok(false);
+        };
+        match self.0.get(start..).and_then(|rest| rest.get(..buf.len())) {
+            Some(src) => {
+                buf.copy_from_slice(src);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+struct FileSource<'a>(&'a dyn StorageFile);
+
+impl Source for FileSource<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.0.read_at(&mut buf[done..], offset + done as u64)?;
+            if n == 0 {
+                return Ok(false);
+            }
+            done += n;
+        }
+        Ok(true)
+    }
+}
+
+fn header_from(
+    source: &dyn Source,
+    len: u64,
+    path: &Path,
+) -> Result<CheckpointHeader, CheckpointReadError> {
+    let corrupt = |offset: u64, reason: String| CheckpointReadError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    if len < HEADER_BYTES as u64 {
+        return Err(corrupt(
+            0,
+            format!("file is {len} bytes, shorter than the {HEADER_BYTES}-byte header"),
+        ));
+    }
+    let mut b = [0u8; HEADER_BYTES];
+    if !source
+        .read_exact_at(&mut b, 0)
+        .map_err(|source| CheckpointReadError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+    {
+        return Err(corrupt(0, "file ends inside the header".into()));
+    }
+    match decode_header(&b).map_err(|reason| corrupt(0, reason))? {
+        Ok(h) => Ok(h),
+        Err(version) => Err(CheckpointReadError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            version,
+        }),
+    }
+}
+
+fn read_from(
+    source: &dyn Source,
+    len: u64,
+    path: &Path,
+) -> Result<Checkpoint, CheckpointReadError> {
+    let header = header_from(source, len, path)?;
+    let corrupt = |offset: u64, reason: String| CheckpointReadError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    let io_err = |source| CheckpointReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut out = Checkpoint {
+        header: Some(header),
+        ..Checkpoint::default()
+    };
+    let mut ids = std::collections::HashSet::new();
+    let mut offset = HEADER_BYTES as u64;
+    let mut seen_dead = false;
+    loop {
+        let left = len - offset;
+        if left < BLOCK_HEADER_BYTES as u64 {
+            return Err(corrupt(offset, "file ends before the END block".into()));
+        }
+        let mut bh = [0u8; BLOCK_HEADER_BYTES];
+        if !source.read_exact_at(&mut bh, offset).map_err(io_err)? {
+            return Err(corrupt(offset, "file ends inside a block header".into()));
+        }
+        let body_bytes = u32_at(&bh, B_BODY_BYTES);
+        let kind = bh[B_KIND];
+        let count = u32_at(&bh, B_COUNT);
+        if body_bytes > BLOCK_BODY_BYTES_MAX {
+            return Err(corrupt(
+                offset,
+                format!("block length {body_bytes} exceeds the limit {BLOCK_BODY_BYTES_MAX}"),
+            ));
+        }
+        if u64::from(body_bytes) > left - BLOCK_HEADER_BYTES as u64 {
+            return Err(corrupt(
+                offset,
+                format!(
+                    "block length {body_bytes} runs past the end of the file ({} bytes left)",
+                    left - BLOCK_HEADER_BYTES as u64
+                ),
+            ));
+        }
+        let mut body = vec![0u8; body_bytes as usize];
+        if !source
+            .read_exact_at(&mut body, offset + BLOCK_HEADER_BYTES as u64)
+            .map_err(io_err)?
+        {
+            return Err(corrupt(offset, "file ends inside a block".into()));
+        }
+        if u32_at(&bh, B_CRC) != block_crc(&bh, &body) {
+            return Err(corrupt(offset, "block CRC mismatch".into()));
+        }
+        if bh[B_RESERVED..B_COUNT] != [0, 0, 0] {
+            return Err(corrupt(offset, "reserved block bytes are not zero".into()));
+        }
+        let body_offset = offset + BLOCK_HEADER_BYTES as u64;
+        let next = body_offset + u64::from(body_bytes);
+        match kind {
+            BLOCK_TASKS if !seen_dead => {
+                parse_tasks(&body, count, &header, &mut ids, &mut out.tasks)
+                    .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
+            }
+            BLOCK_TASKS => return Err(corrupt(offset, "TASKS block after a DEAD block".into())),
+            BLOCK_DEAD => {
+                seen_dead = true;
+                parse_dead(&body, count, &header, &mut ids, &mut out.dead)
+                    .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
+            }
+            BLOCK_END => {
+                if body.len() != END_BODY_BYTES || count != 0 {
+                    return Err(corrupt(offset, "malformed END block".into()));
+                }
+                let (tasks, dead) = (u64_at(&body, 0), u64_at(&body, 8));
+                if tasks != out.tasks.len() as u64 || dead != out.dead.len() as u64 {
+                    return Err(corrupt(
+                        offset,
+                        format!(
+                            "END block counts {tasks} tasks and {dead} dead letters, the file holds {} and {}",
+                            out.tasks.len(),
+                            out.dead.len()
+                        ),
+                    ));
+                }
+                if next != len {
+                    return Err(corrupt(
+                        next,
+                        format!("{} bytes after the END block", len - next),
+                    ));
+                }
+                return Ok(out);
+            }
+            other => return Err(corrupt(offset, format!("unknown block kind {other}"))),
+        }
+        offset = next;
+    }
+}
+
+type EntryError = (usize, String);
+
+fn check_id(
+    id: u64,
+    at: usize,
+    header: &CheckpointHeader,
+    ids: &mut std::collections::HashSet<u64>,
+) -> Result<(), EntryError> {
+    if id == 0 || id == u64::MAX || id > header.max_task_id {
+        return Err((
+            at,
+            format!("task id {id} outside 1..={}", header.max_task_id),
+        ));
+    }
+    if !ids.insert(id) {
+        return Err((at, format!("task id {id} appears twice")));
+    }
+    Ok(())
+}
+
+fn take<'a>(
+    body: &'a [u8],
+    at: &mut usize,
+    n: usize,
+    entry: usize,
+) -> Result<&'a [u8], EntryError> {
+    let s = body
+        .get(*at..)
+        .and_then(|rest| rest.get(..n))
+        .ok_or_else(|| {
+            (
+                entry,
+                format!("entry runs past the end of its block ({n} bytes wanted)"),
+            )
+        })?;
+    *at += n;
+    Ok(s)
+}
+
+fn parse_tasks(
+    body: &[u8],
+    count: u32,
+    header: &CheckpointHeader,
+    ids: &mut std::collections::HashSet<u64>,
+    out: &mut Vec<(u64, LiveTask)>,
+) -> Result<(), EntryError> {
+    let mut at = 0;
+    for _ in 0..count {
+        let entry = at;
+        let fixed = take(body, &mut at, TASK_ENTRY_FIXED_BYTES, entry)?;
+        let id = u64_at(fixed, 0);
+        let due_ms = u64_at(fixed, 8);
+        let deliveries = u32_at(fixed, 16);
+        let flags = fixed[20];
+        let payload_kind = fixed[21];
+        let key_len = usize::from(u16_at(fixed, 22));
+        let payload_len = u32_at(fixed, 24) as usize;
+        if flags & !TASK_FLAG_IN_FLIGHT != 0 {
+            return Err((entry, format!("unknown task flags {flags:#04x}")));
+        }
+        if payload_kind != PAYLOAD_INLINE {
+            return Err((entry, format!("unknown payload kind {payload_kind}")));
+        }
+        if key_len == 0 {
+            return Err((entry, "empty key".into()));
+        }
+        let in_flight = flags & TASK_FLAG_IN_FLIGHT != 0;
+        if in_flight && deliveries == 0 {
+            return Err((entry, format!("task {id} in flight with no delivery")));
+        }
+        check_id(id, entry, header, ids)?;
+        let key = take(body, &mut at, key_len, entry)?;
+        let payload = take(body, &mut at, payload_len, entry)?;
+        out.push((
+            id,
+            LiveTask {
+                key: key.into(),
+                payload: payload.into(),
+                due_ms,
+                deliveries,
+                in_flight,
+                last_error: Box::default(),
+            },
+        ));
+    }
+    if at != body.len() {
+        return Err((
+            at,
+            format!(
+                "{} bytes after the block's {count} entries",
+                body.len() - at
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_dead(
+    body: &[u8],
+    count: u32,
+    header: &CheckpointHeader,
+    ids: &mut std::collections::HashSet<u64>,
+    out: &mut Vec<(u64, DeadTask)>,
+) -> Result<(), EntryError> {
+    let mut at = 0;
+    for _ in 0..count {
+        let entry = at;
+        let fixed = take(body, &mut at, DEAD_ENTRY_FIXED_BYTES, entry)?;
+        let id = u64_at(fixed, 0);
+        let due_ms = u64_at(fixed, 8);
+        let dead_ms = u64_at(fixed, 16);
+        let deliveries = u32_at(fixed, 24);
+        let key_len = usize::from(u16_at(fixed, 28));
+        let payload_len = u32_at(fixed, 30) as usize;
+        let error_len = usize::from(u16_at(fixed, 34));
+        if key_len == 0 {
+            return Err((entry, "empty key".into()));
+        }
+        if error_len > crate::record::ERROR_BYTES_MAX {
+            return Err((
+                entry,
+                format!(
+                    "error text of {error_len} bytes exceeds {}",
+                    crate::record::ERROR_BYTES_MAX
+                ),
+            ));
+        }
+        check_id(id, entry, header, ids)?;
+        let key = take(body, &mut at, key_len, entry)?;
+        let payload = take(body, &mut at, payload_len, entry)?;
+        let error = take(body, &mut at, error_len, entry)?;
+        out.push((
+            id,
+            DeadTask {
+                key: key.into(),
+                payload: payload.into(),
+                due_ms,
+                deliveries,
+                dead_ms,
+                error: error.into(),
+            },
+        ));
+    }
+    if at != body.len() {
+        return Err((
+            at,
+            format!(
+                "{} bytes after the block's {count} entries",
+                body.len() - at
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checkpoint files `(lsn, name)` by LSN ascending, and leftover temporary file names.
+pub type Listing = (Vec<(u64, String)>, Vec<String>);
+
+/// The checkpoint files in `dir` (a data directory's `checkpoint/`), by LSN
+/// ascending, and the names of leftover temporary files. A missing directory
+/// holds none.
+///
+/// # Errors
+/// The listing's I/O error.
+pub fn list(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
+    let names = match storage.list(dir) {
+        Ok(names) => names,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
+        Err(e) => return Err(e),
+    };
+    let mut files = Vec::new();
+    let mut tmps = Vec::new();
+    for name in names {
+        if let Some(lsn) = parse_file_name(&name) {
+            files.push((lsn, name));
+        } else if name.ends_with(TMP_SUFFIX) {
+            tmps.push(name);
+        }
+    }
+    files.sort_unstable();
+    Ok((files, tmps))
+}
+
+/// Writes `bytes` as the checkpoint file `name` in `dir`: `name.tmp` is
+/// created, written, fdatasynced, renamed to `name`, and `dir` fsynced. A
+/// crash at any step leaves `name` absent or complete.
+///
+/// # Errors
+/// The failed step and its I/O error; a leftover `name.tmp` is removed by the
+/// next open.
+pub fn write_file(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), (&'static str, PathBuf, io::Error)> {
+    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
+    let path = dir.join(name);
+    match storage.remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(("remove", tmp, e)),
+    }
+    let file = storage
+        .open(&tmp, OpenMode::CreateNew)
+        .map_err(|e| ("create", tmp.clone(), e))?;
+    file.write_all_at(bytes, 0)
+        .map_err(|e| ("write", tmp.clone(), e))?;
+    file.sync_data()
+        .map_err(|e| ("fdatasync", tmp.clone(), e))?;
+    drop(file);
+    storage
+        .rename(&tmp, &path)
+        .map_err(|e| ("rename", tmp.clone(), e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| ("fsync dir", dir.to_path_buf(), e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (CheckpointHeader, Vec<u8>) {
+        let header = CheckpointHeader {
+            store_id: [7; 16],
+            lsn: 42,
+            max_task_id: 9,
+            created_ms: 1_700_000_000_000,
+        };
+        let mut enc = CheckpointEncoder::new(&header);
+        enc.push_task(3, 100, 0, false, b"k3", b"payload");
+        enc.push_task(5, 200, 2, true, b"k5", b"");
+        enc.push_dead(
+            9,
+            &DeadTask {
+                key: b"k9".as_slice().into(),
+                payload: b"p".as_slice().into(),
+                due_ms: 300,
+                deliveries: 3,
+                dead_ms: 400,
+                error: b"boom".as_slice().into(),
+            },
+        );
+        (header, enc.finish())
+    }
+
+    #[test]
+    fn round_trip() {
+        let (header, bytes) = sample();
+        let c = decode(&bytes, Path::new("x")).unwrap();
+        assert_eq!(c.header, Some(header));
+        assert_eq!(c.tasks.len(), 2);
+        assert_eq!(c.tasks[0].0, 3);
+        assert_eq!(&*c.tasks[0].1.payload, b"payload");
+        assert!(c.tasks[1].1.in_flight);
+        assert_eq!(c.tasks[1].1.deliveries, 2);
+        assert_eq!(c.dead[0].0, 9);
+        assert_eq!(&*c.dead[0].1.error, b"boom");
+    }
+
+    #[test]
+    fn every_truncation_and_bit_flip_is_an_error_not_a_panic() {
+        let (_, bytes) = sample();
+        for cut in 0..bytes.len() {
+            assert!(
+                decode(&bytes[..cut], Path::new("x")).is_err(),
+                "cut at {cut}"
+            );
+        }
+        for at in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[at] ^= 1 << bit;
+                assert!(decode(&b, Path::new("x")).is_err(), "flip {at}.{bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn file_names() {
+        assert_eq!(file_name(0x2a), "000000000000002a.ckpt");
+        assert_eq!(parse_file_name("000000000000002a.ckpt"), Some(42));
+        assert_eq!(parse_file_name("2a.ckpt"), None);
+        assert_eq!(parse_file_name("000000000000002a.ckpt.tmp"), None);
+    }
+}

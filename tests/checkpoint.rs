@@ -1,0 +1,510 @@
+//! Checkpoints: the state survives a checkpoint, a crash and a reopen exactly;
+//! the log segments a checkpoint covers are deleted and disk use follows the
+//! live data; a crash or an I/O failure at every step of a checkpoint loses
+//! nothing and resurrects nothing; damaged or foreign checkpoint files are
+//! reported, never silently used.
+
+mod common;
+
+use common::{config, drain, SimHarness, Stop, TestResult, START_MS};
+use kairos::checkpoint::{self, CheckpointReadError};
+use kairos::{
+    CancelOutcome, CheckpointError, Config, Due, Durability, Engine, ManualClock, OpenError,
+};
+use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan, Storage};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const SECOND: Duration = Duration::from_secs(1);
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn key(i: usize) -> Vec<u8> {
+    format!("task-{i:04}").into_bytes()
+}
+
+fn payload(i: usize) -> Vec<u8> {
+    format!("payload of task {i} ").repeat(i % 7).into_bytes()
+}
+
+/// The model: key → (due_ms, payload) of every task that must still fire.
+type Model = BTreeMap<Vec<u8>, (u64, Vec<u8>)>;
+
+/// Schedules `n` tasks due over the next `n` seconds and cancels every third.
+fn load(engine: &Engine, n: usize) -> TestResult<Model> {
+    let mut model = Model::new();
+    for i in 0..n {
+        let due_ms = START_MS + 1_000 * (i as u64 + 1);
+        let due = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
+        engine.schedule(&key(i), due, &payload(i))?;
+        model.insert(key(i), (due_ms, payload(i)));
+    }
+    for i in (0..n).step_by(3) {
+        assert_eq!(
+            engine.cancel(&key(i))?,
+            CancelOutcome::Cancelled { deliveries: 0 }
+        );
+        model.remove(&key(i));
+    }
+    Ok(model)
+}
+
+/// Runs the clock until everything due fired, acking each; returns what fired.
+fn fire_all(h: &SimHarness, until: Duration) -> TestResult<Model> {
+    let mut fired = Model::new();
+    let mut elapsed = Duration::ZERO;
+    while elapsed < until {
+        for d in h.advance(SECOND)? {
+            assert!(d.fired_ms() >= d.due_ms(), "early: {d:?}");
+            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+            assert!(again.is_none(), "delivered twice: {d:?}");
+            h.engine().consumer().ack(&d)?;
+        }
+        elapsed += SECOND;
+    }
+    Ok(fired)
+}
+
+#[test]
+fn state_survives_checkpoint_crash_and_reopen_exactly() -> TestResult {
+    let mut h = SimHarness::new(1, config(Durability::Sync))?;
+    let model = load(h.engine(), 300)?;
+    let before = h.segments()?.len();
+    let report = h.engine().checkpoint()?;
+    assert!(report.written);
+    assert_eq!(report.tasks, model.len() as u64);
+    assert!(report.segments_removed > 0, "{report:?}");
+    assert_eq!(h.segments()?.len(), before - report.segments_removed);
+    // A second checkpoint with nothing new writes nothing.
+    assert!(!h.engine().checkpoint()?.written);
+    h.restart(Stop::PowerCut)?;
+    assert_eq!(h.engine().recovery().pending, model.len());
+    let fired = fire_all(&h, Duration::from_secs(310))?;
+    assert_eq!(fired, model);
+    Ok(())
+}
+
+#[test]
+fn records_after_the_checkpoint_are_replayed_on_top_of_it() -> TestResult {
+    let mut h = SimHarness::new(2, config(Durability::Sync))?;
+    let mut model = load(h.engine(), 120)?;
+    h.engine().checkpoint()?;
+    // After the checkpoint: more schedules, cancels of checkpointed tasks, a
+    // reschedule and deliveries in flight at the crash.
+    for i in 120..180 {
+        let due_ms = START_MS + 1_000 * (i as u64 + 1);
+        h.engine().schedule(
+            &key(i),
+            Due::At(UNIX_EPOCH + Duration::from_millis(due_ms)),
+            &payload(i),
+        )?;
+        model.insert(key(i), (due_ms, payload(i)));
+    }
+    for i in [1, 2, 4, 121] {
+        assert!(h.engine().cancel(&key(i))?.is_cancelled());
+        model.remove(&key(i));
+    }
+    let new_due = START_MS + 500_000;
+    h.engine().reschedule(
+        &key(5),
+        Due::At(UNIX_EPOCH + Duration::from_millis(new_due)),
+        None,
+    )?;
+    model.get_mut(&key(5)).ok_or("task 5")?.0 = new_due;
+    h.restart(Stop::PowerCut)?;
+    assert_eq!(h.engine().recovery().pending, model.len());
+    let fired = fire_all(&h, Duration::from_secs(510))?;
+    assert_eq!(fired, model);
+    Ok(())
+}
+
+#[test]
+fn deliveries_in_flight_and_dead_letters_are_kept_by_a_checkpoint() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.retry.max_attempts = 2;
+    let mut h = SimHarness::new(3, c)?;
+    for i in 0..3 {
+        h.engine().schedule_after(&key(i), SECOND, &payload(i))?;
+    }
+    let ds = h.advance(SECOND)?;
+    assert_eq!(ds.len(), 3);
+    let consumer = h.engine().consumer();
+    // Task 0: acked. Task 1: nacked twice → dead letter. Task 2: held at the checkpoint.
+    consumer.ack(&ds[0])?;
+    consumer.nack(&ds[1], Some(SECOND), "first")?;
+    let again = h.advance(SECOND)?;
+    assert_eq!(again.len(), 1);
+    consumer.nack(&again[0], None, "second")?;
+    h.engine().checkpoint()?;
+    let dead_before = h.engine().dead_letters();
+    assert_eq!(dead_before.len(), 1);
+    h.restart(Stop::PowerCut)?;
+    let r = h.engine().recovery();
+    assert_eq!((r.pending, r.redelivered, r.dead_letters), (1, 1, 1));
+    let dead_after = h.engine().dead_letters();
+    assert_eq!(dead_after.len(), 1);
+    assert_eq!(dead_after[0].key, dead_before[0].key);
+    assert_eq!(dead_after[0].payload, dead_before[0].payload);
+    let redelivered = drain(h.engine())?;
+    assert_eq!(redelivered.len(), 1);
+    assert_eq!(
+        (redelivered[0].key(), redelivered[0].attempt()),
+        (&key(2)[..], 2)
+    );
+    Ok(())
+}
+
+/// Tasks due in 1 s, 30 days, 200 days and 5 years fire at their due tick,
+/// with checkpoints and reopens (clean, crash, power cut) in between.
+#[test]
+fn far_due_times_fire_on_their_tick_across_checkpoints_and_reopens() -> TestResult {
+    let mut h = SimHarness::new(4, config(Durability::Sync))?;
+    let delays = [SECOND, 30 * DAY, 200 * DAY, 5 * 365 * DAY];
+    let mut due = Vec::new();
+    for (i, d) in delays.iter().enumerate() {
+        h.engine().schedule_after(&key(i), *d, b"p")?;
+        due.push(START_MS + d.as_millis() as u64);
+    }
+    let stops = [
+        Stop::Clean,
+        Stop::ProcessCrash,
+        Stop::PowerCut,
+        Stop::PowerCutDropUnsynced,
+    ];
+    let mut now = START_MS;
+    for (i, &due_ms) in due.iter().enumerate() {
+        h.engine().checkpoint()?;
+        h.restart(stops[i % stops.len()])?;
+        // One millisecond before: nothing.
+        let step = Duration::from_millis(due_ms - 1 - now);
+        assert!(h.advance(step)?.is_empty(), "task {i} early");
+        h.engine().checkpoint()?;
+        h.restart(stops[(i + 1) % stops.len()])?;
+        let fired = h.advance(Duration::from_millis(1))?;
+        now = due_ms;
+        assert_eq!(fired.len(), 1, "task {i}");
+        assert_eq!(
+            (fired[0].key(), fired[0].due_ms(), fired[0].fired_ms()),
+            (&key(i)[..], due_ms, due_ms)
+        );
+        h.engine().consumer().ack(&fired[0])?;
+    }
+    h.engine().checkpoint()?;
+    h.restart(Stop::PowerCut)?;
+    assert_eq!(h.engine().recovery().pending, 0);
+    Ok(())
+}
+
+/// Every I/O operation of a checkpoint, failed in turn and followed by a
+/// power cut: the reopened engine holds exactly the acknowledged state.
+#[test]
+fn a_failure_or_power_cut_at_every_step_of_a_checkpoint_loses_nothing() -> TestResult {
+    let mut steps = 0;
+    for fail_at in 0.. {
+        let mut h = SimHarness::new(5, config(Durability::Sync))?;
+        let model = load(h.engine(), 90)?;
+        h.engine().checkpoint()?; // an older checkpoint exists too
+        let mut model2 = model.clone();
+        for i in 90..150 {
+            let due_ms = START_MS + 1_000 * (i as u64 + 1);
+            h.engine().schedule(
+                &key(i),
+                Due::At(UNIX_EPOCH + Duration::from_millis(due_ms)),
+                &payload(i),
+            )?;
+            model2.insert(key(i), (due_ms, payload(i)));
+        }
+        let ops_before = h.sim.io_ops();
+        h.sim.inject(FaultPlan {
+            after: fail_at,
+            op: FaultOp::Any,
+            kind: FaultKind::Eio,
+        });
+        let result = h.engine().checkpoint();
+        let faulted = h.sim.io_ops() - ops_before > fail_at;
+        h.sim.clear_faults();
+        match &result {
+            Ok(_) => {}
+            Err(
+                CheckpointError::Io { .. }
+                | CheckpointError::Wal(_)
+                | CheckpointError::Poisoned { .. },
+            ) => {}
+            Err(e) => return Err(format!("fail_at {fail_at}: unexpected {e:?}").into()),
+        }
+        h.restart(Stop::PowerCut)?;
+        assert_eq!(
+            h.engine().recovery().pending,
+            model2.len(),
+            "fail_at {fail_at}"
+        );
+        let fired = fire_all(&h, Duration::from_secs(160))?;
+        assert_eq!(fired, model2, "fail_at {fail_at}");
+        steps += 1;
+        if !faulted {
+            assert!(result.is_ok());
+            break;
+        }
+    }
+    assert!(
+        steps > 5,
+        "a checkpoint has more than five I/O steps ({steps})"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_damaged_checkpoint_is_reported_with_file_and_offset() -> TestResult {
+    let mut h = SimHarness::new(6, config(Durability::Sync))?;
+    load(h.engine(), 200)?;
+    let report = h.engine().checkpoint()?;
+    assert!(report.segments_removed > 0);
+    h.stop(Stop::Clean)?;
+    let path = h
+        .dir
+        .join("checkpoint")
+        .join(checkpoint::file_name(report.lsn));
+    let mut bytes = h.sim.read_file(&path).ok_or("checkpoint file")?;
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x10;
+    h.sim.write_file(&path, &bytes);
+    match h.open() {
+        Err(OpenError::Checkpoint(CheckpointReadError::Corrupt {
+            path: p, offset, ..
+        })) => {
+            assert_eq!(p, path);
+            assert!(offset <= at as u64);
+        }
+        other => return Err(format!("expected a corrupt checkpoint, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+#[test]
+fn an_older_checkpoint_is_used_when_the_newest_is_damaged_and_the_log_covers_it() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.segment_bytes = 1 << 20; // one segment: nothing is deleted
+    let mut h = SimHarness::new(7, c)?;
+    let mut model = load(h.engine(), 50)?;
+    let older = h.engine().checkpoint()?;
+    let dir = h.dir.join("checkpoint");
+    let older_path = dir.join(checkpoint::file_name(older.lsn));
+    let older_bytes = h.sim.read_file(&older_path).ok_or("older checkpoint")?;
+    for i in 50..60 {
+        h.engine()
+            .schedule_after(&key(i), Duration::from_secs(100), b"x")?;
+        model.insert(key(i), (START_MS + 100_000, b"x".to_vec()));
+    }
+    let newer = h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    h.sim.write_file(&older_path, &older_bytes);
+    let newer_path = dir.join(checkpoint::file_name(newer.lsn));
+    let mut bytes = h.sim.read_file(&newer_path).ok_or("newer checkpoint")?;
+    bytes.truncate(bytes.len() - 3);
+    h.sim.write_file(&newer_path, &bytes);
+    h.start()?;
+    assert_eq!(h.engine().recovery().pending, model.len());
+    assert_eq!(fire_all(&h, Duration::from_secs(110))?, model);
+    Ok(())
+}
+
+#[test]
+fn a_checkpoint_whose_log_records_are_gone_is_refused() -> TestResult {
+    let mut h = SimHarness::new(8, config(Durability::Sync))?;
+    load(h.engine(), 100)?;
+    let older = h.engine().checkpoint()?;
+    let dir = h.dir.join("checkpoint");
+    let older_path = dir.join(checkpoint::file_name(older.lsn));
+    let older_bytes = h.sim.read_file(&older_path).ok_or("older checkpoint")?;
+    for i in 100..300 {
+        h.engine()
+            .schedule_after(&key(i), Duration::from_secs(100), b"x")?;
+    }
+    let newer = h.engine().checkpoint()?;
+    assert!(newer.segments_removed > 0);
+    h.stop(Stop::Clean)?;
+    // Only the older checkpoint is left, and the log records after it are deleted.
+    h.sim
+        .remove_file(&dir.join(checkpoint::file_name(newer.lsn)))?;
+    h.sim.write_file(&older_path, &older_bytes);
+    match h.open() {
+        Err(OpenError::CheckpointMismatch { path, reason }) => {
+            assert_eq!(path, older_path);
+            assert!(reason.contains("missing"), "{reason}");
+        }
+        other => return Err(format!("expected a mismatch, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_checkpoint_from_another_directory_is_refused() -> TestResult {
+    let mut a = SimHarness::new(9, config(Durability::Sync))?;
+    load(a.engine(), 10)?;
+    let ra = a.engine().checkpoint()?;
+    a.stop(Stop::Clean)?;
+    let mut b = SimHarness::new(10, config(Durability::Sync))?;
+    load(b.engine(), 5)?;
+    b.stop(Stop::Clean)?;
+    let bytes = a
+        .sim
+        .read_file(&a.dir.join("checkpoint").join(checkpoint::file_name(ra.lsn)))
+        .ok_or("checkpoint of a")?;
+    b.sim.create_dir_all(&b.dir.join("checkpoint"))?;
+    let path = b.dir.join("checkpoint").join(checkpoint::file_name(ra.lsn));
+    b.sim.write_file(&path, &bytes);
+    match b.open() {
+        Err(OpenError::CheckpointMismatch { reason, .. }) => {
+            assert!(reason.contains("another log"), "{reason}")
+        }
+        other => return Err(format!("expected a mismatch, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+#[test]
+fn checkpoint_errors_in_memory_and_after_shutdown() -> TestResult {
+    let clock = ManualClock::new(START_MS);
+    let engine = Engine::in_memory(Config::default(), Arc::new(clock))?;
+    assert!(matches!(
+        engine.checkpoint(),
+        Err(CheckpointError::InMemory)
+    ));
+    let h = SimHarness::new(11, config(Durability::Sync))?;
+    h.engine().shutdown()?;
+    assert!(matches!(
+        h.engine().checkpoint(),
+        Err(CheckpointError::Closed)
+    ));
+    Ok(())
+}
+
+/// Many tasks come and go (scheduled, most cancelled or fired) with a
+/// checkpoint now and then: disk use stays within a small factor of the live
+/// data plus a few segments, and the file count stays bounded.
+#[test]
+fn disk_use_follows_live_data_not_history() -> TestResult {
+    let c = config(Durability::Buffered);
+    let segment_bytes = c.segment_bytes;
+    let h = SimHarness::new(12, c)?;
+    let rounds = 40 * common::scale();
+    let mut live_keys: Vec<Vec<u8>> = Vec::new();
+    let mut next = 0usize;
+    let mut worst_ratio: f64 = 0.0;
+    for round in 0..rounds {
+        // 200 new tasks; 150 of them cancelled, the rest fire within 2 s.
+        for _ in 0..200 {
+            let k = key(next);
+            h.engine()
+                .schedule_after(&k, Duration::from_millis(1_500), &payload(next))?;
+            live_keys.push(k);
+            next += 1;
+        }
+        for (i, k) in std::mem::take(&mut live_keys).iter().enumerate() {
+            if i % 4 != 0 {
+                h.engine().cancel(k)?;
+            }
+        }
+        for d in h.advance(Duration::from_secs(2))? {
+            h.engine().consumer().ack(&d)?;
+        }
+        // 20 long-lived tasks per round stay live (a one-year timer among them).
+        for j in 0..20 {
+            let k = format!("long-{round}-{j}").into_bytes();
+            h.engine().schedule_after(&k, 365 * DAY, &payload(j))?;
+        }
+        let report = h.engine().checkpoint()?;
+        let (bytes, files) = disk_use(&h)?;
+        let ratio = bytes as f64 / (report.bytes + 4 * segment_bytes) as f64;
+        worst_ratio = worst_ratio.max(ratio);
+        assert!(files <= 12, "round {round}: {files} files");
+    }
+    assert!(
+        worst_ratio <= 2.0,
+        "disk use {worst_ratio:.2}× (checkpoint + 4 segments)"
+    );
+    assert_eq!(h.engine().stats().pending, 20 * rounds);
+    Ok(())
+}
+
+fn disk_use(h: &SimHarness) -> TestResult<(u64, usize)> {
+    let mut bytes = 0;
+    let mut files = 0;
+    for dir in [h.dir.clone(), h.dir.join("wal"), h.dir.join("checkpoint")] {
+        for name in h.sim.list(&dir)? {
+            let path = dir.join(&name);
+            if let Some(b) = h.sim.read_file(&path) {
+                bytes += b.len() as u64;
+                files += 1;
+            }
+        }
+    }
+    Ok((bytes, files))
+}
+
+#[test]
+fn background_checkpoints_follow_log_growth() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut c = config(Durability::Buffered);
+    c.checkpoint_log_bytes = Some(64 * 1024);
+    let clock = ManualClock::new(START_MS);
+    let engine = common::open_fs(dir.path(), c, &clock)?;
+    for i in 0..5_000 {
+        engine.schedule_after(&key(i), DAY, &payload(i))?;
+    }
+    // The checkpointer runs on its own thread: wait (bounded) for its file.
+    let ckpt_dir = dir.path().join("checkpoint");
+    let deadline = SystemTime::now() + Duration::from_secs(60);
+    while checkpoint_count(&ckpt_dir) == 0 {
+        assert!(
+            SystemTime::now() < deadline,
+            "no background checkpoint within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    engine.shutdown()?;
+    let reopened = common::open_fs(dir.path(), config(Durability::Buffered), &clock)?;
+    assert_eq!(reopened.recovery().pending, 5_000);
+    Ok(())
+}
+
+fn checkpoint_count(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |rd| {
+        rd.filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
+            .count()
+    })
+}
+
+/// The newest checkpoint is damaged and the older one no longer fits the log
+/// (segments after it were deleted): the newest one's damage is what is
+/// reported, never a silent open from the older one.
+#[test]
+fn a_damaged_newest_checkpoint_is_reported_when_the_older_one_does_not_fit() -> TestResult {
+    let mut h = SimHarness::new(13, config(Durability::Sync))?;
+    load(h.engine(), 100)?;
+    let older = h.engine().checkpoint()?;
+    let dir = h.dir.join("checkpoint");
+    let older_path = dir.join(checkpoint::file_name(older.lsn));
+    let older_bytes = h.sim.read_file(&older_path).ok_or("older checkpoint")?;
+    for i in 100..300 {
+        h.engine()
+            .schedule_after(&key(i), Duration::from_secs(100), b"x")?;
+    }
+    let newer = h.engine().checkpoint()?;
+    assert!(newer.segments_removed > 0);
+    h.stop(Stop::Clean)?;
+    h.sim.write_file(&older_path, &older_bytes);
+    let newer_path = dir.join(checkpoint::file_name(newer.lsn));
+    let mut bytes = h.sim.read_file(&newer_path).ok_or("newer checkpoint")?;
+    bytes[70] ^= 1;
+    h.sim.write_file(&newer_path, &bytes);
+    match h.open() {
+        Err(OpenError::Checkpoint(CheckpointReadError::Corrupt { path, offset, .. })) => {
+            assert_eq!((path, offset), (newer_path, 64));
+        }
+        other => return Err(format!("expected the newest's corruption, got {other:?}").into()),
+    }
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! `kairos checkpoint DIR`: an offline checkpoint of a real directory.
+
+use kairos::{Config, Engine};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+const KAIROS: &str = env!("CARGO_BIN_EXE_kairos");
+
+fn config() -> Config {
+    let mut c = Config::default();
+    c.segment_bytes = kairos_wal::SEGMENT_BYTES_MIN;
+    c.checkpoint_log_bytes = None;
+    c.checkpoint_interval = None;
+    c
+}
+
+fn segments(dir: &Path) -> TestResult<usize> {
+    Ok(std::fs::read_dir(dir.join("wal"))?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        .count())
+}
+
+#[test]
+fn checkpoint_offline_then_reopen() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    let engine = Engine::open(dir, config())?;
+    for i in 0..400 {
+        engine.schedule_after(
+            format!("k{i}").as_bytes(),
+            Duration::from_secs(3600),
+            b"payload",
+        )?;
+    }
+    for i in 0..100 {
+        assert!(engine.cancel(format!("k{i}").as_bytes())?.is_cancelled());
+    }
+    engine.shutdown()?;
+    let before = segments(dir)?;
+    let out = Command::new(KAIROS)
+        .args(["checkpoint", "--json"])
+        .arg(dir)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(v["tasks"], 300);
+    assert_eq!(v["written"], true);
+    let removed = v["segments_removed"].as_u64().ok_or("segments_removed")? as usize;
+    assert!(removed > 0);
+    assert_eq!(segments(dir)?, before - removed);
+    // Again: nothing new to write.
+    let out = Command::new(KAIROS).arg("checkpoint").arg(dir).output()?;
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("already covers"));
+    let engine = Engine::open(dir, config())?;
+    assert_eq!(engine.recovery().pending, 300);
+    // Open elsewhere: refused.
+    let out = Command::new(KAIROS).arg("checkpoint").arg(dir).output()?;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("open in another engine"));
+    engine.shutdown()?;
+    // Not a data directory.
+    let empty = tempfile::tempdir()?;
+    let out = Command::new(KAIROS)
+        .arg("checkpoint")
+        .arg(empty.path())
+        .output()?;
+    assert_eq!(out.status.code(), Some(1));
+    Ok(())
+}
