@@ -4,6 +4,7 @@
 //! invariant of the demo broke, `verify` found damage) or failed (I/O error,
 //! bad directory); 2 — bad command-line usage (from clap).
 
+mod bench;
 mod checkpoint;
 mod dead_letters;
 mod demo;
@@ -20,8 +21,9 @@ use std::process::ExitCode;
 ///
 /// Schedule a task to fire at a moment in the future, cancel it by key
 /// before then, receive it on consumer threads when it falls due. This tool
-/// runs a demonstration workload against a real data directory, checks data
-/// directories offline, and manages their dead letters offline.
+/// runs a demonstration workload against a real data directory, measures the
+/// engine under a load, checks data directories offline, and manages their
+/// dead letters offline.
 #[derive(Debug, Parser)]
 #[command(name = "kairos", version, propagate_version = true)]
 #[command(
@@ -37,6 +39,7 @@ struct Cli {
 enum Command {
     Checkpoint(checkpoint::CheckpointArgs),
     Demo(demo::DemoArgs),
+    Bench(bench::BenchArgs),
     Verify(verify::VerifyArgs),
     DeadLetters(dead_letters::DeadLettersArgs),
 }
@@ -48,6 +51,7 @@ pub fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Checkpoint(args) => checkpoint::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Verify(args) => verify::run(&args),
         Command::DeadLetters(args) => dead_letters::run(&args),
     };

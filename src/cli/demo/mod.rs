@@ -11,11 +11,12 @@ mod canceller;
 mod consumers;
 mod context;
 mod producer;
-mod progress;
+// Shared with `kairos bench`.
+pub(super) mod progress;
 mod report;
 mod session;
 mod tracker;
-mod workload;
+pub(super) mod workload;
 
 use super::{DurabilityArgs, DurabilityMode, Verdict};
 use anyhow::{bail, ensure, Context as _};

@@ -32,6 +32,15 @@ impl Progress {
         }
     }
 
+    /// Starts counting again, from 0 to `len`, in a new phase.
+    pub fn restart(&self, len: u64, phase: &'static str) {
+        if let Some(bar) = &self.0 {
+            bar.set_length(len);
+            bar.set_position(0);
+            bar.set_message(phase);
+        }
+    }
+
     /// Names the current phase.
     pub fn phase(&self, phase: &'static str) {
         if let Some(bar) = &self.0 {

@@ -153,7 +153,7 @@ impl Workload {
 }
 
 /// A 64-bit seed for task `index` of a run seeded with `seed`.
-fn mix(seed: u64, index: u32) -> u64 {
+pub fn mix(seed: u64, index: u32) -> u64 {
     splitmix64(seed ^ u64::from(index).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 

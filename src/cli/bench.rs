@@ -1,0 +1,780 @@
+//! `kairos bench`: a load run on a real data directory. Schedules N tasks in
+//! batches, cancels half of them by key, takes a checkpoint, closes the
+//! engine, reopens it, and reports throughput, memory per task, disk use and
+//! the time of each step. Only the public API is used.
+
+use super::demo::progress::Progress;
+use super::demo::workload::{self, Workload};
+use super::{DurabilityArgs, DurabilityMode, Verdict};
+use anyhow::{bail, Context as _};
+use clap::Args;
+use kairos::config::{BATCH_TASKS_MAX, PAYLOAD_BYTES_MAX_DEFAULT, PENDING_TASKS_MAX_DEFAULT};
+use kairos::{CancelOutcome, Config, Due, Engine, NewTask};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The horizon: tasks due within it belong in the timing wheel, tasks due
+/// beyond it in the overflow store (DESIGN.md's default, 18 days). The engine
+/// has no horizon yet — it keeps every task in the wheel — and will make this
+/// `Config::horizon`; the bench will then read it from the engine's config.
+const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * DAY_S);
+
+/// Seconds in a day.
+const DAY_S: u64 = 86_400;
+/// With `--far-fraction`: the earliest due time of a task within the horizon.
+const NEAR_MIN: Duration = Duration::from_secs(3_600);
+/// With `--far-fraction`: the earliest due time of a task beyond the horizon.
+const FAR_MIN: Duration = Duration::from_secs(19 * DAY_S);
+/// With `--far-fraction`: the latest due time of a task beyond the horizon.
+const FAR_MAX: Duration = Duration::from_secs(365 * DAY_S);
+/// Salt of the per-task draw of `--far-fraction`, apart from the demo's draws.
+const FAR_SALT: u64 = 0xFA2F_2AC7_0000_0001;
+
+/// Key bytes: `order:` + 10 digits + `:timeout`.
+const KEY_BYTES: usize = 24;
+const KEY_PREFIX: &[u8] = b"order:";
+const KEY_SUFFIX: &[u8] = b":timeout";
+/// Digits of the task index in a key (`u32::MAX` has 10).
+const KEY_DIGITS: usize = KEY_BYTES - KEY_PREFIX.len() - KEY_SUFFIX.len();
+
+/// Default `--batch`.
+const BATCH_DEFAULT: u32 = 10_000;
+/// Default `--seed`.
+const SEED_DEFAULT: u64 = 42;
+/// Largest `--tasks`: the engine's default limit on live tasks.
+const TASKS_MAX: u32 = PENDING_TASKS_MAX_DEFAULT as u32;
+
+/// Measure the engine under a load: schedule, cancel, checkpoint, close and
+/// reopen; report throughput, memory per task, disk use and recovery time.
+#[derive(Debug, Args)]
+#[command(long_about = "\
+Measure the engine under a load on a real data directory: schedule --tasks tasks in batches \
+(schedule_many), cancel half of them by key in batches (cancel_many), take a checkpoint, close \
+the engine (shutdown), reopen it and check that it recovered exactly the tasks left.
+
+Keys are 24 bytes (order:0000000042:timeout), payloads --payload-bytes bytes (default 0). Due \
+times are drawn per task from --seed: by default with the delay mix of DESIGN.md as the demo \
+draws it, without its time scale (45 % within 30 minutes, 35 % within 7 days, 20 % within 30 \
+days); with --far-fraction F, each task is due beyond the horizon (uniformly between 19 days and \
+1 year) with probability F, otherwise uniformly between 1 hour and 18 days. The horizon is 18 \
+days. Tasks due within it (wheel tasks) are scheduled first, then the tasks due beyond it \
+(overflow tasks), whatever the engine does with them. Every task with an odd index is \
+cancelled.
+
+What the figures mean:
+  schedule_per_sec, cancel_per_sec  tasks over the time spent inside schedule_many / \
+cancel_many calls (building keys is not counted); under --durability sync each batch waits for \
+one fdatasync.
+  rss_bytes  the process's peak resident set (VmHWM in /proc/self/status, null where there is \
+none), the reopen included.
+  ram_bytes_per_wheel_task, ram_bytes_per_overflow_task  growth of the resident set (VmRSS) \
+while the wheel tasks were scheduled, divided by their number; then the same for the overflow \
+tasks (null when there are none). RSS is process-wide: it includes the allocator's slack and \
+the log writer's buffers, and a table that doubles while one kind is scheduled is charged to \
+that kind. The payload's bytes are part of the figure: state --payload-bytes with it.
+  disk_bytes  the size of every file under DIR after the checkpoint and the close.
+  checkpoint_ms  Engine::checkpoint after the cancels: the live state copied under the \
+engine's lock, the file written and synced, the log segments it covers deleted.
+  close_ms  the shutdown. recovery_ms  the reopen (Engine::open, replaying the log).
+  recovered_pending  live tasks after the reopen; it must equal tasks - cancelled, otherwise the \
+exit status is 1.
+
+DIR defaults to a fresh temporary directory, removed afterwards; a --dir that exists must be an \
+empty directory (anything else is refused), and is kept. Timings depend on the machine and its \
+load: compare runs made on the same machine, side by side.")]
+pub struct BenchArgs {
+    /// Data directory [default: a fresh temporary directory, removed afterwards].
+    /// If it exists it must be empty; it is kept.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Tasks to schedule.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(TASKS_MAX)))]
+    tasks: u32,
+    /// Share of the tasks due beyond the 18-day horizon, 0..=1 [default: the
+    /// DESIGN.md delay mix instead].
+    #[arg(long, value_name = "F", value_parser = parse_fraction)]
+    far_fraction: Option<f64>,
+    /// Payload of every task, bytes.
+    #[arg(long, value_name = "P", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=PAYLOAD_BYTES_MAX_DEFAULT as i64))]
+    payload_bytes: u32,
+    #[command(flatten)]
+    durability: DurabilityArgs,
+    /// Tasks per schedule_many and keys per cancel_many call.
+    #[arg(long, value_name = "N", default_value_t = BATCH_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..=BATCH_TASKS_MAX as i64))]
+    batch: u32,
+    /// Seed of the due times (the same seed draws the same ones).
+    #[arg(long, default_value_t = SEED_DEFAULT)]
+    seed: u64,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A share: a number in 0..=1.
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err("must be a number from 0 to 1".into())
+    }
+}
+
+/// Everything the bench reports; serialized as the `--json` object.
+#[derive(Debug, Clone, Serialize)]
+struct Report {
+    /// Tasks scheduled.
+    tasks: u32,
+    /// `--far-fraction`, or null for the DESIGN.md delay mix.
+    far_fraction: Option<f64>,
+    /// Tasks due within the horizon, scheduled first.
+    wheel_tasks: u64,
+    /// Tasks due beyond the horizon, scheduled second.
+    overflow_tasks: u64,
+    /// The horizon used to tell them apart, days.
+    horizon_days: u64,
+    /// Payload of every task, bytes.
+    payload_bytes: u32,
+    /// Key of every task, bytes.
+    key_bytes: usize,
+    /// `sync`, `interval` or `buffered`.
+    durability: String,
+    /// Background sync period under `interval`, ms.
+    interval_ms: Option<u64>,
+    /// Tasks per `schedule_many`, keys per `cancel_many`.
+    batch: u32,
+    /// Seed of the due times.
+    seed: u64,
+    /// The data directory given, or null for a temporary one (removed).
+    dir: Option<String>,
+    /// Logical cores of the machine.
+    cores: usize,
+    /// Time spent inside `schedule_many` calls, ms.
+    schedule_ms: f64,
+    /// Tasks scheduled per second of `schedule_ms`.
+    schedule_per_sec: f64,
+    /// Cancels that returned `Cancelled`.
+    cancelled: u64,
+    /// Time spent inside `cancel_many` calls, ms.
+    cancel_ms: f64,
+    /// Keys cancelled per second of `cancel_ms`; null with no cancel.
+    cancel_per_sec: Option<f64>,
+    /// Peak resident set of the process (VmHWM), bytes; null if unknown.
+    rss_bytes: Option<u64>,
+    /// VmRSS growth per wheel task, bytes; null if none or unknown.
+    ram_bytes_per_wheel_task: Option<f64>,
+    /// VmRSS growth per overflow task, bytes; null if none or unknown.
+    ram_bytes_per_overflow_task: Option<f64>,
+    /// Sum of file sizes under the directory after checkpoint and close.
+    disk_bytes: u64,
+    /// Time of the checkpoint, ms.
+    checkpoint_ms: f64,
+    /// Time of the shutdown, ms.
+    close_ms: f64,
+    /// Time of the reopen, ms.
+    recovery_ms: f64,
+    /// Live tasks after the reopen (`recovery().pending`).
+    recovered_pending: u64,
+    /// `tasks − cancelled`: what `recovered_pending` must be.
+    expected_pending: u64,
+    /// `recovered_pending == expected_pending`.
+    ok: bool,
+}
+
+/// Runs the bench and prints its report; fails the verdict if the reopened
+/// engine did not recover exactly the tasks left.
+pub fn run(args: &BenchArgs) -> anyhow::Result<Verdict> {
+    let dir = BenchDir::prepare(args.dir.as_deref())?;
+    let measured = measure(args, dir.path())?;
+    drop(dir);
+    let report = report(args, &measured);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    if report.ok {
+        Ok(Verdict::Pass)
+    } else {
+        eprintln!(
+            "kairos bench: the reopened engine recovered {} pending tasks, expected {} \
+             ({} scheduled - {} cancelled)",
+            report.recovered_pending, report.expected_pending, report.tasks, report.cancelled
+        );
+        Ok(Verdict::Fail)
+    }
+}
+
+/// Where the due times come from.
+#[derive(Debug, Clone, Copy)]
+enum Delays {
+    /// The demo's order-timeout mix, in real time (time scale 1).
+    Mix(Workload),
+    /// A share of the tasks beyond the horizon, the rest within it.
+    FarFraction { seed: u64, fraction: f64 },
+}
+
+impl Delays {
+    fn new(args: &BenchArgs) -> Delays {
+        match args.far_fraction {
+            None => Delays::Mix(Workload {
+                tasks: args.tasks,
+                time_scale: 1.0,
+                seed: args.seed,
+            }),
+            Some(fraction) => Delays::FarFraction {
+                seed: args.seed,
+                fraction,
+            },
+        }
+    }
+
+    /// The delay of task `index`: a function of the seed and the index alone.
+    fn delay(&self, index: u32) -> Duration {
+        match *self {
+            Delays::Mix(workload) => workload.spec(index).delay,
+            Delays::FarFraction { seed, fraction } => {
+                let mut rng = SmallRng::seed_from_u64(workload::mix(seed ^ FAR_SALT, index));
+                let far = rng.random::<f64>() < fraction;
+                let (low, high) = if far {
+                    (FAR_MIN, FAR_MAX)
+                } else {
+                    (NEAR_MIN, HORIZON_DEFAULT)
+                };
+                low + (high - low).mul_f64(rng.random::<f64>())
+            }
+        }
+    }
+}
+
+/// Whether a task due after `delay` is beyond the horizon.
+fn is_overflow(delay: Duration) -> bool {
+    delay > HORIZON_DEFAULT
+}
+
+/// The key of task `index`: `order:<10 digits>:timeout`, without formatting
+/// machinery (it is built between timed calls, 1 M times).
+fn key(index: u32) -> [u8; KEY_BYTES] {
+    let mut key = [0u8; KEY_BYTES];
+    key[..KEY_PREFIX.len()].copy_from_slice(KEY_PREFIX);
+    key[KEY_BYTES - KEY_SUFFIX.len()..].copy_from_slice(KEY_SUFFIX);
+    let mut rest = index;
+    for digit in key[KEY_PREFIX.len()..KEY_PREFIX.len() + KEY_DIGITS]
+        .iter_mut()
+        .rev()
+    {
+        *digit = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    key
+}
+
+/// What one run measured, before it is turned into a report.
+#[derive(Debug)]
+struct Measured {
+    wheel_tasks: u64,
+    overflow_tasks: u64,
+    schedule_busy: Duration,
+    cancels: u64,
+    cancelled: u64,
+    cancel_busy: Duration,
+    rss_before: Option<u64>,
+    rss_after_wheel: Option<u64>,
+    rss_after_overflow: Option<u64>,
+    rss_peak: Option<u64>,
+    disk_bytes: u64,
+    checkpoint: Duration,
+    close: Duration,
+    recovery: Duration,
+    recovered_pending: u64,
+}
+
+/// Runs the load on `dir` and measures it.
+fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
+    let config = config(args);
+    let delays = Delays::new(args);
+    let batch = args.batch as usize;
+    let payload = vec![b'p'; args.payload_bytes as usize];
+    let progress = Progress::new(u64::from(args.tasks), true);
+    progress.phase("opening");
+    let engine = Engine::open(dir, config.clone())
+        .with_context(|| format!("cannot open an engine on {}", dir.display()))?;
+    let mut keys: Vec<[u8; KEY_BYTES]> = Vec::with_capacity(batch);
+    let mut due: Vec<Duration> = Vec::with_capacity(batch);
+
+    progress.phase("scheduling tasks due within the horizon");
+    let mut scheduler = Scheduler {
+        engine: &engine,
+        payload: &payload,
+        progress: &progress,
+        batch,
+        done: 0,
+        busy: Duration::ZERO,
+    };
+    let rss_before = rss_bytes("VmRSS:");
+    let wheel_tasks = scheduler.pass(args.tasks, &delays, false, &mut keys, &mut due)?;
+    let rss_after_wheel = rss_bytes("VmRSS:");
+    progress.phase("scheduling tasks due beyond the horizon");
+    let overflow_tasks = scheduler.pass(args.tasks, &delays, true, &mut keys, &mut due)?;
+    let rss_after_overflow = rss_bytes("VmRSS:");
+    let schedule_busy = scheduler.busy;
+
+    let cancels = u64::from(args.tasks / 2);
+    progress.restart(cancels, "cancelling every task with an odd index");
+    let (cancelled, cancel_busy) = cancel_odd(&engine, args.tasks, batch, &mut keys, &progress)?;
+
+    progress.phase("checkpoint");
+    let checkpoint = take_checkpoint(&engine)?;
+    progress.phase("closing");
+    let started = Instant::now();
+    engine.shutdown().context("shutdown failed")?;
+    let close = started.elapsed();
+    drop(engine);
+    let disk_bytes = dir_bytes(dir)?;
+
+    progress.phase("reopening");
+    let started = Instant::now();
+    let engine = Engine::open(dir, config)
+        .with_context(|| format!("cannot reopen the engine on {}", dir.display()))?;
+    let recovery = started.elapsed();
+    let recovered_pending = engine.recovery().pending as u64;
+    engine
+        .shutdown()
+        .context("shutdown of the reopened engine failed")?;
+    drop(engine);
+    Ok(Measured {
+        wheel_tasks,
+        overflow_tasks,
+        schedule_busy,
+        cancels,
+        cancelled,
+        cancel_busy,
+        rss_before,
+        rss_after_wheel,
+        rss_after_overflow,
+        rss_peak: rss_bytes("VmHWM:"),
+        disk_bytes,
+        checkpoint,
+        close,
+        recovery,
+        recovered_pending,
+    })
+}
+
+/// The engine's configuration for a run.
+fn config(args: &BenchArgs) -> Config {
+    let mut config = Config::default();
+    config.durability = args.durability.durability();
+    config.pending_tasks_max = config.pending_tasks_max.max(args.tasks as usize + 1);
+    config
+}
+
+/// Schedules tasks in batches, timing only the `schedule_many` calls.
+struct Scheduler<'a> {
+    engine: &'a Engine,
+    payload: &'a [u8],
+    progress: &'a Progress,
+    batch: usize,
+    /// Tasks scheduled so far.
+    done: u64,
+    /// Time spent inside `schedule_many`.
+    busy: Duration,
+}
+
+impl Scheduler<'_> {
+    /// Schedules every task of `0..tasks` whose due time is beyond the
+    /// horizon (`overflow`) or within it; returns how many.
+    fn pass(
+        &mut self,
+        tasks: u32,
+        delays: &Delays,
+        overflow: bool,
+        keys: &mut Vec<[u8; KEY_BYTES]>,
+        due: &mut Vec<Duration>,
+    ) -> anyhow::Result<u64> {
+        let mut count = 0;
+        for index in 0..tasks {
+            let delay = delays.delay(index);
+            if is_overflow(delay) != overflow {
+                continue;
+            }
+            keys.push(key(index));
+            due.push(delay);
+            count += 1;
+            if keys.len() == self.batch {
+                self.flush(keys, due)?;
+            }
+        }
+        self.flush(keys, due)?;
+        Ok(count)
+    }
+
+    fn flush(
+        &mut self,
+        keys: &mut Vec<[u8; KEY_BYTES]>,
+        due: &mut Vec<Duration>,
+    ) -> anyhow::Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<NewTask<'_>> = keys
+            .iter()
+            .zip(due.iter())
+            .map(|(key, &delay)| NewTask {
+                key,
+                due: Due::After(delay),
+                payload: self.payload,
+            })
+            .collect();
+        let started = Instant::now();
+        self.engine
+            .schedule_many(&batch)
+            .context("schedule_many failed")?;
+        self.busy += started.elapsed();
+        self.done += batch.len() as u64;
+        self.progress.set(self.done);
+        drop(batch);
+        keys.clear();
+        due.clear();
+        Ok(())
+    }
+}
+
+/// Cancels every task with an odd index by key, in batches; returns how many
+/// cancels answered `Cancelled` and the time spent inside `cancel_many`.
+fn cancel_odd(
+    engine: &Engine,
+    tasks: u32,
+    batch: usize,
+    keys: &mut Vec<[u8; KEY_BYTES]>,
+    progress: &Progress,
+) -> anyhow::Result<(u64, Duration)> {
+    let (mut cancelled, mut done, mut busy) = (0u64, 0u64, Duration::ZERO);
+    let mut index = 1u32;
+    while index < tasks {
+        keys.clear();
+        while index < tasks && keys.len() < batch {
+            keys.push(key(index));
+            index = index.saturating_add(2);
+        }
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        let started = Instant::now();
+        let outcomes = engine.cancel_many(&refs).context("cancel_many failed")?;
+        busy += started.elapsed();
+        cancelled += outcomes
+            .iter()
+            .filter(|o| matches!(o, CancelOutcome::Cancelled { .. }))
+            .count() as u64;
+        done += refs.len() as u64;
+        progress.set(done);
+    }
+    keys.clear();
+    Ok((cancelled, busy))
+}
+
+/// Takes a checkpoint of `engine` and returns how long it took.
+fn take_checkpoint(engine: &Engine) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    engine.checkpoint().context("checkpoint failed")?;
+    Ok(started.elapsed())
+}
+
+/// A `/proc/self/status` figure in bytes (`VmRSS:`, `VmHWM:`); `None` where
+/// there is no such file (not Linux) or no such line.
+fn rss_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// RSS growth per task, bytes; `None` if there are no tasks or no figures.
+fn growth_per_task(before: Option<u64>, after: Option<u64>, tasks: u64) -> Option<f64> {
+    let (before, after) = (before?, after?);
+    (tasks > 0).then(|| round_to(((after as f64) - (before as f64)) / tasks as f64, 1))
+}
+
+/// Sum of the sizes of the files under `dir`, recursively (links not followed).
+fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
+        let meta = std::fs::symlink_metadata(entry.path())
+            .with_context(|| format!("cannot inspect {}", entry.path().display()))?;
+        if meta.is_dir() {
+            total += dir_bytes(&entry.path())?;
+        } else if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    Ok(total)
+}
+
+/// The data directory of a run: the one given (created if missing, refused
+/// unless empty; kept) or a fresh temporary one (removed on drop).
+#[derive(Debug)]
+struct BenchDir {
+    path: PathBuf,
+    temporary: bool,
+}
+
+impl BenchDir {
+    fn prepare(given: Option<&Path>) -> anyhow::Result<BenchDir> {
+        let Some(dir) = given else {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let path = std::env::temp_dir()
+                .join(format!("kairos-bench-{}-{nanos:09}", std::process::id()));
+            // `create_dir`, not `create_dir_all`: fails rather than reuse.
+            std::fs::create_dir(&path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            return Ok(BenchDir {
+                path,
+                temporary: true,
+            });
+        };
+        match std::fs::symlink_metadata(dir) {
+            Ok(meta) if meta.is_dir() => {
+                let mut entries = std::fs::read_dir(dir)
+                    .with_context(|| format!("cannot list {}", dir.display()))?;
+                if entries.next().is_some() {
+                    bail!(
+                        "refusing to use {}: it is not empty (the bench needs a fresh data \
+                         directory; omit --dir to use a temporary one)",
+                        dir.display()
+                    );
+                }
+            }
+            Ok(_) => bail!("{} exists and is not a directory", dir.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot inspect {}", dir.display()));
+            }
+        }
+        Ok(BenchDir {
+            path: dir.to_path_buf(),
+            temporary: false,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for BenchDir {
+    /// Removes a temporary directory (after a failure too).
+    fn drop(&mut self) {
+        if self.temporary {
+            if let Err(e) = std::fs::remove_dir_all(&self.path) {
+                eprintln!(
+                    "kairos bench: warning: cannot remove {}: {e}",
+                    self.path.display()
+                );
+            }
+        }
+    }
+}
+
+/// Assembles the report.
+fn report(args: &BenchArgs, m: &Measured) -> Report {
+    let expected_pending = u64::from(args.tasks) - m.cancelled;
+    let per_sec = |n: u64, busy: Duration| {
+        (n > 0 && !busy.is_zero()).then(|| (n as f64 / busy.as_secs_f64()).round())
+    };
+    Report {
+        tasks: args.tasks,
+        far_fraction: args.far_fraction,
+        wheel_tasks: m.wheel_tasks,
+        overflow_tasks: m.overflow_tasks,
+        horizon_days: HORIZON_DEFAULT.as_secs() / DAY_S,
+        payload_bytes: args.payload_bytes,
+        key_bytes: KEY_BYTES,
+        durability: format!("{:?}", args.durability.mode).to_lowercase(),
+        interval_ms: (args.durability.mode == DurabilityMode::Interval)
+            .then_some(args.durability.interval_ms),
+        batch: args.batch,
+        seed: args.seed,
+        dir: args.dir.as_ref().map(|d| d.display().to_string()),
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
+        schedule_ms: millis(m.schedule_busy),
+        schedule_per_sec: per_sec(u64::from(args.tasks), m.schedule_busy).unwrap_or(0.0),
+        cancelled: m.cancelled,
+        cancel_ms: millis(m.cancel_busy),
+        cancel_per_sec: per_sec(m.cancels, m.cancel_busy),
+        rss_bytes: m.rss_peak,
+        ram_bytes_per_wheel_task: growth_per_task(m.rss_before, m.rss_after_wheel, m.wheel_tasks),
+        ram_bytes_per_overflow_task: growth_per_task(
+            m.rss_after_wheel,
+            m.rss_after_overflow,
+            m.overflow_tasks,
+        ),
+        disk_bytes: m.disk_bytes,
+        checkpoint_ms: millis(m.checkpoint),
+        close_ms: millis(m.close),
+        recovery_ms: millis(m.recovery),
+        recovered_pending: m.recovered_pending,
+        expected_pending,
+        ok: m.recovered_pending == expected_pending,
+    }
+}
+
+/// A duration in ms, to the µs.
+fn millis(d: Duration) -> f64 {
+    round_to(d.as_secs_f64() * 1000.0, 3)
+}
+
+/// `x` rounded to `decimals` decimal places.
+fn round_to(x: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (x * scale).round() / scale
+}
+
+/// A rate for reading: `2.07 M/s`, `812.3 k/s`, `950 /s`.
+fn rate_text(per_sec: f64) -> String {
+    if per_sec >= 1e6 {
+        format!("{:.2} M tasks/s", per_sec / 1e6)
+    } else if per_sec >= 1e3 {
+        format!("{:.1} k tasks/s", per_sec / 1e3)
+    } else {
+        format!("{per_sec:.0} tasks/s")
+    }
+}
+
+/// The readable report, for a terminal.
+fn print_table(r: &Report) {
+    let delays = match r.far_fraction {
+        None => "the DESIGN.md delay mix (45 % <= 30 min, 35 % <= 7 d, 20 % <= 30 d)".to_string(),
+        Some(f) => format!("{f} of them due beyond the horizon (19 d - 1 y), the rest 1 h - 18 d"),
+    };
+    let bytes_per_task = |x: Option<f64>, n: u64| match x {
+        Some(b) => format!("{b:.1} B per task ({n} tasks)"),
+        None if n == 0 => "n/a (no such task)".to_string(),
+        None => "n/a (no /proc/self/status)".to_string(),
+    };
+    println!(
+        "kairos bench: {} tasks, {delays}; {}-byte keys, {}-byte payloads; durability {}{}; \
+         batches of {}; seed {}; {} cores",
+        r.tasks,
+        r.key_bytes,
+        r.payload_bytes,
+        r.durability,
+        r.interval_ms
+            .map_or(String::new(), |ms| format!(" ({ms} ms)")),
+        r.batch,
+        r.seed,
+        r.cores,
+    );
+    let row = |label: &str, value: String| println!("  {label:<24} {value}");
+    row(
+        "data directory",
+        r.dir
+            .clone()
+            .unwrap_or_else(|| "temporary (removed)".to_string()),
+    );
+    row(
+        "tasks",
+        format!(
+            "{} due within the {}-day horizon (wheel), {} beyond it (overflow)",
+            r.wheel_tasks, r.horizon_days, r.overflow_tasks
+        ),
+    );
+    row(
+        "schedule",
+        format!(
+            "{} ({} tasks, {:.1} ms inside schedule_many)",
+            rate_text(r.schedule_per_sec),
+            r.tasks,
+            r.schedule_ms
+        ),
+    );
+    row(
+        "cancel",
+        match r.cancel_per_sec {
+            Some(rate) => format!(
+                "{} ({} cancelled, {:.1} ms inside cancel_many)",
+                rate_text(rate),
+                r.cancelled,
+                r.cancel_ms
+            ),
+            None => "n/a (no task to cancel)".to_string(),
+        },
+    );
+    row(
+        "peak RSS",
+        r.rss_bytes
+            .map_or("n/a (no /proc/self/status)".to_string(), |b| {
+                format!("{:.1} MiB ({b} bytes)", b as f64 / (1024.0 * 1024.0))
+            }),
+    );
+    row(
+        "RAM per wheel task",
+        bytes_per_task(r.ram_bytes_per_wheel_task, r.wheel_tasks),
+    );
+    row(
+        "RAM per overflow task",
+        bytes_per_task(r.ram_bytes_per_overflow_task, r.overflow_tasks),
+    );
+    row(
+        "disk",
+        format!(
+            "{:.1} MiB ({} bytes) after checkpoint and close",
+            r.disk_bytes as f64 / (1024.0 * 1024.0),
+            r.disk_bytes
+        ),
+    );
+    row(
+        "checkpoint",
+        format!("{:.1} ms", r.checkpoint_ms),
+    );
+    row("close", format!("{:.1} ms", r.close_ms));
+    row("recovery (reopen)", format!("{:.1} ms", r.recovery_ms));
+    row(
+        "recovered pending",
+        format!(
+            "{} (expected {} = {} - {} cancelled): {}",
+            r.recovered_pending,
+            r.expected_pending,
+            r.tasks,
+            r.cancelled,
+            if r.ok { "ok" } else { "MISMATCH" }
+        ),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_24_bytes_with_the_index() {
+        assert_eq!(&key(42), b"order:0000000042:timeout");
+        assert_eq!(&key(u32::MAX), b"order:4294967295:timeout");
+    }
+
+    #[test]
+    fn far_fraction_delays_fall_in_their_ranges() {
+        let delays = Delays::FarFraction {
+            seed: 7,
+            fraction: 0.8,
+        };
+        let far = (0..10_000)
+            .map(|i| delays.delay(i))
+            .inspect(|&d| {
+                assert!((NEAR_MIN..HORIZON_DEFAULT).contains(&d) || (FAR_MIN..FAR_MAX).contains(&d))
+            })
+            .filter(|&d| is_overflow(d))
+            .count();
+        assert!((7_700..=8_300).contains(&far), "{far} far of 10 000");
+    }
+}

@@ -1,0 +1,195 @@
+//! End-to-end tests of `kairos bench`: a small run reports every field with a
+//! sane value and recovers exactly the tasks it did not cancel; a non-empty
+//! `--dir` is refused; bad arguments are usage errors.
+//!
+//! Timings are never asserted, only that they were measured.
+
+#![cfg(feature = "cli")]
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+const KAIROS: &str = env!("CARGO_BIN_EXE_kairos");
+
+fn kairos(args: &[&str]) -> Output {
+    Command::new(KAIROS)
+        .args(args)
+        .output()
+        .expect("the kairos binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `kairos bench --tasks 2000 --durability buffered --json` plus `extra`, on
+/// a fresh `--dir`; returns the report and checks the fields every run has.
+fn small_bench(extra: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut args = vec![
+        "bench",
+        "--dir",
+        data.to_str().unwrap(),
+        "--tasks",
+        "2000",
+        "--durability",
+        "buffered",
+        "--batch",
+        "300",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = kairos(&args);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{stdout}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"));
+    let u = |field: &str| {
+        r[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{field} missing or not a count in {r}"))
+    };
+    let f = |field: &str| {
+        r[field]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{field} missing or not a number in {r}"))
+    };
+    assert_eq!(u("tasks"), 2000);
+    assert_eq!(r["durability"], "buffered");
+    assert_eq!(u("key_bytes"), 24);
+    assert_eq!(u("cancelled"), 1000);
+    assert_eq!(u("recovered_pending"), 1000);
+    assert_eq!(u("expected_pending"), 1000);
+    assert_eq!(r["ok"], true);
+    assert_eq!(u("wheel_tasks") + u("overflow_tasks"), 2000);
+    assert!(u("cores") >= 1);
+    assert!(f("schedule_per_sec") > 0.0, "{r}");
+    assert!(f("cancel_per_sec") > 0.0, "{r}");
+    for field in ["schedule_ms", "cancel_ms", "close_ms", "recovery_ms"] {
+        assert!(f(field) >= 0.0, "{field} in {r}");
+    }
+    assert!(u("disk_bytes") > 0, "{r}");
+    assert!(f("checkpoint_ms") >= 0.0, "{r}");
+    if cfg!(target_os = "linux") {
+        // The peak RSS of a process that held 2 000 tasks and an engine.
+        assert!(u("rss_bytes") > 1024 * 1024, "{r}");
+    }
+    for field in ["ram_bytes_per_wheel_task", "ram_bytes_per_overflow_task"] {
+        assert!(r.get(field).is_some(), "{field} missing in {r}");
+    }
+    assert!(data.is_dir(), "a given --dir is kept");
+    r
+}
+
+#[test]
+fn small_run_with_the_delay_mix_reports_every_field() {
+    let r = small_bench(&[]);
+    assert!(r["far_fraction"].is_null(), "{r}");
+    // The mix's 20 % tail reaches 30 days: some of it is beyond 18 days.
+    assert!(r["overflow_tasks"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["wheel_tasks"].as_u64().unwrap() > 1000, "{r}");
+    assert_eq!(r["payload_bytes"], 0);
+}
+
+#[test]
+fn small_run_with_far_tasks_and_payloads_reports_every_field() {
+    let r = small_bench(&["--far-fraction", "0.8", "--payload-bytes", "200"]);
+    assert_eq!(r["far_fraction"].as_f64(), Some(0.8));
+    assert_eq!(r["payload_bytes"], 200);
+    let overflow = r["overflow_tasks"].as_u64().unwrap();
+    assert!((1400..=1800).contains(&overflow), "{r}");
+    if cfg!(target_os = "linux") {
+        // Both kinds were scheduled: each has a figure (its sign and size
+        // at 2 000 tasks are allocator noise, so only presence is checked).
+        assert!(r["ram_bytes_per_wheel_task"].as_f64().is_some(), "{r}");
+        assert!(r["ram_bytes_per_overflow_task"].as_f64().is_some(), "{r}");
+    }
+}
+
+#[test]
+fn all_near_tasks_report_no_overflow_figure() {
+    let r = small_bench(&["--far-fraction", "0"]);
+    assert_eq!(r["overflow_tasks"], 0);
+    assert!(r["ram_bytes_per_overflow_task"].is_null(), "{r}");
+}
+
+#[test]
+fn default_temporary_directory_is_removed_and_text_output_names_the_figures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(KAIROS)
+        .args(["bench", "--tasks", "500", "--durability", "buffered"])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .expect("the kairos binary runs");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    if cfg!(unix) {
+        // The temporary data directory was made under TMPDIR and removed.
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+    for label in [
+        "schedule",
+        "cancel",
+        "peak RSS",
+        "RAM per wheel task",
+        "RAM per overflow task",
+        "disk",
+        "checkpoint",
+        "close",
+        "recovery",
+        "recovered pending",
+        "temporary (removed)",
+    ] {
+        assert!(stdout.contains(label), "{label} missing in\n{stdout}");
+    }
+    assert!(stdout.contains("250 (expected 250"), "{stdout}");
+}
+
+#[test]
+fn non_empty_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("precious.txt"), b"keep me").unwrap();
+    let out = kairos(&[
+        "bench",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--tasks",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not empty"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("precious.txt")).unwrap(),
+        b"keep me"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    for args in [
+        &["bench", "--tasks", "100", "--far-fraction", "1.5"][..],
+        &["bench", "--tasks", "100", "--far-fraction", "-0.1"],
+        &["bench", "--tasks", "0"],
+        &["bench"],
+        &["bench", "--tasks", "100", "--durability", "eventually"],
+    ] {
+        let out = kairos(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
