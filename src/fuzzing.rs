@@ -857,7 +857,7 @@ pub fn verify_log(
     record_bytes_max: u32,
 ) -> VerifyOutcome {
     use serde_json::Value;
-    let report = cli::verify::check(storage, log_dir.to_path_buf(), record_bytes_max);
+    let report = cli::verify::check(storage, log_dir.to_path_buf(), None, record_bytes_max);
     let (json, value) = match (
         serde_json::to_string_pretty(&report),
         serde_json::to_value(&report),

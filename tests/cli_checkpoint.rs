@@ -57,6 +57,22 @@ fn checkpoint_offline_then_reopen() -> TestResult {
     let removed = v["segments_removed"].as_u64().ok_or("segments_removed")? as usize;
     assert!(removed > 0);
     assert_eq!(segments(dir)?, before - removed);
+    // verify starts from the checkpoint, as the engine's open does.
+    let out = Command::new(KAIROS)
+        .args(["verify", "--json"])
+        .arg(dir)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(
+        (v["ok"].clone(), v["live_tasks"].clone()),
+        (Value::from(true), Value::from(300))
+    );
+    assert_eq!(v["checkpoint"]["tasks"], 300);
     // Again: nothing new to write.
     let out = Command::new(KAIROS).arg("checkpoint").arg(dir).output()?;
     assert!(out.status.success());

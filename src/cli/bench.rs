@@ -733,10 +733,7 @@ fn print_table(r: &Report) {
             r.disk_bytes
         ),
     );
-    row(
-        "checkpoint",
-        format!("{:.1} ms", r.checkpoint_ms),
-    );
+    row("checkpoint", format!("{:.1} ms", r.checkpoint_ms));
     row("close", format!("{:.1} ms", r.close_ms));
     row("recovery (reopen)", format!("{:.1} ms", r.recovery_ms));
     row(

@@ -13,6 +13,7 @@ mod verify;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kairos::Durability;
 // For `verify`, which names them through `super::` (it is compiled into the library too).
+use kairos::checkpoint as ckpt;
 use kairos::record::Record;
 use kairos::replay::Replay;
 use std::process::ExitCode;

@@ -10,7 +10,7 @@
 // `Record` and `Replay` are `kairos::record::Record` and `kairos::replay::Replay`, named
 // through the parent: this file is also compiled into the library (`kairos::fuzzing`), so
 // that the fuzz targets and tests run this very checking code; there the parent is a shim.
-use super::{Record, Replay, Verdict};
+use super::{ckpt as checkpoint, Record, Replay, Verdict};
 use anyhow::{bail, Context as _};
 use clap::Args;
 use kairos_wal::{FsStorage, RecordView, ScanReport, SegmentInfo, Storage, WalError};
@@ -75,10 +75,25 @@ pub(crate) struct Verification {
     live_delivered: usize,
     /// Dead letters kept at the end of the log.
     dead_letters: usize,
+    /// The checkpoint replay started from (its LSN and what it holds), if
+    /// the data directory has one.
+    checkpoint: Option<CheckpointSummary>,
     /// Records whose body does not decode or does not replay.
     bad_records: u64,
+    /// Records above the checkpoint's LSN (all of them without a checkpoint).
+    #[serde(skip)]
+    records_after_checkpoint: u64,
     /// The first few of them.
     bad_record_details: Vec<BadRecord>,
+}
+
+/// The checkpoint the check started from.
+#[derive(Debug, Serialize)]
+struct CheckpointSummary {
+    file: PathBuf,
+    lsn: u64,
+    tasks: usize,
+    dead_letters: usize,
 }
 
 /// Where and why the scan stopped.
@@ -130,7 +145,10 @@ struct BadRecord {
 
 /// Runs the check and prints the finding.
 pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
-    let v = check(&FsStorage, log_dir(&args.dir)?, args.record_bytes_max);
+    let log_dir = log_dir(&args.dir)?;
+    let checkpoint_dir =
+        (log_dir != args.dir).then(|| args.dir.join(checkpoint::CHECKPOINT_DIR_NAME));
+    let v = check(&FsStorage, log_dir, checkpoint_dir, args.record_bytes_max);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -143,17 +161,119 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
 }
 
 /// Checks the log directory `log_dir` of `storage` (the real file system here; a simulated
-/// one in the fuzz targets and tests): scan, decode and replay every record.
+/// one in the fuzz targets and tests): scan, decode and replay every record — starting from the
+/// newest checkpoint in `checkpoint_dir` if there is one, as the engine's open does (then only
+/// records above its LSN are replayed, and the log must hold every one of them).
 pub(crate) fn check(
     storage: &dyn Storage,
     log_dir: PathBuf,
+    checkpoint_dir: Option<PathBuf>,
     record_bytes_max: u32,
 ) -> Verification {
     let mut census = Census::default();
+    let mut summary = None;
+    if let Some(dir) = &checkpoint_dir {
+        match start_from_checkpoint(storage, dir) {
+            Ok(None) => {}
+            Ok(Some((s, replay))) => {
+                census.covered = s.lsn;
+                census.replay = replay;
+                summary = Some(s);
+            }
+            Err(failure) => {
+                let mut v = Verification::new(log_dir, Ok(ScanReport::default()), census);
+                v.segments.clear();
+                v.ok = false;
+                v.error = Some(failure);
+                return v;
+            }
+        }
+    }
     let scan = kairos_wal::scan(storage, &log_dir, record_bytes_max, &mut |view| {
         census.visit(view)
     });
-    Verification::new(log_dir, scan, census)
+    let mut v = Verification::new(log_dir, scan, census);
+    if let Some(s) = &summary {
+        let after = v.records_after_checkpoint;
+        if v.error.is_none() && (v.last_lsn < s.lsn || v.last_lsn - s.lsn != after) {
+            v.ok = false;
+            v.error = Some(Failure {
+                file: Some(s.file.clone()),
+                offset: None,
+                message: format!(
+                    "checkpoint {} (LSN {}) does not fit the log: the log ends at LSN {} and holds {after} records after it",
+                    s.file.display(),
+                    s.lsn,
+                    v.last_lsn
+                ),
+            });
+        }
+    }
+    v.checkpoint = summary;
+    v
+}
+
+/// The newest checkpoint that reads back, as a replay to continue from.
+/// `Err` names the newest file's damage when none reads.
+fn start_from_checkpoint(
+    storage: &dyn Storage,
+    dir: &Path,
+) -> Result<Option<(CheckpointSummary, Replay)>, Failure> {
+    let (files, _) = checkpoint::list(storage, dir).map_err(|e| Failure {
+        file: Some(dir.to_path_buf()),
+        offset: None,
+        message: format!("cannot list {}: {e}", dir.display()),
+    })?;
+    let mut newest_error = None;
+    for (lsn, name) in files.iter().rev() {
+        let path = dir.join(name);
+        let read = checkpoint::read(storage, &path).map_err(|e| {
+            let offset = match &e {
+                checkpoint::CheckpointReadError::Corrupt { offset, .. } => Some(*offset),
+                _ => None,
+            };
+            Failure {
+                file: Some(path.clone()),
+                offset,
+                message: e.to_string(),
+            }
+        });
+        let c = match read {
+            Ok(c) => c,
+            Err(f) => {
+                newest_error.get_or_insert(f);
+                continue;
+            }
+        };
+        let Some(header) = c.header.filter(|h| h.lsn == *lsn) else {
+            newest_error.get_or_insert(Failure {
+                file: Some(path.clone()),
+                offset: Some(0),
+                message: format!(
+                    "checkpoint {} holds another LSN than its name",
+                    path.display()
+                ),
+            });
+            continue;
+        };
+        let (tasks, dead_letters) = (c.tasks.len(), c.dead.len());
+        let replay =
+            Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, false).map_err(|e| {
+                Failure {
+                    file: Some(path.clone()),
+                    offset: None,
+                    message: format!("checkpoint {}: {e}", path.display()),
+                }
+            })?;
+        let summary = CheckpointSummary {
+            file: path,
+            lsn: header.lsn,
+            tasks,
+            dead_letters,
+        };
+        return Ok(Some((summary, replay)));
+    }
+    newest_error.map_or(Ok(None), Err)
 }
 
 /// `DIR/wal` if it is a directory, else `DIR` itself.
@@ -171,6 +291,10 @@ fn log_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 #[derive(Debug)]
 struct Census {
     records: u64,
+    /// Records at or below this LSN are covered by the checkpoint: counted, not replayed.
+    covered: u64,
+    /// Records replayed above the checkpoint's LSN.
+    after: u64,
     types: TypeCounts,
     replay: Replay,
     bad: u64,
@@ -181,6 +305,8 @@ impl Default for Census {
     fn default() -> Census {
         Census {
             records: 0,
+            covered: 0,
+            after: 0,
             types: TypeCounts::default(),
             replay: Replay::new(false),
             bad: 0,
@@ -192,6 +318,10 @@ impl Default for Census {
 impl Census {
     fn visit(&mut self, view: RecordView<'_>) {
         self.records += 1;
+        if view.lsn.0 <= self.covered {
+            return;
+        }
+        self.after += 1;
         let outcome = Record::decode(view.record_type, view.body)
             .map_err(|e| e.to_string())
             .and_then(|record| {
@@ -264,11 +394,22 @@ impl Verification {
             record_types: census.types,
             bad_records: census.bad,
             bad_record_details,
+            checkpoint: None,
+            records_after_checkpoint: census.after,
         }
     }
 
     fn print(&self) {
         println!("log directory   {}", self.log_dir.display());
+        if let Some(c) = &self.checkpoint {
+            println!(
+                "checkpoint      {} at LSN {}: {} live tasks, {} dead letters; records above it replayed",
+                c.file.display(),
+                c.lsn,
+                c.tasks,
+                c.dead_letters
+            );
+        }
         for s in &self.segments {
             println!(
                 "  segment {}  {} bytes, {} records, LSN {}..{}{}",

@@ -5,6 +5,7 @@
 //! binary's business.
 #![allow(dead_code, unreachable_pub)]
 
+pub(crate) use crate::checkpoint as ckpt;
 pub(crate) use crate::record::Record;
 pub(crate) use crate::replay::Replay;
 
