@@ -1,11 +1,13 @@
 //! Command-line parsing and dispatch for the `kairos` binary.
 //!
 //! Exit codes: 0 — success; 1 — the command ran and found a problem (an
-//! invariant of the demo broke, `verify` found damage) or failed (I/O error,
-//! bad directory); 2 — bad command-line usage (from clap).
+//! invariant of the demo broke, `verify` or `dump` found damage) or
+//! failed (I/O error, bad directory); 2 — bad command-line usage (from clap).
 
 mod dead_letters;
 mod demo;
+mod describe;
+mod dump;
 mod verify;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -19,8 +21,9 @@ use std::process::ExitCode;
 ///
 /// Schedule a task to fire at a moment in the future, cancel it by key
 /// before then, receive it on consumer threads when it falls due. This tool
-/// runs a demonstration workload against a real data directory, checks data
-/// directories offline, and manages their dead letters offline.
+/// runs a demonstration workload against a real data directory, checks and dumps
+/// data directories offline, and manages their dead letters
+/// offline.
 #[derive(Debug, Parser)]
 #[command(name = "kairos", version, propagate_version = true)]
 #[command(
@@ -36,6 +39,7 @@ struct Cli {
 enum Command {
     Demo(demo::DemoArgs),
     Verify(verify::VerifyArgs),
+    Dump(dump::DumpArgs),
     DeadLetters(dead_letters::DeadLettersArgs),
 }
 
@@ -46,6 +50,7 @@ pub fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Verify(args) => verify::run(&args),
+        Command::Dump(args) => dump::run(&args),
         Command::DeadLetters(args) => dead_letters::run(&args),
     };
     match outcome {
