@@ -1,13 +1,14 @@
 //! Command-line parsing and dispatch for the `kairos` binary.
 //!
 //! Exit codes: 0 — success; 1 — the command ran and found a problem (an
-//! invariant of the demo broke, `verify` or `dump` found damage) or
+//! invariant of the demo broke, `verify`, `dump` or `inspect` found damage) or
 //! failed (I/O error, bad directory); 2 — bad command-line usage (from clap).
 
 mod dead_letters;
 mod demo;
 mod describe;
 mod dump;
+mod inspect;
 mod verify;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -21,8 +22,8 @@ use std::process::ExitCode;
 ///
 /// Schedule a task to fire at a moment in the future, cancel it by key
 /// before then, receive it on consumer threads when it falls due. This tool
-/// runs a demonstration workload against a real data directory, checks and dumps
-/// data directories offline, and manages their dead letters
+/// runs a demonstration workload against a real data directory, checks, dumps
+/// and summarizes data directories offline, and manages their dead letters
 /// offline.
 #[derive(Debug, Parser)]
 #[command(name = "kairos", version, propagate_version = true)]
@@ -40,6 +41,7 @@ enum Command {
     Demo(demo::DemoArgs),
     Verify(verify::VerifyArgs),
     Dump(dump::DumpArgs),
+    Inspect(inspect::InspectArgs),
     DeadLetters(dead_letters::DeadLettersArgs),
 }
 
@@ -51,6 +53,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Verify(args) => verify::run(&args),
         Command::Dump(args) => dump::run(&args),
+        Command::Inspect(args) => inspect::run(&args),
         Command::DeadLetters(args) => dead_letters::run(&args),
     };
     match outcome {
