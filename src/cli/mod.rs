@@ -1,13 +1,16 @@
 //! Command-line parsing and dispatch for the `kairos` binary.
 //!
 //! Exit codes: 0 — success; 1 — the command ran and found a problem (an
-//! invariant of the demo broke, `verify` found damage) or failed (I/O error,
-//! bad directory); 2 — bad command-line usage (from clap).
+//! invariant of the demo broke, `verify`, `dump` or `inspect` found damage) or
+//! failed (I/O error, bad directory); 2 — bad command-line usage (from clap).
 
 mod bench;
 mod checkpoint;
 mod dead_letters;
 mod demo;
+mod describe;
+mod dump;
+mod inspect;
 mod verify;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -23,8 +26,8 @@ use std::process::ExitCode;
 /// Schedule a task to fire at a moment in the future, cancel it by key
 /// before then, receive it on consumer threads when it falls due. This tool
 /// runs a demonstration workload against a real data directory, measures the
-/// engine under a load, checks data directories offline, and manages their
-/// dead letters offline.
+/// engine under a load, checks, dumps, summarizes and checkpoints data
+/// directories offline, and manages their dead letters offline.
 #[derive(Debug, Parser)]
 #[command(name = "kairos", version, propagate_version = true)]
 #[command(
@@ -42,6 +45,8 @@ enum Command {
     Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
     Verify(verify::VerifyArgs),
+    Dump(dump::DumpArgs),
+    Inspect(inspect::InspectArgs),
     DeadLetters(dead_letters::DeadLettersArgs),
 }
 
@@ -54,6 +59,8 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Verify(args) => verify::run(&args),
+        Command::Dump(args) => dump::run(&args),
+        Command::Inspect(args) => inspect::run(&args),
         Command::DeadLetters(args) => dead_letters::run(&args),
     };
     match outcome {

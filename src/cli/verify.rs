@@ -13,7 +13,7 @@
 use super::{ckpt as checkpoint, Record, Replay, Verdict};
 use anyhow::{bail, Context as _};
 use clap::Args;
-use kairos_wal::{FsStorage, RecordView, ScanReport, SegmentInfo, Storage, WalError};
+use kairos_wal::{FsStorage, RecordView, ScanReport, SegmentInfo, Storage, TornTail, WalError};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -96,12 +96,15 @@ struct CheckpointSummary {
     dead_letters: usize,
 }
 
-/// Where and why the scan stopped.
+/// Where and why the scan stopped (also used by `dump` and `inspect`).
 #[derive(Debug, Serialize)]
-struct Failure {
-    file: Option<PathBuf>,
-    offset: Option<u64>,
-    message: String,
+pub(crate) struct Failure {
+    /// The damaged or unreadable file, if the error names one.
+    pub(crate) file: Option<PathBuf>,
+    /// Byte offset of the damage in `file`, if the error names one.
+    pub(crate) offset: Option<u64>,
+    /// The error.
+    pub(crate) message: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -114,12 +117,13 @@ struct Segment {
     sealed: bool,
 }
 
+/// An unsynced torn tail (also used by `dump` and `inspect`).
 #[derive(Debug, Serialize)]
-struct Torn {
-    file: PathBuf,
-    offset: u64,
-    bytes_truncated: u64,
-    first_lost_lsn: u64,
+pub(crate) struct Torn {
+    pub(crate) file: PathBuf,
+    pub(crate) offset: u64,
+    pub(crate) bytes_truncated: u64,
+    pub(crate) first_lost_lsn: u64,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -276,8 +280,8 @@ fn start_from_checkpoint(
     newest_error.map_or(Ok(None), Err)
 }
 
-/// `DIR/wal` if it is a directory, else `DIR` itself.
-fn log_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+/// `DIR/wal` if it is a directory, else `DIR` itself (also used by `dump` and `inspect`).
+pub(crate) fn log_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     if !meta.is_dir() {
         bail!("{} is not a directory", dir.display());
@@ -382,12 +386,7 @@ impl Verification {
             torn_tail: report
                 .as_ref()
                 .and_then(|r| r.torn_tail.as_ref())
-                .map(|t| Torn {
-                    file: t.file.clone(),
-                    offset: t.offset,
-                    bytes_truncated: t.bytes_truncated,
-                    first_lost_lsn: t.first_lost_lsn.0,
-                }),
+                .map(Torn::from),
             live_tasks: census.replay.live_tasks(),
             live_delivered: census.replay.tasks().filter(|t| t.in_flight).count(),
             dead_letters: census.replay.dead_letters(),
@@ -472,13 +471,7 @@ impl Verification {
 
     fn print_verdict(&self) {
         if let Some(e) = &self.error {
-            println!("FAILED: {}", e.message);
-            if let Some(file) = &e.file {
-                println!("  file    {}", file.display());
-            }
-            if let Some(offset) = e.offset {
-                println!("  offset  {offset} (byte offset in the file)");
-            }
+            e.print("FAILED");
         }
         for b in &self.bad_record_details {
             let file = b
@@ -521,9 +514,20 @@ impl From<&SegmentInfo> for Segment {
     }
 }
 
+impl From<&TornTail> for Torn {
+    fn from(t: &TornTail) -> Torn {
+        Torn {
+            file: t.file.clone(),
+            offset: t.offset,
+            bytes_truncated: t.bytes_truncated,
+            first_lost_lsn: t.first_lost_lsn.0,
+        }
+    }
+}
+
 impl Failure {
     /// A directory without a single log segment: nothing to verify.
-    fn no_log(dir: &Path) -> Failure {
+    pub(crate) fn no_log(dir: &Path) -> Failure {
         Failure {
             file: Some(dir.to_path_buf()),
             offset: None,
@@ -531,6 +535,18 @@ impl Failure {
                 "no log segments in {}: not a Kairos data or log directory",
                 dir.display()
             ),
+        }
+    }
+
+    /// Prints `LABEL: message` on stdout, then the file and the byte offset on lines of
+    /// their own.
+    pub(crate) fn print(&self, label: &str) {
+        println!("{label}: {}", self.message);
+        if let Some(file) = &self.file {
+            println!("  file    {}", file.display());
+        }
+        if let Some(offset) = self.offset {
+            println!("  offset  {offset} (byte offset in the file)");
         }
     }
 }

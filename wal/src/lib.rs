@@ -94,7 +94,9 @@ pub mod format;
 pub mod storage;
 
 pub use error::{ReplayError, WalError};
-pub use recovery::{scan, RecoveryReport, ScanReport, SegmentInfo, TornTail};
+pub use recovery::{
+    scan, scan_located, RecordPlace, RecoveryReport, ScanReport, SegmentInfo, TornTail,
+};
 pub use storage::{
     FaultKind, FaultOp, FaultPlan, FsStorage, LockGuard, OpenMode, SimStorage, Storage, StorageFile,
 };

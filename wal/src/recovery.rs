@@ -1132,6 +1132,72 @@ pub fn scan(
     record_bytes_max: u32,
     visit: &mut dyn FnMut(RecordView<'_>),
 ) -> Result<ScanReport, WalError> {
+    let mut adapter = |view: RecordView<'_>, _: &Path, _: u64| {
+        visit(view);
+        Ok(())
+    };
+    scan_with(storage, dir, record_bytes_max, &mut adapter)
+}
+
+/// Where [`scan_located`] found a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordPlace<'a> {
+    /// The segment file holding the record.
+    pub file: &'a Path,
+    /// Byte offset in `file` of the DATA frame holding the record.
+    pub frame_offset: u64,
+    /// Byte offset in `file` of the record itself: its 5-byte record header (type, body
+    /// length), which its body follows.
+    pub offset: u64,
+}
+
+/// [`scan`], telling `visit` where each record lies: its segment file, the offset of its
+/// frame and its own offset. For tools that show a log record by record (`kairos dump`).
+///
+/// # Errors
+/// As [`scan`].
+pub fn scan_located(
+    storage: &dyn Storage,
+    dir: &Path,
+    record_bytes_max: u32,
+    visit: &mut dyn FnMut(RecordView<'_>, RecordPlace<'_>),
+) -> Result<ScanReport, WalError> {
+    // The analysis names each record's file and frame; records follow each other in the
+    // frame body from its header on (`format::for_each_record` checked the whole frame
+    // before handing out its first record). One path is kept per segment, not per record.
+    let mut file: Option<PathBuf> = None;
+    let mut frame_offset = 0u64;
+    let mut next = 0u64;
+    let mut adapter = |view: RecordView<'_>, path: &Path, frame: u64| {
+        let same_file = file.as_deref() == Some(path);
+        if !same_file {
+            file = Some(path.to_path_buf());
+        }
+        if !same_file || frame != frame_offset {
+            frame_offset = frame;
+            next = frame + FRAME_HEADER_BYTES as u64;
+        }
+        let offset = next;
+        next = offset + RECORD_HEADER_BYTES as u64 + view.body.len() as u64;
+        visit(
+            view,
+            RecordPlace {
+                file: path,
+                frame_offset: frame,
+                offset,
+            },
+        );
+        Ok(())
+    };
+    scan_with(storage, dir, record_bytes_max, &mut adapter)
+}
+
+fn scan_with(
+    storage: &dyn Storage,
+    dir: &Path,
+    record_bytes_max: u32,
+    visit: &mut Visit<'_>,
+) -> Result<ScanReport, WalError> {
     let record_bytes_max = record_bytes_max.min(format::RECORD_BYTES_MAX_LIMIT);
     let lock_path = dir.join(format::LOCK_FILE_NAME);
     let _lock = match storage.exists(&lock_path) {
@@ -1146,11 +1212,7 @@ pub fn scan(
             return Ok(ScanReport::default());
         }
     };
-    let mut adapter = |view: RecordView<'_>, _: &Path, _: u64| {
-        visit(view);
-        Ok(())
-    };
-    let analysis = analyze(storage, dir, &store_id, record_bytes_max, &mut adapter)?;
+    let analysis = analyze(storage, dir, &store_id, record_bytes_max, visit)?;
     Ok(ScanReport {
         segments: analysis.segments,
         records: analysis.records,

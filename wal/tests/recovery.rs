@@ -8,7 +8,8 @@ use std::sync::Arc;
 use common::*;
 use kairos_wal::format::{FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use kairos_wal::{
-    scan, Durability, FsStorage, Lsn, SimStorage, Storage, TornTail, WalError, WalOptions,
+    scan, scan_located, Durability, FsStorage, Lsn, SimStorage, Storage, TornTail, WalError,
+    WalOptions,
 };
 
 /// A Buffered log of records 1..=n in one segment, dropped without close (no CLOSE, no MARK):
@@ -372,6 +373,68 @@ fn scan_of_a_valid_directory() -> TestResult {
     assert_eq!(report.torn_tail, None);
     assert_eq!(report.segments.len(), segments(&FsStorage, &wal_dir).len());
     assert_eq!(report.segments[0].first_lsn, Lsn(1));
+    Ok(())
+}
+
+#[test]
+fn scan_located_names_each_records_file_frame_and_offset() -> TestResult {
+    // Frames of one to three records over 4 KiB segments, so records sit at every position
+    // in a frame and frames in several segments.
+    let tmp = tempfile::tempdir()?;
+    let wal_dir = tmp.path().join("wal");
+    let (wal, _, _) = open_at(
+        Arc::new(FsStorage),
+        &wal_dir,
+        options(Durability::Sync, 4096),
+    )?;
+    let mut i = 1;
+    while i <= 150 {
+        let bodies: Vec<Vec<u8>> = (i..(i + i % 3 + 1).min(151)).map(body).collect();
+        let records: Vec<kairos_wal::Record<'_>> = bodies
+            .iter()
+            .enumerate()
+            .map(|(k, b)| kairos_wal::Record {
+                record_type: record_type(i + k as u64),
+                body: b,
+            })
+            .collect();
+        wal.append(&records)?.wait()?;
+        i += bodies.len() as u64;
+    }
+    wal.close()?;
+    let mut seen = Vec::new();
+    let mut places = Vec::new();
+    let report = scan_located(&FsStorage, &wal_dir, 1 << 20, &mut |r, place| {
+        seen.push((r.lsn.0, r.record_type, r.body.to_vec()));
+        places.push((place.file.to_path_buf(), place.frame_offset, place.offset));
+    })?;
+    assert_eq!(seen, expected(150));
+    assert!(report.segments.len() >= 3, "{report:?}");
+    let mut files = std::collections::BTreeMap::new();
+    for ((lsn, kind, bytes), (file, frame_offset, offset)) in seen.iter().zip(&places) {
+        let segment = report
+            .segments
+            .iter()
+            .find(|s| (s.first_lsn.0..=s.last_lsn.0).contains(lsn))
+            .ok_or("no segment")?;
+        assert_eq!(file, &segment.file, "LSN {lsn}");
+        let data = files
+            .entry(file.clone())
+            .or_insert_with(|| std::fs::read(file).unwrap_or_default());
+        let frame = FrameHeader::parse(&data[*frame_offset as usize..]);
+        assert!(
+            (frame.first_lsn..frame.first_lsn + u64::from(frame.record_count)).contains(lsn),
+            "LSN {lsn}: frame at {frame_offset} is {frame:?}"
+        );
+        let at = *offset as usize;
+        assert_eq!(data[at], *kind, "LSN {lsn} at {offset}");
+        let len = u32::from_le_bytes(data[at + 1..at + 5].try_into()?) as usize;
+        assert_eq!(
+            &data[at + 5..at + 5 + len],
+            &bytes[..],
+            "LSN {lsn} at {offset}"
+        );
+    }
     Ok(())
 }
 
