@@ -62,6 +62,25 @@ pub const END_BODY_BYTES: usize = 16;
 pub const TASK_FLAG_IN_FLIGHT: u8 = 1;
 /// Task entry payload kind: the payload follows the key in the entry.
 pub const PAYLOAD_INLINE: u8 = 0;
+/// Task entry payload kind: the payload is in an overflow file; after the
+/// key come the file's number (u32) and the entry's offset (u64).
+pub const PAYLOAD_OVERFLOW: u8 = 1;
+/// Bytes after the key of a [`PAYLOAD_OVERFLOW`] entry.
+pub const OVERFLOW_REF_BYTES: usize = 12;
+
+/// Where a checkpointed task's payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadAt<'a> {
+    /// In the checkpoint itself.
+    Inline(&'a [u8]),
+    /// In overflow file `file` at byte `offset`.
+    Overflow {
+        /// The overflow file's number.
+        file: u32,
+        /// The entry's offset in it.
+        offset: u64,
+    },
+}
 
 // Header offsets.
 const H_MAGIC: usize = 0;
@@ -223,7 +242,7 @@ impl CheckpointEncoder {
         deliveries: u32,
         in_flight: bool,
         key: &[u8],
-        payload: &[u8],
+        payload: PayloadAt<'_>,
     ) {
         self.start_entry(BLOCK_TASKS);
         self.tasks += 1;
@@ -232,11 +251,23 @@ impl CheckpointEncoder {
         b.extend_from_slice(&due_ms.to_le_bytes());
         b.extend_from_slice(&deliveries.to_le_bytes());
         b.push(if in_flight { TASK_FLAG_IN_FLIGHT } else { 0 });
-        b.push(PAYLOAD_INLINE);
-        b.extend_from_slice(&len_u16(key.len()).to_le_bytes());
-        b.extend_from_slice(&len_u32(payload.len()).to_le_bytes());
-        b.extend_from_slice(key);
-        b.extend_from_slice(payload);
+        match payload {
+            PayloadAt::Inline(payload) => {
+                b.push(PAYLOAD_INLINE);
+                b.extend_from_slice(&len_u16(key.len()).to_le_bytes());
+                b.extend_from_slice(&len_u32(payload.len()).to_le_bytes());
+                b.extend_from_slice(key);
+                b.extend_from_slice(payload);
+            }
+            PayloadAt::Overflow { file, offset } => {
+                b.push(PAYLOAD_OVERFLOW);
+                b.extend_from_slice(&len_u16(key.len()).to_le_bytes());
+                b.extend_from_slice(&(OVERFLOW_REF_BYTES as u32).to_le_bytes());
+                b.extend_from_slice(key);
+                b.extend_from_slice(&file.to_le_bytes());
+                b.extend_from_slice(&offset.to_le_bytes());
+            }
+        }
     }
 
     /// Adds a dead letter.
@@ -657,9 +688,13 @@ fn parse_tasks(
         if flags & !TASK_FLAG_IN_FLIGHT != 0 {
             return Err((entry, format!("unknown task flags {flags:#04x}")));
         }
-        if payload_kind != PAYLOAD_INLINE {
+        if payload_kind != PAYLOAD_INLINE && payload_kind != PAYLOAD_OVERFLOW {
             return Err((entry, format!("unknown payload kind {payload_kind}")));
         }
+        if payload_kind == PAYLOAD_OVERFLOW && payload_len != OVERFLOW_REF_BYTES {
+            return Err((entry, format!("overflow reference of {payload_len} bytes")));
+        }
+
         if key_len == 0 {
             return Err((entry, "empty key".into()));
         }
@@ -670,11 +705,25 @@ fn parse_tasks(
         check_id(id, entry, header, ids)?;
         let key = take(body, &mut at, key_len, entry)?;
         let payload = take(body, &mut at, payload_len, entry)?;
+        let (payload, payload_at) = if payload_kind == PAYLOAD_OVERFLOW {
+            let file = u32_at(payload, 0);
+            let offset = u64_at(payload, 4);
+            if offset < crate::overflow::HEADER_BYTES as u64 {
+                return Err((
+                    entry,
+                    format!("overflow offset {offset} inside the file header"),
+                ));
+            }
+            (Box::default(), Some((file, offset)))
+        } else {
+            (payload.into(), None)
+        };
         out.push((
             id,
             LiveTask {
                 key: key.into(),
-                payload: payload.into(),
+                payload,
+                payload_at,
                 due_ms,
                 deliveries,
                 in_flight,
@@ -829,8 +878,19 @@ mod tests {
             created_ms: 1_700_000_000_000,
         };
         let mut enc = CheckpointEncoder::new(&header);
-        enc.push_task(3, 100, 0, false, b"k3", b"payload");
-        enc.push_task(5, 200, 2, true, b"k5", b"");
+        enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
+        enc.push_task(5, 200, 2, true, b"k5", PayloadAt::Inline(b""));
+        enc.push_task(
+            7,
+            300,
+            1,
+            false,
+            b"k7",
+            PayloadAt::Overflow {
+                file: 4,
+                offset: 64,
+            },
+        );
         enc.push_dead(
             9,
             &DeadTask {
@@ -850,7 +910,8 @@ mod tests {
         let (header, bytes) = sample();
         let c = decode(&bytes, Path::new("x")).unwrap();
         assert_eq!(c.header, Some(header));
-        assert_eq!(c.tasks.len(), 2);
+        assert_eq!(c.tasks.len(), 3);
+        assert_eq!(c.tasks[2].1.payload_at, Some((4, 64)));
         assert_eq!(c.tasks[0].0, 3);
         assert_eq!(&*c.tasks[0].1.payload, b"payload");
         assert!(c.tasks[1].1.in_flight);

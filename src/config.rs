@@ -45,6 +45,8 @@ pub const BACKOFF_MULTIPLIER_DEFAULT: u32 = 2;
 pub const BACKOFF_JITTER_PERCENT_DEFAULT: u8 = 20;
 /// Default [`Config::checkpoint_log_bytes`]: 256 MiB (four default segments).
 pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Default [`Config::payload_window`]: 1 minute.
+pub const PAYLOAD_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
 /// Default [`Config::checkpoint_interval`]: 10 minutes.
 pub const CHECKPOINT_INTERVAL_DEFAULT: Duration = Duration::from_secs(600);
 
@@ -177,6 +179,18 @@ pub struct Config {
     /// With both triggers `None`, checkpoints are taken only by
     /// [`crate::Engine::checkpoint`] (and `kairos checkpoint DIR`).
     pub checkpoint_interval: Option<Duration>,
+    /// Payloads of waiting tasks due later than this from now leave memory
+    /// at the next checkpoint: they move to an overflow file on disk
+    /// (`DIR/overflow/`) and are read back before delivery — ahead of their
+    /// due time by the prefetcher ([`Config::payload_prefetch`]), or by the
+    /// consumer that receives the task. Keys stay in memory. `None`: payloads
+    /// stay in memory. Default [`PAYLOAD_WINDOW_DEFAULT`]. Ignored in memory.
+    pub payload_window: Option<Duration>,
+    /// Run a background thread that reads payloads coming due (within
+    /// `payload_window`) back into memory, so that receiving a task does not
+    /// wait on disk. Default true; deterministic tests turn it off (payloads
+    /// are then read when a consumer receives the task).
+    pub payload_prefetch: bool,
 }
 
 impl Default for Config {
@@ -195,6 +209,8 @@ impl Default for Config {
             catch_up_tasks_per_sec: None,
             checkpoint_log_bytes: Some(CHECKPOINT_LOG_BYTES_DEFAULT),
             checkpoint_interval: Some(CHECKPOINT_INTERVAL_DEFAULT),
+            payload_window: Some(PAYLOAD_WINDOW_DEFAULT),
+            payload_prefetch: true,
         }
     }
 }

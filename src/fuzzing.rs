@@ -658,7 +658,11 @@ pub fn checkpoint_file(data: &[u8]) {
     };
     let mut enc = CheckpointEncoder::new(&header);
     for (id, t) in &read.tasks {
-        enc.push_task(*id, t.due_ms, t.deliveries, t.in_flight, &t.key, &t.payload);
+        let payload = match t.payload_at {
+            Some((file, offset)) => crate::checkpoint::PayloadAt::Overflow { file, offset },
+            None => crate::checkpoint::PayloadAt::Inline(&t.payload),
+        };
+        enc.push_task(*id, t.due_ms, t.deliveries, t.in_flight, &t.key, payload);
     }
     for (id, t) in &read.dead {
         enc.push_dead(*id, t);

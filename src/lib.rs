@@ -41,6 +41,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod index;
+pub mod overflow;
 pub mod record;
 pub mod replay;
 mod task;

@@ -11,8 +11,12 @@ use std::collections::{HashMap, HashSet};
 pub struct LiveTask {
     /// Its key.
     pub key: Box<[u8]>,
-    /// Its payload (empty when the replay keeps no payloads).
+    /// Its payload (empty when the replay keeps no payloads, or when it is
+    /// in an overflow file: see `payload_at`).
     pub payload: Box<[u8]>,
+    /// `(file, offset)` of its payload in an overflow file, when a
+    /// checkpoint moved it there (`None`: `payload` holds it).
+    pub payload_at: Option<(u32, u64)>,
     /// Due time of its next attempt, UTC ms.
     pub due_ms: u64,
     /// Deliveries so far: DELIVER records, less RELEASE records (0 = never
@@ -155,6 +159,7 @@ impl Replay {
                     LiveTask {
                         key: key.into(),
                         payload: payload.into(),
+                        payload_at: None,
                         due_ms,
                         deliveries: 0,
                         in_flight: false,
@@ -215,8 +220,11 @@ impl Replay {
                 let keep_payloads = self.keep_payloads;
                 let t = self.waiting(id.0, "reschedule")?;
                 t.due_ms = due_ms;
-                if let (Some(p), true) = (payload, keep_payloads) {
-                    t.payload = p.into();
+                if let Some(p) = payload {
+                    t.payload_at = None;
+                    if keep_payloads {
+                        t.payload = p.into();
+                    }
                 }
             }
         }

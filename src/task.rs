@@ -35,9 +35,8 @@ pub enum TaskState {
 }
 
 /// Where a task's variable-length bytes (key and payload) live. One
-/// component ([`PayloadStore`]) decides; today they are held in memory, a
-/// later issue keeps payloads of tasks not due soon on disk and adds a variant
-/// here. Keys stay in memory in every variant: the index compares them.
+/// component ([`PayloadStore`]) decides. Keys stay in memory in every
+/// variant: the index compares them.
 #[derive(Debug, Clone)]
 pub enum PayloadRef {
     /// Key and payload in memory, in one allocation: the key's `key_len`
@@ -50,6 +49,16 @@ pub enum PayloadRef {
         /// Length of the key prefix of `bytes`.
         key_len: u32,
     },
+    /// Key in memory; the payload in overflow file `file` (`crate::overflow`)
+    /// at byte `offset`, read back before the task is delivered.
+    OnDisk {
+        /// The key bytes.
+        key: Box<[u8]>,
+        /// The overflow file's number.
+        file: u32,
+        /// Byte offset of the task's entry in it.
+        offset: u64,
+    },
 }
 
 impl PayloadRef {
@@ -57,6 +66,15 @@ impl PayloadRef {
     pub fn key(&self) -> &[u8] {
         match self {
             PayloadRef::Inline { bytes, key_len } => &bytes[..*key_len as usize],
+            PayloadRef::OnDisk { key, .. } => key,
+        }
+    }
+
+    /// Where the payload is on disk, if it is not in memory.
+    pub fn on_disk(&self) -> Option<(u32, u64)> {
+        match self {
+            PayloadRef::Inline { .. } => None,
+            PayloadRef::OnDisk { file, offset, .. } => Some((*file, *offset)),
         }
     }
 }
@@ -65,6 +83,8 @@ impl PayloadRef {
 #[derive(Debug, Default)]
 pub struct PayloadStore {
     bytes_in_memory: usize,
+    /// Live tasks whose payload is in each overflow file, by file number.
+    on_disk: std::collections::HashMap<u32, u64>,
 }
 
 impl PayloadStore {
@@ -83,16 +103,51 @@ impl PayloadStore {
         }
     }
 
-    /// Reads a payload back (for delivery).
-    pub fn get<'a>(&self, at: &'a PayloadRef) -> &'a [u8] {
-        match at {
-            PayloadRef::Inline { bytes, key_len } => &bytes[*key_len as usize..],
+    /// A task whose payload is in overflow file `file` at `offset`.
+    pub fn put_on_disk(&mut self, key: &[u8], file: u32, offset: u64) -> PayloadRef {
+        *self.on_disk.entry(file).or_default() += 1;
+        PayloadRef::OnDisk {
+            key: key.into(),
+            file,
+            offset,
         }
     }
 
-    /// Forgets a task's bytes: their memory is freed at once.
+    /// The payload if it is in memory (`None`: on disk, see
+    /// [`PayloadRef::on_disk`]).
+    pub fn get<'a>(&self, at: &'a PayloadRef) -> Option<&'a [u8]> {
+        match at {
+            PayloadRef::Inline { bytes, key_len } => Some(&bytes[*key_len as usize..]),
+            PayloadRef::OnDisk { .. } => None,
+        }
+    }
+
+    /// Forgets a task's bytes: their memory is freed at once (an overflow
+    /// entry just stops counting as live).
     pub fn release(&mut self, at: PayloadRef) {
-        self.bytes_in_memory -= self.get(&at).len();
+        match &at {
+            PayloadRef::Inline { bytes, key_len } => {
+                self.bytes_in_memory -= bytes.len() - *key_len as usize;
+            }
+            PayloadRef::OnDisk { file, .. } => {
+                if let Some(n) = self.on_disk.get_mut(file) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.on_disk.remove(file);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Live tasks whose payload is in overflow file `file`.
+    pub fn live_in_file(&self, file: u32) -> u64 {
+        self.on_disk.get(&file).copied().unwrap_or(0)
+    }
+
+    /// Live tasks whose payload is on disk.
+    pub fn tasks_on_disk(&self) -> u64 {
+        self.on_disk.values().sum()
     }
 
     /// Payload bytes currently held in memory (keys not counted).
@@ -176,6 +231,14 @@ impl TaskSlab {
         };
         self.slots.push(Slot::Occupied(task));
         Some(slot)
+    }
+
+    /// Every task with its slot, in slot order.
+    pub fn iter_slots(&self) -> impl Iterator<Item = (u32, &Task)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| match s {
+            Slot::Occupied(t) => Some((i as u32, t)),
+            Slot::Vacant { .. } => None,
+        })
     }
 
     /// Every task, in slot order.
@@ -262,7 +325,7 @@ mod tests {
         let mut p = PayloadStore::default();
         let r = p.put(b"key", b"hello");
         assert_eq!(r.key(), b"key");
-        assert_eq!(p.get(&r), b"hello");
+        assert_eq!(p.get(&r), Some(&b"hello"[..]));
         assert_eq!(p.bytes_in_memory(), 5);
         p.release(r);
         assert_eq!(p.bytes_in_memory(), 0);

@@ -13,13 +13,19 @@
 //! the log segments whose records all lie at or below `L`
 //! (`Wal::remove_segments_before`, which writes `TRIM` first).
 
+use super::wall_ms;
 use super::{Core, Shared, Status};
-use crate::checkpoint::{self, CheckpointEncoder, CheckpointHeader, CHECKPOINT_DIR_NAME};
+use crate::checkpoint::{
+    self, CheckpointEncoder, CheckpointHeader, PayloadAt, CHECKPOINT_DIR_NAME,
+};
 use crate::error::{CheckpointError, OpenError};
+use crate::overflow::{self, OverflowWriter};
 use crate::replay::Replay;
+use crate::task::TaskId;
 use crate::task::TaskState;
 use kairos_wal::storage::Storage;
 use kairos_wal::{Lsn, Wal};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,6 +46,12 @@ pub struct CheckpointReport {
     pub bytes: u64,
     /// Log segments deleted because it covers them.
     pub segments_removed: usize,
+    /// Payloads moved to its overflow file: out of memory (tasks not due
+    /// within `Config::payload_window`), or out of overflow files being
+    /// compacted.
+    pub payloads_moved: u64,
+    /// Overflow files deleted (no live task and no checkpoint refers to them).
+    pub overflow_files_removed: usize,
     /// Time the engine's lock was held to copy the state.
     pub locked: Duration,
     /// Time the whole checkpoint took.
@@ -56,6 +68,10 @@ pub(crate) struct Disk {
 impl Disk {
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.dir.join(CHECKPOINT_DIR_NAME)
+    }
+
+    pub fn overflow_dir(&self) -> PathBuf {
+        self.dir.join(overflow::OVERFLOW_DIR_NAME)
     }
 }
 
@@ -94,7 +110,11 @@ impl Shared {
         };
         let mut book = self.checkpointing.lock();
         let started = Instant::now();
-        let (bytes, header, tasks, dead_letters, wal, locked) = {
+        // Overflow files mostly dead are read now, outside the lock; their
+        // live entries are copied into this checkpoint's overflow file.
+        let victims = self.read_compaction_victims(disk)?;
+        let locked_at = Instant::now();
+        let plan = {
             let mut core = self.core.lock();
             match &core.status {
                 Status::Open => {}
@@ -120,6 +140,8 @@ impl Shared {
                     dead_letters: 0,
                     bytes: book.bytes,
                     segments_removed,
+                    payloads_moved: 0,
+                    overflow_files_removed: 0,
                     locked: Duration::ZERO,
                     elapsed: started.elapsed(),
                 });
@@ -130,16 +152,52 @@ impl Shared {
                 max_task_id: core.next_id.saturating_sub(1),
                 created_ms: disk.storage.now_ms(),
             };
-            let enc = encode(&core, &header);
+            let window_end = self
+                .config
+                .payload_window
+                .map(|w| wall_ms(self.now()).saturating_add(w.as_millis() as u64));
+            let moves = plan_moves(&mut core, window_end, victims, &header.store_id);
+            let (enc, named) = encode(&core, &header, &moves);
             let (tasks, dead) = (enc.tasks(), enc.dead_letters());
-            (enc.finish(), header, tasks, dead, wal, started.elapsed())
+            Plan {
+                bytes: enc.finish(),
+                header,
+                tasks,
+                dead,
+                wal,
+                moves,
+                named,
+                locked: locked_at.elapsed(),
+            }
         };
+        let Plan {
+            bytes,
+            header,
+            tasks,
+            dead: dead_letters,
+            wal,
+            moves,
+            named,
+            locked,
+        } = plan;
         // Every record the checkpoint reflects must be durable before the
         // checkpoint exists: otherwise a crash could lose them and let new
         // records reuse their LSNs, which replay would skip as covered.
         if let Err(e) = wal.sync() {
             self.poison(format!("checkpoint: log sync failed: {e}"));
             return Err(e.into());
+        }
+        // The overflow file the checkpoint refers to is durable first.
+        if let Some(m) = &moves {
+            let dir = disk.overflow_dir();
+            create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
+            checkpoint::write_file(
+                disk.storage.as_ref(),
+                &dir,
+                &overflow::file_name(m.file),
+                &m.bytes,
+            )
+            .map_err(|(op, path, source)| CheckpointError::Io { op, path, source })?;
         }
         let dir = disk.checkpoint_dir();
         create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
@@ -148,7 +206,29 @@ impl Shared {
             .map_err(|(op, path, source)| CheckpointError::Io { op, path, source })?;
         book.lsn = header.lsn;
         book.bytes = bytes.len() as u64;
+        let payloads_moved = moves.as_ref().map_or(0, |m| m.tasks.len() as u64);
+        // Durable: the moved payloads now live in the new file.
+        let unreferenced = {
+            let mut core = self.core.lock();
+            if let Some(m) = moves {
+                apply_moves(&mut core, m);
+            }
+            // Files no live task refers to, and that the new checkpoint does
+            // not name, can go.
+            let referenced = referenced_files(&core);
+            let gone: Vec<u32> = core
+                .overflow_files
+                .keys()
+                .copied()
+                .filter(|f| !referenced.contains(f) && !named.contains(f))
+                .collect();
+            for f in &gone {
+                core.overflow_files.remove(f);
+            }
+            gone
+        };
         remove_older(disk.storage.as_ref(), &dir, header.lsn)?;
+        let overflow_files_removed = remove_overflow_files(disk, &unreferenced)?;
         let segments_removed = wal.remove_segments_before(Lsn(header.lsn + 1))?;
         tracing::debug!(
             lsn = header.lsn,
@@ -156,6 +236,8 @@ impl Shared {
             dead_letters,
             bytes = bytes.len(),
             segments_removed,
+            payloads_moved,
+            overflow_files_removed,
             "checkpoint written"
         );
         Ok(CheckpointReport {
@@ -165,9 +247,38 @@ impl Shared {
             dead_letters,
             bytes: bytes.len() as u64,
             segments_removed,
+            payloads_moved,
+            overflow_files_removed,
             locked,
             elapsed: started.elapsed(),
         })
+    }
+
+    /// Reads the overflow files worth compacting: those whose live entries
+    /// are at most half of what they hold.
+    fn read_compaction_victims(&self, disk: &Disk) -> Result<Vec<Victim>, CheckpointError> {
+        let candidates: Vec<u32> = {
+            let core = self.core.lock();
+            core.overflow_files
+                .iter()
+                .filter(|(f, written)| {
+                    let live = core.payloads.live_in_file(**f);
+                    live > 0 && live * 2 <= **written
+                })
+                .map(|(f, _)| *f)
+                .collect()
+        };
+        let mut out = Vec::new();
+        for f in candidates {
+            let path = disk.overflow_dir().join(overflow::file_name(f));
+            match overflow::read_file(disk.storage.as_ref(), &path, None, Some(f)) {
+                Ok(entries) => out.push((f, entries)),
+                // A file that does not read back is left alone here; its
+                // entries are reported when a task's payload is read.
+                Err(error) => tracing::warn!(%error, "overflow file not compacted"),
+            }
+        }
+        Ok(out)
     }
 
     /// Counts appended log bytes and wakes the checkpointer when the log has
@@ -236,10 +347,171 @@ impl Shared {
     }
 }
 
+/// An overflow file being compacted: its number and its entries with their
+/// offsets.
+type Victim = (u32, Vec<(u64, overflow::Entry)>);
+
+/// What a checkpoint moves to its new overflow file.
+pub(super) struct Moves {
+    /// The new file's number.
+    file: u32,
+    /// Its bytes.
+    bytes: Vec<u8>,
+    /// `(slot, id, offset in the new file, what the task held)` per task.
+    tasks: Vec<(u32, TaskId, u64, Held)>,
+}
+
+/// What a task's payload reference was when its move was planned; the move
+/// applies only if it still is.
+enum Held {
+    /// In memory (these bytes: compared, since a reschedule may replace them).
+    Memory,
+    /// In an older overflow file being compacted.
+    Disk(u32, u64),
+}
+
+struct Plan {
+    bytes: Vec<u8>,
+    header: CheckpointHeader,
+    tasks: u64,
+    dead: u64,
+    wal: Arc<Wal>,
+    moves: Option<Moves>,
+    /// Overflow files the checkpoint refers to.
+    named: HashSet<u32>,
+    locked: Duration,
+}
+
+/// Chooses what goes into the new overflow file: payloads in memory of
+/// waiting tasks due after `window_end`, and the live entries of the
+/// compaction victims. `None` if nothing moves.
+fn plan_moves(
+    core: &mut Core,
+    window_end: Option<u64>,
+    victims: Vec<Victim>,
+    store_id: &kairos_wal::format::StoreId,
+) -> Option<Moves> {
+    let mut writer = OverflowWriter::default();
+    let mut held: HashMap<u64, (u32, Held)> = HashMap::new();
+    if let Some(window_end) = window_end {
+        for (slot, task) in core.tasks.iter_slots() {
+            if task.state != TaskState::Scheduled || task.due_ms <= window_end {
+                continue;
+            }
+            let Some(payload) = core.payloads.get(&task.bytes) else {
+                continue;
+            };
+            if payload.is_empty() {
+                continue;
+            }
+            writer.push(overflow::Entry {
+                task_id: task.id.0,
+                due_ms: task.due_ms,
+                key: task.key().into(),
+                payload: payload.into(),
+            });
+            held.insert(task.id.0, (slot, Held::Memory));
+        }
+    }
+    for (file, entries) in victims {
+        for (offset, entry) in entries {
+            let tag = core.key_tag(&entry.key);
+            let Some(slot) = core.find_slot(tag, &entry.key) else {
+                continue;
+            };
+            let Some(task) = core.tasks.get(slot) else {
+                continue;
+            };
+            if task.id.0 != entry.task_id || task.bytes.on_disk() != Some((file, offset)) {
+                continue;
+            }
+            held.insert(entry.task_id, (slot, Held::Disk(file, offset)));
+            writer.push(entry);
+        }
+    }
+    if writer.is_empty() {
+        return None;
+    }
+    let file = core.next_overflow_file;
+    core.next_overflow_file = core.next_overflow_file.checked_add(1)?;
+    let (bytes, offsets) = writer.finish(store_id, file);
+    let tasks = offsets
+        .into_iter()
+        .filter_map(|(id, offset)| {
+            held.remove(&id)
+                .map(|(slot, h)| (slot, TaskId(id), offset, h))
+        })
+        .collect();
+    Some(Moves { file, bytes, tasks })
+}
+
+/// After the checkpoint naming the new file is durable: tasks whose payload
+/// reference is still what was copied now refer to the new file, and their
+/// payload memory is freed.
+fn apply_moves(core: &mut Core, moves: Moves) {
+    let Moves { file, bytes, tasks } = moves;
+    let mut moved = 0;
+    for (slot, id, offset, held) in tasks {
+        let Some(task) = core.tasks.get_checked(slot, id) else {
+            continue;
+        };
+        let still = match held {
+            Held::Memory => match core.payloads.get(&task.bytes) {
+                Some(p) => overflow_payload(&bytes, offset) == Some(p),
+                None => false,
+            },
+            Held::Disk(f, o) => task.bytes.on_disk() == Some((f, o)),
+        };
+        if !still {
+            continue;
+        }
+        let key: Box<[u8]> = task.key().into();
+        let new_ref = core.payloads.put_on_disk(&key, file, offset);
+        if let Some(task) = core.tasks.get_mut(slot) {
+            let old = std::mem::replace(&mut task.bytes, new_ref);
+            core.payloads.release(old);
+            moved += 1;
+        }
+    }
+    core.overflow_files.insert(file, moved);
+}
+
+/// The payload bytes of the entry at `offset` of an overflow file's bytes.
+fn overflow_payload(file: &[u8], offset: u64) -> Option<&[u8]> {
+    let at = usize::try_from(offset).ok()?;
+    let fixed = file.get(at..at + overflow::ENTRY_FIXED_BYTES)?;
+    let key_len = usize::from(u16::from_le_bytes([fixed[24], fixed[25]]));
+    let payload_len = u32::from_le_bytes([fixed[26], fixed[27], fixed[28], fixed[29]]) as usize;
+    let start = at + overflow::ENTRY_FIXED_BYTES + key_len;
+    file.get(start..start + payload_len)
+}
+
+/// Overflow files some live task refers to.
+fn referenced_files(core: &Core) -> HashSet<u32> {
+    core.tasks
+        .iter()
+        .filter_map(|t| t.bytes.on_disk().map(|(f, _)| f))
+        .collect()
+}
+
 /// Encodes the live state. Tasks a consumer holds after a cancel
 /// (`Abandoned`) are finished as far as the log is concerned (their CANCEL
 /// is logged), so they are left out; `Ready` and `Leased` tasks are in flight.
-fn encode(core: &Core, header: &CheckpointHeader) -> CheckpointEncoder {
+/// Payloads planned to move are written as references to the new file.
+fn encode(
+    core: &Core,
+    header: &CheckpointHeader,
+    moves: &Option<Moves>,
+) -> (CheckpointEncoder, HashSet<u32>) {
+    let mut named = HashSet::new();
+    let moved: HashMap<u64, (u32, u64)> = moves
+        .iter()
+        .flat_map(|m| {
+            m.tasks
+                .iter()
+                .map(move |(_, id, offset, _)| (id.0, (m.file, *offset)))
+        })
+        .collect();
     let mut enc = CheckpointEncoder::new(header);
     for task in core.tasks.iter() {
         let in_flight = match task.state {
@@ -247,13 +519,24 @@ fn encode(core: &Core, header: &CheckpointHeader) -> CheckpointEncoder {
             TaskState::Ready | TaskState::Leased => true,
             TaskState::Abandoned => continue,
         };
+        let payload = match (moved.get(&task.id.0), &task.bytes) {
+            (Some(&(file, offset)), _) => PayloadAt::Overflow { file, offset },
+            (None, bytes) => match (core.payloads.get(bytes), bytes.on_disk()) {
+                (Some(p), _) => PayloadAt::Inline(p),
+                (None, Some((file, offset))) => PayloadAt::Overflow { file, offset },
+                (None, None) => PayloadAt::Inline(&[]),
+            },
+        };
+        if let PayloadAt::Overflow { file, .. } = payload {
+            named.insert(file);
+        }
         enc.push_task(
             task.id.0,
             task.due_ms,
             task.deliveries,
             in_flight,
             task.key(),
-            core.payloads.get(&task.bytes),
+            payload,
         );
     }
     let mut dead: Vec<_> = core.dead.iter().collect();
@@ -261,7 +544,36 @@ fn encode(core: &Core, header: &CheckpointHeader) -> CheckpointEncoder {
     for (id, t) in dead {
         enc.push_dead(*id, t);
     }
-    enc
+    (enc, named)
+}
+
+fn remove_overflow_files(disk: &Disk, files: &[u32]) -> Result<usize, CheckpointError> {
+    if files.is_empty() {
+        return Ok(0);
+    }
+    let dir = disk.overflow_dir();
+    for f in files {
+        let path = dir.join(overflow::file_name(*f));
+        match disk.storage.remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(CheckpointError::Io {
+                    op: "remove",
+                    path,
+                    source,
+                })
+            }
+        }
+    }
+    disk.storage
+        .sync_dir(&dir)
+        .map_err(|source| CheckpointError::Io {
+            op: "fsync dir",
+            path: dir.clone(),
+            source,
+        })?;
+    Ok(files.len())
 }
 
 fn create_dir(storage: &dyn Storage, parent: &Path, dir: &Path) -> Result<(), CheckpointError> {
@@ -370,6 +682,60 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
         Some(e) => Err(e),
         None => Ok(None),
     }
+}
+
+/// Before the engine starts on a recovered state: leftover temporary files
+/// and overflow files no live task refers to (written by a checkpoint that
+/// never became durable, or left by an interrupted deletion) are removed;
+/// an overflow file a task refers to must exist. Returns the number the next
+/// overflow file gets.
+pub(crate) fn prepare_overflow(
+    storage: &dyn Storage,
+    dir: &Path,
+    replay: &Replay,
+    checkpoint: Option<&LoadedMeta>,
+) -> Result<u32, OpenError> {
+    let ovf_dir = dir.join(overflow::OVERFLOW_DIR_NAME);
+    let io = |op, path: PathBuf| move |source| OpenError::Io { op, path, source };
+    let (files, tmps) = overflow::list(storage, &ovf_dir).map_err(io("list", ovf_dir.clone()))?;
+    let referenced: HashSet<u32> = replay
+        .tasks()
+        .filter_map(|t| t.payload_at.map(|(f, _)| f))
+        .collect();
+    let present: HashSet<u32> = files.iter().map(|(f, _)| *f).collect();
+    if let Some(missing) = referenced.iter().find(|f| !present.contains(f)) {
+        return Err(OpenError::CheckpointMismatch {
+            path: checkpoint.map_or_else(|| ovf_dir.clone(), |c| c.path.clone()),
+            reason: format!(
+                "it refers to overflow file {}, which is missing",
+                ovf_dir.join(overflow::file_name(*missing)).display()
+            ),
+        });
+    }
+    let mut removed = false;
+    for name in &tmps {
+        let path = ovf_dir.join(name);
+        storage
+            .remove_file(&path)
+            .map_err(io("remove", path.clone()))?;
+        removed = true;
+    }
+    for (f, name) in &files {
+        if !referenced.contains(f) {
+            let path = ovf_dir.join(name);
+            tracing::info!(file = %path.display(), "removing an overflow file no task refers to");
+            storage
+                .remove_file(&path)
+                .map_err(io("remove", path.clone()))?;
+            removed = true;
+        }
+    }
+    if removed {
+        storage
+            .sync_dir(&ovf_dir)
+            .map_err(io("fsync dir", ovf_dir.clone()))?;
+    }
+    Ok(files.last().map_or(1, |(f, _)| f.saturating_add(1)))
 }
 
 /// After the log opened: the checkpoint must belong to it, and the log must

@@ -161,6 +161,10 @@ impl Shared {
         let lease_ticks = self.lease_ticks(self.config.lease);
         let at_most_once = self.config.delivery == DeliveryGuarantee::AtMostOnce;
         let c = &mut *core;
+        if let Err(cause) = self.load_payload_locked(c, entry.slot) {
+            self.poison_locked(c, cause.clone());
+            return Err(RecvError::Poisoned { cause });
+        }
         let Some(task) = c.tasks.get_mut(entry.slot) else {
             return Err(RecvError::Empty);
         };
@@ -169,7 +173,7 @@ impl Shared {
             task_id: entry.id,
             slot: entry.slot,
             key: task.key().into(),
-            payload: c.payloads.get(&task.bytes).to_vec(),
+            payload: c.payloads.get(&task.bytes).unwrap_or_default().to_vec(),
             due_ms: task.due_ms,
             fired_ms: entry.fired_ms,
             attempt: task.deliveries,
@@ -419,7 +423,14 @@ impl Shared {
             });
             let dead = DeadTask {
                 key: task.key().into(),
-                payload: core.payloads.get(&task.bytes).into(),
+                // Delivered, so its payload was read into memory then.
+                payload: match core.payloads.get(&task.bytes) {
+                    Some(p) => p.into(),
+                    None => self.read_payload(task).unwrap_or_else(|cause| {
+                        tracing::error!(%cause, "dead letter without its payload");
+                        Box::default()
+                    }),
+                },
                 due_ms: task.due_ms,
                 deliveries: task.deliveries,
                 dead_ms: now_ms,

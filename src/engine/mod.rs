@@ -23,6 +23,7 @@
 
 mod checkpointing;
 mod delivery;
+mod payloads;
 
 pub use checkpointing::CheckpointReport;
 
@@ -161,6 +162,12 @@ pub struct Stats {
     pub pending: usize,
     /// Payload bytes held in memory (live tasks and dead letters).
     pub payload_bytes_in_memory: usize,
+    /// Live tasks whose payload is on disk, in an overflow file (see
+    /// [`Config::payload_window`]).
+    pub payloads_on_disk: usize,
+    /// Payloads read back into memory from overflow files since open
+    /// (ahead of their due time by the prefetcher, or when received).
+    pub payloads_read_back: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,6 +228,14 @@ struct Core {
     last_checkpoint_bytes: u64,
     /// The log grew enough: the checkpointer should run.
     checkpoint_wanted: bool,
+    /// Overflow files in use: number → entries written to it (live ones
+    /// are counted by the payload store).
+    overflow_files: std::collections::BTreeMap<u32, u64>,
+    /// Number of the next overflow file.
+    next_overflow_file: u32,
+    /// Payloads read back from overflow files so far (prefetched or read
+    /// at receive).
+    payloads_read_back: u64,
 }
 
 /// One ready-queue entry; stale (skipped) unless the slot still holds task
@@ -290,7 +305,12 @@ pub(crate) struct Shared {
     checkpointing: Mutex<checkpointing::CheckpointBook>,
     /// The checkpointer waits here (with the core lock).
     checkpoint_cv: Condvar,
+    /// The payload prefetcher waits here (with the core lock).
+    prefetch_cv: Condvar,
 }
+
+/// A background thread: its name, whether it runs, its body.
+type BackgroundThread = (&'static str, bool, fn(&Shared));
 
 /// Source of [`Shared::engine_id`].
 static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -310,7 +330,8 @@ pub struct Engine {
     /// Registered with the clock; unregistered when the engine drops.
     clock_waker: Waker,
     driver: Mutex<Option<JoinHandle<()>>>,
-    checkpointer: Mutex<Option<JoinHandle<()>>>,
+    /// The checkpointer and the payload prefetcher, if running.
+    background: Mutex<Vec<JoinHandle<()>>>,
     dir_lock: Mutex<Option<Box<dyn LockGuard>>>,
     recovery: Recovery,
     dir: Option<PathBuf>,
@@ -440,6 +461,8 @@ impl Engine {
             checkpointing::check_against_log(meta, &wal, replayed_after)?;
         }
         let checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.bytes);
+        let next_overflow_file =
+            checkpointing::prepare_overflow(storage.as_ref(), &dir, &replay, checkpoint.as_ref())?;
         let disk = checkpointing::Disk {
             storage,
             dir: dir.clone(),
@@ -449,7 +472,9 @@ impl Engine {
             let mut book = engine.shared.checkpointing.lock();
             book.lsn = covered;
             book.bytes = checkpoint_bytes;
-            engine.shared.core.lock().last_checkpoint_bytes = checkpoint_bytes;
+            let mut core = engine.shared.core.lock();
+            core.last_checkpoint_bytes = checkpoint_bytes;
+            core.next_overflow_file = core.next_overflow_file.max(next_overflow_file);
         }
         *engine.dir_lock.get_mut() = Some(dir_lock);
         engine.dir = Some(dir);
@@ -510,6 +535,9 @@ impl Engine {
             log_bytes_since_checkpoint: 0,
             last_checkpoint_bytes: 0,
             checkpoint_wanted: false,
+            overflow_files: std::collections::BTreeMap::new(),
+            next_overflow_file: 1,
+            payloads_read_back: 0,
         };
         let shared = Arc::new(Shared {
             config,
@@ -526,6 +554,7 @@ impl Engine {
             disk,
             checkpointing: Mutex::new(checkpointing::CheckpointBook::default()),
             checkpoint_cv: Condvar::new(),
+            prefetch_cv: Condvar::new(),
         });
         let recovery = shared.load_replayed(replay, wal_report);
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
@@ -541,29 +570,41 @@ impl Engine {
                 None
             }
         };
-        let checkpointer = if shared.disk.is_some()
-            && (shared.config.checkpoint_log_bytes.is_some()
-                || shared.config.checkpoint_interval.is_some())
-        {
-            let cp_shared = Arc::clone(&shared);
-            let spawned = std::thread::Builder::new()
-                .name("kairos-checkpointer".into())
-                .spawn(move || cp_shared.checkpointer_loop());
-            match spawned {
-                Ok(handle) => Some(handle),
-                Err(e) => {
-                    shared.poison(format!("cannot start the checkpointer thread: {e}"));
-                    None
-                }
+        let mut background = Vec::new();
+        let on_disk = shared.disk.is_some();
+        let config = &shared.config;
+        let threads: [BackgroundThread; 2] = [
+            (
+                "kairos-checkpointer",
+                on_disk
+                    && (config.checkpoint_log_bytes.is_some()
+                        || config.checkpoint_interval.is_some()),
+                Shared::checkpointer_loop,
+            ),
+            (
+                "kairos-prefetch",
+                on_disk && config.payload_window.is_some() && config.payload_prefetch,
+                Shared::prefetch_loop,
+            ),
+        ];
+        for (name, wanted, body) in threads {
+            if !wanted {
+                continue;
             }
-        } else {
-            None
-        };
+            let thread_shared = Arc::clone(&shared);
+            match std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || body(&thread_shared))
+            {
+                Ok(handle) => background.push(handle),
+                Err(e) => shared.poison(format!("cannot start the {name} thread: {e}")),
+            }
+        }
         Engine {
             shared,
             clock_waker,
             driver: Mutex::new(driver),
-            checkpointer: Mutex::new(checkpointer),
+            background: Mutex::new(background),
             dir_lock: Mutex::new(None),
             recovery,
             dir: None,
@@ -727,6 +768,8 @@ impl Engine {
             pending,
             payload_bytes_in_memory: core.payloads.bytes_in_memory()
                 + core.dead.values().map(|d| d.payload.len()).sum::<usize>(),
+            payloads_on_disk: core.payloads.tasks_on_disk() as usize,
+            payloads_read_back: core.payloads_read_back,
         }
     }
 
@@ -823,12 +866,13 @@ impl Engine {
             self.shared.driver_cv.notify_all();
             self.shared.ready_cv.notify_all();
             self.shared.checkpoint_cv.notify_all();
+            self.shared.prefetch_cv.notify_all();
         }
         // The driver finishes its pass first: tasks it logged as delivered
         // reach the ready queue (no consumer can take them now), so the
         // release below finds every one of them.
         self.join_driver();
-        self.join_checkpointer();
+        self.join_background();
         // A checkpoint a caller is taking finishes first (it holds the log).
         let checkpointing = self.shared.checkpointing.lock();
         let wal = {
@@ -855,11 +899,11 @@ impl Engine {
         }
     }
 
-    fn join_checkpointer(&self) {
-        if let Some(handle) = self.checkpointer.lock().take() {
+    fn join_background(&self) {
+        let handles = std::mem::take(&mut *self.background.lock());
+        for handle in handles {
             if handle.join().is_err() {
-                self.shared
-                    .poison("the checkpointer thread panicked".into());
+                self.shared.poison("a background thread panicked".into());
             }
         }
     }
@@ -886,10 +930,11 @@ impl Drop for Engine {
             self.shared.driver_cv.notify_all();
             self.shared.ready_cv.notify_all();
             self.shared.checkpoint_cv.notify_all();
+            self.shared.prefetch_cv.notify_all();
             core.wal.take()
         };
         self.join_driver();
-        self.join_checkpointer();
+        self.join_background();
         // Dropping the log without close: like a crash for anything not durable.
         drop(wal);
         self.shared.clock.unregister_waker(&self.clock_waker);
@@ -951,6 +996,7 @@ impl Shared {
         self.idle_cv.notify_all();
         self.ready_cv.notify_all();
         self.checkpoint_cv.notify_all();
+        self.prefetch_cv.notify_all();
     }
 
     /// Waits for a log ticket; a failure poisons the engine and is returned
@@ -1019,6 +1065,7 @@ impl Shared {
             ..Recovery::default()
         };
         let mut settle = RecordBatch::default();
+        let mut unreadable = None;
         let mut core = self.core.lock();
         core.dead = dead;
         for (id, t) in tasks {
@@ -1032,6 +1079,15 @@ impl Shared {
                     }
                     _ if deliveries >= self.config.retry.max_attempts => {
                         let error = LOST_LEASE_ERROR.as_bytes();
+                        let payload = match t.payload_at {
+                            None => t.payload,
+                            Some((file, offset)) => self
+                                .read_payload_at(file, offset, id.0, &t.key)
+                                .unwrap_or_else(|cause| {
+                                    unreadable.get_or_insert(cause);
+                                    Box::default()
+                                }),
+                        };
                         settle.push(&Record::Dead {
                             id,
                             dead_ms: now_ms,
@@ -1042,7 +1098,7 @@ impl Shared {
                             id.0,
                             DeadTask {
                                 key: t.key,
-                                payload: t.payload,
+                                payload,
                                 due_ms: t.due_ms,
                                 deliveries,
                                 dead_ms: now_ms,
@@ -1073,7 +1129,10 @@ impl Shared {
             let task = Task {
                 id,
                 key_tag: core.key_tag(&t.key),
-                bytes: core.payloads.put(&t.key, &t.payload),
+                bytes: match t.payload_at {
+                    Some((file, offset)) => core.payloads.put_on_disk(&t.key, file, offset),
+                    None => core.payloads.put(&t.key, &t.payload),
+                },
                 due_ms: t.due_ms,
                 state: TaskState::Scheduled,
                 deliveries,
@@ -1089,6 +1148,18 @@ impl Shared {
         }
         recovery.pending = core.tasks.len();
         recovery.dead_letters = core.dead.len();
+        let c = &mut *core;
+        for task in c.tasks.iter() {
+            if let Some((file, _)) = task.bytes.on_disk() {
+                *c.overflow_files.entry(file).or_default() += 1;
+            }
+        }
+        if let Some(last) = core.overflow_files.keys().next_back() {
+            core.next_overflow_file = core.next_overflow_file.max(last.saturating_add(1));
+        }
+        if let Some(cause) = unreadable {
+            self.poison_locked(&mut core, cause);
+        }
         if !settle.is_empty() {
             // Waited for (before the driver starts): a power cut right after
             // open must not undo a dead letter made here. A failure poisons

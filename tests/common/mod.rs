@@ -54,6 +54,8 @@ pub fn config(durability: Durability) -> Config {
     // No background checkpoints: tests take them explicitly, deterministically.
     c.checkpoint_log_bytes = None;
     c.checkpoint_interval = None;
+    // No background payload reads either (tests/overflow.rs turns them on).
+    c.payload_prefetch = false;
     c
 }
 

@@ -1,0 +1,609 @@
+//! Overflow files: the payloads of tasks not due soon, kept on disk instead
+//! of in memory.
+//!
+//! A checkpoint moves the payloads of waiting tasks due later than
+//! `Config::payload_window` out of memory into one new overflow file,
+//! `DIR/overflow/{seq:016x}.ovf`, written once and never modified: entries
+//! sorted by due time, so that the payloads coming due are read back
+//! sequentially, ahead of their due time. A task then holds only the file's
+//! number and the entry's offset. Files whose entries are mostly dead
+//! (tasks fired, cancelled or rescheduled with a new payload) are compacted:
+//! a later checkpoint copies their live entries into its new file, and a file
+//! no live task and no checkpoint refers to is deleted.
+//!
+//! Layout (`wal/FORMAT.md`, "Overflow files"; every offset here mirrors it):
+//! a 64-byte header, then entries laid end to end, each with its own CRC-32.
+//! Reading trusts nothing: lengths are bounded before anything is allocated,
+//! and an entry must carry the task id and key its reader expects.
+
+use kairos_wal::format::StoreId;
+use kairos_wal::storage::{OpenMode, Storage, StorageFile};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Name of the directory, inside a data directory, holding overflow files.
+pub const OVERFLOW_DIR_NAME: &str = "overflow";
+/// File-name suffix of an overflow file: `{seq:016x}.ovf`.
+pub const OVERFLOW_SUFFIX: &str = ".ovf";
+/// The header's magic bytes.
+pub const OVERFLOW_MAGIC: [u8; 8] = *b"KAIROSOV";
+/// The only format version this code reads and writes.
+pub const OVERFLOW_FORMAT_VERSION: u32 = 1;
+/// Bytes of the file header.
+pub const HEADER_BYTES: usize = 64;
+/// Bytes of an entry before its key and payload.
+pub const ENTRY_FIXED_BYTES: usize = 30;
+/// Largest `entry_bytes` accepted: a 64 KiB key and a 16 MiB payload fit.
+pub const ENTRY_BYTES_MAX: u32 = 17 * 1024 * 1024;
+
+// Header offsets.
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = H_MAGIC + 8;
+const H_CRC: usize = H_VERSION + 4;
+const H_STORE_ID: usize = H_CRC + 4;
+const H_SEQ: usize = H_STORE_ID + 16;
+const H_ENTRIES: usize = H_SEQ + 8;
+const H_RESERVED: usize = H_ENTRIES + 8;
+const _: () = assert!(H_RESERVED + 16 == HEADER_BYTES);
+
+// Entry offsets.
+const E_BYTES: usize = 0;
+const E_CRC: usize = E_BYTES + 4;
+const E_ID: usize = E_CRC + 4;
+const E_DUE: usize = E_ID + 8;
+const E_KEY_LEN: usize = E_DUE + 8;
+const E_PAYLOAD_LEN: usize = E_KEY_LEN + 2;
+const _: () = assert!(E_PAYLOAD_LEN + 4 == ENTRY_FIXED_BYTES);
+
+/// The file name of overflow file `seq`.
+pub fn file_name(seq: u32) -> String {
+    format!("{:016x}{OVERFLOW_SUFFIX}", u64::from(seq))
+}
+
+/// The number an overflow file name stands for; `None` for other names.
+pub fn parse_file_name(name: &str) -> Option<u32> {
+    let hex = name.strip_suffix(OVERFLOW_SUFFIX)?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16)
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+/// One payload in an overflow file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The task it belongs to.
+    pub task_id: u64,
+    /// The task's due time when the file was written, UTC ms (the file's
+    /// sort key; the task may have been rescheduled since).
+    pub due_ms: u64,
+    /// The task's key.
+    pub key: Box<[u8]>,
+    /// The payload.
+    pub payload: Box<[u8]>,
+}
+
+/// Why an overflow entry could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverflowReadError {
+    /// The bytes there are not the entry expected.
+    #[error("overflow file {path} is corrupt at byte offset {offset}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset of the header or entry.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Reading failed.
+    #[error("read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Builds an overflow file in memory: entries are added in any order and
+/// written sorted by `(due_ms, task_id)`; [`OverflowWriter::finish`] returns
+/// the bytes and each entry's offset.
+#[derive(Debug, Default)]
+pub struct OverflowWriter {
+    entries: Vec<Entry>,
+}
+
+impl OverflowWriter {
+    /// Adds an entry.
+    pub fn push(&mut self, entry: Entry) {
+        self.entries.push(entry);
+    }
+
+    /// Entries added so far.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no entry was added.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Sorts the entries and lays the file out: returns its bytes and, for
+    /// each entry, `(task_id, offset)` in file order.
+    pub fn finish(mut self, store_id: &StoreId, seq: u32) -> (Vec<u8>, Vec<(u64, u64)>) {
+        self.entries.sort_unstable_by_key(|e| (e.due_ms, e.task_id));
+        let mut out = Vec::with_capacity(
+            HEADER_BYTES
+                + self
+                    .entries
+                    .iter()
+                    .map(|e| ENTRY_FIXED_BYTES + e.key.len() + e.payload.len())
+                    .sum::<usize>(),
+        );
+        out.extend_from_slice(&encode_header(store_id, seq, self.entries.len() as u64));
+        let mut offsets = Vec::with_capacity(self.entries.len());
+        for e in &self.entries {
+            offsets.push((e.task_id, out.len() as u64));
+            encode_entry(&mut out, e);
+        }
+        (out, offsets)
+    }
+}
+
+fn encode_header(store_id: &StoreId, seq: u32, entries: u64) -> [u8; HEADER_BYTES] {
+    let mut b = [0u8; HEADER_BYTES];
+    b[H_MAGIC..H_VERSION].copy_from_slice(&OVERFLOW_MAGIC);
+    b[H_VERSION..H_CRC].copy_from_slice(&OVERFLOW_FORMAT_VERSION.to_le_bytes());
+    b[H_STORE_ID..H_SEQ].copy_from_slice(store_id);
+    b[H_SEQ..H_ENTRIES].copy_from_slice(&u64::from(seq).to_le_bytes());
+    b[H_ENTRIES..H_RESERVED].copy_from_slice(&entries.to_le_bytes());
+    let crc = header_crc(&b);
+    b[H_CRC..H_STORE_ID].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn header_crc(b: &[u8; HEADER_BYTES]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&b[..H_CRC]);
+    h.update(&b[H_STORE_ID..]);
+    h.finalize()
+}
+
+fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
+    let start = out.len();
+    let entry_bytes = (ENTRY_FIXED_BYTES - E_CRC - 4 + e.key.len() + e.payload.len()) as u32;
+    out.extend_from_slice(&entry_bytes.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&e.task_id.to_le_bytes());
+    out.extend_from_slice(&e.due_ms.to_le_bytes());
+    out.extend_from_slice(&u16::try_from(e.key.len()).unwrap_or(u16::MAX).to_le_bytes());
+    out.extend_from_slice(
+        &u32::try_from(e.payload.len())
+            .unwrap_or(u32::MAX)
+            .to_le_bytes(),
+    );
+    out.extend_from_slice(&e.key);
+    out.extend_from_slice(&e.payload);
+    let crc = crc32fast::hash(&out[start + E_ID..]);
+    out[start + E_CRC..start + E_ID].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Parses the entry at the start of `b` (which holds at least its fixed
+/// part); `Ok(None)` if `b` is shorter than the whole entry. The entry's
+/// total length is `8 + entry_bytes`.
+fn parse_entry(b: &[u8]) -> Result<Option<(Entry, usize)>, String> {
+    let entry_bytes = u32_at(b, E_BYTES);
+    if entry_bytes > ENTRY_BYTES_MAX {
+        return Err(format!(
+            "entry length {entry_bytes} exceeds {ENTRY_BYTES_MAX}"
+        ));
+    }
+    let total = E_ID + entry_bytes as usize;
+    if total < ENTRY_FIXED_BYTES {
+        return Err(format!(
+            "entry length {entry_bytes} is shorter than an entry"
+        ));
+    }
+    let Some(all) = b.get(..total) else {
+        return Ok(None);
+    };
+    if crc32fast::hash(&all[E_ID..]) != u32_at(all, E_CRC) {
+        return Err("entry CRC mismatch".into());
+    }
+    let key_len = usize::from(u16::from_le_bytes([all[E_KEY_LEN], all[E_KEY_LEN + 1]]));
+    let payload_len = u32_at(all, E_PAYLOAD_LEN) as usize;
+    if ENTRY_FIXED_BYTES + key_len + payload_len != total || key_len == 0 {
+        return Err("entry lengths do not add up".into());
+    }
+    let key = &all[ENTRY_FIXED_BYTES..ENTRY_FIXED_BYTES + key_len];
+    Ok(Some((
+        Entry {
+            task_id: u64_at(all, E_ID),
+            due_ms: u64_at(all, E_DUE),
+            key: key.into(),
+            payload: all[ENTRY_FIXED_BYTES + key_len..].into(),
+        },
+        total,
+    )))
+}
+
+fn read_exact_at(file: &dyn StorageFile, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = file.read_at(&mut buf[done..], offset + done as u64)?;
+        if n == 0 {
+            return Ok(false);
+        }
+        done += n;
+    }
+    Ok(true)
+}
+
+/// Reads the entry at `offset` of the overflow file at `path` and checks it
+/// belongs to task `task_id` with key `key`. Two small reads; the payload is
+/// allocated only after its length is bounded by [`ENTRY_BYTES_MAX`] and the
+/// file's size.
+///
+/// # Errors
+/// [`OverflowReadError::Corrupt`] if the bytes are not that task's entry;
+/// [`OverflowReadError::Io`].
+pub fn read_entry(
+    storage: &dyn Storage,
+    path: &Path,
+    offset: u64,
+    task_id: u64,
+    key: &[u8],
+) -> Result<Entry, OverflowReadError> {
+    let io_err = |source| OverflowReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let corrupt = |reason: String| OverflowReadError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+    let len = file.len().map_err(io_err)?;
+    let mut fixed = [0u8; ENTRY_FIXED_BYTES];
+    if offset < HEADER_BYTES as u64
+        || !read_exact_at(file.as_ref(), &mut fixed, offset).map_err(io_err)?
+    {
+        return Err(corrupt("no entry at this offset".into()));
+    }
+    let entry_bytes = u32_at(&fixed, E_BYTES);
+    let total = E_ID as u64 + u64::from(entry_bytes);
+    if entry_bytes > ENTRY_BYTES_MAX || offset + total > len {
+        return Err(corrupt(format!(
+            "entry length {entry_bytes} runs past the file"
+        )));
+    }
+    let mut buf = vec![0u8; total as usize];
+    if !read_exact_at(file.as_ref(), &mut buf, offset).map_err(io_err)? {
+        return Err(corrupt("file ends inside the entry".into()));
+    }
+    let entry = match parse_entry(&buf).map_err(corrupt)? {
+        Some((e, _)) => e,
+        None => return Err(corrupt("file ends inside the entry".into())),
+    };
+    if entry.task_id != task_id || &*entry.key != key {
+        return Err(corrupt(format!(
+            "entry belongs to task {} (key {:?}), expected task {task_id}",
+            entry.task_id,
+            String::from_utf8_lossy(&entry.key)
+        )));
+    }
+    Ok(entry)
+}
+
+/// Reads the entries of the overflow file at `path` from `offset` on, in
+/// file order (due time order), while their `due_ms` is at most `due_until`,
+/// reading about `chunk_bytes` at a time (more for a larger entry). Returns
+/// them with their offsets, and the offset to continue from (the first entry
+/// not taken; the file's length at its end).
+///
+/// # Errors
+/// [`OverflowReadError::Corrupt`] at the first damaged entry; I/O errors.
+pub fn read_due(
+    storage: &dyn Storage,
+    path: &Path,
+    mut offset: u64,
+    due_until: u64,
+    chunk_bytes: usize,
+) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+    let io_err = |source| OverflowReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+    let len = file.len().map_err(io_err)?;
+    let mut out = Vec::new();
+    offset = offset.max(HEADER_BYTES as u64);
+    while offset < len {
+        let corrupt = |reason: String| OverflowReadError::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            reason,
+        };
+        let want = (len - offset).min(chunk_bytes.max(ENTRY_FIXED_BYTES) as u64) as usize;
+        let mut buf = vec![0u8; want];
+        if !read_exact_at(file.as_ref(), &mut buf, offset).map_err(io_err)? {
+            return Err(corrupt("file shrank while being read".into()));
+        }
+        let mut at = 0;
+        while buf.len() - at >= ENTRY_FIXED_BYTES {
+            let entry_offset = offset + at as u64;
+            match parse_entry(&buf[at..]) {
+                Err(reason) => {
+                    return Err(OverflowReadError::Corrupt {
+                        path: path.to_path_buf(),
+                        offset: entry_offset,
+                        reason,
+                    })
+                }
+                Ok(None) => break,
+                Ok(Some((entry, n))) => {
+                    if entry.due_ms > due_until {
+                        return Ok((out, entry_offset));
+                    }
+                    out.push((entry_offset, entry));
+                    at += n;
+                }
+            }
+        }
+        if at == 0 {
+            // One entry larger than the chunk: read exactly it.
+            let entry_bytes = u32_at(&buf, E_BYTES);
+            let total = E_ID as u64 + u64::from(entry_bytes);
+            if entry_bytes > ENTRY_BYTES_MAX || offset + total > len {
+                return Err(corrupt(format!(
+                    "entry length {entry_bytes} runs past the file"
+                )));
+            }
+            let mut one = vec![0u8; total as usize];
+            if !read_exact_at(file.as_ref(), &mut one, offset).map_err(io_err)? {
+                return Err(corrupt("file ends inside the entry".into()));
+            }
+            match parse_entry(&one).map_err(corrupt)? {
+                Some((entry, n)) => {
+                    if entry.due_ms > due_until {
+                        return Ok((out, offset));
+                    }
+                    out.push((offset, entry));
+                    at = n;
+                }
+                None => return Err(corrupt("file ends inside the entry".into())),
+            }
+        }
+        offset += at as u64;
+        if out.len() >= 65_536 {
+            break;
+        }
+    }
+    Ok((out, offset))
+}
+
+/// Reads a whole overflow file from bytes in memory, checking the header
+/// (magic, version, CRC, store id if given, sequence number) and every entry;
+/// returns the entries with their offsets. For `kairos verify`-style checks,
+/// compaction and the fuzz target.
+///
+/// # Errors
+/// `Err((offset, reason))` at the first damage.
+pub fn decode(
+    bytes: &[u8],
+    store_id: Option<&StoreId>,
+    seq: Option<u32>,
+) -> Result<Vec<(u64, Entry)>, (u64, String)> {
+    let Some(h) = bytes.get(..HEADER_BYTES) else {
+        return Err((
+            0,
+            format!("file is {} bytes, shorter than the header", bytes.len()),
+        ));
+    };
+    let mut header = [0u8; HEADER_BYTES];
+    header.copy_from_slice(h);
+    if header[H_MAGIC..H_VERSION] != OVERFLOW_MAGIC {
+        return Err((0, "bad magic: not a Kairos overflow file".into()));
+    }
+    let version = u32_at(&header, H_VERSION);
+    if version != OVERFLOW_FORMAT_VERSION {
+        return Err((
+            0,
+            format!("format version {version}; this build reads {OVERFLOW_FORMAT_VERSION}"),
+        ));
+    }
+    if u32_at(&header, H_CRC) != header_crc(&header) {
+        return Err((0, "header CRC mismatch".into()));
+    }
+    if header[H_RESERVED..] != [0u8; 16] {
+        return Err((0, "reserved header bytes are not zero".into()));
+    }
+    if let Some(id) = store_id {
+        if header[H_STORE_ID..H_SEQ] != id[..] {
+            return Err((0, "belongs to another data directory (store id)".into()));
+        }
+    }
+    if let Some(seq) = seq {
+        if u64_at(&header, H_SEQ) != u64::from(seq) {
+            return Err((
+                0,
+                format!(
+                    "header says file {}, its name {seq}",
+                    u64_at(&header, H_SEQ)
+                ),
+            ));
+        }
+    }
+    let count = u64_at(&header, H_ENTRIES);
+    let mut out = Vec::new();
+    let mut at = HEADER_BYTES;
+    let mut last = (0u64, 0u64);
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        if rest.len() < ENTRY_FIXED_BYTES {
+            return Err((at as u64, "file ends inside an entry".into()));
+        }
+        let (entry, len) = match parse_entry(rest).map_err(|r| (at as u64, r))? {
+            Some(x) => x,
+            None => return Err((at as u64, "file ends inside an entry".into())),
+        };
+        let order = (entry.due_ms, entry.task_id);
+        if !out.is_empty() && order <= last {
+            return Err((at as u64, "entries out of (due time, task id) order".into()));
+        }
+        last = order;
+        out.push((at as u64, entry));
+        at += len;
+    }
+    if out.len() as u64 != count {
+        return Err((
+            0,
+            format!(
+                "header counts {count} entries, the file holds {}",
+                out.len()
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// Reads the whole overflow file at `path` (see [`decode`]).
+///
+/// # Errors
+/// As [`decode`], or an I/O error.
+pub fn read_file(
+    storage: &dyn Storage,
+    path: &Path,
+    store_id: Option<&StoreId>,
+    seq: Option<u32>,
+) -> Result<Vec<(u64, Entry)>, OverflowReadError> {
+    let io_err = |source| OverflowReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+    let len = file.len().map_err(io_err)?;
+    let len = usize::try_from(len).map_err(|_| OverflowReadError::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        reason: "file too large".into(),
+    })?;
+    let mut bytes = vec![0u8; len];
+    if !read_exact_at(file.as_ref(), &mut bytes, 0).map_err(io_err)? {
+        return Err(OverflowReadError::Corrupt {
+            path: path.to_path_buf(),
+            offset: 0,
+            reason: "file shrank while being read".into(),
+        });
+    }
+    decode(&bytes, store_id, seq).map_err(|(offset, reason)| OverflowReadError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    })
+}
+
+/// Overflow files `(number, name)` by number, and leftover temporary names.
+pub type Listing = (Vec<(u32, String)>, Vec<String>);
+
+/// The overflow files in `dir`, by number, and leftover temporary names.
+///
+/// # Errors
+/// The listing's I/O error (a missing directory holds none).
+pub fn list(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
+    let names = match storage.list(dir) {
+        Ok(names) => names,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
+        Err(e) => return Err(e),
+    };
+    let mut files = Vec::new();
+    let mut tmps = Vec::new();
+    for name in names {
+        if let Some(seq) = parse_file_name(&name) {
+            files.push((seq, name));
+        } else if name.ends_with(crate::checkpoint::TMP_SUFFIX) {
+            tmps.push(name);
+        }
+    }
+    files.sort_unstable();
+    Ok((files, tmps))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kairos_wal::SimStorage;
+
+    fn entry(id: u64, due: u64, payload: &[u8]) -> Entry {
+        Entry {
+            task_id: id,
+            due_ms: due,
+            key: format!("k{id}").into_bytes().into(),
+            payload: payload.into(),
+        }
+    }
+
+    #[test]
+    fn written_sorted_and_read_back_by_offset() {
+        let mut w = OverflowWriter::default();
+        w.push(entry(2, 50, b"two"));
+        w.push(entry(1, 90, b"one"));
+        w.push(entry(3, 50, b""));
+        let (bytes, offsets) = w.finish(&[9; 16], 7);
+        assert_eq!(offsets.iter().map(|o| o.0).collect::<Vec<_>>(), [2, 3, 1]);
+        let all = decode(&bytes, Some(&[9; 16]), Some(7)).unwrap();
+        assert_eq!(all.len(), 3);
+        let sim = SimStorage::new(1);
+        sim.write_file(Path::new("/o"), &bytes);
+        let e = read_entry(&sim, Path::new("/o"), offsets[2].1, 1, b"k1").unwrap();
+        assert_eq!(&*e.payload, b"one");
+        assert!(read_entry(&sim, Path::new("/o"), offsets[2].1, 2, b"k1").is_err());
+        assert!(read_entry(&sim, Path::new("/o"), offsets[2].1 + 1, 1, b"k1").is_err());
+    }
+
+    #[test]
+    fn every_truncation_and_bit_flip_is_refused() {
+        let mut w = OverflowWriter::default();
+        w.push(entry(1, 5, b"payload"));
+        w.push(entry(2, 6, b"x"));
+        let (bytes, _) = w.finish(&[1; 16], 1);
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut], None, None).is_err(), "cut {cut}");
+        }
+        for at in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[at] ^= 1 << bit;
+                assert!(
+                    decode(&b, Some(&[1; 16]), Some(1)).is_err(),
+                    "flip {at}.{bit}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(file_name(10), "000000000000000a.ovf");
+        assert_eq!(parse_file_name("000000000000000a.ovf"), Some(10));
+        assert_eq!(parse_file_name("0000000100000000.ovf"), None);
+    }
+}

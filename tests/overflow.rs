@@ -1,0 +1,279 @@
+//! Payloads on disk: a checkpoint moves the payloads of tasks not due within
+//! `Config::payload_window` to an overflow file; they come back exactly when
+//! the task is delivered, whatever happened in between (cancel, reschedule,
+//! more checkpoints, compaction, reopen, damage).
+
+mod common;
+
+use common::{config, SimHarness, Stop, TestResult, START_MS};
+use kairos::{CancelOutcome, Config, Due, Durability, OpenError, RecvError, RescheduleOutcome};
+use kairos_wal::storage::Storage;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, UNIX_EPOCH};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn key(i: usize) -> Vec<u8> {
+    format!("task-{i:04}").into_bytes()
+}
+
+fn payload(i: usize) -> Vec<u8> {
+    format!("payload {i} ").repeat(20 + i % 13).into_bytes()
+}
+
+fn cfg() -> Config {
+    let mut c = config(Durability::Sync);
+    c.payload_window = Some(MINUTE);
+    c.payload_prefetch = false;
+    c
+}
+
+fn overflow_files(h: &SimHarness) -> TestResult<Vec<String>> {
+    let dir = h.dir.join("overflow");
+    Ok(match h.sim.list(&dir) {
+        Ok(names) => names,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e.into()),
+    })
+}
+
+/// Schedules tasks `range`, task i due `i` minutes (+ 2) from the start.
+fn schedule(
+    h: &SimHarness,
+    range: std::ops::Range<usize>,
+    model: &mut common::TaskMap,
+) -> TestResult {
+    for i in range {
+        let due_ms = START_MS + 60_000 * (i as u64 + 2);
+        h.engine().schedule(
+            &key(i),
+            Due::At(UNIX_EPOCH + Duration::from_millis(due_ms)),
+            &payload(i),
+        )?;
+        model.insert(key(i), (due_ms, payload(i)));
+    }
+    Ok(())
+}
+
+/// Runs the clock minute by minute for `minutes`, acking everything; returns what fired.
+fn fire(h: &SimHarness, minutes: u64) -> TestResult<common::TaskMap> {
+    let mut fired = BTreeMap::new();
+    for _ in 0..minutes {
+        for d in h.advance(MINUTE)? {
+            assert!(d.fired_ms() >= d.due_ms());
+            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+            assert!(again.is_none(), "delivered twice: {:?}", d.key());
+            h.engine().consumer().ack(&d)?;
+        }
+    }
+    Ok(fired)
+}
+
+#[test]
+fn payloads_not_due_soon_leave_memory_and_come_back_on_delivery() -> TestResult {
+    let h = SimHarness::new(21, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..100, &mut model)?;
+    // Due within the window: stays in memory.
+    h.engine()
+        .schedule_after(b"soon", Duration::from_secs(30), b"near payload")?;
+    model.insert(
+        b"soon".to_vec(),
+        (START_MS + 30_000, b"near payload".to_vec()),
+    );
+    let before = h.engine().stats();
+    let report = h.engine().checkpoint()?;
+    assert_eq!(report.payloads_moved, 100);
+    let after = h.engine().stats();
+    assert_eq!(after.payloads_on_disk, 100);
+    assert_eq!(after.payload_bytes_in_memory, b"near payload".len());
+    assert!(before.payload_bytes_in_memory > 100 * 200);
+    assert_eq!(overflow_files(&h)?.len(), 1);
+    assert_eq!(fire(&h, 110)?, model);
+    assert_eq!(h.engine().stats().payloads_on_disk, 0);
+    Ok(())
+}
+
+#[test]
+fn cancel_and_reschedule_of_a_task_whose_payload_is_on_disk() -> TestResult {
+    let mut h = SimHarness::new(22, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..20, &mut model)?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().payloads_on_disk, 20);
+    // Cancelled on disk: never fires.
+    assert_eq!(
+        h.engine().cancel(&key(3))?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    model.remove(&key(3));
+    // Rescheduled keeping its payload (still on disk), earlier than its place in the file.
+    let new_due = START_MS + 90_000;
+    let r = h.engine().reschedule(
+        &key(15),
+        Due::At(UNIX_EPOCH + Duration::from_millis(new_due)),
+        None,
+    )?;
+    assert!(matches!(r, RescheduleOutcome::Rescheduled(_)));
+    model.get_mut(&key(15)).ok_or("15")?.0 = new_due;
+    // Rescheduled with a new payload.
+    h.engine().reschedule(
+        &key(7),
+        Due::After(Duration::from_secs(600)),
+        Some(b"fresh"),
+    )?;
+    model.insert(key(7), (START_MS + 600_000, b"fresh".to_vec()));
+    h.restart(Stop::PowerCut)?;
+    h.engine().checkpoint()?;
+    h.restart(Stop::ProcessCrash)?;
+    assert_eq!(fire(&h, 30)?, model);
+    Ok(())
+}
+
+#[test]
+fn compaction_rewrites_mostly_dead_files_and_deletes_empty_ones() -> TestResult {
+    let mut h = SimHarness::new(23, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..40, &mut model)?;
+    h.engine().checkpoint()?;
+    let first = overflow_files(&h)?;
+    assert_eq!(first.len(), 1);
+    // Three quarters of the file die.
+    for i in (0..40).filter(|i| i % 4 != 0) {
+        assert!(h.engine().cancel(&key(i))?.is_cancelled());
+        model.remove(&key(i));
+    }
+    schedule(&h, 40..50, &mut model)?;
+    let report = h.engine().checkpoint()?;
+    // The ten new payloads and the ten live ones of the first file.
+    assert_eq!(report.payloads_moved, 20);
+    assert_eq!(report.overflow_files_removed, 1);
+    let second = overflow_files(&h)?;
+    assert_eq!(second.len(), 1);
+    assert_ne!(second, first);
+    h.restart(Stop::PowerCut)?;
+    assert_eq!(h.engine().stats().payloads_on_disk, 20);
+    // Everything on disk dies: the next checkpoint deletes the file.
+    for k in model.keys() {
+        assert!(h.engine().cancel(k)?.is_cancelled());
+    }
+    let report = h.engine().checkpoint()?;
+    assert_eq!(report.overflow_files_removed, 1);
+    assert!(overflow_files(&h)?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_damaged_overflow_entry_poisons_the_receive_naming_file_and_offset() -> TestResult {
+    let h = SimHarness::new(24, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..3, &mut model)?;
+    h.engine().checkpoint()?;
+    let name = overflow_files(&h)?.pop().ok_or("overflow file")?;
+    let path = h.dir.join("overflow").join(&name);
+    let mut bytes = h.sim.read_file(&path).ok_or("bytes")?;
+    let at = bytes.len() - 5;
+    bytes[at] ^= 0x40;
+    h.sim.write_file(&path, &bytes);
+    // Tasks 0 and 1 read fine; task 2 (the last entry) is damaged.
+    let fired = fire(&h, 3)?;
+    assert_eq!(fired.len(), 2);
+    h.clock.advance(MINUTE);
+    h.engine().run_until_idle();
+    match h.engine().consumer().try_recv() {
+        Err(RecvError::Poisoned { cause }) => {
+            assert!(
+                cause.contains(&name) && cause.contains("offset 552"),
+                "{cause}"
+            );
+        }
+        other => return Err(format!("expected poisoned, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_missing_overflow_file_is_reported_and_an_orphan_is_removed() -> TestResult {
+    let mut h = SimHarness::new(25, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..5, &mut model)?;
+    h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    let dir = h.dir.join("overflow");
+    let name = overflow_files(&h)?.pop().ok_or("overflow file")?;
+    let bytes = h.sim.read_file(&dir.join(&name)).ok_or("bytes")?;
+    // An orphan (as a checkpoint that never became durable leaves): removed at open.
+    let orphan: PathBuf = dir.join(kairos::overflow::file_name(77));
+    h.sim.write_file(&orphan, &bytes);
+    h.start()?;
+    assert!(!overflow_files(&h)?.contains(&kairos::overflow::file_name(77)));
+    h.stop(Stop::Clean)?;
+    h.sim.remove_file(&dir.join(&name))?;
+    match h.open() {
+        Err(OpenError::CheckpointMismatch { reason, .. }) => {
+            assert!(
+                reason.contains("missing") && reason.contains(&name),
+                "{reason}"
+            )
+        }
+        other => return Err(format!("expected a mismatch, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+#[test]
+fn in_flight_and_dead_lettered_tasks_keep_their_payload_across_a_crash() -> TestResult {
+    let mut c = cfg();
+    c.retry.max_attempts = 1;
+    let mut h = SimHarness::new(26, c)?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..2, &mut model)?;
+    h.engine().checkpoint()?;
+    // Task 0 is received (payload read back), then the engine crashes with
+    // it in flight: with one attempt it is dead-lettered at open.
+    let ds = h.advance(Duration::from_secs(120))?;
+    assert_eq!(ds.len(), 1);
+    assert_eq!(ds[0].payload(), &payload(0)[..]);
+    h.restart(Stop::PowerCut)?;
+    let dead = h.engine().dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(&dead[0].payload[..], &payload(0)[..]);
+    Ok(())
+}
+
+/// The prefetcher reads payloads coming due back into memory before their
+/// due time, so receiving them reads nothing from disk.
+#[test]
+fn the_prefetcher_reads_payloads_back_before_they_are_due() -> TestResult {
+    let mut c = cfg();
+    c.payload_window = Some(Duration::from_secs(2));
+    c.payload_prefetch = true;
+    let h = SimHarness::new(27, c)?;
+    let mut model = BTreeMap::new();
+    for i in 0..50 {
+        h.engine()
+            .schedule_after(&key(i), Duration::from_secs(10), &payload(i))?;
+        model.insert(key(i), (START_MS + 10_000, payload(i)));
+    }
+    assert_eq!(h.engine().checkpoint()?.payloads_moved, 50);
+    assert_eq!(h.engine().stats().payloads_on_disk, 50);
+    // Within the window now (8.5 s of 10): the prefetcher, which runs every
+    // half second of real time, brings them back. Bounded wait.
+    h.clock.advance(Duration::from_millis(8_500));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while h.engine().stats().payloads_on_disk > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not prefetched within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stats = h.engine().stats();
+    assert_eq!(stats.payloads_read_back, 50);
+    let fired = fire(&h, 1)?;
+    assert_eq!(fired, model);
+    // Receiving read nothing more.
+    assert_eq!(h.engine().stats().payloads_read_back, 50);
+    Ok(())
+}
