@@ -17,6 +17,8 @@
 //! |---|---|---|
 //! | [`wal_segment`] | [`SegmentImage`]: segment files (and `META`, `TRIM`, `CLOSED`) of one log directory | `kairos_wal::scan` and `Wal::open` agree (records, torn tail, error with file and offset); an open log appends at the next LSN, closes and reopens with the same records |
 //! | [`record_body`] | a record type byte and a body | `Record::decode` never panics; what decodes re-encodes to the same bytes |
+//! | [`checkpoint_file`] | a flags byte (fix checksums) and a checkpoint file | `checkpoint::decode` never panics; what decodes survives re-encoding; `Replay::from_checkpoint` never panics |
+//! | [`overflow_file`] | a flags byte (fix checksums) and an overflow file | `overflow::decode`, `read_due` and `read_entry` never panic and agree; what decodes re-encodes to the same bytes |
 //! | [`verify_dir`] | [`DirImage`]: arbitrary files with plausible or arbitrary names in a log directory | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail); a directory it passes, the engine opens and shuts down |
 //! | [`engine_model`](fn@engine_model) | [`EngineModelInput`]: a setup and a sequence of schedule, schedule_many, reschedule, cancel, cancel_many, advance, wall step, ack, ack_many, nack, extend_lease, requeue, purge, clean reopen, process crash and power cut operations | the engine on `SimStorage` with a `ManualClock` (`Sync`, tiny segments) answers, delivers (order, key, payload, due time, attempt, hand-out time), recovers, counts and dead-letters exactly as a reference model says |
 //!
@@ -670,6 +672,80 @@ pub fn checkpoint_file(data: &[u8]) {
     let again = decode(&enc.finish(), path).expect("a re-encoded checkpoint reads back");
     assert_eq!(again, read, "re-encoding changed the checkpoint");
     let _ = crate::replay::Replay::from_checkpoint(header.max_task_id, read.tasks, read.dead, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// overflow_file
+
+/// Makes the header and entry checksums of an overflow file image valid where the lengths
+/// allow (what [`overflow_file`] does when bit 0 of its flags byte is set).
+pub fn fix_overflow_crcs(bytes: &mut [u8]) {
+    use crate::overflow::{ENTRY_FIXED_BYTES, HEADER_BYTES};
+    if bytes.len() < HEADER_BYTES {
+        return;
+    }
+    let mut h = crc32fast::Hasher::new();
+    h.update(&bytes[..12]);
+    h.update(&bytes[16..HEADER_BYTES]);
+    let crc = h.finalize().to_le_bytes();
+    bytes[12..16].copy_from_slice(&crc);
+    let mut at = HEADER_BYTES;
+    while at + ENTRY_FIXED_BYTES <= bytes.len() {
+        let len = u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
+        let Some(end) = (at + 8).checked_add(len).filter(|&e| e <= bytes.len()) else {
+            return;
+        };
+        let crc = crc32fast::hash(&bytes[at + 8..end]).to_le_bytes();
+        bytes[at + 4..at + 8].copy_from_slice(&crc);
+        at = end;
+    }
+}
+
+/// Fuzz target `overflow_file`: a flags byte (bit 0: fix the checksums with
+/// [`fix_overflow_crcs`]), then the bytes of an overflow file, through
+/// [`crate::overflow::decode`], [`crate::overflow::read_due`] and
+/// [`crate::overflow::read_entry`] (on a simulated disk).
+///
+/// # Panics
+/// On a finding: a reader panicked; a file that decodes does not re-encode to the same bytes
+/// (the layout is canonical: sorted entries, exact lengths); the sequential and the
+/// per-entry readers disagree with the whole-file reader.
+pub fn overflow_file(data: &[u8]) {
+    use crate::overflow::{decode, read_due, read_entry, OverflowWriter};
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let mut bytes = rest.to_vec();
+    if flags & 1 != 0 {
+        fix_overflow_crcs(&mut bytes);
+    }
+    let sim = SimStorage::new(0);
+    let path = std::path::Path::new("/fuzz.ovf");
+    sim.write_file(path, &bytes);
+    let whole = decode(&bytes, None, None);
+    let sequential = read_due(&sim, path, 0, u64::MAX, 256);
+    let Ok(entries) = whole else {
+        return;
+    };
+    match sequential {
+        Ok((seq_entries, _)) => assert_eq!(seq_entries, entries, "read_due disagrees with decode"),
+        Err(e) => panic!("read_due refused a file decode accepts: {e}"),
+    }
+    for (offset, e) in &entries {
+        let one = read_entry(&sim, path, *offset, e.task_id, &e.key).expect("an entry decode accepted");
+        assert_eq!(&one, e);
+    }
+    let mut store_id = [0u8; 16];
+    store_id.copy_from_slice(&bytes[16..32]);
+    let seq = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or_default());
+    if let Ok(seq) = u32::try_from(seq) {
+        let mut w = OverflowWriter::default();
+        for (_, e) in &entries {
+            w.push(e.clone());
+        }
+        let (again, _) = w.finish(&store_id, seq);
+        assert_eq!(again, bytes, "re-encoding changed the file");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -80,6 +80,39 @@ fn verify_dir_corpus() {
 }
 
 #[test]
+fn overflow_file_corpus() {
+    replay("overflow_file", fuzzing::overflow_file);
+}
+
+/// Overflow files written by the real engine's writer: one entry, several with keys and
+/// payloads of different sizes; each with flags 0 and 1 (fix checksums).
+#[test]
+#[ignore = "writes fuzz/corpus/overflow_file; run by hand after a format change"]
+fn write_overflow_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+    use kairos::overflow::{Entry, OverflowWriter};
+    let dir = fuzz_dir().join("corpus").join("overflow_file");
+    std::fs::create_dir_all(&dir)?;
+    for (name, n) in [("empty", 0u64), ("one", 1), ("several", 5)] {
+        let mut w = OverflowWriter::default();
+        for i in 0..n {
+            w.push(Entry {
+                task_id: i + 1,
+                due_ms: 1_700_000_000_000 + (i % 3) * 1000,
+                key: format!("key-{i}").into_bytes().into(),
+                payload: b"payload".repeat(i as usize).into(),
+            });
+        }
+        let (bytes, _) = w.finish(&[7; 16], 3);
+        for flags in [0u8, 1] {
+            let mut input = vec![flags];
+            input.extend_from_slice(&bytes);
+            std::fs::write(dir.join(format!("seed-{name}-{flags}")), input)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn checkpoint_file_corpus() {
     replay("checkpoint_file", fuzzing::checkpoint_file);
 }
@@ -152,6 +185,7 @@ fn arbitrary_small_inputs_never_fail() {
         run_bounded("wal_segment", data, fuzzing::wal_segment);
         run_bounded("record_body", data, fuzzing::record_body);
         run_bounded("checkpoint_file", data, fuzzing::checkpoint_file);
+        run_bounded("overflow_file", data, fuzzing::overflow_file);
         #[cfg(feature = "cli")]
         run_bounded("verify_dir", data, fuzzing::verify_dir);
     }
