@@ -446,9 +446,10 @@ fn inspect_counts_what_the_engine_said() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("data");
     let built = build(&dir)?;
-    // Parts a later change adds: listed generically, by top-level subdirectory.
+    // Other parts, listed generically by top-level subdirectory: a leftover temporary
+    // checkpoint (not a checkpoint: the whole log is replayed) and an overflow store.
     std::fs::create_dir_all(dir.join("checkpoint"))?;
-    std::fs::write(dir.join("checkpoint/0000000000000001.ckpt"), [7u8; 123])?;
+    std::fs::write(dir.join("checkpoint/0000000000000001.ckpt.tmp"), [7u8; 123])?;
     std::fs::create_dir_all(dir.join("overflow/a"))?;
     std::fs::write(dir.join("overflow/a/b.bin"), b"1234567")?;
     let (report, records) = scan(&dir.join("wal"));
@@ -466,6 +467,8 @@ fn inspect_counts_what_the_engine_said() -> TestResult {
     for later in ["checkpoint", "horizon", "overflow"] {
         assert!(v[later].is_null(), "{later}: {v}");
     }
+    assert_eq!(v["checkpoint_files"], Value::Array(Vec::new()));
+    assert_eq!(v["checkpoint_tmp_files"][0]["bytes"], 123);
 
     // Pending tasks by state, as the engine counted them before its shutdown: the
     // shutdown took back nothing (no delivery was ready), and the delivery held by a
@@ -557,7 +560,7 @@ fn inspect_counts_what_the_engine_said() -> TestResult {
     assert_eq!(parts[1]["bytes"], 123);
     assert_eq!(
         parts[1]["listed"][0]["path"],
-        "checkpoint/0000000000000001.ckpt"
+        "checkpoint/0000000000000001.ckpt.tmp"
     );
     assert_eq!(parts[2]["bytes"], 7);
     assert_eq!(parts[2]["listed"][0]["path"], "overflow/a/b.bin");
@@ -577,7 +580,13 @@ fn inspect_counts_what_the_engine_said() -> TestResult {
     assert!(stdout.contains("clean shutdown  yes"), "{stdout}");
     assert!(stdout.contains("torn tail       none"), "{stdout}");
     assert!(
-        stdout.contains("checkpoint/   123 bytes in 1 file: checkpoint/0000000000000001.ckpt 123"),
+        stdout.contains("checkpoint      none: the whole log is replayed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "checkpoint/   123 bytes in 1 file: checkpoint/0000000000000001.ckpt.tmp 123"
+        ),
         "{stdout}"
     );
     assert!(stdout.ends_with("OK\n"), "{stdout}");

@@ -7,12 +7,18 @@
 //! memory does not grow with the log. Each body is decoded with
 //! `kairos::record::Record::decode`; one that does not decode is printed as
 //! such and the dump goes on.
+//!
+//! The log's older records are deleted once a checkpoint holds their effect,
+//! so the dump starts with the checkpoint the engine's open would start from
+//! (`verify`'s `start_from_checkpoint`), and `--key` shows the state it holds
+//! for the key's tasks where their history reaches its LSN.
 
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
-use super::verify::{log_dir, Failure, Torn};
+use super::verify::{log_dir, start_from_checkpoint, CheckpointStart, Failure, Torn};
 use super::Verdict;
 use anyhow::Context as _;
 use clap::Args;
+use kairos::checkpoint as ckpt;
 use kairos::record::{DecodeError, Record};
 use kairos_wal::{FsStorage, RecordPlace, RecordView, ScanReport, WalError};
 use serde::Serialize;
@@ -45,20 +51,41 @@ characters escaped and bytes that are not UTF-8 as \\xNN; payloads are cut to th
 bytes (marked ... after the closing quote) unless --full-payload. A body that does not decode \
 is printed as a line saying so, and the dump goes on.
 
+When the data directory has a checkpoint (DIR/checkpoint/*.ckpt; the engine then deletes the \
+log segments it covers), the first line names the one the engine's open would start from — the \
+newest that reads back whole:
+
+  checkpoint 0000000000000123.ckpt at LSN 291: 40 live tasks, 1 dead letters
+
+The records still in the log follow, those at or below its LSN included.
+
 --key K keeps the records of the tasks that ever had key K: each SCHEDULE with that key, and \
 every later record naming its task id — the task's whole history, through retries, \
-reschedules, dead-lettering and purge, and a task requeued under the same key.
+reschedules, dead-lettering and purge, and a task requeued under the same key. With a \
+checkpoint, the state it holds for every task with key K stands for the records it covers, \
+printed where the log passes its LSN (after the records at or below it still in the log, \
+before those above it), one line per task:
+
+  CHECKPOINT task=7 key=\"order:1\" due=2030-01-02T03:04:05.678Z deliveries=0 in_flight=false
+  DEAD_LETTER task=5 key=\"order:1\" due=… deliveries=3 dead=… error=\"boom\"
 
 --json prints one JSON object per line (JSON Lines) with the raw *_ms integers and the RFC 3339 \
-strings both (null past the year 9999).
+strings both (null past the year 9999). The checkpoint line is an object with \"type\": \
+\"CHECKPOINT\" (file, path, lsn, created, bytes, max_task_id, tasks, dead_letters); the \
+state lines of --key have \"type\": \"CHECKPOINT_TASK\" or \"DEAD_LETTER\" and \
+checkpoint_lsn.
 
 A summary goes to stderr: the records read, a torn tail (an unsynced write cut short by a \
 crash, which the next open truncates: reported, not damage), or the damage that stopped the \
-scan, with its file and byte offset, after the records read before it.
+scan, with its file and byte offset, after the records read before it. A checkpoint that does \
+not read back is reported with its file and byte offset, and the log is dumped without it; if \
+an older one reads and the log still holds every record after it, the engine opens from that \
+one and so does the dump (the newest one's damage is then a warning).
 
-Exit status 0 when the whole log was read and every body decodes (a torn tail included); 1 if \
-the log is damaged (records before the damage are printed first), a body does not decode, or \
-the directory cannot be read.")]
+Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
+was read and every body decodes (a torn tail included); 1 if a checkpoint or the log is \
+damaged (records before the damage are printed first), a body does not decode, or the \
+directory cannot be read.")]
 pub struct DumpArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
@@ -80,19 +107,36 @@ pub struct DumpArgs {
 /// Runs the dump: records to stdout as they are read, the summary to stderr.
 pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
     let log_dir = log_dir(&args.dir)?;
+    // As `verify` does: a log directory given by itself is read without a checkpoint.
+    let start = if log_dir == args.dir {
+        Ok(None)
+    } else {
+        start_from_checkpoint(&FsStorage, &args.dir.join(ckpt::CHECKPOINT_DIR_NAME))
+    };
     let stdout = io::stdout().lock();
     let mut dumper = Dumper::new(args, BufWriter::new(stdout));
+    let mut checkpoint = match start {
+        Ok(start) => start,
+        Err(failure) => {
+            dumper.checkpoint_failure = Some(failure);
+            None
+        }
+    };
+    if let Some(c) = checkpoint.as_mut() {
+        dumper.start_at(c);
+    }
     let scan = kairos_wal::scan_located(
         &FsStorage,
         &log_dir,
         args.record_bytes_max,
         &mut |view, place| dumper.visit(view, place),
     );
+    dumper.write_state();
     dumper.flush();
     if let Some(e) = dumper.write_error.take() {
         return Err(e).context("cannot write the dump to stdout");
     }
-    Ok(dumper.summarize(&log_dir, &scan))
+    Ok(dumper.summarize(&log_dir, &scan, checkpoint))
 }
 
 /// Prints records as the scan hands them over.
@@ -102,12 +146,26 @@ struct Dumper<W: Write> {
     payload_limit: Option<usize>,
     /// `--key`, as bytes.
     key: Option<Vec<u8>>,
-    /// With `--key`: the ids of the tasks scheduled with it so far.
+    /// With `--key`: the ids of the tasks the checkpoint holds with it, then of those
+    /// scheduled with it in the log so far.
     tasks: Vec<u64>,
     task_set: HashSet<u64>,
+    /// The LSN of the checkpoint the dump starts from (0: none).
+    covered: u64,
+    /// Records read above `covered`.
+    after: u64,
+    /// With `--key` and a checkpoint: the state it holds for the key's tasks, printed
+    /// when the log passes its LSN.
+    state: Vec<StateLine>,
+    /// How many state lines there were.
+    state_shown: usize,
+    /// Why no checkpoint could be started from.
+    checkpoint_failure: Option<Failure>,
     records: u64,
     shown: u64,
     undecodable: u64,
+    /// Undecodable records at or below `covered` (the engine skips them).
+    undecodable_covered: u64,
     /// The first undecodable record: its LSN.
     first_undecodable: Option<u64>,
     /// One line, reused.
@@ -124,21 +182,142 @@ impl<W: Write> Dumper<W> {
             key: args.key.as_ref().map(|k| k.as_encoded_bytes().to_vec()),
             tasks: Vec::new(),
             task_set: HashSet::new(),
+            covered: 0,
+            after: 0,
+            state: Vec::new(),
+            state_shown: 0,
+            checkpoint_failure: None,
             records: 0,
             shown: 0,
             undecodable: 0,
+            undecodable_covered: 0,
             first_undecodable: None,
             line: String::new(),
             write_error: None,
         }
     }
 
+    /// Starts from checkpoint `c`: prints its line, and with `--key` takes the state it
+    /// holds for the key's tasks (printed when the log passes its LSN).
+    fn start_at(&mut self, c: &mut CheckpointStart) {
+        self.covered = c.summary.lsn;
+        self.line.clear();
+        let name = file_name(&c.summary.file).into_owned();
+        if self.json {
+            let line = CheckpointLine {
+                type_name: "CHECKPOINT",
+                file: name,
+                path: c.summary.file.to_string_lossy().into_owned(),
+                lsn: c.summary.lsn,
+                created_ms: c.created_ms,
+                created: rfc3339(c.created_ms),
+                bytes: c.bytes,
+                max_task_id: c.max_task_id,
+                tasks: c.summary.tasks,
+                dead_letters: c.summary.dead_letters,
+            };
+            self.push_json(&line, c.summary.lsn);
+        } else {
+            let _ = write!(
+                self.line,
+                "checkpoint {name} at LSN {}: {} live tasks, {} dead letters",
+                c.summary.lsn, c.summary.tasks, c.summary.dead_letters
+            );
+        }
+        self.write_line();
+        let Some(key) = &self.key else { return };
+        let (live, dead) = std::mem::take(&mut c.replay).into_parts();
+        let mut state: Vec<StateLine> = live
+            .into_iter()
+            .filter(|(_, t)| *t.key == **key)
+            .map(|(id, t)| StateLine {
+                id,
+                key: t.key,
+                due_ms: t.due_ms,
+                deliveries: t.deliveries,
+                state: State::Live {
+                    in_flight: t.in_flight,
+                },
+            })
+            .chain(
+                dead.into_iter()
+                    .filter(|(_, t)| *t.key == **key)
+                    .map(|(id, t)| StateLine {
+                        id,
+                        key: t.key,
+                        due_ms: t.due_ms,
+                        deliveries: t.deliveries,
+                        state: State::Dead {
+                            dead_ms: t.dead_ms,
+                            error: t.error,
+                        },
+                    }),
+            )
+            .collect();
+        state.sort_by_key(|s| s.id);
+        for s in &state {
+            if self.task_set.insert(s.id) {
+                self.tasks.push(s.id);
+            }
+        }
+        self.state = state;
+    }
+
+    /// Prints the checkpoint's state lines, if not yet printed.
+    fn write_state(&mut self) {
+        let state = std::mem::take(&mut self.state);
+        self.state_shown += state.len();
+        for s in &state {
+            self.line.clear();
+            if self.json {
+                let line = StateJson::new(s, self.covered);
+                self.push_json(&line, self.covered);
+            } else {
+                s.text(&mut self.line);
+            }
+            self.write_line();
+        }
+    }
+
+    /// Puts `value` as JSON in the line (or a line saying why it could not be).
+    fn push_json<T: Serialize>(&mut self, value: &T, lsn: u64) {
+        match serde_json::to_string(value) {
+            Ok(text) => self.line.push_str(&text),
+            Err(e) => {
+                let error = serde_json::Value::String(e.to_string());
+                let _ = write!(self.line, "{{\"lsn\":{lsn},\"json_error\":{error}}}");
+            }
+        }
+    }
+
+    /// Writes the line and a newline, unless a write failed before.
+    fn write_line(&mut self) {
+        if self.write_error.is_some() {
+            return;
+        }
+        self.line.push('\n');
+        if let Err(e) = self.out.write_all(self.line.as_bytes()) {
+            self.write_failed(e);
+        }
+    }
+
     fn visit(&mut self, view: RecordView<'_>, place: RecordPlace<'_>) {
         self.records += 1;
+        if view.lsn.0 > self.covered {
+            self.after += 1;
+            if !self.state.is_empty() {
+                self.write_state();
+            }
+        }
         let decoded = Record::decode(view.record_type, view.body);
         if decoded.is_err() {
-            self.undecodable += 1;
-            self.first_undecodable.get_or_insert(view.lsn.0);
+            if view.lsn.0 > self.covered {
+                self.undecodable += 1;
+                self.first_undecodable.get_or_insert(view.lsn.0);
+            } else {
+                // The engine's open skips it: the checkpoint holds its effect.
+                self.undecodable_covered += 1;
+            }
         }
         if let Some(key) = &self.key {
             if let Ok(Record::Schedule { id, key: k, .. }) = &decoded {
@@ -161,24 +340,11 @@ impl<W: Write> Dumper<W> {
         self.line.clear();
         if self.json {
             let line = JsonLine::new(view, place, &decoded, self.payload_limit);
-            match serde_json::to_string(&line) {
-                Ok(text) => self.line.push_str(&text),
-                Err(e) => {
-                    let error = serde_json::Value::String(e.to_string());
-                    let _ = write!(
-                        self.line,
-                        "{{\"lsn\":{},\"json_error\":{error}}}",
-                        view.lsn.0
-                    );
-                }
-            }
+            self.push_json(&line, view.lsn.0);
         } else {
             text_line(&mut self.line, view, place, &decoded, self.payload_limit);
         }
-        self.line.push('\n');
-        if let Err(e) = self.out.write_all(self.line.as_bytes()) {
-            self.write_failed(e);
-        }
+        self.write_line();
     }
 
     fn flush(&mut self) {
@@ -199,9 +365,42 @@ impl<W: Write> Dumper<W> {
     }
 
     /// Prints the summary to stderr and decides the exit status.
-    fn summarize(&self, log_dir: &Path, scan: &Result<ScanReport, WalError>) -> Verdict {
+    fn summarize(
+        &self,
+        log_dir: &Path,
+        scan: &Result<ScanReport, WalError>,
+        checkpoint: Option<CheckpointStart>,
+    ) -> Verdict {
         let mut ok = self.undecodable == 0;
         let mut summary = String::new();
+        if let Some(failure) = &self.checkpoint_failure {
+            ok = false;
+            summary.push_str(&failure.describe("kairos dump: damaged checkpoint"));
+            let _ = writeln!(
+                summary,
+                "kairos dump: the log is dumped without a checkpoint (the engine would not \
+                 open this directory)"
+            );
+        }
+        if let Some(mut c) = checkpoint {
+            if let Ok(report) = scan {
+                if !report.segments.is_empty() {
+                    if let Err(failure) = c.check_log(report.last_lsn.0, self.after) {
+                        ok = false;
+                        summary.push_str(&failure.describe("kairos dump: FAILED"));
+                    }
+                }
+            }
+            if let Some(damage) = &c.newer_damage {
+                summary.push_str(&damage.describe("kairos dump: warning"));
+                let _ = writeln!(
+                    summary,
+                    "kairos dump: started from the older checkpoint {} instead, as the engine's \
+                     open does",
+                    c.summary.file.display()
+                );
+            }
+        }
         match scan {
             Ok(report) if report.segments.is_empty() => {
                 ok = false;
@@ -263,6 +462,18 @@ impl<W: Write> Dumper<W> {
         }
         if let Some(key) = &self.key {
             let ids: Vec<String> = self.tasks.iter().map(u64::to_string).collect();
+            let state = match self.state_shown {
+                0 => String::new(),
+                n => format!(
+                    "; the checkpoint at LSN {} holds the state of {}",
+                    self.covered,
+                    if n == 1 {
+                        "1 of them".to_string()
+                    } else {
+                        format!("{n} of them")
+                    }
+                ),
+            };
             let whose = match ids.len() {
                 0 => format!("no task had key {}", quoted(key)),
                 1 => format!("the history of task {} (key {})", ids[0], quoted(key)),
@@ -274,7 +485,7 @@ impl<W: Write> Dumper<W> {
             };
             let _ = writeln!(
                 summary,
-                "kairos dump: {} of {} records shown: {whose}",
+                "kairos dump: {} of {} records shown: {whose}{state}",
                 self.shown, self.records
             );
         }
@@ -287,12 +498,131 @@ impl<W: Write> Dumper<W> {
                 self.first_undecodable.unwrap_or(0)
             );
         }
+        if self.undecodable_covered > 0 {
+            let _ = writeln!(
+                summary,
+                "kairos dump: {} record bodies at or below the checkpoint's LSN {} do not decode \
+                 (the engine skips them: the checkpoint holds their effect)",
+                self.undecodable_covered, self.covered
+            );
+        }
         eprint!("{summary}");
         if ok {
             Verdict::Pass
         } else {
             Verdict::Fail
         }
+    }
+}
+
+/// The state a checkpoint holds for one task (`--key`).
+#[derive(Debug)]
+struct StateLine {
+    id: u64,
+    key: Box<[u8]>,
+    due_ms: u64,
+    deliveries: u32,
+    state: State,
+}
+
+#[derive(Debug)]
+enum State {
+    Live { in_flight: bool },
+    Dead { dead_ms: u64, error: Box<[u8]> },
+}
+
+impl StateLine {
+    /// `CHECKPOINT task=… key=… due=… deliveries=… in_flight=…`, or `DEAD_LETTER task=…
+    /// key=… due=… deliveries=… dead=… error=…`.
+    fn text(&self, line: &mut String) {
+        let kind = match self.state {
+            State::Live { .. } => "CHECKPOINT",
+            State::Dead { .. } => "DEAD_LETTER",
+        };
+        let _ = write!(line, "{kind} task={} key={}", self.id, quoted(&self.key));
+        time_field(line, "due", self.due_ms);
+        let _ = write!(line, " deliveries={}", self.deliveries);
+        match &self.state {
+            State::Live { in_flight } => {
+                let _ = write!(line, " in_flight={in_flight}");
+            }
+            State::Dead { dead_ms, error } => {
+                time_field(line, "dead", *dead_ms);
+                let _ = write!(line, " error={}", quoted(error));
+            }
+        }
+    }
+}
+
+/// The checkpoint's line in JSON.
+#[derive(Debug, Serialize)]
+struct CheckpointLine {
+    /// `CHECKPOINT`.
+    #[serde(rename = "type")]
+    type_name: &'static str,
+    /// The file's name (in the checkpoint directory).
+    file: String,
+    /// Its path, UTF-8 lossily.
+    path: String,
+    lsn: u64,
+    created_ms: u64,
+    created: Option<String>,
+    bytes: u64,
+    max_task_id: u64,
+    tasks: usize,
+    dead_letters: usize,
+}
+
+/// A state line of `--key` in JSON.
+#[derive(Debug, Serialize)]
+struct StateJson {
+    /// `CHECKPOINT_TASK` or `DEAD_LETTER`.
+    #[serde(rename = "type")]
+    type_name: &'static str,
+    /// The checkpoint's LSN: the state is the one after every record up to it.
+    checkpoint_lsn: u64,
+    task_id: u64,
+    /// UTF-8, lossily.
+    key: String,
+    due_ms: u64,
+    due: Option<String>,
+    deliveries: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_flight: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dead_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dead: Option<Option<String>>,
+    /// The error text of its last attempt, UTF-8 lossily.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+impl StateJson {
+    fn new(s: &StateLine, checkpoint_lsn: u64) -> StateJson {
+        let mut line = StateJson {
+            type_name: "CHECKPOINT_TASK",
+            checkpoint_lsn,
+            task_id: s.id,
+            key: describe::lossy(&s.key),
+            due_ms: s.due_ms,
+            due: rfc3339(s.due_ms),
+            deliveries: s.deliveries,
+            in_flight: None,
+            dead_ms: None,
+            dead: None,
+            error: None,
+        };
+        match &s.state {
+            State::Live { in_flight } => line.in_flight = Some(*in_flight),
+            State::Dead { dead_ms, error } => {
+                line.type_name = "DEAD_LETTER";
+                line.dead_ms = Some(*dead_ms);
+                line.dead = Some(rfc3339(*dead_ms));
+                line.error = Some(describe::lossy(error));
+            }
+        }
+        line
     }
 }
 

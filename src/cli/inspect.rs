@@ -1,18 +1,24 @@
-//! `kairos inspect DIR`: a summary of a data directory — its log segments,
-//! how the last run ended, the pending tasks by state, the bytes each part of
-//! the directory uses, and how much of each segment is still needed.
+//! `kairos inspect DIR`: a summary of a data directory — its checkpoint, its
+//! log segments, how the last run ended, the pending tasks by state, the bytes
+//! each part of the directory uses, and how much of each segment is still
+//! needed.
 //!
-//! Read-only and safe on an untrusted directory: the log is read through
-//! `kairos_wal::scan_located` (lengths checked before anything is allocated,
-//! no memory maps), records are decoded with `Record::decode` and replayed
+//! Read-only and safe on an untrusted directory: the newest checkpoint that
+//! reads back is chosen as the engine's open chooses it (`verify`'s
+//! `start_from_checkpoint`; `kairos::checkpoint::read` bounds every length),
+//! the log is read through `kairos_wal::scan_located` (lengths checked before
+//! anything is allocated, no memory maps), and the records above the
+//! checkpoint's LSN are decoded with `Record::decode` and replayed on its state
 //! with the engine's own rules (`kairos::replay::Replay`, as `kairos verify`
-//! does). Memory: one small entry per task live at the point read (the
-//! replay's, and the latest schedule's segment and size), not per record.
+//! does). Memory: the checkpoint's keys, and one small entry per task live at
+//! the point read (the replay's, and the latest schedule's segment and size),
+//! not per record.
 
-use super::describe::{file_name, type_name};
-use super::verify::{log_dir, Failure, Torn};
+use super::describe::{file_name, rfc3339, type_name};
+use super::verify::{log_dir, start_from_checkpoint, CheckpointStart, Failure, Torn};
 use super::Verdict;
 use clap::Args;
+use kairos::checkpoint as ckpt;
 use kairos::record::Record;
 use kairos::replay::Replay;
 use kairos_wal::format::parse_segment_file_name;
@@ -34,6 +40,11 @@ Summarize a data directory, offline and read-only.
 
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself. Prints:
 
+- the checkpoint the engine's open would start from — the newest file in DIR/checkpoint that \
+reads back whole: its file, LSN, creation time, size in bytes, and the live tasks and dead \
+letters it holds; every checkpoint file present (an older one may be left beside the newest \
+after a crash) and leftover *.tmp files. The records above its LSN are replayed on its state; \
+those at or below it are only counted (the engine skips them);
 - the log's segments: name, size in bytes, records, first and last LSN, sealed or active, and \
 their live fraction;
 - whether the last shutdown was clean, and a torn tail if there is one (an unsynced write cut \
@@ -46,13 +57,19 @@ every other file found under DIR, by top-level subdirectory.
 
 The live fraction of a segment is the bytes of its SCHEDULE and RESCHEDULE records (record \
 header and body) that are the latest schedule of a task still live at the end of the log, \
-divided by the segment's size: the part of the segment a compaction would have to keep.
+divided by the segment's size: the part of the segment a compaction would have to keep. A task \
+the checkpoint holds whose schedule is no longer in the log counts toward no segment.
 
 On a damaged directory, prints what it could read before the damage (the counts are then as \
-of the last record read) and where the damage is: file and byte offset.
+of the last record read) and where the damage is: file and byte offset. A newest checkpoint \
+that does not read back is damage, unless an older one reads and the log still holds every \
+record after it: the engine then opens from the older one, and so does inspect, reporting the \
+newest one's damage as a warning. If no checkpoint reads, the log is not read (the task counts \
+are unknown).
 
-Exit status 0 when the whole log reads and every record decodes and replays (a torn tail \
-included); 1 if the log is damaged, a record is bad, or the directory cannot be read.")]
+Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
+reads and every record above the checkpoint decodes and replays (a torn tail included); 1 if \
+a checkpoint or the log is damaged, a record is bad, or the directory cannot be read.")]
 pub struct InspectArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
@@ -80,8 +97,12 @@ pub(crate) struct Inspection {
     log_dir: PathBuf,
     /// Whether the whole log reads and every record decodes and replays.
     ok: bool,
-    /// Why the log could not be read to its end: the damage (file, offset), or an error.
+    /// Why the directory could not be read to its end: the damage (file, offset) of the
+    /// checkpoint or the log, or an error.
     error: Option<Failure>,
+    /// Damage the engine's open would only warn about: the newest checkpoint file does not
+    /// read back, but an older one does and the log still holds every record after it.
+    warnings: Vec<Failure>,
     /// The log's segments, oldest first. If the scan stopped at damage, the segments
     /// whose records were read before it (`sealed` then unknown).
     segments: Vec<SegmentSummary>,
@@ -100,24 +121,66 @@ pub(crate) struct Inspection {
     clean_shutdown: bool,
     /// An unsynced torn tail the next open would truncate.
     torn_tail: Option<Torn>,
-    /// Pending tasks by state, at `last_lsn`.
-    tasks: TaskCounts,
+    /// Pending tasks by state, at `last_lsn` (`None`: unknown, no checkpoint reads).
+    tasks: Option<TaskCounts>,
     /// Records whose body does not decode or does not replay.
     bad_records: u64,
     /// The first few of them.
     bad_record_details: Vec<BadRecord>,
     /// Bytes used by each part of the directory.
     disk: DiskUsage,
-    /// The newest checkpoint (`DIR/checkpoint/*.ckpt`). Always `None` for now: the change
-    /// that adds checkpoint files fills it in, from their format; until then those files
-    /// appear only under `disk`, with their sizes.
-    checkpoint: Option<NotYetKnown>,
+    /// The checkpoint the replay started from (`None`: none, or none reads).
+    checkpoint: Option<CheckpointSummary>,
+    /// Every checkpoint file in `DIR/checkpoint/`, by LSN ascending.
+    checkpoint_files: Vec<CheckpointFile>,
+    /// Leftover temporary checkpoint files (`*.tmp`): a checkpoint being written when the
+    /// engine stopped; the next open removes them.
+    checkpoint_tmp_files: Vec<TmpFile>,
     /// The horizon past which tasks wait in the overflow store. Always `None` for now:
     /// filled in by the change that adds the overflow store.
     horizon: Option<NotYetKnown>,
     /// The overflow store (`DIR/overflow/`). Always `None` for now: filled in by the change
     /// that adds it; until then its files appear only under `disk`, with their sizes.
     overflow: Option<NotYetKnown>,
+}
+
+/// The checkpoint the replay started from.
+#[derive(Debug, Serialize)]
+struct CheckpointSummary {
+    /// Path of the file.
+    file: PathBuf,
+    /// It holds the state after every record up to this LSN.
+    lsn: u64,
+    /// Its creation time, UTC ms (wall clock of the writer; for humans only).
+    created_ms: u64,
+    /// The same in RFC 3339 (`null` past the year 9999).
+    created: Option<String>,
+    /// Size in bytes.
+    bytes: u64,
+    /// The largest task id assigned up to `lsn`.
+    max_task_id: u64,
+    /// Live tasks it holds.
+    tasks: usize,
+    /// Dead letters it holds.
+    dead_letters: usize,
+}
+
+/// A checkpoint file present.
+#[derive(Debug, Serialize)]
+struct CheckpointFile {
+    file: PathBuf,
+    /// The LSN its name says.
+    lsn: u64,
+    /// Size in bytes (`null` if it cannot be read).
+    bytes: Option<u64>,
+}
+
+/// A leftover temporary checkpoint file.
+#[derive(Debug, Serialize)]
+struct TmpFile {
+    file: PathBuf,
+    /// Size in bytes (`null` if it cannot be read).
+    bytes: Option<u64>,
 }
 
 /// One log segment.
@@ -234,14 +297,103 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<Verdict> {
     })
 }
 
-/// Reads the log of `log_dir` and the files under `dir`.
+/// Reads the checkpoint of `dir` (when `log_dir` is its `wal/`), the log of `log_dir`,
+/// and the files under `dir`.
 fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
-    let mut reader = Reader::default();
+    let disk = disk_usage(dir, &log_dir);
+    // As `verify` does: a log directory given by itself is read without a checkpoint.
+    let checkpoint_dir = (log_dir != dir).then(|| dir.join(ckpt::CHECKPOINT_DIR_NAME));
+    let (checkpoint_files, checkpoint_tmp_files) = checkpoint_dir
+        .as_deref()
+        .map_or_else(Default::default, list_checkpoints);
+    let start = match checkpoint_dir.as_deref() {
+        Some(d) => start_from_checkpoint(&FsStorage, d),
+        None => Ok(None),
+    };
+    let mut start = match start {
+        Ok(start) => start,
+        // The replay has nowhere to start from (the engine would not open): the log is
+        // not read.
+        Err(failure) => {
+            let mut inspection = Reader::new(0, Replay::new(false)).finish(
+                dir,
+                log_dir,
+                Ok(ScanReport::default()),
+                disk,
+            );
+            inspection.segments.clear();
+            inspection.tasks = None;
+            inspection.ok = false;
+            inspection.error = Some(failure);
+            inspection.checkpoint_files = checkpoint_files;
+            inspection.checkpoint_tmp_files = checkpoint_tmp_files;
+            return inspection;
+        }
+    };
+    let mut reader = match start.as_mut() {
+        Some(s) => Reader::new(s.summary.lsn, std::mem::take(&mut s.replay)),
+        None => Reader::new(0, Replay::new(false)),
+    };
     let scan = kairos_wal::scan_located(&FsStorage, &log_dir, record_bytes_max, &mut |v, p| {
         reader.visit(v, p)
     });
-    let disk = disk_usage(dir, &log_dir);
-    reader.finish(dir, log_dir, scan, disk)
+    let after = reader.after;
+    let mut inspection = reader.finish(dir, log_dir, scan, disk);
+    if let Some(mut s) = start {
+        if inspection.error.is_none() {
+            if let Err(failure) = s.check_log(inspection.last_lsn, after) {
+                inspection.ok = false;
+                inspection.error = Some(failure);
+            }
+        }
+        inspection.checkpoint = Some(CheckpointSummary::new(&s));
+        inspection.warnings.extend(s.newer_damage);
+    }
+    inspection.checkpoint_files = checkpoint_files;
+    inspection.checkpoint_tmp_files = checkpoint_tmp_files;
+    inspection
+}
+
+/// The checkpoint files and leftover temporary files in `dir`, with their sizes. A listing
+/// error leaves both empty (`start_from_checkpoint` reports it).
+fn list_checkpoints(dir: &Path) -> (Vec<CheckpointFile>, Vec<TmpFile>) {
+    let Ok((files, tmps)) = ckpt::list(&FsStorage, dir) else {
+        return Default::default();
+    };
+    let size = |path: &Path| std::fs::symlink_metadata(path).ok().map(|m| m.len());
+    let files = files
+        .into_iter()
+        .map(|(lsn, name)| {
+            let file = dir.join(name);
+            let bytes = size(&file);
+            CheckpointFile { file, lsn, bytes }
+        })
+        .collect();
+    let mut tmps: Vec<TmpFile> = tmps
+        .into_iter()
+        .map(|name| {
+            let file = dir.join(name);
+            let bytes = size(&file);
+            TmpFile { file, bytes }
+        })
+        .collect();
+    tmps.sort_by(|a, b| a.file.cmp(&b.file));
+    (files, tmps)
+}
+
+impl CheckpointSummary {
+    fn new(s: &CheckpointStart) -> CheckpointSummary {
+        CheckpointSummary {
+            file: s.summary.file.clone(),
+            lsn: s.summary.lsn,
+            created_ms: s.created_ms,
+            created: rfc3339(s.created_ms),
+            bytes: s.bytes,
+            max_task_id: s.max_task_id,
+            tasks: s.summary.tasks,
+            dead_letters: s.summary.dead_letters,
+        }
+    }
 }
 
 /// What one segment's records add up to, as read.
@@ -255,6 +407,10 @@ struct Tally {
 
 /// Replays the records as the scan hands them over.
 struct Reader {
+    /// Records at or below this LSN (the checkpoint's) are counted, not replayed.
+    covered: u64,
+    /// Records read above `covered`.
+    after: u64,
     replay: Replay,
     /// Segments whose records were read, in order.
     tallies: Vec<Tally>,
@@ -267,10 +423,13 @@ struct Reader {
     bad_details: Vec<BadRecord>,
 }
 
-impl Default for Reader {
-    fn default() -> Reader {
+impl Reader {
+    /// A reader replaying the records above `covered` on `replay`.
+    fn new(covered: u64, replay: Replay) -> Reader {
         Reader {
-            replay: Replay::new(false),
+            covered,
+            after: 0,
+            replay,
             tallies: Vec::new(),
             latest: HashMap::new(),
             records: 0,
@@ -304,6 +463,17 @@ impl Reader {
         segment.records += 1;
         segment.last_lsn = lsn;
         let index = self.tallies.len() - 1;
+        let record_bytes = (kairos_wal::format::RECORD_HEADER_BYTES + view.body.len()) as u64;
+        if lsn <= self.covered {
+            // The checkpoint holds the effect of this record, and the engine's open skips
+            // it: not replayed, and not bad if it does not decode. Only where a task's
+            // latest schedule lies is taken from it (for the live fraction).
+            if let Ok(record) = Record::decode(view.record_type, view.body) {
+                self.track_latest(&record, index, record_bytes);
+            }
+            return;
+        }
+        self.after += 1;
         let outcome = Record::decode(view.record_type, view.body)
             .map_err(|e| e.to_string())
             .and_then(|record| {
@@ -311,23 +481,8 @@ impl Reader {
                 Ok(record)
             });
         match outcome {
-            Ok(record) => {
-                // Kept in step with the replay: only records it accepted count.
-                let record_bytes =
-                    (kairos_wal::format::RECORD_HEADER_BYTES + view.body.len()) as u64;
-                match record {
-                    Record::Schedule { id, .. } | Record::Reschedule { id, .. } => {
-                        self.latest.insert(id.0, (index, record_bytes));
-                    }
-                    Record::Cancel { id } | Record::Ack { id } | Record::Dead { id, .. } => {
-                        self.latest.remove(&id.0);
-                    }
-                    Record::Deliver { .. }
-                    | Record::Retry { .. }
-                    | Record::Purge { .. }
-                    | Record::Release { .. } => {}
-                }
-            }
+            // Kept in step with the replay: only records it accepted count.
+            Ok(record) => self.track_latest(&record, index, record_bytes),
             Err(reason) => {
                 self.bad += 1;
                 if self.bad_details.len() < BAD_RECORDS_SHOWN {
@@ -339,6 +494,23 @@ impl Reader {
                     });
                 }
             }
+        }
+    }
+
+    /// Notes where the latest SCHEDULE or RESCHEDULE of each task lies (segment `index`,
+    /// `record_bytes`), and forgets the tasks a record finishes.
+    fn track_latest(&mut self, record: &Record<'_>, index: usize, record_bytes: u64) {
+        match *record {
+            Record::Schedule { id, .. } | Record::Reschedule { id, .. } => {
+                self.latest.insert(id.0, (index, record_bytes));
+            }
+            Record::Cancel { id } | Record::Ack { id } | Record::Dead { id, .. } => {
+                self.latest.remove(&id.0);
+            }
+            Record::Deliver { .. }
+            | Record::Retry { .. }
+            | Record::Purge { .. }
+            | Record::Release { .. } => {}
         }
     }
 
@@ -450,11 +622,14 @@ impl Reader {
                 .as_ref()
                 .and_then(|r| r.torn_tail.as_ref())
                 .map(Torn::from),
-            tasks,
+            tasks: Some(tasks),
             bad_records: self.bad,
             bad_record_details: self.bad_details,
             disk,
+            warnings: Vec::new(),
             checkpoint: None,
+            checkpoint_files: Vec::new(),
+            checkpoint_tmp_files: Vec::new(),
             horizon: None,
             overflow: None,
         }
@@ -597,10 +772,64 @@ impl Inspection {
     fn print(&self) {
         println!("data directory  {}", self.dir.display());
         println!("log directory   {}", self.log_dir.display());
-        self.print_log();
+        self.print_checkpoint();
+        if self.tasks.is_some() {
+            self.print_log();
+        } else {
+            println!("log             not read: replay starts from a checkpoint, and none reads");
+        }
         self.print_tasks();
         self.print_disk();
         self.print_verdict();
+    }
+
+    fn print_checkpoint(&self) {
+        match &self.checkpoint {
+            Some(c) => println!(
+                "checkpoint      {} at LSN {}, created {}, {} bytes: {}, {} (largest task id \
+                 {}); the log is replayed above LSN {}",
+                file_name(&c.file),
+                c.lsn,
+                c.created
+                    .clone()
+                    .unwrap_or_else(|| format!("at {} ms", c.created_ms)),
+                c.bytes,
+                count(c.tasks as u64, "live task", "live tasks"),
+                count(c.dead_letters as u64, "dead letter", "dead letters"),
+                c.max_task_id,
+                c.lsn
+            ),
+            None if self.tasks.is_none() => {
+                println!("checkpoint      none reads (see below)");
+            }
+            None if self.dir == self.log_dir => {
+                println!("checkpoint      not looked for (a log directory was given)");
+            }
+            None => println!("checkpoint      none: the whole log is replayed"),
+        }
+        let show = |bytes: Option<u64>| {
+            bytes.map_or_else(|| "unreadable".into(), |b| format!("{b} bytes"))
+        };
+        if !self.checkpoint_files.is_empty() {
+            let files: Vec<String> = self
+                .checkpoint_files
+                .iter()
+                .map(|f| format!("{} (LSN {}, {})", file_name(&f.file), f.lsn, show(f.bytes)))
+                .collect();
+            println!("  files         {}", files.join(", "));
+        }
+        if !self.checkpoint_tmp_files.is_empty() {
+            let files: Vec<String> = self
+                .checkpoint_tmp_files
+                .iter()
+                .map(|f| format!("{} {}", file_name(&f.file), show(f.bytes)))
+                .collect();
+            println!(
+                "  leftovers     {} (a checkpoint being written when the engine stopped; the \
+                 next open removes them)",
+                files.join(", ")
+            );
+        }
     }
 
     fn print_log(&self) {
@@ -679,7 +908,10 @@ impl Inspection {
     }
 
     fn print_tasks(&self) {
-        let t = &self.tasks;
+        let Some(t) = &self.tasks else {
+            println!("tasks           unknown: no checkpoint to replay the log on");
+            return;
+        };
         println!(
             "tasks           {} live: {} waiting, {} in flight (delivered, unsettled); {}{}",
             t.live,
@@ -734,6 +966,16 @@ impl Inspection {
     }
 
     fn print_verdict(&self) {
+        for w in &self.warnings {
+            w.print("WARNING");
+            if let Some(c) = &self.checkpoint {
+                println!(
+                    "  the engine opens from the older checkpoint {} (the log holds every record \
+                     after it), as this summary does",
+                    file_name(&c.file)
+                );
+            }
+        }
         if let Some(e) = &self.error {
             e.print("FAILED");
         }

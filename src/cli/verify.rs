@@ -78,6 +78,9 @@ pub(crate) struct Verification {
     /// The checkpoint replay started from (its LSN and what it holds), if
     /// the data directory has one.
     checkpoint: Option<CheckpointSummary>,
+    /// What does not stop the engine from opening but should be looked at: the newest
+    /// checkpoint file damaged while an older one, which the log still covers, is used.
+    warnings: Vec<Failure>,
     /// Records whose body does not decode or does not replay.
     bad_records: u64,
     /// Records above the checkpoint's LSN (all of them without a checkpoint).
@@ -89,11 +92,30 @@ pub(crate) struct Verification {
 
 /// The checkpoint the check started from.
 #[derive(Debug, Serialize)]
-struct CheckpointSummary {
-    file: PathBuf,
-    lsn: u64,
-    tasks: usize,
-    dead_letters: usize,
+pub(crate) struct CheckpointSummary {
+    pub(crate) file: PathBuf,
+    pub(crate) lsn: u64,
+    pub(crate) tasks: usize,
+    pub(crate) dead_letters: usize,
+}
+
+/// The checkpoint a reading of the log starts from, chosen as the engine's open chooses it
+/// (shared by `verify`, `inspect` and `dump`).
+#[derive(Debug)]
+pub(crate) struct CheckpointStart {
+    /// Its file, LSN and counts.
+    pub(crate) summary: CheckpointSummary,
+    /// Its header's creation time, UTC ms (for humans only).
+    pub(crate) created_ms: u64,
+    /// Its header's largest task id.
+    pub(crate) max_task_id: u64,
+    /// Its size in bytes.
+    pub(crate) bytes: u64,
+    /// Its state (without payloads), on which the records above its LSN are replayed.
+    pub(crate) replay: Replay,
+    /// If this is not the newest checkpoint file: why the newest one cannot be used. A
+    /// warning while the log covers this one; the error otherwise (as at open).
+    pub(crate) newer_damage: Option<Failure>,
 }
 
 /// Where and why the scan stopped (also used by `dump` and `inspect`).
@@ -175,14 +197,14 @@ pub(crate) fn check(
     record_bytes_max: u32,
 ) -> Verification {
     let mut census = Census::default();
-    let mut summary = None;
+    let mut start = None;
     if let Some(dir) = &checkpoint_dir {
         match start_from_checkpoint(storage, dir) {
             Ok(None) => {}
-            Ok(Some((s, replay))) => {
-                census.covered = s.lsn;
-                census.replay = replay;
-                summary = Some(s);
+            Ok(Some(mut s)) => {
+                census.covered = s.summary.lsn;
+                census.replay = std::mem::take(&mut s.replay);
+                start = Some(s);
             }
             Err(failure) => {
                 let mut v = Verification::new(log_dir, Ok(ScanReport::default()), census);
@@ -197,32 +219,29 @@ pub(crate) fn check(
         census.visit(view)
     });
     let mut v = Verification::new(log_dir, scan, census);
-    if let Some(s) = &summary {
-        let after = v.records_after_checkpoint;
-        if v.error.is_none() && (v.last_lsn < s.lsn || v.last_lsn - s.lsn != after) {
-            v.ok = false;
-            v.error = Some(Failure {
-                file: Some(s.file.clone()),
-                offset: None,
-                message: format!(
-                    "checkpoint {} (LSN {}) does not fit the log: the log ends at LSN {} and holds {after} records after it",
-                    s.file.display(),
-                    s.lsn,
-                    v.last_lsn
-                ),
-            });
+    if let Some(mut s) = start {
+        if v.error.is_none() {
+            if let Err(failure) = s.check_log(v.last_lsn, v.records_after_checkpoint) {
+                v.ok = false;
+                v.error = Some(failure);
+            }
         }
+        v.warnings.extend(s.newer_damage);
+        v.checkpoint = Some(s.summary);
     }
-    v.checkpoint = summary;
     v
 }
 
-/// The newest checkpoint that reads back, as a replay to continue from.
-/// `Err` names the newest file's damage when none reads.
-fn start_from_checkpoint(
+/// The newest checkpoint in `dir` (a data directory's `checkpoint/`) that reads back whole,
+/// as a replay to continue from — the one the engine's open would start from. If the newest
+/// file does not read and an older one does, the older one is returned with the newest
+/// one's damage (`newer_damage`); [`CheckpointStart::check_log`] then decides, as the open
+/// does, whether that damage is only a warning. `Ok(None)` if there is no checkpoint file;
+/// `Err` names the newest file's damage (file and byte offset) when none reads.
+pub(crate) fn start_from_checkpoint(
     storage: &dyn Storage,
     dir: &Path,
-) -> Result<Option<(CheckpointSummary, Replay)>, Failure> {
+) -> Result<Option<CheckpointStart>, Failure> {
     let (files, _) = checkpoint::list(storage, dir).map_err(|e| Failure {
         file: Some(dir.to_path_buf()),
         offset: None,
@@ -234,6 +253,8 @@ fn start_from_checkpoint(
         let read = checkpoint::read(storage, &path).map_err(|e| {
             let offset = match &e {
                 checkpoint::CheckpointReadError::Corrupt { offset, .. } => Some(*offset),
+                // The version is the header's (byte 8 of it); the header is at 0.
+                checkpoint::CheckpointReadError::UnsupportedVersion { .. } => Some(0),
                 _ => None,
             };
             Failure {
@@ -269,15 +290,48 @@ fn start_from_checkpoint(
                     message: format!("checkpoint {}: {e}", path.display()),
                 }
             })?;
-        let summary = CheckpointSummary {
-            file: path,
-            lsn: header.lsn,
-            tasks,
-            dead_letters,
-        };
-        return Ok(Some((summary, replay)));
+        let bytes = storage
+            .open(&path, kairos_wal::storage::OpenMode::Read)
+            .and_then(|f| f.len())
+            .unwrap_or(0);
+        return Ok(Some(CheckpointStart {
+            summary: CheckpointSummary {
+                file: path,
+                lsn: header.lsn,
+                tasks,
+                dead_letters,
+            },
+            created_ms: header.created_ms,
+            max_task_id: header.max_task_id,
+            bytes,
+            replay,
+            newer_damage: newest_error,
+        }));
     }
     newest_error.map_or(Ok(None), Err)
+}
+
+impl CheckpointStart {
+    /// After the whole log was read (its last LSN, and `records_after` records above the
+    /// checkpoint's LSN): whether the log holds every record after the checkpoint, as the
+    /// engine's open requires — the log's LSNs are dense, so there must be exactly
+    /// `last_lsn - lsn` of them. If not, the error is the newest checkpoint file's damage
+    /// when this is an older one (the open reports that one), else the mismatch.
+    pub(crate) fn check_log(&mut self, last_lsn: u64, records_after: u64) -> Result<(), Failure> {
+        let s = &self.summary;
+        if last_lsn >= s.lsn && last_lsn - s.lsn == records_after {
+            return Ok(());
+        }
+        Err(self.newer_damage.take().unwrap_or_else(|| Failure {
+            file: Some(s.file.clone()),
+            offset: None,
+            message: format!(
+                "checkpoint {} (LSN {}) does not fit the log: the log ends at LSN {last_lsn} and holds {records_after} records after it",
+                s.file.display(),
+                s.lsn,
+            ),
+        }))
+    }
 }
 
 /// `DIR/wal` if it is a directory, else `DIR` itself (also used by `dump` and `inspect`).
@@ -394,6 +448,7 @@ impl Verification {
             bad_records: census.bad,
             bad_record_details,
             checkpoint: None,
+            warnings: Vec::new(),
             records_after_checkpoint: census.after,
         }
     }
@@ -470,6 +525,9 @@ impl Verification {
     }
 
     fn print_verdict(&self) {
+        for w in &self.warnings {
+            w.print("WARNING");
+        }
         if let Some(e) = &self.error {
             e.print("FAILED");
         }
@@ -541,13 +599,19 @@ impl Failure {
     /// Prints `LABEL: message` on stdout, then the file and the byte offset on lines of
     /// their own.
     pub(crate) fn print(&self, label: &str) {
-        println!("{label}: {}", self.message);
+        print!("{}", self.describe(label));
+    }
+
+    /// What [`Failure::print`] prints (each line ends with a newline).
+    pub(crate) fn describe(&self, label: &str) -> String {
+        let mut out = format!("{label}: {}\n", self.message);
         if let Some(file) = &self.file {
-            println!("  file    {}", file.display());
+            out.push_str(&format!("  file    {}\n", file.display()));
         }
         if let Some(offset) = self.offset {
-            println!("  offset  {offset} (byte offset in the file)");
+            out.push_str(&format!("  offset  {offset} (byte offset in the file)\n"));
         }
+        out
     }
 }
 
