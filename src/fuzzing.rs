@@ -691,7 +691,8 @@ pub fn fix_overflow_crcs(bytes: &mut [u8]) {
     bytes[12..16].copy_from_slice(&crc);
     let mut at = HEADER_BYTES;
     while at + ENTRY_FIXED_BYTES <= bytes.len() {
-        let len = u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
+        let len =
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
         let Some(end) = (at + 8).checked_add(len).filter(|&e| e <= bytes.len()) else {
             return;
         };
@@ -732,7 +733,8 @@ pub fn overflow_file(data: &[u8]) {
         Err(e) => panic!("read_due refused a file decode accepts: {e}"),
     }
     for (offset, e) in &entries {
-        let one = read_entry(&sim, path, *offset, e.task_id, &e.key).expect("an entry decode accepted");
+        let one =
+            read_entry(&sim, path, *offset, e.task_id, &e.key).expect("an entry decode accepted");
         assert_eq!(&one, e);
     }
     let mut store_id = [0u8; 16];

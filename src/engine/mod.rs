@@ -455,6 +455,18 @@ impl Engine {
         });
         let (wal, report) = opened.map_err(|e| match e {
             WalError::Locked { .. } => OpenError::Locked { path: dir.clone() },
+            // Replaying the log on an older checkpoint because the newest one
+            // is damaged, and the log does not fit it: the damage is the news.
+            WalError::Replay { .. }
+                if checkpoint
+                    .as_ref()
+                    .is_some_and(|c| c.newer_damaged.is_some()) =>
+            {
+                checkpoint
+                    .as_mut()
+                    .and_then(|c| c.newer_damaged.take())
+                    .unwrap_or(OpenError::Wal(e))
+            }
             other => OpenError::Wal(other),
         })?;
         if let Some(meta) = &mut checkpoint {
