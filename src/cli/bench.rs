@@ -175,6 +175,15 @@ struct Report {
     disk_bytes: u64,
     /// Time of the checkpoint, ms.
     checkpoint_ms: f64,
+    /// Payloads that checkpoint moved out of memory into an overflow file.
+    payloads_moved: u64,
+    /// After the reopen: live tasks whose payload is on disk.
+    payloads_on_disk: u64,
+    /// After the reopen: payload bytes held in memory.
+    payload_bytes_in_memory: u64,
+    /// VmRSS growth over the reopen, per recovered task, bytes (the
+    /// allocator may reuse memory the first engine freed: a lower bound).
+    ram_bytes_per_task_after_recovery: Option<f64>,
     /// Time of the shutdown, ms.
     close_ms: f64,
     /// Time of the reopen, ms.
@@ -290,9 +299,14 @@ struct Measured {
     rss_peak: Option<u64>,
     disk_bytes: u64,
     checkpoint: Duration,
+    payloads_moved: u64,
     close: Duration,
     recovery: Duration,
     recovered_pending: u64,
+    rss_before_reopen: Option<u64>,
+    rss_after_reopen: Option<u64>,
+    payloads_on_disk: u64,
+    payload_bytes_in_memory: u64,
 }
 
 /// Runs the load on `dir` and measures it.
@@ -330,7 +344,7 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
     let (cancelled, cancel_busy) = cancel_odd(&engine, args.tasks, batch, &mut keys, &progress)?;
 
     progress.phase("checkpoint");
-    let checkpoint = take_checkpoint(&engine)?;
+    let (checkpoint, payloads_moved) = take_checkpoint(&engine)?;
     progress.phase("closing");
     let started = Instant::now();
     engine.shutdown().context("shutdown failed")?;
@@ -338,16 +352,13 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
     drop(engine);
     let disk_bytes = dir_bytes(dir)?;
 
-    progress.phase("reopening");
-    let started = Instant::now();
-    let engine = Engine::open(dir, config)
-        .with_context(|| format!("cannot reopen the engine on {}", dir.display()))?;
-    let recovery = started.elapsed();
-    let recovered_pending = engine.recovery().pending as u64;
-    engine
-        .shutdown()
-        .context("shutdown of the reopened engine failed")?;
-    drop(engine);
+    progress.phase("reopening (in a fresh process)");
+    let reopened = reopen_in_child(args, dir)?;
+    let recovery = Duration::from_secs_f64(reopened.recovery_ms / 1000.0);
+    let rss_before_reopen = reopened.rss_before;
+    let rss_after_reopen = reopened.rss_after;
+    let recovered_pending = reopened.pending;
+    let _ = config;
     Ok(Measured {
         wheel_tasks,
         overflow_tasks,
@@ -361,9 +372,14 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
         rss_peak: rss_bytes("VmHWM:"),
         disk_bytes,
         checkpoint,
+        payloads_moved,
         close,
         recovery,
         recovered_pending,
+        rss_before_reopen,
+        rss_after_reopen,
+        payloads_on_disk: reopened.payloads_on_disk,
+        payload_bytes_in_memory: reopened.payload_bytes_in_memory,
     })
 }
 
@@ -478,11 +494,89 @@ fn cancel_odd(
     Ok((cancelled, busy))
 }
 
-/// Takes a checkpoint of `engine` and returns how long it took.
-fn take_checkpoint(engine: &Engine) -> anyhow::Result<Duration> {
+/// `kairos bench-reopen DIR`: reopens a data directory in this (fresh)
+/// process and prints what the reopen cost as one JSON object. Run by
+/// `kairos bench` so that the resident set measured is the reopened
+/// engine's alone, not memory the first engine left to the allocator.
+#[derive(Debug, Args)]
+pub struct ReopenArgs {
+    /// The data directory.
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
+    #[command(flatten)]
+    durability: DurabilityArgs,
+    /// `Config::pending_tasks_max`.
+    #[arg(long, value_name = "N")]
+    pending_tasks_max: usize,
+}
+
+/// What a reopen cost, measured in a fresh process.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct Reopened {
+    rss_before: Option<u64>,
+    rss_after: Option<u64>,
+    recovery_ms: f64,
+    pending: u64,
+    payloads_on_disk: u64,
+    payload_bytes_in_memory: u64,
+}
+
+/// Runs `kairos bench-reopen`.
+pub fn run_reopen(args: &ReopenArgs) -> anyhow::Result<Verdict> {
+    let mut config = Config::default();
+    config.durability = args.durability.durability();
+    config.pending_tasks_max = args.pending_tasks_max;
+    let rss_before = rss_bytes("VmRSS:");
     let started = Instant::now();
-    engine.checkpoint().context("checkpoint failed")?;
-    Ok(started.elapsed())
+    let engine = Engine::open(&args.dir, config)
+        .with_context(|| format!("cannot reopen the engine on {}", args.dir.display()))?;
+    let recovery_ms = millis(started.elapsed());
+    let rss_after = rss_bytes("VmRSS:");
+    let stats = engine.stats();
+    let out = Reopened {
+        rss_before,
+        rss_after,
+        recovery_ms,
+        pending: engine.recovery().pending as u64,
+        payloads_on_disk: stats.payloads_on_disk as u64,
+        payload_bytes_in_memory: stats.payload_bytes_in_memory as u64,
+    };
+    engine
+        .shutdown()
+        .context("shutdown of the reopened engine failed")?;
+    println!("{}", serde_json::to_string(&out)?);
+    Ok(Verdict::Pass)
+}
+
+/// Reopens `dir` in a child process (`kairos bench-reopen`) and reads its
+/// measurements.
+fn reopen_in_child(args: &BenchArgs, dir: &Path) -> anyhow::Result<Reopened> {
+    let exe = std::env::current_exe().context("cannot find the kairos executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("bench-reopen")
+        .arg(dir)
+        .arg("--pending-tasks-max")
+        .arg(config(args).pending_tasks_max.to_string())
+        .arg("--durability")
+        .arg(format!("{:?}", args.durability.mode).to_lowercase())
+        .arg("--interval-ms")
+        .arg(args.durability.interval_ms.to_string());
+    let out = cmd.output().context("cannot run kairos bench-reopen")?;
+    if !out.status.success() {
+        bail!(
+            "the reopen failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("cannot read what kairos bench-reopen printed")
+}
+
+/// Takes a checkpoint of `engine`; returns how long it took and how many
+/// payloads it moved to an overflow file.
+fn take_checkpoint(engine: &Engine) -> anyhow::Result<(Duration, u64)> {
+    let started = Instant::now();
+    let report = engine.checkpoint().context("checkpoint failed")?;
+    Ok((started.elapsed(), report.payloads_moved))
 }
 
 /// A `/proc/self/status` figure in bytes (`VmRSS:`, `VmHWM:`); `None` where
@@ -621,6 +715,14 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         ),
         disk_bytes: m.disk_bytes,
         checkpoint_ms: millis(m.checkpoint),
+        payloads_moved: m.payloads_moved,
+        payloads_on_disk: m.payloads_on_disk,
+        payload_bytes_in_memory: m.payload_bytes_in_memory,
+        ram_bytes_per_task_after_recovery: growth_per_task(
+            m.rss_before_reopen,
+            m.rss_after_reopen,
+            m.recovered_pending,
+        ),
         close_ms: millis(m.close),
         recovery_ms: millis(m.recovery),
         recovered_pending: m.recovered_pending,
@@ -733,9 +835,25 @@ fn print_table(r: &Report) {
             r.disk_bytes
         ),
     );
-    row("checkpoint", format!("{:.1} ms", r.checkpoint_ms));
+    row(
+        "checkpoint",
+        format!(
+            "{:.1} ms ({} payloads moved to disk)",
+            r.checkpoint_ms, r.payloads_moved
+        ),
+    );
     row("close", format!("{:.1} ms", r.close_ms));
     row("recovery (reopen)", format!("{:.1} ms", r.recovery_ms));
+    row(
+        "after the reopen",
+        format!(
+            "{} payloads on disk, {} payload bytes in memory, RSS growth {}",
+            r.payloads_on_disk,
+            r.payload_bytes_in_memory,
+            r.ram_bytes_per_task_after_recovery
+                .map_or("unknown".to_string(), |b| format!("{b:.1} B per task"))
+        ),
+    );
     row(
         "recovered pending",
         format!(

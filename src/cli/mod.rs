@@ -44,6 +44,9 @@ enum Command {
     Checkpoint(checkpoint::CheckpointArgs),
     Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
+    /// Reopen a data directory and print what it cost (run by `kairos bench`).
+    #[command(hide = true)]
+    BenchReopen(bench::ReopenArgs),
     Verify(verify::VerifyArgs),
     Dump(dump::DumpArgs),
     Inspect(inspect::InspectArgs),
@@ -58,6 +61,7 @@ pub fn main() -> ExitCode {
         Command::Checkpoint(args) => checkpoint::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::BenchReopen(args) => bench::run_reopen(&args),
         Command::Verify(args) => verify::run(&args),
         Command::Dump(args) => dump::run(&args),
         Command::Inspect(args) => inspect::run(&args),
