@@ -84,6 +84,25 @@ fn checkpoint_offline_then_reopen() -> TestResult {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("open in another engine"));
     engine.shutdown()?;
+    // The payloads moved to an overflow file (due in an hour, beyond the
+    // one-minute payload window); damage there is found by verify.
+    let ovf: Vec<_> = std::fs::read_dir(dir.join("overflow"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(ovf.len(), 1, "{ovf:?}");
+    let mut bytes = std::fs::read(&ovf[0])?;
+    let at = bytes.len() - 3;
+    bytes[at] ^= 1;
+    std::fs::write(&ovf[0], &bytes)?;
+    let out = Command::new(KAIROS)
+        .args(["verify", "--json"])
+        .arg(dir)
+        .output()?;
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(v["error"]["file"].as_str(), ovf[0].to_str());
+    assert!(v["error"]["offset"].as_u64().is_some(), "{v}");
     // Not a data directory.
     let empty = tempfile::tempdir()?;
     let out = Command::new(KAIROS)

@@ -10,7 +10,7 @@
 // `Record` and `Replay` are `kairos::record::Record` and `kairos::replay::Replay`, named
 // through the parent: this file is also compiled into the library (`kairos::fuzzing`), so
 // that the fuzz targets and tests run this very checking code; there the parent is a shim.
-use super::{ckpt as checkpoint, Record, Replay, Verdict};
+use super::{ckpt as checkpoint, ovf, replay as crate_replay, Record, Replay, Verdict};
 use anyhow::{bail, Context as _};
 use clap::Args;
 use kairos_wal::{FsStorage, RecordView, ScanReport, SegmentInfo, Storage, TornTail, WalError};
@@ -282,6 +282,7 @@ pub(crate) fn start_from_checkpoint(
             continue;
         };
         let (tasks, dead_letters) = (c.tasks.len(), c.dead.len());
+        check_overflow_refs(storage, dir, &header.store_id, &c.tasks)?;
         let replay =
             Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, false).map_err(|e| {
                 Failure {
@@ -309,6 +310,62 @@ pub(crate) fn start_from_checkpoint(
         }));
     }
     newest_error.map_or(Ok(None), Err)
+}
+
+/// Every payload the checkpoint says is in an overflow file (next to `checkpoint_dir`, in
+/// `overflow/`) must be there: the file exists, reads back whole (header, every entry's CRC,
+/// store id, number) and holds that task's entry (id and key) at that offset. Each file is read
+/// once, sequentially.
+fn check_overflow_refs(
+    storage: &dyn Storage,
+    checkpoint_dir: &Path,
+    store_id: &[u8; 16],
+    tasks: &[(u64, crate_replay::LiveTask)],
+) -> Result<(), Failure> {
+    // File → (offset, task id, key) of each payload the checkpoint puts there.
+    type Refs<'a> = std::collections::BTreeMap<u32, Vec<(u64, u64, &'a [u8])>>;
+    let mut by_file: Refs<'_> = std::collections::BTreeMap::new();
+    for (id, t) in tasks {
+        if let Some((file, offset)) = t.payload_at {
+            by_file.entry(file).or_default().push((offset, *id, &t.key));
+        }
+    }
+    let Some(data_dir) = checkpoint_dir.parent() else {
+        return Ok(());
+    };
+    let ovf_dir = data_dir.join(ovf::OVERFLOW_DIR_NAME);
+    for (file, refs) in by_file {
+        let path = ovf_dir.join(ovf::file_name(file));
+        let entries = ovf::read_file(storage, &path, Some(store_id), Some(file)).map_err(|e| {
+            let offset = match &e {
+                ovf::OverflowReadError::Corrupt { offset, .. } => Some(*offset),
+                _ => None,
+            };
+            Failure {
+                file: Some(path.clone()),
+                offset,
+                message: e.to_string(),
+            }
+        })?;
+        let at: std::collections::HashMap<u64, &ovf::Entry> =
+            entries.iter().map(|(o, e)| (*o, e)).collect();
+        for (offset, id, key) in refs {
+            match at.get(&offset) {
+                Some(e) if e.task_id == id && &*e.key == key => {}
+                _ => {
+                    return Err(Failure {
+                        file: Some(path.clone()),
+                        offset: Some(offset),
+                        message: format!(
+                            "overflow file {} has no entry of task {id} at byte offset {offset}, where the checkpoint puts its payload",
+                            path.display()
+                        ),
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 impl CheckpointStart {

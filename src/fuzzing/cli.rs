@@ -6,7 +6,9 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub(crate) use crate::checkpoint as ckpt;
+pub(crate) use crate::overflow as ovf;
 pub(crate) use crate::record::Record;
+pub(crate) use crate::replay;
 pub(crate) use crate::replay::Replay;
 
 /// The binary's `cli::Verdict`, which `verify::run` returns.
