@@ -543,7 +543,9 @@ fn read_from(
         header: Some(header),
         ..Checkpoint::default()
     };
-    let mut ids = std::collections::HashSet::new();
+    // (id, file offset of its entry): checked for duplicates at the END
+    // block by sorting (cheaper than a hash set for millions of tasks).
+    let mut ids: Vec<(u64, u64)> = Vec::new();
     let mut offset = HEADER_BYTES as u64;
     let mut seen_dead = false;
     loop {
@@ -590,14 +592,26 @@ fn read_from(
         let next = body_offset + u64::from(body_bytes);
         match kind {
             BLOCK_TASKS if !seen_dead => {
-                parse_tasks(&body, count, &header, &mut ids, &mut out.tasks)
-                    .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
+                parse_tasks(
+                    &body,
+                    count,
+                    &header,
+                    (body_offset, &mut ids),
+                    &mut out.tasks,
+                )
+                .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
             }
             BLOCK_TASKS => return Err(corrupt(offset, "TASKS block after a DEAD block".into())),
             BLOCK_DEAD => {
                 seen_dead = true;
-                parse_dead(&body, count, &header, &mut ids, &mut out.dead)
-                    .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
+                parse_dead(
+                    &body,
+                    count,
+                    &header,
+                    (body_offset, &mut ids),
+                    &mut out.dead,
+                )
+                .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
             }
             BLOCK_END => {
                 if body.len() != END_BODY_BYTES || count != 0 {
@@ -620,6 +634,13 @@ fn read_from(
                         format!("{} bytes after the END block", len - next),
                     ));
                 }
+                ids.sort_unstable();
+                if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
+                    return Err(corrupt(
+                        w[0].1.max(w[1].1),
+                        format!("task id {} appears twice", w[0].0),
+                    ));
+                }
                 return Ok(out);
             }
             other => return Err(corrupt(offset, format!("unknown block kind {other}"))),
@@ -630,11 +651,14 @@ fn read_from(
 
 type EntryError = (usize, String);
 
+/// The block body's file offset, and where entries' ids are collected.
+type Ids<'a> = (u64, &'a mut Vec<(u64, u64)>);
+
 fn check_id(
     id: u64,
     at: usize,
     header: &CheckpointHeader,
-    ids: &mut std::collections::HashSet<u64>,
+    ids: &mut Ids<'_>,
 ) -> Result<(), EntryError> {
     if id == 0 || id == u64::MAX || id > header.max_task_id {
         return Err((
@@ -642,9 +666,7 @@ fn check_id(
             format!("task id {id} outside 1..={}", header.max_task_id),
         ));
     }
-    if !ids.insert(id) {
-        return Err((at, format!("task id {id} appears twice")));
-    }
+    ids.1.push((id, ids.0 + at as u64));
     Ok(())
 }
 
@@ -671,7 +693,7 @@ fn parse_tasks(
     body: &[u8],
     count: u32,
     header: &CheckpointHeader,
-    ids: &mut std::collections::HashSet<u64>,
+    mut ids: Ids<'_>,
     out: &mut Vec<(u64, LiveTask)>,
 ) -> Result<(), EntryError> {
     let mut at = 0;
@@ -702,7 +724,7 @@ fn parse_tasks(
         if in_flight && deliveries == 0 {
             return Err((entry, format!("task {id} in flight with no delivery")));
         }
-        check_id(id, entry, header, ids)?;
+        check_id(id, entry, header, &mut ids)?;
         let key = take(body, &mut at, key_len, entry)?;
         let payload = take(body, &mut at, payload_len, entry)?;
         let (payload, payload_at) = if payload_kind == PAYLOAD_OVERFLOW {
@@ -747,7 +769,7 @@ fn parse_dead(
     body: &[u8],
     count: u32,
     header: &CheckpointHeader,
-    ids: &mut std::collections::HashSet<u64>,
+    mut ids: Ids<'_>,
     out: &mut Vec<(u64, DeadTask)>,
 ) -> Result<(), EntryError> {
     let mut at = 0;
@@ -773,7 +795,7 @@ fn parse_dead(
                 ),
             ));
         }
-        check_id(id, entry, header, ids)?;
+        check_id(id, entry, header, &mut ids)?;
         let key = take(body, &mut at, key_len, entry)?;
         let payload = take(body, &mut at, payload_len, entry)?;
         let error = take(body, &mut at, error_len, entry)?;

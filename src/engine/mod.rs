@@ -1079,7 +1079,7 @@ impl Shared {
         let mut settle = RecordBatch::default();
         let mut unreadable = None;
         let mut core = self.core.lock();
-        core.dead = dead;
+        core.dead = dead.into_iter().collect();
         for (id, t) in tasks {
             let id = TaskId(id);
             let mut deliveries = t.deliveries;
