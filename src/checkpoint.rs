@@ -823,8 +823,11 @@ fn parse_dead(
     Ok(())
 }
 
+/// Files `(number, name)` by number ascending, and leftover temporary file names.
+pub type NumberedListing<N> = (Vec<(N, String)>, Vec<String>);
+
 /// Checkpoint files `(lsn, name)` by LSN ascending, and leftover temporary file names.
-pub type Listing = (Vec<(u64, String)>, Vec<String>);
+pub type Listing = NumberedListing<u64>;
 
 /// The checkpoint files in `dir` (a data directory's `checkpoint/`), by LSN
 /// ascending, and the names of leftover temporary files. A missing directory
@@ -833,6 +836,20 @@ pub type Listing = (Vec<(u64, String)>, Vec<String>);
 /// # Errors
 /// The listing's I/O error.
 pub fn list(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
+    list_numbered(storage, dir, parse_file_name)
+}
+
+/// Files of `dir` whose name `parse` reads as a number, sorted by it, and
+/// the names of leftover `*.tmp` files; a missing directory holds none.
+/// (Checkpoint and overflow directories are listed alike.)
+///
+/// # Errors
+/// The listing's I/O error.
+pub(crate) fn list_numbered<N: Ord>(
+    storage: &dyn Storage,
+    dir: &Path,
+    parse: fn(&str) -> Option<N>,
+) -> io::Result<NumberedListing<N>> {
     let names = match storage.list(dir) {
         Ok(names) => names,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
@@ -841,13 +858,13 @@ pub fn list(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
     let mut files = Vec::new();
     let mut tmps = Vec::new();
     for name in names {
-        if let Some(lsn) = parse_file_name(&name) {
-            files.push((lsn, name));
+        if let Some(n) = parse(&name) {
+            files.push((n, name));
         } else if name.ends_with(TMP_SUFFIX) {
             tmps.push(name);
         }
     }
-    files.sort_unstable();
+    files.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     Ok((files, tmps))
 }
 

@@ -522,29 +522,14 @@ pub fn read_file(
 }
 
 /// Overflow files `(number, name)` by number, and leftover temporary names.
-pub type Listing = (Vec<(u32, String)>, Vec<String>);
+pub type Listing = crate::checkpoint::NumberedListing<u32>;
 
 /// The overflow files in `dir`, by number, and leftover temporary names.
 ///
 /// # Errors
 /// The listing's I/O error (a missing directory holds none).
 pub fn list(storage: &dyn Storage, dir: &Path) -> io::Result<Listing> {
-    let names = match storage.list(dir) {
-        Ok(names) => names,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
-        Err(e) => return Err(e),
-    };
-    let mut files = Vec::new();
-    let mut tmps = Vec::new();
-    for name in names {
-        if let Some(seq) = parse_file_name(&name) {
-            files.push((seq, name));
-        } else if name.ends_with(crate::checkpoint::TMP_SUFFIX) {
-            tmps.push(name);
-        }
-    }
-    files.sort_unstable();
-    Ok((files, tmps))
+    crate::checkpoint::list_numbered(storage, dir, parse_file_name)
 }
 
 #[cfg(test)]
