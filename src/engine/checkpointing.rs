@@ -30,6 +30,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Overflow files kept at most (besides those about to be deleted): beyond
+/// it, a checkpoint merges the smallest into its new file.
+pub const OVERFLOW_FILES_MAX: usize = 8;
+
 /// What [`crate::Engine::checkpoint`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -255,18 +259,35 @@ impl Shared {
     }
 
     /// Reads the overflow files worth compacting: those whose live entries
-    /// are at most half of what they hold.
+    /// are at most half of what they hold, and — so that their number stays
+    /// bounded when long-lived tasks keep every file alive — the smallest
+    /// ones beyond [`OVERFLOW_FILES_MAX`] (size-tiered, as LSM stores merge
+    /// small runs).
     fn read_compaction_victims(&self, disk: &Disk) -> Result<Vec<Victim>, CheckpointError> {
         let candidates: Vec<u32> = {
             let core = self.core.lock();
-            core.overflow_files
-                .iter()
-                .filter(|(f, written)| {
-                    let live = core.payloads.live_in_file(**f);
-                    live > 0 && live * 2 <= **written
-                })
-                .map(|(f, _)| *f)
-                .collect()
+            let mut kept: Vec<(u64, u32)> = Vec::new();
+            let mut victims = Vec::new();
+            for (&f, &written) in &core.overflow_files {
+                let live = core.payloads.live_in_file(f);
+                if live == 0 {
+                    continue; // deleted after the checkpoint
+                }
+                if live * 2 <= written {
+                    victims.push(f);
+                } else {
+                    kept.push((live, f));
+                }
+            }
+            // The checkpoint adds one file: keep at most the maximum.
+            if kept.len() >= OVERFLOW_FILES_MAX {
+                kept.sort_unstable();
+                let excess = kept.len() + 1 - OVERFLOW_FILES_MAX;
+                // Merging one file into the new one saves nothing.
+                let merge = if excess == 1 { 2 } else { excess };
+                victims.extend(kept.iter().take(merge).map(|&(_, f)| f));
+            }
+            victims
         };
         let mut out = Vec::new();
         for f in candidates {
