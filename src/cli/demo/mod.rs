@@ -60,7 +60,8 @@ Exit status 1 if an invariant breaks: a task lost (neither cancelled, acked nor 
 a duplicate (an attempt number delivered twice, or a delivery after a successful ack — a \
 redelivery after a nack, a lease expiry or the restart carries the next attempt number and is \
 no duplicate); an attempt number skipped; a delivery after a cancel that promised none \
-(Cancelled, or AlreadyDelivered for a later attempt); an early delivery; p99 lateness above \
+(Cancelled, or AlreadyDelivered for a later attempt); an early delivery; a delivery or a dead \
+letter whose payload is not the one scheduled; p99 lateness above \
 --max-p99-ms when given (otherwise a p99 above 10 ms is only a warning); or the reopened engine \
 not recovering exactly the tasks that were pending at shutdown. A directory open in another \
 engine is never removed.")]

@@ -178,7 +178,8 @@ pub struct Report {
     pub early: u64,
     /// Tasks received but not finished at the end.
     pub unacked: u64,
-    /// Deliveries whose payload was not the one scheduled.
+    /// Deliveries, and dead letters kept at the end, whose payload was not
+    /// the one scheduled.
     pub payload_mismatches: u64,
     /// Deliveries with a key this run never scheduled.
     pub foreign_keys: u64,

@@ -7,7 +7,7 @@ use super::consumers::{wall_clock_us, Crew, Generation, Sample};
 use super::context::Context;
 use super::producer::{self, Call, Pace};
 use super::progress::Progress;
-use super::tracker::{EventTally, Tally};
+use super::tracker::{EventTally, Tally, Tracker};
 use super::workload::{Fate, Workload};
 use anyhow::{anyhow, Context as _};
 use kairos::{Config, Engine, Recovery};
@@ -243,6 +243,22 @@ fn note_dead_letters(ctx: &Context, engine: &Engine) {
     }
 }
 
+/// Counts the dead letters whose payload is not the one scheduled as
+/// payload mismatches: a dead letter's payload may have been read back from
+/// an overflow file (at the reopen, for a last attempt in flight at the
+/// shutdown).
+fn check_dead_letter_payloads(ctx: &Context, engine: &Engine) {
+    for letter in engine.dead_letters() {
+        let Some(index) = ctx.workload.index_of(&letter.key) else {
+            continue;
+        };
+        let spec = ctx.workload.spec(index);
+        if letter.payload != ctx.workload.payload(index, &spec) {
+            Tracker::count(&ctx.tracker.events.payload_mismatches);
+        }
+    }
+}
+
 /// Polls until `done()` (Ok(true)) or the deadline (Ok(false)); fails as
 /// soon as a thread reports an unexpected error.
 fn wait_until(
@@ -321,6 +337,7 @@ fn finish(ctx: &Context, last: Generation) -> anyhow::Result<(usize, usize, Vec<
     }
     let samples = last.join();
     note_dead_letters(ctx, &engine);
+    check_dead_letter_payloads(ctx, &engine);
     Ok((pending(&engine), engine.stats().dead_letters, samples))
 }
 
