@@ -1,7 +1,8 @@
 //! End-to-end tests of the `kairos` binary: a small demo run with a restart,
 //! failing and retried deliveries, dead letters and a crashed consumer must
 //! keep every invariant, its data directory must verify, and a flipped byte
-//! in a sealed segment must make `verify` fail naming file and offset.
+//! in a sealed segment must make `verify` fail naming file and offset; with
+//! `--horizon`, payloads must go to disk and come back intact.
 //!
 //! Timing is never asserted (the lateness bound is set out of reach); only
 //! correctness is.
@@ -25,9 +26,10 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// A small demo (2 000 tasks, 30 days in 1.3 s, 64 KiB segments) on `dir`.
-fn small_demo(dir: &Path) -> Value {
-    let out = kairos(&[
+/// A small demo (2 000 tasks, 30 days in 1.3 s, 64 KiB segments) on `dir`,
+/// with `extra` arguments.
+fn small_demo(dir: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
         "demo",
         "--dir",
         dir.to_str().unwrap(),
@@ -44,7 +46,9 @@ fn small_demo(dir: &Path) -> Value {
         "--max-p99-ms",
         "600000",
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let out = kairos(&args);
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -94,7 +98,7 @@ fn corrupt_sealed_segment(data_dir: &Path) -> (PathBuf, u64) {
 fn demo_keeps_every_invariant_then_verify_passes_and_catches_a_flipped_byte() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("data");
-    let report = small_demo(&dir);
+    let report = small_demo(&dir, &[]);
 
     assert_eq!(report["ok"], Value::Bool(true), "{report}");
     assert_eq!(count(&report, "scheduled"), 2000);
@@ -217,6 +221,45 @@ fn demo_keeps_every_invariant_then_verify_passes_and_catches_a_flipped_byte() {
 }
 
 #[test]
+fn demo_with_a_horizon_reads_payloads_back_from_overflow_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    // 200 ms of real time is 4.6 simulated days at this scale: the payloads
+    // of the long timeouts (7 to 30 days, 0.3 to 1.3 s) move to disk.
+    let report = small_demo(&dir, &["--horizon", "200ms"]);
+
+    assert_eq!(report["ok"], Value::Bool(true), "{report}");
+    assert_eq!(count(&report, "scheduled"), 2000);
+    for zero in [
+        "lost",
+        "duplicates",
+        "attempt_gaps",
+        "cancelled_then_delivered",
+        "early",
+        "unacked",
+        "payload_mismatches",
+        "foreign_keys",
+        "pending_at_end",
+    ] {
+        assert_eq!(count(&report, zero), 0, "{zero} in {report}");
+    }
+    assert_eq!(count(&report, "horizon_ms"), 200);
+    assert_eq!(count(&report, "payload_window_ms"), 200);
+    assert!(count(&report, "checkpoints") > 0, "{report}");
+    assert!(count(&report, "payloads_moved") > 0, "{report}");
+    assert!(count(&report, "payloads_on_disk_max") > 0, "{report}");
+    assert!(count(&report, "overflow_promoted") > 0, "{report}");
+
+    let out = kairos(&["verify", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn verify_refuses_a_directory_without_a_log() {
     let tmp = tempfile::tempdir().unwrap();
     let out = kairos(&["verify", tmp.path().to_str().unwrap()]);
@@ -275,4 +318,12 @@ fn help_and_version() {
         assert!(!out.stdout.is_empty());
     }
     assert_eq!(kairos(&["demo", "--tasks", "0"]).status.code(), Some(2));
+    // Refused before anything runs (a run would use this directory).
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    for bad in ["0", "0s", "2", "1.5s"] {
+        let args = ["demo", "--dir", dir.to_str().unwrap(), "--horizon", bad];
+        assert_eq!(kairos(&args).status.code(), Some(2), "--horizon {bad}");
+    }
+    assert!(!dir.exists());
 }

@@ -96,7 +96,7 @@ struct RequeueArgs {
     which: Selection,
     /// Due this long from now: `0` (now), or whole numbers with units, e.g.
     /// `250ms`, `30s`, `5m`, `2h`, `1d`, `1h30m`.
-    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_delay)]
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = super::parse_duration)]
     delay: Duration,
 }
 
@@ -442,51 +442,6 @@ fn selected(letters: &[DeadLetter], which: &Selection) -> Vec<u64> {
         .collect()
 }
 
-/// A delay: `0`, or one or more `<whole number><unit>` groups with units
-/// `ms`, `s`, `m`, `h`, `d` (`1h30m`).
-fn parse_delay(text: &str) -> Result<Duration, String> {
-    let s = text.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let bad = || {
-        format!("{text:?} is not a delay: use 0 or whole numbers with units ms, s, m, h, d (e.g. 30s, 1h30m)")
-    };
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-        if digits == 0 {
-            return Err(bad());
-        }
-        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest.len()
-            - rest
-                .trim_start_matches(|c: char| c.is_ascii_alphabetic())
-                .len();
-        let unit_ms: u64 = match &rest[..unit_len] {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => return Err(bad()),
-        };
-        rest = &rest[unit_len..];
-        let ms = number
-            .checked_mul(unit_ms)
-            .ok_or_else(|| format!("{text:?} is too long a delay"))?;
-        total = total
-            .checked_add(Duration::from_millis(ms))
-            .ok_or_else(|| format!("{text:?} is too long a delay"))?;
-    }
-    Ok(total)
-}
-
 /// `ms` milliseconds after the Unix epoch as RFC 3339 in UTC with
 /// milliseconds, e.g. `2023-11-14T22:13:20.000Z`. Years past 9999 (which
 /// RFC 3339 cannot write) are printed with more digits.
@@ -571,31 +526,5 @@ mod tests {
             assert_eq!((y, m, d), expected, "day {days}");
             prev = (y, m, d);
         }
-    }
-
-    #[test]
-    fn delays_parse_with_units_and_refuse_the_rest() {
-        let ms = Duration::from_millis;
-        assert_eq!(parse_delay("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_delay("250ms"), Ok(ms(250)));
-        assert_eq!(parse_delay("30s"), Ok(ms(30_000)));
-        assert_eq!(parse_delay("5m"), Ok(ms(300_000)));
-        assert_eq!(parse_delay("2h"), Ok(ms(7_200_000)));
-        assert_eq!(parse_delay("1d"), Ok(ms(86_400_000)));
-        assert_eq!(parse_delay("1h30m"), Ok(ms(5_400_000)));
-        assert_eq!(parse_delay("0s"), Ok(Duration::ZERO));
-        for bad in [
-            "",
-            "5",
-            "s",
-            "1.5s",
-            "-1s",
-            "1w",
-            "1h 30m",
-            "99999999999999999999d",
-        ] {
-            assert!(parse_delay(bad).is_err(), "{bad:?}");
-        }
-        assert!(parse_delay("18446744073709551615d").is_err());
     }
 }

@@ -22,6 +22,7 @@ use kairos::record::Record;
 use kairos::replay;
 use kairos::replay::Replay;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Kairos — an embeddable, durable delayed-task engine.
 ///
@@ -107,7 +108,7 @@ impl DurabilityArgs {
         match self.mode {
             DurabilityMode::Sync => Durability::Sync,
             DurabilityMode::Interval => {
-                Durability::Interval(std::time::Duration::from_millis(self.interval_ms))
+                Durability::Interval(Duration::from_millis(self.interval_ms))
             }
             DurabilityMode::Buffered => Durability::Buffered,
         }
@@ -123,4 +124,81 @@ pub enum DurabilityMode {
     Interval,
     /// Written to the OS, synced only at segment roll and shutdown.
     Buffered,
+}
+
+/// A duration (`--delay` of `dead-letters requeue`, `--horizon` of `demo`):
+/// `0`, or one or more `<whole number><unit>` groups with units `ms`, `s`,
+/// `m`, `h`, `d` (`1h30m`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let bad = || {
+        format!("{text:?} is not a duration: use 0 or whole numbers with units ms, s, m, h, d (e.g. 30s, 1h30m)")
+    };
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits == 0 {
+            return Err(bad());
+        }
+        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.len()
+            - rest
+                .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                .len();
+        let unit_ms: u64 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        let ms = number
+            .checked_mul(unit_ms)
+            .ok_or_else(|| format!("{text:?} is too long a duration"))?;
+        total = total
+            .checked_add(Duration::from_millis(ms))
+            .ok_or_else(|| format!("{text:?} is too long a duration"))?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_the_rest() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("250ms"), Ok(ms(250)));
+        assert_eq!(parse_duration("30s"), Ok(ms(30_000)));
+        assert_eq!(parse_duration("5m"), Ok(ms(300_000)));
+        assert_eq!(parse_duration("2h"), Ok(ms(7_200_000)));
+        assert_eq!(parse_duration("1d"), Ok(ms(86_400_000)));
+        assert_eq!(parse_duration("1h30m"), Ok(ms(5_400_000)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        for bad in [
+            "",
+            "5",
+            "s",
+            "1.5s",
+            "-1s",
+            "1w",
+            "1h 30m",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_duration("18446744073709551615d").is_err());
+    }
 }

@@ -5,11 +5,14 @@
 //! cancels the paid orders at planned moments; per engine generation,
 //! receivers take due tasks (timestamping them for lateness) and ackers
 //! acknowledge them. The main thread restarts the engine halfway through
-//! the time span and waits until every task is delivered or cancelled.
+//! the time span and waits until every task is delivered or cancelled;
+//! with `--horizon` it also takes a checkpoint every half horizon, so that
+//! payloads go to overflow files and come back (`overflow`).
 
 mod canceller;
 mod consumers;
 mod context;
+mod overflow;
 mod producer;
 // Shared with `kairos bench`.
 pub(super) mod progress;
@@ -18,7 +21,7 @@ mod session;
 mod tracker;
 pub(super) mod workload;
 
-use super::{DurabilityArgs, DurabilityMode, Verdict};
+use super::{parse_duration, DurabilityArgs, DurabilityMode, Verdict};
 use anyhow::{bail, ensure, Context as _};
 use clap::Args;
 use kairos::Config;
@@ -53,6 +56,16 @@ afterwards with `kairos dead-letters list DIR`), and one consumer \"crashes\" ho
 span the engine is shut down and reopened on the same directory; the run ends when every task is \
 finished (about 35 s with the defaults).
 
+With --horizon DURATION (real time, already scaled: with the default time scale `2s` is two \
+simulated days) the engine keeps in memory only the payloads of tasks due within the horizon \
+(Config::payload_window): the demo takes a checkpoint every half horizon, each moving the \
+payloads of waiting tasks due later to an overflow file on disk, and the engine reads them back \
+as they come due (its prefetcher, or the consumer receiving the task). The report adds the \
+checkpoints taken, the payloads moved, the most on disk at once and overflow_promoted, the \
+payloads read back. Without --horizon the engine's defaults apply — a one-minute window, \
+checkpoints every 10 minutes or 256 MiB of log — so a default run moves little or nothing to \
+disk.
+
 If DIR exists it is removed first, so every run starts fresh; a directory that is not empty and \
 holds neither `wal/` nor `LOCK` is refused rather than removed.
 
@@ -60,7 +73,8 @@ Exit status 1 if an invariant breaks: a task lost (neither cancelled, acked nor 
 a duplicate (an attempt number delivered twice, or a delivery after a successful ack — a \
 redelivery after a nack, a lease expiry or the restart carries the next attempt number and is \
 no duplicate); an attempt number skipped; a delivery after a cancel that promised none \
-(Cancelled, or AlreadyDelivered for a later attempt); an early delivery; p99 lateness above \
+(Cancelled, or AlreadyDelivered for a later attempt); an early delivery; a delivery or a dead \
+letter whose payload is not the one scheduled; p99 lateness above \
 --max-p99-ms when given (otherwise a p99 above 10 ms is only a warning); or the reopened engine \
 not recovering exactly the tasks that were pending at shutdown. A directory open in another \
 engine is never removed.")]
@@ -140,6 +154,15 @@ pub struct DemoArgs {
     /// may need more.
     #[arg(long, value_name = "MS")]
     max_p99_ms: Option<f64>,
+    /// Payload window, in real time (already scaled: with the default time
+    /// scale, `2s` is two simulated days), e.g. `2s`, `500ms`: payloads of
+    /// tasks due later than this move to overflow files on disk, and the
+    /// demo takes a checkpoint every half horizon so that they do. Without
+    /// it the engine's defaults apply (a one-minute window, checkpoints
+    /// every 10 minutes or 256 MiB of log), and a 35-s demo moves little or
+    /// nothing to disk.
+    #[arg(long, value_name = "DURATION", value_parser = parse_horizon)]
+    horizon: Option<Duration>,
 }
 
 /// Default `--lease-ms`: 5 s.
@@ -193,6 +216,9 @@ fn settings(args: &DemoArgs) -> Settings {
     config.durability = args.durability.durability();
     config.segment_bytes = args.segment_bytes;
     config.lease = Duration::from_millis(args.lease_ms);
+    if let Some(horizon) = args.horizon {
+        config.payload_window = Some(horizon);
+    }
     let workload = Workload {
         tasks: args.tasks,
         time_scale: args.time_scale,
@@ -211,6 +237,15 @@ fn settings(args: &DemoArgs) -> Settings {
         retry_after: Duration::from_millis(args.retry_ms),
         downtime: Duration::from_millis(args.downtime_ms),
         progress: !args.json,
+        checkpoint_every: args.horizon.map(overflow::checkpoint_every),
+    }
+}
+
+/// A horizon: a positive duration (see [`parse_duration`]).
+fn parse_horizon(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err("must be positive, e.g. 2s or 500ms".into()),
+        horizon => Ok(horizon),
     }
 }
 
@@ -313,7 +348,7 @@ fn write_samples(path: &Path, samples: &[consumers::Sample]) -> anyhow::Result<(
 
 /// Assembles the report and judges the invariants.
 fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
-    let (t, e, r) = (&f.tally, &f.events, &f.restart);
+    let (t, e, r, o) = (&f.tally, &f.events, &f.restart, &f.overflow);
     let busy_s = f.schedule_busy.as_secs_f64();
     let mut report = Report {
         tasks: s.workload.tasks,
@@ -397,6 +432,13 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
             )
         }),
         pending_at_end: f.pending_at_end as u64,
+        horizon_ms: args.horizon.map(millis),
+        payload_window_ms: s.config.payload_window.map(millis),
+        checkpoint_every_ms: s.checkpoint_every.map(millis),
+        checkpoints: o.checkpoints,
+        payloads_moved: o.payloads_moved,
+        payloads_on_disk_max: o.payloads_on_disk_max,
+        overflow_promoted: o.promoted,
         timed_out: f.timed_out,
         max_p99_ms: args.max_p99_ms.unwrap_or(DEFAULT_MAX_P99_MS),
         p99_is_gate: args.max_p99_ms.is_some(),

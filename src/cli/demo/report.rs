@@ -178,7 +178,8 @@ pub struct Report {
     pub early: u64,
     /// Tasks received but not finished at the end.
     pub unacked: u64,
-    /// Deliveries whose payload was not the one scheduled.
+    /// Deliveries, and dead letters kept at the end, whose payload was not
+    /// the one scheduled.
     pub payload_mismatches: u64,
     /// Deliveries with a key this run never scheduled.
     pub foreign_keys: u64,
@@ -218,6 +219,28 @@ pub struct Report {
     pub recovered_torn_tail: Option<String>,
     /// Live tasks left when the run ended.
     pub pending_at_end: u64,
+
+    /// `--horizon`, ms, or null if not given.
+    pub horizon_ms: Option<u64>,
+    /// The engine's `Config::payload_window`, ms (the horizon, or the
+    /// engine's default), or null if payloads stay in memory.
+    pub payload_window_ms: Option<u64>,
+    /// How often the demo took a checkpoint, ms (half the horizon), or null
+    /// (no `--horizon`: only the engine's own checkpoints).
+    pub checkpoint_every_ms: Option<u64>,
+    /// Checkpoints the demo took and wrote (the engine's own background
+    /// checkpoints are not counted).
+    pub checkpoints: u64,
+    /// Payloads those checkpoints moved to overflow files (out of memory,
+    /// or out of older overflow files being compacted).
+    pub payloads_moved: u64,
+    /// The most live tasks seen with their payload on disk
+    /// (`Stats::payloads_on_disk`, sampled every poll and at each shutdown).
+    pub payloads_on_disk_max: u64,
+    /// Payloads read back from overflow files, by the prefetcher or by a
+    /// consumer: `Stats::payloads_read_back` summed over both engine
+    /// generations, each read once its `shutdown()` returned.
+    pub overflow_promoted: u64,
     /// Whether the run gave up waiting for every task to resolve.
     pub timed_out: bool,
 
@@ -373,6 +396,7 @@ impl Report {
             );
         }
         self.print_restart();
+        self.print_overflow();
         let l = &self.lateness_ms;
         println!(
             "  lateness         p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms ({} deliveries; {} due during the restart or redelivered, not counted)",
@@ -409,6 +433,27 @@ impl Report {
             self.recovered_overdue,
             self.recovered_redelivered,
             self.recovered_dead_lettered
+        );
+    }
+
+    fn print_overflow(&self) {
+        let secs = |ms: u64| ms as f64 / 1000.0;
+        let window = match (self.horizon_ms, self.payload_window_ms) {
+            (Some(ms), _) => format!("horizon {} s", secs(ms)),
+            (None, Some(ms)) => format!("payload window {} s (the engine's default)", secs(ms)),
+            (None, None) => "payloads kept in memory".to_string(),
+        };
+        let checkpoints = self.checkpoint_every_ms.map_or(String::new(), |ms| {
+            format!(
+                ": {} checkpoints (every {} s) moved {} payloads to disk",
+                self.checkpoints,
+                secs(ms),
+                self.payloads_moved
+            )
+        });
+        println!(
+            "  overflow         {window}{checkpoints}; at most {} on disk at once, {} read back",
+            self.payloads_on_disk_max, self.overflow_promoted
         );
     }
 

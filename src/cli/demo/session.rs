@@ -5,9 +5,10 @@
 use super::canceller;
 use super::consumers::{wall_clock_us, Crew, Generation, Sample};
 use super::context::Context;
+use super::overflow::{OverflowFindings, Watch};
 use super::producer::{self, Call, Pace};
 use super::progress::Progress;
-use super::tracker::{EventTally, Tally};
+use super::tracker::{EventTally, Tally, Tracker};
 use super::workload::{Fate, Workload};
 use anyhow::{anyhow, Context as _};
 use kairos::{Config, Engine, Recovery};
@@ -49,6 +50,8 @@ pub struct Settings {
     pub downtime: Duration,
     /// Whether to draw a progress bar.
     pub progress: bool,
+    /// How often the main thread takes a checkpoint (`--horizon`), or never.
+    pub checkpoint_every: Option<Duration>,
 }
 
 /// What the restart measured.
@@ -91,6 +94,8 @@ pub struct Findings {
     pub dead_letters_kept: usize,
     /// Whether the run gave up waiting.
     pub timed_out: bool,
+    /// Checkpoints taken and payloads on disk.
+    pub overflow: OverflowFindings,
 }
 
 /// The threads that span both generations.
@@ -112,18 +117,19 @@ pub fn run(s: &Settings) -> anyhow::Result<Findings> {
     let span = s.workload.span();
     let deadline = start + span + s.downtime + GRACE;
     let midway = start + span / 2;
+    let mut watch = Watch::new(s.checkpoint_every);
     progress.phase("before the restart");
-    wait_until(&ctx, &progress, deadline, || {
+    wait_until(&ctx, &progress, &mut watch, deadline, || {
         Instant::now() >= midway || all_done(&ctx)
     })
     .inspect_err(|_| abort(&ctx))?;
     progress.phase("restarting");
     let (restart, second, mut samples) =
-        restart(&ctx, s, first, start).inspect_err(|_| abort(&ctx))?;
+        restart(&ctx, s, first, start, &mut watch).inspect_err(|_| abort(&ctx))?;
     progress.phase("after the restart");
-    let done =
-        wait_until(&ctx, &progress, deadline, || all_done(&ctx)).inspect_err(|_| abort(&ctx))?;
-    let (pending_at_end, dead_letters_kept, mut last) = finish(&ctx, second)?;
+    let done = wait_until(&ctx, &progress, &mut watch, deadline, || all_done(&ctx))
+        .inspect_err(|_| abort(&ctx))?;
+    let (pending_at_end, dead_letters_kept, mut last) = finish(&ctx, second, &mut watch)?;
     drop(progress);
     samples.append(&mut last);
     let calls = join_workers(workers);
@@ -141,6 +147,7 @@ pub fn run(s: &Settings) -> anyhow::Result<Findings> {
         pending_at_end,
         dead_letters_kept,
         timed_out: !done,
+        overflow: watch.findings(),
     })
 }
 
@@ -243,11 +250,29 @@ fn note_dead_letters(ctx: &Context, engine: &Engine) {
     }
 }
 
-/// Polls until `done()` (Ok(true)) or the deadline (Ok(false)); fails as
-/// soon as a thread reports an unexpected error.
+/// Counts the dead letters whose payload is not the one scheduled as
+/// payload mismatches: a dead letter's payload may have been read back from
+/// an overflow file (at the reopen, for a last attempt in flight at the
+/// shutdown).
+fn check_dead_letter_payloads(ctx: &Context, engine: &Engine) {
+    for letter in engine.dead_letters() {
+        let Some(index) = ctx.workload.index_of(&letter.key) else {
+            continue;
+        };
+        let spec = ctx.workload.spec(index);
+        if letter.payload != ctx.workload.payload(index, &spec) {
+            Tracker::count(&ctx.tracker.events.payload_mismatches);
+        }
+    }
+}
+
+/// Polls until `done()` (Ok(true)) or the deadline (Ok(false)), taking the
+/// `watch`'s checkpoints meanwhile; fails as soon as a thread reports an
+/// unexpected error, or a checkpoint fails.
 fn wait_until(
     ctx: &Context,
     progress: &Progress,
+    watch: &mut Watch,
     deadline: Instant,
     done: impl Fn() -> bool,
 ) -> anyhow::Result<bool> {
@@ -255,6 +280,7 @@ fn wait_until(
         if let Some(error) = ctx.failure() {
             return Err(anyhow!(error));
         }
+        watch.tick(ctx)?;
         progress.set(ctx.tracker.resolved() as u64);
         if done() {
             return Ok(true);
@@ -274,6 +300,7 @@ fn restart(
     s: &Settings,
     first: Generation,
     start: Instant,
+    watch: &mut Watch,
 ) -> anyhow::Result<(Restart, Generation, Vec<Sample>)> {
     let at = start.elapsed();
     let engine = ctx
@@ -286,6 +313,7 @@ fn restart(
         .context("shutdown before the restart failed")?;
     let shutdown = began.elapsed();
     let pending_at_shutdown = pending(&engine);
+    watch.on_shutdown(&engine);
     let samples = first.join();
     drop(engine);
     std::thread::sleep(s.downtime);
@@ -309,18 +337,24 @@ fn restart(
 
 /// Stops the run and shuts the last engine down; returns the live tasks
 /// left, the dead letters kept and the last generation's receipts.
-fn finish(ctx: &Context, last: Generation) -> anyhow::Result<(usize, usize, Vec<Sample>)> {
+fn finish(
+    ctx: &Context,
+    last: Generation,
+    watch: &mut Watch,
+) -> anyhow::Result<(usize, usize, Vec<Sample>)> {
     ctx.cell.stop();
     let engine = ctx
         .cell
         .take()
         .ok_or_else(|| anyhow!("no engine to shut down"))?;
     engine.shutdown().context("final shutdown failed")?;
+    watch.on_shutdown(&engine);
     if let Some(error) = ctx.failure() {
         return Err(anyhow!(error));
     }
     let samples = last.join();
     note_dead_letters(ctx, &engine);
+    check_dead_letter_payloads(ctx, &engine);
     Ok((pending(&engine), engine.stats().dead_letters, samples))
 }
 

@@ -99,7 +99,8 @@ pub struct Events {
     /// Of those, whose previous receipt was not the previous attempt: an
     /// attempt counted that no consumer received.
     pub attempt_gaps: AtomicU64,
-    /// Deliveries whose payload differs from what was scheduled.
+    /// Deliveries, and dead letters at the end, whose payload differs from
+    /// what was scheduled.
     pub payload_mismatches: AtomicU64,
     /// Deliveries whose key is not one of this run's.
     pub foreign_keys: AtomicU64,

@@ -1,0 +1,96 @@
+//! Payloads on disk during a demo run. With `--horizon` the main thread takes
+//! a checkpoint every half horizon, so that the payloads of tasks not due
+//! within the horizon move to overflow files; with or without it, it watches
+//! how many payloads are on disk and counts those read back.
+
+use super::context::Context;
+use anyhow::Context as _;
+use kairos::Engine;
+use std::time::{Duration, Instant};
+
+/// Shortest period between two of the demo's checkpoints.
+const CHECKPOINT_EVERY_MIN: Duration = Duration::from_millis(10);
+
+/// How often the demo takes a checkpoint for a payload window of `horizon`:
+/// every half horizon (at least [`CHECKPOINT_EVERY_MIN`]), so that a task
+/// scheduled more than 1.5 horizons ahead has its payload moved to disk
+/// before it comes due.
+pub fn checkpoint_every(horizon: Duration) -> Duration {
+    (horizon / 2).max(CHECKPOINT_EVERY_MIN)
+}
+
+/// What the run saw of the payloads on disk.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OverflowFindings {
+    /// Checkpoints the demo took that were written (the engine's own
+    /// background ones are not counted).
+    pub checkpoints: u64,
+    /// Payloads those checkpoints moved to overflow files (compaction
+    /// included).
+    pub payloads_moved: u64,
+    /// The largest `Stats::payloads_on_disk` sampled.
+    pub payloads_on_disk_max: u64,
+    /// Payloads read back from overflow files: `Stats::payloads_read_back`
+    /// summed over the engine generations.
+    pub promoted: u64,
+}
+
+/// Takes the demo's checkpoints and samples the engine's payload figures;
+/// driven by the main thread between its polls.
+#[derive(Debug)]
+pub struct Watch {
+    every: Option<Duration>,
+    next: Instant,
+    findings: OverflowFindings,
+}
+
+impl Watch {
+    /// A watch taking a checkpoint every `every`, or none (`None`).
+    pub fn new(every: Option<Duration>) -> Watch {
+        Watch {
+            every,
+            next: Instant::now() + every.unwrap_or_default(),
+            findings: OverflowFindings::default(),
+        }
+    }
+
+    /// Takes a checkpoint if one is due, and samples the payloads on disk.
+    /// Does nothing during the restart (no engine). A failed checkpoint is
+    /// an unexpected error: it ends the run.
+    pub fn tick(&mut self, ctx: &Context) -> anyhow::Result<()> {
+        let Some(engine) = ctx.cell.current() else {
+            return Ok(());
+        };
+        if let Some(every) = self.every {
+            if Instant::now() >= self.next {
+                let report = engine.checkpoint().context("checkpoint failed")?;
+                if report.written {
+                    self.findings.checkpoints += 1;
+                    self.findings.payloads_moved += report.payloads_moved;
+                }
+                self.next = Instant::now() + every;
+            }
+        }
+        self.sample(&engine);
+        Ok(())
+    }
+
+    /// Counts the read-backs of an engine generation once its `shutdown()`
+    /// has returned (the prefetcher is stopped and no consumer receives any
+    /// more, so the count is final).
+    pub fn on_shutdown(&mut self, engine: &Engine) {
+        self.sample(engine);
+        self.findings.promoted += engine.stats().payloads_read_back;
+    }
+
+    /// What the watch found.
+    pub fn findings(&self) -> OverflowFindings {
+        self.findings
+    }
+
+    fn sample(&mut self, engine: &Engine) {
+        let on_disk = engine.stats().payloads_on_disk as u64;
+        let max = &mut self.findings.payloads_on_disk_max;
+        *max = (*max).max(on_disk);
+    }
+}
