@@ -476,6 +476,10 @@ fn apply_moves(core: &mut Core, moves: Moves) {
         let Some(task) = core.tasks.get_checked(slot, id) else {
             continue;
         };
+        // A task that fell due meanwhile keeps its payload in memory.
+        if task.state != TaskState::Scheduled {
+            continue;
+        }
         let still = match held {
             Held::Memory => match core.payloads.get(&task.bytes) {
                 Some(p) => overflow_payload(&bytes, offset) == Some(p),

@@ -127,6 +127,39 @@ impl Shared {
                 if task.state != TaskState::Ready {
                     continue;
                 }
+                if let Some(at) = task.bytes.on_disk() {
+                    // Its payload is still on disk (the prefetcher did not get
+                    // to it): read it without holding the engine's lock.
+                    let key: Box<[u8]> = task.key().into();
+                    let (slot, id) = (entry.slot, entry.id);
+                    drop(core);
+                    let read = self.read_payload_at(at.0, at.1, id.0, &key);
+                    core = self.core.lock();
+                    let payload = match read {
+                        Ok(p) => p,
+                        Err(cause) => {
+                            self.poison_locked(&mut core, cause.clone());
+                            return Err(RecvError::Poisoned { cause });
+                        }
+                    };
+                    if core.status != Status::Open {
+                        core.ready.push_front(entry);
+                        continue;
+                    }
+                    let c = &mut *core;
+                    match c.tasks.get_checked(slot, id) {
+                        Some(t) if t.state == TaskState::Ready => {}
+                        _ => continue,
+                    }
+                    if c.tasks.get(slot).and_then(|t| t.bytes.on_disk()) == Some(at) {
+                        let new_ref = c.payloads.put(&key, &payload);
+                        if let Some(t) = c.tasks.get_mut(slot) {
+                            let old = std::mem::replace(&mut t.bytes, new_ref);
+                            c.payloads.release(old);
+                            c.payloads_read_back += 1;
+                        }
+                    }
+                }
                 return self.take_ready(core, entry);
             }
             match wait {
@@ -416,6 +449,7 @@ impl Shared {
         }
         let id = task.id;
         if task.deliveries >= self.config.retry.max_attempts {
+            let mut unreadable = None;
             batch.push(&Record::Dead {
                 id,
                 dead_ms: now_ms,
@@ -423,13 +457,17 @@ impl Shared {
             });
             let dead = DeadTask {
                 key: task.key().into(),
-                // Delivered, so its payload was read into memory then.
+                // Delivered, so its payload was read into memory then; if
+                // not, it is read now, and an unreadable one poisons.
                 payload: match core.payloads.get(&task.bytes) {
                     Some(p) => p.into(),
-                    None => self.read_payload(task).unwrap_or_else(|cause| {
-                        tracing::error!(%cause, "dead letter without its payload");
-                        Box::default()
-                    }),
+                    None => match self.read_payload(task) {
+                        Ok(p) => p,
+                        Err(cause) => {
+                            unreadable = Some(cause);
+                            Box::default()
+                        }
+                    },
                 },
                 due_ms: task.due_ms,
                 deliveries: task.deliveries,
@@ -438,6 +476,9 @@ impl Shared {
             };
             core.dead.insert(id.0, dead);
             self.forget_task(core, slot);
+            if let Some(cause) = unreadable {
+                self.poison_locked(core, cause);
+            }
             return NackOutcome::DeadLettered;
         }
         let delay = retry_after.unwrap_or_else(|| self.config.retry.backoff(id.0, task.deliveries));
