@@ -1,7 +1,8 @@
 //! `kairos inspect DIR`: a summary of a data directory — its checkpoint, its
-//! log segments, how the last run ended, the pending tasks by state, the bytes
-//! each part of the directory uses, and how much of each segment is still
-//! needed.
+//! log segments, how the last run ended, the pending tasks by state and where
+//! their payloads are, its overflow files (entries, live entries, due range),
+//! the bytes each part of the directory uses, and how much of each segment is
+//! still needed.
 //!
 //! Read-only and safe on an untrusted directory: the newest checkpoint that
 //! reads back is chosen as the engine's open chooses it (`verify`'s
@@ -10,21 +11,28 @@
 //! anything is allocated, no memory maps), and the records above the
 //! checkpoint's LSN are decoded with `Record::decode` and replayed on its state
 //! with the engine's own rules (`kairos::replay::Replay`, as `kairos verify`
-//! does). Memory: the checkpoint's keys, and one small entry per task live at
-//! the point read (the replay's, and the latest schedule's segment and size),
-//! not per record.
+//! does). Memory: the checkpoint's keys (twice for the tasks whose payload it
+//! places in an overflow file), and one small entry per task live at the point
+//! read (the replay's, and the latest schedule's segment and size), not per
+//! record. Overflow files are read one at a time, each whole into memory
+//! (`kairos::overflow::read_file`, which checks every entry): bounded by the
+//! size of the largest file, not by the number of tasks.
 
 use super::describe::{file_name, rfc3339, type_name};
-use super::verify::{log_dir, start_from_checkpoint, CheckpointStart, Failure, Torn};
+use super::verify::{
+    check_overflow_entries, log_dir, start_from_checkpoint_deferring_overflow, CheckpointStart,
+    Failure, OverflowRef, Torn,
+};
 use super::Verdict;
 use clap::Args;
 use kairos::checkpoint as ckpt;
+use kairos::overflow as ovf;
 use kairos::record::Record;
 use kairos::replay::Replay;
 use kairos_wal::format::parse_segment_file_name;
 use kairos_wal::{FsStorage, RecordPlace, RecordView, ScanReport, WalError};
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 /// Bad records described one by one; the rest are only counted.
@@ -41,8 +49,8 @@ Summarize a data directory, offline and read-only.
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself. Prints:
 
 - the checkpoint the engine's open would start from — the newest file in DIR/checkpoint that \
-reads back whole: its file, LSN, creation time, size in bytes, and the live tasks and dead \
-letters it holds; every checkpoint file present (an older one may be left beside the newest \
+reads back whole: its file, LSN, creation time, size in bytes, the live tasks (and of those, \
+how many payloads it places in overflow files) and dead letters it holds; every checkpoint file present (an older one may be left beside the newest \
 after a crash) and leftover *.tmp files. The records above its LSN are replayed on its state; \
 those at or below it are only counted (the engine skips them);
 - the log's segments: name, size in bytes, records, first and last LSN, sealed or active, and \
@@ -51,7 +59,17 @@ their live fraction;
 short by a crash, which the next open truncates: reported, not damage);
 - the pending tasks by state, replayed with the engine's own rules: waiting (for their first \
 delivery or their next attempt), in flight (delivered, not yet acked, retried, dead-lettered, \
-released or cancelled), and dead letters;
+released or cancelled), and dead letters; and of the live tasks, those whose payload is in \
+memory (the checkpoint holds it, or a record after it does) and those whose payload is in an \
+overflow file;
+- the overflow files (DIR/overflow): per file, its size in bytes, its entries, its live entries \
+(the payloads of tasks live at the end of the log: the checkpoint places them there and no \
+RESCHEDULE after it carries a new payload), its dead fraction and the due times of its first \
+and last entry; their totals; files no live task refers to (orphans, which the next open \
+removes) and leftover *.tmp files. Each file is read whole and checked (header, every entry's \
+CRC, and an entry wherever the checkpoint places a payload). The payload window \
+(Config::payload_window), which decides which payloads move there, is an engine setting, not \
+stored in the directory: it is not shown;
 - the bytes each part of the directory uses: the log's segments, the log's other files, and \
 every other file found under DIR, by top-level subdirectory.
 
@@ -65,11 +83,14 @@ of the last record read) and where the damage is: file and byte offset. A newest
 that does not read back is damage, unless an older one reads and the log still holds every \
 record after it: the engine then opens from the older one, and so does inspect, reporting the \
 newest one's damage as a warning. If no checkpoint reads, the log is not read (the task counts \
-are unknown).
+are unknown). A damaged or missing overflow file is named the same way (file, and byte offset \
+of the damaged header or entry), without stopping the rest: the log is read whole.
 
 Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
-reads and every record above the checkpoint decodes and replays (a torn tail included); 1 if \
-a checkpoint or the log is damaged, a record is bad, or the directory cannot be read.")]
+reads, every record above the checkpoint decodes and replays (a torn tail included), and every \
+overflow file reads back whole and holds the payloads the checkpoint places there; 1 if a \
+checkpoint, the log or an overflow file is damaged (an orphan included), a record is bad, or the \
+directory cannot be read.")]
 pub struct InspectArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
@@ -81,12 +102,6 @@ pub struct InspectArgs {
     #[arg(long, value_name = "B", default_value_t = kairos_wal::RECORD_BYTES_MAX_DEFAULT)]
     record_bytes_max: u32,
 }
-
-/// A part of the summary this version cannot fill in yet. It has no values, so fields
-/// of this type are always `None` (`null` in JSON): the change that adds the thing they
-/// describe replaces it with a real summary.
-#[derive(Debug, Serialize)]
-pub(crate) enum NotYetKnown {}
 
 /// The whole summary, printed as text or JSON.
 #[derive(Debug, Serialize)]
@@ -136,12 +151,88 @@ pub(crate) struct Inspection {
     /// Leftover temporary checkpoint files (`*.tmp`): a checkpoint being written when the
     /// engine stopped; the next open removes them.
     checkpoint_tmp_files: Vec<TmpFile>,
-    /// The horizon past which tasks wait in the overflow store. Always `None` for now:
-    /// filled in by the change that adds the overflow store.
-    horizon: Option<NotYetKnown>,
-    /// The overflow store (`DIR/overflow/`). Always `None` for now: filled in by the change
-    /// that adds it; until then its files appear only under `disk`, with their sizes.
-    overflow: Option<NotYetKnown>,
+    /// The overflow files (`DIR/overflow/`; `None` when a log directory was given). The
+    /// payload window that decides which payloads move there (`Config::payload_window`) is
+    /// an engine setting, not stored in the directory: it cannot be known here.
+    overflow: Option<OverflowSummary>,
+    /// Whether `error` stopped the reading of the checkpoint or the log (the counts are then
+    /// as of the last record read), rather than being an overflow file's damage.
+    #[serde(skip)]
+    log_stopped: bool,
+}
+
+/// The overflow files: payloads of tasks not due soon, which a checkpoint moved out of
+/// memory (`wal/FORMAT.md`, "Overflow files").
+#[derive(Debug, Serialize)]
+struct OverflowSummary {
+    /// `DIR/overflow`.
+    dir: PathBuf,
+    /// Every overflow file, by number: those present, and any the checkpoint refers to that
+    /// is missing (then damaged).
+    files: Vec<OverflowFile>,
+    /// Leftover temporary files (`*.tmp`): an overflow file being written when the engine
+    /// stopped; the next open removes them.
+    tmp_files: Vec<TmpFile>,
+    /// The files' totals.
+    total: OverflowTotal,
+}
+
+/// One overflow file.
+#[derive(Debug, Serialize)]
+struct OverflowFile {
+    file: PathBuf,
+    /// Its number (the name's).
+    number: u32,
+    /// Size in bytes (`null`: missing or unreadable).
+    bytes: Option<u64>,
+    /// Entries (payloads) it holds (`null`: it does not read back).
+    entries: Option<u64>,
+    /// Of those, the payloads of live tasks: tasks the checkpoint places here that are live
+    /// at `Inspection::last_lsn` and were not rescheduled with a new payload since (`null`:
+    /// the tasks are unknown).
+    live_entries: Option<u64>,
+    /// Bytes of the live entries (`null`: unknown).
+    live_bytes: Option<u64>,
+    /// `1 - live_entries / entries` (0 for a file without entries; `null`: unknown): the
+    /// measure the engine compacts a file by.
+    dead_fraction: Option<f64>,
+    /// Due time of its first and last entry, UTC ms (`null`: no entries, or unknown). An
+    /// entry's due time is its task's when the file was written.
+    first_due_ms: Option<u64>,
+    /// The same in RFC 3339 (`null` past the year 9999 too).
+    first_due: Option<String>,
+    last_due_ms: Option<u64>,
+    last_due: Option<String>,
+    /// No live task refers to it: the next open removes it (`null`: the tasks are unknown).
+    orphan: Option<bool>,
+    /// Why it does not read back, or does not hold a payload where the checkpoint puts it:
+    /// the file and the byte offset.
+    damage: Option<Failure>,
+}
+
+/// The totals of the overflow files.
+#[derive(Debug, Default, Serialize)]
+struct OverflowTotal {
+    files: usize,
+    /// Bytes of the files that could be read.
+    bytes: u64,
+    /// Entries of the files that read back.
+    entries: u64,
+    /// Live entries (`null`: the tasks are unknown).
+    live_entries: Option<u64>,
+    /// Their bytes (`null`: unknown).
+    live_bytes: Option<u64>,
+    /// `1 - live_entries / entries`, over the files that read back (`null`: unknown).
+    dead_fraction: Option<f64>,
+    /// The earliest and latest due time of any entry.
+    first_due_ms: Option<u64>,
+    first_due: Option<String>,
+    last_due_ms: Option<u64>,
+    last_due: Option<String>,
+    /// Files no live task refers to (`null`: the tasks are unknown).
+    orphan_files: Option<usize>,
+    /// Files that do not read back or lack a payload the checkpoint puts there.
+    damaged_files: usize,
 }
 
 /// The checkpoint the replay started from.
@@ -161,6 +252,8 @@ struct CheckpointSummary {
     max_task_id: u64,
     /// Live tasks it holds.
     tasks: usize,
+    /// Of those, the tasks whose payload it places in an overflow file.
+    payloads_in_overflow: usize,
     /// Dead letters it holds.
     dead_letters: usize,
 }
@@ -226,6 +319,12 @@ struct TaskCounts {
     in_flight: usize,
     /// Dead letters kept.
     dead_letters: usize,
+    /// Live tasks whose payload is in memory: the checkpoint holds it, or a SCHEDULE or a
+    /// RESCHEDULE logged after it does.
+    payload_in_memory: usize,
+    /// Live tasks whose payload is in an overflow file: the checkpoint places it there, and
+    /// no RESCHEDULE after it carries a new one.
+    payload_in_overflow: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -306,16 +405,21 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
     let (checkpoint_files, checkpoint_tmp_files) = checkpoint_dir
         .as_deref()
         .map_or_else(Default::default, list_checkpoints);
+    // The overflow files are read below, each once, after the log: their damage does not
+    // stop the reading of the log.
     let start = match checkpoint_dir.as_deref() {
-        Some(d) => start_from_checkpoint(&FsStorage, d),
+        Some(d) => start_from_checkpoint_deferring_overflow(&FsStorage, d),
         None => Ok(None),
     };
+    let overflow_dir = checkpoint_dir
+        .is_some()
+        .then(|| dir.join(ovf::OVERFLOW_DIR_NAME));
     let mut start = match start {
         Ok(start) => start,
         // The replay has nowhere to start from (the engine would not open): the log is
         // not read.
         Err(failure) => {
-            let mut inspection = Reader::new(0, Replay::new(false)).finish(
+            let (mut inspection, _) = Reader::new(0, Replay::new(false)).finish(
                 dir,
                 log_dir,
                 Ok(ScanReport::default()),
@@ -327,6 +431,10 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
             inspection.error = Some(failure);
             inspection.checkpoint_files = checkpoint_files;
             inspection.checkpoint_tmp_files = checkpoint_tmp_files;
+            inspection.log_stopped = true;
+            if let Some(d) = overflow_dir {
+                inspection.add_overflow(d, None, &[], None);
+            }
             return inspection;
         }
     };
@@ -338,7 +446,9 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         reader.visit(v, p)
     });
     let after = reader.after;
-    let mut inspection = reader.finish(dir, log_dir, scan, disk);
+    let (mut inspection, live_refs) = reader.finish(dir, log_dir, scan, disk);
+    let mut refs = Vec::new();
+    let mut store_id = None;
     if let Some(mut s) = start {
         if inspection.error.is_none() {
             if let Err(failure) = s.check_log(inspection.last_lsn, after) {
@@ -348,10 +458,212 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         }
         inspection.checkpoint = Some(CheckpointSummary::new(&s));
         inspection.warnings.extend(s.newer_damage);
+        refs = s.overflow_refs;
+        store_id = Some(s.store_id);
     }
     inspection.checkpoint_files = checkpoint_files;
     inspection.checkpoint_tmp_files = checkpoint_tmp_files;
+    inspection.log_stopped = inspection.error.is_some();
+    if let Some(d) = overflow_dir {
+        inspection.add_overflow(d, store_id, &refs, Some(&live_refs));
+    }
     inspection
+}
+
+/// Per overflow file, the offsets of the payloads of the tasks live at the end of the
+/// replay.
+type LiveRefs = BTreeMap<u32, Vec<u64>>;
+
+impl Inspection {
+    /// Reads every overflow file in `dir` (a data directory's `overflow/`), one at a time and
+    /// each once, and fills in `overflow`: the entries of each file, its due range, and its
+    /// live entries — the payloads of `live` (per file, the offsets the tasks live at the
+    /// end of the replay refer to; `None`: the tasks are unknown). Each file must read back
+    /// whole (header, entry CRCs, store id `store_id` if known, number) and hold every
+    /// payload the checkpoint places there (`refs`, sorted by file and offset), as `kairos
+    /// verify` checks; a damaged or missing file fails the inspection, naming the file and
+    /// the byte offset.
+    fn add_overflow(
+        &mut self,
+        dir: PathBuf,
+        store_id: Option<[u8; 16]>,
+        refs: &[OverflowRef],
+        live: Option<&LiveRefs>,
+    ) {
+        let mut damages = Vec::new();
+        let (files, tmps) = match ovf::list(&FsStorage, &dir) {
+            Ok(listing) => listing,
+            Err(e) => {
+                damages.push(Failure {
+                    file: Some(dir.clone()),
+                    offset: None,
+                    message: format!("cannot list {}: {e}", dir.display()),
+                });
+                Default::default()
+            }
+        };
+        // The files present, and any the checkpoint refers to that is not.
+        let mut numbers: Vec<u32> = files.iter().map(|(n, _)| *n).collect();
+        numbers.extend(refs.iter().map(|r| r.file));
+        numbers.sort_unstable();
+        numbers.dedup();
+        let mut summaries = Vec::with_capacity(numbers.len());
+        for number in numbers {
+            let path = dir.join(ovf::file_name(number));
+            let at = refs.partition_point(|r| r.file < number);
+            let end = refs.partition_point(|r| r.file <= number);
+            let live_offsets = live.map(|l| l.get(&number).map_or(&[][..], Vec::as_slice));
+            let summary = OverflowFile::read(
+                path,
+                number,
+                store_id.as_ref(),
+                &refs[at..end],
+                live_offsets,
+            );
+            if let Some(d) = &summary.damage {
+                damages.push(Failure {
+                    file: d.file.clone(),
+                    offset: d.offset,
+                    message: d.message.clone(),
+                });
+            }
+            summaries.push(summary);
+        }
+        let mut tmp_files: Vec<TmpFile> = tmps
+            .into_iter()
+            .map(|name| {
+                let file = dir.join(name);
+                let bytes = std::fs::symlink_metadata(&file).ok().map(|m| m.len());
+                TmpFile { file, bytes }
+            })
+            .collect();
+        tmp_files.sort_by(|a, b| a.file.cmp(&b.file));
+        let total = OverflowTotal::of(&summaries, live.is_some());
+        if let Some(first) = damages.into_iter().next() {
+            self.ok = false;
+            self.error.get_or_insert(first);
+        }
+        self.overflow = Some(OverflowSummary {
+            dir,
+            files: summaries,
+            tmp_files,
+            total,
+        });
+    }
+}
+
+impl OverflowFile {
+    /// Reads overflow file `number` at `path` and summarizes it; `refs` are the payloads the
+    /// checkpoint places in it, `live` the offsets of those of tasks still live (`None`:
+    /// unknown).
+    fn read(
+        path: PathBuf,
+        number: u32,
+        store_id: Option<&[u8; 16]>,
+        refs: &[OverflowRef],
+        live: Option<&[u64]>,
+    ) -> OverflowFile {
+        let live_entries = live.map(|l| l.len() as u64);
+        let mut summary = OverflowFile {
+            bytes: std::fs::symlink_metadata(&path).ok().map(|m| m.len()),
+            file: path,
+            number,
+            entries: None,
+            live_entries,
+            live_bytes: None,
+            dead_fraction: None,
+            first_due_ms: None,
+            first_due: None,
+            last_due_ms: None,
+            last_due: None,
+            orphan: live_entries.map(|n| n == 0),
+            damage: None,
+        };
+        // The whole file in memory, and its entries decoded (`read_file` checks every one of
+        // them): about twice its size, for one file at a time. Fine for an offline summary;
+        // the engine itself reads one entry at a time.
+        let entries = match ovf::read_file(&FsStorage, &summary.file, store_id, Some(number)) {
+            Ok(entries) => entries,
+            Err(e) => {
+                summary.damage = Some(Failure::overflow(&summary.file, &e));
+                return summary;
+            }
+        };
+        let checked = check_overflow_entries(
+            &summary.file,
+            &entries,
+            refs.iter().map(|r| (r.offset, r.task_id, &*r.key)),
+        );
+        if let Err(failure) = checked {
+            summary.damage = Some(failure);
+        }
+        let n = entries.len() as u64;
+        summary.entries = Some(n);
+        let due = |i: Option<&(u64, ovf::Entry)>| i.map(|(_, e)| e.due_ms);
+        summary.first_due_ms = due(entries.first());
+        summary.last_due_ms = due(entries.last());
+        summary.first_due = summary.first_due_ms.and_then(rfc3339);
+        summary.last_due = summary.last_due_ms.and_then(rfc3339);
+        if let (Some(live), None) = (live, &summary.damage) {
+            // Every live offset is one the checkpoint placed here, and the check above found
+            // an entry at each.
+            let entry_bytes = |offset: &u64| {
+                entries
+                    .binary_search_by_key(offset, |(o, _)| *o)
+                    .ok()
+                    .map_or(0, |i| {
+                        let e = &entries[i].1;
+                        (ovf::ENTRY_FIXED_BYTES + e.key.len() + e.payload.len()) as u64
+                    })
+            };
+            summary.live_bytes = Some(live.iter().map(entry_bytes).sum());
+            summary.dead_fraction = Some(dead_fraction(live.len() as u64, n));
+        }
+        summary
+    }
+}
+
+/// `1 - live / entries`, 0 without entries.
+fn dead_fraction(live: u64, entries: u64) -> f64 {
+    if entries == 0 {
+        0.0
+    } else {
+        entries.saturating_sub(live) as f64 / entries as f64
+    }
+}
+
+impl OverflowTotal {
+    /// The totals of `files`; `tasks_known`: whether their live entries are known.
+    fn of(files: &[OverflowFile], tasks_known: bool) -> OverflowTotal {
+        let mut t = OverflowTotal {
+            files: files.len(),
+            ..OverflowTotal::default()
+        };
+        let (mut live, mut live_bytes, mut orphans) = (0, 0, 0);
+        for f in files {
+            t.bytes += f.bytes.unwrap_or(0);
+            t.entries += f.entries.unwrap_or(0);
+            live += f.live_entries.unwrap_or(0);
+            live_bytes += f.live_bytes.unwrap_or(0);
+            orphans += usize::from(f.orphan == Some(true));
+            t.damaged_files += usize::from(f.damage.is_some());
+            if let Some(first) = f.first_due_ms {
+                t.first_due_ms = Some(t.first_due_ms.map_or(first, |m| m.min(first)));
+            }
+            t.last_due_ms = t.last_due_ms.max(f.last_due_ms);
+        }
+        t.first_due = t.first_due_ms.and_then(rfc3339);
+        t.last_due = t.last_due_ms.and_then(rfc3339);
+        if tasks_known {
+            t.live_entries = Some(live);
+            t.orphan_files = Some(orphans);
+            if t.damaged_files == 0 {
+                t.live_bytes = Some(live_bytes);
+                t.dead_fraction = Some(dead_fraction(live, t.entries));
+            }
+        }
+        t
+    }
 }
 
 /// The checkpoint files and leftover temporary files in `dir`, with their sizes. A listing
@@ -391,6 +703,7 @@ impl CheckpointSummary {
             bytes: s.bytes,
             max_task_id: s.max_task_id,
             tasks: s.summary.tasks,
+            payloads_in_overflow: s.overflow_refs.len(),
             dead_letters: s.summary.dead_letters,
         }
     }
@@ -514,13 +827,15 @@ impl Reader {
         }
     }
 
+    /// The summary, and where the payloads of the tasks live at the end are in overflow
+    /// files.
     fn finish(
         self,
         dir: &Path,
         log_dir: PathBuf,
         scan: Result<ScanReport, WalError>,
         disk: DiskUsage,
-    ) -> Inspection {
+    ) -> (Inspection, LiveRefs) {
         let (report, error) = match scan {
             Ok(report) if report.segments.is_empty() => {
                 let failure = Failure::no_log(&log_dir);
@@ -529,13 +844,26 @@ impl Reader {
             Ok(report) => (Some(report), None),
             Err(e) => (None, Some(Failure::from(&e))),
         };
+        let in_overflow = self
+            .replay
+            .tasks()
+            .filter(|t| t.payload_at.is_some())
+            .count();
         let tasks = TaskCounts {
             live: self.replay.live_tasks(),
             in_flight: self.replay.tasks().filter(|t| t.in_flight).count(),
             waiting: self.replay.tasks().filter(|t| !t.in_flight).count(),
             dead_letters: self.replay.dead_letters(),
+            payload_in_memory: self.replay.live_tasks() - in_overflow,
+            payload_in_overflow: in_overflow,
         };
         let (live, _) = self.replay.into_parts();
+        let mut live_refs = LiveRefs::new();
+        for t in live.values() {
+            if let Some((file, offset)) = t.payload_at {
+                live_refs.entry(file).or_default().push(offset);
+            }
+        }
         let mut live_bytes = vec![0u64; self.tallies.len()];
         for (id, (index, bytes)) in &self.latest {
             if live.contains_key(id) {
@@ -604,7 +932,7 @@ impl Reader {
             Some(r) => r.last_lsn.0,
             None => self.tallies.last().map_or(0, |t| t.last_lsn),
         };
-        Inspection {
+        let inspection = Inspection {
             dir: dir.to_path_buf(),
             log_dir,
             ok: error.is_none() && self.bad == 0,
@@ -630,9 +958,10 @@ impl Reader {
             checkpoint: None,
             checkpoint_files: Vec::new(),
             checkpoint_tmp_files: Vec::new(),
-            horizon: None,
             overflow: None,
-        }
+            log_stopped: false,
+        };
+        (inspection, live_refs)
     }
 }
 
@@ -779,6 +1108,7 @@ impl Inspection {
             println!("log             not read: replay starts from a checkpoint, and none reads");
         }
         self.print_tasks();
+        self.print_overflow();
         self.print_disk();
         self.print_verdict();
     }
@@ -837,7 +1167,7 @@ impl Inspection {
         println!(
             "segments        {} ({bytes} bytes){}",
             self.segments.len(),
-            if self.error.is_some() && !self.segments.is_empty() {
+            if self.log_stopped && !self.segments.is_empty() {
                 ", those read before the damage"
             } else {
                 ""
@@ -880,14 +1210,14 @@ impl Inspection {
             } else {
                 format!(" ({})", types.join(", "))
             },
-            if self.error.is_some() {
+            if self.log_stopped {
                 ", read before the damage"
             } else {
                 ""
             }
         );
         println!("LSNs            {}..{}", self.first_lsn, self.last_lsn);
-        if self.error.is_some() {
+        if self.log_stopped {
             return;
         }
         println!(
@@ -918,11 +1248,113 @@ impl Inspection {
             t.waiting,
             t.in_flight,
             count(t.dead_letters as u64, "dead letter", "dead letters"),
-            if self.error.is_some() {
+            if self.log_stopped {
                 format!(" (as of LSN {}, before the damage)", self.last_lsn)
             } else {
                 String::new()
             }
+        );
+        println!(
+            "payloads        {} in memory (in the checkpoint or logged after it), {} in overflow \
+             files",
+            t.payload_in_memory, t.payload_in_overflow
+        );
+    }
+
+    fn print_overflow(&self) {
+        let Some(o) = &self.overflow else {
+            return;
+        };
+        let t = &o.total;
+        let live = |live: Option<u64>, dead: Option<f64>| match (live, dead) {
+            (Some(live), Some(dead)) => format!(", {live} live ({:.1}% dead)", dead * 100.0),
+            (Some(live), None) => format!(", {live} live"),
+            (None, _) => ", live unknown".to_string(),
+        };
+        let due = |first: &Option<String>,
+                   first_ms: Option<u64>,
+                   last: &Option<String>,
+                   last_ms: Option<u64>| {
+            let show = |text: &Option<String>, ms: Option<u64>| {
+                text.clone()
+                    .or_else(|| ms.map(|ms| format!("{ms} ms")))
+                    .unwrap_or_default()
+            };
+            if first_ms.is_none() {
+                String::new()
+            } else {
+                format!(", due {}..{}", show(first, first_ms), show(last, last_ms))
+            }
+        };
+        if t.files == 0 {
+            println!("overflow        no files");
+        } else {
+            println!(
+                "overflow        {}{}, {} bytes: {}{}{}",
+                count(t.files as u64, "file", "files"),
+                if t.damaged_files > 0 {
+                    format!(" ({} damaged)", t.damaged_files)
+                } else {
+                    String::new()
+                },
+                t.bytes,
+                count(t.entries, "entry", "entries")
+                    + if t.damaged_files > 0 {
+                        " in those that read back"
+                    } else {
+                        ""
+                    },
+                live(t.live_entries, t.dead_fraction),
+                due(&t.first_due, t.first_due_ms, &t.last_due, t.last_due_ms),
+            );
+        }
+        for f in &o.files {
+            let mut line = format!("  {}  ", file_name(&f.file));
+            match f.bytes {
+                Some(b) => line.push_str(&format!("{b} bytes")),
+                None => line.push_str("missing or unreadable"),
+            }
+            if let Some(n) = f.entries {
+                line.push_str(&format!(", {}", count(n, "entry", "entries")));
+                line.push_str(&live(f.live_entries, f.dead_fraction));
+                line.push_str(&due(
+                    &f.first_due,
+                    f.first_due_ms,
+                    &f.last_due,
+                    f.last_due_ms,
+                ));
+            }
+            if f.orphan == Some(true) {
+                line.push_str("; orphan: no live task refers to it (the next open removes it)");
+            }
+            if let Some(d) = &f.damage {
+                line.push_str(&match d.offset {
+                    Some(offset) => format!("; DAMAGED at byte offset {offset}: {}", d.message),
+                    None => format!("; DAMAGED: {}", d.message),
+                });
+            }
+            println!("{line}");
+        }
+        if !o.tmp_files.is_empty() {
+            let files: Vec<String> = o
+                .tmp_files
+                .iter()
+                .map(|f| {
+                    let bytes = f
+                        .bytes
+                        .map_or_else(|| "unreadable".into(), |b| format!("{b} bytes"));
+                    format!("{} {bytes}", file_name(&f.file))
+                })
+                .collect();
+            println!(
+                "  leftovers     {} (an overflow file being written when the engine stopped; \
+                 the next open removes them)",
+                files.join(", ")
+            );
+        }
+        println!(
+            "  payload window  unknown here: an engine setting (Config::payload_window), not \
+             stored in the directory"
         );
     }
 

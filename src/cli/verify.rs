@@ -116,6 +116,26 @@ pub(crate) struct CheckpointStart {
     /// If this is not the newest checkpoint file: why the newest one cannot be used. A
     /// warning while the log covers this one; the error otherwise (as at open).
     pub(crate) newer_damage: Option<Failure>,
+    /// Its header's store id (the log's).
+    pub(crate) store_id: [u8; 16],
+    /// The payloads it places in overflow files, by file and offset — filled only by
+    /// [`start_from_checkpoint_deferring_overflow`], whose caller checks them as it reads
+    /// the files ([`check_overflow_entries`]); empty after [`start_from_checkpoint`], which
+    /// has checked them.
+    pub(crate) overflow_refs: Vec<OverflowRef>,
+}
+
+/// A payload a checkpoint places in an overflow file.
+#[derive(Debug)]
+pub(crate) struct OverflowRef {
+    /// The overflow file's number.
+    pub(crate) file: u32,
+    /// Byte offset of the entry in it.
+    pub(crate) offset: u64,
+    /// The task whose payload it is.
+    pub(crate) task_id: u64,
+    /// The task's key, which the entry must carry.
+    pub(crate) key: Box<[u8]>,
 }
 
 /// Where and why the scan stopped (also used by `dump` and `inspect`).
@@ -237,10 +257,32 @@ pub(crate) fn check(
 /// file does not read and an older one does, the older one is returned with the newest
 /// one's damage (`newer_damage`); [`CheckpointStart::check_log`] then decides, as the open
 /// does, whether that damage is only a warning. `Ok(None)` if there is no checkpoint file;
-/// `Err` names the newest file's damage (file and byte offset) when none reads.
+/// `Err` names the newest file's damage (file and byte offset) when none reads. Every overflow
+/// file the checkpoint places a payload in is read and checked (`check_overflow_refs`): a
+/// damaged one is the error.
 pub(crate) fn start_from_checkpoint(
     storage: &dyn Storage,
     dir: &Path,
+) -> Result<Option<CheckpointStart>, Failure> {
+    start_from(storage, dir, false)
+}
+
+/// As [`start_from_checkpoint`], but the overflow files are not read: the payloads the
+/// checkpoint places in them are returned in [`CheckpointStart::overflow_refs`], for a caller
+/// that reads every overflow file anyway (`inspect`) to check with
+/// [`check_overflow_entries`] — so that each file is read once, and a damaged one does not
+/// stop the reading of the log.
+pub(crate) fn start_from_checkpoint_deferring_overflow(
+    storage: &dyn Storage,
+    dir: &Path,
+) -> Result<Option<CheckpointStart>, Failure> {
+    start_from(storage, dir, true)
+}
+
+fn start_from(
+    storage: &dyn Storage,
+    dir: &Path,
+    defer_overflow: bool,
 ) -> Result<Option<CheckpointStart>, Failure> {
     let (files, _) = checkpoint::list(storage, dir).map_err(|e| Failure {
         file: Some(dir.to_path_buf()),
@@ -282,7 +324,25 @@ pub(crate) fn start_from_checkpoint(
             continue;
         };
         let (tasks, dead_letters) = (c.tasks.len(), c.dead.len());
-        check_overflow_refs(storage, dir, &header.store_id, &c.tasks)?;
+        let mut overflow_refs = Vec::new();
+        if defer_overflow {
+            overflow_refs = c
+                .tasks
+                .iter()
+                .filter_map(|(id, t)| {
+                    let (file, offset) = t.payload_at?;
+                    Some(OverflowRef {
+                        file,
+                        offset,
+                        task_id: *id,
+                        key: t.key.clone(),
+                    })
+                })
+                .collect();
+            overflow_refs.sort_unstable_by_key(|r| (r.file, r.offset));
+        } else {
+            check_overflow_refs(storage, dir, &header.store_id, &c.tasks)?;
+        }
         let replay =
             Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, false).map_err(|e| {
                 Failure {
@@ -307,6 +367,8 @@ pub(crate) fn start_from_checkpoint(
             bytes,
             replay,
             newer_damage: newest_error,
+            store_id: header.store_id,
+            overflow_refs,
         }));
     }
     newest_error.map_or(Ok(None), Err)
@@ -336,32 +398,38 @@ fn check_overflow_refs(
     let ovf_dir = data_dir.join(ovf::OVERFLOW_DIR_NAME);
     for (file, refs) in by_file {
         let path = ovf_dir.join(ovf::file_name(file));
-        let entries = ovf::read_file(storage, &path, Some(store_id), Some(file)).map_err(|e| {
-            let offset = match &e {
-                ovf::OverflowReadError::Corrupt { offset, .. } => Some(*offset),
-                _ => None,
-            };
-            Failure {
-                file: Some(path.clone()),
-                offset,
-                message: e.to_string(),
-            }
-        })?;
-        let at: std::collections::HashMap<u64, &ovf::Entry> =
-            entries.iter().map(|(o, e)| (*o, e)).collect();
-        for (offset, id, key) in refs {
-            match at.get(&offset) {
-                Some(e) if e.task_id == id && &*e.key == key => {}
-                _ => {
-                    return Err(Failure {
-                        file: Some(path.clone()),
-                        offset: Some(offset),
-                        message: format!(
-                            "overflow file {} has no entry of task {id} at byte offset {offset}, where the checkpoint puts its payload",
-                            path.display()
-                        ),
-                    })
-                }
+        let entries = ovf::read_file(storage, &path, Some(store_id), Some(file))
+            .map_err(|e| Failure::overflow(&path, &e))?;
+        check_overflow_entries(&path, &entries, refs)?;
+    }
+    Ok(())
+}
+
+/// The entries of the overflow file at `path` (as [`ovf::read_file`] returns them: by
+/// offset) must hold every payload a checkpoint places there, given as `(offset, task id,
+/// key)`: that task's entry, with that key, at that offset. The error names the file and
+/// the offset.
+pub(crate) fn check_overflow_entries<'k>(
+    path: &Path,
+    entries: &[(u64, ovf::Entry)],
+    refs: impl IntoIterator<Item = (u64, u64, &'k [u8])>,
+) -> Result<(), Failure> {
+    for (offset, id, key) in refs {
+        let found = entries
+            .binary_search_by_key(&offset, |(o, _)| *o)
+            .ok()
+            .map(|i| &entries[i].1);
+        match found {
+            Some(e) if e.task_id == id && &*e.key == key => {}
+            _ => {
+                return Err(Failure {
+                    file: Some(path.to_path_buf()),
+                    offset: Some(offset),
+                    message: format!(
+                        "overflow file {} has no entry of task {id} at byte offset {offset}, where the checkpoint puts its payload",
+                        path.display()
+                    ),
+                })
             }
         }
     }
@@ -641,6 +709,19 @@ impl From<&TornTail> for Torn {
 }
 
 impl Failure {
+    /// Overflow file `path` does not read back (`offset` is the damage's, if it is damage).
+    pub(crate) fn overflow(path: &Path, e: &ovf::OverflowReadError) -> Failure {
+        let offset = match e {
+            ovf::OverflowReadError::Corrupt { offset, .. } => Some(*offset),
+            _ => None,
+        };
+        Failure {
+            file: Some(path.to_path_buf()),
+            offset,
+            message: e.to_string(),
+        }
+    }
+
     /// A directory without a single log segment: nothing to verify.
     pub(crate) fn no_log(dir: &Path) -> Failure {
         Failure {
