@@ -400,6 +400,35 @@ pub fn read_due(
     Ok((out, offset))
 }
 
+/// The entry count in the header of the overflow file at `path` (one
+/// 64-byte read; the header is checked: magic, version, CRC).
+///
+/// # Errors
+/// [`OverflowReadError::Corrupt`] for a bad header; I/O errors.
+pub fn read_entry_count(storage: &dyn Storage, path: &Path) -> Result<u64, OverflowReadError> {
+    let io_err = |source| OverflowReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let corrupt = |reason: &str| OverflowReadError::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        reason: reason.into(),
+    };
+    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+    let mut header = [0u8; HEADER_BYTES];
+    if !read_exact_at(file.as_ref(), &mut header, 0).map_err(io_err)? {
+        return Err(corrupt("file ends inside the header"));
+    }
+    if header[H_MAGIC..H_VERSION] != OVERFLOW_MAGIC
+        || u32_at(&header, H_VERSION) != OVERFLOW_FORMAT_VERSION
+        || u32_at(&header, H_CRC) != header_crc(&header)
+    {
+        return Err(corrupt("bad header (magic, version or CRC)"));
+    }
+    Ok(u64_at(&header, H_ENTRIES))
+}
+
 /// Reads a whole overflow file from bytes in memory, checking the header
 /// (magic, version, CRC, store id if given, sequence number) and every entry;
 /// returns the entries with their offsets. For `kairos verify`-style checks,

@@ -360,3 +360,25 @@ fn cancel_and_reschedule_after_the_payload_came_back() -> TestResult {
     assert_eq!(fired, model);
     Ok(())
 }
+
+/// After a reopen the engine still knows how much of an overflow file is
+/// dead (from the file's header), so the next checkpoint compacts it.
+#[test]
+fn a_mostly_dead_file_is_compacted_after_a_reopen_too() -> TestResult {
+    let mut h = SimHarness::new(30, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..40, &mut model)?;
+    h.engine().checkpoint()?;
+    for i in (0..40).filter(|i| i % 4 != 0) {
+        assert!(h.engine().cancel(&key(i))?.is_cancelled());
+        model.remove(&key(i));
+    }
+    h.restart(Stop::Clean)?;
+    let report = h.engine().checkpoint()?;
+    assert_eq!(
+        (report.payloads_moved, report.overflow_files_removed),
+        (10, 1)
+    );
+    assert_eq!(fire(&h, 45)?, model);
+    Ok(())
+}

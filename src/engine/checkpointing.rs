@@ -713,13 +713,14 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
 /// and overflow files no live task refers to (written by a checkpoint that
 /// never became durable, or left by an interrupted deletion) are removed;
 /// an overflow file a task refers to must exist. Returns the number the next
-/// overflow file gets.
+/// overflow file gets, and the entry count of each file kept (from its
+/// header), so that compaction knows how much of a file is dead.
 pub(crate) fn prepare_overflow(
     storage: &dyn Storage,
     dir: &Path,
     replay: &Replay,
     checkpoint: Option<&LoadedMeta>,
-) -> Result<u32, OpenError> {
+) -> Result<(u32, Vec<(u32, u64)>), OpenError> {
     let ovf_dir = dir.join(overflow::OVERFLOW_DIR_NAME);
     let io = |op, path: PathBuf| move |source| OpenError::Io { op, path, source };
     let (files, tmps) = overflow::list(storage, &ovf_dir).map_err(io("list", ovf_dir.clone()))?;
@@ -760,7 +761,20 @@ pub(crate) fn prepare_overflow(
             .sync_dir(&ovf_dir)
             .map_err(io("fsync dir", ovf_dir.clone()))?;
     }
-    Ok(files.last().map_or(1, |(f, _)| f.saturating_add(1)))
+    let mut written = Vec::new();
+    for (f, name) in &files {
+        if referenced.contains(f) {
+            // A header that does not read is reported when a payload of the
+            // file is read; here it only means no compaction by dead share.
+            if let Ok(n) = overflow::read_entry_count(storage, &ovf_dir.join(name)) {
+                written.push((*f, n));
+            }
+        }
+    }
+    Ok((
+        files.last().map_or(1, |(f, _)| f.saturating_add(1)),
+        written,
+    ))
 }
 
 /// After the log opened: the checkpoint must belong to it, and the log must

@@ -473,7 +473,7 @@ impl Engine {
             checkpointing::check_against_log(meta, &wal, replayed_after)?;
         }
         let checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.bytes);
-        let next_overflow_file =
+        let (next_overflow_file, overflow_written) =
             checkpointing::prepare_overflow(storage.as_ref(), &dir, &replay, checkpoint.as_ref())?;
         let disk = checkpointing::Disk {
             storage,
@@ -487,6 +487,11 @@ impl Engine {
             let mut core = engine.shared.core.lock();
             core.last_checkpoint_bytes = checkpoint_bytes;
             core.next_overflow_file = core.next_overflow_file.max(next_overflow_file);
+            for (file, entries) in overflow_written {
+                if let Some(written) = core.overflow_files.get_mut(&file) {
+                    *written = (*written).max(entries);
+                }
+            }
         }
         *engine.dir_lock.get_mut() = Some(dir_lock);
         engine.dir = Some(dir);
