@@ -530,3 +530,52 @@ fn a_damaged_newest_checkpoint_is_reported_when_the_older_one_does_not_fit() -> 
     }
     Ok(())
 }
+
+/// Engine bug found by the deterministic simulation (`KNOWN_UNSYNCED_CHECKPOINT_ENTRY` in
+/// `tests/simulation.rs`; seed 204 with `KAIROS_SIM_STRICT=ckpt`), not fixed yet. The fsync of
+/// the checkpoint directory after a new checkpoint's rename fails (`CheckpointError::Io`; the
+/// engine goes on); a clean shutdown keeps the rename in the page cache, so the next open loads
+/// that checkpoint although its directory entry is not durable; a checkpoint with nothing logged
+/// since answers `written: false` and deletes the segments it covers; a power cut undoes the
+/// rename, and the open after it finds the older checkpoint and a log with a gap: it fails, and
+/// the acknowledged records in the gap are lost. Fixing it (open, or the `written: false` path,
+/// fsyncs the checkpoint directory before trusting a checkpoint) makes this test pass.
+#[test]
+#[ignore = "known engine bug, not fixed yet: a checkpoint whose directory entry is not durable \
+            is adopted at open and trusted to trim the log (see the comment)"]
+fn known_bug_checkpoint_adopted_before_its_directory_entry_is_durable() -> TestResult {
+    let mut h = SimHarness::new(7, config(Durability::Sync))?;
+    let mut model = load(h.engine(), 90)?;
+    h.engine().checkpoint()?; // an older checkpoint, and the checkpoint directory
+    for i in 90..150 {
+        let due_ms = START_MS + 1_000 * (i as u64 + 1);
+        h.engine().schedule(
+            &key(i),
+            Due::At(UNIX_EPOCH + Duration::from_millis(due_ms)),
+            &payload(i),
+        )?;
+        model.insert(key(i), (due_ms, payload(i)));
+    }
+    // The new checkpoint's fdatasync is Sync operation 0; the directory fsync is operation 1.
+    h.sim.inject(FaultPlan {
+        after: 1,
+        op: FaultOp::Sync,
+        kind: FaultKind::Eio,
+    });
+    match h.engine().checkpoint() {
+        Err(CheckpointError::Io {
+            op: "fsync dir", ..
+        }) => {}
+        other => return Err(format!("expected a failed directory fsync, got {other:?}").into()),
+    }
+    h.sim.clear_faults();
+    h.restart(Stop::Clean)?;
+    let report = h.engine().checkpoint()?;
+    assert!(!report.written, "{report:?}");
+    assert!(report.segments_removed > 0, "{report:?}");
+    h.restart(Stop::PowerCutDropUnsynced)?;
+    assert_eq!(h.engine().recovery().pending, model.len());
+    let fired = fire_all(&h, Duration::from_secs(160))?;
+    assert_eq!(fired, model);
+    Ok(())
+}

@@ -5,6 +5,15 @@
 //! line the parent reads names a call the engine acknowledged under `Durability::Sync`; the
 //! pipe keeps lines written before the kill. After the kill the parent reopens the directory
 //! and checks that each acknowledged call took effect.
+//!
+//! Checkpoints: in every round of the schedule/cancel loop the child takes one explicit
+//! checkpoint (`Engine::checkpoint`) before the call the parent names, announcing it first;
+//! in half the rounds the parent kills the child up to 20 ms after that announcement instead
+//! of after a number of calls, so kills land while the checkpoint file is written and synced,
+//! older checkpoints removed and covered segments deleted (a checkpoint here takes a few ms). Every other
+//! group of three rounds also runs the background checkpointer with a 4 KiB log-growth trigger
+//! (`Config::checkpoint_log_bytes`), racing the child's calls (it triggers while the state is
+//! small: the trigger is at least the last checkpoint's size).
 
 mod common;
 
@@ -25,6 +34,8 @@ const DIR_VAR: &str = "KAIROS_CRASH_DIR";
 const ROUND_VAR: &str = "KAIROS_CRASH_ROUND";
 /// Set in the child: the wall-clock base of due times, ms.
 const BASE_VAR: &str = "KAIROS_CRASH_BASE_MS";
+/// Set in the child: before which call it takes its checkpoint.
+const CHECKPOINT_VAR: &str = "KAIROS_CRASH_CHECKPOINT_AT";
 
 /// Kills per crash test: `KAIROS_CRASH_KILLS` if set, else `ci` scaled by
 /// `KAIROS_TEST_SCALE`.
@@ -49,16 +60,27 @@ const MARK: &str = "@@kairos:";
 
 /// Starts this test binary running only `test` in child mode.
 fn spawn_child(test: &str, dir: &Path, round: u64, base_ms: u64) -> TestResult<ChildProc> {
-    ChildProc::spawn(
-        test,
-        MARK,
-        &[
-            (ROLE_VAR, test.to_string()),
-            (DIR_VAR, dir.display().to_string()),
-            (ROUND_VAR, round.to_string()),
-            (BASE_VAR, base_ms.to_string()),
-        ],
-    )
+    spawn_child_with(test, dir, round, base_ms, None)
+}
+
+/// [`spawn_child`], telling the child before which call to take a checkpoint.
+fn spawn_child_with(
+    test: &str,
+    dir: &Path,
+    round: u64,
+    base_ms: u64,
+    checkpoint_at: Option<u64>,
+) -> TestResult<ChildProc> {
+    let mut env = vec![
+        (ROLE_VAR, test.to_string()),
+        (DIR_VAR, dir.display().to_string()),
+        (ROUND_VAR, round.to_string()),
+        (BASE_VAR, base_ms.to_string()),
+    ];
+    if let Some(at) = checkpoint_at {
+        env.push((CHECKPOINT_VAR, at.to_string()));
+    }
+    ChildProc::spawn(test, MARK, &env)
 }
 
 /// Prints one protocol line (in the child).
@@ -76,6 +98,19 @@ fn crash_config(durability: Durability) -> Config {
     c.durability = durability;
     c.segment_bytes = common::SMALL_SEGMENT_BYTES;
     c
+}
+
+/// The child's configuration in `round`: its mode, and in every other group of three rounds
+/// the background checkpointer with a tiny log-growth trigger.
+fn child_config(round: u64) -> Config {
+    let mut c = crash_config(mode_of(round).1);
+    c.checkpoint_interval = None;
+    c.checkpoint_log_bytes = background_checkpoints(round).then_some(4096);
+    c
+}
+
+fn background_checkpoints(round: u64) -> bool {
+    round / 3 % 2 == 1
 }
 
 /// Each round runs under one mode; every mode keeps every returned call across a process
@@ -135,9 +170,21 @@ fn sigkill_child() -> TestResult {
     let dir = std::env::var(DIR_VAR)?;
     let round = env_u64(ROUND_VAR)?;
     let base_ms = env_u64(BASE_VAR)?;
-    let engine = Engine::open(&dir, crash_config(mode_of(round).1))?;
+    let checkpoint_at = env_u64(CHECKPOINT_VAR).ok();
+    let engine = Engine::open(&dir, child_config(round))?;
     report(&format!("ready {}", engine.recovery().pending))?;
     for n in 0..100_000u64 {
+        if checkpoint_at == Some(n) {
+            report("checkpoint begin")?;
+            let r = engine.checkpoint()?;
+            report(&format!(
+                "checkpoint lsn {} written {} took {} us segments removed {}",
+                r.lsn,
+                r.written,
+                r.elapsed.as_micros(),
+                r.segments_removed
+            ))?;
+        }
         match crash_op(n) {
             CrashOp::Schedule(i) => {
                 let due = Due::At(kairos::clock::ms_to_system_time(base_ms + i));
@@ -169,8 +216,31 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     let mut rng = rand::rng();
     // round → calls acknowledged.
     let mut acked: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut checkpoints, mut segments_removed) = (0u64, 0u64);
+    let mut checkpoint_us: Vec<u64> = Vec::new();
+    let (mut kills_in_checkpoint, mut kills_before_checkpoint_returned) = (0u64, 0u64);
     for round in 0..kills {
-        let mut child = spawn_child(SIGKILL_TEST, dir.path(), round, base_ms)?;
+        let kill_after = rand::Rng::random_range(&mut rng, 1..=150u64);
+        // The checkpoint comes before a call the child reaches; in half the rounds the kill
+        // comes a moment after it began instead of after `kill_after` calls.
+        let checkpoint_at = rand::Rng::random_range(&mut rng, 0..kill_after);
+        let kill_in_checkpoint = rand::Rng::random_bool(&mut rng, 0.5).then(|| {
+            // Microseconds after the child announced it: a checkpoint of this test takes a few
+            // milliseconds (half a dozen fsyncs), so the kill lands at any of its steps.
+            let most = match rand::Rng::random_range(&mut rng, 0..3) {
+                0 => 500,
+                1 => 5_000,
+                _ => 20_000,
+            };
+            rand::Rng::random_range(&mut rng, 0..=most)
+        });
+        let mut child = spawn_child_with(
+            SIGKILL_TEST,
+            dir.path(),
+            round,
+            base_ms,
+            Some(checkpoint_at),
+        )?;
         let pending = match child.next_line()? {
             Some(l) if l.starts_with("ready ") => l["ready ".len()..].parse::<usize>()?,
             other => {
@@ -192,27 +262,67 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
                 "round {round}: child reopened with {pending} pending, expected {low}..={high}"
             )));
         }
-        let kill_after = rand::Rng::random_range(&mut rng, 1..=150u64);
         let mut count = 0;
-        while count < kill_after {
-            match child.next_line()? {
-                Some(l) if l == format!("op {count}") => count += 1,
-                other => return Err(child.fail(format!("round {round}: unexpected {other:?}"))),
+        let mut checkpoint_returned = false;
+        // A protocol line: a call (`true`), or the checkpoint's start or end.
+        let mut line = |l: &str, count: &mut u64| -> Result<bool, String> {
+            if l == format!("op {count}") {
+                *count += 1;
+                Ok(true)
+            } else if l == "checkpoint begin" && *count == checkpoint_at {
+                Ok(false)
+            } else if let Some(rest) = l.strip_prefix("checkpoint lsn ") {
+                checkpoints += 1;
+                checkpoint_returned = true;
+                if let Some(us) = rest
+                    .split(" took ")
+                    .nth(1)
+                    .and_then(|t| t.split(' ').next())
+                    .and_then(|n| n.parse::<u64>().ok())
+                {
+                    checkpoint_us.push(us);
+                }
+                segments_removed += rest
+                    .rsplit(' ')
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .ok_or_else(|| format!("round {round}: bad line {l:?}"))?;
+                Ok(false)
+            } else {
+                Err(format!("round {round}: unexpected line {l:?}"))
+            }
+        };
+        loop {
+            if kill_in_checkpoint.is_none() && count >= kill_after {
+                break;
+            }
+            let Some(l) = child.next_line()? else {
+                return Err(child.fail(format!("round {round}: the child ended")));
+            };
+            if let Err(e) = line(&l, &mut count) {
+                return Err(child.fail(e));
+            }
+            if let (Some(delay_us), "checkpoint begin") = (kill_in_checkpoint, l.as_str()) {
+                std::thread::sleep(Duration::from_micros(delay_us));
+                kills_in_checkpoint += 1;
+                break;
             }
         }
         child.kill()?;
         // Lines already in the pipe are acknowledged calls too.
         while let Some(l) = child.next_line()? {
-            if l != format!("op {count}") {
-                return Err(child.fail(format!("round {round}: unexpected line {l:?}")));
+            if let Err(e) = line(&l, &mut count) {
+                return Err(child.fail(e));
             }
-            count += 1;
         }
         let (success, _) = child.wait()?;
         assert!(
             !success,
             "round {round}: the child finished before the kill"
         );
+        if kill_in_checkpoint.is_some() && !checkpoint_returned {
+            kills_before_checkpoint_returned += 1;
+        }
         acked.insert(round, count);
     }
 
@@ -255,9 +365,21 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     assert_eq!(total, got.len(), "tasks nobody scheduled");
     engine.shutdown()?;
     eprintln!(
-        "{kills} SIGKILLs, {} acknowledged calls, {total} tasks recovered (scale {})",
+        "{kills} SIGKILLs ({kills_in_checkpoint} a moment after a checkpoint began, \
+         {kills_before_checkpoint_returned} of them before it returned), {} acknowledged calls, {checkpoints} checkpoints completed ({segments_removed} segments \
+         removed), {total} tasks recovered (scale {})",
         acked.values().sum::<u64>(),
         scale()
+    );
+    checkpoint_us.sort_unstable();
+    eprintln!(
+        "checkpoint durations: median {} us, max {} us",
+        checkpoint_us.get(checkpoint_us.len() / 2).unwrap_or(&0),
+        checkpoint_us.last().unwrap_or(&0)
+    );
+    assert!(
+        checkpoints > 0 && segments_removed > 0,
+        "no checkpoint removed a segment"
     );
     Ok(())
 }

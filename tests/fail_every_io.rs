@@ -1,13 +1,19 @@
 //! Fail every I/O operation once (issue 5, item 3; SQLite's I/O-error tests, redb's fault
 //! countdown). A fixed workload — open, single and batch schedules with segment rolls,
-//! cancels, a reschedule, deliveries, acks, nacks, a dead letter and its requeue, shutdown —
-//! runs once without faults to count its I/O operations and record every answer. Then for
-//! every N and every fault kind it runs again on a fresh simulated disk whose N-th operation
-//! fails. Each run must:
+//! cancels, a checkpoint (which deletes the segments it covers), more schedules, a reschedule,
+//! deliveries, acks, nacks, a dead letter, a second checkpoint (which deletes more segments and
+//! the first checkpoint file), the dead letter's requeue, shutdown — runs once without faults
+//! to count its I/O operations and record every answer. Then for every N and every fault kind
+//! it runs again on a fresh simulated disk whose N-th operation fails. Each run must:
 //!
 //! * never panic, and answer every call either exactly as the fault-free run did or with a
 //!   typed error — and once a call has failed for I/O, every later call that needs the log
-//!   fails too (a failed write or fsync poisons; nothing more is acknowledged);
+//!   fails too (a failed write or fsync poisons; nothing more is acknowledged). A failed
+//!   checkpoint is the exception the engine documents: `CheckpointError::Io` (the checkpoint
+//!   file) and a `Wal` error from trimming the log leave the engine usable, and the workload
+//!   goes on, every later answer still the fault-free run's (a checkpoint's count of segments
+//!   removed aside: a later one removes what the failed one did not); a `Wal` error from
+//!   syncing the log, or `Poisoned`, poisons like any other failure;
 //! * after a power cut that drops everything unsynced, reopen without repair into a state
 //!   that keeps every acknowledged effect: a task whose schedule returned `Ok` (and that no
 //!   acknowledged cancel, ack or dead letter finished) is still there; a task whose cancel
@@ -17,11 +23,12 @@
 mod common;
 
 use common::{TestResult, START_MS};
+use kairos::checkpoint::{CHECKPOINT_DIR_NAME, CHECKPOINT_SUFFIX};
 use kairos::{
-    Config, Consumer, Delivery, Due, Durability, Engine, ManualClock, NewTask, RecvError,
-    RetryPolicy,
+    CheckpointError, CheckpointReport, Config, Consumer, Delivery, Due, Durability, Engine,
+    ManualClock, NewTask, RecvError, RetryPolicy,
 };
-use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
+use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan, Storage};
 use kairos_wal::SimStorage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -73,6 +80,10 @@ struct Run {
     uncertain: BTreeSet<Vec<u8>>,
     /// Whether a call has failed (the engine must refuse everything after).
     failed: bool,
+    /// Segments each acknowledged checkpoint removed.
+    segments_removed: Vec<usize>,
+    /// Checkpoints that failed and left the engine usable.
+    checkpoints_failed: usize,
 }
 
 impl Run {
@@ -95,6 +106,38 @@ impl Run {
                 self.failed = true;
                 self.uncertain.extend(keys.iter().map(|k| k.to_vec()));
                 None
+            }
+        }
+    }
+}
+
+impl Run {
+    /// Records a checkpoint's answer (without the segments it removed, which depend on
+    /// whether an earlier checkpoint failed). `None` if the failure poisoned the engine (the
+    /// workload stops); a failure the engine survives lets it go on.
+    fn checkpoint(
+        &mut self,
+        what: &str,
+        result: Result<CheckpointReport, CheckpointError>,
+    ) -> Option<()> {
+        match result {
+            Ok(r) => {
+                self.answers.push(format!(
+                    "{what}: Ok(lsn {}, written {}, tasks {}, dead letters {}, {} B)",
+                    r.lsn, r.written, r.tasks, r.dead_letters, r.bytes
+                ));
+                self.segments_removed.push(r.segments_removed);
+                Some(())
+            }
+            Err(e) => {
+                self.answers.push(format!("{what}: Err({e:?})"));
+                if common::checkpoint_error_poisons(&e) {
+                    self.failed = true;
+                    None
+                } else {
+                    self.checkpoints_failed += 1;
+                    Some(())
+                }
             }
         }
     }
@@ -191,6 +234,20 @@ fn calls(engine: &Engine, clock: &ManualClock, run: &mut Run) -> Option<()> {
             }
         })?;
     }
+    // Covers the segments rolled so far: they are deleted.
+    run.checkpoint("checkpoint", engine.checkpoint())?;
+    // More records (and rolls) for the second checkpoint to cover; due after the workload.
+    for i in 20..30 {
+        let key = k(i);
+        run.call(
+            "schedule",
+            &[&key],
+            engine.schedule_after(&key, Duration::from_secs(100), &payload),
+            |r, _| {
+                r.fates.insert(key.clone(), Fate::Live);
+            },
+        )?;
+    }
     let key = k(1);
     run.call(
         "reschedule",
@@ -254,6 +311,8 @@ fn calls(engine: &Engine, clock: &ManualClock, run: &mut Run) -> Option<()> {
         "dead letters {:?}",
         dead.iter().map(|d| d.task_id).collect::<Vec<_>>()
     ));
+    // Deletes the first checkpoint file and the segments written since.
+    run.checkpoint("second checkpoint", engine.checkpoint())?;
     if let Some(first) = dead.first() {
         let key = first.key.clone();
         run.call(
@@ -270,8 +329,9 @@ fn calls(engine: &Engine, clock: &ManualClock, run: &mut Run) -> Option<()> {
 }
 
 /// Runs the workload with the `n`-th I/O operation failing as `kind`; checks the answers
-/// against `reference` and the reopened state against the acknowledged effects.
-fn run_with_fault(n: u64, kind: FaultKind, reference: &[String]) -> TestResult {
+/// against `reference` and the reopened state against the acknowledged effects. Returns the
+/// number of failed checkpoints the engine survived.
+fn run_with_fault(n: u64, kind: FaultKind, reference: &[String]) -> TestResult<usize> {
     let sim = SimStorage::new(1_000 + n);
     let clock = ManualClock::new(START_MS);
     sim.inject(FaultPlan {
@@ -335,7 +395,7 @@ fn run_with_fault(n: u64, kind: FaultKind, reference: &[String]) -> TestResult {
         return Err(at(format!("tasks left pending: {:?}", engine.stats())).into());
     }
     engine.shutdown()?;
-    Ok(())
+    Ok(run.checkpoints_failed)
 }
 
 #[test]
@@ -360,13 +420,39 @@ fn every_io_operation_failing_once_ends_in_a_typed_error_and_a_consistent_reopen
         "the workload made no dead letter: {:?}",
         reference.answers
     );
-    let mut runs = 0;
+    // Both checkpoints deleted segments; the second deleted the first checkpoint file.
+    assert_eq!(
+        reference.segments_removed.len(),
+        2,
+        "{:?}",
+        reference.answers
+    );
+    assert!(
+        reference.segments_removed.iter().all(|&n| n > 0),
+        "a checkpoint deleted no segment: {:?}",
+        reference.segments_removed
+    );
+    let checkpoints: Vec<String> = sim
+        .list(&Path::new(DIR).join(CHECKPOINT_DIR_NAME))?
+        .into_iter()
+        .filter(|n| n.ends_with(CHECKPOINT_SUFFIX))
+        .collect();
+    assert_eq!(
+        checkpoints.len(),
+        1,
+        "checkpoint files left: {checkpoints:?}"
+    );
+    let (mut runs, mut checkpoint_failures) = (0, 0);
     for n in 0..ops + 2 {
         for kind in [FaultKind::Eio, FaultKind::ShortWrite, FaultKind::Enospc] {
-            run_with_fault(n, kind, &reference.answers)?;
+            checkpoint_failures += run_with_fault(n, kind, &reference.answers)?;
             runs += 1;
         }
     }
-    eprintln!("{runs} runs over {ops} I/O operations");
+    eprintln!(
+        "{runs} runs over {ops} I/O operations; {checkpoint_failures} failed checkpoints the \
+         engine survived"
+    );
+    assert!(checkpoint_failures > 0);
     Ok(())
 }

@@ -559,6 +559,47 @@ mod engine_model_seeds {
                 },
             ),
             (
+                // Checkpoints: written (with tasks held, one cancelled while held, and a dead
+                // letter), unchanged, deleting the segments rolled since, then reopens, a power
+                // cut and a process crash that start from them.
+                "checkpoints",
+                EngineModelInput {
+                    setup: setup(1, 1, 0, 6),
+                    ops: {
+                        let mut ops = vec![
+                            schedule(0, after(10), 48),
+                            schedule(1, When::Ago(0), 48),
+                            schedule(2, after(3_600_000), 48),
+                            schedule(4, When::Ago(0), 1),
+                            Checkpoint,
+                            Checkpoint,
+                        ];
+                        for _ in 0..16 {
+                            ops.push(schedule(3, after(5), 48));
+                            ops.push(Cancel { key: 3 });
+                        }
+                        ops.extend([
+                            nack(1, None, true),
+                            Cancel { key: 1 },
+                            Checkpoint,
+                            Reopen,
+                            Checkpoint,
+                            schedule(5, after(20), 3),
+                            Checkpoint,
+                            PowerCut,
+                            Checkpoint,
+                            ProcessCrash,
+                            by(30),
+                            ack(0, true),
+                            Checkpoint,
+                            Reopen,
+                            to_next(0),
+                        ]);
+                        ops
+                    },
+                },
+            ),
+            (
                 // Far due times across the wheel's levels and big clock moves.
                 "far",
                 EngineModelInput {

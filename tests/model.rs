@@ -4,7 +4,8 @@
 //! Each case runs a random sequence of operations — schedule (after a delay, or at an absolute
 //! time that may be past), batch schedule, reschedule (upsert), cancel, advance the clock
 //! (milliseconds to a year), step the wall clock alone, ack, ack many (some spoiled), nack
-//! (with or without a retry delay), extend a lease, clean reopen, process crash, power cut —
+//! (with or without a retry delay), extend a lease, clean reopen, process crash, power cut,
+//! checkpoint (alone, or followed at once by a clean reopen, process crash or power cut) —
 //! on an at-least-once engine with short leases, a small `max_attempts` and a fast backoff,
 //! with `SimStorage` and tiny segments, and checks after every step:
 //!
@@ -16,7 +17,11 @@
 //! * after a reopen or a power cut, every task the model holds is still there (nothing
 //!   acknowledged under `Sync` is lost), tasks in flight come again with `attempt + 1` or are
 //!   dead-lettered when their attempts are used up, tasks cancelled in flight never come back,
-//!   dead letters are kept, and `Engine::recovery()` and `Engine::stats()` count it all exactly.
+//!   dead letters are kept, and `Engine::recovery()` and `Engine::stats()` count it all exactly;
+//! * a checkpoint changes nothing the model sees: it succeeds, holds the model's live tasks and
+//!   dead letters (or writes nothing when nothing was logged since the last one), its LSN never
+//!   goes back, and a reopen from it (plus the log after it) gives the same state as from the
+//!   whole log.
 //!
 //! Time follows the README: firing follows the monotonic clock; a due time is converted with
 //! the wall clock at the call and again at open, so a wall step moves no scheduled task until
@@ -100,6 +105,18 @@ enum Op {
     Reopen,
     ProcessCrash,
     PowerCut,
+    /// `Engine::checkpoint`, then maybe at once a clean reopen, process crash or power cut.
+    Checkpoint {
+        then: Option<Restart>,
+    },
+}
+
+/// A restart right after a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Restart {
+    Reopen,
+    ProcessCrash,
+    PowerCut,
 }
 
 fn delay_ms() -> impl Strategy<Value = u64> {
@@ -141,6 +158,13 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reopen),
         1 => Just(Op::ProcessCrash),
         1 => Just(Op::PowerCut),
+        1 => prop_oneof![
+            2 => Just(None),
+            1 => Just(Some(Restart::Reopen)),
+            1 => Just(Some(Restart::ProcessCrash)),
+            1 => Just(Some(Restart::PowerCut)),
+        ]
+        .prop_map(|then| Op::Checkpoint { then }),
     ]
 }
 
@@ -184,6 +208,9 @@ impl Setup {
         retry.backoff_initial = Duration::from_millis(5);
         retry.backoff_max = Duration::from_secs(2);
         config.retry = retry;
+        // Checkpoints are operations of the sequence, never background work.
+        config.checkpoint_log_bytes = None;
+        config.checkpoint_interval = None;
         config
     }
 }
@@ -616,11 +643,14 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
     let mut h = SimHarness::new(seed, setup.config())?;
     let mut model = Model::new(h.clock.wall_ms(), &setup);
     let mut ds = Deliveries::default();
+    // LSN of the newest checkpoint.
+    let mut checkpoint_lsn = 0;
 
     for (step, op) in ops.iter().enumerate() {
         let at =
             |what: String| -> common::BoxError { format!("step {step} {op:?}: {what}").into() };
         let now_ms = h.clock.wall_ms();
+        let mut restart = None;
         match op {
             Op::Schedule {
                 key,
@@ -889,50 +919,78 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                     t.lease = Some(lease);
                 }
             }
-            Op::Reopen | Op::ProcessCrash | Op::PowerCut => {
-                let how = match op {
-                    Op::Reopen => Stop::Clean,
-                    // Only `Sync` promises anything across a power cut.
-                    Op::PowerCut if setup.durability == Durability::Sync => Stop::PowerCut,
-                    _ => Stop::ProcessCrash,
-                };
-                h.stop(how)?;
-                ds.incarnation += 1;
-                let (redelivered, dead_lettered) = model.settle_after_stop();
-                model.align_for_open(&h.clock);
-                h.start()?;
-                let recovery = h.engine().recovery().clone();
-                model.open();
-                let mut overdue_keys: Vec<Vec<u8>> = model
-                    .tasks
-                    .iter()
-                    .filter(|(k, t)| t.due_ms <= model.wall_ms && !redelivered.contains(k))
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                let overdue = overdue_keys.len();
-                let redelivered_count = redelivered.len();
-                overdue_keys.extend(redelivered);
-                let redelivered = redelivered_count;
-                if recovery.pending != model.tasks.len()
-                    || recovery.redelivered != redelivered
-                    || recovery.overdue != overdue
-                    || recovery.dead_lettered != dead_lettered
-                    || recovery.dead_letters != model.dead.len()
-                {
+            Op::Reopen => restart = Some(Restart::Reopen),
+            Op::ProcessCrash => restart = Some(Restart::ProcessCrash),
+            Op::PowerCut => restart = Some(Restart::PowerCut),
+            Op::Checkpoint { then } => {
+                let report = h
+                    .engine()
+                    .checkpoint()
+                    .map_err(|e| at(format!("checkpoint failed: {e}")))?;
+                // Nothing written exactly when nothing was logged since the newest checkpoint
+                // (they all succeed here, and each one is durable before it returns).
+                let fits = report.lsn >= checkpoint_lsn
+                    && report.written == (report.lsn != checkpoint_lsn)
+                    && (!report.written
+                        || (report.tasks == model.tasks.len() as u64
+                            && report.dead_letters == model.dead.len() as u64));
+                if !fits {
                     return Err(at(format!(
-                        "recovery {recovery:?}, model: {} pending, {redelivered} redelivered, \
-                         {overdue} overdue, {dead_lettered} dead-lettered, {} dead letters",
+                        "checkpoint {report:?} after one at LSN {checkpoint_lsn}; model: {} \
+                         live tasks, {} dead letters",
                         model.tasks.len(),
                         model.dead.len()
                     )));
                 }
-                if how == Stop::Clean && !recovery.wal.clean_shutdown {
-                    return Err(at(format!("clean shutdown not reported: {recovery:?}")));
-                }
+                checkpoint_lsn = report.lsn;
                 let got = drain(h.engine())?;
-                check("deliveries at open", &got, &model.reopen(&overdue_keys)).map_err(at)?;
-                ds.add(got);
+                check("deliveries after a checkpoint", &got, &[]).map_err(at)?;
+                restart = *then;
             }
+        }
+        if let Some(restart) = restart {
+            let how = match restart {
+                Restart::Reopen => Stop::Clean,
+                // Only `Sync` promises anything across a power cut.
+                Restart::PowerCut if setup.durability == Durability::Sync => Stop::PowerCut,
+                _ => Stop::ProcessCrash,
+            };
+            h.stop(how)?;
+            ds.incarnation += 1;
+            let (redelivered, dead_lettered) = model.settle_after_stop();
+            model.align_for_open(&h.clock);
+            h.start()?;
+            let recovery = h.engine().recovery().clone();
+            model.open();
+            let mut overdue_keys: Vec<Vec<u8>> = model
+                .tasks
+                .iter()
+                .filter(|(k, t)| t.due_ms <= model.wall_ms && !redelivered.contains(k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let overdue = overdue_keys.len();
+            let redelivered_count = redelivered.len();
+            overdue_keys.extend(redelivered);
+            let redelivered = redelivered_count;
+            if recovery.pending != model.tasks.len()
+                || recovery.redelivered != redelivered
+                || recovery.overdue != overdue
+                || recovery.dead_lettered != dead_lettered
+                || recovery.dead_letters != model.dead.len()
+            {
+                return Err(at(format!(
+                    "recovery {recovery:?}, model: {} pending, {redelivered} redelivered, \
+                         {overdue} overdue, {dead_lettered} dead-lettered, {} dead letters",
+                    model.tasks.len(),
+                    model.dead.len()
+                )));
+            }
+            if how == Stop::Clean && !recovery.wal.clean_shutdown {
+                return Err(at(format!("clean shutdown not reported: {recovery:?}")));
+            }
+            let got = drain(h.engine())?;
+            check("deliveries at open", &got, &model.reopen(&overdue_keys)).map_err(at)?;
+            ds.add(got);
         }
         let stats = h.engine().stats();
         if stats.scheduled != model.scheduled()
@@ -1067,6 +1125,8 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
         Cancel { key: 5 },
         Advance { ms: 10 },
         Cancel { key: 1 },
+        Checkpoint { then: None },
+        Checkpoint { then: None },
         Ack {
             pick: 0,
             fresh: true,
@@ -1074,6 +1134,9 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
         Ack {
             pick: 0,
             fresh: false,
+        },
+        Checkpoint {
+            then: Some(Restart::PowerCut),
         },
         PowerCut,
         Ack {
@@ -1144,9 +1207,15 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
             fresh: true,
         },
         Advance { ms: 100 },
+        Checkpoint {
+            then: Some(Restart::Reopen),
+        },
         Advance { ms: 100 },
         PowerCut,
         Reopen,
+        Checkpoint {
+            then: Some(Restart::ProcessCrash),
+        },
         ProcessCrash,
         Advance { ms: LONG_MS },
     ];

@@ -15,6 +15,10 @@
 //! * the deliveries it caused, in order: task id, key, payload, due time, attempt and hand-out
 //!   time — tasks fall due in deadline order, FIFO among equal deadlines; expired leases are
 //!   retried with the policy's backoff or dead-lettered;
+//! * a checkpoint: it succeeds and changes nothing the model sees; it writes nothing exactly when
+//!   nothing was logged since the newest checkpoint, else it holds the model's live tasks and
+//!   dead letters; its LSN never goes back (every later reopen then starts from it and replays
+//!   only the log after it, and must still match the model);
 //! * after a clean reopen, a process crash or a power cut: [`crate::Recovery`] (pending,
 //!   overdue, redelivered, dead-lettered at open, dead letters; a clean shutdown reported as
 //!   clean, no torn tail but after a power cut), then the deliveries at open (tasks in flight
@@ -254,9 +258,12 @@ pub enum OpKind {
     PowerCut,
     RequeueDead,
     PurgeDead,
+    Checkpoint,
 }
 
-/// Opcode byte `% 32` → operation (the common ones appear several times).
+/// Opcode byte `% 32` → operation (the common ones appear several times). `Checkpoint` took
+/// the last slot, a sixth `Advance`: [`EngineModelInput::encode`] writes the first opcode of a
+/// kind, so no seed written before it decodes differently.
 const OPCODES: [OpKind; 32] = {
     use OpKind::*;
     [
@@ -291,7 +298,7 @@ const OPCODES: [OpKind; 32] = {
         PowerCut,
         RequeueDead,
         PurgeDead,
-        Advance,
+        Checkpoint,
     ]
 };
 
@@ -349,6 +356,8 @@ pub enum Op {
     RequeueDead { pick: u8, when: When },
     /// `purge_dead_letter(id)`.
     PurgeDead { pick: u8 },
+    /// `checkpoint()` (no argument bytes).
+    Checkpoint,
 }
 
 impl Op {
@@ -371,6 +380,7 @@ impl Op {
             Op::PowerCut => OpKind::PowerCut,
             Op::RequeueDead { .. } => OpKind::RequeueDead,
             Op::PurgeDead { .. } => OpKind::PurgeDead,
+            Op::Checkpoint => OpKind::Checkpoint,
         }
     }
 }
@@ -482,6 +492,7 @@ impl EngineModelInput {
                     when: When::decode(r.byte()),
                 },
                 OpKind::PurgeDead => Op::PurgeDead { pick: r.byte() },
+                OpKind::Checkpoint => Op::Checkpoint,
             };
             ops.push(op);
         }
@@ -576,7 +587,7 @@ impl EngineModelInput {
                     inverse(lease_ms, |b| EXTEND_LEASES_MS[usize::from(b % 8)]),
                     fresh(*f),
                 ]),
-                Op::Reopen | Op::ProcessCrash | Op::PowerCut => {}
+                Op::Reopen | Op::ProcessCrash | Op::PowerCut | Op::Checkpoint => {}
                 Op::RequeueDead { pick, when } => out.extend([*pick, inverse(when, When::decode)]),
                 Op::PurgeDead { pick } => out.push(*pick),
             }
@@ -1165,6 +1176,9 @@ pub const OUTCOMES: &[&str] = &[
     "requeue:not-dead-letter",
     "purge",
     "purge:none",
+    "checkpoint",
+    "checkpoint:unchanged",
+    "checkpoint:segments-removed",
 ];
 
 /// Opens the engine on the simulated disk.
@@ -1363,6 +1377,8 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
     let start = At { step: 0, op: None };
     let mut engine = open(&sim, &clock, &config, &start);
     check_recovery(&start, engine.recovery(), [0; 5], None);
+    // LSN of the newest checkpoint.
+    let mut checkpoint_lsn = 0;
 
     for (step, op) in input.ops.iter().enumerate() {
         let at = At { step, op: Some(op) };
@@ -1758,6 +1774,38 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 match got {
                     Ok(purged) if purged == expected => {}
                     other => at.fail(format_args!("returned {other:?}, model says {expected}")),
+                }
+            }
+            Op::Checkpoint => {
+                let report = match engine.checkpoint() {
+                    Ok(report) => report,
+                    Err(e) => at.fail(format_args!("checkpoint failed: {e}")),
+                };
+                // Every checkpoint succeeds and is durable before it returns, so the newest
+                // one on disk is the last one taken: nothing is written exactly when nothing
+                // was logged since it.
+                let fits = report.lsn >= checkpoint_lsn
+                    && report.written == (report.lsn != checkpoint_lsn)
+                    && (!report.written
+                        || (report.tasks == model.tasks.len() as u64
+                            && report.dead_letters == model.dead.len() as u64));
+                if !fits {
+                    at.fail(format_args!(
+                        "checkpoint {report:?} after one at LSN {checkpoint_lsn}; model: {} live \
+                         tasks (and {} cancelled while held), {} dead letters",
+                        model.tasks.len(),
+                        model.abandoned.len(),
+                        model.dead.len()
+                    ));
+                }
+                checkpoint_lsn = report.lsn;
+                cov.hit(if report.written {
+                    "checkpoint"
+                } else {
+                    "checkpoint:unchanged"
+                });
+                if report.segments_removed > 0 {
+                    cov.hit("checkpoint:segments-removed");
                 }
             }
         }

@@ -7,9 +7,11 @@
 
 pub mod child;
 
-use kairos::{Config, Delivery, Durability, Engine, ManualClock, OpenError, RecvError};
+use kairos::{
+    CheckpointError, Config, Delivery, Durability, Engine, ManualClock, OpenError, RecvError,
+};
 use kairos_wal::format::{FrameHeader, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX};
-use kairos_wal::{SimStorage, Storage};
+use kairos_wal::{SimStorage, Storage, WalError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -57,6 +59,24 @@ pub fn config(durability: Durability) -> Config {
     // No background payload reads either (tests/overflow.rs turns them on).
     c.payload_prefetch = false;
     c
+}
+
+/// Whether a failed `Engine::checkpoint` poisoned the engine. `Poisoned` and a `Wal` error from
+/// syncing the log do (like any failed log sync); `Io` (writing the checkpoint file, removing
+/// older ones) and a `Wal` error from trimming the log (`Wal::remove_segments_before`: writing
+/// `TRIM`, removing a segment, fsyncing the log directory) leave the engine usable.
+pub fn checkpoint_error_poisons(e: &CheckpointError) -> bool {
+    match e {
+        CheckpointError::Io { .. } => false,
+        CheckpointError::Wal(WalError::Io { op, path, .. }) => {
+            let trim = path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("TRIM"))
+                || matches!(*op, "remove" | "fsync dir" | "stat");
+            !trim
+        }
+        _ => true,
+    }
 }
 
 /// `b"<prefix><i>"`.
