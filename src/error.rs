@@ -37,6 +37,10 @@ pub enum OpenError {
     /// version, or unreadable, and no older one could be used.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointReadError),
+    /// An overflow file a live task's payload is in is damaged (file and
+    /// offset) or unreadable.
+    #[error(transparent)]
+    Overflow(#[from] crate::overflow::OverflowReadError),
     /// A checkpoint file reads back but does not fit the log beside it
     /// (another directory's, or log records after it are missing).
     #[error("checkpoint {path} does not fit the log: {reason}")]
@@ -75,9 +79,20 @@ pub enum CheckpointError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// Syncing the log, or trimming its segments, failed.
+    /// Syncing the log failed: the engine is poisoned (as by any failed
+    /// sync).
     #[error(transparent)]
     Wal(#[from] WalError),
+    /// The checkpoint is written, but deleting the log segments it covers
+    /// failed (writing `TRIM`, removing a segment, fsyncing the log
+    /// directory). The engine goes on; a later checkpoint retries.
+    #[error("checkpoint written, but deleting the log segments it covers failed: {0}")]
+    Trim(WalError),
+    /// An overflow file being compacted did not read back (unreadable or
+    /// damaged, naming file and offset). The engine goes on; the previous
+    /// checkpoint and the log are intact.
+    #[error(transparent)]
+    Overflow(#[from] crate::overflow::OverflowReadError),
 }
 
 /// Scheduling failed; nothing was scheduled (a batch is all or nothing).

@@ -44,6 +44,7 @@ fn config() -> Config {
     c.lease = Duration::from_secs(60);
     c.checkpoint_log_bytes = None;
     c.checkpoint_interval = None;
+    c.payload_prefetch = false;
     let mut retry = RetryPolicy::default();
     retry.max_attempts = 2;
     retry.backoff_jitter_percent = 0;

@@ -211,6 +211,7 @@ impl Setup {
         // Checkpoints are operations of the sequence, never background work.
         config.checkpoint_log_bytes = None;
         config.checkpoint_interval = None;
+        config.payload_prefetch = false;
         config
     }
 }

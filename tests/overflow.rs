@@ -382,3 +382,45 @@ fn a_mostly_dead_file_is_compacted_after_a_reopen_too() -> TestResult {
     assert_eq!(fire(&h, 45)?, model);
     Ok(())
 }
+
+/// Regression (simulation seed 697): an I/O error reading the newest
+/// checkpoint at open made the engine fall back to an older checkpoint and
+/// delete, as orphans, the overflow files only the newest one refers to; the
+/// next open then found them missing. Every open failed by an injected fault
+/// now fails whole, and the one after it recovers everything.
+#[test]
+fn a_fault_during_open_never_costs_an_overflow_file() -> TestResult {
+    use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
+    for op in [FaultOp::Open, FaultOp::Any] {
+        for after in 0..80 {
+            let mut c = cfg();
+            // One segment: the log still covers the older checkpoint.
+            c.segment_bytes = 1 << 20;
+            let mut h = SimHarness::new(31, c)?;
+            let mut model = BTreeMap::new();
+            schedule(&h, 0..10, &mut model)?;
+            let older = h.engine().checkpoint()?;
+            let ckpt_dir = h.dir.join("checkpoint");
+            let older_path = ckpt_dir.join(kairos::checkpoint::file_name(older.lsn));
+            let older_bytes = h.sim.read_file(&older_path).ok_or("older checkpoint")?;
+            schedule(&h, 10..20, &mut model)?;
+            h.engine().checkpoint()?;
+            h.stop(Stop::Clean)?;
+            // The older checkpoint is left beside the newest (as when removing
+            // it failed): falling back to it is possible.
+            h.sim.write_file(&older_path, &older_bytes);
+            h.sim.inject(FaultPlan {
+                after,
+                op,
+                kind: FaultKind::Eio,
+            });
+            let first = h.open();
+            h.sim.clear_faults();
+            drop(first);
+            h.start()?;
+            assert_eq!(h.engine().recovery().pending, 20, "{op:?} after {after}");
+            assert_eq!(fire(&h, 25)?, model, "{op:?} after {after}");
+        }
+    }
+    Ok(())
+}

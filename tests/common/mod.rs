@@ -11,7 +11,7 @@ use kairos::{
     CheckpointError, Config, Delivery, Durability, Engine, ManualClock, OpenError, RecvError,
 };
 use kairos_wal::format::{FrameHeader, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX};
-use kairos_wal::{SimStorage, Storage, WalError};
+use kairos_wal::{SimStorage, Storage};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,22 +61,15 @@ pub fn config(durability: Durability) -> Config {
     c
 }
 
-/// Whether a failed `Engine::checkpoint` poisoned the engine. `Poisoned` and a `Wal` error from
-/// syncing the log do (like any failed log sync); `Io` (writing the checkpoint file, removing
-/// older ones) and a `Wal` error from trimming the log (`Wal::remove_segments_before`: writing
-/// `TRIM`, removing a segment, fsyncing the log directory) leave the engine usable.
+/// Whether a failed `Engine::checkpoint` poisoned the engine. `Poisoned` and `Wal` (syncing the
+/// log failed) do, like any failed log sync; `Io` (writing the checkpoint or overflow file,
+/// removing older ones), `Overflow` (a file being compacted did not read back) and `Trim`
+/// (deleting the log segments covered) leave the engine usable.
 pub fn checkpoint_error_poisons(e: &CheckpointError) -> bool {
-    match e {
-        CheckpointError::Io { .. } => false,
-        CheckpointError::Wal(WalError::Io { op, path, .. }) => {
-            let trim = path
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("TRIM"))
-                || matches!(*op, "remove" | "fsync dir" | "stat");
-            !trim
-        }
-        _ => true,
-    }
+    !matches!(
+        e,
+        CheckpointError::Io { .. } | CheckpointError::Overflow(_) | CheckpointError::Trim(_)
+    )
 }
 
 /// `b"<prefix><i>"`.
