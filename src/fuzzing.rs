@@ -741,11 +741,11 @@ pub fn overflow_file(data: &[u8]) {
     store_id.copy_from_slice(&bytes[16..32]);
     let seq = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or_default());
     if let Ok(seq) = u32::try_from(seq) {
-        let mut w = OverflowWriter::default();
-        for (_, e) in &entries {
-            w.push(e.clone());
-        }
-        let (again, _) = w.finish(&store_id, seq);
+        let (again, _) = OverflowWriter::sorted(
+            entries.iter().map(|(_, e)| e.clone()).collect(),
+            &store_id,
+            seq,
+        );
         assert_eq!(again, bytes, "re-encoding changed the file");
     }
 }

@@ -109,49 +109,77 @@ pub enum OverflowReadError {
     },
 }
 
-/// Builds an overflow file in memory: entries are added in any order and
-/// written sorted by `(due_ms, task_id)`; [`OverflowWriter::finish`] returns
-/// the bytes and each entry's offset.
-#[derive(Debug, Default)]
+/// Builds an overflow file in memory, entry by entry in `(due_ms, task_id)`
+/// order: each payload is copied once, into the file's bytes.
+#[derive(Debug)]
 pub struct OverflowWriter {
-    entries: Vec<Entry>,
+    out: Vec<u8>,
+    entries: u64,
+    last: Option<(u64, u64)>,
+    store_id: StoreId,
+    seq: u32,
 }
 
 impl OverflowWriter {
-    /// Adds an entry.
-    pub fn push(&mut self, entry: Entry) {
-        self.entries.push(entry);
+    /// Starts file `seq` of the store `store_id`.
+    pub fn new(store_id: &StoreId, seq: u32) -> OverflowWriter {
+        OverflowWriter {
+            out: vec![0; HEADER_BYTES],
+            entries: 0,
+            last: None,
+            store_id: *store_id,
+            seq,
+        }
+    }
+
+    /// Appends an entry and returns its offset. Entries must come in
+    /// strictly increasing `(due_ms, task_id)` order.
+    ///
+    /// # Panics
+    /// If they do not (a bug in the caller: the file would not read back).
+    pub fn push(&mut self, task_id: u64, due_ms: u64, key: &[u8], payload: &[u8]) -> u64 {
+        assert!(
+            self.last.is_none_or(|last| (due_ms, task_id) > last),
+            "overflow entries out of order"
+        );
+        self.last = Some((due_ms, task_id));
+        self.entries += 1;
+        let offset = self.out.len() as u64;
+        encode_entry(&mut self.out, task_id, due_ms, key, payload);
+        offset
     }
 
     /// Entries added so far.
-    pub fn len(&self) -> usize {
-        self.entries.len()
+    pub fn len(&self) -> u64 {
+        self.entries
     }
 
     /// True when no entry was added.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries == 0
     }
 
-    /// Sorts the entries and lays the file out: returns its bytes and, for
-    /// each entry, `(task_id, offset)` in file order.
-    pub fn finish(mut self, store_id: &StoreId, seq: u32) -> (Vec<u8>, Vec<(u64, u64)>) {
-        self.entries.sort_unstable_by_key(|e| (e.due_ms, e.task_id));
-        let mut out = Vec::with_capacity(
-            HEADER_BYTES
-                + self
-                    .entries
-                    .iter()
-                    .map(|e| ENTRY_FIXED_BYTES + e.key.len() + e.payload.len())
-                    .sum::<usize>(),
-        );
-        out.extend_from_slice(&encode_header(store_id, seq, self.entries.len() as u64));
-        let mut offsets = Vec::with_capacity(self.entries.len());
-        for e in &self.entries {
-            offsets.push((e.task_id, out.len() as u64));
-            encode_entry(&mut out, e);
-        }
-        (out, offsets)
+    /// The file's bytes.
+    pub fn finish(mut self) -> Vec<u8> {
+        let header = encode_header(&self.store_id, self.seq, self.entries);
+        self.out[..HEADER_BYTES].copy_from_slice(&header);
+        self.out
+    }
+
+    /// A whole file from entries in any order (sorted here): its bytes and
+    /// each entry's `(task_id, offset)` in file order.
+    pub fn sorted(
+        mut entries: Vec<Entry>,
+        store_id: &StoreId,
+        seq: u32,
+    ) -> (Vec<u8>, Vec<(u64, u64)>) {
+        entries.sort_unstable_by_key(|e| (e.due_ms, e.task_id));
+        let mut w = OverflowWriter::new(store_id, seq);
+        let offsets = entries
+            .iter()
+            .map(|e| (e.task_id, w.push(e.task_id, e.due_ms, &e.key, &e.payload)))
+            .collect();
+        (w.finish(), offsets)
     }
 }
 
@@ -174,21 +202,21 @@ fn header_crc(b: &[u8; HEADER_BYTES]) -> u32 {
     h.finalize()
 }
 
-fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
+fn encode_entry(out: &mut Vec<u8>, task_id: u64, due_ms: u64, key: &[u8], payload: &[u8]) {
     let start = out.len();
-    let entry_bytes = (ENTRY_FIXED_BYTES - E_CRC - 4 + e.key.len() + e.payload.len()) as u32;
+    let entry_bytes = (ENTRY_FIXED_BYTES - E_ID + key.len() + payload.len()) as u32;
     out.extend_from_slice(&entry_bytes.to_le_bytes());
     out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&e.task_id.to_le_bytes());
-    out.extend_from_slice(&e.due_ms.to_le_bytes());
-    out.extend_from_slice(&u16::try_from(e.key.len()).unwrap_or(u16::MAX).to_le_bytes());
+    out.extend_from_slice(&task_id.to_le_bytes());
+    out.extend_from_slice(&due_ms.to_le_bytes());
+    out.extend_from_slice(&u16::try_from(key.len()).unwrap_or(u16::MAX).to_le_bytes());
     out.extend_from_slice(
-        &u32::try_from(e.payload.len())
+        &u32::try_from(payload.len())
             .unwrap_or(u32::MAX)
             .to_le_bytes(),
     );
-    out.extend_from_slice(&e.key);
-    out.extend_from_slice(&e.payload);
+    out.extend_from_slice(key);
+    out.extend_from_slice(payload);
     let crc = crc32fast::hash(&out[start + E_ID..]);
     out[start + E_CRC..start + E_ID].copy_from_slice(&crc.to_le_bytes());
 }
@@ -577,11 +605,15 @@ mod tests {
 
     #[test]
     fn written_sorted_and_read_back_by_offset() {
-        let mut w = OverflowWriter::default();
-        w.push(entry(2, 50, b"two"));
-        w.push(entry(1, 90, b"one"));
-        w.push(entry(3, 50, b""));
-        let (bytes, offsets) = w.finish(&[9; 16], 7);
+        let (bytes, offsets) = OverflowWriter::sorted(
+            vec![
+                entry(2, 50, b"two"),
+                entry(1, 90, b"one"),
+                entry(3, 50, b""),
+            ],
+            &[9; 16],
+            7,
+        );
         assert_eq!(offsets.iter().map(|o| o.0).collect::<Vec<_>>(), [2, 3, 1]);
         let all = decode(&bytes, Some(&[9; 16]), Some(7)).unwrap();
         assert_eq!(all.len(), 3);
@@ -595,10 +627,11 @@ mod tests {
 
     #[test]
     fn every_truncation_and_bit_flip_is_refused() {
-        let mut w = OverflowWriter::default();
-        w.push(entry(1, 5, b"payload"));
-        w.push(entry(2, 6, b"x"));
-        let (bytes, _) = w.finish(&[1; 16], 1);
+        let (bytes, _) = OverflowWriter::sorted(
+            vec![entry(1, 5, b"payload"), entry(2, 6, b"x")],
+            &[1; 16],
+            1,
+        );
         for cut in 0..bytes.len() {
             assert!(decode(&bytes[..cut], None, None).is_err(), "cut {cut}");
         }

@@ -250,14 +250,9 @@ fn inspect_counts_overflow_entries_live_and_dead() -> TestResult {
     let header = std::fs::read(&file1)?;
     let mut store_id = [0u8; 16];
     store_id.copy_from_slice(&header[16..32]);
-    let mut writer = overflow::OverflowWriter::default();
-    writer.push(overflow::Entry {
-        task_id: 99,
-        due_ms: START_MS + 7 * DAY.as_millis() as u64,
-        key: b"gone".as_slice().into(),
-        payload: b"x".as_slice().into(),
-    });
-    let (bytes, _) = writer.finish(&store_id, 3);
+    let mut writer = overflow::OverflowWriter::new(&store_id, 3);
+    writer.push(99, START_MS + 7 * DAY.as_millis() as u64, b"gone", b"x");
+    let bytes = writer.finish();
     let orphan = ovf_path(&with_orphan, 3);
     std::fs::write(&orphan, &bytes)?;
     let tmp_file = with_orphan

@@ -93,16 +93,15 @@ fn write_overflow_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
     let dir = fuzz_dir().join("corpus").join("overflow_file");
     std::fs::create_dir_all(&dir)?;
     for (name, n) in [("empty", 0u64), ("one", 1), ("several", 5)] {
-        let mut w = OverflowWriter::default();
-        for i in 0..n {
-            w.push(Entry {
+        let entries = (0..n)
+            .map(|i| Entry {
                 task_id: i + 1,
                 due_ms: 1_700_000_000_000 + (i % 3) * 1000,
                 key: format!("key-{i}").into_bytes().into(),
                 payload: b"payload".repeat(i as usize).into(),
-            });
-        }
-        let (bytes, _) = w.finish(&[7; 16], 3);
+            })
+            .collect();
+        let (bytes, _) = OverflowWriter::sorted(entries, &[7; 16], 3);
         for flags in [0u8, 1] {
             let mut input = vec![flags];
             input.extend_from_slice(&bytes);

@@ -426,30 +426,25 @@ fn plan_moves(
     victims: Vec<Victim>,
     store_id: &kairos_wal::format::StoreId,
 ) -> Option<Moves> {
-    let mut writer = OverflowWriter::default();
-    let mut held: HashMap<u64, (u32, Held)> = HashMap::new();
+    // What moves, by (due, id) — the file's order — and from where; each
+    // payload is then copied once, straight into the file's bytes.
+    let mut items: Vec<(u64, u64, u32, From)> = Vec::new();
     if let Some(window_end) = window_end {
         for (slot, task) in core.tasks.iter_slots() {
             if task.state != TaskState::Scheduled || task.due_ms <= window_end {
                 continue;
             }
-            let Some(payload) = core.payloads.get(&task.bytes) else {
-                continue;
-            };
-            if payload.is_empty() {
-                continue;
+            if core
+                .payloads
+                .get(&task.bytes)
+                .is_some_and(|p| !p.is_empty())
+            {
+                items.push((task.due_ms, task.id.0, slot, From::Memory));
             }
-            writer.push(overflow::Entry {
-                task_id: task.id.0,
-                due_ms: task.due_ms,
-                key: task.key().into(),
-                payload: payload.into(),
-            });
-            held.insert(task.id.0, (slot, Held::Memory));
         }
     }
-    for (file, entries) in victims {
-        for (offset, entry) in entries {
+    for (v, (file, entries)) in victims.iter().enumerate() {
+        for (e, (offset, entry)) in entries.iter().enumerate() {
             let tag = core.key_tag(&entry.key);
             let Some(slot) = core.find_slot(tag, &entry.key) else {
                 continue;
@@ -457,27 +452,49 @@ fn plan_moves(
             let Some(task) = core.tasks.get(slot) else {
                 continue;
             };
-            if task.id.0 != entry.task_id || task.bytes.on_disk() != Some((file, offset)) {
+            if task.id.0 != entry.task_id || task.bytes.on_disk() != Some((*file, *offset)) {
                 continue;
             }
-            held.insert(entry.task_id, (slot, Held::Disk(file, offset)));
-            writer.push(entry);
+            items.push((entry.due_ms, entry.task_id, slot, From::Victim(v, e)));
         }
     }
-    if writer.is_empty() {
+    if items.is_empty() {
         return None;
     }
+    items.sort_unstable_by_key(|&(due, id, _, _)| (due, id));
     let file = core.next_overflow_file;
     core.next_overflow_file = core.next_overflow_file.checked_add(1)?;
-    let (bytes, offsets) = writer.finish(store_id, file);
-    let tasks = offsets
-        .into_iter()
-        .filter_map(|(id, offset)| {
-            held.remove(&id)
-                .map(|(slot, h)| (slot, TaskId(id), offset, h))
-        })
-        .collect();
+    let mut writer = OverflowWriter::new(store_id, file);
+    let mut tasks = Vec::with_capacity(items.len());
+    for (due, id, slot, from) in items {
+        let (offset, held) = match from {
+            From::Memory => {
+                let Some(task) = core.tasks.get(slot) else {
+                    continue;
+                };
+                let payload = core.payloads.get(&task.bytes).unwrap_or_default();
+                (writer.push(id, due, task.key(), payload), Held::Memory)
+            }
+            From::Victim(v, e) => {
+                let (file, entries) = &victims[v];
+                let (old_offset, entry) = &entries[e];
+                let offset = writer.push(id, due, &entry.key, &entry.payload);
+                (offset, Held::Disk(*file, *old_offset))
+            }
+        };
+        tasks.push((slot, TaskId(id), offset, held));
+    }
+    let bytes = writer.finish();
     Some(Moves { file, bytes, tasks })
+}
+
+/// Where a moved payload comes from.
+#[derive(Clone, Copy)]
+enum From {
+    /// The task's payload in memory.
+    Memory,
+    /// Entry `.1` of compaction victim `.0`.
+    Victim(usize, usize),
 }
 
 /// After the checkpoint naming the new file is durable: tasks whose payload
