@@ -396,6 +396,9 @@ pub fn read_due(
                 }
             }
         }
+        if at == 0 && buf.len() < ENTRY_FIXED_BYTES {
+            return Err(corrupt("file ends inside an entry".into()));
+        }
         if at == 0 {
             // One entry larger than the chunk: read exactly it.
             let entry_bytes = u32_at(&buf, E_BYTES);
@@ -428,12 +431,18 @@ pub fn read_due(
     Ok((out, offset))
 }
 
-/// The entry count in the header of the overflow file at `path` (one
-/// 64-byte read; the header is checked: magic, version, CRC).
+/// The entry count in the header of the overflow file number `seq` at
+/// `path` (one 64-byte read; the header is checked: magic, version, CRC,
+/// the store id if given, the number).
 ///
 /// # Errors
 /// [`OverflowReadError::Corrupt`] for a bad header; I/O errors.
-pub fn read_entry_count(storage: &dyn Storage, path: &Path) -> Result<u64, OverflowReadError> {
+pub fn read_entry_count(
+    storage: &dyn Storage,
+    path: &Path,
+    store_id: Option<&StoreId>,
+    seq: u32,
+) -> Result<u64, OverflowReadError> {
     let io_err = |source| OverflowReadError::Io {
         path: path.to_path_buf(),
         source,
@@ -453,6 +462,12 @@ pub fn read_entry_count(storage: &dyn Storage, path: &Path) -> Result<u64, Overf
         || u32_at(&header, H_CRC) != header_crc(&header)
     {
         return Err(corrupt("bad header (magic, version or CRC)"));
+    }
+    if store_id.is_some_and(|id| header[H_STORE_ID..H_SEQ] != id[..]) {
+        return Err(corrupt("belongs to another data directory (store id)"));
+    }
+    if u64_at(&header, H_SEQ) != u64::from(seq) {
+        return Err(corrupt("its header names another file number"));
     }
     Ok(u64_at(&header, H_ENTRIES))
 }
@@ -644,6 +659,17 @@ mod tests {
                     "flip {at}.{bit}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn read_due_refuses_stray_bytes_after_the_last_entry() {
+        let (mut bytes, _) = OverflowWriter::sorted(vec![entry(1, 5, b"p")], &[1; 16], 1);
+        bytes.extend_from_slice(b"ab");
+        let sim = SimStorage::new(1);
+        sim.write_file(Path::new("/o"), &bytes);
+        for chunk in [1, 16, 64, 1 << 20] {
+            assert!(read_due(&sim, Path::new("/o"), 0, u64::MAX, chunk).is_err());
         }
     }
 

@@ -67,6 +67,10 @@ pub struct Replay {
     tasks: IdMap<LiveTask>,
     keys: KeySet,
     dead: IdMap<DeadTask>,
+    /// Dead letters whose payload is still in an overflow file (a
+    /// checkpoint had moved it there before the task died): `(file, offset)`
+    /// by id. The engine reads them back at open.
+    dead_on_disk: IdMap<(u32, u64)>,
     max_id: u64,
     keep_payloads: bool,
 }
@@ -199,6 +203,9 @@ impl Replay {
             Record::Dead { id, dead_ms, error } => {
                 self.in_flight(id.0, "dead")?;
                 if let Some(t) = self.finish(id.0) {
+                    if let Some(at) = t.payload_at {
+                        self.dead_on_disk.insert(id.0, at);
+                    }
                     self.dead.insert(
                         id.0,
                         DeadTask {
@@ -216,6 +223,7 @@ impl Replay {
                 if self.dead.remove(&id.0).is_none() {
                     return Err(rule("purge", id.0, "which is not a dead letter"));
                 }
+                self.dead_on_disk.remove(&id.0);
             }
             Record::Reschedule {
                 id,
@@ -274,6 +282,12 @@ impl Replay {
     /// The largest task id seen (0 if none).
     pub fn max_id(&self) -> u64 {
         self.max_id
+    }
+
+    /// Dead letters whose payload is in an overflow file: `(file, offset)`
+    /// by id (their `DeadTask::payload` is empty until read back).
+    pub fn dead_payloads_on_disk(&self) -> &IdMap<(u32, u64)> {
+        &self.dead_on_disk
     }
 
     /// The live tasks and the dead letters, by id.

@@ -424,3 +424,106 @@ fn a_fault_during_open_never_costs_an_overflow_file() -> TestResult {
     }
     Ok(())
 }
+
+/// Review finding: a dead letter whose payload a checkpoint had moved to
+/// disk came back from a reopen with an empty payload (and its file was
+/// deleted as unreferenced).
+#[test]
+fn a_dead_letter_keeps_its_payload_from_disk_across_a_reopen() -> TestResult {
+    let mut c = cfg();
+    c.retry.max_attempts = 1;
+    let mut h = SimHarness::new(32, c)?;
+    h.engine()
+        .schedule_after(b"doomed", Duration::from_secs(120), b"IMPORTANT PAYLOAD")?;
+    assert_eq!(h.engine().checkpoint()?.payloads_moved, 1);
+    let ds = h.advance(Duration::from_secs(120))?;
+    assert_eq!(ds.len(), 1);
+    h.engine().consumer().nack(&ds[0], None, "boom")?;
+    assert_eq!(
+        &h.engine().dead_letters()[0].payload[..],
+        b"IMPORTANT PAYLOAD"
+    );
+    for stop in [Stop::Clean, Stop::PowerCut, Stop::Clean] {
+        h.restart(stop)?;
+        let dead = h.engine().dead_letters();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(&dead[0].payload[..], b"IMPORTANT PAYLOAD", "after {stop:?}");
+    }
+    h.engine().checkpoint()?;
+    h.restart(Stop::PowerCut)?;
+    assert_eq!(
+        &h.engine().dead_letters()[0].payload[..],
+        b"IMPORTANT PAYLOAD"
+    );
+    Ok(())
+}
+
+/// Review finding: open deleted an overflow file the checkpoint on disk still
+/// names (no live task needed it any more), so the directory no longer read
+/// whole with its checkpoint. The file now stays until a checkpoint that no
+/// longer names it.
+#[test]
+fn a_file_the_checkpoint_names_outlives_a_reopen_until_the_next_checkpoint() -> TestResult {
+    let mut h = SimHarness::new(33, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..2, &mut model)?;
+    assert_eq!(h.engine().checkpoint()?.payloads_moved, 2);
+    for k in model.keys() {
+        assert!(h.engine().cancel(k)?.is_cancelled());
+    }
+    h.restart(Stop::Clean)?;
+    h.restart(Stop::Clean)?;
+    assert_eq!(overflow_files(&h)?.len(), 1);
+    let report = h.engine().checkpoint()?;
+    assert_eq!(report.overflow_files_removed, 1);
+    assert!(overflow_files(&h)?.is_empty());
+    Ok(())
+}
+
+/// Review finding: with the checkpoint files lost, an open replayed what was
+/// left of a trimmed log and silently lost the tasks before it.
+#[test]
+fn a_trimmed_log_without_its_checkpoint_is_refused() -> TestResult {
+    let mut h = SimHarness::new(34, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..300, &mut model)?;
+    assert!(h.engine().checkpoint()?.segments_removed > 0);
+    h.stop(Stop::Clean)?;
+    let dir = h.dir.join("checkpoint");
+    for name in h.sim.list(&dir)? {
+        h.sim.remove_file(&dir.join(name))?;
+    }
+    match h.open() {
+        Err(OpenError::CheckpointMismatch { reason, .. }) => {
+            assert!(reason.contains("no checkpoint"), "{reason}")
+        }
+        other => return Err(format!("expected a refusal, got {:?}", other.map(|_| ())).into()),
+    }
+    Ok(())
+}
+
+/// Review finding: a damaged entry of a task already cancelled made every
+/// later checkpoint fail (the file was picked for compaction each time).
+#[test]
+fn a_damaged_dead_entry_does_not_block_checkpoints() -> TestResult {
+    let h = SimHarness::new(35, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..10, &mut model)?;
+    h.engine().checkpoint()?;
+    let name = overflow_files(&h)?.pop().ok_or("overflow file")?;
+    let path = h.dir.join("overflow").join(&name);
+    let mut bytes = h.sim.read_file(&path).ok_or("bytes")?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1; // the last entry: task 9
+    h.sim.write_file(&path, &bytes);
+    for i in 3..10 {
+        assert!(h.engine().cancel(&key(i))?.is_cancelled());
+        model.remove(&key(i));
+    }
+    schedule(&h, 10..12, &mut model)?;
+    assert!(h.engine().checkpoint()?.written);
+    schedule(&h, 12..14, &mut model)?;
+    assert!(h.engine().checkpoint()?.written);
+    assert_eq!(fire(&h, 20)?, model);
+    Ok(())
+}

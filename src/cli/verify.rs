@@ -248,6 +248,21 @@ pub(crate) fn check(
         }
         v.warnings.extend(s.newer_damage);
         v.checkpoint = Some(s.summary);
+    } else if checkpoint_dir.is_some() && v.error.is_none() {
+        // No checkpoint, but the log was trimmed: the engine refuses to open
+        // (the records before the log's start are gone with their checkpoint).
+        if let Some(first) = v.segments.first().filter(|s| s.first_lsn > 1) {
+            v.ok = false;
+            v.error = Some(Failure {
+                file: Some(first.file.clone()),
+                offset: None,
+                message: format!(
+                    "there is no checkpoint, but the log starts at LSN {}: the checkpoint that \
+                     covers the records before it is missing",
+                    first.first_lsn
+                ),
+            });
+        }
     }
     v
 }

@@ -101,6 +101,8 @@ pub(crate) struct LoadedMeta {
     pub bytes: u64,
     pub store_id: kairos_wal::format::StoreId,
     pub path: PathBuf,
+    /// Overflow files the checkpoint names.
+    pub named_files: HashSet<u32>,
     /// Why a newer checkpoint file could not be used, if one exists: the
     /// error reported if this older one does not fit the log either.
     pub newer_damaged: Option<OpenError>,
@@ -308,10 +310,15 @@ impl Shared {
         let mut out = Vec::new();
         for f in candidates {
             let path = disk.overflow_dir().join(overflow::file_name(f));
-            // A file that does not read back fails the checkpoint (typed);
-            // nothing durable changed, and the engine goes on.
-            let entries = overflow::read_file(disk.storage.as_ref(), &path, None, Some(f))?;
-            out.push((f, entries));
+            // A read that fails fails the checkpoint (typed; nothing durable
+            // changed, the engine goes on). A damaged file is not compacted:
+            // its live entries are checked one by one when read (and a dead
+            // damaged entry must not block every later checkpoint).
+            match overflow::read_file(disk.storage.as_ref(), &path, None, Some(f)) {
+                Ok(entries) => out.push((f, entries)),
+                Err(e @ overflow::OverflowReadError::Io { .. }) => return Err(e.into()),
+                Err(error) => tracing::warn!(%error, "damaged overflow file not compacted"),
+            }
         }
         Ok(out)
     }
@@ -720,6 +727,11 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
                     .open(&path, kairos_wal::storage::OpenMode::Read)
                     .and_then(|f| f.len())
                     .map_err(io("stat", path.clone()))?;
+                let named_files: HashSet<u32> = c
+                    .tasks
+                    .iter()
+                    .filter_map(|(_, t)| t.payload_at.map(|(f, _)| f))
+                    .collect();
                 let replay = Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, true)
                     .map_err(|e| OpenError::CheckpointMismatch {
                         path: path.clone(),
@@ -732,6 +744,7 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
                         bytes,
                         store_id: header.store_id,
                         path,
+                        named_files,
                         newer_damaged: newest_error,
                     },
                 }));
@@ -768,12 +781,25 @@ pub(crate) fn prepare_overflow(
     let ovf_dir = dir.join(overflow::OVERFLOW_DIR_NAME);
     let io = |op, path: PathBuf| move |source| OpenError::Io { op, path, source };
     let (files, tmps) = overflow::list(storage, &ovf_dir).map_err(io("list", ovf_dir.clone()))?;
-    let referenced: HashSet<u32> = replay
+    // Files a live task or a dead letter needs, and files the checkpoint
+    // names (kept until a later checkpoint no longer names them, so that the
+    // checkpoint on disk always reads whole with its overflow files).
+    let needed: HashSet<u32> = replay
         .tasks()
         .filter_map(|t| t.payload_at.map(|(f, _)| f))
+        .chain(replay.dead_payloads_on_disk().values().map(|&(f, _)| f))
+        .collect();
+    let referenced: HashSet<u32> = needed
+        .iter()
+        .copied()
+        .chain(
+            checkpoint
+                .iter()
+                .flat_map(|c| c.named_files.iter().copied()),
+        )
         .collect();
     let present: HashSet<u32> = files.iter().map(|(f, _)| *f).collect();
-    if let Some(missing) = referenced.iter().find(|f| !present.contains(f)) {
+    if let Some(missing) = needed.iter().find(|f| !present.contains(f)) {
         return Err(OpenError::CheckpointMismatch {
             path: checkpoint.map_or_else(|| ovf_dir.clone(), |c| c.path.clone()),
             reason: format!(
@@ -815,7 +841,12 @@ pub(crate) fn prepare_overflow(
         if referenced.contains(f) {
             // A file a task needs must read back (its header here; each
             // entry when its payload is read).
-            let n = overflow::read_entry_count(storage, &ovf_dir.join(name))?;
+            let n = overflow::read_entry_count(
+                storage,
+                &ovf_dir.join(name),
+                checkpoint.map(|c| &c.store_id),
+                *f,
+            )?;
             written.push((*f, n));
         }
     }

@@ -135,8 +135,14 @@ impl Shared {
                     drop(core);
                     let read = self.read_payload_at(at.0, at.1, id.0, &key);
                     core = self.core.lock();
+                    let still = core.tasks.get_checked(slot, id).is_some_and(|t| {
+                        t.state == TaskState::Ready && t.bytes.on_disk() == Some(at)
+                    });
                     let payload = match read {
                         Ok(p) => p,
+                        // Cancelled (and its file deleted by a checkpoint)
+                        // while the lock was free: nothing to deliver.
+                        Err(_) if !still => continue,
                         Err(cause) => {
                             self.poison_locked(&mut core, cause.clone());
                             return Err(RecvError::Poisoned { cause });

@@ -472,6 +472,18 @@ impl Engine {
         if let Some(meta) = &mut checkpoint {
             checkpointing::check_against_log(meta, &wal, replayed_after)?;
         }
+        if checkpoint.is_none() && report.first_lsn.0 > 1 {
+            // Segments were deleted after a checkpoint that is gone: replaying
+            // what is left would silently lose the tasks before it.
+            return Err(OpenError::CheckpointMismatch {
+                path: dir.join(crate::checkpoint::CHECKPOINT_DIR_NAME),
+                reason: format!(
+                    "there is no checkpoint, but the log starts at LSN {}: the checkpoint that \
+                     covers the records before it is missing",
+                    report.first_lsn.0
+                ),
+            });
+        }
         let checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.bytes);
         let (next_overflow_file, overflow_written) =
             checkpointing::prepare_overflow(storage.as_ref(), &dir, &replay, checkpoint.as_ref())?;
@@ -487,10 +499,11 @@ impl Engine {
             let mut core = engine.shared.core.lock();
             core.last_checkpoint_bytes = checkpoint_bytes;
             core.next_overflow_file = core.next_overflow_file.max(next_overflow_file);
+            // Every file kept (also those only the checkpoint still names:
+            // the next checkpoint deletes them) with its entry count.
             for (file, entries) in overflow_written {
-                if let Some(written) = core.overflow_files.get_mut(&file) {
-                    *written = (*written).max(entries);
-                }
+                let written = core.overflow_files.entry(file).or_default();
+                *written = (*written).max(entries);
             }
         }
         *engine.dir_lock.get_mut() = Some(dir_lock);
@@ -1073,6 +1086,7 @@ impl Shared {
     fn load_replayed(&self, replay: Replay, wal: RecoveryReport) -> Recovery {
         let now = self.now();
         let now_ms = wall_ms(now);
+        let dead_on_disk = replay.dead_payloads_on_disk().clone();
         let (live, dead) = replay.into_parts();
         let mut tasks: Vec<(u64, LiveTask)> = live.into_iter().collect();
         // Oldest first; equal due times in scheduling (id) order.
@@ -1085,6 +1099,19 @@ impl Shared {
         let mut unreadable = None;
         let mut core = self.core.lock();
         core.dead = dead.into_iter().collect();
+        // Dead letters whose payload a checkpoint had moved to disk: read
+        // back now (dead letters are kept in memory whole).
+        for (id, (file, offset)) in dead_on_disk {
+            let Some(d) = core.dead.get_mut(&id) else {
+                continue;
+            };
+            match self.read_payload_at(file, offset, id, &d.key) {
+                Ok(p) => d.payload = p,
+                Err(cause) => {
+                    unreadable.get_or_insert(cause);
+                }
+            }
+        }
         for (id, t) in tasks {
             let id = TaskId(id);
             let mut deliveries = t.deliveries;
