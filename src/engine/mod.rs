@@ -309,6 +309,33 @@ pub(crate) struct Shared {
     prefetch_cv: Condvar,
 }
 
+/// The store id in the log's `META` file; `Ok(None)` if its bytes do not
+/// decode (the log's own open reports that damage).
+fn read_store_id(
+    storage: &dyn Storage,
+    meta: &Path,
+) -> Result<Option<kairos_wal::format::StoreId>, OpenError> {
+    let io = |op| {
+        let path = meta.to_path_buf();
+        move |source| OpenError::Io { op, path, source }
+    };
+    let file = storage
+        .open(meta, kairos_wal::storage::OpenMode::Read)
+        .map_err(io("open"))?;
+    let mut bytes = [0u8; kairos_wal::format::META_BYTES];
+    let mut done = 0;
+    while done < bytes.len() {
+        match file
+            .read_at(&mut bytes[done..], done as u64)
+            .map_err(io("read"))?
+        {
+            0 => return Ok(None),
+            n => done += n,
+        }
+    }
+    Ok(kairos_wal::format::decode_meta(&bytes).ok())
+}
+
 /// A background thread: its name, whether it runs, its body.
 type BackgroundThread = (&'static str, bool, fn(&Shared));
 
@@ -434,6 +461,16 @@ impl Engine {
                     path: loaded.path.clone(),
                     reason: format!("the log's {} is missing", meta.display()),
                 });
+            }
+            // Another directory's checkpoint: say so before replaying
+            // anything on it (its overflow files would look foreign too).
+            if let Some(store_id) = read_store_id(storage.as_ref(), &meta)? {
+                if store_id != loaded.store_id {
+                    return Err(OpenError::CheckpointMismatch {
+                        path: loaded.path.clone(),
+                        reason: "it belongs to another log (store id differs)".into(),
+                    });
+                }
             }
         }
         let (mut replay, mut checkpoint) = match loaded {
