@@ -939,7 +939,21 @@ pub fn verify_log(
     record_bytes_max: u32,
 ) -> VerifyOutcome {
     use serde_json::Value;
-    let report = cli::verify::check(storage, log_dir.to_path_buf(), None, record_bytes_max);
+    // A log directory named `wal` sits in a data directory, as the engine
+    // opens it: its checkpoints are checked too (as `kairos verify DIR` does).
+    let checkpoint_dir = (log_dir.file_name() == Some(std::ffi::OsStr::new("wal")))
+        .then(|| {
+            log_dir
+                .parent()
+                .map(|d| d.join(crate::checkpoint::CHECKPOINT_DIR_NAME))
+        })
+        .flatten();
+    let report = cli::verify::check(
+        storage,
+        log_dir.to_path_buf(),
+        checkpoint_dir,
+        record_bytes_max,
+    );
     let (json, value) = match (
         serde_json::to_string_pretty(&report),
         serde_json::to_value(&report),

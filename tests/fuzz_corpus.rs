@@ -236,6 +236,20 @@ fn regression(target: &str, name: &str, input: &[u8], body: fn(&[u8])) {
     run_bounded(target, input, body);
 }
 
+/// `verify_dir` (engine-open oracle, CI's bounded run) found that `verify` passed a log whose
+/// first segment starts after LSN 1 with no checkpoint beside it, while `Engine::open` refuses
+/// it (the checkpoint covering the records before it is missing). The fuzz body now checks a
+/// log in a data directory with its checkpoints, as `kairos verify DIR` does; verify applies the
+/// same rule.
+#[cfg(feature = "cli")]
+#[test]
+fn regression_verify_dir_trimmed_log_without_checkpoint() {
+    let name = "regression-trimmed-log-without-checkpoint";
+    let path = fuzz_dir().join("corpus").join("verify_dir").join(name);
+    let input = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    regression("verify_dir", name, &input, fuzzing::verify_dir);
+}
+
 /// `wal_segment` found that `scan` (and so `kairos verify`) accepted a log whose newest
 /// segment is sealed with seq u64::MAX while `Wal::open` refused it: open must roll past
 /// it and cannot. Fixed in `wal/src/recovery.rs` (the shared analysis refuses it, so scan
