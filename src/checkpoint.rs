@@ -355,19 +355,21 @@ fn push_block(out: &mut Vec<u8>, kind: u8, count: u32, body: &[u8]) {
     out.extend_from_slice(body);
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
+/// Little-endian integers at byte `at` of `b` (shared with `crate::overflow`).
+/// Panics if `b` is too short: callers check lengths first.
+pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     let mut a = [0u8; 2];
     a.copy_from_slice(&b[at..at + 2]);
     u16::from_le_bytes(a)
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[at..at + 4]);
     u32::from_le_bytes(a)
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(a)

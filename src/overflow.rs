@@ -16,6 +16,7 @@
 //! Reading trusts nothing: lengths are bounded before anything is allocated,
 //! and an entry must carry the task id and key its reader expects.
 
+use crate::checkpoint::{u32_at, u64_at};
 use kairos_wal::format::StoreId;
 use kairos_wal::storage::{OpenMode, Storage, StorageFile};
 use std::io;
@@ -219,18 +220,6 @@ fn encode_entry(out: &mut Vec<u8>, task_id: u64, due_ms: u64, key: &[u8], payloa
     out.extend_from_slice(payload);
     let crc = crc32fast::hash(&out[start + E_ID..]);
     out[start + E_CRC..start + E_ID].copy_from_slice(&crc.to_le_bytes());
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
 }
 
 /// Parses the entry at the start of `b` (which holds at least its fixed

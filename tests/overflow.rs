@@ -70,6 +70,35 @@ fn fire(h: &SimHarness, minutes: u64) -> TestResult<common::TaskMap> {
     Ok(fired)
 }
 
+/// An engine with the prefetcher on (a 2 s payload window) and `n` tasks due
+/// in 10 s whose payloads a checkpoint moved to disk; the clock then moves to
+/// 8.5 s, within the window, and the prefetcher (every half second of real
+/// time) is waited for — a bounded wait — until every payload is back.
+fn prefetched(seed: u64, n: usize) -> TestResult<(SimHarness, common::TaskMap)> {
+    let mut c = cfg();
+    c.payload_window = Some(Duration::from_secs(2));
+    c.payload_prefetch = true;
+    let h = SimHarness::new(seed, c)?;
+    let mut model = BTreeMap::new();
+    for i in 0..n {
+        h.engine()
+            .schedule_after(&key(i), Duration::from_secs(10), &payload(i))?;
+        model.insert(key(i), (START_MS + 10_000, payload(i)));
+    }
+    assert_eq!(h.engine().checkpoint()?.payloads_moved, n as u64);
+    assert_eq!(h.engine().stats().payloads_on_disk, n);
+    h.clock.advance(Duration::from_millis(8_500));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while h.engine().stats().payloads_on_disk > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not prefetched within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((h, model))
+}
+
 #[test]
 fn payloads_not_due_soon_leave_memory_and_come_back_on_delivery() -> TestResult {
     let h = SimHarness::new(21, cfg())?;
@@ -246,29 +275,7 @@ fn in_flight_and_dead_lettered_tasks_keep_their_payload_across_a_crash() -> Test
 /// due time, so receiving them reads nothing from disk.
 #[test]
 fn the_prefetcher_reads_payloads_back_before_they_are_due() -> TestResult {
-    let mut c = cfg();
-    c.payload_window = Some(Duration::from_secs(2));
-    c.payload_prefetch = true;
-    let h = SimHarness::new(27, c)?;
-    let mut model = BTreeMap::new();
-    for i in 0..50 {
-        h.engine()
-            .schedule_after(&key(i), Duration::from_secs(10), &payload(i))?;
-        model.insert(key(i), (START_MS + 10_000, payload(i)));
-    }
-    assert_eq!(h.engine().checkpoint()?.payloads_moved, 50);
-    assert_eq!(h.engine().stats().payloads_on_disk, 50);
-    // Within the window now (8.5 s of 10): the prefetcher, which runs every
-    // half second of real time, brings them back. Bounded wait.
-    h.clock.advance(Duration::from_millis(8_500));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while h.engine().stats().payloads_on_disk > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not prefetched within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (h, model) = prefetched(27, 50)?;
     let stats = h.engine().stats();
     assert_eq!(stats.payloads_read_back, 50);
     let fired = fire(&h, 1)?;
@@ -320,26 +327,7 @@ fn a_failed_read_back_poisons_and_a_reopen_delivers_everything() -> TestResult {
 /// (they are due within the window).
 #[test]
 fn cancel_and_reschedule_after_the_payload_came_back() -> TestResult {
-    let mut c = cfg();
-    c.payload_window = Some(Duration::from_secs(2));
-    c.payload_prefetch = true;
-    let h = SimHarness::new(29, c)?;
-    let mut model = BTreeMap::new();
-    for i in 0..10 {
-        h.engine()
-            .schedule_after(&key(i), Duration::from_secs(10), &payload(i))?;
-        model.insert(key(i), (START_MS + 10_000, payload(i)));
-    }
-    h.engine().checkpoint()?;
-    h.clock.advance(Duration::from_millis(8_500));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while h.engine().stats().payloads_on_disk > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not prefetched within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (h, mut model) = prefetched(29, 10)?;
     assert!(h.engine().cancel(&key(0))?.is_cancelled());
     model.remove(&key(0));
     let due = START_MS + 9_000;
