@@ -126,9 +126,9 @@ const KNOWN_STALE_READY_ENTRY: &str = "stale ready-queue entry revived after a r
 const KNOWN_UNSYNCED_DIR_ENTRY: &str =
     "a segment whose directory entry is not durable is adopted after a crash or a retried open";
 
-/// Engine bug found here, NOT fixed yet (a failing regression test,
-/// `known_bug_checkpoint_adopted_before_its_directory_entry_is_durable` in
-/// `tests/checkpoint.rs`, is `#[ignore]`d until it is): when the fsync of the checkpoint
+/// Engine bug found here, fixed (regression test
+/// `a_checkpoint_seen_at_open_is_made_durable_before_it_trims_the_log` in
+/// `tests/checkpoint.rs`). It was: when the fsync of the checkpoint
 /// directory that makes a new checkpoint's rename durable fails (`CheckpointError::Io`, the
 /// engine goes on) and the engine then restarts without a power loss (clean shutdown or process
 /// crash: the rename is still in the page cache), `Engine::open` loads that checkpoint and takes
@@ -137,8 +137,8 @@ const KNOWN_UNSYNCED_DIR_ENTRY: &str =
 /// durable `TRIM`), though the checkpoint file's directory entry was never made durable; a
 /// power cut then undoes the rename, and the next open finds an older checkpoint and a log that
 /// starts after a gap: it fails (a replay error, or `CheckpointMismatch`), and the acknowledged
-/// records in the gap are gone. Neither open nor the `written: false` path fsyncs the checkpoint
-/// directory. First seen at seed 204. FIXED: the open fsyncs the checkpoint and overflow
+/// records in the gap were gone: neither open nor the `written: false` path fsynced the
+/// checkpoint directory. First seen at seed 204. FIXED: the open fsyncs the checkpoint and overflow
 /// directories (and the data directory) before relying on what it sees there; every seed is
 /// strict about it (regression test
 /// `tests/checkpoint.rs::a_checkpoint_seen_at_open_is_made_durable_before_it_trims_the_log`).
