@@ -54,6 +54,8 @@ fn checkpoint_offline_then_reopen() -> TestResult {
     let v: Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(v["tasks"], 300);
     assert_eq!(v["written"], true);
+    // Due in an hour, beyond the one-minute payload window: all moved to disk.
+    assert_eq!(v["payloads_moved"], 300);
     let removed = v["segments_removed"].as_u64().ok_or("segments_removed")? as usize;
     assert!(removed > 0);
     assert_eq!(segments(dir)?, before - removed);

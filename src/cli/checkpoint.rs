@@ -46,6 +46,10 @@ struct Outcome {
     dead_letters: u64,
     bytes: u64,
     segments_removed: usize,
+    /// Payloads moved out of memory (or out of compacted overflow files)
+    /// into the checkpoint's overflow file.
+    payloads_moved: u64,
+    overflow_files_removed: usize,
     elapsed_ms: f64,
 }
 
@@ -70,19 +74,23 @@ pub fn run(args: &CheckpointArgs) -> anyhow::Result<Verdict> {
         dead_letters: report.dead_letters,
         bytes: report.bytes,
         segments_removed: report.segments_removed,
+        payloads_moved: report.payloads_moved,
+        overflow_files_removed: report.overflow_files_removed,
         elapsed_ms: report.elapsed.as_secs_f64() * 1e3,
     };
     if target.json {
         println!("{}", serde_json::to_string_pretty(&outcome)?);
     } else if outcome.written {
         println!(
-            "checkpoint of {} at LSN {}: {} live tasks, {} dead letters, {} bytes, {} log segments deleted, {:.1} ms",
+            "checkpoint of {} at LSN {}: {} live tasks, {} dead letters, {} bytes, {} log segments deleted, {} payloads moved to an overflow file, {} overflow files deleted, {:.1} ms",
             outcome.dir.display(),
             outcome.lsn,
             outcome.tasks,
             outcome.dead_letters,
             outcome.bytes,
             outcome.segments_removed,
+            outcome.payloads_moved,
+            outcome.overflow_files_removed,
             outcome.elapsed_ms
         );
     } else {

@@ -415,9 +415,10 @@ impl<W: Write> Dumper<W> {
                 };
                 let _ = write!(
                     summary,
-                    "kairos dump: {} records{lsns}, in {} segments of {}; clean shutdown: {}",
+                    "kairos dump: {} records{lsns}, in {} segment{} of {}; clean shutdown: {}",
                     self.records,
                     report.segments.len(),
+                    if report.segments.len() == 1 { "" } else { "s" },
                     log_dir.display(),
                     if report.clean_shutdown { "yes" } else { "no" },
                 );
