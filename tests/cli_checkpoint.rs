@@ -1,4 +1,5 @@
 //! `kairos checkpoint DIR`: an offline checkpoint of a real directory.
+#![cfg(feature = "cli")]
 
 use kairos::{Config, Engine};
 use serde_json::Value;

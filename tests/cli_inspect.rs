@@ -13,6 +13,7 @@ mod common;
 #[path = "../wal/tests/matrix_images/mod.rs"]
 mod matrix_images;
 
+use common::cli::{json, json_lines, path, run, text, KAIROS};
 use common::{open_fs, TestResult, START_MS};
 use kairos::{Config, Due, Durability, ManualClock, NackOutcome, RescheduleOutcome, Stats};
 use kairos_wal::{FsStorage, ScanReport, WalError};
@@ -20,10 +21,8 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, UNIX_EPOCH};
-
-const KAIROS: &str = env!("CARGO_BIN_EXE_kairos");
 
 /// 2030-01-02T03:04:05.678Z, the due time of the task keyed `fixed`.
 const FIXED_DUE_MS: u64 = 1_893_553_445_678;
@@ -35,44 +34,6 @@ const RETRY: Duration = Duration::from_millis(10);
 
 /// A key and payload that need escaping.
 const BINARY_KEY: &[u8] = b"bin:\xff\n";
-
-fn kairos<S: AsRef<OsStr>>(args: &[S]) -> Output {
-    Command::new(KAIROS)
-        .args(args)
-        .output()
-        .expect("the kairos binary runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Runs the binary and asserts its exit status and that it did not panic; returns
-/// (stdout, stderr).
-fn run<S: AsRef<OsStr>>(args: &[S], status: i32) -> (String, String) {
-    let out = kairos(args);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_owned()).collect();
-    assert_eq!(
-        out.status.code(),
-        Some(status),
-        "kairos {shown:?}\nstdout: {stdout}\nstderr: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "kairos {shown:?}: {stderr}");
-    (stdout, stderr)
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().expect("temporary paths are UTF-8")
-}
-
-fn json(line: &str) -> Value {
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
-}
-
-fn json_lines(stdout: &str) -> Vec<Value> {
-    stdout.lines().map(json).collect()
-}
 
 /// The log's own reading of a log directory: its report or error, and the records visited.
 fn scan(log_dir: &Path) -> (Result<ScanReport, WalError>, u64) {

@@ -11,18 +11,15 @@
 
 mod common;
 
+use common::cli::{json, json_lines, path, run};
 use common::{open_fs, TestResult, START_MS};
 use kairos::checkpoint::{file_name, CheckpointReadError, CHECKPOINT_DIR_NAME};
 use kairos::{Config, Durability, Engine, ManualClock, NackOutcome, Stats};
 use kairos_wal::FsStorage;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
-
-const KAIROS: &str = env!("CARGO_BIN_EXE_kairos");
 
 /// The task cancelled after the checkpoint is due this long after the start:
 /// 2023-11-14T23:13:20.000Z.
@@ -32,37 +29,6 @@ const TARGET_DUE: &str = "2023-11-14T23:13:20.000Z";
 /// First deliveries fall due this long after the start; nacks retry this long after.
 const DELAY: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_millis(10);
-
-/// Runs the binary and asserts its exit status and that it did not panic; returns
-/// (stdout, stderr).
-fn run<S: AsRef<OsStr>>(args: &[S], status: i32) -> (String, String) {
-    let out = Command::new(KAIROS)
-        .args(args)
-        .output()
-        .expect("the kairos binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_owned()).collect();
-    assert_eq!(
-        out.status.code(),
-        Some(status),
-        "kairos {shown:?}\nstdout: {stdout}\nstderr: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "kairos {shown:?}: {stderr}");
-    (stdout, stderr)
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().expect("temporary paths are UTF-8")
-}
-
-fn json(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
-
-fn json_lines(stdout: &str) -> Vec<Value> {
-    stdout.lines().map(json).collect()
-}
 
 fn config() -> Config {
     let mut c = Config::default();

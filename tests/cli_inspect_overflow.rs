@@ -11,47 +11,17 @@
 
 mod common;
 
+use common::cli::{json, path, run};
 use common::{open_fs, TestResult, START_MS};
 use kairos::overflow::{self, OverflowReadError, OVERFLOW_DIR_NAME};
 use kairos::{Config, Due, Engine, ManualClock};
 use kairos_wal::FsStorage;
 use serde_json::Value;
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
-
-const KAIROS: &str = env!("CARGO_BIN_EXE_kairos");
 
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(86_400);
-
-/// Runs the binary and asserts its exit status and that it did not panic; returns
-/// (stdout, stderr).
-fn run<S: AsRef<OsStr>>(args: &[S], status: i32) -> (String, String) {
-    let out = Command::new(KAIROS)
-        .args(args)
-        .output()
-        .expect("the kairos binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_owned()).collect();
-    assert_eq!(
-        out.status.code(),
-        Some(status),
-        "kairos {shown:?}\nstdout: {stdout}\nstderr: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "kairos {shown:?}: {stderr}");
-    (stdout, stderr)
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().expect("temporary paths are UTF-8")
-}
-
-fn json(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
 
 fn inspect_json(dir: &Path, status: i32) -> Value {
     json(&run(&["inspect", "--json", path(dir)], status).0)

@@ -6,6 +6,8 @@
 #![allow(dead_code)]
 
 pub mod child;
+#[cfg(feature = "cli")]
+pub mod cli;
 
 use kairos::{
     CheckpointError, Config, Delivery, Durability, Engine, ManualClock, OpenError, RecvError,
