@@ -34,7 +34,10 @@ pub const TMP_SUFFIX: &str = ".tmp";
 /// The header's magic bytes.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"KAIROSCP";
 /// The only format version this code reads and writes.
-pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 2;
+/// The oldest checkpoint format version this build still reads (version 1
+/// has no FAR blocks and a 16-byte END body).
+pub const CHECKPOINT_FORMAT_VERSION_MIN: u32 = 1;
 /// Bytes of the file header.
 pub const HEADER_BYTES: usize = 64;
 /// Bytes of a block header.
@@ -51,13 +54,19 @@ pub const BLOCK_TASKS: u8 = 1;
 pub const BLOCK_DEAD: u8 = 2;
 /// Block kind: totals; the last block of the file.
 pub const BLOCK_END: u8 = 3;
+/// Block kind: far tasks (version 2), after the TASKS blocks.
+pub const BLOCK_FAR: u8 = 4;
+/// Bytes of a FAR entry: `task_id u64, key_hash u64, file u32, offset u64`.
+pub const FAR_ENTRY_BYTES: usize = 28;
 
 /// Fixed bytes of a task entry (before its key and payload).
 pub const TASK_ENTRY_FIXED_BYTES: usize = 28;
 /// Fixed bytes of a dead-letter entry (before its key, payload and error).
 pub const DEAD_ENTRY_FIXED_BYTES: usize = 36;
 /// Bytes of the END block's body.
-pub const END_BODY_BYTES: usize = 16;
+pub const END_BODY_BYTES: usize = 24;
+/// Bytes of the END block's body in version 1 (no far-task count).
+pub const END_BODY_BYTES_V1: usize = 16;
 /// Task entry flag: the task is in flight (delivered, not yet settled).
 pub const TASK_FLAG_IN_FLIGHT: u8 = 1;
 /// Task entry payload kind: the payload follows the key in the entry.
@@ -124,6 +133,23 @@ pub struct Checkpoint {
     pub tasks: Vec<(u64, LiveTask)>,
     /// Dead letters by id.
     pub dead: Vec<(u64, DeadTask)>,
+    /// Far tasks (due beyond the horizon when the checkpoint was written):
+    /// no key in the checkpoint, only its hash and the overflow entry
+    /// holding key, due time and payload.
+    pub far: Vec<FarTask>,
+}
+
+/// A far task as a checkpoint records it (`crate::far`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FarTask {
+    /// Its task id.
+    pub id: u64,
+    /// `crate::far::KeyHasher::hash` of its key under the store id.
+    pub key_hash: u64,
+    /// The overflow file holding its entry.
+    pub file: u32,
+    /// The entry's byte offset in that file (≥ 64).
+    pub offset: u64,
 }
 
 /// Why a checkpoint file could not be read.
@@ -191,6 +217,7 @@ pub struct CheckpointEncoder {
     block_count: u32,
     tasks: u64,
     dead: u64,
+    far: u64,
 }
 
 impl CheckpointEncoder {
@@ -205,6 +232,7 @@ impl CheckpointEncoder {
             block_count: 0,
             tasks: 0,
             dead: 0,
+            far: 0,
         }
     }
 
@@ -270,6 +298,18 @@ impl CheckpointEncoder {
         }
     }
 
+    /// Adds a far task. Call after every [`CheckpointEncoder::push_task`]
+    /// and before any [`CheckpointEncoder::push_dead`].
+    pub fn push_far(&mut self, t: &FarTask) {
+        self.start_entry(BLOCK_FAR);
+        self.far += 1;
+        let b = &mut self.block;
+        b.extend_from_slice(&t.id.to_le_bytes());
+        b.extend_from_slice(&t.key_hash.to_le_bytes());
+        b.extend_from_slice(&t.file.to_le_bytes());
+        b.extend_from_slice(&t.offset.to_le_bytes());
+    }
+
     /// Adds a dead letter.
     pub fn push_dead(&mut self, id: u64, t: &DeadTask) {
         self.start_entry(BLOCK_DEAD);
@@ -297,12 +337,18 @@ impl CheckpointEncoder {
         self.dead
     }
 
+    /// Far tasks added so far.
+    pub fn far_tasks(&self) -> u64 {
+        self.far
+    }
+
     /// Ends the file with the END block and returns its bytes.
     pub fn finish(mut self) -> Vec<u8> {
         self.flush();
         let mut end = [0u8; END_BODY_BYTES];
         end[..8].copy_from_slice(&self.tasks.to_le_bytes());
-        end[8..].copy_from_slice(&self.dead.to_le_bytes());
+        end[8..16].copy_from_slice(&self.dead.to_le_bytes());
+        end[16..].copy_from_slice(&self.far.to_le_bytes());
         push_block(&mut self.out, BLOCK_END, 0, &end);
         self.out
     }
@@ -377,7 +423,7 @@ pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// Decodes a header. `Err((offset, reason))` for damage; the version is
 /// checked before the CRC, so a file of a future layout is reported as such.
-fn decode_header(b: &[u8]) -> Result<Result<CheckpointHeader, u32>, String> {
+fn decode_header(b: &[u8]) -> Result<Result<(CheckpointHeader, u32), u32>, String> {
     let Ok(b) = <&[u8; HEADER_BYTES]>::try_from(b) else {
         return Err(format!(
             "header is {} bytes, expected {HEADER_BYTES}",
@@ -388,7 +434,7 @@ fn decode_header(b: &[u8]) -> Result<Result<CheckpointHeader, u32>, String> {
         return Err("bad magic: not a Kairos checkpoint".into());
     }
     let version = u32_at(b, H_VERSION);
-    if version != CHECKPOINT_FORMAT_VERSION {
+    if !(CHECKPOINT_FORMAT_VERSION_MIN..=CHECKPOINT_FORMAT_VERSION).contains(&version) {
         return Ok(Err(version));
     }
     if u32_at(b, H_CRC) != header_crc(b) {
@@ -399,12 +445,15 @@ fn decode_header(b: &[u8]) -> Result<Result<CheckpointHeader, u32>, String> {
     }
     let mut store_id = [0u8; 16];
     store_id.copy_from_slice(&b[H_STORE_ID..H_LSN]);
-    Ok(Ok(CheckpointHeader {
-        store_id,
-        lsn: u64_at(b, H_LSN),
-        max_task_id: u64_at(b, H_MAX_ID),
-        created_ms: u64_at(b, H_CREATED_MS),
-    }))
+    Ok(Ok((
+        CheckpointHeader {
+            store_id,
+            lsn: u64_at(b, H_LSN),
+            max_task_id: u64_at(b, H_MAX_ID),
+            created_ms: u64_at(b, H_CREATED_MS),
+        },
+        version,
+    )))
 }
 
 /// Reads a checkpoint from bytes in memory (the fuzz target's entry point;
@@ -432,7 +481,7 @@ pub fn read_header(
     let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
     let len = file.len().map_err(io_err)?;
     let source = FileSource(file.as_ref());
-    header_from(&source, len, path)
+    header_from(&source, len, path).map(|(h, _)| h)
 }
 
 /// Reads and checks the whole checkpoint file at `path`. Memory: one block
@@ -495,7 +544,7 @@ fn header_from(
     source: &dyn Source,
     len: u64,
     path: &Path,
-) -> Result<CheckpointHeader, CheckpointReadError> {
+) -> Result<(CheckpointHeader, u32), CheckpointReadError> {
     let corrupt = |offset: u64, reason: String| CheckpointReadError::Corrupt {
         path: path.to_path_buf(),
         offset,
@@ -531,7 +580,7 @@ fn read_from(
     len: u64,
     path: &Path,
 ) -> Result<Checkpoint, CheckpointReadError> {
-    let header = header_from(source, len, path)?;
+    let (header, version) = header_from(source, len, path)?;
     let corrupt = |offset: u64, reason: String| CheckpointReadError::Corrupt {
         path: path.to_path_buf(),
         offset,
@@ -550,6 +599,7 @@ fn read_from(
     let mut ids: Vec<(u64, u64)> = Vec::new();
     let mut offset = HEADER_BYTES as u64;
     let mut seen_dead = false;
+    let mut seen_far = false;
     loop {
         let left = len - offset;
         if left < BLOCK_HEADER_BYTES as u64 {
@@ -593,7 +643,7 @@ fn read_from(
         let body_offset = offset + BLOCK_HEADER_BYTES as u64;
         let next = body_offset + u64::from(body_bytes);
         match kind {
-            BLOCK_TASKS if !seen_dead => {
+            BLOCK_TASKS if !seen_dead && !seen_far => {
                 parse_tasks(
                     &body,
                     count,
@@ -603,7 +653,20 @@ fn read_from(
                 )
                 .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
             }
-            BLOCK_TASKS => return Err(corrupt(offset, "TASKS block after a DEAD block".into())),
+            BLOCK_TASKS => {
+                return Err(corrupt(
+                    offset,
+                    "TASKS block after a FAR or DEAD block".into(),
+                ))
+            }
+            BLOCK_FAR if version >= 2 && !seen_dead => {
+                seen_far = true;
+                parse_far(&body, count, &header, (body_offset, &mut ids), &mut out.far)
+                    .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
+            }
+            BLOCK_FAR if version >= 2 => {
+                return Err(corrupt(offset, "FAR block after a DEAD block".into()))
+            }
             BLOCK_DEAD => {
                 seen_dead = true;
                 parse_dead(
@@ -616,16 +679,26 @@ fn read_from(
                 .map_err(|(at, reason)| corrupt(body_offset + at as u64, reason))?;
             }
             BLOCK_END => {
-                if body.len() != END_BODY_BYTES || count != 0 {
+                let end_bytes = if version >= 2 {
+                    END_BODY_BYTES
+                } else {
+                    END_BODY_BYTES_V1
+                };
+                if body.len() != end_bytes || count != 0 {
                     return Err(corrupt(offset, "malformed END block".into()));
                 }
                 let (tasks, dead) = (u64_at(&body, 0), u64_at(&body, 8));
-                if tasks != out.tasks.len() as u64 || dead != out.dead.len() as u64 {
+                let far = if version >= 2 { u64_at(&body, 16) } else { 0 };
+                if tasks != out.tasks.len() as u64
+                    || dead != out.dead.len() as u64
+                    || far != out.far.len() as u64
+                {
                     return Err(corrupt(
                         offset,
                         format!(
-                            "END block counts {tasks} tasks and {dead} dead letters, the file holds {} and {}",
+                            "END block counts {tasks} tasks, {far} far tasks and {dead} dead letters, the file holds {}, {} and {}",
                             out.tasks.len(),
+                            out.far.len(),
                             out.dead.len()
                         ),
                     ));
@@ -754,6 +827,49 @@ fn parse_tasks(
                 last_error: Box::default(),
             },
         ));
+    }
+    if at != body.len() {
+        return Err((
+            at,
+            format!(
+                "{} bytes after the block's {count} entries",
+                body.len() - at
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_far(
+    body: &[u8],
+    count: u32,
+    header: &CheckpointHeader,
+    mut ids: Ids<'_>,
+    out: &mut Vec<FarTask>,
+) -> Result<(), EntryError> {
+    let mut at = 0;
+    for _ in 0..count {
+        let entry = at;
+        let b = take(body, &mut at, FAR_ENTRY_BYTES, entry)?;
+        let t = FarTask {
+            id: u64_at(b, 0),
+            key_hash: u64_at(b, 8),
+            file: u32_at(b, 16),
+            offset: u64_at(b, 20),
+        };
+        if t.offset < crate::overflow::HEADER_BYTES as u64
+            || crate::far::pack_loc(t.file, t.offset).is_none()
+        {
+            return Err((
+                entry,
+                format!(
+                    "far task {} at offset {} of overflow file {}: not a place an entry can be",
+                    t.id, t.offset, t.file
+                ),
+            ));
+        }
+        check_id(t.id, entry, header, &mut ids)?;
+        out.push(t);
     }
     if at != body.len() {
         return Err((

@@ -733,8 +733,8 @@ pub fn overflow_file(data: &[u8]) {
         Err(e) => panic!("read_due refused a file decode accepts: {e}"),
     }
     for (offset, e) in &entries {
-        let one =
-            read_entry(&sim, path, *offset, e.task_id, &e.key).expect("an entry decode accepted");
+        let one = read_entry(&sim, path, *offset, e.task_id, Some(&e.key))
+            .expect("an entry decode accepted");
         assert_eq!(&one, e);
     }
     let mut store_id = [0u8; 16];

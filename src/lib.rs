@@ -38,6 +38,7 @@ pub mod config;
 mod consumer;
 mod engine;
 pub mod error;
+pub mod far;
 #[doc(hidden)]
 pub mod fuzzing;
 mod index;

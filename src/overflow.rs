@@ -274,7 +274,9 @@ fn read_exact_at(file: &dyn StorageFile, buf: &mut [u8], offset: u64) -> io::Res
 }
 
 /// Reads the entry at `offset` of the overflow file at `path` and checks it
-/// belongs to task `task_id` with key `key`. Two small reads; the payload is
+/// belongs to task `task_id` and, if `key` is given, has that key (a far
+/// task's key is not in memory: the entry is where it is read from). Two
+/// small reads; the payload is
 /// allocated only after its length is bounded by [`ENTRY_BYTES_MAX`] and the
 /// file's size.
 ///
@@ -286,7 +288,7 @@ pub fn read_entry(
     path: &Path,
     offset: u64,
     task_id: u64,
-    key: &[u8],
+    key: Option<&[u8]>,
 ) -> Result<Entry, OverflowReadError> {
     let io_err = |source| OverflowReadError::Io {
         path: path.to_path_buf(),
@@ -320,7 +322,7 @@ pub fn read_entry(
         Some((e, _)) => e,
         None => return Err(corrupt("file ends inside the entry".into())),
     };
-    if entry.task_id != task_id || &*entry.key != key {
+    if entry.task_id != task_id || key.is_some_and(|k| *entry.key != *k) {
         return Err(corrupt(format!(
             "entry belongs to task {} (key {:?}), expected task {task_id}",
             entry.task_id,
@@ -623,10 +625,10 @@ mod tests {
         assert_eq!(all.len(), 3);
         let sim = SimStorage::new(1);
         sim.write_file(Path::new("/o"), &bytes);
-        let e = read_entry(&sim, Path::new("/o"), offsets[2].1, 1, b"k1").unwrap();
+        let e = read_entry(&sim, Path::new("/o"), offsets[2].1, 1, Some(b"k1")).unwrap();
         assert_eq!(&*e.payload, b"one");
-        assert!(read_entry(&sim, Path::new("/o"), offsets[2].1, 2, b"k1").is_err());
-        assert!(read_entry(&sim, Path::new("/o"), offsets[2].1 + 1, 1, b"k1").is_err());
+        assert!(read_entry(&sim, Path::new("/o"), offsets[2].1, 2, Some(b"k1")).is_err());
+        assert!(read_entry(&sim, Path::new("/o"), offsets[2].1 + 1, 1, Some(b"k1")).is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! `kairos verify` uses it to check a directory (keeping none). The rules are
 //! specified in `wal/FORMAT.md`, "Kairos record bodies".
 
+use crate::checkpoint::FarTask;
 use crate::record::Record;
 use std::collections::{HashMap, HashSet};
 
@@ -73,7 +74,15 @@ pub struct Replay {
     dead_on_disk: IdMap<(u32, u64)>,
     max_id: u64,
     keep_payloads: bool,
+    /// Far tasks from the checkpoint (no key in memory), sorted by id;
+    /// finished ones get id 0 and stay in place (`far_live` counts the rest).
+    far: Vec<FarTask>,
+    far_live: usize,
 }
+
+/// Reads a far task's key and due time from its overflow entry, for a
+/// record that needs the task whole (`Err`: why it cannot be read).
+pub type FarResolver<'a> = dyn FnMut(&FarTask) -> Result<(Box<[u8]>, u64), String> + 'a;
 
 impl Replay {
     /// An empty replay; `keep_payloads` says whether live tasks keep their
@@ -132,7 +141,126 @@ impl Replay {
         Ok(r)
     }
 
-    /// Applies one record. On `Err` nothing changed.
+    /// Adds the far tasks of the checkpoint the replay starts from. Far
+    /// tasks are kept by id only (their keys are on disk): a cancel just
+    /// drops one; a record that needs the task whole (deliver, reschedule)
+    /// has its key read through the resolver given to
+    /// [`Replay::apply_with`]. A schedule is not checked against the keys
+    /// of far tasks (the engine that wrote the log did that).
+    ///
+    /// # Errors
+    /// An id above the largest id, or an id twice (also among the tasks).
+    pub fn add_far(&mut self, mut far: Vec<FarTask>) -> Result<(), RuleError> {
+        far.sort_unstable_by_key(|t| t.id);
+        for w in far.windows(2) {
+            if w[0].id == w[1].id {
+                return Err(rule("checkpoint", w[0].id, "listed twice as a far task"));
+            }
+        }
+        for t in &far {
+            if t.id == 0 || t.id > self.max_id {
+                return Err(rule("checkpoint", t.id, "whose id exceeds the largest id"));
+            }
+            if self.tasks.contains_key(&t.id) {
+                return Err(rule("checkpoint", t.id, "listed as a task and a far task"));
+            }
+        }
+        self.far_live = far.len();
+        self.far = far;
+        Ok(())
+    }
+
+    /// The live far tasks (sorted by id), taking them out of the replay.
+    pub fn take_far(&mut self) -> Vec<FarTask> {
+        let mut far = std::mem::take(&mut self.far);
+        far.retain(|t| t.id != 0);
+        self.far_live = 0;
+        far
+    }
+
+    /// Far tasks still live.
+    pub fn far_tasks(&self) -> usize {
+        self.far_live
+    }
+
+    /// Position of live far task `id`.
+    fn far_position(&self, id: u64) -> Option<usize> {
+        if self.far_live == 0 {
+            return None;
+        }
+        self.far.binary_search_by_key(&id, |t| t.id).ok()
+    }
+
+    /// If `record` names a live far task: a cancel finishes it (`Ok(true)`:
+    /// done); anything else first makes it an ordinary live task, its key
+    /// and due time read through `resolve`.
+    fn far_record(
+        &mut self,
+        record: &Record<'_>,
+        resolve: &mut FarResolver<'_>,
+    ) -> Result<bool, RuleError> {
+        let id = match *record {
+            Record::Schedule { .. } | Record::Purge { .. } => return Ok(false),
+            Record::Cancel { id }
+            | Record::Deliver { id, .. }
+            | Record::Ack { id }
+            | Record::Retry { id, .. }
+            | Record::Release { id }
+            | Record::Dead { id, .. }
+            | Record::Reschedule { id, .. } => id.0,
+        };
+        if self.tasks.contains_key(&id) {
+            return Ok(false);
+        }
+        let Some(pos) = self.far_position(id) else {
+            return Ok(false);
+        };
+        if let Record::Cancel { .. } = record {
+            self.far[pos].id = 0;
+            self.far_live -= 1;
+            return Ok(true);
+        }
+        let t = self.far[pos];
+        let (key, due_ms) = resolve(&t).map_err(|why| {
+            RuleError(format!(
+                "far task {id} (overflow file {}, offset {}): {why}",
+                t.file, t.offset
+            ))
+        })?;
+        if !self.keys.insert(key.clone()) {
+            return Err(RuleError(format!(
+                "far task {id} has key {:?}, which is already live",
+                String::from_utf8_lossy(&key)
+            )));
+        }
+        self.far[pos].id = 0;
+        self.far_live -= 1;
+        self.tasks.insert(
+            id,
+            LiveTask {
+                key,
+                payload: Box::default(),
+                payload_at: Some((t.file, t.offset)),
+                due_ms,
+                deliveries: 0,
+                in_flight: false,
+                last_error: Box::default(),
+            },
+        );
+        Ok(false)
+    }
+
+    /// Applies one record, with no way to read far tasks' keys (a record
+    /// needing one is refused). On `Err` nothing changed.
+    pub fn apply(&mut self, record: &Record<'_>) -> Result<(), RuleError> {
+        self.apply_with(record, &mut |_| {
+            Err("its key is on disk and this replay reads no overflow file".into())
+        })
+    }
+
+    /// Applies one record; `resolve` reads a far task's key and due time
+    /// when the record needs the task whole. On `Err` nothing changed,
+    /// except that a far task may have become an ordinary one.
     ///
     /// Rules (`wal/FORMAT.md`, "Replay rules"): a schedule's id exceeds every
     /// earlier id and its key is not live; a cancel names a live task (it is
@@ -140,7 +268,14 @@ impl Replay {
     /// flight; an ack, retry, dead or release names a live task in flight; a
     /// reschedule names a live task not in flight; a purge names a dead
     /// letter.
-    pub fn apply(&mut self, record: &Record<'_>) -> Result<(), RuleError> {
+    pub fn apply_with(
+        &mut self,
+        record: &Record<'_>,
+        resolve: &mut FarResolver<'_>,
+    ) -> Result<(), RuleError> {
+        if self.far_record(record, resolve)? {
+            return Ok(());
+        }
         match *record {
             Record::Schedule {
                 id,
@@ -264,9 +399,9 @@ impl Replay {
         }
     }
 
-    /// Live tasks so far.
+    /// Live tasks so far, far ones included.
     pub fn live_tasks(&self) -> usize {
-        self.tasks.len()
+        self.tasks.len() + self.far_live
     }
 
     /// Dead letters so far.

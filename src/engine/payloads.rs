@@ -17,9 +17,15 @@ impl Shared {
             return Ok(Box::default());
         };
         let path = disk.overflow_dir().join(overflow::file_name(file));
-        overflow::read_entry(disk.storage.as_ref(), &path, offset, task.id.0, task.key())
-            .map(|e| e.payload)
-            .map_err(|e| format!("cannot read the payload of task {}: {e}", task.id.0))
+        overflow::read_entry(
+            disk.storage.as_ref(),
+            &path,
+            offset,
+            task.id.0,
+            Some(task.key()),
+        )
+        .map(|e| e.payload)
+        .map_err(|e| format!("cannot read the payload of task {}: {e}", task.id.0))
     }
 
     /// Reads the payload of task `id` (key `key`) from overflow file `file`
@@ -35,7 +41,7 @@ impl Shared {
             return Ok(Box::default());
         };
         let path = disk.overflow_dir().join(overflow::file_name(file));
-        overflow::read_entry(disk.storage.as_ref(), &path, offset, id, key)
+        overflow::read_entry(disk.storage.as_ref(), &path, offset, id, Some(key))
             .map(|e| e.payload)
             .map_err(|e| format!("cannot read the payload of task {id}: {e}"))
     }

@@ -1,0 +1,332 @@
+//! Far tasks: tasks due beyond the horizon (`Config::horizon`), kept out of
+//! the timing wheel and the task slab.
+//!
+//! A far task's key, due time and payload live in one entry of an overflow
+//! file (`crate::overflow`, sorted by due time); memory holds only a
+//! [`FarEntry`] — the key's 64-bit keyed hash, the task id and the entry's
+//! place on disk, 24 bytes — in a [`FarIndex`]. A lookup by key compares
+//! hashes; a hash match is confirmed by reading the key from disk (the rare
+//! collision of two keys on one 64-bit hash is resolved there, as the issue
+//! and DESIGN.md's tombstone index allow). Before a far task comes within
+//! the horizon the engine reads its overflow file sequentially and
+//! *promotes* it into the wheel (`engine/payloads.rs`).
+//!
+//! The hash must be the same after a restart (the checkpoint stores it and
+//! open reads no overflow file), so it is SipHash-1-3 (Aumasson & Bernstein
+//! 2012, the keyed PRF hash tables use against flooding) keyed by the data
+//! directory's random store id rather than a per-process seed.
+
+use siphasher::sip::SipHasher13;
+
+/// The keyed hash of far-task keys (see the module docs).
+#[derive(Debug, Clone)]
+pub struct KeyHasher(SipHasher13);
+
+impl KeyHasher {
+    /// The hasher of the data directory whose store id is `store_id`.
+    pub fn new(store_id: &[u8; 16]) -> KeyHasher {
+        KeyHasher(SipHasher13::new_with_key(store_id))
+    }
+
+    /// The key's 64-bit hash. ~20 ns for a 24-byte key.
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        self.0.hash(key)
+    }
+}
+
+/// Bits of a [`FarEntry::loc`] holding the entry's byte offset in its file
+/// (1 TiB); the file number takes the 24 bits above.
+pub const LOC_OFFSET_BITS: u32 = 40;
+/// Largest overflow file number a far task can be in.
+pub const LOC_FILE_MAX: u32 = (1 << (64 - LOC_OFFSET_BITS)) - 1;
+
+/// `(file, offset)` packed into one `u64`; `None` if either is too large
+/// (the task then stays in the wheel).
+pub fn pack_loc(file: u32, offset: u64) -> Option<u64> {
+    (file <= LOC_FILE_MAX && offset < (1 << LOC_OFFSET_BITS))
+        .then(|| (u64::from(file) << LOC_OFFSET_BITS) | offset)
+}
+
+/// The `(file, offset)` of a packed location.
+pub fn unpack_loc(loc: u64) -> (u32, u64) {
+    (
+        (loc >> LOC_OFFSET_BITS) as u32,
+        loc & ((1 << LOC_OFFSET_BITS) - 1),
+    )
+}
+
+/// One far task in memory: 24 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FarEntry {
+    /// [`KeyHasher::hash`] of its key.
+    pub hash: u64,
+    /// Its overflow entry: [`pack_loc`] of (file, byte offset).
+    pub loc: u64,
+    /// Its task id (0 marks a removed entry).
+    pub id: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<FarEntry>() == 24);
+
+impl FarEntry {
+    /// The overflow file holding its entry.
+    pub fn file(&self) -> u32 {
+        unpack_loc(self.loc).0
+    }
+}
+
+/// Entries per directory bucket the index aims at.
+const BUCKET_ENTRIES: usize = 4;
+
+/// The far tasks: a flat array of [`FarEntry`] sorted by hash, with a
+/// directory of the first entry of each range of hashes — a static hash
+/// table at 100 % load (about 25 bytes per task in all, where a SwissTable
+/// of the same entries would take 27–54 depending on where its power-of-two
+/// growth stands).
+///
+/// Lookup is O(1) expected: the top bits of the hash pick a directory
+/// bucket of about [`BUCKET_ENTRIES`] entries, scanned in order (hashes
+/// are uniform: SipHash under a secret key). Removal leaves a tombstone
+/// (id 0), dropped when the array is rebuilt; entries are added only by a
+/// rebuild ([`FarIndex::build`], O(n log n)), which the engine does when a
+/// checkpoint moves tasks beyond the horizon and at open.
+#[derive(Debug, Default)]
+pub struct FarIndex {
+    entries: Vec<FarEntry>,
+    /// `dir[b]` = index of the first entry whose hash's top `bits` bits are
+    /// ≥ `b`; `2^bits + 1` entries (empty while `entries` is).
+    dir: Vec<u32>,
+    bits: u32,
+    live: usize,
+    /// Live entries per overflow file.
+    per_file: std::collections::BTreeMap<u32, u64>,
+}
+
+impl FarIndex {
+    /// An index of `entries` (removed ones, id 0, are dropped).
+    ///
+    /// # Panics
+    /// Never; more than `u32::MAX` entries are not indexable and are
+    /// refused by the engine's task limit long before.
+    pub fn build(mut entries: Vec<FarEntry>) -> FarIndex {
+        entries.retain(|e| e.id != 0);
+        entries.sort_unstable_by_key(|e| (e.hash, e.id));
+        entries.shrink_to_fit();
+        let n = entries.len();
+        let bits = if n < 2 * BUCKET_ENTRIES {
+            0
+        } else {
+            (n / BUCKET_ENTRIES).ilog2()
+        };
+        let mut dir = Vec::new();
+        if n > 0 {
+            dir.reserve_exact((1usize << bits) + 1);
+            let mut i = 0usize;
+            for b in 0..(1u64 << bits) {
+                while i < n && bucket(entries[i].hash, bits) < b {
+                    i += 1;
+                }
+                dir.push(i as u32);
+            }
+            dir.push(n as u32);
+        }
+        let mut per_file = std::collections::BTreeMap::new();
+        for e in &entries {
+            *per_file.entry(e.file()).or_insert(0) += 1;
+        }
+        FarIndex {
+            entries,
+            dir,
+            bits,
+            live: n,
+            per_file,
+        }
+    }
+
+    /// Positions of the live entries whose hash is `hash`.
+    pub fn candidates(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
+        let range = if self.entries.is_empty() {
+            0..0
+        } else {
+            let b = bucket(hash, self.bits) as usize;
+            self.dir[b] as usize..self.dir[b + 1] as usize
+        };
+        range.filter(move |&p| {
+            let e = &self.entries[p];
+            e.hash == hash && e.id != 0
+        })
+    }
+
+    /// The position of the live entry (`hash`, `loc`, `id`), if any.
+    pub fn find(&self, hash: u64, loc: u64, id: u64) -> Option<usize> {
+        self.candidates(hash).find(|&p| {
+            let e = &self.entries[p];
+            e.loc == loc && e.id == id
+        })
+    }
+
+    /// The entry at `pos` (live or removed).
+    pub fn get(&self, pos: usize) -> FarEntry {
+        self.entries[pos]
+    }
+
+    /// Removes the live entry at `pos` and returns it. O(1): the slot
+    /// becomes a tombstone (16 bytes of it stay until the next rebuild).
+    pub fn remove(&mut self, pos: usize) -> Option<FarEntry> {
+        let e = self.entries.get_mut(pos)?;
+        if e.id == 0 {
+            return None;
+        }
+        let out = *e;
+        e.id = 0;
+        self.live -= 1;
+        if let Some(n) = self.per_file.get_mut(&out.file()) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_file.remove(&out.file());
+            }
+        }
+        Some(out)
+    }
+
+    /// Live far tasks.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether no far task is live.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// The live entries, in hash order.
+    pub fn iter(&self) -> impl Iterator<Item = &FarEntry> {
+        self.entries.iter().filter(|e| e.id != 0)
+    }
+
+    /// Live far tasks whose entry is in overflow file `file`.
+    pub fn live_in_file(&self, file: u32) -> u64 {
+        self.per_file.get(&file).copied().unwrap_or(0)
+    }
+
+    /// Overflow files holding live far tasks.
+    pub fn files(&self) -> impl Iterator<Item = u32> + '_ {
+        self.per_file.keys().copied()
+    }
+
+    /// Takes every entry out (live ones and tombstones), leaving the index
+    /// empty — for a rebuild.
+    pub fn take_entries(&mut self) -> Vec<FarEntry> {
+        let out = std::mem::take(&mut self.entries);
+        *self = FarIndex::default();
+        out
+    }
+
+    /// Heap bytes held.
+    pub fn memory_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<FarEntry>() + self.dir.capacity() * 4
+    }
+}
+
+fn bucket(hash: u64, bits: u32) -> u64 {
+    if bits == 0 {
+        0
+    } else {
+        hash >> (64 - bits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(hash: u64, id: u64) -> FarEntry {
+        FarEntry {
+            hash,
+            loc: pack_loc((id % 3) as u32 + 1, 64 + id).unwrap(),
+            id,
+        }
+    }
+
+    #[test]
+    fn finds_every_entry_and_nothing_else() {
+        let hasher = KeyHasher::new(&[7; 16]);
+        let entries: Vec<FarEntry> = (1..=10_000u64)
+            .map(|id| entry(hasher.hash(format!("k{id}").as_bytes()), id))
+            .collect();
+        let mut index = FarIndex::build(entries.clone());
+        assert_eq!(index.len(), 10_000);
+        for e in &entries {
+            let pos = index.find(e.hash, e.loc, e.id).expect("present");
+            assert_eq!(index.get(pos), *e);
+            assert_eq!(index.candidates(e.hash).count(), 1);
+        }
+        assert_eq!(index.candidates(hasher.hash(b"absent")).count(), 0);
+        let files: u64 = (1..=3).map(|f| index.live_in_file(f)).sum();
+        assert_eq!(files, 10_000);
+        // Remove every other one; the rest stay findable.
+        for e in entries.iter().step_by(2) {
+            let pos = index.find(e.hash, e.loc, e.id).unwrap();
+            assert_eq!(index.remove(pos), Some(*e));
+            assert_eq!(index.remove(pos), None);
+        }
+        assert_eq!(index.len(), 5_000);
+        for (i, e) in entries.iter().enumerate() {
+            assert_eq!(index.find(e.hash, e.loc, e.id).is_some(), i % 2 == 1);
+        }
+        let rebuilt = FarIndex::build(index.take_entries());
+        assert_eq!(rebuilt.len(), 5_000);
+        assert_eq!(rebuilt.iter().count(), 5_000);
+        assert!(rebuilt.memory_bytes() <= 5_000 * 24 + 5_000);
+    }
+
+    #[test]
+    fn equal_hashes_are_all_candidates() {
+        let entries: Vec<FarEntry> = (1..=50).map(|id| entry(42 + id % 2, id)).collect();
+        let index = FarIndex::build(entries);
+        assert_eq!(index.candidates(42).count(), 25);
+        assert_eq!(index.candidates(43).count(), 25);
+        assert_eq!(index.candidates(44).count(), 0);
+        // Extreme hashes land in the first and last buckets.
+        let index = FarIndex::build((1..=100).map(|id| entry(u64::MAX - id % 2, id)).collect());
+        assert_eq!(index.candidates(u64::MAX).count(), 50);
+        let index = FarIndex::build((1..=100).map(|id| entry(id % 2, id)).collect());
+        assert_eq!(index.candidates(0).count(), 50);
+    }
+
+    #[test]
+    fn empty_index_finds_nothing() {
+        let index = FarIndex::build(Vec::new());
+        assert_eq!(index.candidates(5).count(), 0);
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn locations_pack_and_refuse_what_does_not_fit() {
+        assert_eq!(unpack_loc(pack_loc(5, 1234).unwrap()), (5, 1234));
+        let max = pack_loc(LOC_FILE_MAX, (1 << LOC_OFFSET_BITS) - 1).unwrap();
+        assert_eq!(unpack_loc(max), (LOC_FILE_MAX, (1 << LOC_OFFSET_BITS) - 1));
+        assert_eq!(pack_loc(LOC_FILE_MAX + 1, 0), None);
+        assert_eq!(pack_loc(1, 1 << LOC_OFFSET_BITS), None);
+    }
+
+    const GOLDEN: u64 = 18_431_965_016_543_479_886;
+
+    #[test]
+    fn the_hash_is_stable_and_keyed() {
+        // Stable across builds and restarts: the checkpoint stores it.
+        let h = KeyHasher::new(&[0; 16]);
+        assert_eq!(
+            h.hash(b"order:1"),
+            KeyHasher::new(&[0; 16]).hash(b"order:1")
+        );
+        assert_ne!(
+            h.hash(b"order:1"),
+            KeyHasher::new(&[1; 16]).hash(b"order:1")
+        );
+        assert_ne!(h.hash(b"order:1"), h.hash(b"order:2"));
+        // Pinned: a change of hash function would strand every far task.
+        let key: [u8; 16] = std::array::from_fn(|i| i as u8);
+        assert_eq!(KeyHasher::new(&key).hash(b"order:1"), GOLDEN);
+    }
+}
