@@ -45,6 +45,9 @@ pub const BACKOFF_MULTIPLIER_DEFAULT: u32 = 2;
 pub const BACKOFF_JITTER_PERCENT_DEFAULT: u8 = 20;
 /// Default [`Config::checkpoint_log_bytes`]: 256 MiB (four default segments).
 pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Default [`Config::horizon`]: 18 days.
+pub const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * 24 * 3600);
+
 /// Default [`Config::payload_window`]: 1 minute.
 pub const PAYLOAD_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
 /// Default [`Config::checkpoint_interval`]: 10 minutes.
@@ -186,6 +189,18 @@ pub struct Config {
     /// consumer that receives the task. Keys stay in memory. `None`: payloads
     /// stay in memory. Default [`PAYLOAD_WINDOW_DEFAULT`]. Ignored in memory.
     pub payload_window: Option<Duration>,
+    /// Tasks due later than this from now leave the timing wheel at the
+    /// next checkpoint: their key, due time and payload are written to an
+    /// overflow file and memory keeps only 24 bytes (the key's hash, the
+    /// task id and the entry's place; `crate::far`). They are read back
+    /// sequentially and put in the wheel ("promoted") once they come
+    /// within the horizon, by the prefetcher (or, with
+    /// [`Config::payload_prefetch`] off, by the driver thread). Cancel,
+    /// reschedule and duplicate-key checks find them by reading the key
+    /// from disk when the hash matches. Needs `payload_window` (at most
+    /// the horizon). `None`: every task stays in the wheel. Default
+    /// [`HORIZON_DEFAULT`] (18 days). Ignored in memory.
+    pub horizon: Option<Duration>,
     /// Run a background thread that reads payloads coming due (within
     /// `payload_window`) back into memory, so that receiving a task does not
     /// wait on disk. Default true; deterministic tests turn it off (payloads
@@ -210,6 +225,7 @@ impl Default for Config {
             checkpoint_log_bytes: Some(CHECKPOINT_LOG_BYTES_DEFAULT),
             checkpoint_interval: Some(CHECKPOINT_INTERVAL_DEFAULT),
             payload_window: Some(PAYLOAD_WINDOW_DEFAULT),
+            horizon: Some(HORIZON_DEFAULT),
             payload_prefetch: true,
         }
     }
@@ -232,6 +248,13 @@ impl Config {
                 "tick must be a whole number of milliseconds in 1 ms..=1 h, got {:?}",
                 self.tick
             ));
+        }
+        if let (Some(h), Some(w)) = (self.horizon, self.payload_window) {
+            if h < w {
+                return Err(format!(
+                    "horizon {h:?} is shorter than payload_window {w:?}"
+                ));
+            }
         }
         if self.key_bytes_max == 0 || self.key_bytes_max > KEY_BYTES_MAX_LIMIT {
             return Err(format!(

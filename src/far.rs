@@ -85,7 +85,7 @@ const BUCKET_ENTRIES: usize = 4;
 /// growth stands).
 ///
 /// Lookup is O(1) expected: the top bits of the hash pick a directory
-/// bucket of about [`BUCKET_ENTRIES`] entries, scanned in order (hashes
+/// bucket of about 4 entries (`BUCKET_ENTRIES`), scanned in order (hashes
 /// are uniform: SipHash under a secret key). Removal leaves a tombstone
 /// (id 0), dropped when the array is rebuilt; entries are added only by a
 /// rebuild ([`FarIndex::build`], O(n log n)), which the engine does when a

@@ -332,6 +332,39 @@ pub fn read_entry(
     Ok(entry)
 }
 
+/// The due time of the entry at `offset` of the overflow file at `path`
+/// (one small read of its fixed part); `None` at or past the file's end.
+/// Only the entry's fixed part is read: its CRC is checked when the entry
+/// itself is read.
+///
+/// # Errors
+/// [`OverflowReadError::Corrupt`] if the file ends inside the fixed part;
+/// I/O errors.
+pub fn due_at(
+    storage: &dyn Storage,
+    path: &Path,
+    offset: u64,
+) -> Result<Option<u64>, OverflowReadError> {
+    let io_err = |source| OverflowReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+    let len = file.len().map_err(io_err)?;
+    if offset >= len {
+        return Ok(None);
+    }
+    let mut fixed = [0u8; ENTRY_FIXED_BYTES];
+    if !read_exact_at(file.as_ref(), &mut fixed, offset).map_err(io_err)? {
+        return Err(OverflowReadError::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            reason: "file ends inside an entry".into(),
+        });
+    }
+    Ok(Some(u64_at(&fixed, E_DUE)))
+}
+
 /// Reads the entries of the overflow file at `path` from `offset` on, in
 /// file order (due time order), while their `due_ms` is at most `due_until`,
 /// reading about `chunk_bytes` at a time (more for a larger entry). Returns

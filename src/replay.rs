@@ -75,7 +75,9 @@ pub struct Replay {
     max_id: u64,
     keep_payloads: bool,
     /// Far tasks from the checkpoint (no key in memory), sorted by id;
-    /// finished ones get id 0 and stay in place (`far_live` counts the rest).
+    /// finished ones get offset 0 (never an entry's: the file header is
+    /// there) and stay in place, so the order holds (`far_live` counts the
+    /// rest).
     far: Vec<FarTask>,
     far_live: usize,
 }
@@ -96,7 +98,7 @@ impl Replay {
 
     /// A replay that starts from a checkpoint's state rather than from an
     /// empty log: records after the checkpoint's LSN are then applied with
-    /// [`Replay::apply`]. `max_id` is the largest task id ever assigned.
+    /// [`Replay::apply_with`] (or [`Replay::apply`]). `max_id` is the largest task id ever assigned.
     ///
     /// # Errors
     /// Two live tasks with one key, or an id above `max_id` (a checkpoint
@@ -173,9 +175,14 @@ impl Replay {
     /// The live far tasks (sorted by id), taking them out of the replay.
     pub fn take_far(&mut self) -> Vec<FarTask> {
         let mut far = std::mem::take(&mut self.far);
-        far.retain(|t| t.id != 0);
+        far.retain(|t| t.offset != 0);
         self.far_live = 0;
         far
+    }
+
+    /// The live far tasks, by id.
+    pub fn far(&self) -> impl Iterator<Item = &FarTask> {
+        self.far.iter().filter(|t| t.offset != 0)
     }
 
     /// Far tasks still live.
@@ -188,7 +195,10 @@ impl Replay {
         if self.far_live == 0 {
             return None;
         }
-        self.far.binary_search_by_key(&id, |t| t.id).ok()
+        self.far
+            .binary_search_by_key(&id, |t| t.id)
+            .ok()
+            .filter(|&p| self.far[p].offset != 0)
     }
 
     /// If `record` names a live far task: a cancel finishes it (`Ok(true)`:
@@ -216,7 +226,7 @@ impl Replay {
             return Ok(false);
         };
         if let Record::Cancel { .. } = record {
-            self.far[pos].id = 0;
+            self.far[pos].offset = 0;
             self.far_live -= 1;
             return Ok(true);
         }
@@ -233,7 +243,7 @@ impl Replay {
                 String::from_utf8_lossy(&key)
             )));
         }
-        self.far[pos].id = 0;
+        self.far[pos].offset = 0;
         self.far_live -= 1;
         self.tasks.insert(
             id,

@@ -58,6 +58,10 @@ pub enum PayloadRef {
         file: u32,
         /// Byte offset of the task's entry in it.
         offset: u64,
+        /// The entry's due time is the task's (false once a reschedule
+        /// kept the payload but moved the due time, or when not known):
+        /// only then can a checkpoint make the task far in place.
+        due_current: bool,
     },
 }
 
@@ -67,6 +71,27 @@ impl PayloadRef {
         match self {
             PayloadRef::Inline { bytes, key_len } => &bytes[..*key_len as usize],
             PayloadRef::OnDisk { key, .. } => key,
+        }
+    }
+
+    /// Where the payload is on disk, if it is there and that entry's due
+    /// time is the task's.
+    pub fn on_disk_current(&self) -> Option<(u32, u64)> {
+        match self {
+            PayloadRef::OnDisk {
+                file,
+                offset,
+                due_current: true,
+                ..
+            } => Some((*file, *offset)),
+            _ => None,
+        }
+    }
+
+    /// Marks the on-disk entry's due time as no longer the task's.
+    pub fn due_moved(&mut self) {
+        if let PayloadRef::OnDisk { due_current, .. } = self {
+            *due_current = false;
         }
     }
 
@@ -103,13 +128,21 @@ impl PayloadStore {
         }
     }
 
-    /// A task whose payload is in overflow file `file` at `offset`.
-    pub fn put_on_disk(&mut self, key: &[u8], file: u32, offset: u64) -> PayloadRef {
+    /// A task whose payload is in overflow file `file` at `offset`
+    /// (`due_current`: that entry's due time is the task's).
+    pub fn put_on_disk(
+        &mut self,
+        key: &[u8],
+        file: u32,
+        offset: u64,
+        due_current: bool,
+    ) -> PayloadRef {
         *self.on_disk.entry(file).or_default() += 1;
         PayloadRef::OnDisk {
             key: key.into(),
             file,
             offset,
+            due_current,
         }
     }
 

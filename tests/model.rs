@@ -241,6 +241,13 @@ struct ModelTask {
     rank: u64,
     /// Held by a consumer (attempt `deliveries`), with this lease.
     lease: Option<Lease>,
+    /// Out of the wheel, beyond the horizon (a checkpoint moved it to an
+    /// overflow file); its fire time is fixed again when it is promoted.
+    far: bool,
+    /// Its payload is in an overflow file: `Some(true)` if that entry's due
+    /// time is still the task's (a checkpoint can then make it far in
+    /// place), `Some(false)` if not (or not known, after a reopen).
+    on_disk: Option<bool>,
 }
 
 /// A task cancelled while a consumer held it: the holder may still ack or nack it.
@@ -274,6 +281,9 @@ struct Model {
     tick_ms: u64,
     lease_ms: u64,
     retry: RetryPolicy,
+    /// `Config::horizon` and `Config::payload_window`, ms.
+    horizon_ms: u64,
+    window_ms: u64,
 }
 
 /// What a delivery must look like: key, payload, due time, attempt, hand-out time.
@@ -320,6 +330,51 @@ impl Model {
             tick_ms: setup.tick_ms,
             lease_ms: setup.lease_ms,
             retry: setup.config().retry,
+            horizon_ms: millis(setup.config().horizon),
+            window_ms: millis(setup.config().payload_window),
+        }
+    }
+
+    /// A checkpoint: payloads of waiting tasks due after the payload window
+    /// go to disk; first attempts due beyond the horizon leave the wheel.
+    fn checkpoint(&mut self) {
+        let (wall, window, horizon) = (self.wall_ms, self.window_ms, self.horizon_ms);
+        for t in self.tasks.values_mut() {
+            if t.far || t.lease.is_some() || t.due_ms <= wall.saturating_add(window) {
+                continue;
+            }
+            let far = t.deliveries == 0 && t.due_ms > wall.saturating_add(horizon);
+            match t.on_disk {
+                None if far => t.far = true,
+                None if !t.payload.is_empty() => t.on_disk = Some(true),
+                Some(true) if far => t.far = true,
+                _ => {}
+            }
+        }
+    }
+
+    /// A driver pass promotes the far tasks now within the horizon, in (due,
+    /// id) order: each enters the wheel by the clocks of now, and one due
+    /// already is handed out first.
+    fn promote(&mut self) {
+        let until = self.wall_ms.saturating_add(self.horizon_ms);
+        let mut due: Vec<(u64, u64, Vec<u8>)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.far && t.due_ms <= until)
+            .map(|(k, t)| (t.due_ms, t.seq, k.clone()))
+            .collect();
+        due.sort();
+        for (due_ms, _, k) in due {
+            let rank = self.rank();
+            let fire = self.fire_time(due_ms);
+            let on_disk = (due_ms > self.wall_ms.saturating_add(self.window_ms)).then_some(true);
+            let t = self.tasks.get_mut(&k).expect("listed from the map");
+            t.far = false;
+            t.on_disk = on_disk;
+            // Overdue: the overdue queue, handed out before the wheel's.
+            t.fire_mono_ms = fire.unwrap_or(0);
+            t.rank = rank;
         }
     }
 
@@ -364,6 +419,8 @@ impl Model {
             fire_mono_ms: fire.unwrap_or(self.mono_ms),
             rank,
             lease: None,
+            far: false,
+            on_disk: None,
         };
         assert!(self.tasks.insert(key, task).is_none());
         fire.is_none()
@@ -404,6 +461,7 @@ impl Model {
                 let t = self.tasks.get_mut(&k).expect("chosen from the map");
                 t.deliveries += 1;
                 t.lease = Some(lease);
+                t.on_disk = None;
                 (k, t.payload.clone(), t.due_ms, t.deliveries, now)
             })
             .collect()
@@ -441,6 +499,7 @@ impl Model {
     /// One driver pass after a clock move: hands out waiting tasks whose deadline has come (in
     /// deadline order, FIFO among equal deadlines) and expires leases whose deadline has come.
     fn pass(&mut self) -> Vec<Expected> {
+        self.promote();
         let mono = self.mono_ms;
         let handed = self.hand_out(|_, t| t.fire_mono_ms <= mono, |t| (t.fire_mono_ms, t.rank));
         // Leases just taken (by `hand_out`) cannot have expired: they end after `mono`.
@@ -552,6 +611,18 @@ impl Model {
     /// first), after re-placing every other task by the wall clock. Call after
     /// [`Model::open`].
     fn reopen(&mut self, overdue_keys: &[Vec<u8>]) -> Vec<Expected> {
+        // Far tasks within the horizon are placed with the others; where an
+        // entry's due time stands is no longer known.
+        let until = self.wall_ms.saturating_add(self.horizon_ms);
+        for t in self.tasks.values_mut() {
+            if t.far && t.due_ms <= until {
+                t.far = false;
+                t.on_disk = Some(true);
+            }
+            if !t.far && t.on_disk.is_some() {
+                t.on_disk = Some(false);
+            }
+        }
         let expected = self.hand_out(
             |k, _| overdue_keys.iter().any(|o| o == k),
             |t| (t.due_ms, t.seq),
@@ -559,7 +630,7 @@ impl Model {
         let mut waiting: Vec<(u64, u64, Vec<u8>)> = self
             .tasks
             .iter()
-            .filter(|(_, t)| t.lease.is_none())
+            .filter(|(_, t)| t.lease.is_none() && !t.far)
             .map(|(k, t)| (t.due_ms, t.seq, k.clone()))
             .collect();
         waiting.sort();
@@ -578,6 +649,11 @@ impl Model {
     fn in_flight(&self) -> usize {
         self.tasks.values().filter(|t| t.lease.is_some()).count() + self.abandoned.len()
     }
+}
+
+/// A configured duration in ms (`None`: never).
+fn millis(d: Option<Duration>) -> u64 {
+    d.map_or(u64::MAX, |d| d.as_millis() as u64)
 }
 
 fn key_bytes(k: u8) -> Vec<u8> {
@@ -752,9 +828,16 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                         {
                             return Err(at(format!("expected Rescheduled({id}), got {got:?}")));
                         }
-                        if let Some(p) = payload {
-                            model.tasks.get_mut(&k).expect("live").payload = p.to_vec();
+                        let t = model.tasks.get_mut(&k).expect("live");
+                        match payload {
+                            Some(p) => {
+                                t.payload = p.to_vec();
+                                t.on_disk = None;
+                            }
+                            None if t.far || t.on_disk.is_some() => t.on_disk = Some(false),
+                            None => {}
                         }
+                        t.far = false;
                         model.place(&k, due_ms);
                     }
                     None => match got {
@@ -807,6 +890,7 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
             Op::StepWall { ms } => {
                 h.clock.step_wall(*ms);
                 model.wall_ms = model.wall_ms.saturating_add_signed(*ms);
+                model.promote();
                 let got = drain(h.engine())?;
                 check("deliveries after a wall step", &got, &[]).map_err(at)?;
             }
@@ -944,6 +1028,9 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                     )));
                 }
                 checkpoint_lsn = report.lsn;
+                if report.written {
+                    model.checkpoint();
+                }
                 let got = drain(h.engine())?;
                 check("deliveries after a checkpoint", &got, &[]).map_err(at)?;
                 restart = *then;
@@ -1038,6 +1125,25 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
     h.engine().ack_many(&held)?;
     for d in &held {
         model.finish(d);
+    }
+    // Far tasks get their fire time when promoted: first bring them all
+    // within the horizon.
+    if let Some(far_due) = model
+        .tasks
+        .values()
+        .filter(|t| t.far)
+        .map(|t| t.due_ms)
+        .max()
+    {
+        let by = far_due - model.horizon_ms - model.wall_ms + 1;
+        let got = h.advance(Duration::from_millis(by))?;
+        model.wall_ms += by;
+        model.mono_ms += by;
+        check("deliveries promoting the far tasks", &got, &model.pass())?;
+        h.engine().ack_many(&got)?;
+        for d in &got {
+            model.finish(d);
+        }
     }
     let last = model
         .tasks

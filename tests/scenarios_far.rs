@@ -2,9 +2,10 @@
 //! each a named regression test on a manual clock. CI runs them at a reduced size with the
 //! same shape; `KAIROS_TEST_SCALE` raises it.
 //!
-//! What the issue calls the "horizon" is `Config::payload_window` here: the wheel covers every
-//! accepted delay, and payloads of tasks due later than the window leave memory at a
-//! checkpoint (overflow files) and are read back before delivery.
+//! Both run with the default horizon (18 days) and payload window (1 minute): at a checkpoint,
+//! tasks due beyond the horizon leave the wheel for an overflow file (24 bytes of memory each,
+//! `Stats::far`), payloads of the others due later than the window go to disk too, and both
+//! come back before delivery.
 
 mod common;
 

@@ -684,6 +684,10 @@ struct Setup {
     /// Chance per open that a fault is armed for recovery, percent.
     recovery_fault_percent: u64,
     weights: Vec<(Op, u64)>,
+    /// `Config::payload_window` and `Config::horizon`, ms, when not the
+    /// defaults: short ones make checkpoints move tasks out of the wheel
+    /// (far tasks) and promotion bring them back within the run.
+    window_and_horizon_ms: Option<(u64, u64)>,
 }
 
 fn pick<T: Copy>(rng: &mut SplitMix, items: &[T]) -> T {
@@ -772,6 +776,12 @@ impl Setup {
             fault_percent: if io_faults { rng.range(1, 8) } else { 0 },
             recovery_fault_percent: if io_faults { rng.range(10, 50) } else { 0 },
             weights,
+            // Drawn last: the draws above, and so every earlier seed's
+            // setup, stay as they were.
+            window_and_horizon_ms: rng.chance(50).then(|| {
+                let window = rng.range(1, 2_000);
+                (window, window + rng.range(0, 5_000))
+            }),
         }
     }
 
@@ -796,6 +806,10 @@ impl Setup {
         if self.at_most_once {
             c.delivery = DeliveryGuarantee::AtMostOnce;
         }
+        if let Some((window, horizon)) = self.window_and_horizon_ms {
+            c.payload_window = Some(Duration::from_millis(window));
+            c.horizon = Some(Duration::from_millis(horizon));
+        }
         c
     }
 
@@ -804,7 +818,7 @@ impl Setup {
             "{:?}, power cuts {}, I/O faults {} (run {}%, recovery {}%), stale history {}%, \
              tick {} ms, segments {} B, lease {} ms, max attempts {}, backoff {}..{} ms \
              jitter {}%, catch-up {:?}, at most once {}, {} producers, {} consumers, {} keys, \
-             {} steps, payloads up to {} B",
+             {} steps, payloads up to {} B, payload window and horizon {:?} ms",
             self.durability,
             self.power_cuts,
             self.io_faults,
@@ -824,7 +838,8 @@ impl Setup {
             self.consumers,
             self.keys,
             self.steps,
-            self.payload_max
+            self.payload_max,
+            self.window_and_horizon_ms
         )
     }
 }

@@ -165,9 +165,23 @@ impl Shared {
                 .config
                 .payload_window
                 .map(|w| wall_ms(self.now()).saturating_add(w.as_millis() as u64));
-            let moves = plan_moves(&mut core, window_end, victims, &header.store_id);
-            let (enc, named) = encode(&core, &header, &moves);
-            let (tasks, dead) = (enc.tasks(), enc.dead_letters());
+            let horizon_end = match (self.config.horizon, window_end) {
+                (Some(h), Some(_)) => {
+                    Some(wall_ms(self.now()).saturating_add(h.as_millis() as u64))
+                }
+                _ => None,
+            };
+            let mut in_place = Vec::new();
+            let moves = plan_moves(
+                &mut core,
+                window_end,
+                horizon_end,
+                victims,
+                &header.store_id,
+                &mut in_place,
+            );
+            let (enc, named) = encode(&core, &header, &moves, &in_place);
+            let (tasks, dead) = (enc.tasks() + enc.far_tasks(), enc.dead_letters());
             Plan {
                 bytes: enc.finish(),
                 header,
@@ -175,6 +189,7 @@ impl Shared {
                 dead,
                 wal,
                 moves,
+                in_place,
                 named,
                 locked: locked_at.elapsed(),
             }
@@ -186,6 +201,7 @@ impl Shared {
             dead: dead_letters,
             wal,
             moves,
+            in_place,
             named,
             locked,
         } = plan;
@@ -219,9 +235,7 @@ impl Shared {
         // Durable: the moved payloads now live in the new file.
         let unreferenced = {
             let mut core = self.core.lock();
-            if let Some(m) = moves {
-                apply_moves(&mut core, m);
-            }
+            apply_moves(self, &mut core, moves, in_place);
             // Files no live task refers to, and that the new checkpoint does
             // not name, can go.
             let referenced = referenced_files(&core);
@@ -287,7 +301,7 @@ impl Shared {
             let mut kept: Vec<(u64, u32)> = Vec::new();
             let mut victims = Vec::new();
             for (&f, &written) in &core.overflow_files {
-                let live = core.payloads.live_in_file(f);
+                let live = core.payloads.live_in_file(f) + core.far.live_in_file(f);
                 if live == 0 {
                     continue; // deleted after the checkpoint
                 }
@@ -399,8 +413,25 @@ pub(super) struct Moves {
     file: u32,
     /// Its bytes.
     bytes: Vec<u8>,
-    /// `(slot, id, offset in the new file, what the task held)` per task.
-    tasks: Vec<(u32, TaskId, u64, Held)>,
+    /// `(slot, id, offset in the new file, what the task held, due time
+    /// written)` per task.
+    tasks: Vec<(u32, TaskId, u64, Held, u64)>,
+    /// Tasks of `tasks` that leave the wheel as far tasks (due beyond the
+    /// horizon): id → (key hash, due time planned).
+    to_far: HashMap<u64, (u64, u64)>,
+    /// Far tasks whose entry moves (their file is compacted): `(key hash,
+    /// id, old packed location, offset in the new file)`.
+    far_moved: Vec<(u64, u64, u64, u64)>,
+}
+
+/// A task whose key and payload are in an overflow file already, at an
+/// entry with its due time, that becomes far without moving.
+pub(super) struct InPlaceFar {
+    slot: u32,
+    id: TaskId,
+    hash: u64,
+    file: u32,
+    offset: u64,
 }
 
 /// What a task's payload reference was when its move was planned; the move
@@ -419,6 +450,7 @@ struct Plan {
     dead: u64,
     wal: Arc<Wal>,
     moves: Option<Moves>,
+    in_place: Vec<InPlaceFar>,
     /// Overflow files the checkpoint refers to.
     named: HashSet<u32>,
     locked: Duration,
@@ -430,28 +462,59 @@ struct Plan {
 fn plan_moves(
     core: &mut Core,
     window_end: Option<u64>,
+    horizon_end: Option<u64>,
     victims: Vec<Victim>,
     store_id: &kairos_wal::format::StoreId,
+    in_place: &mut Vec<InPlaceFar>,
 ) -> Option<Moves> {
     // What moves, by (due, id) — the file's order — and from where; each
     // payload is then copied once, straight into the file's bytes.
     let mut items: Vec<(u64, u64, u32, From)> = Vec::new();
+    let mut to_far: HashMap<u64, (u64, u64)> = HashMap::new();
     if let Some(window_end) = window_end {
         for (slot, task) in core.tasks.iter_slots() {
             if task.state != TaskState::Scheduled || task.due_ms <= window_end {
                 continue;
             }
-            if core
-                .payloads
-                .get(&task.bytes)
-                .is_some_and(|p| !p.is_empty())
-            {
+            // Beyond the horizon, a first attempt leaves the wheel: its key
+            // goes to disk with its payload, even an empty one.
+            let far = horizon_end.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
+            let Some(payload) = core.payloads.get(&task.bytes) else {
+                // On disk already: far where it is, if its entry says when
+                // it is due.
+                if let (true, Some((file, offset))) = (far, task.bytes.on_disk_current()) {
+                    if crate::far::pack_loc(file, offset).is_some() {
+                        let hash = core.hasher.hash(task.key());
+                        in_place.push(InPlaceFar {
+                            slot,
+                            id: task.id,
+                            hash,
+                            file,
+                            offset,
+                        });
+                    }
+                }
+                continue;
+            };
+            if far {
+                to_far.insert(task.id.0, (core.hasher.hash(task.key()), task.due_ms));
+            }
+            if far || !payload.is_empty() {
                 items.push((task.due_ms, task.id.0, slot, From::Memory));
             }
         }
     }
+    let mut far_victims: Vec<(u64, u64, u64, usize, usize)> = Vec::new();
     for (v, (file, entries)) in victims.iter().enumerate() {
         for (e, (offset, entry)) in entries.iter().enumerate() {
+            if let Some(loc) = crate::far::pack_loc(*file, *offset) {
+                let hash = core.hasher.hash(&entry.key);
+                if core.far.find(hash, loc, entry.task_id).is_some() {
+                    items.push((entry.due_ms, entry.task_id, u32::MAX, From::FarVictim(v, e)));
+                    far_victims.push((hash, entry.task_id, loc, v, e));
+                    continue;
+                }
+            }
             let tag = core.key_tag(&entry.key);
             let Some(slot) = core.find_slot(tag, &entry.key) else {
                 continue;
@@ -473,7 +536,21 @@ fn plan_moves(
     core.next_overflow_file = core.next_overflow_file.checked_add(1)?;
     let mut writer = OverflowWriter::new(store_id, file);
     let mut tasks = Vec::with_capacity(items.len());
+    let mut far_moved = Vec::with_capacity(far_victims.len());
+    let far_hash: HashMap<u64, (u64, u64)> = far_victims
+        .iter()
+        .map(|&(hash, id, loc, _, _)| (id, (hash, loc)))
+        .collect();
     for (due, id, slot, from) in items {
+        if let From::FarVictim(v, e) = from {
+            let (_, entries) = &victims[v];
+            let (_, entry) = &entries[e];
+            let offset = writer.push(id, due, &entry.key, &entry.payload);
+            if let Some(&(hash, loc)) = far_hash.get(&id) {
+                far_moved.push((hash, id, loc, offset));
+            }
+            continue;
+        }
         let (offset, held) = match from {
             From::Memory => {
                 let Some(task) = core.tasks.get(slot) else {
@@ -488,11 +565,21 @@ fn plan_moves(
                 let offset = writer.push(id, due, &entry.key, &entry.payload);
                 (offset, Held::Disk(*file, *old_offset))
             }
+            From::FarVictim(..) => continue,
         };
-        tasks.push((slot, TaskId(id), offset, held));
+        if crate::far::pack_loc(file, offset).is_none() {
+            to_far.remove(&id);
+        }
+        tasks.push((slot, TaskId(id), offset, held, due));
     }
     let bytes = writer.finish();
-    Some(Moves { file, bytes, tasks })
+    Some(Moves {
+        file,
+        bytes,
+        tasks,
+        to_far,
+        far_moved,
+    })
 }
 
 /// Where a moved payload comes from.
@@ -502,15 +589,75 @@ enum From {
     Memory,
     /// Entry `.1` of compaction victim `.0`.
     Victim(usize, usize),
+    /// Entry `.1` of compaction victim `.0`, a far task's.
+    FarVictim(usize, usize),
 }
 
 /// After the checkpoint naming the new file is durable: tasks whose payload
 /// reference is still what was copied now refer to the new file, and their
 /// payload memory is freed.
-fn apply_moves(core: &mut Core, moves: Moves) {
-    let Moves { file, bytes, tasks } = moves;
+fn apply_moves(shared: &Shared, core: &mut Core, moves: Option<Moves>, in_place: Vec<InPlaceFar>) {
+    let mut new_far: Vec<crate::far::FarEntry> = Vec::new();
+    for t in in_place {
+        let still = core.tasks.get_checked(t.slot, t.id).is_some_and(|task| {
+            task.state == TaskState::Scheduled
+                && task.deliveries == 0
+                && task.bytes.on_disk_current() == Some((t.file, t.offset))
+        });
+        if let (true, Some(loc)) = (still, crate::far::pack_loc(t.file, t.offset)) {
+            shared.forget_task(core, t.slot);
+            new_far.push(crate::far::FarEntry {
+                hash: t.hash,
+                loc,
+                id: t.id.0,
+            });
+        }
+    }
+    if let Some(moves) = moves {
+        apply_file_moves(shared, core, moves, &mut new_far);
+    }
+    if !new_far.is_empty() {
+        let mut entries = core.far.take_entries();
+        entries.extend(new_far);
+        core.far = crate::far::FarIndex::build(entries);
+    }
+    // Promotion reads each file holding far tasks from its start again
+    // (cheap: it stops at the first entry beyond the horizon).
+    let files: Vec<u32> = core.far.files().collect();
+    core.far_cursors.retain(|f, _| files.contains(f));
+    for f in files {
+        core.far_cursors
+            .entry(f)
+            .or_insert_with(super::far::FarCursor::start);
+    }
+}
+
+/// [`apply_moves`] for the tasks whose entries went into the new file.
+fn apply_file_moves(
+    shared: &Shared,
+    core: &mut Core,
+    moves: Moves,
+    new_far: &mut Vec<crate::far::FarEntry>,
+) {
+    let Moves {
+        file,
+        bytes,
+        tasks,
+        to_far,
+        far_moved,
+    } = moves;
     let mut moved = 0;
-    for (slot, id, offset, held) in tasks {
+    for (hash, id, old_loc, offset) in far_moved {
+        if let (Some(pos), Some(loc)) = (
+            core.far.find(hash, old_loc, id),
+            crate::far::pack_loc(file, offset),
+        ) {
+            core.far.remove(pos);
+            new_far.push(crate::far::FarEntry { hash, loc, id });
+            moved += 1;
+        }
+    }
+    for (slot, id, offset, held, due) in tasks {
         let Some(task) = core.tasks.get_checked(slot, id) else {
             continue;
         };
@@ -528,8 +675,25 @@ fn apply_moves(core: &mut Core, moves: Moves) {
         if !still {
             continue;
         }
+        if let Some(&(hash, due_ms)) = to_far.get(&id.0) {
+            let loc = crate::far::pack_loc(file, offset);
+            if let (Some(loc), true) = (loc, task.due_ms == due_ms && task.deliveries == 0) {
+                shared.forget_task(core, slot);
+                new_far.push(crate::far::FarEntry {
+                    hash,
+                    loc,
+                    id: id.0,
+                });
+                moved += 1;
+                continue;
+            }
+        }
+        let due_current = match held {
+            Held::Memory => task.due_ms == due,
+            Held::Disk(..) => task.bytes.on_disk_current().is_some(),
+        };
         let key: Box<[u8]> = task.key().into();
-        let new_ref = core.payloads.put_on_disk(&key, file, offset);
+        let new_ref = core.payloads.put_on_disk(&key, file, offset, due_current);
         if let Some(task) = core.tasks.get_mut(slot) {
             let old = std::mem::replace(&mut task.bytes, new_ref);
             core.payloads.release(old);
@@ -554,6 +718,7 @@ fn referenced_files(core: &Core) -> HashSet<u32> {
     core.tasks
         .iter()
         .filter_map(|t| t.bytes.on_disk().map(|(f, _)| f))
+        .chain(core.far.files())
         .collect()
 }
 
@@ -565,18 +730,43 @@ fn encode(
     core: &Core,
     header: &CheckpointHeader,
     moves: &Option<Moves>,
+    in_place: &[InPlaceFar],
 ) -> (CheckpointEncoder, HashSet<u32>) {
+    let in_place: HashMap<u64, &InPlaceFar> = in_place.iter().map(|t| (t.id.0, t)).collect();
     let mut named = HashSet::new();
     let moved: HashMap<u64, (u32, u64)> = moves
         .iter()
         .flat_map(|m| {
             m.tasks
                 .iter()
-                .map(move |(_, id, offset, _)| (id.0, (m.file, *offset)))
+                .map(move |(_, id, offset, _, _)| (id.0, (m.file, *offset)))
         })
         .collect();
     let mut enc = CheckpointEncoder::new(header);
+    let to_far = moves.as_ref().map(|m| &m.to_far);
+    let mut far_tasks: Vec<checkpoint::FarTask> = Vec::new();
     for task in core.tasks.iter() {
+        if let (Some(&(key_hash, _)), Some(&(file, offset))) = (
+            to_far.and_then(|t| t.get(&task.id.0)),
+            moved.get(&task.id.0),
+        ) {
+            far_tasks.push(checkpoint::FarTask {
+                id: task.id.0,
+                key_hash,
+                file,
+                offset,
+            });
+            continue;
+        }
+        if let Some(t) = in_place.get(&task.id.0) {
+            far_tasks.push(checkpoint::FarTask {
+                id: t.id.0,
+                key_hash: t.hash,
+                file: t.file,
+                offset: t.offset,
+            });
+            continue;
+        }
         let in_flight = match task.state {
             TaskState::Scheduled => false,
             TaskState::Ready | TaskState::Leased => true,
@@ -601,6 +791,26 @@ fn encode(
             task.key(),
             payload,
         );
+    }
+    let far_moved: HashMap<u64, u64> = moves
+        .iter()
+        .flat_map(|m| m.far_moved.iter().map(|&(_, id, _, offset)| (id, offset)))
+        .collect();
+    for e in core.far.iter() {
+        let (file, offset) = match (far_moved.get(&e.id), moves) {
+            (Some(&offset), Some(m)) => (m.file, offset),
+            _ => crate::far::unpack_loc(e.loc),
+        };
+        far_tasks.push(checkpoint::FarTask {
+            id: e.id,
+            key_hash: e.hash,
+            file,
+            offset,
+        });
+    }
+    for t in &far_tasks {
+        named.insert(t.file);
+        enc.push_far(t);
     }
     let mut dead: Vec<_> = core.dead.iter().collect();
     dead.sort_unstable_by_key(|(id, _)| **id);
@@ -731,12 +941,15 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
                     .tasks
                     .iter()
                     .filter_map(|(_, t)| t.payload_at.map(|(f, _)| f))
+                    .chain(c.far.iter().map(|t| t.file))
                     .collect();
-                let replay = Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, true)
-                    .map_err(|e| OpenError::CheckpointMismatch {
-                        path: path.clone(),
-                        reason: e.0,
-                    })?;
+                let mismatch = |e: crate::replay::RuleError| OpenError::CheckpointMismatch {
+                    path: path.clone(),
+                    reason: e.0,
+                };
+                let mut replay = Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, true)
+                    .map_err(mismatch)?;
+                replay.add_far(c.far).map_err(mismatch)?;
                 return Ok(Some(Loaded {
                     replay,
                     meta: LoadedMeta {
@@ -788,6 +1001,7 @@ pub(crate) fn prepare_overflow(
         .tasks()
         .filter_map(|t| t.payload_at.map(|(f, _)| f))
         .chain(replay.dead_payloads_on_disk().values().map(|&(f, _)| f))
+        .chain(replay.far().map(|t| t.file))
         .collect();
     let referenced: HashSet<u32> = needed
         .iter()

@@ -587,6 +587,17 @@ pub(super) fn driver_loop(shared: &Shared) {
             break;
         }
         core.sleep = DriverSleep::Busy;
+        let driver_promotes = shared.driver_promotes();
+        if driver_promotes
+            && shared
+                .next_promotion_ms(&core)
+                .is_some_and(|at| at <= wall_ms(shared.now()))
+        {
+            core = shared.promote_far(core);
+            if core.stop {
+                break;
+            }
+        }
         let now = shared.now();
         let now_tick = shared.tick_of(now);
         due.clear();
@@ -641,10 +652,17 @@ pub(super) fn driver_loop(shared: &Shared) {
                 .wheel
                 .next_deadline()
                 .map(|d| u128::from(d.0) * shared.tick_ns);
-            let next_ns = match (wheel_ns, next_token_ns) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
+            let promote_ns = if driver_promotes {
+                shared
+                    .next_promotion_ms(&core)
+                    .map(|ms| u128::from(shared.due_tick(ms, now).0) * shared.tick_ns)
+            } else {
+                None
             };
+            let next_ns = [wheel_ns, next_token_ns, promote_ns]
+                .into_iter()
+                .flatten()
+                .min();
             core.sleep = match next_ns {
                 None => DriverSleep::Forever,
                 Some(ns) => {

@@ -23,6 +23,7 @@
 
 mod checkpointing;
 mod delivery;
+mod far;
 mod payloads;
 
 pub use checkpointing::CheckpointReport;
@@ -37,6 +38,7 @@ use crate::consumer::{Consumer, Delivery};
 use crate::error::{
     AckError, CancelError, CheckpointError, OpenError, ScheduleError, ShutdownError,
 };
+use crate::far::{FarEntry, FarIndex, KeyHasher};
 use crate::index::TaskIndex;
 use crate::record::{Record, ID_ONLY_BYTES, RECORD_CANCEL, RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES};
 use crate::replay::{DeadTask, LiveTask, Replay};
@@ -163,11 +165,17 @@ pub struct Stats {
     /// Payload bytes held in memory (live tasks and dead letters).
     pub payload_bytes_in_memory: usize,
     /// Live tasks whose payload is on disk, in an overflow file (see
-    /// [`Config::payload_window`]).
+    /// [`Config::payload_window`]), far tasks included.
     pub payloads_on_disk: usize,
     /// Payloads read back into memory from overflow files since open
     /// (ahead of their due time by the prefetcher, or when received).
     pub payloads_read_back: u64,
+    /// Of `scheduled`: far tasks — due beyond [`Config::horizon`], out of
+    /// the wheel, 24 bytes of memory each, key and payload on disk.
+    pub far: usize,
+    /// Far tasks moved back into the wheel since open (promoted as they
+    /// came within the horizon, or found by a cancel or reschedule).
+    pub far_promoted: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,6 +244,14 @@ struct Core {
     /// Payloads read back from overflow files so far (prefetched or read
     /// at receive).
     payloads_read_back: u64,
+    /// The hash of far tasks' keys (keyed by the store id).
+    hasher: KeyHasher,
+    /// Far tasks: due beyond the horizon, out of the slab and the wheel.
+    far: FarIndex,
+    /// Per overflow file holding far tasks, where promotion stands.
+    far_cursors: std::collections::BTreeMap<u32, far::FarCursor>,
+    /// Far tasks moved back into the wheel so far.
+    far_promoted: u64,
 }
 
 /// One ready-queue entry; stale (skipped) unless the slot still holds task
@@ -479,6 +495,13 @@ impl Engine {
         };
         let covered = checkpoint.as_ref().map_or(0, |c| c.lsn);
         let mut replayed_after = 0u64;
+        let overflow_dir = dir.join(crate::overflow::OVERFLOW_DIR_NAME);
+        let mut resolve = |t: &crate::checkpoint::FarTask| {
+            let path = overflow_dir.join(crate::overflow::file_name(t.file));
+            crate::overflow::read_entry(storage.as_ref(), &path, t.offset, t.id, None)
+                .map(|e| (e.key, e.due_ms))
+                .map_err(|e| e.to_string())
+        };
         let opened = Wal::open(Arc::clone(&storage), &wal_dir, options, &mut |view| {
             if view.lsn.0 <= covered {
                 return Ok(());
@@ -487,7 +510,7 @@ impl Engine {
             let record = Record::decode(view.record_type, view.body)
                 .map_err(|e| ReplayError(e.to_string()))?;
             replay
-                .apply(&record)
+                .apply_with(&record, &mut resolve)
                 .map_err(|e| ReplayError(e.to_string()))
         });
         let (wal, report) = opened.map_err(|e| match e {
@@ -581,6 +604,8 @@ impl Engine {
         // to a tick later.
         let grid_phase_ns = system_time_to_ns(clock.now_wall()).rem_euclid(tick_ns as i128) as u128;
         let origin_monotonic = clock.now_monotonic();
+        // In memory there are no far tasks; any key does.
+        let wal_store_id = wal.as_ref().map_or([0; 16], |w| w.store_id());
         let core = Core {
             status: Status::Open,
             wheel: Wheel::new(),
@@ -605,6 +630,10 @@ impl Engine {
             overflow_files: std::collections::BTreeMap::new(),
             next_overflow_file: 1,
             payloads_read_back: 0,
+            hasher: KeyHasher::new(&wal_store_id),
+            far: FarIndex::default(),
+            far_cursors: std::collections::BTreeMap::new(),
+            far_promoted: 0,
         };
         let shared = Arc::new(Shared {
             config,
@@ -817,7 +846,7 @@ impl Engine {
     /// Counters: scheduled, ready, in flight, backlog, dead letters.
     pub fn stats(&self) -> Stats {
         let core = self.shared.core.lock();
-        let pending = core.tasks.len();
+        let pending = core.tasks.len() + core.far.len();
         Stats {
             scheduled: pending - core.ready_count - core.in_flight_count,
             ready: core.ready_count,
@@ -835,8 +864,10 @@ impl Engine {
             pending,
             payload_bytes_in_memory: core.payloads.bytes_in_memory()
                 + core.dead.values().map(|d| d.payload.len()).sum::<usize>(),
-            payloads_on_disk: core.payloads.tasks_on_disk() as usize,
+            payloads_on_disk: core.payloads.tasks_on_disk() as usize + core.far.len(),
             payloads_read_back: core.payloads_read_back,
+            far: core.far.len(),
+            far_promoted: core.far_promoted,
         }
     }
 
@@ -1124,8 +1155,24 @@ impl Shared {
         let now = self.now();
         let now_ms = wall_ms(now);
         let dead_on_disk = replay.dead_payloads_on_disk().clone();
+        let mut replay = replay;
+        let far_entries: Vec<FarEntry> = replay
+            .take_far()
+            .iter()
+            .filter_map(|t| {
+                Some(FarEntry {
+                    hash: t.key_hash,
+                    loc: crate::far::pack_loc(t.file, t.offset)?,
+                    id: t.id,
+                })
+            })
+            .collect();
+        let mut far_index = FarIndex::build(far_entries);
+        let hasher = self.core.lock().hasher.clone();
+        let (promoted, far_cursors, far_error) = self.promote_at_open(&mut far_index, &hasher, now);
         let (live, dead) = replay.into_parts();
         let mut tasks: Vec<(u64, LiveTask)> = live.into_iter().collect();
+        tasks.extend(promoted);
         // Oldest first; equal due times in scheduling (id) order.
         tasks.sort_unstable_by_key(|(id, t)| (t.due_ms, *id));
         let mut recovery = Recovery {
@@ -1133,7 +1180,7 @@ impl Shared {
             ..Recovery::default()
         };
         let mut settle = RecordBatch::default();
-        let mut unreadable = None;
+        let mut unreadable = far_error;
         let mut core = self.core.lock();
         core.dead = dead.into_iter().collect();
         // Dead letters whose payload a checkpoint had moved to disk: read
@@ -1211,7 +1258,9 @@ impl Shared {
                 id,
                 key_tag: core.key_tag(&t.key),
                 bytes: match t.payload_at {
-                    Some((file, offset)) => core.payloads.put_on_disk(&t.key, file, offset),
+                    // Whether the entry's due time is still the task's is
+                    // not known here: assume not.
+                    Some((file, offset)) => core.payloads.put_on_disk(&t.key, file, offset, false),
                     None => core.payloads.put(&t.key, &t.payload),
                 },
                 due_ms: t.due_ms,
@@ -1227,7 +1276,13 @@ impl Shared {
                 core.backlog.push_back((slot, id));
             }
         }
-        recovery.pending = core.tasks.len();
+        core.far = far_index;
+        core.far_cursors = far_cursors;
+        let c = &mut *core;
+        for file in c.far.files() {
+            *c.overflow_files.entry(file).or_default() += c.far.live_in_file(file);
+        }
+        recovery.pending = core.tasks.len() + core.far.len();
         recovery.dead_letters = core.dead.len();
         let c = &mut *core;
         for task in c.tasks.iter() {
@@ -1265,7 +1320,11 @@ impl Shared {
         let mut core = self.core.lock();
         self.check_room(&core, 1)?;
         let tag = core.key_tag(t.key);
-        if core.find_slot(tag, t.key).is_some() {
+        if core.find_slot(tag, t.key).is_some()
+            || self
+                .far_key_or_poison(&mut core, t.key)
+                .map_err(|cause| ScheduleError::Poisoned { cause })?
+        {
             return Err(self.already_exists(core, t.key));
         }
         self.check_horizon(&core, due_ms, due_tick)?;
@@ -1312,7 +1371,10 @@ impl Shared {
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_schedule_error)?;
         let tag = core.key_tag(key);
-        let Some(slot) = core.find_slot(tag, key) else {
+        let found = self
+            .locate_or_poison(&mut core, key)
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
+        let Some(slot) = found else {
             // Upsert: a new task, under the same lock as the lookup.
             self.check_room(&core, 1)?;
             self.check_horizon(&core, due_ms, due_tick)?;
@@ -1370,6 +1432,8 @@ impl Shared {
                 let bytes = c.payloads.put(key, payload);
                 let old = std::mem::replace(&mut task.bytes, bytes);
                 c.payloads.release(old);
+            } else {
+                task.bytes.due_moved();
             }
         }
         let wake = match c.wheel.insert(due_tick, slot) {
@@ -1411,7 +1475,11 @@ impl Shared {
         check_frame_bytes(std::slice::from_ref(&new))?;
         self.check_room(&core, 1)?;
         let tag = core.key_tag(&key);
-        if core.find_slot(tag, &key).is_some() {
+        if core.find_slot(tag, &key).is_some()
+            || self
+                .far_key_or_poison(&mut core, &key)
+                .map_err(|cause| ScheduleError::Poisoned { cause })?
+        {
             return Err(self.already_exists(core, &key));
         }
         self.check_horizon(&core, due_ms, due_tick)?;
@@ -1478,6 +1546,16 @@ impl Shared {
         {
             return Err(self.already_exists(core, t.key));
         }
+        if !core.far.is_empty() {
+            for t in new {
+                if self
+                    .far_key_or_poison(&mut core, t.key)
+                    .map_err(|cause| ScheduleError::Poisoned { cause })?
+                {
+                    return Err(self.already_exists(core, t.key));
+                }
+            }
+        }
         for (&ms, &tick) in due_ms.iter().zip(&due_ticks) {
             self.check_horizon(&core, ms, tick)?;
         }
@@ -1510,7 +1588,7 @@ impl Shared {
     /// or if the engine is not open.
     fn check_room(&self, core: &Core, adding: usize) -> Result<(), ScheduleError> {
         core.check_open().map_err(status_to_schedule_error)?;
-        let live = core.tasks.len();
+        let live = core.tasks.len() + core.far.len();
         if live + adding > self.config.pending_tasks_max {
             return Err(ScheduleError::TooManyPending {
                 pending: live,
@@ -1732,7 +1810,10 @@ impl Shared {
     fn cancel_one(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_cancel_error)?;
-        let Some(slot) = core.find_slot(core.key_tag(key), key) else {
+        let found = self
+            .locate_or_poison(&mut core, key)
+            .map_err(|cause| CancelError::Poisoned { cause })?;
+        let Some(slot) = found else {
             return self.not_found(core);
         };
         let (outcome, action) = Self::cancel_decision(&core, slot);
@@ -1763,7 +1844,10 @@ impl Shared {
         // Only a multi-key call can name a key twice; a single cancel allocates nothing.
         let mut seen: Option<HashSet<u32>> = (keys.len() > 1).then(HashSet::new);
         for key in keys {
-            let outcome = match core.find_slot(core.key_tag(key), key) {
+            let found = self
+                .locate_or_poison(&mut core, key)
+                .map_err(|cause| CancelError::Poisoned { cause })?;
+            let outcome = match found {
                 None => CancelOutcome::NotFound,
                 // The same key twice in one call: the second finds it gone.
                 Some(slot) if seen.as_mut().is_some_and(|seen| !seen.insert(slot)) => {

@@ -109,6 +109,10 @@ impl Shared {
                 if core.stop {
                     return;
                 }
+                core = self.promote_far(core);
+                if core.stop {
+                    return;
+                }
                 core.overflow_files.keys().copied().collect()
             };
             cursors.retain(|f, _| files.contains(f));

@@ -1,0 +1,382 @@
+//! Far tasks in the engine (`crate::far`): finding one by key (its hash in
+//! memory, its key on disk), turning one back into an ordinary task, and
+//! promoting those coming within the horizon into the wheel.
+
+use super::{wall_ms, Core, Now, Shared};
+use crate::far::{pack_loc, unpack_loc, FarIndex};
+use crate::overflow;
+use crate::replay::LiveTask;
+use crate::task::{PayloadRef, Task, TaskId, TaskState};
+use crate::wheel::InsertError;
+use parking_lot::MutexGuard;
+
+/// Bytes read from an overflow file at a time by the promotion.
+const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// What [`Shared::promote_at_open`] found: the tasks promoted, the cursors,
+/// and a read failure, if any.
+pub(super) type PromotedAtOpen = (
+    Vec<(u64, LiveTask)>,
+    std::collections::BTreeMap<u32, FarCursor>,
+    Option<String>,
+);
+
+/// Where the promotion stands in one overflow file holding far tasks.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FarCursor {
+    /// Byte offset of the next entry to read.
+    pub offset: u64,
+    /// Its due time, UTC ms (0: not known yet — read it).
+    pub next_due_ms: u64,
+}
+
+impl FarCursor {
+    /// A cursor at the start of a file.
+    pub fn start() -> FarCursor {
+        FarCursor {
+            offset: overflow::HEADER_BYTES as u64,
+            next_due_ms: 0,
+        }
+    }
+}
+
+impl Shared {
+    /// The far task whose key is `key`, with its overflow entry, if any.
+    /// Reads one overflow entry per task whose key hash matches (almost
+    /// always just the task sought). Called with the core lock held.
+    ///
+    /// `Err`: an entry could not be read or is damaged — durable data is
+    /// unreadable; the caller poisons the engine.
+    pub(super) fn find_far(
+        &self,
+        core: &Core,
+        key: &[u8],
+    ) -> Result<Option<(usize, overflow::Entry)>, String> {
+        if core.far.is_empty() {
+            return Ok(None);
+        }
+        let Some(disk) = &self.disk else {
+            return Ok(None);
+        };
+        let hash = core.hasher.hash(key);
+        for pos in core.far.candidates(hash) {
+            let e = core.far.get(pos);
+            let (file, offset) = unpack_loc(e.loc);
+            let path = disk.overflow_dir().join(overflow::file_name(file));
+            let entry = overflow::read_entry(disk.storage.as_ref(), &path, offset, e.id, None)
+                .map_err(|err| format!("cannot read far task {}: {err}", e.id))?;
+            if *entry.key == *key {
+                return Ok(Some((pos, entry)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The slot of the live task with `key`, wherever it is: a far task is
+    /// first made an ordinary one (in the slab and the wheel). `Err` as
+    /// [`Shared::find_far`].
+    pub(super) fn locate(&self, core: &mut Core, key: &[u8]) -> Result<Option<u32>, String> {
+        let tag = core.key_tag(key);
+        if let Some(slot) = core.find_slot(tag, key) {
+            return Ok(Some(slot));
+        }
+        match self.find_far(core, key)? {
+            None => Ok(None),
+            Some((pos, entry)) => Ok(self.unfar(core, pos, entry, self.now())),
+        }
+    }
+
+    /// [`Shared::locate`], poisoning the engine if a far task's entry
+    /// cannot be read (the cause is returned).
+    pub(super) fn locate_or_poison(
+        &self,
+        core: &mut Core,
+        key: &[u8],
+    ) -> Result<Option<u32>, String> {
+        self.locate(core, key)
+            .inspect_err(|cause| self.poison_locked(core, cause.clone()))
+    }
+
+    /// Whether a far task has `key`, poisoning the engine if its entry
+    /// cannot be read (the cause is returned).
+    pub(super) fn far_key_or_poison(&self, core: &mut Core, key: &[u8]) -> Result<bool, String> {
+        match self.find_far(core, key) {
+            Ok(found) => Ok(found.is_some()),
+            Err(cause) => {
+                self.poison_locked(core, cause.clone());
+                Err(cause)
+            }
+        }
+    }
+
+    /// Moves far task `pos` (whose entry is `entry`) into the slab and the
+    /// wheel (or the overdue queue if it is due); returns its slot. Its
+    /// payload is kept in memory if it is due within the payload window,
+    /// otherwise it stays on disk where it is.
+    pub(super) fn unfar(
+        &self,
+        core: &mut Core,
+        pos: usize,
+        entry: overflow::Entry,
+        now: Now,
+    ) -> Option<u32> {
+        let e = core.far.get(pos);
+        if e.id != entry.task_id {
+            return None;
+        }
+        let slot = core.tasks.vacant_slot()?;
+        core.far.remove(pos)?;
+        let (file, offset) = unpack_loc(e.loc);
+        let window_end = self.config.payload_window.map_or(u64::MAX, |w| {
+            wall_ms(now).saturating_add(w.as_millis() as u64)
+        });
+        let bytes = if entry.due_ms <= window_end {
+            core.payloads_read_back += 1;
+            core.payloads.put(&entry.key, &entry.payload)
+        } else {
+            core.payloads.put_on_disk(&entry.key, file, offset, true)
+        };
+        self.insert_waiting(core, TaskId(e.id), &entry.key, bytes, entry.due_ms, now);
+        core.far_promoted += 1;
+        Some(slot)
+    }
+
+    /// Puts a waiting task (first attempt) in the slab, the index and the
+    /// wheel, or the overdue queue if its tick has passed.
+    fn insert_waiting(
+        &self,
+        core: &mut Core,
+        id: TaskId,
+        key: &[u8],
+        bytes: PayloadRef,
+        due_ms: u64,
+        now: Now,
+    ) {
+        let Some(slot) = core.tasks.vacant_slot() else {
+            return;
+        };
+        let due_tick = self.due_tick(due_ms, now);
+        let placed = core.wheel.insert(due_tick, slot);
+        let task = Task {
+            id,
+            key_tag: core.key_tag(key),
+            bytes,
+            due_ms,
+            state: TaskState::Scheduled,
+            deliveries: 0,
+            timer: placed.ok(),
+        };
+        core.insert_task(task);
+        match placed {
+            Ok(_) => {}
+            Err(InsertError::Elapsed) => core.overdue.push_back((slot, id)),
+            Err(e) => {
+                // Out of the wheel's range or full: ruled out by delay_max
+                // and pending_tasks_max. Never early: the backlog entry is
+                // handed out when the driver gets to it.
+                tracing::error!(?id, ?e, "wheel refused a promoted task");
+                core.backlog.push_back((slot, id));
+            }
+        }
+        self.driver_cv.notify_all();
+    }
+
+    /// At open: takes out of `far` the far tasks due within the horizon
+    /// (every file read sequentially up to the first entry beyond it), as
+    /// live tasks to place with the others — the overdue ones join the
+    /// catch-up backlog in due order. Returns them and the promotion cursor
+    /// of each file still holding far tasks; `Err` if a file cannot be read
+    /// (the caller poisons the engine).
+    pub(super) fn promote_at_open(
+        &self,
+        far: &mut FarIndex,
+        hasher: &crate::far::KeyHasher,
+        now: Now,
+    ) -> PromotedAtOpen {
+        let mut out = Vec::new();
+        let mut cursors = std::collections::BTreeMap::new();
+        let (Some(disk), Some(horizon)) = (&self.disk, self.config.horizon) else {
+            for f in far.files() {
+                cursors.insert(f, FarCursor::start());
+            }
+            return (out, cursors, None);
+        };
+        let until = wall_ms(now).saturating_add(horizon.as_millis() as u64);
+        let storage = disk.storage.as_ref();
+        let files: Vec<u32> = far.files().collect();
+        for file in files {
+            let path = disk.overflow_dir().join(overflow::file_name(file));
+            let mut cursor = FarCursor::start();
+            loop {
+                let read =
+                    overflow::read_due(storage, &path, cursor.offset, until, PROMOTE_CHUNK_BYTES)
+                        .and_then(|(entries, next)| {
+                            Ok((entries, next, overflow::due_at(storage, &path, next)?))
+                        });
+                let (entries, next, next_due) = match read {
+                    Ok(r) => r,
+                    Err(e) => {
+                        return (out, cursors, Some(format!("cannot promote far tasks: {e}")))
+                    }
+                };
+                for (offset, entry) in entries {
+                    let Some(loc) = pack_loc(file, offset) else {
+                        continue;
+                    };
+                    let Some(pos) = far.find(hasher.hash(&entry.key), loc, entry.task_id) else {
+                        continue;
+                    };
+                    far.remove(pos);
+                    out.push((
+                        entry.task_id,
+                        LiveTask {
+                            key: entry.key,
+                            payload: Box::default(),
+                            payload_at: Some((file, offset)),
+                            due_ms: entry.due_ms,
+                            deliveries: 0,
+                            in_flight: false,
+                            last_error: Box::default(),
+                        },
+                    ));
+                }
+                cursor = FarCursor {
+                    offset: next,
+                    next_due_ms: next_due.unwrap_or(u64::MAX).max(1),
+                };
+                if next_due.is_none_or(|d| d > until) {
+                    break;
+                }
+            }
+            if far.live_in_file(file) > 0 {
+                cursors.insert(file, cursor);
+            }
+        }
+        (out, cursors, None)
+    }
+
+    /// Whether the driver thread promotes far tasks itself: when no
+    /// prefetch thread runs (it does otherwise, off the driver's path).
+    pub(super) fn driver_promotes(&self) -> bool {
+        !(self.config.payload_prefetch && self.config.payload_window.is_some())
+    }
+
+    /// The wall time (UTC ms) before which nothing needs promoting, if any
+    /// far task waits: the earliest next due time of the files' cursors,
+    /// less the horizon.
+    pub(super) fn next_promotion_ms(&self, core: &Core) -> Option<u64> {
+        let horizon_ms = self.config.horizon?.as_millis() as u64;
+        if core.stop || core.check_open().is_err() {
+            return None;
+        }
+        core.far_cursors
+            .values()
+            .map(|c| c.next_due_ms.saturating_sub(horizon_ms))
+            .min()
+    }
+
+    /// Promotes every far task due within the horizon from now into the
+    /// wheel: reads each overflow file holding far tasks sequentially from
+    /// where it stopped, up to the first entry beyond the horizon, without
+    /// the lock; then, under it, moves the tasks still far (not cancelled or
+    /// rescheduled meanwhile) into the wheel in (due time, id) order across
+    /// files — the order an open would place them in. Takes and returns the
+    /// core lock. A read failure poisons the engine: far tasks that cannot
+    /// be read back would never fire.
+    pub(super) fn promote_far<'a>(
+        &'a self,
+        mut core: MutexGuard<'a, Core>,
+    ) -> MutexGuard<'a, Core> {
+        let (Some(disk), Some(horizon)) = (&self.disk, self.config.horizon) else {
+            return core;
+        };
+        let horizon_ms = horizon.as_millis() as u64;
+        loop {
+            if core.stop || core.check_open().is_err() {
+                return core;
+            }
+            let now = self.now();
+            let until = wall_ms(now).saturating_add(horizon_ms);
+            let due: Vec<(u32, FarCursor)> = core
+                .far_cursors
+                .iter()
+                .filter(|(_, c)| c.next_due_ms <= until)
+                .map(|(&f, &c)| (f, c))
+                .collect();
+            if due.is_empty() {
+                return core;
+            }
+            drop(core);
+            let storage = disk.storage.as_ref();
+            let mut entries: Vec<(u32, u64, overflow::Entry)> = Vec::new();
+            let mut moved: Vec<(u32, FarCursor, FarCursor)> = Vec::new();
+            let mut failed = None;
+            for (file, start) in due {
+                let path = disk.overflow_dir().join(overflow::file_name(file));
+                let mut cursor = start;
+                loop {
+                    let read = overflow::read_due(
+                        storage,
+                        &path,
+                        cursor.offset,
+                        until,
+                        PROMOTE_CHUNK_BYTES,
+                    )
+                    .and_then(|(got, next)| {
+                        Ok((got, next, overflow::due_at(storage, &path, next)?))
+                    });
+                    match read {
+                        Ok((got, next, next_due)) => {
+                            entries.extend(got.into_iter().map(|(o, e)| (file, o, e)));
+                            cursor = FarCursor {
+                                offset: next,
+                                next_due_ms: next_due.unwrap_or(u64::MAX).max(1),
+                            };
+                            if next_due.is_none_or(|d| d > until) {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            failed = Some(format!("cannot promote far tasks: {e}"));
+                            break;
+                        }
+                    }
+                }
+                moved.push((file, start, cursor));
+                if failed.is_some() {
+                    break;
+                }
+            }
+            core = self.core.lock();
+            if let Some(cause) = failed {
+                self.poison_locked(&mut core, cause);
+                return core;
+            }
+            entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
+            for (file, offset, entry) in entries {
+                let Some(loc) = pack_loc(file, offset) else {
+                    continue;
+                };
+                let hash = core.hasher.hash(&entry.key);
+                if let Some(pos) = core.far.find(hash, loc, entry.task_id) {
+                    self.unfar(&mut core, pos, entry, now);
+                }
+            }
+            // A checkpoint may have moved a file's far tasks meanwhile (and
+            // reset or removed its cursor): only a cursor still where this
+            // read started moves on.
+            let c = &mut *core;
+            for (file, start, end) in moved {
+                if let Some(cur) = c.far_cursors.get_mut(&file) {
+                    if cur.offset == start.offset {
+                        if c.far.live_in_file(file) > 0 && end.next_due_ms != u64::MAX {
+                            *cur = end;
+                        } else {
+                            c.far_cursors.remove(&file);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
