@@ -6,11 +6,13 @@
 //! a 64-byte header (magic, format version, header CRC, the log's store id,
 //! the LSN, the largest task id, the creation time), then blocks — each a
 //! 16-byte header (length, CRC-32, kind, entry count) and a body of entries
-//! laid end to end — TASKS blocks, DEAD blocks, and one END block carrying the
-//! totals, which ends the file. A file is written under a temporary name,
-//! fdatasynced, renamed and its directory fsynced (etcd's snapshotter,
-//! LevelDB's CURRENT), so a crash at any step leaves the old checkpoint or the
-//! new one, never a mix.
+//! laid end to end — TASKS blocks, FAR blocks (format version 2: far tasks,
+//! whose key and payload are only in their overflow entry), DEAD blocks, and
+//! one END block carrying the totals, which ends the file. Version 1 files
+//! (no FAR blocks, a 16-byte END body) are still read. A file is written
+//! under a temporary name, fdatasynced, renamed and its directory fsynced
+//! (etcd's snapshotter, LevelDB's CURRENT), so a crash at any step leaves the
+//! old checkpoint or the new one, never a mix.
 //!
 //! Reading trusts nothing: every length is bounded by a limit and by the bytes
 //! left in the file before anything is allocated, every block's CRC is checked
@@ -33,7 +35,8 @@ pub const TMP_SUFFIX: &str = ".tmp";
 
 /// The header's magic bytes.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"KAIROSCP";
-/// The only format version this code reads and writes.
+/// The format version this code writes (it reads
+/// [`CHECKPOINT_FORMAT_VERSION_MIN`] to this one).
 pub const CHECKPOINT_FORMAT_VERSION: u32 = 2;
 /// The oldest checkpoint format version this build still reads (version 1
 /// has no FAR blocks and a 16-byte END body).
@@ -1027,14 +1030,43 @@ pub fn write_file(
 mod tests {
     use super::*;
 
-    fn sample() -> (CheckpointHeader, Vec<u8>) {
-        let header = CheckpointHeader {
+    const FAR_4: FarTask = FarTask {
+        id: 4,
+        key_hash: 0x0102_0304_0506_0708,
+        file: 4,
+        offset: 64,
+    };
+    const FAR_8: FarTask = FarTask {
+        id: 8,
+        key_hash: 0xfedc_ba98_7654_3210,
+        file: crate::far::LOC_FILE_MAX,
+        offset: (1 << crate::far::LOC_OFFSET_BITS) - 1,
+    };
+
+    fn header() -> CheckpointHeader {
+        CheckpointHeader {
             store_id: [7; 16],
             lsn: 42,
             max_task_id: 9,
             created_ms: 1_700_000_000_000,
-        };
-        let mut enc = CheckpointEncoder::new(&header);
+        }
+    }
+
+    fn dead_9() -> DeadTask {
+        DeadTask {
+            key: b"k9".as_slice().into(),
+            payload: b"p".as_slice().into(),
+            due_ms: 300,
+            deliveries: 3,
+            dead_ms: 400,
+            error: b"boom".as_slice().into(),
+        }
+    }
+
+    /// Tasks 3, 5, 7, far tasks 4 and 8 (with the largest place that packs), dead letter 9;
+    /// with `far` false, the same without the far tasks.
+    fn encode_sample(far: bool) -> Vec<u8> {
+        let mut enc = CheckpointEncoder::new(&header());
         enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
         enc.push_task(5, 200, 2, true, b"k5", PayloadAt::Inline(b""));
         enc.push_task(
@@ -1048,18 +1080,74 @@ mod tests {
                 offset: 64,
             },
         );
-        enc.push_dead(
-            9,
-            &DeadTask {
-                key: b"k9".as_slice().into(),
-                payload: b"p".as_slice().into(),
-                due_ms: 300,
-                deliveries: 3,
-                dead_ms: 400,
-                error: b"boom".as_slice().into(),
-            },
+        if far {
+            enc.push_far(&FAR_4);
+            enc.push_far(&FAR_8);
+        }
+        enc.push_dead(9, &dead_9());
+        enc.finish()
+    }
+
+    fn sample() -> (CheckpointHeader, Vec<u8>) {
+        (header(), encode_sample(true))
+    }
+
+    /// The blocks of an encoded file: (offset, kind, entry count, body).
+    fn blocks(bytes: &[u8]) -> Vec<(usize, u8, u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut at = HEADER_BYTES;
+        while at < bytes.len() {
+            let len = u32_at(bytes, at) as usize;
+            let body = bytes[at + BLOCK_HEADER_BYTES..at + BLOCK_HEADER_BYTES + len].to_vec();
+            out.push((at, bytes[at + B_KIND], u32_at(bytes, at + B_COUNT), body));
+            at += BLOCK_HEADER_BYTES + len;
+        }
+        out
+    }
+
+    /// A file of format `version` (header CRC recomputed) holding `blocks` as given.
+    fn assemble(version: u32, blocks: &[(u8, u32, &[u8])]) -> Vec<u8> {
+        let mut h = encode_header(&header());
+        h[H_VERSION..H_CRC].copy_from_slice(&version.to_le_bytes());
+        let crc = header_crc(&h);
+        h[H_CRC..H_STORE_ID].copy_from_slice(&crc.to_le_bytes());
+        let mut out = h.to_vec();
+        for (kind, count, body) in blocks {
+            push_block(&mut out, *kind, *count, body);
+        }
+        out
+    }
+
+    /// An END body: the counts, the far count only if given (version 2).
+    fn end(tasks: u64, dead: u64, far: Option<u64>) -> Vec<u8> {
+        let mut b = tasks.to_le_bytes().to_vec();
+        b.extend_from_slice(&dead.to_le_bytes());
+        if let Some(far) = far {
+            b.extend_from_slice(&far.to_le_bytes());
+        }
+        b
+    }
+
+    /// The sample's TASKS, FAR and DEAD blocks: (kind, count, body).
+    fn sample_blocks() -> [(u8, u32, Vec<u8>); 3] {
+        let b = blocks(&encode_sample(true));
+        assert_eq!(
+            b.iter().map(|(_, k, n, _)| (*k, *n)).collect::<Vec<_>>(),
+            [
+                (BLOCK_TASKS, 3),
+                (BLOCK_FAR, 2),
+                (BLOCK_DEAD, 1),
+                (BLOCK_END, 0)
+            ]
         );
-        (header, enc.finish())
+        [0, 1, 2].map(|i| (b[i].1, b[i].2, b[i].3.clone()))
+    }
+
+    fn corrupt_at(bytes: &[u8]) -> (u64, String) {
+        match decode(bytes, Path::new("x")) {
+            Err(CheckpointReadError::Corrupt { offset, reason, .. }) => (offset, reason),
+            other => panic!("expected corruption, got {other:?}"),
+        }
     }
 
     #[test]
@@ -1073,26 +1161,272 @@ mod tests {
         assert_eq!(&*c.tasks[0].1.payload, b"payload");
         assert!(c.tasks[1].1.in_flight);
         assert_eq!(c.tasks[1].1.deliveries, 2);
+        assert_eq!(c.far, [FAR_4, FAR_8]);
+        assert_eq!(c.dead.len(), 1);
         assert_eq!(c.dead[0].0, 9);
         assert_eq!(&*c.dead[0].1.error, b"boom");
+        // The END block: 24 bytes, the counts in the order tasks, dead, far.
+        let b = blocks(&bytes);
+        assert_eq!(b[3].3, end(3, 1, Some(2)));
+        // Far entries are exactly 28 bytes each, fields in place.
+        assert_eq!(b[1].3.len(), 2 * FAR_ENTRY_BYTES);
+        assert_eq!(b[1].3[..8], 4u64.to_le_bytes());
+        assert_eq!(b[1].3[8..16], 0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(b[1].3[16..20], 4u32.to_le_bytes());
+        assert_eq!(b[1].3[20..28], 64u64.to_le_bytes());
     }
 
     #[test]
     fn every_truncation_and_bit_flip_is_an_error_not_a_panic() {
-        let (_, bytes) = sample();
-        for cut in 0..bytes.len() {
-            assert!(
-                decode(&bytes[..cut], Path::new("x")).is_err(),
-                "cut at {cut}"
-            );
-        }
-        for at in 0..bytes.len() {
-            for bit in 0..8 {
-                let mut b = bytes.clone();
-                b[at] ^= 1 << bit;
-                assert!(decode(&b, Path::new("x")).is_err(), "flip {at}.{bit}");
+        let (_, v2) = sample();
+        let [tasks, _, dead] = sample_blocks();
+        let v1 = assemble(
+            1,
+            &[
+                (tasks.0, tasks.1, &tasks.2),
+                (dead.0, dead.1, &dead.2),
+                (BLOCK_END, 0, &end(3, 1, None)),
+            ],
+        );
+        assert!(decode(&v1, Path::new("x")).is_ok());
+        for bytes in [v2, v1] {
+            for cut in 0..bytes.len() {
+                assert!(
+                    decode(&bytes[..cut], Path::new("x")).is_err(),
+                    "cut at {cut}"
+                );
+            }
+            for at in 0..bytes.len() {
+                for bit in 0..8 {
+                    let mut b = bytes.clone();
+                    b[at] ^= 1 << bit;
+                    assert!(decode(&b, Path::new("x")).is_err(), "flip {at}.{bit}");
+                }
             }
         }
+    }
+
+    #[test]
+    fn version_1_still_reads() {
+        let [tasks, _, dead] = sample_blocks();
+        let v1 = assemble(
+            1,
+            &[
+                (tasks.0, tasks.1, &tasks.2),
+                (dead.0, dead.1, &dead.2),
+                (BLOCK_END, 0, &end(3, 1, None)),
+            ],
+        );
+        let c = decode(&v1, Path::new("x")).unwrap();
+        let without_far = decode(&encode_sample(false), Path::new("x")).unwrap();
+        assert_eq!(c, without_far);
+        assert_eq!(c.header, Some(header()));
+        assert_eq!(
+            c.tasks.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            [3, 5, 7]
+        );
+        assert_eq!(c.far, []);
+        assert_eq!(c.dead[0], (9, dead_9()));
+        // Its header, read alone, too.
+        let sim = kairos_wal::SimStorage::new(1);
+        sim.write_file(Path::new("/c"), &v1);
+        assert_eq!(read_header(&sim, Path::new("/c")).unwrap(), header());
+        assert_eq!(read(&sim, Path::new("/c")).unwrap(), c);
+        // Versions 0 and 3 are not read.
+        for version in [0, 3] {
+            let bytes = assemble(version, &[(BLOCK_END, 0, &end(0, 0, Some(0)))]);
+            match decode(&bytes, Path::new("x")) {
+                Err(CheckpointReadError::UnsupportedVersion { version: v, .. }) => {
+                    assert_eq!(v, version);
+                }
+                other => panic!("version {version}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn end_body_length_follows_the_version() {
+        // A version 1 END body in a version 2 file, and the other way round.
+        let v2_short = assemble(2, &[(BLOCK_END, 0, &end(0, 0, None))]);
+        assert_eq!(corrupt_at(&v2_short), (64, "malformed END block".into()));
+        let v1_long = assemble(1, &[(BLOCK_END, 0, &end(0, 0, Some(0)))]);
+        assert_eq!(corrupt_at(&v1_long), (64, "malformed END block".into()));
+        // The far count must match.
+        let [_, far, _] = sample_blocks();
+        let bytes = assemble(
+            2,
+            &[(far.0, far.1, &far.2), (BLOCK_END, 0, &end(0, 0, Some(1)))],
+        );
+        assert_eq!(
+            corrupt_at(&bytes),
+            (
+                64 + 16 + 56,
+                "END block counts 0 tasks, 1 far tasks and 0 dead letters, the file holds 0, 2 and 0"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn blocks_out_of_order_are_refused_at_the_block() {
+        let [tasks, far, dead] = sample_blocks();
+        let (t, f, d) = (
+            (tasks.0, tasks.1, &tasks.2[..]),
+            (far.0, far.1, &far.2[..]),
+            (dead.0, dead.1, &dead.2[..]),
+        );
+        let t_end = 64 + 16 + tasks.2.len() as u64;
+        assert_eq!(far.2.len(), 56);
+        // A FAR block in a version 1 file: a kind version 1 does not have.
+        let bytes = assemble(1, &[t, f, d, (BLOCK_END, 0, &end(3, 1, None))]);
+        assert_eq!(corrupt_at(&bytes), (t_end, "unknown block kind 4".into()));
+        // A FAR block after a DEAD block.
+        let bytes = assemble(2, &[t, d, f, (BLOCK_END, 0, &end(3, 1, Some(2)))]);
+        let dead_end = t_end + 16 + dead.2.len() as u64;
+        assert_eq!(
+            corrupt_at(&bytes),
+            (dead_end, "FAR block after a DEAD block".into())
+        );
+        // A TASKS block after a FAR block.
+        let bytes = assemble(2, &[f, t, d, (BLOCK_END, 0, &end(3, 1, Some(2)))]);
+        assert_eq!(
+            corrupt_at(&bytes),
+            (64 + 16 + 56, "TASKS block after a FAR or DEAD block".into())
+        );
+        // In order, the same blocks read.
+        let bytes = assemble(2, &[t, f, d, (BLOCK_END, 0, &end(3, 1, Some(2)))]);
+        assert_eq!(bytes, encode_sample(true));
+    }
+
+    #[test]
+    fn a_far_id_that_is_also_a_task_id_is_refused_at_the_later_entry() {
+        let mut enc = CheckpointEncoder::new(&header());
+        enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
+        enc.push_far(&FAR_4);
+        enc.push_far(&FarTask { id: 3, ..FAR_8 });
+        let bytes = enc.finish();
+        // Header, TASKS block (16 + 28 + 2 + 7), FAR block header, the first far entry.
+        let second_far = 64 + (16 + 37) + 16 + 28;
+        assert_eq!(
+            corrupt_at(&bytes),
+            (second_far, "task id 3 appears twice".into())
+        );
+        // And a far id twice.
+        let mut enc = CheckpointEncoder::new(&header());
+        enc.push_far(&FAR_4);
+        enc.push_far(&FAR_4);
+        let bytes = enc.finish();
+        assert_eq!(
+            corrupt_at(&bytes),
+            (64 + 16 + 28, "task id 4 appears twice".into())
+        );
+        // And a far id that is a dead letter's.
+        let mut enc = CheckpointEncoder::new(&header());
+        enc.push_far(&FarTask { id: 9, ..FAR_4 });
+        enc.push_dead(9, &dead_9());
+        let bytes = enc.finish();
+        assert_eq!(
+            corrupt_at(&bytes),
+            (64 + 44 + 16, "task id 9 appears twice".into())
+        );
+    }
+
+    #[test]
+    fn far_entries_whose_place_does_not_pack_are_refused() {
+        let max_offset = (1u64 << crate::far::LOC_OFFSET_BITS) - 1;
+        for (file, offset, ok) in [
+            (0, 64, true),
+            (crate::far::LOC_FILE_MAX, max_offset, true),
+            (crate::far::LOC_FILE_MAX + 1, 64, false),
+            (u32::MAX, 64, false),
+            (1, max_offset + 1, false),
+            (1, u64::MAX, false),
+            (1, 63, false),
+            (1, 0, false),
+        ] {
+            let mut enc = CheckpointEncoder::new(&header());
+            enc.push_far(&FAR_4);
+            enc.push_far(&FarTask {
+                file,
+                offset,
+                ..FAR_8
+            });
+            let bytes = enc.finish();
+            if ok {
+                let c = decode(&bytes, Path::new("x")).unwrap();
+                assert_eq!(
+                    c.far[1],
+                    FarTask {
+                        file,
+                        offset,
+                        ..FAR_8
+                    }
+                );
+            } else {
+                assert_eq!(
+                    corrupt_at(&bytes),
+                    (
+                        64 + 16 + 28,
+                        format!(
+                            "far task 8 at offset {offset} of overflow file {file}: not a place \
+                             an entry can be"
+                        )
+                    ),
+                    "file {file}, offset {offset}"
+                );
+            }
+        }
+        // An id outside 1..=max_task_id, at its entry.
+        for id in [0, 10, u64::MAX] {
+            let mut enc = CheckpointEncoder::new(&header());
+            enc.push_far(&FarTask { id, ..FAR_4 });
+            assert_eq!(
+                corrupt_at(&enc.finish()),
+                (64 + 16, format!("task id {id} outside 1..=9"))
+            );
+        }
+    }
+
+    #[test]
+    fn far_golden_vector_matches_format_md() {
+        const FORMAT_MD: &str = include_str!("../wal/FORMAT.md");
+        let marker = "<!-- golden:checkpoint-far -->";
+        let at = FORMAT_MD.find(marker).expect("FORMAT.md has the marker");
+        let block = FORMAT_MD[at..]
+            .split("```text")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("a hex block after the marker");
+        let golden: Vec<u8> = block
+            .split_whitespace()
+            .map(|h| u8::from_str_radix(h, 16).expect("hex"))
+            .collect();
+        let store_id: [u8; 16] = core::array::from_fn(|i| i as u8);
+        let hasher = crate::far::KeyHasher::new(&store_id);
+        assert_eq!(hasher.hash(b""), 0xabac_0158_050f_c4dc);
+        assert_eq!(hasher.hash(b"order:1"), 0xffcb_7e86_9b80_484e);
+        let header = CheckpointHeader {
+            store_id,
+            lsn: 5,
+            max_task_id: 9,
+            created_ms: 1_700_000_000_000,
+        };
+        let far = FarTask {
+            id: 7,
+            key_hash: hasher.hash(b"order:1"),
+            file: 3,
+            offset: 64,
+        };
+        let mut enc = CheckpointEncoder::new(&header);
+        enc.push_far(&far);
+        let bytes = enc.finish();
+        assert_eq!(bytes, golden);
+        assert_eq!(bytes.len(), 64 + 16 + 28 + 16 + 24);
+        let c = decode(&golden, Path::new("x")).unwrap();
+        assert_eq!(
+            (c.header, c.far, c.tasks.len()),
+            (Some(header), vec![far], 0)
+        );
     }
 
     #[test]

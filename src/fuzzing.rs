@@ -637,11 +637,14 @@ pub fn fix_checkpoint_crcs(bytes: &mut [u8]) {
 
 /// Fuzz target `checkpoint_file`: a flags byte (bit 0: fix the checksums with
 /// [`fix_checkpoint_crcs`]), then the bytes of a checkpoint file, through
-/// [`crate::checkpoint::decode`] and [`crate::replay::Replay::from_checkpoint`].
+/// [`crate::checkpoint::decode`], [`crate::replay::Replay::from_checkpoint`] and
+/// [`crate::replay::Replay::add_far`].
 ///
 /// # Panics
-/// On a finding: decoding or restoring panicked, or a file that decodes does not survive
-/// re-encoding (encode what was read, decode that: the same state must come back).
+/// On a finding: decoding or restoring panicked, a file that decodes does not survive
+/// re-encoding (encode what was read — tasks, far tasks, dead letters — decode that: the same
+/// state must come back), or the replay refuses or changes the far tasks of a file that
+/// decodes.
 pub fn checkpoint_file(data: &[u8]) {
     use crate::checkpoint::{decode, CheckpointEncoder};
     let Some((&flags, rest)) = data.split_first() else {
@@ -666,12 +669,34 @@ pub fn checkpoint_file(data: &[u8]) {
         };
         enc.push_task(*id, t.due_ms, t.deliveries, t.in_flight, &t.key, payload);
     }
+    for t in &read.far {
+        enc.push_far(t);
+    }
     for (id, t) in &read.dead {
         enc.push_dead(*id, t);
     }
+    assert_eq!(enc.far_tasks(), read.far.len() as u64);
     let again = decode(&enc.finish(), path).expect("a re-encoded checkpoint reads back");
     assert_eq!(again, read, "re-encoding changed the checkpoint");
-    let _ = crate::replay::Replay::from_checkpoint(header.max_task_id, read.tasks, read.dead, true);
+    let (tasks, far) = (read.tasks.len(), read.far.len());
+    let Ok(mut replay) =
+        crate::replay::Replay::from_checkpoint(header.max_task_id, read.tasks, read.dead, true)
+    else {
+        return;
+    };
+    // The reader refused duplicate ids and ids above the largest one: so does `add_far`.
+    if let Err(e) = replay.add_far(read.far.clone()) {
+        panic!("add_far refused the far tasks of a checkpoint that reads: {e}");
+    }
+    assert_eq!(replay.far_tasks(), far);
+    assert_eq!(replay.live_tasks(), tasks + far);
+    let mut sorted = read.far;
+    sorted.sort_unstable_by_key(|t| t.id);
+    assert_eq!(
+        replay.take_far(),
+        sorted,
+        "take_far gives back other far tasks"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -75,10 +75,10 @@ pub struct Replay {
     max_id: u64,
     keep_payloads: bool,
     /// Far tasks from the checkpoint (no key in memory), sorted by id;
-    /// finished ones get offset 0 (never an entry's: the file header is
-    /// there) and stay in place, so the order holds (`far_live` counts the
-    /// rest).
+    /// finished ones stay in place, marked in `far_gone` (so the order the
+    /// binary search relies on holds), and `far_live` counts the rest.
     far: Vec<FarTask>,
+    far_gone: Vec<bool>,
     far_live: usize,
 }
 
@@ -98,7 +98,8 @@ impl Replay {
 
     /// A replay that starts from a checkpoint's state rather than from an
     /// empty log: records after the checkpoint's LSN are then applied with
-    /// [`Replay::apply_with`] (or [`Replay::apply`]). `max_id` is the largest task id ever assigned.
+    /// [`Replay::apply_with`] (or [`Replay::apply`]). `max_id` is the largest
+    /// task id ever assigned.
     ///
     /// # Errors
     /// Two live tasks with one key, or an id above `max_id` (a checkpoint
@@ -168,21 +169,28 @@ impl Replay {
             }
         }
         self.far_live = far.len();
+        self.far_gone = vec![false; far.len()];
         self.far = far;
         Ok(())
     }
 
     /// The live far tasks (sorted by id), taking them out of the replay.
     pub fn take_far(&mut self) -> Vec<FarTask> {
-        let mut far = std::mem::take(&mut self.far);
-        far.retain(|t| t.offset != 0);
+        let far = std::mem::take(&mut self.far);
+        let gone = std::mem::take(&mut self.far_gone);
         self.far_live = 0;
-        far
+        far.into_iter()
+            .zip(gone)
+            .filter_map(|(t, gone)| (!gone).then_some(t))
+            .collect()
     }
 
     /// The live far tasks, by id.
     pub fn far(&self) -> impl Iterator<Item = &FarTask> {
-        self.far.iter().filter(|t| t.offset != 0)
+        self.far
+            .iter()
+            .zip(&self.far_gone)
+            .filter_map(|(t, gone)| (!gone).then_some(t))
     }
 
     /// Far tasks still live.
@@ -198,7 +206,7 @@ impl Replay {
         self.far
             .binary_search_by_key(&id, |t| t.id)
             .ok()
-            .filter(|&p| self.far[p].offset != 0)
+            .filter(|&pos| !self.far_gone[pos])
     }
 
     /// If `record` names a live far task: a cancel finishes it (`Ok(true)`:
@@ -226,7 +234,7 @@ impl Replay {
             return Ok(false);
         };
         if let Record::Cancel { .. } = record {
-            self.far[pos].offset = 0;
+            self.far_gone[pos] = true;
             self.far_live -= 1;
             return Ok(true);
         }
@@ -243,7 +251,7 @@ impl Replay {
                 String::from_utf8_lossy(&key)
             )));
         }
-        self.far[pos].offset = 0;
+        self.far_gone[pos] = true;
         self.far_live -= 1;
         self.tasks.insert(
             id,
@@ -541,6 +549,66 @@ mod tests {
         r.apply(&Record::Cancel { id: TaskId(2) }).unwrap();
         assert!(r.apply(&Record::Ack { id: TaskId(2) }).is_err());
         assert_eq!((r.live_tasks(), r.dead_letters()), (0, 0));
+    }
+
+    #[test]
+    fn far_tasks_stay_findable_after_others_finish() {
+        let far = |id| FarTask {
+            id,
+            key_hash: id * 11,
+            file: 1,
+            offset: 64 * id,
+        };
+        let mut r = Replay::from_checkpoint(9, Vec::new(), Vec::new(), false).unwrap();
+        r.add_far(vec![far(5), far(3), far(4), far(8)]).unwrap();
+        assert_eq!((r.far_tasks(), r.live_tasks()), (4, 4));
+        // Cancel 4: dropped without reading its entry.
+        let reads = std::cell::RefCell::new(Vec::new());
+        let mut resolve = |t: &FarTask| -> Result<(Box<[u8]>, u64), String> {
+            reads.borrow_mut().push(t.id);
+            Ok((format!("k{}", t.id).into_bytes().into(), 1000 + t.id))
+        };
+        r.apply_with(&Record::Cancel { id: TaskId(4) }, &mut resolve)
+            .unwrap();
+        // 3 (before the gap) and 5, 8 (after it) are still found and read when needed.
+        for id in [3, 5, 8] {
+            r.apply_with(
+                &Record::Deliver {
+                    id: TaskId(id),
+                    fired_ms: 7,
+                },
+                &mut resolve,
+            )
+            .unwrap();
+        }
+        assert_eq!(*reads.borrow(), [3, 5, 8]);
+        assert_eq!((r.far_tasks(), r.live_tasks()), (0, 3));
+        let t = &r.tasks[&5];
+        assert_eq!(
+            (&*t.key, t.due_ms, t.payload_at, t.in_flight),
+            (&b"k5"[..], 1005, Some((1, 320)), true)
+        );
+        // 4 is gone: a second cancel is a rule break, not a far task.
+        assert!(r
+            .apply_with(&Record::Cancel { id: TaskId(4) }, &mut resolve)
+            .is_err());
+        assert_eq!(r.take_far(), []);
+    }
+
+    #[test]
+    fn take_far_leaves_out_the_finished() {
+        let far = |id| FarTask {
+            id,
+            key_hash: 0,
+            file: 2,
+            offset: 64,
+        };
+        let mut r = Replay::from_checkpoint(9, Vec::new(), Vec::new(), false).unwrap();
+        r.add_far(vec![far(7), far(2), far(9)]).unwrap();
+        r.apply(&Record::Cancel { id: TaskId(7) }).unwrap();
+        assert_eq!(r.live_tasks(), 2);
+        assert_eq!(r.take_far(), [far(2), far(9)]);
+        assert_eq!((r.far_tasks(), r.live_tasks()), (0, 0));
     }
 
     #[test]

@@ -117,7 +117,10 @@ fn checkpoint_file_corpus() {
 }
 
 /// Checkpoint files written by the real engine (on `SimStorage`): empty, tasks only, tasks in
-/// flight and dead letters; each with flags 0 and 1 (fix checksums).
+/// flight and dead letters; and one with far tasks written by the encoder itself (the engine
+/// writes none yet); each with flags 0 and 1 (fix checksums). The `seed-v1-*` files are the
+/// same engine seeds as the version 1 writer wrote them (16-byte END, no FAR blocks): kept, so
+/// that the corpus goes on reading version 1; this function does not touch them.
 #[test]
 #[ignore = "writes fuzz/corpus/checkpoint_file; run by hand after a format change"]
 fn write_checkpoint_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
@@ -127,6 +130,15 @@ fn write_checkpoint_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Duration;
     let dir = fuzz_dir().join("corpus").join("checkpoint_file");
     std::fs::create_dir_all(&dir)?;
+    let write_seed = |name: &str, bytes: &[u8]| -> std::io::Result<()> {
+        for flags in [0u8, 1] {
+            let mut input = vec![flags];
+            input.extend_from_slice(bytes);
+            std::fs::write(dir.join(format!("seed-{name}-{flags}")), input)?;
+        }
+        Ok(())
+    };
+    write_seed("far", &far_checkpoint_seed())?;
     for (name, tasks, with_dead) in [("empty", 0, false), ("tasks", 6, false), ("dead", 3, true)] {
         let sim = SimStorage::new(1);
         let clock = ManualClock::new(1_700_000_000_000);
@@ -159,14 +171,108 @@ fn write_checkpoint_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
         let path =
             std::path::Path::new("/d/checkpoint").join(kairos::checkpoint::file_name(report.lsn));
         let bytes = sim.read_file(&path).ok_or("checkpoint file")?;
-        for flags in [0u8, 1] {
-            let mut input = vec![flags];
-            input.extend_from_slice(&bytes);
-            std::fs::write(dir.join(format!("seed-{name}-{flags}")), input)?;
-        }
+        write_seed(name, &bytes)?;
         drop(engine);
     }
     Ok(())
+}
+
+/// The committed checkpoint seeds hold a version 2 file with far tasks (the one
+/// [`far_checkpoint_seed`] writes) and version 1 files, and both kinds read.
+#[test]
+fn checkpoint_seeds_cover_far_tasks_and_version_1() -> Result<(), Box<dyn std::error::Error>> {
+    use kairos::checkpoint::{decode, FarTask};
+    let dir = fuzz_dir().join("corpus").join("checkpoint_file");
+    let far = std::fs::read(dir.join("seed-far-0"))?;
+    assert_eq!(far[1..], far_checkpoint_seed()[..], "seed-far-0 is stale");
+    assert_eq!(far[9..13], 2u32.to_le_bytes());
+    let c = decode(&far[1..], Path::new("seed-far-0"))?;
+    let places: Vec<(u64, u32, u64)> = c
+        .far
+        .iter()
+        .map(|t: &FarTask| (t.id, t.file, t.offset))
+        .collect();
+    assert_eq!(
+        places,
+        [(5, 1, 200), (7, 2, 64), (9, (1 << 24) - 1, (1 << 40) - 1)]
+    );
+    assert_eq!((c.tasks.len(), c.dead.len()), (2, 1));
+    for name in ["empty", "tasks", "dead"] {
+        let v1 = std::fs::read(dir.join(format!("seed-v1-{name}-0")))?;
+        assert_eq!(v1[9..13], 1u32.to_le_bytes(), "seed-v1-{name}-0");
+        let v2 = std::fs::read(dir.join(format!("seed-{name}-0")))?;
+        assert_eq!(v2[9..13], 2u32.to_le_bytes(), "seed-{name}-0");
+        let (v1, v2) = (
+            decode(&v1[1..], Path::new("v1"))?,
+            decode(&v2[1..], Path::new("v2"))?,
+        );
+        assert!(v1.far.is_empty() && v2.far.is_empty());
+        assert_eq!(
+            (v1.tasks.len(), v1.dead.len()),
+            (v2.tasks.len(), v2.dead.len()),
+            "{name}"
+        );
+    }
+    Ok(())
+}
+
+/// A version 2 checkpoint with every kind of block: two tasks (one payload inline, one in an
+/// overflow file), three far tasks (one at the largest place that packs), a dead letter.
+fn far_checkpoint_seed() -> Vec<u8> {
+    use kairos::checkpoint::{CheckpointEncoder, CheckpointHeader, FarTask, PayloadAt};
+    use kairos::far::{KeyHasher, LOC_FILE_MAX, LOC_OFFSET_BITS};
+    use kairos::replay::DeadTask;
+    let store_id = [7; 16];
+    let hasher = KeyHasher::new(&store_id);
+    let mut enc = CheckpointEncoder::new(&CheckpointHeader {
+        store_id,
+        lsn: 40,
+        max_task_id: 12,
+        created_ms: 1_700_000_000_000,
+    });
+    enc.push_task(
+        1,
+        1_700_000_005_000,
+        0,
+        false,
+        b"key-1",
+        PayloadAt::Inline(b"pay"),
+    );
+    enc.push_task(
+        2,
+        1_700_000_060_000,
+        1,
+        false,
+        b"key-2",
+        PayloadAt::Overflow {
+            file: 1,
+            offset: 64,
+        },
+    );
+    for (id, file, offset) in [
+        (5, 1, 200),
+        (7, 2, 64),
+        (9, LOC_FILE_MAX, (1 << LOC_OFFSET_BITS) - 1),
+    ] {
+        enc.push_far(&FarTask {
+            id,
+            key_hash: hasher.hash(format!("far-{id}").as_bytes()),
+            file,
+            offset,
+        });
+    }
+    enc.push_dead(
+        12,
+        &DeadTask {
+            key: b"key-12".as_slice().into(),
+            payload: b"p".as_slice().into(),
+            due_ms: 1_700_000_001_000,
+            deliveries: 1,
+            dead_ms: 1_700_000_002_000,
+            error: b"boom".as_slice().into(),
+        },
+    );
+    enc.finish()
 }
 
 #[test]

@@ -115,6 +115,11 @@ pub fn preview(bytes: &[u8], limit: Option<usize>) -> (&[u8], bool) {
     (&bytes[..end], true)
 }
 
+/// A far task's key hash (`kairos::far::KeyHasher`) as printed: 16 lowercase hex digits.
+pub fn key_hash(hash: u64) -> String {
+    format!("{hash:016x}")
+}
+
 /// A file's name (lossily), or the whole path if it has none.
 pub fn file_name(path: &Path) -> Cow<'_, str> {
     match path.file_name() {
@@ -164,6 +169,13 @@ mod tests {
             preview(b"\x80\x80\x80\x80\x80\x80", Some(5)),
             (&b"\x80\x80\x80\x80\x80"[..], true)
         );
+    }
+
+    #[test]
+    fn key_hashes() {
+        assert_eq!(key_hash(0xffcb_7e86_9b80_484e), "ffcb7e869b80484e");
+        assert_eq!(key_hash(0x1f), "000000000000001f");
+        assert_eq!(key_hash(u64::MAX), "ffffffffffffffff");
     }
 
     #[test]

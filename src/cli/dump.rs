@@ -14,11 +14,13 @@
 //! for the key's tasks where their history reaches its LSN.
 
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
-use super::verify::{log_dir, start_from_checkpoint, CheckpointStart, Failure, Torn};
+use super::verify::{log_dir, start_from_checkpoint, CheckpointStart, Failure, FarReader, Torn};
 use super::Verdict;
 use anyhow::Context as _;
 use clap::Args;
 use kairos::checkpoint as ckpt;
+use kairos::far::KeyHasher;
+use kairos::overflow as ovf;
 use kairos::record::{DecodeError, Record};
 use kairos_wal::{FsStorage, RecordPlace, RecordView, ScanReport, WalError};
 use serde::Serialize;
@@ -57,6 +59,14 @@ newest that reads back whole:
 
   checkpoint 0000000000000123.ckpt at LSN 291: 40 live tasks, 1 dead letters
 
+If it holds far tasks (tasks beyond the horizon, whose key, due time and payload are only in \
+their overflow entry), the count names them (40 live tasks, 3 far tasks, 1 dead letters) and \
+one line per far task follows, by id: its id, the 64-bit hash of its key (SipHash-1-3 keyed by \
+the store id, 16 hex digits), and the number of the overflow file and the byte offset of its \
+entry:
+
+  FAR task=12 key_hash=ffcb7e869b80484e file=3 offset=64
+
 The records still in the log follow, those at or below its LSN included.
 
 --key K keeps the records of the tasks that ever had key K: each SCHEDULE with that key, and \
@@ -69,11 +79,18 @@ before those above it), one line per task:
   CHECKPOINT task=7 key=\"order:1\" due=2030-01-02T03:04:05.678Z deliveries=0 in_flight=false
   DEAD_LETTER task=5 key=\"order:1\" due=… deliveries=3 dead=… error=\"boom\"
 
+A far task has key K if K hashes to its key hash and its overflow entry, read to make sure, \
+holds K (two keys may share a hash); its line then has the key and the due time too:
+
+  FAR task=12 key=\"order:1\" due=2030-01-02T03:04:05.678Z key_hash=ffcb7e869b80484e file=3 \
+offset=64
+
 --json prints one JSON object per line (JSON Lines) with the raw *_ms integers and the RFC 3339 \
 strings both (null past the year 9999). The checkpoint line is an object with \"type\": \
-\"CHECKPOINT\" (file, path, lsn, created, bytes, max_task_id, tasks, dead_letters); the \
-state lines of --key have \"type\": \"CHECKPOINT_TASK\" or \"DEAD_LETTER\" and \
-checkpoint_lsn.
+\"CHECKPOINT\" (file, path, lsn, created, bytes, max_task_id, tasks, far_tasks, \
+dead_letters); a far task's, \"type\": \"FAR_TASK\" (checkpoint_lsn, task_id, key_hash as \
+16 hex digits, file, offset; with --key also key, due_ms and due); the other state lines of \
+--key have \"type\": \"CHECKPOINT_TASK\" or \"DEAD_LETTER\" and checkpoint_lsn.
 
 A summary goes to stderr: the records read, a torn tail (an unsynced write cut short by a \
 crash, which the next open truncates: reported, not damage), or the damage that stopped the \
@@ -161,6 +178,8 @@ struct Dumper<W: Write> {
     state_shown: usize,
     /// Why no checkpoint could be started from.
     checkpoint_failure: Option<Failure>,
+    /// With `--key`: why a far task's overflow entry could not be read to compare its key.
+    far_failure: Option<Failure>,
     records: u64,
     shown: u64,
     undecodable: u64,
@@ -187,6 +206,7 @@ impl<W: Write> Dumper<W> {
             state: Vec::new(),
             state_shown: 0,
             checkpoint_failure: None,
+            far_failure: None,
             records: 0,
             shown: 0,
             undecodable: 0,
@@ -214,22 +234,42 @@ impl<W: Write> Dumper<W> {
                 bytes: c.bytes,
                 max_task_id: c.max_task_id,
                 tasks: c.summary.tasks,
+                far_tasks: c.summary.far_tasks,
                 dead_letters: c.summary.dead_letters,
             };
             self.push_json(&line, c.summary.lsn);
         } else {
             let _ = write!(
                 self.line,
-                "checkpoint {name} at LSN {}: {} live tasks, {} dead letters",
-                c.summary.lsn, c.summary.tasks, c.summary.dead_letters
+                "checkpoint {name} at LSN {}: {}",
+                c.summary.lsn,
+                c.summary.counts()
             );
         }
         self.write_line();
-        let Some(key) = &self.key else { return };
+        // Sorted by id.
+        let far = c.replay.take_far();
+        let Some(key) = self.key.clone() else {
+            for t in &far {
+                let line = StateLine {
+                    id: t.id,
+                    key: Box::default(),
+                    due_ms: 0,
+                    deliveries: 0,
+                    state: State::Far {
+                        task: *t,
+                        key_read: false,
+                    },
+                };
+                self.write_state_line(&line);
+            }
+            return;
+        };
+        let far = self.far_with_key(c, &far, &key);
         let (live, dead) = std::mem::take(&mut c.replay).into_parts();
         let mut state: Vec<StateLine> = live
             .into_iter()
-            .filter(|(_, t)| *t.key == **key)
+            .filter(|(_, t)| *t.key == *key)
             .map(|(id, t)| StateLine {
                 id,
                 key: t.key,
@@ -241,7 +281,7 @@ impl<W: Write> Dumper<W> {
             })
             .chain(
                 dead.into_iter()
-                    .filter(|(_, t)| *t.key == **key)
+                    .filter(|(_, t)| *t.key == *key)
                     .map(|(id, t)| StateLine {
                         id,
                         key: t.key,
@@ -253,6 +293,7 @@ impl<W: Write> Dumper<W> {
                         },
                     }),
             )
+            .chain(far)
             .collect();
         state.sort_by_key(|s| s.id);
         for s in &state {
@@ -263,20 +304,78 @@ impl<W: Write> Dumper<W> {
         self.state = state;
     }
 
+    /// The far tasks of checkpoint `c` (`far`, sorted by id) whose key is `key`, as state
+    /// lines: those whose key hash is `key`'s, confirmed by reading the key from their
+    /// overflow entry (another key may have the same hash). An entry that cannot be read is
+    /// noted in `far_failure`.
+    fn far_with_key(
+        &mut self,
+        c: &CheckpointStart,
+        far: &[ckpt::FarTask],
+        key: &[u8],
+    ) -> Vec<StateLine> {
+        let hash = KeyHasher::new(&c.store_id).hash(key);
+        let reader = FarReader::new(&FsStorage, Some(c));
+        let mut lines = Vec::new();
+        for t in far.iter().filter(|t| t.key_hash == hash) {
+            match reader.read(t) {
+                Ok((k, due_ms)) if *k == *key => lines.push(StateLine {
+                    id: t.id,
+                    key: k,
+                    due_ms,
+                    deliveries: 0,
+                    state: State::Far {
+                        task: *t,
+                        key_read: true,
+                    },
+                }),
+                Ok(_) => {}
+                Err(why) => {
+                    self.far_failure.get_or_insert_with(|| Failure {
+                        file: c
+                            .overflow_dir
+                            .as_ref()
+                            .map(|d| d.join(ovf::file_name(t.file))),
+                        offset: Some(t.offset),
+                        message: format!(
+                            "cannot read the overflow entry of far task {} (overflow file {}, \
+                             offset {}): {why}",
+                            t.id, t.file, t.offset
+                        ),
+                    });
+                }
+            }
+        }
+        lines
+    }
+
     /// Prints the checkpoint's state lines, if not yet printed.
     fn write_state(&mut self) {
         let state = std::mem::take(&mut self.state);
         self.state_shown += state.len();
         for s in &state {
-            self.line.clear();
-            if self.json {
-                let line = StateJson::new(s, self.covered);
-                self.push_json(&line, self.covered);
-            } else {
-                s.text(&mut self.line);
-            }
-            self.write_line();
+            self.write_state_line(s);
         }
+    }
+
+    /// Prints one state line.
+    fn write_state_line(&mut self, s: &StateLine) {
+        self.line.clear();
+        if self.json {
+            match s.state {
+                State::Far { task, key_read } => {
+                    let line = FarJson::new(s, task, key_read, self.covered);
+                    self.push_json(&line, self.covered);
+                }
+                _ => {
+                    let line = StateJson::new(s, self.covered);
+                    self.push_json(&line, self.covered);
+                }
+            }
+        } else {
+            s.text(&mut self.line);
+        }
+        self.write_line();
     }
 
     /// Puts `value` as JSON in the line (or a line saying why it could not be).
@@ -373,6 +472,10 @@ impl<W: Write> Dumper<W> {
     ) -> Verdict {
         let mut ok = self.undecodable == 0;
         let mut summary = String::new();
+        if let Some(failure) = &self.far_failure {
+            ok = false;
+            summary.push_str(&failure.describe("kairos dump: damaged overflow file"));
+        }
         if let Some(failure) = &self.checkpoint_failure {
             ok = false;
             summary.push_str(&failure.describe("kairos dump: damaged checkpoint"));
@@ -528,17 +631,44 @@ struct StateLine {
 
 #[derive(Debug)]
 enum State {
-    Live { in_flight: bool },
-    Dead { dead_ms: u64, error: Box<[u8]> },
+    Live {
+        in_flight: bool,
+    },
+    Dead {
+        dead_ms: u64,
+        error: Box<[u8]>,
+    },
+    /// A far task: `key` and `due_ms` are read from its overflow entry if `key_read`, else
+    /// unknown (empty, 0).
+    Far {
+        task: ckpt::FarTask,
+        key_read: bool,
+    },
 }
 
 impl StateLine {
-    /// `CHECKPOINT task=… key=… due=… deliveries=… in_flight=…`, or `DEAD_LETTER task=…
-    /// key=… due=… deliveries=… dead=… error=…`.
+    /// `CHECKPOINT task=… key=… due=… deliveries=… in_flight=…`, `DEAD_LETTER task=…
+    /// key=… due=… deliveries=… dead=… error=…`, or `FAR task=… [key=… due=…] key_hash=…
+    /// file=… offset=…`.
     fn text(&self, line: &mut String) {
         let kind = match self.state {
             State::Live { .. } => "CHECKPOINT",
             State::Dead { .. } => "DEAD_LETTER",
+            State::Far { task, key_read } => {
+                let _ = write!(line, "FAR task={}", self.id);
+                if key_read {
+                    let _ = write!(line, " key={}", quoted(&self.key));
+                    time_field(line, "due", self.due_ms);
+                }
+                let _ = write!(
+                    line,
+                    " key_hash={} file={} offset={}",
+                    describe::key_hash(task.key_hash),
+                    task.file,
+                    task.offset
+                );
+                return;
+            }
         };
         let _ = write!(line, "{kind} task={} key={}", self.id, quoted(&self.key));
         time_field(line, "due", self.due_ms);
@@ -551,6 +681,7 @@ impl StateLine {
                 time_field(line, "dead", *dead_ms);
                 let _ = write!(line, " error={}", quoted(error));
             }
+            State::Far { .. } => {}
         }
     }
 }
@@ -570,8 +701,52 @@ struct CheckpointLine {
     created: Option<String>,
     bytes: u64,
     max_task_id: u64,
+    /// Live tasks it holds whole (far tasks apart).
     tasks: usize,
+    /// Far tasks it holds (their lines follow).
+    far_tasks: usize,
     dead_letters: usize,
+}
+
+/// A far task's line in JSON: the checkpoint's FAR entry, and with `--key` the key and due
+/// time read from its overflow entry.
+#[derive(Debug, Serialize)]
+struct FarJson {
+    /// `FAR_TASK`.
+    #[serde(rename = "type")]
+    type_name: &'static str,
+    /// The checkpoint's LSN.
+    checkpoint_lsn: u64,
+    task_id: u64,
+    /// SipHash-1-3 of the key keyed by the store id, 16 lowercase hex digits.
+    key_hash: String,
+    /// The overflow file's number.
+    file: u32,
+    /// Byte offset of the task's entry in it.
+    offset: u64,
+    /// UTF-8, lossily (`--key` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    due_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    due: Option<Option<String>>,
+}
+
+impl FarJson {
+    fn new(s: &StateLine, task: ckpt::FarTask, key_read: bool, checkpoint_lsn: u64) -> FarJson {
+        FarJson {
+            type_name: "FAR_TASK",
+            checkpoint_lsn,
+            task_id: task.id,
+            key_hash: describe::key_hash(task.key_hash),
+            file: task.file,
+            offset: task.offset,
+            key: key_read.then(|| describe::lossy(&s.key)),
+            due_ms: key_read.then_some(s.due_ms),
+            due: key_read.then(|| rfc3339(s.due_ms)),
+        }
+    }
 }
 
 /// A state line of `--key` in JSON.
@@ -622,6 +797,8 @@ impl StateJson {
                 line.dead = Some(rfc3339(*dead_ms));
                 line.error = Some(describe::lossy(error));
             }
+            // Written as a `FarJson`.
+            State::Far { .. } => line.type_name = "FAR_TASK",
         }
         line
     }

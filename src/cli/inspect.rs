@@ -11,21 +11,24 @@
 //! anything is allocated, no memory maps), and the records above the
 //! checkpoint's LSN are decoded with `Record::decode` and replayed on its state
 //! with the engine's own rules (`kairos::replay::Replay`, as `kairos verify`
-//! does). Memory: the checkpoint's keys (twice for the tasks whose payload it
-//! places in an overflow file), and one small entry per task live at the point
-//! read (the replay's, and the latest schedule's segment and size), not per
-//! record. Overflow files are read one at a time, each whole into memory
+//! does; a far task's key and due time are read from its overflow entry when a
+//! record names it). Memory: the checkpoint's keys (twice for the tasks whose
+//! payload it places in an overflow file), 32 bytes per far task (twice: the
+//! replay's, and the entries to check), and one small entry per task live at
+//! the point read (the replay's, and the latest schedule's segment and size),
+//! not per record. Overflow files are read one at a time, each whole into memory
 //! (`kairos::overflow::read_file`, which checks every entry): bounded by the
 //! size of the largest file, not by the number of tasks.
 
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
     check_overflow_entries, log_dir, start_from_checkpoint_deferring_overflow, CheckpointStart,
-    Failure, OverflowRef, Torn,
+    EntryKey, Failure, FarReader, OverflowRef, Torn,
 };
 use super::Verdict;
 use clap::Args;
 use kairos::checkpoint as ckpt;
+use kairos::far::KeyHasher;
 use kairos::overflow as ovf;
 use kairos::record::Record;
 use kairos::replay::Replay;
@@ -50,8 +53,10 @@ DIR is an engine data directory (its log is DIR/wal) or a log directory itself. 
 
 - the checkpoint the engine's open would start from — the newest file in DIR/checkpoint that \
 reads back whole: its file, LSN, creation time, size in bytes, the live tasks (and of those, \
-how many payloads it places in overflow files) and dead letters it holds; every checkpoint file present (an older one may be left beside the newest \
-after a crash) and leftover *.tmp files. The records above its LSN are replayed on its state; \
+how many payloads it places in overflow files), the far tasks (beyond the horizon: only their \
+id, key hash and overflow entry are in the checkpoint) and dead letters it holds; every \
+checkpoint file present (an older one may be left beside the newest after a crash) and \
+leftover *.tmp files. The records above its LSN are replayed on its state; \
 those at or below it are only counted (the engine skips them);
 - the log's segments: name, size in bytes, records, first and last LSN, sealed or active, and \
 their live fraction;
@@ -59,15 +64,18 @@ their live fraction;
 short by a crash, which the next open truncates: reported, not damage);
 - the pending tasks by state, replayed with the engine's own rules: waiting (for their first \
 delivery or their next attempt), in flight (delivered, not yet acked, retried, dead-lettered, \
-released or cancelled), and dead letters; and of the live tasks, those whose payload is in \
-memory (the checkpoint holds it, or a record after it does) and those whose payload is in an \
-overflow file;
+released or cancelled), and dead letters; of the waiting, those far (beyond the horizon: key, \
+due time and payload only in their overflow entry, read when a record after the checkpoint \
+names the task); and of the live tasks, those whose payload is in memory (the checkpoint \
+holds it, or a record after it does) and those whose payload is in an overflow file (far \
+tasks included);
 - the overflow files (DIR/overflow): per file, its size in bytes, its entries, its live entries \
 (the payloads of tasks live at the end of the log: the checkpoint places them there and no \
-RESCHEDULE after it carries a new payload), its dead fraction and the due times of its first \
-and last entry; their totals; files no live task refers to (orphans, which the next open \
+RESCHEDULE after it carries a new payload; and the entries of far tasks still live), its dead \
+fraction and the due times of its first and last entry; their totals; files no live task refers to (orphans, which the next open \
 removes) and leftover *.tmp files. Each file is read whole and checked (header, every entry's \
-CRC, and an entry wherever the checkpoint places a payload). The payload window \
+CRC, an entry wherever the checkpoint places a payload, and wherever it places a far task an \
+entry of that task whose key hashes to the checkpoint's key hash). The payload window \
 (Config::payload_window), which decides which payloads move there, is an engine setting, not \
 stored in the directory: it is not shown;
 - the bytes each part of the directory uses: the log's segments, the log's other files, and \
@@ -250,10 +258,12 @@ struct CheckpointSummary {
     bytes: u64,
     /// The largest task id assigned up to `lsn`.
     max_task_id: u64,
-    /// Live tasks it holds.
+    /// Live tasks it holds whole (far tasks apart).
     tasks: usize,
     /// Of those, the tasks whose payload it places in an overflow file.
     payloads_in_overflow: usize,
+    /// Far tasks it holds (beyond the horizon: id, key hash and overflow entry only).
+    far_tasks: usize,
     /// Dead letters it holds.
     dead_letters: usize,
 }
@@ -312,8 +322,12 @@ struct TypeCount {
 struct TaskCounts {
     /// Live tasks: `waiting + in_flight`.
     live: usize,
-    /// Waiting for their first delivery or their next attempt.
+    /// Waiting for their first delivery or their next attempt (far tasks included).
     waiting: usize,
+    /// Of the waiting, far tasks: beyond the horizon when the checkpoint was written, their key,
+    /// due time and payload only in their overflow entry, and no record after the checkpoint
+    /// has named them.
+    far: usize,
     /// Delivered and not settled (no ACK, RETRY, DEAD, RELEASE or CANCEL yet): the
     /// next open settles them.
     in_flight: usize,
@@ -322,8 +336,8 @@ struct TaskCounts {
     /// Live tasks whose payload is in memory: the checkpoint holds it, or a SCHEDULE or a
     /// RESCHEDULE logged after it does.
     payload_in_memory: usize,
-    /// Live tasks whose payload is in an overflow file: the checkpoint places it there, and
-    /// no RESCHEDULE after it carries a new one.
+    /// Live tasks whose payload is in an overflow file: the checkpoint places it there (far
+    /// tasks included), and no RESCHEDULE after it carries a new one.
     payload_in_overflow: usize,
 }
 
@@ -414,12 +428,13 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
     let overflow_dir = checkpoint_dir
         .is_some()
         .then(|| dir.join(ovf::OVERFLOW_DIR_NAME));
+    let far = FarReader::new(&FsStorage, start.as_ref().ok().and_then(Option::as_ref));
     let mut start = match start {
         Ok(start) => start,
         // The replay has nowhere to start from (the engine would not open): the log is
         // not read.
         Err(failure) => {
-            let (mut inspection, _) = Reader::new(0, Replay::new(false)).finish(
+            let (mut inspection, _) = Reader::new(0, Replay::new(false), far).finish(
                 dir,
                 log_dir,
                 Ok(ScanReport::default()),
@@ -439,8 +454,8 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         }
     };
     let mut reader = match start.as_mut() {
-        Some(s) => Reader::new(s.summary.lsn, std::mem::take(&mut s.replay)),
-        None => Reader::new(0, Replay::new(false)),
+        Some(s) => Reader::new(s.summary.lsn, std::mem::take(&mut s.replay), far),
+        None => Reader::new(0, Replay::new(false), far),
     };
     let scan = kairos_wal::scan_located(&FsStorage, &log_dir, record_bytes_max, &mut |v, p| {
         reader.visit(v, p)
@@ -508,6 +523,7 @@ impl Inspection {
         numbers.sort_unstable();
         numbers.dedup();
         let mut summaries = Vec::with_capacity(numbers.len());
+        let hasher = store_id.as_ref().map(KeyHasher::new);
         for number in numbers {
             let path = dir.join(ovf::file_name(number));
             let at = refs.partition_point(|r| r.file < number);
@@ -515,8 +531,7 @@ impl Inspection {
             let live_offsets = live.map(|l| l.get(&number).map_or(&[][..], Vec::as_slice));
             let summary = OverflowFile::read(
                 path,
-                number,
-                store_id.as_ref(),
+                (number, store_id.as_ref(), hasher.as_ref()),
                 &refs[at..end],
                 live_offsets,
             );
@@ -553,13 +568,13 @@ impl Inspection {
 }
 
 impl OverflowFile {
-    /// Reads overflow file `number` at `path` and summarizes it; `refs` are the payloads the
-    /// checkpoint places in it, `live` the offsets of those of tasks still live (`None`:
+    /// Reads overflow file `number` at `path` and summarizes it; `refs` are the payloads and
+    /// far tasks' entries the checkpoint places in it (a far task's key hash checked with
+    /// `hasher`, the store id's), `live` the offsets of those of tasks still live (`None`:
     /// unknown).
     fn read(
         path: PathBuf,
-        number: u32,
-        store_id: Option<&[u8; 16]>,
+        (number, store_id, hasher): (u32, Option<&[u8; 16]>, Option<&KeyHasher>),
         refs: &[OverflowRef],
         live: Option<&[u64]>,
     ) -> OverflowFile {
@@ -592,7 +607,8 @@ impl OverflowFile {
         let checked = check_overflow_entries(
             &summary.file,
             &entries,
-            refs.iter().map(|r| (r.offset, r.task_id, &*r.key)),
+            refs.iter().map(|r| (r.offset, r.task_id, r.key.as_deref())),
+            hasher,
         );
         if let Err(failure) = checked {
             summary.damage = Some(failure);
@@ -703,7 +719,12 @@ impl CheckpointSummary {
             bytes: s.bytes,
             max_task_id: s.max_task_id,
             tasks: s.summary.tasks,
-            payloads_in_overflow: s.overflow_refs.len(),
+            payloads_in_overflow: s
+                .overflow_refs
+                .iter()
+                .filter(|r| matches!(r.key, EntryKey::Key(_)))
+                .count(),
+            far_tasks: s.summary.far_tasks,
             dead_letters: s.summary.dead_letters,
         }
     }
@@ -725,6 +746,8 @@ struct Reader {
     /// Records read above `covered`.
     after: u64,
     replay: Replay,
+    /// Reads the key and due time of a far task a record names.
+    far: FarReader<'static>,
     /// Segments whose records were read, in order.
     tallies: Vec<Tally>,
     /// Per live task: the segment (index in `tallies`) and bytes of its latest
@@ -737,12 +760,14 @@ struct Reader {
 }
 
 impl Reader {
-    /// A reader replaying the records above `covered` on `replay`.
-    fn new(covered: u64, replay: Replay) -> Reader {
+    /// A reader replaying the records above `covered` on `replay` (its far tasks read with
+    /// `far`).
+    fn new(covered: u64, replay: Replay, far: FarReader<'static>) -> Reader {
         Reader {
             covered,
             after: 0,
             replay,
+            far,
             tallies: Vec::new(),
             latest: HashMap::new(),
             records: 0,
@@ -790,7 +815,10 @@ impl Reader {
         let outcome = Record::decode(view.record_type, view.body)
             .map_err(|e| e.to_string())
             .and_then(|record| {
-                self.replay.apply(&record).map_err(|e| e.to_string())?;
+                let far = &self.far;
+                self.replay
+                    .apply_with(&record, &mut |t| far.read(t))
+                    .map_err(|e| e.to_string())?;
                 Ok(record)
             });
         match outcome {
@@ -830,7 +858,7 @@ impl Reader {
     /// The summary, and where the payloads of the tasks live at the end are in overflow
     /// files.
     fn finish(
-        self,
+        mut self,
         dir: &Path,
         log_dir: PathBuf,
         scan: Result<ScanReport, WalError>,
@@ -844,29 +872,34 @@ impl Reader {
             Ok(report) => (Some(report), None),
             Err(e) => (None, Some(Failure::from(&e))),
         };
-        let in_overflow = self
-            .replay
-            .tasks()
-            .filter(|t| t.payload_at.is_some())
-            .count();
+        let mut replay = std::mem::take(&mut self.replay);
+        let in_overflow = replay.tasks().filter(|t| t.payload_at.is_some()).count();
+        let far = replay.far_tasks();
         let tasks = TaskCounts {
-            live: self.replay.live_tasks(),
-            in_flight: self.replay.tasks().filter(|t| t.in_flight).count(),
-            waiting: self.replay.tasks().filter(|t| !t.in_flight).count(),
-            dead_letters: self.replay.dead_letters(),
-            payload_in_memory: self.replay.live_tasks() - in_overflow,
-            payload_in_overflow: in_overflow,
+            live: replay.live_tasks(),
+            in_flight: replay.tasks().filter(|t| t.in_flight).count(),
+            waiting: replay.tasks().filter(|t| !t.in_flight).count() + far,
+            far,
+            dead_letters: replay.dead_letters(),
+            payload_in_memory: replay.live_tasks() - in_overflow - far,
+            payload_in_overflow: in_overflow + far,
         };
-        let (live, _) = self.replay.into_parts();
+        // Sorted by id.
+        let far_tasks = replay.take_far();
+        let (live, _) = replay.into_parts();
         let mut live_refs = LiveRefs::new();
         for t in live.values() {
             if let Some((file, offset)) = t.payload_at {
                 live_refs.entry(file).or_default().push(offset);
             }
         }
+        for t in &far_tasks {
+            live_refs.entry(t.file).or_default().push(t.offset);
+        }
+        let is_far = |id: &u64| far_tasks.binary_search_by_key(id, |t| t.id).is_ok();
         let mut live_bytes = vec![0u64; self.tallies.len()];
         for (id, (index, bytes)) in &self.latest {
-            if live.contains_key(id) {
+            if live.contains_key(id) || is_far(id) {
                 if let Some(total) = live_bytes.get_mut(*index) {
                     *total += bytes;
                 }
@@ -1124,7 +1157,12 @@ impl Inspection {
                     .clone()
                     .unwrap_or_else(|| format!("at {} ms", c.created_ms)),
                 c.bytes,
-                count(c.tasks as u64, "live task", "live tasks"),
+                count(c.tasks as u64, "live task", "live tasks")
+                    + &if c.far_tasks > 0 {
+                        format!(", {}", count(c.far_tasks as u64, "far task", "far tasks"))
+                    } else {
+                        String::new()
+                    },
                 count(c.dead_letters as u64, "dead letter", "dead letters"),
                 c.max_task_id,
                 c.lsn
@@ -1253,6 +1291,11 @@ impl Inspection {
             } else {
                 String::new()
             }
+        );
+        println!(
+            "far             {} of the waiting (beyond the horizon: not in memory; key, due time \
+             and payload in overflow files)",
+            t.far
         );
         println!(
             "payloads        {} in memory (in the checkpoint or logged after it), {} in overflow \

@@ -17,6 +17,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use kairos::Durability;
 // For `verify`, which names them through `super::` (it is compiled into the library too).
 use kairos::checkpoint as ckpt;
+use kairos::far;
 use kairos::overflow as ovf;
 use kairos::record::Record;
 use kairos::replay;

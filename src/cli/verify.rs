@@ -10,7 +10,7 @@
 // `Record` and `Replay` are `kairos::record::Record` and `kairos::replay::Replay`, named
 // through the parent: this file is also compiled into the library (`kairos::fuzzing`), so
 // that the fuzz targets and tests run this very checking code; there the parent is a shim.
-use super::{ckpt as checkpoint, ovf, replay as crate_replay, Record, Replay, Verdict};
+use super::{ckpt as checkpoint, far, ovf, replay as crate_replay, Record, Replay, Verdict};
 use anyhow::{bail, Context as _};
 use clap::Args;
 use kairos_wal::{FsStorage, RecordView, ScanReport, SegmentInfo, Storage, TornTail, WalError};
@@ -29,6 +29,13 @@ DIR is an engine data directory (its log is DIR/wal) or a log directory itself. 
 header, record frame and CRC-32 is checked by kairos_wal::scan; every record body is decoded and \
 replayed with the rules the engine applies at open (a cancel, delivery or ack must follow its \
 task's schedule, ids must increase, a key may be live only once).
+
+With a checkpoint (DIR/checkpoint), replay starts from the newest one that reads, as the \
+engine's open does, and every overflow file it refers to (DIR/overflow) is read whole and \
+checked: each task's payload entry must be there with the task's id and key, and each far \
+task's entry (a task beyond the horizon, whose key and payload are only in its overflow entry) \
+with the task's id and a key whose hash is the one the checkpoint records. A record naming a \
+far task has its key and due time read from that entry.
 
 Prints the segments, the record counts, the last LSN, whether the log ended with a clean \
 shutdown, and a torn tail if there is one. A torn tail — an unsynced write cut short by a crash, \
@@ -69,8 +76,11 @@ pub(crate) struct Verification {
     clean_shutdown: bool,
     /// An unsynced torn tail that the next open would truncate.
     torn_tail: Option<Torn>,
-    /// Tasks live at the end of the log.
+    /// Tasks live at the end of the log (far tasks included).
     live_tasks: usize,
+    /// Of those, far tasks (beyond the horizon: key, due time and payload only in their
+    /// overflow entry) that no record after the checkpoint touched.
+    far_tasks: usize,
     /// Of those, delivered and not acked (in flight at the end of the log).
     live_delivered: usize,
     /// Dead letters kept at the end of the log.
@@ -95,8 +105,26 @@ pub(crate) struct Verification {
 pub(crate) struct CheckpointSummary {
     pub(crate) file: PathBuf,
     pub(crate) lsn: u64,
+    /// Live tasks it holds whole (far tasks apart).
     pub(crate) tasks: usize,
+    /// Far tasks it holds: id, key hash and overflow entry only.
+    pub(crate) far_tasks: usize,
     pub(crate) dead_letters: usize,
+}
+
+impl CheckpointSummary {
+    /// `N live tasks, [F far tasks, ]D dead letters` (far tasks named only if there are any).
+    pub(crate) fn counts(&self) -> String {
+        let far = if self.far_tasks > 0 {
+            format!("{} far tasks, ", self.far_tasks)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} live tasks, {far}{} dead letters",
+            self.tasks, self.dead_letters
+        )
+    }
 }
 
 /// The checkpoint a reading of the log starts from, chosen as the engine's open chooses it
@@ -118,24 +146,88 @@ pub(crate) struct CheckpointStart {
     pub(crate) newer_damage: Option<Failure>,
     /// Its header's store id (the log's).
     pub(crate) store_id: [u8; 16],
-    /// The payloads it places in overflow files, by file and offset — filled only by
-    /// [`start_from_checkpoint_deferring_overflow`], whose caller checks them as it reads
-    /// the files ([`check_overflow_entries`]); empty after [`start_from_checkpoint`], which
-    /// has checked them.
+    /// The overflow directory next to its checkpoint directory (`None`: it has no parent).
+    pub(crate) overflow_dir: Option<PathBuf>,
+    /// The payloads it places in overflow files and its far tasks' entries, by file and
+    /// offset — filled only by [`start_from_checkpoint_deferring_overflow`], whose caller
+    /// checks them as it reads the files ([`check_overflow_entries`]); empty after
+    /// [`start_from_checkpoint`], which has checked them.
     pub(crate) overflow_refs: Vec<OverflowRef>,
 }
 
-/// A payload a checkpoint places in an overflow file.
+/// An overflow entry a checkpoint refers to: a task's payload, or a far task's entry.
 #[derive(Debug)]
 pub(crate) struct OverflowRef {
     /// The overflow file's number.
     pub(crate) file: u32,
     /// Byte offset of the entry in it.
     pub(crate) offset: u64,
-    /// The task whose payload it is.
+    /// The task whose entry it is.
     pub(crate) task_id: u64,
-    /// The task's key, which the entry must carry.
-    pub(crate) key: Box<[u8]>,
+    /// What the entry's key must be.
+    pub(crate) key: EntryKey<Box<[u8]>>,
+}
+
+/// What an overflow entry's key must be, as the checkpoint knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EntryKey<K> {
+    /// A task's payload: the task's key itself.
+    Key(K),
+    /// A far task's entry: a key whose hash ([`far::KeyHasher`] under the store id) is this.
+    Hash(u64),
+}
+
+impl EntryKey<Box<[u8]>> {
+    /// The same, borrowed.
+    pub(crate) fn as_deref(&self) -> EntryKey<&[u8]> {
+        match self {
+            EntryKey::Key(k) => EntryKey::Key(k),
+            EntryKey::Hash(h) => EntryKey::Hash(*h),
+        }
+    }
+}
+
+/// Reads a far task's key and due time from its overflow entry, for a replay that meets a
+/// record needing the task whole ([`Replay::apply_with`]): the entry at the task's place must
+/// carry its id and a key whose hash is the checkpoint's. One small read per far task a record
+/// names (the engine's open reads the same).
+pub(crate) struct FarReader<'a> {
+    storage: &'a dyn kairos_wal::Storage,
+    overflow_dir: Option<PathBuf>,
+    hasher: far::KeyHasher,
+}
+
+impl<'a> FarReader<'a> {
+    /// The reader for the far tasks of checkpoint `start` (none without one).
+    pub(crate) fn new(
+        storage: &'a dyn kairos_wal::Storage,
+        start: Option<&CheckpointStart>,
+    ) -> FarReader<'a> {
+        FarReader {
+            storage,
+            overflow_dir: start.and_then(|s| s.overflow_dir.clone()),
+            hasher: far::KeyHasher::new(&start.map_or([0; 16], |s| s.store_id)),
+        }
+    }
+
+    /// The key and due time of far task `t` (`Err`: why they cannot be read).
+    pub(crate) fn read(&self, t: &checkpoint::FarTask) -> Result<(Box<[u8]>, u64), String> {
+        let Some(dir) = &self.overflow_dir else {
+            return Err("there is no overflow directory to read its entry from".into());
+        };
+        let path = dir.join(ovf::file_name(t.file));
+        let e = ovf::read_entry(self.storage, &path, t.offset, t.id, None)
+            .map_err(|e| e.to_string())?;
+        let hash = self.hasher.hash(&e.key);
+        if hash != t.key_hash {
+            return Err(format!(
+                "the key of its entry in {} hashes to {hash:016x}, the checkpoint says {:016x}",
+                path.display(),
+                t.key_hash
+            ));
+        }
+        Ok((e.key, e.due_ms))
+    }
 }
 
 /// Where and why the scan stopped (also used by `dump` and `inspect`).
@@ -235,8 +327,9 @@ pub(crate) fn check(
             }
         }
     }
+    let far_reader = FarReader::new(storage, start.as_ref());
     let scan = kairos_wal::scan(storage, &log_dir, record_bytes_max, &mut |view| {
-        census.visit(view)
+        census.visit(view, &far_reader)
     });
     let mut v = Verification::new(log_dir, scan, census);
     if let Some(mut s) = start {
@@ -274,7 +367,8 @@ pub(crate) fn check(
 /// does, whether that damage is only a warning. `Ok(None)` if there is no checkpoint file;
 /// `Err` names the newest file's damage (file and byte offset) when none reads. Every overflow
 /// file the checkpoint places a payload in is read and checked (`check_overflow_refs`): a
-/// damaged one is the error.
+/// damaged one is the error. So is every overflow file holding a far task's entry: the entry
+/// must be there, with the task's id and a key whose hash is the checkpoint's.
 pub(crate) fn start_from_checkpoint(
     storage: &dyn Storage,
     dir: &Path,
@@ -338,7 +432,7 @@ fn start_from(
             });
             continue;
         };
-        let (tasks, dead_letters) = (c.tasks.len(), c.dead.len());
+        let (tasks, far_tasks, dead_letters) = (c.tasks.len(), c.far.len(), c.dead.len());
         let mut overflow_refs = Vec::new();
         if defer_overflow {
             overflow_refs = c
@@ -350,22 +444,28 @@ fn start_from(
                         file,
                         offset,
                         task_id: *id,
-                        key: t.key.clone(),
+                        key: EntryKey::Key(t.key.clone()),
                     })
                 })
+                .chain(c.far.iter().map(|t| OverflowRef {
+                    file: t.file,
+                    offset: t.offset,
+                    task_id: t.id,
+                    key: EntryKey::Hash(t.key_hash),
+                }))
                 .collect();
             overflow_refs.sort_unstable_by_key(|r| (r.file, r.offset));
         } else {
-            check_overflow_refs(storage, dir, &header.store_id, &c.tasks)?;
+            check_overflow_refs(storage, dir, &header.store_id, &c.tasks, &c.far)?;
         }
-        let replay =
-            Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, false).map_err(|e| {
-                Failure {
-                    file: Some(path.clone()),
-                    offset: None,
-                    message: format!("checkpoint {}: {e}", path.display()),
-                }
-            })?;
+        let not_replayable = |e: crate_replay::RuleError| Failure {
+            file: Some(path.clone()),
+            offset: None,
+            message: format!("checkpoint {}: {e}", path.display()),
+        };
+        let mut replay = Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, false)
+            .map_err(not_replayable)?;
+        replay.add_far(c.far).map_err(not_replayable)?;
         let bytes = storage
             .open(&path, kairos_wal::storage::OpenMode::Read)
             .and_then(|f| f.len())
@@ -375,6 +475,7 @@ fn start_from(
                 file: path,
                 lsn: header.lsn,
                 tasks,
+                far_tasks,
                 dead_letters,
             },
             created_ms: header.created_ms,
@@ -383,6 +484,7 @@ fn start_from(
             replay,
             newer_damage: newest_error,
             store_id: header.store_id,
+            overflow_dir: dir.parent().map(|d| d.join(ovf::OVERFLOW_DIR_NAME)),
             overflow_refs,
         }));
     }
@@ -390,23 +492,35 @@ fn start_from(
 }
 
 /// Every payload the checkpoint says is in an overflow file (next to `checkpoint_dir`, in
-/// `overflow/`) must be there: the file exists, reads back whole (header, every entry's CRC,
-/// store id, number) and holds that task's entry (id and key) at that offset. Each file is read
-/// once, sequentially.
+/// `overflow/`), and every far task's entry, must be there: the file exists, reads back whole
+/// (header, every entry's CRC, store id, number) and holds that task's entry at that offset —
+/// with the task's key, or for a far task a key whose hash is the checkpoint's. Each file is
+/// read once, sequentially.
 fn check_overflow_refs(
     storage: &dyn Storage,
     checkpoint_dir: &Path,
     store_id: &[u8; 16],
     tasks: &[(u64, crate_replay::LiveTask)],
+    far_tasks: &[checkpoint::FarTask],
 ) -> Result<(), Failure> {
-    // File → (offset, task id, key) of each payload the checkpoint puts there.
-    type Refs<'a> = std::collections::BTreeMap<u32, Vec<(u64, u64, &'a [u8])>>;
+    // File → (offset, task id, key) of each entry the checkpoint puts there.
+    type Refs<'a> = std::collections::BTreeMap<u32, Vec<(u64, u64, EntryKey<&'a [u8]>)>>;
     let mut by_file: Refs<'_> = std::collections::BTreeMap::new();
     for (id, t) in tasks {
         if let Some((file, offset)) = t.payload_at {
-            by_file.entry(file).or_default().push((offset, *id, &t.key));
+            by_file
+                .entry(file)
+                .or_default()
+                .push((offset, *id, EntryKey::Key(&t.key)));
         }
     }
+    for t in far_tasks {
+        by_file
+            .entry(t.file)
+            .or_default()
+            .push((t.offset, t.id, EntryKey::Hash(t.key_hash)));
+    }
+    let hasher = far::KeyHasher::new(store_id);
     let Some(data_dir) = checkpoint_dir.parent() else {
         return Ok(());
     };
@@ -415,36 +529,65 @@ fn check_overflow_refs(
         let path = ovf_dir.join(ovf::file_name(file));
         let entries = ovf::read_file(storage, &path, Some(store_id), Some(file))
             .map_err(|e| Failure::overflow(&path, &e))?;
-        check_overflow_entries(&path, &entries, refs)?;
+        check_overflow_entries(&path, &entries, refs, Some(&hasher))?;
     }
     Ok(())
 }
 
 /// The entries of the overflow file at `path` (as [`ovf::read_file`] returns them: by
-/// offset) must hold every payload a checkpoint places there, given as `(offset, task id,
-/// key)`: that task's entry, with that key, at that offset. The error names the file and
-/// the offset.
+/// offset) must hold every entry a checkpoint places there, given as `(offset, task id,
+/// key)`: that task's entry at that offset, with that key — or, for a far task, with a key
+/// whose hash under `hasher` (the store id's) is the checkpoint's. The error names the file
+/// and the offset.
 pub(crate) fn check_overflow_entries<'k>(
     path: &Path,
     entries: &[(u64, ovf::Entry)],
-    refs: impl IntoIterator<Item = (u64, u64, &'k [u8])>,
+    refs: impl IntoIterator<Item = (u64, u64, EntryKey<&'k [u8]>)>,
+    hasher: Option<&far::KeyHasher>,
 ) -> Result<(), Failure> {
+    let failure = |offset: u64, message: String| Failure {
+        file: Some(path.to_path_buf()),
+        offset: Some(offset),
+        message,
+    };
     for (offset, id, key) in refs {
         let found = entries
             .binary_search_by_key(&offset, |(o, _)| *o)
             .ok()
-            .map(|i| &entries[i].1);
-        match found {
-            Some(e) if e.task_id == id && &*e.key == key => {}
-            _ => {
-                return Err(Failure {
-                    file: Some(path.to_path_buf()),
-                    offset: Some(offset),
-                    message: format!(
+            .map(|i| &entries[i].1)
+            .filter(|e| e.task_id == id);
+        match (found, key) {
+            (Some(e), EntryKey::Key(key)) if *e.key == *key => {}
+            (_, EntryKey::Key(_)) => {
+                return Err(failure(
+                    offset,
+                    format!(
                         "overflow file {} has no entry of task {id} at byte offset {offset}, where the checkpoint puts its payload",
                         path.display()
                     ),
-                })
+                ))
+            }
+            (None, EntryKey::Hash(_)) => {
+                return Err(failure(
+                    offset,
+                    format!(
+                        "overflow file {} has no entry of far task {id} at byte offset {offset}, where the checkpoint puts it",
+                        path.display()
+                    ),
+                ))
+            }
+            (Some(e), EntryKey::Hash(want)) => {
+                let got = hasher.map(|h| h.hash(&e.key));
+                if got != Some(want) {
+                    let got = got.map_or_else(|| "unknown".to_string(), |h| format!("{h:016x}"));
+                    return Err(failure(
+                        offset,
+                        format!(
+                            "overflow file {}: the entry of far task {id} at byte offset {offset} has a key whose hash is {got}, the checkpoint says {want:016x}",
+                            path.display()
+                        ),
+                    ));
+                }
             }
         }
     }
@@ -514,7 +657,7 @@ impl Default for Census {
 }
 
 impl Census {
-    fn visit(&mut self, view: RecordView<'_>) {
+    fn visit(&mut self, view: RecordView<'_>, far: &FarReader<'_>) {
         self.records += 1;
         if view.lsn.0 <= self.covered {
             // Covered by the checkpoint: counted by type, not replayed (the
@@ -529,7 +672,9 @@ impl Census {
             .map_err(|e| e.to_string())
             .and_then(|record| {
                 self.count(&record);
-                self.replay.apply(&record).map_err(|e| e.to_string())
+                self.replay
+                    .apply_with(&record, &mut |t| far.read(t))
+                    .map_err(|e| e.to_string())
             });
         if let Err(reason) = outcome {
             self.bad += 1;
@@ -587,6 +732,7 @@ impl Verification {
                 .and_then(|r| r.torn_tail.as_ref())
                 .map(Torn::from),
             live_tasks: census.replay.live_tasks(),
+            far_tasks: census.replay.far_tasks(),
             live_delivered: census.replay.tasks().filter(|t| t.in_flight).count(),
             dead_letters: census.replay.dead_letters(),
             record_types: census.types,
@@ -602,11 +748,10 @@ impl Verification {
         println!("log directory   {}", self.log_dir.display());
         if let Some(c) = &self.checkpoint {
             println!(
-                "checkpoint      {} at LSN {}: {} live tasks, {} dead letters; records above it replayed",
+                "checkpoint      {} at LSN {}: {}; records above it replayed",
                 c.file.display(),
                 c.lsn,
-                c.tasks,
-                c.dead_letters
+                c.counts()
             );
         }
         for s in &self.segments {
@@ -663,8 +808,13 @@ impl Verification {
                 t.first_lost_lsn
             ),
         }
+        let far = if self.far_tasks > 0 {
+            format!("; {} far, beyond the horizon", self.far_tasks)
+        } else {
+            String::new()
+        };
         println!(
-            "live tasks      {} ({} delivered, not acked); {} dead letters",
+            "live tasks      {} ({} delivered, not acked{far}); {} dead letters",
             self.live_tasks, self.live_delivered, self.dead_letters
         );
     }

@@ -6,6 +6,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub(crate) use crate::checkpoint as ckpt;
+pub(crate) use crate::far;
 pub(crate) use crate::overflow as ovf;
 pub(crate) use crate::record::Record;
 pub(crate) use crate::replay;
