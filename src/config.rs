@@ -186,8 +186,10 @@ pub struct Config {
     /// at the next checkpoint: they move to an overflow file on disk
     /// (`DIR/overflow/`) and are read back before delivery — ahead of their
     /// due time by the prefetcher ([`Config::payload_prefetch`]), or by the
-    /// consumer that receives the task. Keys stay in memory. `None`: payloads
-    /// stay in memory. Default [`PAYLOAD_WINDOW_DEFAULT`]. Ignored in memory.
+    /// consumer that receives the task. Keys stay in memory, except those
+    /// of far tasks ([`Config::horizon`]). `None`: payloads stay in memory
+    /// (and no task goes far). Default [`PAYLOAD_WINDOW_DEFAULT`]. Ignored
+    /// in memory.
     pub payload_window: Option<Duration>,
     /// Tasks due later than this from now leave the timing wheel at the
     /// next checkpoint: their key, due time and payload are written to an

@@ -45,6 +45,11 @@ fn config() -> Config {
     c.checkpoint_log_bytes = None;
     c.checkpoint_interval = None;
     c.payload_prefetch = false;
+    // Short enough that the first checkpoint moves payloads to disk and
+    // the tasks due after 4 s out of the wheel (far), and the clock moves
+    // below promote them back: every I/O of those steps is failed too.
+    c.payload_window = Some(Duration::from_secs(2));
+    c.horizon = Some(Duration::from_secs(4));
     let mut retry = RetryPolicy::default();
     retry.max_attempts = 2;
     retry.backoff_jitter_percent = 0;

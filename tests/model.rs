@@ -284,6 +284,9 @@ struct Model {
     /// `Config::horizon` and `Config::payload_window`, ms.
     horizon_ms: u64,
     window_ms: u64,
+    /// Monotonic ms of the start of the tick the wheel has reached (its
+    /// last driver pass): a task placed at or before it is overdue.
+    elapsed_mono_ms: u64,
 }
 
 /// What a delivery must look like: key, payload, due time, attempt, hand-out time.
@@ -332,6 +335,7 @@ impl Model {
             retry: setup.config().retry,
             horizon_ms: millis(setup.config().horizon),
             window_ms: millis(setup.config().payload_window),
+            elapsed_mono_ms: 0,
         }
     }
 
@@ -354,8 +358,10 @@ impl Model {
     }
 
     /// A driver pass promotes the far tasks now within the horizon, in (due,
-    /// id) order: each enters the wheel by the clocks of now, and one due
-    /// already is handed out first.
+    /// id) order: each enters the wheel at its due time mapped by the clocks
+    /// of now — even a past one, as long as the wheel has not reached its
+    /// tick (it then expires in order with the others); one due before the
+    /// wheel's tick is overdue, handed out first.
     fn promote(&mut self) {
         let until = self.wall_ms.saturating_add(self.horizon_ms);
         let mut due: Vec<(u64, u64, Vec<u8>)> = self
@@ -367,13 +373,16 @@ impl Model {
         due.sort();
         for (due_ms, _, k) in due {
             let rank = self.rank();
-            let fire = self.fire_time(due_ms);
+            let since_origin =
+                (self.mono_ms - self.origin_ms + due_ms).saturating_sub(self.wall_ms);
+            let fire = self.origin_ms + since_origin.div_ceil(self.tick_ms) * self.tick_ms;
             let on_disk = (due_ms > self.wall_ms.saturating_add(self.window_ms)).then_some(true);
+            let elapsed = self.elapsed_mono_ms;
             let t = self.tasks.get_mut(&k).expect("listed from the map");
             t.far = false;
             t.on_disk = on_disk;
             // Overdue: the overdue queue, handed out before the wheel's.
-            t.fire_mono_ms = fire.unwrap_or(0);
+            t.fire_mono_ms = if fire > elapsed { fire } else { 0 };
             t.rank = rank;
         }
     }
@@ -518,6 +527,8 @@ impl Model {
             self.fail(&k, None, &error);
         }
         self.abandoned.retain(|_, a| a.lease.fire_mono_ms > mono);
+        self.elapsed_mono_ms =
+            self.origin_ms + (mono - self.origin_ms) / self.tick_ms * self.tick_ms;
         handed
     }
 
@@ -557,6 +568,7 @@ impl Model {
     fn open(&mut self) {
         assert_eq!(self.wall_ms % self.tick_ms, 0, "open off a tick boundary");
         self.origin_ms = self.mono_ms;
+        self.elapsed_mono_ms = self.mono_ms;
     }
 
     /// Moves both clocks to the next wall-clock tick boundary (while the engine is stopped).

@@ -1676,12 +1676,25 @@ impl Sim {
         if ver.redeliver {
             return open.mono;
         }
+        // A far task (`window_and_horizon_ms`) re-enters the wheel by the
+        // clocks of whenever it is promoted: any reading since it was
+        // placed may be the one mapping its due time.
+        let far_possible = self.setup.window_and_horizon_ms.is_some();
         let by_due = ver
             .dues
             .iter()
             .map(|&(due, idx)| {
-                let p = self.points[idx.max(self.last_open_point)];
-                p.mono + due.saturating_sub(p.wall)
+                let from = idx.max(self.last_open_point);
+                let to = if far_possible {
+                    self.points.len() - 1
+                } else {
+                    from
+                };
+                self.points[from..=to.max(from)]
+                    .iter()
+                    .map(|p| p.mono + due.saturating_sub(p.wall))
+                    .min()
+                    .unwrap_or(u64::MAX)
             })
             .min()
             .unwrap_or(0);

@@ -79,6 +79,10 @@ that kind. The payload's bytes are part of the figure: state --payload-bytes wit
   checkpoint_ms  Engine::checkpoint after the cancels: the live state copied under the \
 engine's lock, the file written and synced, the log segments it covers deleted.
   close_ms  the shutdown. recovery_ms  the reopen (Engine::open, replaying the log).
+  far_tasks_after_recovery  tasks out of the wheel after the reopen (due beyond the horizon when \
+the checkpoint was taken: 24 bytes of memory each). The growth per task while scheduling counts \
+them whole (they leave the wheel at the checkpoint); ram_bytes_per_task_after_recovery with \
+--far-fraction 1 is the figure per far task, with --far-fraction 0 per wheel task.
   recovered_pending  live tasks after the reopen; it must equal tasks - cancelled, otherwise the \
 exit status is 1.
 
@@ -181,6 +185,9 @@ struct Report {
     payloads_on_disk: u64,
     /// After the reopen: payload bytes held in memory.
     payload_bytes_in_memory: u64,
+    /// After the reopen: far tasks — due beyond the horizon, out of the
+    /// wheel (`Stats::far`).
+    far_tasks_after_recovery: u64,
     /// VmRSS growth over the reopen, per recovered task, bytes (the
     /// allocator may reuse memory the first engine freed: a lower bound).
     ram_bytes_per_task_after_recovery: Option<f64>,
@@ -307,6 +314,7 @@ struct Measured {
     rss_after_reopen: Option<u64>,
     payloads_on_disk: u64,
     payload_bytes_in_memory: u64,
+    far_tasks: u64,
 }
 
 /// Runs the load on `dir` and measures it.
@@ -380,6 +388,7 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
         rss_after_reopen,
         payloads_on_disk: reopened.payloads_on_disk,
         payload_bytes_in_memory: reopened.payload_bytes_in_memory,
+        far_tasks: reopened.far,
     })
 }
 
@@ -519,6 +528,8 @@ struct Reopened {
     pending: u64,
     payloads_on_disk: u64,
     payload_bytes_in_memory: u64,
+    /// Far tasks (beyond the horizon, 24 B of memory each) after the open.
+    far: u64,
 }
 
 /// Runs `kairos bench-reopen`.
@@ -540,6 +551,7 @@ pub fn run_reopen(args: &ReopenArgs) -> anyhow::Result<Verdict> {
         pending: engine.recovery().pending as u64,
         payloads_on_disk: stats.payloads_on_disk as u64,
         payload_bytes_in_memory: stats.payload_bytes_in_memory as u64,
+        far: stats.far as u64,
     };
     engine
         .shutdown()
@@ -718,6 +730,7 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         payloads_moved: m.payloads_moved,
         payloads_on_disk: m.payloads_on_disk,
         payload_bytes_in_memory: m.payload_bytes_in_memory,
+        far_tasks_after_recovery: m.far_tasks,
         ram_bytes_per_task_after_recovery: growth_per_task(
             m.rss_before_reopen,
             m.rss_after_reopen,
@@ -847,7 +860,8 @@ fn print_table(r: &Report) {
     row(
         "after the reopen",
         format!(
-            "{} payloads on disk, {} payload bytes in memory, RSS growth {}",
+            "{} far tasks, {} payloads on disk, {} payload bytes in memory, RSS growth {}",
+            r.far_tasks_after_recovery,
             r.payloads_on_disk,
             r.payload_bytes_in_memory,
             r.ram_bytes_per_task_after_recovery

@@ -420,8 +420,8 @@ pub(super) struct Moves {
     /// horizon): id → (key hash, due time planned).
     to_far: HashMap<u64, (u64, u64)>,
     /// Far tasks whose entry moves (their file is compacted): `(key hash,
-    /// id, old packed location, offset in the new file)`.
-    far_moved: Vec<(u64, u64, u64, u64)>,
+    /// id, old packed location, offset in the new file, due time)`.
+    far_moved: Vec<(u64, u64, u64, u64, u64)>,
 }
 
 /// A task whose key and payload are in an overflow file already, at an
@@ -432,6 +432,7 @@ pub(super) struct InPlaceFar {
     hash: u64,
     file: u32,
     offset: u64,
+    due_ms: u64,
 }
 
 /// What a task's payload reference was when its move was planned; the move
@@ -491,6 +492,7 @@ fn plan_moves(
                             hash,
                             file,
                             offset,
+                            due_ms: task.due_ms,
                         });
                     }
                 }
@@ -547,7 +549,7 @@ fn plan_moves(
             let (_, entry) = &entries[e];
             let offset = writer.push(id, due, &entry.key, &entry.payload);
             if let Some(&(hash, loc)) = far_hash.get(&id) {
-                far_moved.push((hash, id, loc, offset));
+                far_moved.push((hash, id, loc, offset, due));
             }
             continue;
         }
@@ -597,7 +599,8 @@ enum From {
 /// reference is still what was copied now refer to the new file, and their
 /// payload memory is freed.
 fn apply_moves(shared: &Shared, core: &mut Core, moves: Option<Moves>, in_place: Vec<InPlaceFar>) {
-    let mut new_far: Vec<crate::far::FarEntry> = Vec::new();
+    // New far tasks, with their due times.
+    let mut new_far: Vec<(crate::far::FarEntry, u64)> = Vec::new();
     for t in in_place {
         let still = core.tasks.get_checked(t.slot, t.id).is_some_and(|task| {
             task.state == TaskState::Scheduled
@@ -606,29 +609,44 @@ fn apply_moves(shared: &Shared, core: &mut Core, moves: Option<Moves>, in_place:
         });
         if let (true, Some(loc)) = (still, crate::far::pack_loc(t.file, t.offset)) {
             shared.forget_task(core, t.slot);
-            new_far.push(crate::far::FarEntry {
+            let entry = crate::far::FarEntry {
                 hash: t.hash,
                 loc,
                 id: t.id.0,
-            });
+            };
+            new_far.push((entry, t.due_ms));
         }
     }
     if let Some(moves) = moves {
         apply_file_moves(shared, core, moves, &mut new_far);
     }
+    // A file that gets new far tasks is read by the promotion from its
+    // start again (an in-place one may sit before where it stopped), once
+    // the earliest of them comes within the horizon.
+    let mut earliest: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    for (e, due) in &new_far {
+        let d = earliest.entry(e.file()).or_insert(*due);
+        *d = (*d).min(*due);
+    }
     if !new_far.is_empty() {
         let mut entries = core.far.take_entries();
-        entries.extend(new_far);
+        entries.extend(new_far.into_iter().map(|(e, _)| e));
         core.far = crate::far::FarIndex::build(entries);
     }
-    // Promotion reads each file holding far tasks from its start again
-    // (cheap: it stops at the first entry beyond the horizon).
     let files: Vec<u32> = core.far.files().collect();
     core.far_cursors.retain(|f, _| files.contains(f));
-    for f in files {
-        core.far_cursors
-            .entry(f)
-            .or_insert_with(super::far::FarCursor::start);
+    for (file, due) in earliest {
+        let next_due_ms = match core.far_cursors.get(&file) {
+            Some(c) => c.next_due_ms.min(due),
+            None => due,
+        };
+        core.far_cursors.insert(
+            file,
+            super::far::FarCursor {
+                offset: overflow::HEADER_BYTES as u64,
+                next_due_ms: next_due_ms.max(1),
+            },
+        );
     }
 }
 
@@ -637,7 +655,7 @@ fn apply_file_moves(
     shared: &Shared,
     core: &mut Core,
     moves: Moves,
-    new_far: &mut Vec<crate::far::FarEntry>,
+    new_far: &mut Vec<(crate::far::FarEntry, u64)>,
 ) {
     let Moves {
         file,
@@ -647,13 +665,13 @@ fn apply_file_moves(
         far_moved,
     } = moves;
     let mut moved = 0;
-    for (hash, id, old_loc, offset) in far_moved {
+    for (hash, id, old_loc, offset, due) in far_moved {
         if let (Some(pos), Some(loc)) = (
             core.far.find(hash, old_loc, id),
             crate::far::pack_loc(file, offset),
         ) {
             core.far.remove(pos);
-            new_far.push(crate::far::FarEntry { hash, loc, id });
+            new_far.push((crate::far::FarEntry { hash, loc, id }, due));
             moved += 1;
         }
     }
@@ -679,11 +697,12 @@ fn apply_file_moves(
             let loc = crate::far::pack_loc(file, offset);
             if let (Some(loc), true) = (loc, task.due_ms == due_ms && task.deliveries == 0) {
                 shared.forget_task(core, slot);
-                new_far.push(crate::far::FarEntry {
+                let entry = crate::far::FarEntry {
                     hash,
                     loc,
                     id: id.0,
-                });
+                };
+                new_far.push((entry, due_ms));
                 moved += 1;
                 continue;
             }
@@ -794,7 +813,11 @@ fn encode(
     }
     let far_moved: HashMap<u64, u64> = moves
         .iter()
-        .flat_map(|m| m.far_moved.iter().map(|&(_, id, _, offset)| (id, offset)))
+        .flat_map(|m| {
+            m.far_moved
+                .iter()
+                .map(|&(_, id, _, offset, _)| (id, offset))
+        })
         .collect();
     for e in core.far.iter() {
         let (file, offset) = match (far_moved.get(&e.id), moves) {

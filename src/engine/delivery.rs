@@ -647,6 +647,7 @@ pub(super) fn driver_loop(shared: &Shared) {
         }
         if due.is_empty() {
             core.processed_ns = now.engine_ns;
+            core.processed_wall_ns = now.wall_ns;
             shared.idle_cv.notify_all();
             let wheel_ns = core
                 .wheel

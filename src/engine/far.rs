@@ -155,7 +155,12 @@ impl Shared {
         let Some(slot) = core.tasks.vacant_slot() else {
             return;
         };
-        let due_tick = self.due_tick(due_ms, now);
+        // Mapped by the clocks of now, but not rounded to "due at once" when
+        // it is past: a task whose tick the wheel has not reached yet (the
+        // clock jumped past it in one step) still expires in due order with
+        // the others in this driver pass; only one due before the wheel's
+        // last tick goes to the overdue queue.
+        let due_tick = self.mapped_tick(due_ms, now);
         let placed = core.wheel.insert(due_tick, slot);
         let task = Task {
             id,

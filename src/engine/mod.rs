@@ -229,6 +229,10 @@ struct Core {
     /// went idle: `run_until_idle` waits until it has caught up with a clock
     /// reading, even within one tick (catch-up tokens are earned in ns).
     processed_ns: u128,
+    /// The wall reading (ns since the epoch) of that same look: a forward
+    /// wall step can bring far tasks within the horizon, so
+    /// `run_until_idle` waits for a pass after it too.
+    processed_wall_ns: i128,
     /// Log bytes appended since the last checkpoint (record bodies and
     /// headers).
     log_bytes_since_checkpoint: u64,
@@ -624,6 +628,7 @@ impl Engine {
             sleep: DriverSleep::Busy,
             stop: false,
             processed_ns: 0,
+            processed_wall_ns: i128::MIN,
             log_bytes_since_checkpoint: 0,
             last_checkpoint_bytes: 0,
             checkpoint_wanted: false,
@@ -1140,6 +1145,17 @@ impl Shared {
         let due_mono_ns = now.engine_ns as i128 + until_due_ns;
         if until_due_ns <= 0 || due_mono_ns <= 0 {
             // Already due: overdue, handed out at once (not at the next tick).
+            return Tick(0);
+        }
+        let ticks = div_u128(due_mono_ns as u128, self.tick_ns, Round::Up);
+        Tick(u64::try_from(ticks).unwrap_or(u64::MAX))
+    }
+
+    /// The tick of wall time `due_ms` by the current wall and monotonic
+    /// readings, even when it is past (`Tick(0)` before engine time 0).
+    fn mapped_tick(&self, due_ms: u64, now: Now) -> Tick {
+        let due_mono_ns = now.engine_ns as i128 + i128::from(due_ms) * 1_000_000 - now.wall_ns;
+        if due_mono_ns <= 0 {
             return Tick(0);
         }
         let ticks = div_u128(due_mono_ns as u128, self.tick_ns, Round::Up);
@@ -1972,13 +1988,15 @@ impl Shared {
     }
 
     fn run_until_idle(&self) {
-        let target_ns = self.now_ns();
+        let target = self.now();
+        let target_ns = target.engine_ns;
         let mut core = self.core.lock();
         loop {
             if core.stop {
                 return;
             }
             if core.processed_ns >= target_ns
+                && core.processed_wall_ns >= target.wall_ns
                 && core.overdue.is_empty()
                 && core.sleep != DriverSleep::Busy
             {
