@@ -112,6 +112,37 @@ impl FarIndex {
         entries.retain(|e| e.id != 0);
         entries.sort_unstable_by_key(|e| (e.hash, e.id));
         entries.shrink_to_fit();
+        FarIndex::from_sorted(entries)
+    }
+
+    /// Adds `new` entries, dropping the removed ones: the live entries (in
+    /// order already) and the sorted new ones are merged, O(n + m log m).
+    pub fn add(&mut self, mut new: Vec<FarEntry>) {
+        new.retain(|e| e.id != 0);
+        if new.is_empty() {
+            return;
+        }
+        new.sort_unstable_by_key(|e| (e.hash, e.id));
+        let old = self.take_entries();
+        let mut merged = Vec::with_capacity(old.len() + new.len());
+        let mut old = old.into_iter().filter(|e| e.id != 0).peekable();
+        let mut new = new.into_iter().peekable();
+        loop {
+            let take_old = match (old.peek(), new.peek()) {
+                (Some(a), Some(b)) => (a.hash, a.id) <= (b.hash, b.id),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let next = if take_old { old.next() } else { new.next() };
+            merged.extend(next);
+        }
+        merged.shrink_to_fit();
+        *self = FarIndex::from_sorted(merged);
+    }
+
+    /// The index of `entries`, sorted by (hash, id), all live.
+    fn from_sorted(entries: Vec<FarEntry>) -> FarIndex {
         let n = entries.len();
         let bits = if n < 2 * BUCKET_ENTRIES {
             0
@@ -278,6 +309,37 @@ mod tests {
         assert_eq!(rebuilt.len(), 5_000);
         assert_eq!(rebuilt.iter().count(), 5_000);
         assert!(rebuilt.memory_bytes() <= 5_000 * 24 + 5_000);
+    }
+
+    #[test]
+    fn adding_merges_and_drops_removed_entries() {
+        let hasher = KeyHasher::new(&[3; 16]);
+        let e = |id: u64| entry(hasher.hash(&id.to_le_bytes()), id);
+        let mut index = FarIndex::build((1..=1_000).map(e).collect());
+        for id in (1..=1_000).step_by(3) {
+            let x = e(id);
+            let pos = index.find(x.hash, x.loc, x.id).unwrap();
+            index.remove(pos);
+        }
+        index.add(
+            (1_001..=1_500)
+                .map(e)
+                .chain([FarEntry { id: 0, ..e(9) }])
+                .collect(),
+        );
+        let expected: Vec<u64> = (1..=1_500)
+            .filter(|id| id > &1_000 || (id - 1) % 3 != 0)
+            .collect();
+        assert_eq!(index.len(), expected.len());
+        for &id in &expected {
+            let x = e(id);
+            assert!(index.find(x.hash, x.loc, x.id).is_some(), "{id}");
+        }
+        let hashes: Vec<u64> = index.iter().map(|x| x.hash).collect();
+        assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(index.iter().count(), expected.len());
+        let per_file: u64 = (1..=3).map(|f| index.live_in_file(f)).sum();
+        assert_eq!(per_file, expected.len() as u64);
     }
 
     #[test]
