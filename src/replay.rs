@@ -5,12 +5,51 @@
 
 use crate::checkpoint::FarTask;
 use crate::record::Record;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// A map by task id, with a fast seeded hash (foldhash; SipHash dominated
 /// recovery in the profile).
 pub type IdMap<V> = HashMap<u64, V, foldhash::fast::RandomState>;
-type KeySet = HashSet<Box<[u8]>, foldhash::fast::RandomState>;
+/// Live keys → task id without a second copy of each key: entries are
+/// (key hash, id), and a hash match is confirmed against the task's key in
+/// the task map (recovery's profile had a key clone, its allocation and its
+/// free per task).
+#[derive(Debug, Default)]
+struct KeyIndex {
+    table: hashbrown::HashTable<(u64, u64)>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl KeyIndex {
+    fn hash(&self, key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(key)
+    }
+
+    fn contains(&self, tasks: &IdMap<LiveTask>, hash: u64, key: &[u8]) -> bool {
+        self.table
+            .find(hash, |&(h, id)| {
+                h == hash && tasks.get(&id).is_some_and(|t| *t.key == *key)
+            })
+            .is_some()
+    }
+
+    /// Adds `id` under `hash`; the caller checked the key is absent.
+    fn insert(&mut self, hash: u64, id: u64) {
+        self.table.insert_unique(hash, (hash, id), |&(h, _)| h);
+    }
+
+    fn remove(&mut self, key: &[u8], id: u64) {
+        let hash = self.hash(key);
+        if let Ok(e) = self.table.find_entry(hash, |&(h, i)| h == hash && i == id) {
+            e.remove();
+        }
+    }
+
+    fn reserve(&mut self, n: usize) {
+        self.table.reserve(n, |&(h, _)| h);
+    }
+}
 
 /// A task that is live after the records replayed so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +105,7 @@ pub struct RuleError(pub String);
 #[derive(Debug, Default)]
 pub struct Replay {
     tasks: IdMap<LiveTask>,
-    keys: KeySet,
+    keys: KeyIndex,
     dead: IdMap<DeadTask>,
     /// Dead letters whose payload is still in an overflow file (a
     /// checkpoint had moved it there before the task died): `(file, offset)`
@@ -121,12 +160,14 @@ impl Replay {
             if id > max_id {
                 return Err(rule("checkpoint", id, "whose id exceeds the largest id"));
             }
-            if !r.keys.insert(t.key.clone()) {
+            let hash = r.keys.hash(&t.key);
+            if r.keys.contains(&r.tasks, hash, &t.key) {
                 return Err(RuleError(format!(
                     "checkpoint holds key {:?} twice",
                     String::from_utf8_lossy(&t.key)
                 )));
             }
+            r.keys.insert(hash, id);
             if !keep_payloads {
                 t.payload = Box::default();
             }
@@ -245,12 +286,14 @@ impl Replay {
                 t.file, t.offset
             ))
         })?;
-        if !self.keys.insert(key.clone()) {
+        let hash = self.keys.hash(&key);
+        if self.keys.contains(&self.tasks, hash, &key) {
             return Err(RuleError(format!(
                 "far task {id} has key {:?}, which is already live",
                 String::from_utf8_lossy(&key)
             )));
         }
+        self.keys.insert(hash, id);
         self.far_gone[pos] = true;
         self.far_live -= 1;
         self.tasks.insert(
@@ -307,14 +350,15 @@ impl Replay {
                         id.0, self.max_id
                     )));
                 }
-                if self.keys.contains(key) {
+                let hash = self.keys.hash(key);
+                if self.keys.contains(&self.tasks, hash, key) {
                     return Err(RuleError(format!(
                         "schedule of key {:?}, which is already live",
                         String::from_utf8_lossy(key)
                     )));
                 }
                 self.max_id = id.0;
-                self.keys.insert(key.into());
+                self.keys.insert(hash, id.0);
                 let payload = if self.keep_payloads { payload } else { &[] };
                 self.tasks.insert(
                     id.0,
@@ -450,7 +494,7 @@ impl Replay {
 
     fn finish(&mut self, id: u64) -> Option<LiveTask> {
         let t = self.tasks.remove(&id)?;
-        self.keys.remove(&t.key);
+        self.keys.remove(&t.key, id);
         Some(t)
     }
 }

@@ -8,7 +8,7 @@ use super::demo::workload::{self, Workload};
 use super::{DurabilityArgs, DurabilityMode, Verdict};
 use anyhow::{bail, Context as _};
 use clap::Args;
-use kairos::config::{BATCH_TASKS_MAX, PAYLOAD_BYTES_MAX_DEFAULT, PENDING_TASKS_MAX_DEFAULT};
+use kairos::config::{BATCH_TASKS_MAX, PAYLOAD_BYTES_MAX_DEFAULT, PENDING_TASKS_LIMIT};
 use kairos::{CancelOutcome, Config, Due, Engine, NewTask};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -44,8 +44,9 @@ const KEY_DIGITS: usize = KEY_BYTES - KEY_PREFIX.len() - KEY_SUFFIX.len();
 const BATCH_DEFAULT: u32 = 10_000;
 /// Default `--seed`.
 const SEED_DEFAULT: u64 = 42;
-/// Largest `--tasks`: the engine's default limit on live tasks.
-const TASKS_MAX: u32 = PENDING_TASKS_MAX_DEFAULT as u32;
+/// Largest `--tasks`: the engine's hard limit on live tasks (the bench
+/// raises `Config::pending_tasks_max` to the count it schedules).
+const TASKS_MAX: u32 = (PENDING_TASKS_LIMIT - 1) as u32;
 
 /// Measure the engine under a load: schedule, cancel, checkpoint, close and
 /// reopen; report throughput, memory per task, disk use and recovery time.
