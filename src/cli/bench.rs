@@ -78,7 +78,9 @@ the log writer's buffers, and a table that doubles while one kind is scheduled i
 that kind. The payload's bytes are part of the figure: state --payload-bytes with it.
   disk_bytes  the size of every file under DIR after the checkpoint and the close.
   checkpoint_ms  Engine::checkpoint after the cancels: the live state copied under the \
-engine's lock, the file written and synced, the log segments it covers deleted.
+engine's lock, the file written and synced, the log segments it covers deleted; \
+checkpoint_locked_ms is the part spent holding the engine's lock (copying the state, then \
+taking far tasks out of the wheel).
   close_ms  the shutdown. recovery_ms  the reopen (Engine::open, replaying the log).
   far_tasks_after_recovery  tasks out of the wheel after the reopen (due beyond the horizon when \
 the checkpoint was taken: 24 bytes of memory each). The growth per task while scheduling counts \
@@ -180,6 +182,8 @@ struct Report {
     disk_bytes: u64,
     /// Time of the checkpoint, ms.
     checkpoint_ms: f64,
+    /// Of `checkpoint_ms`, the engine's lock held (`CheckpointReport::locked`).
+    checkpoint_locked_ms: f64,
     /// Payloads that checkpoint moved out of memory into an overflow file.
     payloads_moved: u64,
     /// After the reopen: live tasks whose payload is on disk.
@@ -307,6 +311,7 @@ struct Measured {
     rss_peak: Option<u64>,
     disk_bytes: u64,
     checkpoint: Duration,
+    checkpoint_locked: Duration,
     payloads_moved: u64,
     close: Duration,
     recovery: Duration,
@@ -353,7 +358,7 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
     let (cancelled, cancel_busy) = cancel_odd(&engine, args.tasks, batch, &mut keys, &progress)?;
 
     progress.phase("checkpoint");
-    let (checkpoint, payloads_moved) = take_checkpoint(&engine)?;
+    let (checkpoint, payloads_moved, checkpoint_locked) = take_checkpoint(&engine)?;
     progress.phase("closing");
     let started = Instant::now();
     engine.shutdown().context("shutdown failed")?;
@@ -381,6 +386,7 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
         rss_peak: rss_bytes("VmHWM:"),
         disk_bytes,
         checkpoint,
+        checkpoint_locked,
         payloads_moved,
         close,
         recovery,
@@ -584,12 +590,12 @@ fn reopen_in_child(args: &BenchArgs, dir: &Path) -> anyhow::Result<Reopened> {
     serde_json::from_slice(&out.stdout).context("cannot read what kairos bench-reopen printed")
 }
 
-/// Takes a checkpoint of `engine`; returns how long it took and how many
-/// payloads it moved to an overflow file.
-fn take_checkpoint(engine: &Engine) -> anyhow::Result<(Duration, u64)> {
+/// Takes a checkpoint of `engine`; returns how long it took, how many
+/// payloads it moved to an overflow file, and how long it held the lock.
+fn take_checkpoint(engine: &Engine) -> anyhow::Result<(Duration, u64, Duration)> {
     let started = Instant::now();
     let report = engine.checkpoint().context("checkpoint failed")?;
-    Ok((started.elapsed(), report.payloads_moved))
+    Ok((started.elapsed(), report.payloads_moved, report.locked))
 }
 
 /// A `/proc/self/status` figure in bytes (`VmRSS:`, `VmHWM:`); `None` where
@@ -728,6 +734,7 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         ),
         disk_bytes: m.disk_bytes,
         checkpoint_ms: millis(m.checkpoint),
+        checkpoint_locked_ms: millis(m.checkpoint_locked),
         payloads_moved: m.payloads_moved,
         payloads_on_disk: m.payloads_on_disk,
         payload_bytes_in_memory: m.payload_bytes_in_memory,
@@ -852,8 +859,8 @@ fn print_table(r: &Report) {
     row(
         "checkpoint",
         format!(
-            "{:.1} ms ({} payloads moved to disk)",
-            r.checkpoint_ms, r.payloads_moved
+            "{:.1} ms, {:.1} ms of it holding the engine's lock ({} payloads moved to disk)",
+            r.checkpoint_ms, r.checkpoint_locked_ms, r.payloads_moved
         ),
     );
     row("close", format!("{:.1} ms", r.close_ms));
