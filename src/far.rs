@@ -196,6 +196,12 @@ impl FarIndex {
         })
     }
 
+    /// The position of the live entry of task `id` at `loc`, whatever its
+    /// hash. O(n): for the rare failed read only.
+    pub fn find_by_place(&self, loc: u64, id: u64) -> Option<usize> {
+        self.entries.iter().position(|e| e.loc == loc && e.id == id)
+    }
+
     /// The entry at `pos` (live or removed).
     pub fn get(&self, pos: usize) -> FarEntry {
         self.entries[pos]

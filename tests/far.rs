@@ -254,3 +254,36 @@ fn two_far_tasks_delivered_after_a_checkpoint_replay_after_a_reopen() -> TestRes
     assert_eq!(h.engine().stats().pending, 0);
     Ok(())
 }
+
+#[test]
+fn a_far_task_whose_entry_cannot_be_read_poisons_the_cancel_and_the_open_says_why() -> TestResult {
+    let mut h = SimHarness::new(10, cfg())?;
+    let mut model = BTreeMap::new();
+    schedule(&h, 0..5, &mut model)?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 5);
+    let files = h.sim.list(&h.dir.join("overflow"))?;
+    assert_eq!(files.len(), 1);
+    let file = h.dir.join("overflow").join(&files[0]);
+    h.sim.remove_file(&file)?;
+    // The read ahead fails quietly; the read under the lock reports it.
+    match h.engine().cancel(&key(2)) {
+        Err(kairos::CancelError::Poisoned { cause }) => {
+            assert!(cause.contains(&files[0]), "{cause}")
+        }
+        other => panic!("expected Poisoned, got {other:?}"),
+    }
+    assert!(h.engine().schedule_after(b"other", HOUR, b"").is_err());
+    h.stop(Stop::ProcessCrash)?;
+    match h.open() {
+        Err(kairos::OpenError::CheckpointMismatch { reason, .. }) => {
+            assert!(
+                reason.contains(&files[0]) || reason.contains("overflow"),
+                "{reason}"
+            )
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("opened without the far tasks' file"),
+    }
+    Ok(())
+}

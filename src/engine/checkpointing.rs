@@ -644,6 +644,9 @@ fn apply_moves(shared: &Shared, core: &mut Core, moves: Option<Moves>, in_place:
         *d = (*d).min(*due);
     }
     core.far.add(new_far.into_iter().map(|(e, _)| e).collect());
+    shared
+        .far_tasks
+        .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
     let files: Vec<u32> = core.far.files().collect();
     core.far_cursors.retain(|f, _| files.contains(f));
     for (file, due) in earliest {

@@ -13,6 +13,23 @@ use parking_lot::MutexGuard;
 /// Bytes read from an overflow file at a time by the promotion.
 const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// Overflow entries of far tasks read ahead without the engine's lock, by
+/// (packed location, task id): see [`Shared::read_far_candidates`].
+#[derive(Debug, Default)]
+pub(super) struct FarReads(
+    std::collections::HashMap<
+        (u64, u64),
+        Result<overflow::Entry, String>,
+        foldhash::fast::RandomState,
+    >,
+);
+
+impl FarReads {
+    fn get(&self, loc: u64, id: u64) -> Option<&Result<overflow::Entry, String>> {
+        self.0.get(&(loc, id))
+    }
+}
+
 /// What [`Shared::promote_at_open`] found: the tasks promoted, the cursors,
 /// and a read failure, if any.
 pub(super) type PromotedAtOpen = (
@@ -51,6 +68,7 @@ impl Shared {
         &self,
         core: &Core,
         key: &[u8],
+        reads: &FarReads,
     ) -> Result<Option<(usize, overflow::Entry)>, String> {
         if core.far.is_empty() {
             return Ok(None);
@@ -61,10 +79,20 @@ impl Shared {
         let hash = core.hasher.hash(key);
         for pos in core.far.candidates(hash) {
             let e = core.far.get(pos);
-            let (file, offset) = unpack_loc(e.loc);
-            let path = disk.overflow_dir().join(overflow::file_name(file));
-            let entry = overflow::read_entry(disk.storage.as_ref(), &path, offset, e.id, None)
-                .map_err(|err| format!("cannot read far task {}: {err}", e.id))?;
+            let entry = match reads.get(e.loc, e.id) {
+                Some(Ok(entry)) => entry.clone(),
+                // Read ahead and failed: the far task is still there, so
+                // the failure stands (never retried into a success).
+                Some(Err(cause)) => return Err(cause.clone()),
+                // Not read ahead (a checkpoint moved it meanwhile): read
+                // under the lock.
+                None => {
+                    let (file, offset) = unpack_loc(e.loc);
+                    let path = disk.overflow_dir().join(overflow::file_name(file));
+                    overflow::read_entry(disk.storage.as_ref(), &path, offset, e.id, None)
+                        .map_err(|err| format!("cannot read far task {}: {err}", e.id))?
+                }
+            };
             if *entry.key == *key {
                 return Ok(Some((pos, entry)));
             }
@@ -72,15 +100,90 @@ impl Shared {
         Ok(None)
     }
 
+    /// Takes the engine's lock after [`Shared::read_far_candidates`]: a
+    /// read that failed for a far task still at that place poisons the
+    /// engine (durable data unreadable), whether or not the call needs that
+    /// task, and its cause is returned.
+    pub(super) fn lock_with(&self, reads: &FarReads) -> Result<MutexGuard<'_, Core>, String> {
+        let mut core = self.core.lock();
+        let failed = reads.0.iter().find_map(|(&(loc, id), read)| {
+            let cause = read.as_ref().err()?;
+            let (file, offset) = unpack_loc(loc);
+            let still = core
+                .far
+                .find_by_place(pack_loc(file, offset)?, id)
+                .is_some();
+            still.then(|| cause.clone())
+        });
+        if let Some(cause) = failed {
+            self.poison_locked(&mut core, cause.clone());
+            return Err(cause);
+        }
+        Ok(core)
+    }
+
+    /// Reads, without the engine's lock, the overflow entries of the far
+    /// tasks whose key hash matches one of `keys`, so that the caller —
+    /// taking the lock next — tells them apart by key without disk I/O
+    /// under the lock. Entries are never rewritten in place (a file is
+    /// written once; a moved task gets a new file number), so an entry read
+    /// here is still right later if the far task is still at that place.
+    /// A failed read is kept: it is reported (and poisons the engine) if
+    /// the far task is still at that place once the lock is taken.
+    pub(super) fn read_far_candidates<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> FarReads {
+        let mut reads = FarReads::default();
+        if self.far_tasks.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return reads;
+        }
+        let Some(disk) = &self.disk else {
+            return reads;
+        };
+        let wanted: Vec<(u64, u64)> = {
+            let core = self.core.lock();
+            keys.into_iter()
+                .flat_map(|k| {
+                    let hash = core.hasher.hash(k);
+                    core.far
+                        .candidates(hash)
+                        .map(|p| {
+                            let e = core.far.get(p);
+                            (e.loc, e.id)
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        for (loc, id) in wanted {
+            // A key named twice: read once (a failure is not retried).
+            if reads.0.contains_key(&(loc, id)) {
+                continue;
+            }
+            let (file, offset) = unpack_loc(loc);
+            let path = disk.overflow_dir().join(overflow::file_name(file));
+            let read = overflow::read_entry(disk.storage.as_ref(), &path, offset, id, None)
+                .map_err(|err| format!("cannot read far task {id}: {err}"));
+            reads.0.insert((loc, id), read);
+        }
+        reads
+    }
+
     /// The slot of the live task with `key`, wherever it is: a far task is
     /// first made an ordinary one (in the slab and the wheel). `Err` as
     /// [`Shared::find_far`].
-    pub(super) fn locate(&self, core: &mut Core, key: &[u8]) -> Result<Option<u32>, String> {
+    pub(super) fn locate(
+        &self,
+        core: &mut Core,
+        key: &[u8],
+        reads: &FarReads,
+    ) -> Result<Option<u32>, String> {
         let tag = core.key_tag(key);
         if let Some(slot) = core.find_slot(tag, key) {
             return Ok(Some(slot));
         }
-        match self.find_far(core, key)? {
+        match self.find_far(core, key, reads)? {
             None => Ok(None),
             Some((pos, entry)) => Ok(self.unfar(core, pos, entry, self.now())),
         }
@@ -92,15 +195,21 @@ impl Shared {
         &self,
         core: &mut Core,
         key: &[u8],
+        reads: &FarReads,
     ) -> Result<Option<u32>, String> {
-        self.locate(core, key)
+        self.locate(core, key, reads)
             .inspect_err(|cause| self.poison_locked(core, cause.clone()))
     }
 
     /// Whether a far task has `key`, poisoning the engine if its entry
     /// cannot be read (the cause is returned).
-    pub(super) fn far_key_or_poison(&self, core: &mut Core, key: &[u8]) -> Result<bool, String> {
-        match self.find_far(core, key) {
+    pub(super) fn far_key_or_poison(
+        &self,
+        core: &mut Core,
+        key: &[u8],
+        reads: &FarReads,
+    ) -> Result<bool, String> {
+        match self.find_far(core, key, reads) {
             Ok(found) => Ok(found.is_some()),
             Err(cause) => {
                 self.poison_locked(core, cause.clone());
@@ -126,6 +235,8 @@ impl Shared {
         }
         let slot = core.tasks.vacant_slot()?;
         core.far.remove(pos)?;
+        self.far_tasks
+            .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         let (file, offset) = unpack_loc(e.loc);
         let window_end = self.config.payload_window.map_or(u64::MAX, |w| {
             wall_ms(now).saturating_add(w.as_millis() as u64)

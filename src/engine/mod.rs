@@ -327,6 +327,9 @@ pub(crate) struct Shared {
     checkpoint_cv: Condvar,
     /// The payload prefetcher waits here (with the core lock).
     prefetch_cv: Condvar,
+    /// `Core::far.len()` as of its last change, read without the lock to
+    /// skip looking for far tasks when there are none.
+    far_tasks: std::sync::atomic::AtomicUsize,
 }
 
 /// The store id in the log's `META` file; `Ok(None)` if its bytes do not
@@ -656,6 +659,7 @@ impl Engine {
             checkpointing: Mutex::new(checkpointing::CheckpointBook::default()),
             checkpoint_cv: Condvar::new(),
             prefetch_cv: Condvar::new(),
+            far_tasks: std::sync::atomic::AtomicUsize::new(0),
         });
         let recovery = shared.load_replayed(replay, wal_report);
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
@@ -1294,6 +1298,8 @@ impl Shared {
         }
         core.far = far_index;
         core.far_cursors = far_cursors;
+        self.far_tasks
+            .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         let c = &mut *core;
         for file in c.far.files() {
             *c.overflow_files.entry(file).or_default() += c.far.live_in_file(file);
@@ -1333,12 +1339,15 @@ impl Shared {
         let (due_ms, due_tick) = self.prepare(t, now)?;
         check_frame_bytes(std::slice::from_ref(t))?;
 
-        let mut core = self.core.lock();
+        let reads = self.read_far_candidates([t.key]);
+        let mut core = self
+            .lock_with(&reads)
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
         self.check_room(&core, 1)?;
         let tag = core.key_tag(t.key);
         if core.find_slot(tag, t.key).is_some()
             || self
-                .far_key_or_poison(&mut core, t.key)
+                .far_key_or_poison(&mut core, t.key, &reads)
                 .map_err(|cause| ScheduleError::Poisoned { cause })?
         {
             return Err(self.already_exists(core, t.key));
@@ -1384,11 +1393,14 @@ impl Shared {
         let now = self.now();
         let (due_ms, due_tick) = self.prepare(&new, now)?;
         check_frame_bytes(std::slice::from_ref(&new))?;
-        let mut core = self.core.lock();
+        let reads = self.read_far_candidates([key]);
+        let mut core = self
+            .lock_with(&reads)
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
         core.check_open().map_err(status_to_schedule_error)?;
         let tag = core.key_tag(key);
         let found = self
-            .locate_or_poison(&mut core, key)
+            .locate_or_poison(&mut core, key, &reads)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         let Some(slot) = found else {
             // Upsert: a new task, under the same lock as the lookup.
@@ -1493,7 +1505,7 @@ impl Shared {
         let tag = core.key_tag(&key);
         if core.find_slot(tag, &key).is_some()
             || self
-                .far_key_or_poison(&mut core, &key)
+                .far_key_or_poison(&mut core, &key, &far::FarReads::default())
                 .map_err(|cause| ScheduleError::Poisoned { cause })?
         {
             return Err(self.already_exists(core, &key));
@@ -1551,7 +1563,10 @@ impl Shared {
         }
         check_frame_bytes(new)?;
 
-        let mut core = self.core.lock();
+        let reads = self.read_far_candidates(new.iter().map(|t| t.key));
+        let mut core = self
+            .lock_with(&reads)
+            .map_err(|cause| ScheduleError::Poisoned { cause })?;
         self.check_room(&core, new.len())?;
         let tags: SmallVec<[u32; 1]> = new.iter().map(|t| core.key_tag(t.key)).collect();
         if let Some(t) = new
@@ -1565,7 +1580,7 @@ impl Shared {
         if !core.far.is_empty() {
             for t in new {
                 if self
-                    .far_key_or_poison(&mut core, t.key)
+                    .far_key_or_poison(&mut core, t.key, &reads)
                     .map_err(|cause| ScheduleError::Poisoned { cause })?
                 {
                     return Err(self.already_exists(core, t.key));
@@ -1824,10 +1839,13 @@ impl Shared {
     /// Cancels one key: [`Shared::cancel_many`] without the outcome vector
     /// and duplicate tracking, so an in-memory cancel allocates nothing.
     fn cancel_one(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
-        let mut core = self.core.lock();
+        let reads = self.read_far_candidates([key]);
+        let mut core = self
+            .lock_with(&reads)
+            .map_err(|cause| CancelError::Poisoned { cause })?;
         core.check_open().map_err(status_to_cancel_error)?;
         let found = self
-            .locate_or_poison(&mut core, key)
+            .locate_or_poison(&mut core, key, &reads)
             .map_err(|cause| CancelError::Poisoned { cause })?;
         let Some(slot) = found else {
             return self.not_found(core);
@@ -1853,7 +1871,10 @@ impl Shared {
                 max: BATCH_TASKS_MAX,
             });
         }
-        let mut core = self.core.lock();
+        let reads = self.read_far_candidates(keys.iter().copied());
+        let mut core = self
+            .lock_with(&reads)
+            .map_err(|cause| CancelError::Poisoned { cause })?;
         core.check_open().map_err(status_to_cancel_error)?;
         let mut outcomes = Vec::with_capacity(keys.len());
         let mut victims: SmallVec<[(u32, TaskId, bool); 1]> = SmallVec::new();
@@ -1861,7 +1882,7 @@ impl Shared {
         let mut seen: Option<HashSet<u32>> = (keys.len() > 1).then(HashSet::new);
         for key in keys {
             let found = self
-                .locate_or_poison(&mut core, key)
+                .locate_or_poison(&mut core, key, &reads)
                 .map_err(|cause| CancelError::Poisoned { cause })?;
             let outcome = match found {
                 None => CancelOutcome::NotFound,
