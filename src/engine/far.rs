@@ -189,8 +189,10 @@ impl Shared {
     /// At open: takes out of `far` the far tasks due within the horizon
     /// (every file read sequentially up to the first entry beyond it), as
     /// live tasks to place with the others — the overdue ones join the
-    /// catch-up backlog in due order. Returns them and the promotion cursor
-    /// of each file still holding far tasks; `Err` if a file cannot be read
+    /// catch-up backlog in due order. Without a horizon (far tasks turned
+    /// off since a checkpoint made some) every far task is taken: nothing
+    /// would promote them later. Returns them and the promotion cursor of
+    /// each file still holding far tasks; `Err` if a file cannot be read
     /// (the caller poisons the engine).
     pub(super) fn promote_at_open(
         &self,
@@ -200,13 +202,15 @@ impl Shared {
     ) -> PromotedAtOpen {
         let mut out = Vec::new();
         let mut cursors = std::collections::BTreeMap::new();
-        let (Some(disk), Some(horizon)) = (&self.disk, self.config.horizon) else {
+        let Some(disk) = &self.disk else {
             for f in far.files() {
                 cursors.insert(f, FarCursor::start());
             }
             return (out, cursors, None);
         };
-        let until = wall_ms(now).saturating_add(horizon.as_millis() as u64);
+        let until = self.config.horizon.map_or(u64::MAX, |horizon| {
+            wall_ms(now).saturating_add(horizon.as_millis() as u64)
+        });
         let storage = disk.storage.as_ref();
         let files: Vec<u32> = far.files().collect();
         for file in files {

@@ -1,0 +1,453 @@
+//! Far tasks under review: reopening with another configuration, damaged or
+//! truncated overflow files holding far tasks, and promotion racing with a
+//! checkpoint that compacts the file it reads. Each test names the behaviour
+//! the engine must keep: an acknowledged schedule fires, or the damage that
+//! keeps it from firing is reported (typed error or poisoned engine).
+
+mod common;
+
+use common::{config, SimHarness, Stop, TestResult, START_MS};
+use kairos::{CancelError, CancelOutcome, Config, Due, Durability, Engine, ManualClock, NewTask};
+use kairos_wal::storage::{LockGuard, OpenMode, Storage, StorageFile};
+use kairos_wal::SimStorage;
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A one-hour horizon, a one-minute payload window, no prefetch thread
+/// (the driver promotes, deterministically).
+fn cfg() -> Config {
+    let mut c = config(Durability::Sync);
+    c.payload_window = Some(MINUTE);
+    c.horizon = Some(HOUR);
+    c.payload_prefetch = false;
+    c
+}
+
+fn at(ms: u64) -> Due {
+    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("far-{i:04}").into_bytes()
+}
+
+/// Task i is due 2 h + i minutes after the start: beyond the one-hour
+/// horizon, so a checkpoint makes every one of them far.
+fn due(i: usize) -> u64 {
+    START_MS + 2 * 3_600_000 + 60_000 * i as u64
+}
+
+fn schedule_far(engine: &Engine, n: usize) -> TestResult {
+    for i in 0..n {
+        engine.schedule(&key(i), at(due(i)), format!("payload {i}").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The engine's poison cause, if it is poisoned (asked with a cancel of a key
+/// no task has: harmless otherwise).
+fn poisoned(engine: &Engine) -> Option<String> {
+    match engine.cancel(b"probe: no such key") {
+        Err(CancelError::Poisoned { cause }) => Some(cause),
+        _ => None,
+    }
+}
+
+/// The overflow files of the harness's directory.
+fn overflow_files(h: &SimHarness) -> TestResult<Vec<PathBuf>> {
+    let dir = h.dir.join("overflow");
+    Ok(h.sim
+        .list(&dir)?
+        .into_iter()
+        .filter(|n| n.ends_with(".ovf"))
+        .map(|n| dir.join(n))
+        .collect())
+}
+
+/// One entry of an overflow file image.
+#[derive(Debug, Clone)]
+struct Ent {
+    offset: usize,
+    len: usize,
+    id: u64,
+    due_ms: u64,
+}
+
+/// The entries of an overflow file image (format in wal/FORMAT.md).
+fn entries(bytes: &[u8]) -> Vec<Ent> {
+    let mut out = Vec::new();
+    let mut at = 64;
+    while at + 30 <= bytes.len() {
+        let entry_bytes = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let len = 8 + entry_bytes;
+        out.push(Ent {
+            offset: at,
+            len,
+            id: u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap()),
+            due_ms: u64::from_le_bytes(bytes[at + 16..at + 24].try_into().unwrap()),
+        });
+        at += len;
+    }
+    out
+}
+
+/// Recomputes the CRC of the entry at `e` after its bytes were changed.
+fn fix_crc(bytes: &mut [u8], e: &Ent) {
+    let crc = crc32fast::hash(&bytes[e.offset + 8..e.offset + e.len]);
+    bytes[e.offset + 4..e.offset + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Runs the clock minute by minute up to `until_ms`, acking everything;
+/// returns the keys delivered (each once, none early).
+fn run_to(h: &SimHarness, until_ms: u64) -> TestResult<BTreeSet<Vec<u8>>> {
+    let mut fired = BTreeSet::new();
+    while h.clock.wall_ms() < until_ms {
+        for d in h.advance(MINUTE)? {
+            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+            assert!(fired.insert(d.key().to_vec()), "twice: {:?}", d.key());
+            h.engine().consumer().ack(&d)?;
+        }
+    }
+    Ok(fired)
+}
+
+#[test]
+fn far_tasks_fire_after_a_reopen_with_the_horizon_turned_off() -> TestResult {
+    let mut h = SimHarness::new(11, cfg())?;
+    schedule_far(h.engine(), 5)?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 5);
+    h.stop(Stop::Clean)?;
+    // The operator turns far tasks off: every task is to stay in the wheel.
+    h.config.horizon = None;
+    h.start()?;
+    assert_eq!(h.engine().stats().pending, 5);
+    let fired = run_to(&h, due(5) + 60_000)?;
+    assert_eq!(
+        fired.len(),
+        5,
+        "far tasks stranded: {:?}",
+        h.engine().stats()
+    );
+    assert_eq!(h.engine().stats().pending, 0);
+    Ok(())
+}
+
+#[test]
+#[ignore = "bug: promotion passes the end of a file with far tasks left in it"]
+fn a_truncated_overflow_file_holding_far_tasks_is_reported_not_silently_dropped() -> TestResult {
+    let mut h = SimHarness::new(12, cfg())?;
+    schedule_far(h.engine(), 10)?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 10);
+    h.stop(Stop::Clean)?;
+    // The file loses its last entry, cut at an entry boundary.
+    let files = overflow_files(&h)?;
+    assert_eq!(files.len(), 1);
+    let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+    let last = entries(&bytes).last().cloned().ok_or("no entry")?;
+    bytes.truncate(last.offset);
+    h.sim.write_file(&files[0], &bytes);
+    if let Err(e) = h.start() {
+        // Reported at open: fine.
+        eprintln!("open refused: {e}");
+        return Ok(());
+    }
+    let fired = run_to(&h, due(10) + 60_000)?;
+    let cause = poisoned(h.engine());
+    assert!(
+        fired.len() == 10 || cause.is_some(),
+        "{} of 10 far tasks fired and nothing was reported: {:?}",
+        fired.len(),
+        h.engine().stats()
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "bug: promotion skips an entry whose key does not hash to its far entry"]
+fn a_far_entry_whose_key_no_longer_matches_its_hash_is_reported() -> TestResult {
+    let mut h = SimHarness::new(13, cfg())?;
+    schedule_far(h.engine(), 10)?;
+    h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    // One entry's key changes under a valid CRC (as a writer bug, or damage
+    // the CRC does not catch, would leave it): its hash no longer matches.
+    let files = overflow_files(&h)?;
+    let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+    let e = entries(&bytes)[4].clone();
+    bytes[e.offset + 30] ^= 0x20; // 'f' -> 'F'
+    fix_crc(&mut bytes, &e);
+    h.sim.write_file(&files[0], &bytes);
+    h.start()?;
+    let fired = run_to(&h, due(10) + 60_000)?;
+    let cause = poisoned(h.engine());
+    assert!(
+        fired.len() == 10 || cause.is_some(),
+        "{} of 10 far tasks fired and nothing was reported: {:?}",
+        fired.len(),
+        h.engine().stats()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_bit_flip_in_a_far_entry_poisons_at_cancel_and_at_promotion() -> TestResult {
+    for cancel_it in [true, false] {
+        let mut h = SimHarness::new(14, cfg())?;
+        schedule_far(h.engine(), 10)?;
+        h.engine().checkpoint()?;
+        h.stop(Stop::Clean)?;
+        let files = overflow_files(&h)?;
+        let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+        let e = entries(&bytes)[4].clone();
+        bytes[e.offset + 30 + 5] ^= 0x01; // a byte of the key, CRC left as is
+        h.sim.write_file(&files[0], &bytes);
+        h.start()?;
+        if cancel_it {
+            assert!(matches!(
+                h.engine().cancel(&key(4)),
+                Err(CancelError::Poisoned { .. })
+            ));
+            continue;
+        }
+        // Tasks 0..4 fire; promoting task 4 finds the damage.
+        let mut fired = 0;
+        while h.clock.wall_ms() < due(10) + 60_000 {
+            let Ok(ds) = h.advance(MINUTE) else { break };
+            for d in ds {
+                fired += 1;
+                let _ = h.engine().consumer().ack(&d);
+            }
+        }
+        assert!(poisoned(h.engine()).is_some(), "fired {fired}");
+        assert!(fired <= 4, "{fired}");
+    }
+    Ok(())
+}
+
+/// Promotion reads far tasks' files without the lock; a checkpoint may
+/// compact such a file (its far tasks move to the new file) and delete it
+/// meanwhile. The promotion must not take that for damage.
+#[test]
+#[ignore = "bug: promotion poisons on a file a checkpoint compacted away"]
+fn promotion_racing_with_the_compaction_of_its_file_does_not_poison() -> TestResult {
+    let sim = SimStorage::new(15);
+    let gate = Arc::new(Gate::default());
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let clock = ManualClock::new(START_MS);
+    let dir = PathBuf::from("/kairos");
+    let engine = Engine::open_with(
+        &dir,
+        cfg(),
+        Arc::new(storage.clone()),
+        Arc::new(clock.clone()),
+    )?;
+    schedule_far(&engine, 20)?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 20);
+    // Most of the file dies: the next checkpoint compacts it.
+    for i in 8..20 {
+        assert_eq!(
+            engine.cancel(&key(i))?,
+            CancelOutcome::Cancelled { deliveries: 0 }
+        );
+    }
+    let file1 = dir.join("overflow").join("0000000000000001.ovf");
+    assert!(sim.exists(&file1)?);
+    gate.arm(&file1);
+    std::thread::scope(|s| -> TestResult {
+        // The driver comes to promote the first tasks and stops at the
+        // file's open, the lock released.
+        let driver = s.spawn(|| {
+            clock.advance(HOUR + MINUTE);
+            engine.run_until_idle();
+        });
+        gate.wait_hit();
+        let report = engine.checkpoint()?;
+        assert!(report.overflow_files_removed >= 1, "{report:?}");
+        assert!(!sim.exists(&file1)?, "the compacted file is gone");
+        gate.release();
+        driver.join().map_err(|_| "driver thread panicked")?;
+        Ok(())
+    })?;
+    assert_eq!(poisoned(&engine), None, "{:?}", engine.stats());
+    let consumer = engine.consumer();
+    let mut fired = 0;
+    while clock.wall_ms() < due(8) + MINUTE.as_millis() as u64 {
+        clock.advance(MINUTE);
+        engine.run_until_idle();
+        while let Ok(d) = consumer.try_recv() {
+            consumer.ack(&d)?;
+            fired += 1;
+        }
+    }
+    assert_eq!(fired, 8);
+    Ok(())
+}
+
+/// More than 65 536 far tasks come within the horizon at once: the
+/// promotion reads them in several passes, and the entry where one pass
+/// stops must be checked like every other (its due time decides when the
+/// rest of the file is read).
+#[test]
+#[ignore = "bug: the due time where a read pauses is taken unchecked"]
+fn a_damaged_entry_where_a_large_promotion_pauses_is_reported() -> TestResult {
+    const N: usize = 100_000;
+    let mut h = SimHarness::new(16, cfg())?;
+    let keys: Vec<Vec<u8>> = (0..N).map(|i| format!("k{i}").into_bytes()).collect();
+    for (chunk_no, chunk) in keys.chunks(10_000).enumerate() {
+        let tasks: Vec<NewTask<'_>> = chunk
+            .iter()
+            .enumerate()
+            .map(|(j, k)| NewTask {
+                key: k,
+                due: at(START_MS + 2 * 3_600_000 + (chunk_no * 10_000 + j) as u64),
+                payload: b"",
+            })
+            .collect();
+        h.engine().schedule_many(&tasks)?;
+    }
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, N);
+    h.stop(Stop::Clean)?;
+    // The due time of the entry after the first 65 536 is damaged (a high
+    // bit flips: far in the future).
+    let files = overflow_files(&h)?;
+    let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+    let all = entries(&bytes);
+    // Where the promotion's read pauses: it reads 1 MiB chunks, keeps the
+    // whole entries of each, and stops after the chunk that brings it to
+    // 65 536 entries, at the first entry not wholly in that chunk.
+    let (mut offset, mut i, mut read) = (64usize, 0usize, 0usize);
+    while read < 65_536 {
+        let chunk_end = offset + (1 << 20);
+        while i < all.len() && all[i].offset + all[i].len <= chunk_end {
+            i += 1;
+            read += 1;
+        }
+        offset = all[i].offset;
+    }
+    let e = all[i].clone();
+    bytes[e.offset + 16 + 6] ^= 0x40;
+    h.sim.write_file(&files[0], &bytes);
+    // Reopen when every one of them (due within 100 s of 2 h) is within
+    // the horizon.
+    h.clock.advance(HOUR + 2 * MINUTE);
+    if let Err(e) = h.start() {
+        eprintln!("open refused: {e}");
+        return Ok(());
+    }
+    h.clock.advance(HOUR);
+    let mut fired = 0;
+    for d in common::drain(h.engine())? {
+        h.engine().consumer().ack(&d)?;
+        fired += 1;
+    }
+    let cause = poisoned(h.engine());
+    assert!(
+        fired == N || cause.is_some(),
+        "{fired} of {N} far tasks fired and nothing was reported: {:?}",
+        h.engine().stats()
+    );
+    Ok(())
+}
+
+/// Blocks the first read-mode open of one path until released.
+#[derive(Debug, Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    target: Option<PathBuf>,
+    hit: bool,
+    released: bool,
+}
+
+impl Gate {
+    fn arm(&self, path: &Path) {
+        let mut s = self.state.lock().unwrap();
+        s.target = Some(path.to_path_buf());
+        s.hit = false;
+        s.released = false;
+    }
+
+    fn on_open(&self, path: &Path) {
+        let mut s = self.state.lock().unwrap();
+        if s.target.as_deref() != Some(path) {
+            return;
+        }
+        s.target = None;
+        s.hit = true;
+        self.cv.notify_all();
+        while !s.released {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    fn wait_hit(&self) {
+        let mut s = self.state.lock().unwrap();
+        while !s.hit {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().released = true;
+        self.cv.notify_all();
+    }
+}
+
+#[derive(Debug, Clone)]
+struct GateStorage {
+    inner: SimStorage,
+    gate: Arc<Gate>,
+}
+
+impl Storage for GateStorage {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        if matches!(mode, OpenMode::Read) {
+            self.gate.on_open(path);
+        }
+        self.inner.open(path, mode)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        self.inner.exists(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_file(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.sync_dir(path)
+    }
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
+        self.inner.lock(path)
+    }
+    fn random_id(&self) -> io::Result<[u8; 16]> {
+        self.inner.random_id()
+    }
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+}
