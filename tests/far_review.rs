@@ -236,7 +236,6 @@ fn a_bit_flip_in_a_far_entry_poisons_at_cancel_and_at_promotion() -> TestResult 
 /// compact such a file (its far tasks move to the new file) and delete it
 /// meanwhile. The promotion must not take that for damage.
 #[test]
-#[ignore = "bug: promotion poisons on a file a checkpoint compacted away"]
 fn promotion_racing_with_the_compaction_of_its_file_does_not_poison() -> TestResult {
     let sim = SimStorage::new(15);
     let gate = Arc::new(Gate::default());

@@ -346,7 +346,7 @@ impl Shared {
                             }
                         }
                         Err(e) => {
-                            failed = Some(format!("cannot promote far tasks: {e}"));
+                            failed = Some((file, start, format!("cannot promote far tasks: {e}")));
                             break;
                         }
                     }
@@ -357,9 +357,20 @@ impl Shared {
                 }
             }
             core = self.core.lock();
-            if let Some(cause) = failed {
-                self.poison_locked(&mut core, cause);
-                return core;
+            if let Some((file, start, cause)) = failed {
+                // A checkpoint may have compacted the file meanwhile (its far
+                // tasks moved to the new file, their cursor dropped or reset)
+                // and deleted it: the read is then moot, and the next pass
+                // reads from the cursors as they are now. Otherwise durable
+                // data is unreadable.
+                let moot = core
+                    .far_cursors
+                    .get(&file)
+                    .is_none_or(|c| c.offset != start.offset);
+                if !moot {
+                    self.poison_locked(&mut core, cause);
+                    return core;
+                }
             }
             entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
             for (file, offset, entry) in entries {
