@@ -257,7 +257,14 @@ impl Shared {
                     break;
                 }
             }
-            if far.live_in_file(file) > 0 {
+            let left = far.live_in_file(file);
+            if left > 0 && cursor.next_due_ms == u64::MAX {
+                // Read to its end, and far tasks said to be in it were not
+                // (truncated, or an entry whose key does not hash to its far
+                // task's): they would never fire.
+                return (out, cursors, Some(missing_far_tasks(file, left)));
+            }
+            if left > 0 {
                 cursors.insert(file, cursor);
             }
         }
@@ -386,17 +393,39 @@ impl Shared {
             // reset or removed its cursor): only a cursor still where this
             // read started moves on.
             let c = &mut *core;
+            let mut missing = None;
             for (file, start, end) in moved {
                 if let Some(cur) = c.far_cursors.get_mut(&file) {
                     if cur.offset == start.offset {
-                        if c.far.live_in_file(file) > 0 && end.next_due_ms != u64::MAX {
+                        let left = c.far.live_in_file(file);
+                        if left > 0 && end.next_due_ms != u64::MAX {
                             *cur = end;
                         } else {
                             c.far_cursors.remove(&file);
+                            if left > 0 {
+                                // Read to its end (every entry read was due
+                                // within the horizon and is promoted now),
+                                // yet far tasks said to be in it are not.
+                                missing.get_or_insert(missing_far_tasks(file, left));
+                            }
                         }
                     }
                 }
             }
+            if let Some(cause) = missing {
+                self.poison_locked(&mut core, cause);
+                return core;
+            }
         }
     }
+}
+
+/// Why `left` far tasks of overflow file `file` cannot be promoted: the file
+/// was read to its end without finding their entries.
+fn missing_far_tasks(file: u32, left: u64) -> String {
+    format!(
+        "cannot promote far tasks: overflow file {} ends without the entries of {left} far \
+         task(s) it should hold (truncated, or a key that does not hash to its far task's)",
+        overflow::file_name(file)
+    )
 }
