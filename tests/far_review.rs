@@ -367,7 +367,8 @@ fn a_damaged_entry_where_a_large_promotion_pauses_is_reported() -> TestResult {
     Ok(())
 }
 
-/// Blocks the first read-mode open of one path until released.
+/// Blocks the first open of a path under a prefix, in one mode, until
+/// released.
 #[derive(Debug, Default)]
 struct Gate {
     state: Mutex<GateState>,
@@ -376,23 +377,30 @@ struct Gate {
 
 #[derive(Debug, Default)]
 struct GateState {
-    target: Option<PathBuf>,
+    target: Option<(PathBuf, OpenMode)>,
     hit: bool,
     released: bool,
 }
 
 impl Gate {
+    /// Blocks the next read of `path`.
     fn arm(&self, path: &Path) {
+        self.arm_mode(path, OpenMode::Read);
+    }
+
+    /// Blocks the next open in `mode` of a path under `prefix`.
+    fn arm_mode(&self, prefix: &Path, mode: OpenMode) {
         let mut s = self.state.lock().unwrap();
-        s.target = Some(path.to_path_buf());
+        s.target = Some((prefix.to_path_buf(), mode));
         s.hit = false;
         s.released = false;
     }
 
-    fn on_open(&self, path: &Path) {
+    fn on_open(&self, path: &Path, mode: OpenMode) {
         let mut s = self.state.lock().unwrap();
-        if s.target.as_deref() != Some(path) {
-            return;
+        match &s.target {
+            Some((prefix, m)) if path.starts_with(prefix) && *m == mode => {}
+            _ => return,
         }
         s.target = None;
         s.hit = true;
@@ -426,9 +434,7 @@ impl Storage for GateStorage {
         self.inner.create_dir_all(path)
     }
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
-        if matches!(mode, OpenMode::Read) {
-            self.gate.on_open(path);
-        }
+        self.gate.on_open(path, mode);
         self.inner.open(path, mode)
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -455,4 +461,155 @@ impl Storage for GateStorage {
     fn now_ms(&self) -> u64 {
         self.inner.now_ms()
     }
+}
+
+/// An engine on `storage` (a [`GateStorage`] or a plain [`SimStorage`]).
+fn open_on(storage: Arc<dyn Storage>, clock: &ManualClock) -> Result<Engine, kairos::OpenError> {
+    Engine::open_with("/kairos", cfg(), storage, Arc::new(clock.clone()))
+}
+
+/// Runs the clock minute by minute up to `until_ms`, acking everything;
+/// returns key → (due, payload), checking none fires early or twice.
+fn fire_all(
+    engine: &Engine,
+    clock: &ManualClock,
+    until_ms: u64,
+) -> TestResult<std::collections::BTreeMap<Vec<u8>, (u64, Vec<u8>)>> {
+    let mut fired = std::collections::BTreeMap::new();
+    let consumer = engine.consumer();
+    while clock.wall_ms() < until_ms {
+        clock.advance(MINUTE);
+        for d in common::drain(engine)? {
+            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+            assert!(again.is_none(), "twice: {:?}", d.key());
+            consumer.ack(&d)?;
+        }
+    }
+    Ok(fired)
+}
+
+/// Between a checkpoint's plan (under the lock: which tasks go far, which
+/// far tasks move with a compacted file) and its apply (once its files are
+/// durable), every call on those tasks goes on; the tasks end up where the
+/// calls put them, in memory and after a crash.
+#[test]
+fn calls_between_a_checkpoints_plan_and_apply_keep_every_far_task_right() -> TestResult {
+    for (crash, promote) in [(false, false), (true, false), (false, true), (true, true)] {
+        let sim = SimStorage::new(18);
+        let gate = Arc::new(Gate::default());
+        let storage = GateStorage {
+            inner: sim.clone(),
+            gate: Arc::clone(&gate),
+        };
+        let clock = ManualClock::new(START_MS);
+        let engine = open_on(Arc::new(storage.clone()), &clock)?;
+        let mut model = std::collections::BTreeMap::new();
+        let a = |i: usize| format!("A{i}").into_bytes();
+        let b = |i: usize| format!("B{i}").into_bytes();
+        // A0..A9: far in file 1; half of them cancelled, so the next
+        // checkpoint compacts file 1 (its far tasks move).
+        for i in 0..10 {
+            let due = START_MS + 2 * 3_600_000 + 60_000 * i as u64;
+            engine.schedule(&a(i), at(due), format!("pa{i}").as_bytes())?;
+            model.insert(a(i), (due, format!("pa{i}").into_bytes()));
+        }
+        engine.checkpoint()?;
+        assert_eq!(engine.stats().far, 10);
+        for i in 5..10 {
+            engine.cancel(&a(i))?;
+            model.remove(&a(i));
+        }
+        // B0..B9: in memory, beyond the horizon: they go far at the next one.
+        for i in 0..10 {
+            let due = START_MS + 3 * 3_600_000 + 60_000 * i as u64;
+            engine.schedule(&b(i), at(due), format!("pb{i}").as_bytes())?;
+            model.insert(b(i), (due, format!("pb{i}").into_bytes()));
+        }
+        gate.arm_mode(Path::new("/kairos/overflow"), OpenMode::CreateNew);
+        std::thread::scope(|s| -> TestResult {
+            let ckpt = s.spawn(|| engine.checkpoint());
+            gate.wait_hit();
+            // Planned, not applied.
+            assert_eq!(
+                engine.cancel(&b(0))?,
+                CancelOutcome::Cancelled { deliveries: 0 }
+            );
+            model.remove(&b(0));
+            let later = START_MS + 4 * 3_600_000;
+            engine.reschedule(&b(1), at(later), None)?;
+            model.insert(b(1), (later, b"pb1".to_vec()));
+            let sooner = START_MS + 20 * 60_000;
+            engine.reschedule(&b(2), at(sooner), None)?;
+            model.insert(b(2), (sooner, b"pb2".to_vec()));
+            assert!(engine.schedule_after(&b(3), HOUR, b"dup").is_err());
+            let due4 = model[&b(4)].0;
+            engine.reschedule(&b(4), at(due4), Some(b"new4"))?;
+            model.insert(b(4), (due4, b"new4".to_vec()));
+            assert_eq!(
+                engine.cancel(&a(0))?,
+                CancelOutcome::Cancelled { deliveries: 0 }
+            );
+            model.remove(&a(0));
+            let latest = START_MS + 5 * 3_600_000;
+            engine.reschedule(&a(1), at(latest), None)?;
+            model.insert(a(1), (latest, b"pa1".to_vec()));
+            let due2 = model[&a(2)].0;
+            engine.reschedule(&a(2), at(due2), None)?;
+            assert!(engine.schedule_after(&a(3), HOUR, b"dup").is_err());
+            let outcomes = engine.cancel_many(&[&b(5), &a(4), &b(5), b"nope"])?;
+            assert_eq!(
+                outcomes,
+                vec![
+                    CancelOutcome::Cancelled { deliveries: 0 },
+                    CancelOutcome::Cancelled { deliveries: 0 },
+                    CancelOutcome::NotFound,
+                    CancelOutcome::NotFound
+                ]
+            );
+            model.remove(&b(5));
+            model.remove(&a(4));
+            let far6 = START_MS + 6 * 3_600_000;
+            let batch = [
+                NewTask {
+                    key: b"X",
+                    due: at(far6),
+                    payload: b"x",
+                },
+                NewTask {
+                    key: &b(6),
+                    due: at(far6),
+                    payload: b"dup",
+                },
+            ];
+            assert!(engine.schedule_many(&batch).is_err());
+            if promote {
+                // The first A tasks come within the horizon: the driver
+                // promotes them from file 1, which the checkpoint is
+                // compacting (B2, due in 20 minutes, is handed out).
+                clock.advance(HOUR + 5 * MINUTE);
+                engine.run_until_idle();
+            }
+            gate.release();
+            ckpt.join().map_err(|_| "checkpoint thread panicked")??;
+            Ok(())
+        })?;
+        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
+        // Another checkpoint on top, then maybe a crash.
+        engine.checkpoint()?;
+        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
+        let engine = if crash {
+            drop(engine);
+            sim.crash_process();
+            let e = open_on(Arc::new(sim.clone()), &clock)?;
+            assert_eq!(e.stats().pending, model.len(), "{:?}", e.stats());
+            e
+        } else {
+            engine
+        };
+        let fired = fire_all(&engine, &clock, START_MS + 6 * 3_600_000)?;
+        assert_eq!(fired, model, "crash {crash}, promote {promote}");
+        assert_eq!(poisoned(&engine), None);
+    }
+    Ok(())
 }
