@@ -613,3 +613,84 @@ fn calls_between_a_checkpoints_plan_and_apply_keep_every_far_task_right() -> Tes
     }
     Ok(())
 }
+
+/// Promoted tasks whose payload stayed on disk go far again in place when a
+/// backward wall step puts them beyond the horizon; a reschedule without a
+/// payload in between makes the entry's due time stale, and such a task
+/// stays in the wheel. Each still fires once, by the wall clock, with its
+/// payload — in memory and after a crash.
+#[test]
+fn promoted_tasks_go_far_again_in_place_after_a_backward_wall_step() -> TestResult {
+    for stop in [None, Some(Stop::ProcessCrash), Some(Stop::PowerCut)] {
+        let mut h = SimHarness::new(19, cfg())?;
+        let mut model = std::collections::BTreeMap::new();
+        for i in 0..10 {
+            h.engine()
+                .schedule(&key(i), at(due(i)), format!("payload {i}").as_bytes())?;
+            model.insert(key(i), (due(i), format!("payload {i}").into_bytes()));
+        }
+        h.engine().checkpoint()?;
+        assert_eq!(h.engine().stats().far, 10);
+        h.clock.advance(HOUR + 10 * MINUTE);
+        h.engine().run_until_idle();
+        assert_eq!(h.engine().stats().far, 0, "{:?}", h.engine().stats());
+        // Two hours back: every one is beyond the horizon again.
+        h.clock.step_wall(-2 * 3_600_000);
+        h.engine().run_until_idle();
+        h.engine().reschedule(&key(9), at(due(9)), None)?;
+        h.engine().reschedule(&key(8), at(due(8) + 60_000), None)?;
+        model.insert(key(8), (due(8) + 60_000, b"payload 8".to_vec()));
+        h.engine().checkpoint()?;
+        let stats = h.engine().stats();
+        assert_eq!((stats.far, stats.pending), (8, 10), "{stats:?}");
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+            assert_eq!(h.engine().stats().pending, 10);
+        }
+        let fired = fire_all(h.engine(), &h.clock, due(10) + 60_000)?;
+        assert_eq!(fired, model, "{stop:?}");
+    }
+    Ok(())
+}
+
+/// A tick of 10 ms and a horizon equal to the payload window, a few ticks
+/// long: far tasks due at every tick around the horizon (exactly at it,
+/// one tick either side) fire on their tick, never early, once.
+#[test]
+fn a_horizon_of_a_few_ticks_equal_to_the_payload_window() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.tick = Duration::from_millis(10);
+    c.payload_window = Some(Duration::from_millis(50));
+    c.horizon = Some(Duration::from_millis(50));
+    c.payload_prefetch = false;
+    for stop in [None, Some(Stop::Clean), Some(Stop::PowerCut)] {
+        let mut h = SimHarness::new(20, c.clone())?;
+        let mut model = std::collections::BTreeMap::new();
+        for i in 0..40usize {
+            let due_ms = START_MS + 30 + 10 * i as u64;
+            h.engine().schedule(&key(i), at(due_ms), &[i as u8; 3])?;
+            model.insert(key(i), (due_ms, vec![i as u8; 3]));
+        }
+        h.engine().checkpoint()?;
+        // Due beyond now + 50 ms: far.
+        assert_eq!(h.engine().stats().far, 40 - 3, "{:?}", h.engine().stats());
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+        }
+        let consumer = h.engine().consumer();
+        let mut fired = std::collections::BTreeMap::new();
+        for _ in 0..60 {
+            let before = h.clock.wall_ms();
+            for d in h.advance(Duration::from_millis(10))? {
+                assert!(d.fired_ms() >= d.due_ms(), "early {:?}", d.key());
+                assert!(d.due_ms() > before, "late {:?}", d.key());
+                assert!(fired
+                    .insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()))
+                    .is_none());
+                consumer.ack(&d)?;
+            }
+        }
+        assert_eq!(fired, model, "{stop:?}");
+    }
+    Ok(())
+}
