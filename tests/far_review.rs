@@ -694,3 +694,68 @@ fn a_horizon_of_a_few_ticks_equal_to_the_payload_window() -> TestResult {
     }
     Ok(())
 }
+
+/// A dead letter whose key is now a far task's: requeuing it is refused
+/// while the far task lives (found by key on disk), allowed once it is
+/// cancelled — across a crash too.
+#[test]
+fn requeuing_a_dead_letter_is_refused_while_a_far_task_has_its_key() -> TestResult {
+    let mut c = cfg();
+    c.retry.max_attempts = 1;
+    let mut h = SimHarness::new(21, c)?;
+    h.engine()
+        .schedule_after(b"k", Duration::from_secs(1), b"first")?;
+    let ds = h.advance(Duration::from_secs(1))?;
+    assert_eq!(ds.len(), 1);
+    h.engine().nack(&ds[0], None, "boom")?;
+    let dead = h.engine().dead_letters();
+    assert_eq!(dead.len(), 1);
+    let dead_id = dead[0].task_id;
+    // The key again, far.
+    h.engine().schedule(b"k", at(due(0)), b"second")?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 1);
+    for stop in [None, Some(Stop::ProcessCrash)] {
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+        }
+        assert!(matches!(
+            h.engine()
+                .requeue_dead_letter(dead_id, Due::After(Duration::ZERO)),
+            Err(kairos::ScheduleError::AlreadyExists { .. })
+        ));
+        assert_eq!(h.engine().stats().far, 1);
+    }
+    assert_eq!(
+        h.engine().cancel(b"k")?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    h.engine()
+        .requeue_dead_letter(dead_id, Due::After(Duration::ZERO))?;
+    let ds = h.advance(Duration::from_millis(1))?;
+    assert_eq!(common::triples(&ds).len(), 1);
+    assert_eq!(ds[0].payload(), b"first");
+    Ok(())
+}
+
+/// The in-memory engine ignores the horizon: nothing goes far, every task
+/// fires on its tick.
+#[test]
+fn the_in_memory_engine_ignores_the_horizon() -> TestResult {
+    let clock = ManualClock::new(START_MS);
+    let engine = Engine::in_memory(cfg(), Arc::new(clock.clone()))?;
+    for i in 0..10 {
+        engine.schedule(&key(i), at(due(i)), b"p")?;
+    }
+    assert!(engine.checkpoint().is_err());
+    assert!(engine.schedule_after(&key(3), HOUR, b"dup").is_err());
+    assert_eq!(
+        engine.cancel(&key(4))?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    let stats = engine.stats();
+    assert_eq!((stats.far, stats.pending), (0, 9));
+    let fired = fire_all(&engine, &clock, due(10) + 60_000)?;
+    assert_eq!(fired.len(), 9);
+    Ok(())
+}
