@@ -835,3 +835,33 @@ fn a_fault_at_any_io_of_a_far_checkpoint_or_promotion_then_a_crash_loses_nothing
     }
     Ok(())
 }
+
+/// An overflow file holding far tasks that is gone: open refuses the
+/// directory (typed), whether or not a record above the checkpoint names
+/// one of its far tasks.
+#[test]
+fn a_missing_overflow_file_holding_far_tasks_fails_the_open() -> TestResult {
+    for touch_one in [false, true] {
+        let mut h = SimHarness::new(22, cfg())?;
+        schedule_far(h.engine(), 5)?;
+        h.engine().checkpoint()?;
+        if touch_one {
+            h.engine().reschedule(&key(1), at(due(1) + 1), None)?;
+        }
+        h.stop(Stop::Clean)?;
+        for f in overflow_files(&h)? {
+            h.sim.remove_file(&f)?;
+        }
+        match h.start() {
+            Err(e) => eprintln!("refused: {e}"),
+            Ok(()) => {
+                return Err(format!(
+                    "opened without the far tasks' file: {:?}",
+                    h.engine().stats()
+                )
+                .into())
+            }
+        }
+    }
+    Ok(())
+}
