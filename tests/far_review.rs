@@ -865,3 +865,42 @@ fn a_missing_overflow_file_holding_far_tasks_fails_the_open() -> TestResult {
     }
     Ok(())
 }
+
+/// A forward wall step brings far tasks within the horizon (some of them
+/// past due): they are promoted and fire by the new wall time, in due
+/// order, none before its due time, each once.
+#[test]
+fn a_forward_wall_step_across_the_horizon_promotes_and_fires_by_wall_time() -> TestResult {
+    for stop in [None, Some(Stop::Clean)] {
+        let mut h = SimHarness::new(23, cfg())?;
+        schedule_far(h.engine(), 40)?;
+        h.engine().checkpoint()?;
+        assert_eq!(h.engine().stats().far, 40);
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+        }
+        // Two hours and ten minutes on, in one wall step: tasks 0..=10 are
+        // due, 11..=40 within the horizon.
+        h.clock.step_wall(2 * 3_600_000 + 10 * 60_000);
+        let mut fired = Vec::new();
+        for d in common::drain(h.engine())? {
+            fired.push((d.due_ms(), d.fired_ms(), d.key().to_vec()));
+            h.engine().consumer().ack(&d)?;
+        }
+        assert_eq!(fired.len(), 11, "{:?}", h.engine().stats());
+        for _ in 0..31 {
+            for d in h.advance(MINUTE)? {
+                fired.push((d.due_ms(), d.fired_ms(), d.key().to_vec()));
+                h.engine().consumer().ack(&d)?;
+            }
+        }
+        assert_eq!(fired.len(), 40);
+        for w in fired.windows(2) {
+            assert!(w[0].0 <= w[1].0, "out of due order: {w:?}");
+        }
+        for (due_ms, fired_ms, k) in &fired {
+            assert!(fired_ms >= due_ms, "early: {k:?}");
+        }
+    }
+    Ok(())
+}
