@@ -904,3 +904,35 @@ fn a_forward_wall_step_across_the_horizon_promotes_and_fires_by_wall_time() -> T
     }
     Ok(())
 }
+
+/// A far task rescheduled further out without a new payload keeps its
+/// payload in its old entry, whose due time is now stale; checkpoints
+/// (one compacting that file) and a crash later, it fires at its new due
+/// time with its payload, once.
+#[test]
+fn a_far_task_rescheduled_further_out_fires_at_its_new_time_with_its_payload() -> TestResult {
+    let mut h = SimHarness::new(24, cfg())?;
+    let mut model = std::collections::BTreeMap::new();
+    for i in 0..10 {
+        let p = format!("payload {i}").into_bytes();
+        h.engine().schedule(&key(i), at(due(i)), &p)?;
+        model.insert(key(i), (due(i), p));
+    }
+    h.engine().checkpoint()?;
+    let later = due(0) + 3 * 3_600_000;
+    h.engine().reschedule(&key(0), at(later), None)?;
+    model.insert(key(0), (later, b"payload 0".to_vec()));
+    h.engine().checkpoint()?;
+    // Most of the file dies: the next checkpoint copies key 0's entry (due
+    // time stale) and the far tasks left forward.
+    for i in 1..7 {
+        h.engine().cancel(&key(i))?;
+        model.remove(&key(i));
+    }
+    h.engine().checkpoint()?;
+    h.restart(Stop::PowerCut)?;
+    h.engine().checkpoint()?;
+    let fired = fire_all(h.engine(), &h.clock, later + 60_000)?;
+    assert_eq!(fired, model);
+    Ok(())
+}
