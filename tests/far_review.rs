@@ -75,8 +75,6 @@ fn overflow_files(h: &SimHarness) -> TestResult<Vec<PathBuf>> {
 struct Ent {
     offset: usize,
     len: usize,
-    id: u64,
-    due_ms: u64,
 }
 
 /// The entries of an overflow file image (format in wal/FORMAT.md).
@@ -86,12 +84,7 @@ fn entries(bytes: &[u8]) -> Vec<Ent> {
     while at + 30 <= bytes.len() {
         let entry_bytes = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
         let len = 8 + entry_bytes;
-        out.push(Ent {
-            offset: at,
-            len,
-            id: u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap()),
-            due_ms: u64::from_le_bytes(bytes[at + 16..at + 24].try_into().unwrap()),
-        });
+        out.push(Ent { offset: at, len });
         at += len;
     }
     out
@@ -470,11 +463,7 @@ fn open_on(storage: Arc<dyn Storage>, clock: &ManualClock) -> Result<Engine, kai
 
 /// Runs the clock minute by minute up to `until_ms`, acking everything;
 /// returns key → (due, payload), checking none fires early or twice.
-fn fire_all(
-    engine: &Engine,
-    clock: &ManualClock,
-    until_ms: u64,
-) -> TestResult<std::collections::BTreeMap<Vec<u8>, (u64, Vec<u8>)>> {
+fn fire_all(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<common::TaskMap> {
     let mut fired = std::collections::BTreeMap::new();
     let consumer = engine.consumer();
     while clock.wall_ms() < until_ms {
@@ -767,10 +756,7 @@ fn the_in_memory_engine_ignores_the_horizon() -> TestResult {
 #[test]
 fn a_fault_at_any_io_of_a_far_checkpoint_or_promotion_then_a_crash_loses_nothing() -> TestResult {
     use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
-    let setup = |seed: u64| -> TestResult<(
-        SimHarness,
-        std::collections::BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
-    )> {
+    let setup = |seed: u64| -> TestResult<(SimHarness, common::TaskMap)> {
         let h = SimHarness::new(seed, cfg())?;
         let mut model = std::collections::BTreeMap::new();
         for i in 0..10 {
