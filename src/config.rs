@@ -200,7 +200,9 @@ pub struct Config {
     /// [`Config::payload_prefetch`] off, by the driver thread). Cancel,
     /// reschedule and duplicate-key checks find them by reading the key
     /// from disk when the hash matches. Needs `payload_window` (at most
-    /// the horizon). `None`: every task stays in the wheel. Default
+    /// the horizon). `None`: every task stays in the wheel (far tasks a
+    /// checkpoint made under another configuration come back into it at
+    /// open). Default
     /// [`HORIZON_DEFAULT`] (18 days). Ignored in memory.
     pub horizon: Option<Duration>,
     /// Run a background thread that reads payloads coming due (within

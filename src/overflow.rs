@@ -367,9 +367,11 @@ pub fn due_at(
 
 /// Reads the entries of the overflow file at `path` from `offset` on, in
 /// file order (due time order), while their `due_ms` is at most `due_until`,
-/// reading about `chunk_bytes` at a time (more for a larger entry). Returns
-/// them with their offsets, and the offset to continue from (the first entry
-/// not taken; the file's length at its end).
+/// reading about `chunk_bytes` at a time (more for a larger entry), at most
+/// 65 536 of them. Returns them with their offsets, and the offset to
+/// continue from: the file's length at its end, otherwise the first entry
+/// not taken — read and checked whole (CRC), so that its due time, which
+/// [`due_at`] then reads without a check, can be trusted.
 ///
 /// # Errors
 /// [`OverflowReadError::Corrupt`] at the first damaged entry; I/O errors.
@@ -412,7 +414,7 @@ pub fn read_due(
                 }
                 Ok(None) => break,
                 Ok(Some((entry, n))) => {
-                    if entry.due_ms > due_until {
+                    if entry.due_ms > due_until || out.len() >= READ_DUE_ENTRIES_MAX {
                         return Ok((out, entry_offset));
                     }
                     out.push((entry_offset, entry));
@@ -438,7 +440,7 @@ pub fn read_due(
             }
             match parse_entry(&one).map_err(corrupt)? {
                 Some((entry, n)) => {
-                    if entry.due_ms > due_until {
+                    if entry.due_ms > due_until || out.len() >= READ_DUE_ENTRIES_MAX {
                         return Ok((out, offset));
                     }
                     out.push((offset, entry));
@@ -448,12 +450,12 @@ pub fn read_due(
             }
         }
         offset += at as u64;
-        if out.len() >= 65_536 {
-            break;
-        }
     }
     Ok((out, offset))
 }
+
+/// Entries [`read_due`] returns at most per call.
+const READ_DUE_ENTRIES_MAX: usize = 65_536;
 
 /// The entry count in the header of the overflow file number `seq` at
 /// `path` (one 64-byte read; the header is checked: magic, version, CRC,

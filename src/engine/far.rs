@@ -300,8 +300,10 @@ impl Shared {
     /// At open: takes out of `far` the far tasks due within the horizon
     /// (every file read sequentially up to the first entry beyond it), as
     /// live tasks to place with the others — the overdue ones join the
-    /// catch-up backlog in due order. Returns them and the promotion cursor
-    /// of each file still holding far tasks; `Err` if a file cannot be read
+    /// catch-up backlog in due order. Without a horizon (far tasks turned
+    /// off since a checkpoint made some) every far task is taken: nothing
+    /// would promote them later. Returns them and the promotion cursor of
+    /// each file still holding far tasks; `Err` if a file cannot be read
     /// (the caller poisons the engine).
     pub(super) fn promote_at_open(
         &self,
@@ -311,13 +313,15 @@ impl Shared {
     ) -> PromotedAtOpen {
         let mut out = Vec::new();
         let mut cursors = std::collections::BTreeMap::new();
-        let (Some(disk), Some(horizon)) = (&self.disk, self.config.horizon) else {
+        let Some(disk) = &self.disk else {
             for f in far.files() {
                 cursors.insert(f, FarCursor::start());
             }
             return (out, cursors, None);
         };
-        let until = wall_ms(now).saturating_add(horizon.as_millis() as u64);
+        let until = self.config.horizon.map_or(u64::MAX, |horizon| {
+            wall_ms(now).saturating_add(horizon.as_millis() as u64)
+        });
         let storage = disk.storage.as_ref();
         let files: Vec<u32> = far.files().collect();
         for file in files {
@@ -364,7 +368,14 @@ impl Shared {
                     break;
                 }
             }
-            if far.live_in_file(file) > 0 {
+            let left = far.live_in_file(file);
+            if left > 0 && cursor.next_due_ms == u64::MAX {
+                // Read to its end, and far tasks said to be in it were not
+                // (truncated, or an entry whose key does not hash to its far
+                // task's): they would never fire.
+                return (out, cursors, Some(missing_far_tasks(file, left)));
+            }
+            if left > 0 {
                 cursors.insert(file, cursor);
             }
         }
@@ -453,7 +464,7 @@ impl Shared {
                             }
                         }
                         Err(e) => {
-                            failed = Some(format!("cannot promote far tasks: {e}"));
+                            failed = Some((file, start, format!("cannot promote far tasks: {e}")));
                             break;
                         }
                     }
@@ -464,9 +475,20 @@ impl Shared {
                 }
             }
             core = self.core.lock();
-            if let Some(cause) = failed {
-                self.poison_locked(&mut core, cause);
-                return core;
+            if let Some((file, start, cause)) = failed {
+                // A checkpoint may have compacted the file meanwhile (its far
+                // tasks moved to the new file, their cursor dropped or reset)
+                // and deleted it: the read is then moot, and the next pass
+                // reads from the cursors as they are now. Otherwise durable
+                // data is unreadable.
+                let moot = core
+                    .far_cursors
+                    .get(&file)
+                    .is_none_or(|c| c.offset != start.offset);
+                if !moot {
+                    self.poison_locked(&mut core, cause);
+                    return core;
+                }
             }
             entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
             for (file, offset, entry) in entries {
@@ -482,17 +504,39 @@ impl Shared {
             // reset or removed its cursor): only a cursor still where this
             // read started moves on.
             let c = &mut *core;
+            let mut missing = None;
             for (file, start, end) in moved {
                 if let Some(cur) = c.far_cursors.get_mut(&file) {
                     if cur.offset == start.offset {
-                        if c.far.live_in_file(file) > 0 && end.next_due_ms != u64::MAX {
+                        let left = c.far.live_in_file(file);
+                        if left > 0 && end.next_due_ms != u64::MAX {
                             *cur = end;
                         } else {
                             c.far_cursors.remove(&file);
+                            if left > 0 {
+                                // Read to its end (every entry read was due
+                                // within the horizon and is promoted now),
+                                // yet far tasks said to be in it are not.
+                                missing.get_or_insert(missing_far_tasks(file, left));
+                            }
                         }
                     }
                 }
             }
+            if let Some(cause) = missing {
+                self.poison_locked(&mut core, cause);
+                return core;
+            }
         }
     }
+}
+
+/// Why `left` far tasks of overflow file `file` cannot be promoted: the file
+/// was read to its end without finding their entries.
+fn missing_far_tasks(file: u32, left: u64) -> String {
+    format!(
+        "cannot promote far tasks: overflow file {} ends without the entries of {left} far \
+         task(s) it should hold (truncated, or a key that does not hash to its far task's)",
+        overflow::file_name(file)
+    )
 }

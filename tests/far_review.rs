@@ -1,0 +1,964 @@
+//! Far tasks under review: reopening with another configuration, damaged or
+//! truncated overflow files holding far tasks, and promotion racing with a
+//! checkpoint that compacts the file it reads. Each test names the behaviour
+//! the engine must keep: an acknowledged schedule fires, or the damage that
+//! keeps it from firing is reported (typed error or poisoned engine).
+
+mod common;
+
+use common::{config, SimHarness, Stop, TestResult, START_MS};
+use kairos::{CancelError, CancelOutcome, Config, Due, Durability, Engine, ManualClock, NewTask};
+use kairos_wal::storage::{LockGuard, OpenMode, Storage, StorageFile};
+use kairos_wal::SimStorage;
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A one-hour horizon, a one-minute payload window, no prefetch thread
+/// (the driver promotes, deterministically).
+fn cfg() -> Config {
+    let mut c = config(Durability::Sync);
+    c.payload_window = Some(MINUTE);
+    c.horizon = Some(HOUR);
+    c.payload_prefetch = false;
+    c
+}
+
+fn at(ms: u64) -> Due {
+    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("far-{i:04}").into_bytes()
+}
+
+/// Task i is due 2 h + i minutes after the start: beyond the one-hour
+/// horizon, so a checkpoint makes every one of them far.
+fn due(i: usize) -> u64 {
+    START_MS + 2 * 3_600_000 + 60_000 * i as u64
+}
+
+fn schedule_far(engine: &Engine, n: usize) -> TestResult {
+    for i in 0..n {
+        engine.schedule(&key(i), at(due(i)), format!("payload {i}").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The engine's poison cause, if it is poisoned (asked with a cancel of a key
+/// no task has: harmless otherwise).
+fn poisoned(engine: &Engine) -> Option<String> {
+    match engine.cancel(b"probe: no such key") {
+        Err(CancelError::Poisoned { cause }) => Some(cause),
+        _ => None,
+    }
+}
+
+/// The overflow files of the harness's directory.
+fn overflow_files(h: &SimHarness) -> TestResult<Vec<PathBuf>> {
+    let dir = h.dir.join("overflow");
+    Ok(h.sim
+        .list(&dir)?
+        .into_iter()
+        .filter(|n| n.ends_with(".ovf"))
+        .map(|n| dir.join(n))
+        .collect())
+}
+
+/// One entry of an overflow file image.
+#[derive(Debug, Clone)]
+struct Ent {
+    offset: usize,
+    len: usize,
+}
+
+/// The entries of an overflow file image (format in wal/FORMAT.md).
+fn entries(bytes: &[u8]) -> Vec<Ent> {
+    let mut out = Vec::new();
+    let mut at = 64;
+    while at + 30 <= bytes.len() {
+        let entry_bytes = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let len = 8 + entry_bytes;
+        out.push(Ent { offset: at, len });
+        at += len;
+    }
+    out
+}
+
+/// Recomputes the CRC of the entry at `e` after its bytes were changed.
+fn fix_crc(bytes: &mut [u8], e: &Ent) {
+    let crc = crc32fast::hash(&bytes[e.offset + 8..e.offset + e.len]);
+    bytes[e.offset + 4..e.offset + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Runs the clock minute by minute up to `until_ms`, acking everything,
+/// until then or until the engine stops (poisoned); returns the keys
+/// delivered (each once, none early).
+fn run_to(h: &SimHarness, until_ms: u64) -> BTreeSet<Vec<u8>> {
+    let mut fired = BTreeSet::new();
+    while h.clock.wall_ms() < until_ms {
+        let Ok(ds) = h.advance(MINUTE) else {
+            break;
+        };
+        for d in ds {
+            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+            assert!(fired.insert(d.key().to_vec()), "twice: {:?}", d.key());
+            let _ = h.engine().consumer().ack(&d);
+        }
+    }
+    fired
+}
+
+#[test]
+fn far_tasks_fire_after_a_reopen_with_the_horizon_turned_off() -> TestResult {
+    let mut h = SimHarness::new(11, cfg())?;
+    schedule_far(h.engine(), 5)?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 5);
+    h.stop(Stop::Clean)?;
+    // The operator turns far tasks off: every task is to stay in the wheel.
+    h.config.horizon = None;
+    h.start()?;
+    assert_eq!(h.engine().stats().pending, 5);
+    let fired = run_to(&h, due(5) + 60_000);
+    assert_eq!(
+        fired.len(),
+        5,
+        "far tasks stranded: {:?}",
+        h.engine().stats()
+    );
+    assert_eq!(h.engine().stats().pending, 0);
+    Ok(())
+}
+
+#[test]
+fn a_truncated_overflow_file_holding_far_tasks_is_reported_not_silently_dropped() -> TestResult {
+    // Reopened before the horizon reaches the file (the driver's promotion
+    // finds the damage), or after (the open's).
+    for (seed, down) in [(12, Duration::ZERO), (17, HOUR + 20 * MINUTE)] {
+        let mut h = SimHarness::new(seed, cfg())?;
+        schedule_far(h.engine(), 10)?;
+        h.engine().checkpoint()?;
+        assert_eq!(h.engine().stats().far, 10);
+        h.stop(Stop::Clean)?;
+        // The file loses its last entry, cut at an entry boundary.
+        let files = overflow_files(&h)?;
+        assert_eq!(files.len(), 1);
+        let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+        let last = entries(&bytes).last().cloned().ok_or("no entry")?;
+        bytes.truncate(last.offset);
+        h.sim.write_file(&files[0], &bytes);
+        h.clock.advance(down);
+        if let Err(e) = h.start() {
+            // Reported at open: fine.
+            eprintln!("open refused: {e}");
+            continue;
+        }
+        let fired = run_to(&h, due(10) + 60_000);
+        let cause = poisoned(h.engine());
+        assert!(
+            fired.len() == 10 || cause.is_some(),
+            "{} of 10 far tasks fired and nothing was reported: {:?}",
+            fired.len(),
+            h.engine().stats()
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_far_entry_whose_key_no_longer_matches_its_hash_is_reported() -> TestResult {
+    let mut h = SimHarness::new(13, cfg())?;
+    schedule_far(h.engine(), 10)?;
+    h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    // One entry's key changes under a valid CRC (as a writer bug, or damage
+    // the CRC does not catch, would leave it): its hash no longer matches.
+    let files = overflow_files(&h)?;
+    let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+    let e = entries(&bytes)[4].clone();
+    bytes[e.offset + 30] ^= 0x20; // 'f' -> 'F'
+    fix_crc(&mut bytes, &e);
+    h.sim.write_file(&files[0], &bytes);
+    h.start()?;
+    let fired = run_to(&h, due(10) + 60_000);
+    let cause = poisoned(h.engine());
+    assert!(
+        fired.len() == 10 || cause.is_some(),
+        "{} of 10 far tasks fired and nothing was reported: {:?}",
+        fired.len(),
+        h.engine().stats()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_bit_flip_in_a_far_entry_poisons_at_cancel_and_at_promotion() -> TestResult {
+    for cancel_it in [true, false] {
+        let mut h = SimHarness::new(14, cfg())?;
+        schedule_far(h.engine(), 10)?;
+        h.engine().checkpoint()?;
+        h.stop(Stop::Clean)?;
+        let files = overflow_files(&h)?;
+        let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+        let e = entries(&bytes)[4].clone();
+        bytes[e.offset + 30 + 5] ^= 0x01; // a byte of the key, CRC left as is
+        h.sim.write_file(&files[0], &bytes);
+        h.start()?;
+        if cancel_it {
+            assert!(matches!(
+                h.engine().cancel(&key(4)),
+                Err(CancelError::Poisoned { .. })
+            ));
+            continue;
+        }
+        // Tasks 0..4 fire; promoting task 4 finds the damage.
+        let mut fired = 0;
+        while h.clock.wall_ms() < due(10) + 60_000 {
+            let Ok(ds) = h.advance(MINUTE) else { break };
+            for d in ds {
+                fired += 1;
+                let _ = h.engine().consumer().ack(&d);
+            }
+        }
+        assert!(poisoned(h.engine()).is_some(), "fired {fired}");
+        assert!(fired <= 4, "{fired}");
+    }
+    Ok(())
+}
+
+/// Promotion reads far tasks' files without the lock; a checkpoint may
+/// compact such a file (its far tasks move to the new file) and delete it
+/// meanwhile. The promotion must not take that for damage.
+#[test]
+fn promotion_racing_with_the_compaction_of_its_file_does_not_poison() -> TestResult {
+    let sim = SimStorage::new(15);
+    let gate = Arc::new(Gate::default());
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let clock = ManualClock::new(START_MS);
+    let dir = PathBuf::from("/kairos");
+    let engine = Engine::open_with(
+        &dir,
+        cfg(),
+        Arc::new(storage.clone()),
+        Arc::new(clock.clone()),
+    )?;
+    schedule_far(&engine, 20)?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 20);
+    // Most of the file dies: the next checkpoint compacts it.
+    for i in 8..20 {
+        assert_eq!(
+            engine.cancel(&key(i))?,
+            CancelOutcome::Cancelled { deliveries: 0 }
+        );
+    }
+    let file1 = dir.join("overflow").join("0000000000000001.ovf");
+    assert!(sim.exists(&file1)?);
+    gate.arm(&file1);
+    std::thread::scope(|s| -> TestResult {
+        // The driver comes to promote the first tasks and stops at the
+        // file's open, the lock released.
+        let driver = s.spawn(|| {
+            clock.advance(HOUR + MINUTE);
+            engine.run_until_idle();
+        });
+        gate.wait_hit();
+        let report = engine.checkpoint()?;
+        assert!(report.overflow_files_removed >= 1, "{report:?}");
+        assert!(!sim.exists(&file1)?, "the compacted file is gone");
+        gate.release();
+        driver.join().map_err(|_| "driver thread panicked")?;
+        Ok(())
+    })?;
+    assert_eq!(poisoned(&engine), None, "{:?}", engine.stats());
+    let consumer = engine.consumer();
+    let mut fired = 0;
+    while clock.wall_ms() < due(8) + MINUTE.as_millis() as u64 {
+        clock.advance(MINUTE);
+        engine.run_until_idle();
+        while let Ok(d) = consumer.try_recv() {
+            consumer.ack(&d)?;
+            fired += 1;
+        }
+    }
+    assert_eq!(fired, 8);
+    Ok(())
+}
+
+/// More than 65 536 far tasks come within the horizon at once: the
+/// promotion reads them in several passes, and the entry where one pass
+/// stops must be checked like every other (its due time decides when the
+/// rest of the file is read).
+#[test]
+fn a_damaged_entry_where_a_large_promotion_pauses_is_reported() -> TestResult {
+    const N: usize = 100_000;
+    let mut h = SimHarness::new(16, cfg())?;
+    let keys: Vec<Vec<u8>> = (0..N).map(|i| format!("k{i}").into_bytes()).collect();
+    for (chunk_no, chunk) in keys.chunks(10_000).enumerate() {
+        let tasks: Vec<NewTask<'_>> = chunk
+            .iter()
+            .enumerate()
+            .map(|(j, k)| NewTask {
+                key: k,
+                due: at(START_MS + 2 * 3_600_000 + (chunk_no * 10_000 + j) as u64),
+                payload: b"",
+            })
+            .collect();
+        h.engine().schedule_many(&tasks)?;
+    }
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, N);
+    h.stop(Stop::Clean)?;
+    // The due time of the entry after the first 65 536 is damaged (a high
+    // bit flips: far in the future).
+    let files = overflow_files(&h)?;
+    let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+    let all = entries(&bytes);
+    // Where the promotion's read pauses: it reads 1 MiB chunks, keeps the
+    // whole entries of each, and stops after the chunk that brings it to
+    // 65 536 entries, at the first entry not wholly in that chunk.
+    let (mut offset, mut i, mut read) = (64usize, 0usize, 0usize);
+    while read < 65_536 {
+        let chunk_end = offset + (1 << 20);
+        while i < all.len() && all[i].offset + all[i].len <= chunk_end {
+            i += 1;
+            read += 1;
+        }
+        offset = all[i].offset;
+    }
+    let e = all[i].clone();
+    bytes[e.offset + 16 + 6] ^= 0x40;
+    h.sim.write_file(&files[0], &bytes);
+    // Reopen when every one of them (due within 100 s of 2 h) is within
+    // the horizon.
+    h.clock.advance(HOUR + 2 * MINUTE);
+    if let Err(e) = h.start() {
+        eprintln!("open refused: {e}");
+        return Ok(());
+    }
+    h.clock.advance(HOUR);
+    let mut fired = 0;
+    for d in common::drain(h.engine()).unwrap_or_default() {
+        let _ = h.engine().consumer().ack(&d);
+        fired += 1;
+    }
+    let cause = poisoned(h.engine());
+    assert!(
+        fired == N || cause.is_some(),
+        "{fired} of {N} far tasks fired and nothing was reported: {:?}",
+        h.engine().stats()
+    );
+    Ok(())
+}
+
+/// Blocks the first open of a path under a prefix, in one mode, until
+/// released.
+#[derive(Debug, Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    target: Option<(PathBuf, OpenMode)>,
+    hit: bool,
+    released: bool,
+}
+
+impl Gate {
+    /// Blocks the next read of `path`.
+    fn arm(&self, path: &Path) {
+        self.arm_mode(path, OpenMode::Read);
+    }
+
+    /// Blocks the next open in `mode` of a path under `prefix`.
+    fn arm_mode(&self, prefix: &Path, mode: OpenMode) {
+        let mut s = self.state.lock().unwrap();
+        s.target = Some((prefix.to_path_buf(), mode));
+        s.hit = false;
+        s.released = false;
+    }
+
+    fn on_open(&self, path: &Path, mode: OpenMode) {
+        let mut s = self.state.lock().unwrap();
+        match &s.target {
+            Some((prefix, m)) if path.starts_with(prefix) && *m == mode => {}
+            _ => return,
+        }
+        s.target = None;
+        s.hit = true;
+        self.cv.notify_all();
+        while !s.released {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    fn wait_hit(&self) {
+        let mut s = self.state.lock().unwrap();
+        while !s.hit {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().released = true;
+        self.cv.notify_all();
+    }
+}
+
+#[derive(Debug, Clone)]
+struct GateStorage {
+    inner: SimStorage,
+    gate: Arc<Gate>,
+}
+
+impl Storage for GateStorage {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        self.gate.on_open(path, mode);
+        self.inner.open(path, mode)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        self.inner.exists(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_file(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.sync_dir(path)
+    }
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
+        self.inner.lock(path)
+    }
+    fn random_id(&self) -> io::Result<[u8; 16]> {
+        self.inner.random_id()
+    }
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+}
+
+/// An engine on `storage` (a [`GateStorage`] or a plain [`SimStorage`]).
+fn open_on(storage: Arc<dyn Storage>, clock: &ManualClock) -> Result<Engine, kairos::OpenError> {
+    Engine::open_with("/kairos", cfg(), storage, Arc::new(clock.clone()))
+}
+
+/// Runs the clock minute by minute up to `until_ms`, acking everything;
+/// returns key → (due, payload), checking none fires early or twice.
+fn fire_all(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<common::TaskMap> {
+    let mut fired = std::collections::BTreeMap::new();
+    let consumer = engine.consumer();
+    while clock.wall_ms() < until_ms {
+        clock.advance(MINUTE);
+        for d in common::drain(engine)? {
+            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+            assert!(again.is_none(), "twice: {:?}", d.key());
+            consumer.ack(&d)?;
+        }
+    }
+    Ok(fired)
+}
+
+/// Between a checkpoint's plan (under the lock: which tasks go far, which
+/// far tasks move with a compacted file) and its apply (once its files are
+/// durable), every call on those tasks goes on; the tasks end up where the
+/// calls put them, in memory and after a crash.
+#[test]
+fn calls_between_a_checkpoints_plan_and_apply_keep_every_far_task_right() -> TestResult {
+    for (crash, promote) in [(false, false), (true, false), (false, true), (true, true)] {
+        let sim = SimStorage::new(18);
+        let gate = Arc::new(Gate::default());
+        let storage = GateStorage {
+            inner: sim.clone(),
+            gate: Arc::clone(&gate),
+        };
+        let clock = ManualClock::new(START_MS);
+        let engine = open_on(Arc::new(storage.clone()), &clock)?;
+        let mut model = std::collections::BTreeMap::new();
+        let a = |i: usize| format!("A{i}").into_bytes();
+        let b = |i: usize| format!("B{i}").into_bytes();
+        // A0..A9: far in file 1; half of them cancelled, so the next
+        // checkpoint compacts file 1 (its far tasks move).
+        for i in 0..10 {
+            let due = START_MS + 2 * 3_600_000 + 60_000 * i as u64;
+            engine.schedule(&a(i), at(due), format!("pa{i}").as_bytes())?;
+            model.insert(a(i), (due, format!("pa{i}").into_bytes()));
+        }
+        engine.checkpoint()?;
+        assert_eq!(engine.stats().far, 10);
+        for i in 5..10 {
+            engine.cancel(&a(i))?;
+            model.remove(&a(i));
+        }
+        // B0..B9: in memory, beyond the horizon: they go far at the next one.
+        for i in 0..10 {
+            let due = START_MS + 3 * 3_600_000 + 60_000 * i as u64;
+            engine.schedule(&b(i), at(due), format!("pb{i}").as_bytes())?;
+            model.insert(b(i), (due, format!("pb{i}").into_bytes()));
+        }
+        gate.arm_mode(Path::new("/kairos/overflow"), OpenMode::CreateNew);
+        std::thread::scope(|s| -> TestResult {
+            let ckpt = s.spawn(|| engine.checkpoint());
+            gate.wait_hit();
+            // Planned, not applied.
+            assert_eq!(
+                engine.cancel(&b(0))?,
+                CancelOutcome::Cancelled { deliveries: 0 }
+            );
+            model.remove(&b(0));
+            let later = START_MS + 4 * 3_600_000;
+            engine.reschedule(&b(1), at(later), None)?;
+            model.insert(b(1), (later, b"pb1".to_vec()));
+            let sooner = START_MS + 20 * 60_000;
+            engine.reschedule(&b(2), at(sooner), None)?;
+            model.insert(b(2), (sooner, b"pb2".to_vec()));
+            assert!(engine.schedule_after(&b(3), HOUR, b"dup").is_err());
+            let due4 = model[&b(4)].0;
+            engine.reschedule(&b(4), at(due4), Some(b"new4"))?;
+            model.insert(b(4), (due4, b"new4".to_vec()));
+            assert_eq!(
+                engine.cancel(&a(0))?,
+                CancelOutcome::Cancelled { deliveries: 0 }
+            );
+            model.remove(&a(0));
+            let latest = START_MS + 5 * 3_600_000;
+            engine.reschedule(&a(1), at(latest), None)?;
+            model.insert(a(1), (latest, b"pa1".to_vec()));
+            let due2 = model[&a(2)].0;
+            engine.reschedule(&a(2), at(due2), None)?;
+            assert!(engine.schedule_after(&a(3), HOUR, b"dup").is_err());
+            let outcomes = engine.cancel_many(&[&b(5), &a(4), &b(5), b"nope"])?;
+            assert_eq!(
+                outcomes,
+                vec![
+                    CancelOutcome::Cancelled { deliveries: 0 },
+                    CancelOutcome::Cancelled { deliveries: 0 },
+                    CancelOutcome::NotFound,
+                    CancelOutcome::NotFound
+                ]
+            );
+            model.remove(&b(5));
+            model.remove(&a(4));
+            let far6 = START_MS + 6 * 3_600_000;
+            let batch = [
+                NewTask {
+                    key: b"X",
+                    due: at(far6),
+                    payload: b"x",
+                },
+                NewTask {
+                    key: &b(6),
+                    due: at(far6),
+                    payload: b"dup",
+                },
+            ];
+            assert!(engine.schedule_many(&batch).is_err());
+            if promote {
+                // The first A tasks come within the horizon: the driver
+                // promotes them from file 1, which the checkpoint is
+                // compacting (B2, due in 20 minutes, is handed out).
+                clock.advance(HOUR + 5 * MINUTE);
+                engine.run_until_idle();
+            }
+            gate.release();
+            ckpt.join().map_err(|_| "checkpoint thread panicked")??;
+            Ok(())
+        })?;
+        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
+        // Another checkpoint on top, then maybe a crash.
+        engine.checkpoint()?;
+        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
+        let engine = if crash {
+            drop(engine);
+            sim.crash_process();
+            let e = open_on(Arc::new(sim.clone()), &clock)?;
+            assert_eq!(e.stats().pending, model.len(), "{:?}", e.stats());
+            e
+        } else {
+            engine
+        };
+        let fired = fire_all(&engine, &clock, START_MS + 6 * 3_600_000)?;
+        assert_eq!(fired, model, "crash {crash}, promote {promote}");
+        assert_eq!(poisoned(&engine), None);
+    }
+    Ok(())
+}
+
+/// Promoted tasks whose payload stayed on disk go far again in place when a
+/// backward wall step puts them beyond the horizon; a reschedule without a
+/// payload in between makes the entry's due time stale, and such a task
+/// stays in the wheel. Each still fires once, by the wall clock, with its
+/// payload — in memory and after a crash.
+#[test]
+fn promoted_tasks_go_far_again_in_place_after_a_backward_wall_step() -> TestResult {
+    for stop in [None, Some(Stop::ProcessCrash), Some(Stop::PowerCut)] {
+        let mut h = SimHarness::new(19, cfg())?;
+        let mut model = std::collections::BTreeMap::new();
+        for i in 0..10 {
+            h.engine()
+                .schedule(&key(i), at(due(i)), format!("payload {i}").as_bytes())?;
+            model.insert(key(i), (due(i), format!("payload {i}").into_bytes()));
+        }
+        h.engine().checkpoint()?;
+        assert_eq!(h.engine().stats().far, 10);
+        h.clock.advance(HOUR + 10 * MINUTE);
+        h.engine().run_until_idle();
+        assert_eq!(h.engine().stats().far, 0, "{:?}", h.engine().stats());
+        // Two hours back: every one is beyond the horizon again.
+        h.clock.step_wall(-2 * 3_600_000);
+        h.engine().run_until_idle();
+        h.engine().reschedule(&key(9), at(due(9)), None)?;
+        h.engine().reschedule(&key(8), at(due(8) + 60_000), None)?;
+        model.insert(key(8), (due(8) + 60_000, b"payload 8".to_vec()));
+        h.engine().checkpoint()?;
+        let stats = h.engine().stats();
+        assert_eq!((stats.far, stats.pending), (8, 10), "{stats:?}");
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+            assert_eq!(h.engine().stats().pending, 10);
+        }
+        let fired = fire_all(h.engine(), &h.clock, due(10) + 60_000)?;
+        assert_eq!(fired, model, "{stop:?}");
+    }
+    Ok(())
+}
+
+/// A tick of 10 ms and a horizon equal to the payload window, a few ticks
+/// long: far tasks due at every tick around the horizon (exactly at it,
+/// one tick either side) fire on their tick, never early, once.
+#[test]
+fn a_horizon_of_a_few_ticks_equal_to_the_payload_window() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.tick = Duration::from_millis(10);
+    c.payload_window = Some(Duration::from_millis(50));
+    c.horizon = Some(Duration::from_millis(50));
+    c.payload_prefetch = false;
+    for stop in [None, Some(Stop::Clean), Some(Stop::PowerCut)] {
+        let mut h = SimHarness::new(20, c.clone())?;
+        let mut model = std::collections::BTreeMap::new();
+        for i in 0..40usize {
+            let due_ms = START_MS + 30 + 10 * i as u64;
+            h.engine().schedule(&key(i), at(due_ms), &[i as u8; 3])?;
+            model.insert(key(i), (due_ms, vec![i as u8; 3]));
+        }
+        h.engine().checkpoint()?;
+        // Due beyond now + 50 ms: far.
+        assert_eq!(h.engine().stats().far, 40 - 3, "{:?}", h.engine().stats());
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+        }
+        let consumer = h.engine().consumer();
+        let mut fired = std::collections::BTreeMap::new();
+        for _ in 0..60 {
+            let before = h.clock.wall_ms();
+            for d in h.advance(Duration::from_millis(10))? {
+                assert!(d.fired_ms() >= d.due_ms(), "early {:?}", d.key());
+                assert!(d.due_ms() > before, "late {:?}", d.key());
+                assert!(fired
+                    .insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()))
+                    .is_none());
+                consumer.ack(&d)?;
+            }
+        }
+        assert_eq!(fired, model, "{stop:?}");
+    }
+    Ok(())
+}
+
+/// A dead letter whose key is now a far task's: requeuing it is refused
+/// while the far task lives (found by key on disk), allowed once it is
+/// cancelled — across a crash too.
+#[test]
+fn requeuing_a_dead_letter_is_refused_while_a_far_task_has_its_key() -> TestResult {
+    let mut c = cfg();
+    c.retry.max_attempts = 1;
+    let mut h = SimHarness::new(21, c)?;
+    h.engine()
+        .schedule_after(b"k", Duration::from_secs(1), b"first")?;
+    let ds = h.advance(Duration::from_secs(1))?;
+    assert_eq!(ds.len(), 1);
+    h.engine().nack(&ds[0], None, "boom")?;
+    let dead = h.engine().dead_letters();
+    assert_eq!(dead.len(), 1);
+    let dead_id = dead[0].task_id;
+    // The key again, far.
+    h.engine().schedule(b"k", at(due(0)), b"second")?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 1);
+    for stop in [None, Some(Stop::ProcessCrash)] {
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+        }
+        assert!(matches!(
+            h.engine()
+                .requeue_dead_letter(dead_id, Due::After(Duration::ZERO)),
+            Err(kairos::ScheduleError::AlreadyExists { .. })
+        ));
+        assert_eq!(h.engine().stats().far, 1);
+    }
+    assert_eq!(
+        h.engine().cancel(b"k")?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    h.engine()
+        .requeue_dead_letter(dead_id, Due::After(Duration::ZERO))?;
+    let ds = h.advance(Duration::from_millis(1))?;
+    assert_eq!(common::triples(&ds).len(), 1);
+    assert_eq!(ds[0].payload(), b"first");
+    Ok(())
+}
+
+/// The in-memory engine ignores the horizon: nothing goes far, every task
+/// fires on its tick.
+#[test]
+fn the_in_memory_engine_ignores_the_horizon() -> TestResult {
+    let clock = ManualClock::new(START_MS);
+    let engine = Engine::in_memory(cfg(), Arc::new(clock.clone()))?;
+    for i in 0..10 {
+        engine.schedule(&key(i), at(due(i)), b"p")?;
+    }
+    assert!(engine.checkpoint().is_err());
+    assert!(engine.schedule_after(&key(3), HOUR, b"dup").is_err());
+    assert_eq!(
+        engine.cancel(&key(4))?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    let stats = engine.stats();
+    assert_eq!((stats.far, stats.pending), (0, 9));
+    let fired = fire_all(&engine, &clock, due(10) + 60_000)?;
+    assert_eq!(fired.len(), 9);
+    Ok(())
+}
+
+/// Every I/O of a checkpoint that makes tasks far and compacts a file of
+/// far tasks, and of the promotion after it, fails in turn; then the power
+/// goes (unsynced bytes torn or dropped) or the process dies. The reopened
+/// engine fires every task once, with its payload.
+#[test]
+fn a_fault_at_any_io_of_a_far_checkpoint_or_promotion_then_a_crash_loses_nothing() -> TestResult {
+    use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
+    let setup = |seed: u64| -> TestResult<(SimHarness, common::TaskMap)> {
+        let h = SimHarness::new(seed, cfg())?;
+        let mut model = std::collections::BTreeMap::new();
+        for i in 0..10 {
+            let p = format!("payload {i}").into_bytes();
+            h.engine().schedule(&key(i), at(due(i)), &p)?;
+            model.insert(key(i), (due(i), p));
+        }
+        h.engine().checkpoint()?;
+        for i in 0..6 {
+            h.engine().cancel(&key(i))?;
+            model.remove(&key(i));
+        }
+        for i in 10..15 {
+            let p = format!("payload {i}").into_bytes();
+            h.engine().schedule(&key(i), at(due(i)), &p)?;
+            model.insert(key(i), (due(i), p));
+        }
+        h.engine().schedule_after(b"mid", 30 * MINUTE, b"m")?;
+        model.insert(b"mid".to_vec(), (START_MS + 30 * 60_000, b"m".to_vec()));
+        Ok((h, model))
+    };
+    let phase = |h: &SimHarness| {
+        let _ = h.engine().checkpoint();
+        h.clock.advance(HOUR + 10 * MINUTE);
+        h.engine().run_until_idle();
+    };
+    let (h, _) = setup(100)?;
+    let before = h.sim.io_ops();
+    phase(&h);
+    let ops = h.sim.io_ops() - before;
+    assert!(ops > 10, "{ops}");
+    let stops = [
+        Stop::ProcessCrash,
+        Stop::PowerCut,
+        Stop::PowerCutDropUnsynced,
+    ];
+    for (n, kind) in (0..ops).flat_map(|n| [(n, FaultKind::Eio), (n, FaultKind::ShortWrite)]) {
+        let stop = stops[n as usize % 3];
+        let (mut h, model) = setup(100 + n)?;
+        h.sim.inject(FaultPlan {
+            after: n,
+            op: FaultOp::Any,
+            kind,
+        });
+        phase(&h);
+        h.stop(stop)?;
+        h.sim.clear_faults();
+        h.start()
+            .map_err(|e| format!("{kind:?} at I/O {n}, {stop:?}: reopen: {e}"))?;
+        let mut fired = std::collections::BTreeMap::new();
+        let consumer = h.engine().consumer();
+        while h.clock.wall_ms() < due(15) + 60_000 {
+            for d in h.advance(MINUTE)? {
+                assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+                fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+                consumer.ack(&d)?;
+            }
+        }
+        // "mid" was due during the phase: it may have fired before the crash
+        // (then it is redelivered, once, after the reopen).
+        assert_eq!(fired, model, "{kind:?} at I/O {n}, {stop:?}");
+    }
+    Ok(())
+}
+
+/// An overflow file holding far tasks that is gone: open refuses the
+/// directory (typed), whether or not a record above the checkpoint names
+/// one of its far tasks.
+#[test]
+fn a_missing_overflow_file_holding_far_tasks_fails_the_open() -> TestResult {
+    for touch_one in [false, true] {
+        let mut h = SimHarness::new(22, cfg())?;
+        schedule_far(h.engine(), 5)?;
+        h.engine().checkpoint()?;
+        if touch_one {
+            h.engine().reschedule(&key(1), at(due(1) + 1), None)?;
+        }
+        h.stop(Stop::Clean)?;
+        for f in overflow_files(&h)? {
+            h.sim.remove_file(&f)?;
+        }
+        match h.start() {
+            Err(e) => eprintln!("refused: {e}"),
+            Ok(()) => {
+                return Err(format!(
+                    "opened without the far tasks' file: {:?}",
+                    h.engine().stats()
+                )
+                .into())
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A forward wall step brings far tasks within the horizon (some of them
+/// past due): they are promoted and fire by the new wall time, in due
+/// order, none before its due time, each once.
+#[test]
+fn a_forward_wall_step_across_the_horizon_promotes_and_fires_by_wall_time() -> TestResult {
+    for stop in [None, Some(Stop::Clean)] {
+        let mut h = SimHarness::new(23, cfg())?;
+        schedule_far(h.engine(), 40)?;
+        h.engine().checkpoint()?;
+        assert_eq!(h.engine().stats().far, 40);
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+        }
+        // Two hours and ten minutes on, in one wall step: tasks 0..=10 are
+        // due, 11..=40 within the horizon.
+        h.clock.step_wall(2 * 3_600_000 + 10 * 60_000);
+        let mut fired = Vec::new();
+        for d in common::drain(h.engine())? {
+            fired.push((d.due_ms(), d.fired_ms(), d.key().to_vec()));
+            h.engine().consumer().ack(&d)?;
+        }
+        assert_eq!(fired.len(), 11, "{:?}", h.engine().stats());
+        for _ in 0..31 {
+            for d in h.advance(MINUTE)? {
+                fired.push((d.due_ms(), d.fired_ms(), d.key().to_vec()));
+                h.engine().consumer().ack(&d)?;
+            }
+        }
+        assert_eq!(fired.len(), 40);
+        for w in fired.windows(2) {
+            assert!(w[0].0 <= w[1].0, "out of due order: {w:?}");
+        }
+        for (due_ms, fired_ms, k) in &fired {
+            assert!(fired_ms >= due_ms, "early: {k:?}");
+        }
+    }
+    Ok(())
+}
+
+/// A far task rescheduled further out without a new payload keeps its
+/// payload in its old entry, whose due time is now stale; checkpoints
+/// (one compacting that file) and a crash later, it fires at its new due
+/// time with its payload, once.
+#[test]
+fn a_far_task_rescheduled_further_out_fires_at_its_new_time_with_its_payload() -> TestResult {
+    let mut h = SimHarness::new(24, cfg())?;
+    let mut model = std::collections::BTreeMap::new();
+    for i in 0..10 {
+        let p = format!("payload {i}").into_bytes();
+        h.engine().schedule(&key(i), at(due(i)), &p)?;
+        model.insert(key(i), (due(i), p));
+    }
+    h.engine().checkpoint()?;
+    let later = due(0) + 3 * 3_600_000;
+    h.engine().reschedule(&key(0), at(later), None)?;
+    model.insert(key(0), (later, b"payload 0".to_vec()));
+    h.engine().checkpoint()?;
+    // Most of the file dies: the next checkpoint copies key 0's entry (due
+    // time stale) and the far tasks left forward.
+    for i in 1..7 {
+        h.engine().cancel(&key(i))?;
+        model.remove(&key(i));
+    }
+    h.engine().checkpoint()?;
+    h.restart(Stop::PowerCut)?;
+    h.engine().checkpoint()?;
+    let fired = fire_all(h.engine(), &h.clock, later + 60_000)?;
+    assert_eq!(fired, model);
+    Ok(())
+}
+
+/// With the prefetch thread on, it promotes: far tasks come back and fire,
+/// never early, each once (late at most by a few of its passes, which run
+/// in real time while the test's clock is manual).
+#[test]
+fn the_prefetch_thread_promotes_far_tasks() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.tick = Duration::from_millis(10);
+    c.payload_window = Some(Duration::from_millis(40));
+    c.horizon = Some(Duration::from_millis(80));
+    c.payload_prefetch = true;
+    for stop in [None, Some(Stop::ProcessCrash)] {
+        let mut h = SimHarness::new(25, c.clone())?;
+        for i in 0..20usize {
+            let due_ms = START_MS + 200 + 10 * i as u64;
+            h.engine().schedule(&key(i), at(due_ms), &[i as u8; 5])?;
+        }
+        h.engine().checkpoint()?;
+        assert_eq!(h.engine().stats().far, 20);
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+        }
+        let consumer = h.engine().consumer();
+        let mut fired = BTreeSet::new();
+        for _ in 0..100 {
+            std::thread::sleep(Duration::from_millis(15));
+            for d in h.advance(Duration::from_millis(10))? {
+                assert!(d.fired_ms() >= d.due_ms(), "early {:?}", d.key());
+                assert_eq!(
+                    d.payload(),
+                    &[d.key()[7] - b'0' + 10 * (d.key()[6] - b'0'); 5]
+                );
+                assert!(fired.insert(d.key().to_vec()), "twice {:?}", d.key());
+                consumer.ack(&d)?;
+            }
+        }
+        assert_eq!(fired.len(), 20, "{:?}", h.engine().stats());
+    }
+    Ok(())
+}
