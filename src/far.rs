@@ -117,9 +117,11 @@ impl FarIndex {
 
     /// Adds `new` entries, dropping the removed ones: the live entries (in
     /// order already) and the sorted new ones are merged, O(n + m log m).
+    /// With nothing new, the array is still rebuilt once tombstones are
+    /// more than half of it (their 24 bytes each are then given back).
     pub fn add(&mut self, mut new: Vec<FarEntry>) {
         new.retain(|e| e.id != 0);
-        if new.is_empty() {
+        if new.is_empty() && self.live * 2 >= self.entries.len() {
             return;
         }
         new.sort_unstable_by_key(|e| (e.hash, e.id));
@@ -341,6 +343,15 @@ mod tests {
             let x = e(id);
             assert!(index.find(x.hash, x.loc, x.id).is_some(), "{id}");
         }
+        // Nothing new, but tombstones are most of it: rebuilt, memory back.
+        let mut shrinking = FarIndex::build((1..=100).map(e).collect());
+        for id in 1..=60 {
+            let x = e(id);
+            let pos = shrinking.find(x.hash, x.loc, x.id).unwrap();
+            shrinking.remove(pos);
+        }
+        shrinking.add(Vec::new());
+        assert_eq!((shrinking.len(), shrinking.entries.len()), (40, 40));
         let hashes: Vec<u64> = index.iter().map(|x| x.hash).collect();
         assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(index.iter().count(), expected.len());
