@@ -962,3 +962,75 @@ fn the_prefetch_thread_promotes_far_tasks() -> TestResult {
     }
     Ok(())
 }
+
+/// The "cancel and reschedule while its bucket is being promoted":
+/// the promotion stops at its read of the overflow file (the lock
+/// released); meanwhile one far task is cancelled and another rescheduled.
+/// The cancelled one never fires, the rescheduled one fires once, at its new
+/// time, and every other one at its own.
+#[test]
+fn cancel_and_reschedule_while_the_file_is_being_promoted() -> TestResult {
+    let sim = SimStorage::new(16);
+    let gate = Arc::new(Gate::default());
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let clock = ManualClock::new(START_MS);
+    let dir = PathBuf::from("/kairos");
+    let engine = Engine::open_with(
+        &dir,
+        cfg(),
+        Arc::new(storage.clone()),
+        Arc::new(clock.clone()),
+    )?;
+    schedule_far(&engine, 10)?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 10);
+    let file1 = dir.join("overflow").join("0000000000000001.ovf");
+    gate.arm(&file1);
+    let new_due = due(9) + 30 * 60_000;
+    std::thread::scope(|s| -> TestResult {
+        // 1 h 1 min on, the first tasks are within the horizon: the driver
+        // stops at its read of the file.
+        let driver = s.spawn(|| {
+            clock.advance(HOUR + MINUTE);
+            engine.run_until_idle();
+        });
+        gate.wait_hit();
+        assert_eq!(
+            engine.cancel(&key(0))?,
+            CancelOutcome::Cancelled { deliveries: 0 }
+        );
+        assert!(matches!(
+            engine.reschedule(&key(1), at(new_due), None)?,
+            kairos::RescheduleOutcome::Rescheduled(_)
+        ));
+        gate.release();
+        driver.join().map_err(|_| "driver thread panicked")?;
+        Ok(())
+    })?;
+    assert_eq!(poisoned(&engine), None);
+    let consumer = engine.consumer();
+    let mut fired: Vec<(Vec<u8>, u64, u64)> = Vec::new();
+    while clock.wall_ms() < new_due + MINUTE.as_millis() as u64 {
+        clock.advance(MINUTE);
+        engine.run_until_idle();
+        while let Ok(d) = consumer.try_recv() {
+            fired.push((d.key().to_vec(), d.due_ms(), d.fired_ms()));
+            consumer.ack(&d)?;
+        }
+    }
+    let mut expected: Vec<(Vec<u8>, u64)> = (2..10).map(|i| (key(i), due(i))).collect();
+    expected.push((key(1), new_due));
+    let got: Vec<(Vec<u8>, u64)> = fired.iter().map(|(k, d, _)| (k.clone(), *d)).collect();
+    assert_eq!(got, expected);
+    for (k, due_ms, fired_ms) in &fired {
+        assert!(fired_ms >= due_ms, "early: {k:?}");
+        assert!(
+            *fired_ms < due_ms + MINUTE.as_millis() as u64,
+            "late: {k:?}"
+        );
+    }
+    Ok(())
+}
