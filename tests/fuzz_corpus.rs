@@ -356,6 +356,20 @@ fn regression_verify_dir_trimmed_log_without_checkpoint() {
     regression("verify_dir", name, &input, fuzzing::verify_dir);
 }
 
+/// `engine_model` (CI's bounded run, session 4) found the model and the engine disagreeing on
+/// when a task due beyond the 18-day horizon fires after a backward wall step: the engine
+/// takes such a task out of the wheel at a checkpoint and maps it again by the wall clock
+/// when it promotes it, while this model fixes fire times at scheduling. The target now runs
+/// without far tasks (`Config::horizon` = `None`; they are checked by `tests/model.rs`, which
+/// models promotion); the input must pass.
+#[test]
+fn regression_engine_model_far_task_after_a_wall_step() {
+    let name = "regression-far-task-after-a-wall-step";
+    let path = fuzz_dir().join("corpus").join("engine_model").join(name);
+    let input = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    regression("engine_model", name, &input, fuzzing::engine_model);
+}
+
 /// `wal_segment` found that `scan` (and so `kairos verify`) accepted a log whose newest
 /// segment is sealed with seq u64::MAX while `Wal::open` refused it: open must roll past
 /// it and cannot. Fixed in `wal/src/recovery.rs` (the shared analysis refuses it, so scan
