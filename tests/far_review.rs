@@ -1034,3 +1034,31 @@ fn cancel_and_reschedule_while_the_file_is_being_promoted() -> TestResult {
     }
     Ok(())
 }
+
+/// Replay reads a far task's key from its entry when a record after the
+/// checkpoint needs the task whole (here a reschedule): an entry whose key
+/// does not hash to what the checkpoint holds is refused at open, naming
+/// the file, rather than taken for the task.
+#[test]
+fn replay_refuses_a_far_entry_whose_key_does_not_match_its_hash() -> TestResult {
+    let mut h = SimHarness::new(17, cfg())?;
+    schedule_far(h.engine(), 3)?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 3);
+    h.engine().reschedule(&key(1), at(due(1) + 60_000), None)?;
+    h.stop(Stop::Clean)?;
+    let files = overflow_files(&h)?;
+    let mut bytes = h.sim.read_file(&files[0]).ok_or("overflow file")?;
+    let e = entries(&bytes)[1].clone();
+    bytes[e.offset + 30] ^= 0x20; // 'f' -> 'F'
+    fix_crc(&mut bytes, &e);
+    h.sim.write_file(&files[0], &bytes);
+    match h.open() {
+        Err(err) => {
+            let msg = err.to_string();
+            assert!(msg.contains("key hash") && msg.contains(".ovf"), "{msg}");
+        }
+        Ok(_) => panic!("opened with a far entry whose key does not match its hash"),
+    }
+    Ok(())
+}

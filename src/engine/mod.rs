@@ -503,11 +503,26 @@ impl Engine {
         let covered = checkpoint.as_ref().map_or(0, |c| c.lsn);
         let mut replayed_after = 0u64;
         let overflow_dir = dir.join(crate::overflow::OVERFLOW_DIR_NAME);
+        // Far tasks exist only with a checkpoint; their key hash is keyed
+        // by its store id (checked against the log's above).
+        let far_hasher = checkpoint
+            .as_ref()
+            .map(|c| crate::far::KeyHasher::new(&c.store_id));
         let mut resolve = |t: &crate::checkpoint::FarTask| {
             let path = overflow_dir.join(crate::overflow::file_name(t.file));
-            crate::overflow::read_entry(storage.as_ref(), &path, t.offset, t.id, None)
-                .map(|e| (e.key, e.due_ms))
-                .map_err(|e| e.to_string())
+            let e = crate::overflow::read_entry(storage.as_ref(), &path, t.offset, t.id, None)
+                .map_err(|e| e.to_string())?;
+            if far_hasher
+                .as_ref()
+                .is_some_and(|h| h.hash(&e.key) != t.key_hash)
+            {
+                return Err(format!(
+                    "the key of its entry in {} does not hash to the key hash the checkpoint \
+                     holds for it",
+                    path.display()
+                ));
+            }
+            Ok((e.key, e.due_ms))
         };
         let opened = Wal::open(Arc::clone(&storage), &wal_dir, options, &mut |view| {
             if view.lsn.0 <= covered {
