@@ -171,7 +171,7 @@ pub enum CheckpointReadError {
         reason: String,
     },
     /// Written by a format version this code does not know.
-    #[error("checkpoint {path} has format version {version}; this build reads version {CHECKPOINT_FORMAT_VERSION}")]
+    #[error("checkpoint {path} has format version {version}; this build reads versions {CHECKPOINT_FORMAT_VERSION_MIN} to {CHECKPOINT_FORMAT_VERSION}")]
     UnsupportedVersion {
         /// The file.
         path: PathBuf,

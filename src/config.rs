@@ -191,15 +191,19 @@ pub struct Config {
     /// (and no task goes far). Default [`PAYLOAD_WINDOW_DEFAULT`]. Ignored
     /// in memory.
     pub payload_window: Option<Duration>,
-    /// Tasks due later than this from now leave the timing wheel at the
-    /// next checkpoint: their key, due time and payload are written to an
-    /// overflow file and memory keeps only 24 bytes (the key's hash, the
-    /// task id and the entry's place; `crate::far`). They are read back
-    /// sequentially and put in the wheel ("promoted") once they come
-    /// within the horizon, by the prefetcher (or, with
-    /// [`Config::payload_prefetch`] off, by the driver thread). Cancel,
-    /// reschedule and duplicate-key checks find them by reading the key
-    /// from disk when the hash matches. Needs `payload_window` (at most
+    /// Waiting first attempts due later than this from now leave the timing
+    /// wheel at the next checkpoint: their key, due time and payload are
+    /// written to an overflow file (or stay in the entry they are in, if its
+    /// due time is still the task's) and memory keeps only 24 bytes (the
+    /// key's hash, the task id and the entry's place; `crate::far`). They are
+    /// read back sequentially and put in the wheel ("promoted") once their
+    /// due time is within the horizon from now, by the prefetcher (or, with
+    /// [`Config::payload_prefetch`] off, by the driver thread), their due
+    /// time then converted by the wall clock of that moment. Cancel,
+    /// reschedule and duplicate-key checks find them by reading the entry
+    /// from disk when the hash matches. Not taken out: retries, and tasks
+    /// whose payload is in an entry with a stale due time (rescheduled
+    /// without a new payload, or reopened). Needs `payload_window` (at most
     /// the horizon). `None`: every task stays in the wheel (far tasks a
     /// checkpoint made under another configuration come back into it at
     /// open). Default

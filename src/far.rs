@@ -5,14 +5,15 @@
 //! file (`crate::overflow`, sorted by due time); memory holds only a
 //! [`FarEntry`] — the key's 64-bit keyed hash, the task id and the entry's
 //! place on disk, 24 bytes — in a [`FarIndex`]. A lookup by key compares
-//! hashes; a hash match is confirmed by reading the key from disk (the rare
-//! collision of two keys on one 64-bit hash is resolved there, as the issue
-//! and DESIGN.md's tombstone index allow). Before a far task comes within
-//! the horizon the engine reads its overflow file sequentially and
-//! *promotes* it into the wheel (`engine/payloads.rs`).
+//! hashes; a hash match is confirmed by reading the entry from disk (the
+//! rare collision of two keys on one 64-bit hash is resolved there, as the
+//! issue and DESIGN.md's tombstone index allow). Once a far task's due time
+//! is within the horizon from now, the engine reads its overflow file
+//! sequentially and *promotes* it into the wheel (`engine/far.rs`).
 //!
-//! The hash must be the same after a restart (the checkpoint stores it and
-//! open reads no overflow file), so it is SipHash-1-3 (Aumasson & Bernstein
+//! The hash must be the same after a restart (the checkpoint stores it, and
+//! open reads no overflow entry of a task still beyond the horizon), so it
+//! is SipHash-1-3 (Aumasson & Bernstein
 //! 2012, the keyed PRF hash tables use against flooding) keyed by the data
 //! directory's random store id rather than a per-process seed.
 
@@ -87,9 +88,10 @@ const BUCKET_ENTRIES: usize = 4;
 /// Lookup is O(1) expected: the top bits of the hash pick a directory
 /// bucket of about 4 entries (`BUCKET_ENTRIES`), scanned in order (hashes
 /// are uniform: SipHash under a secret key). Removal leaves a tombstone
-/// (id 0), dropped when the array is rebuilt; entries are added only by a
-/// rebuild ([`FarIndex::build`], O(n log n)), which the engine does when a
-/// checkpoint moves tasks beyond the horizon and at open.
+/// (id 0), dropped when the array is rebuilt; entries are added only in
+/// bulk — [`FarIndex::build`] at open (O(n log n)), [`FarIndex::add`] when
+/// a checkpoint takes tasks out of the wheel (a merge, O(n + m log m)). At
+/// most `u32::MAX` entries (the engine's task limit is 2^31).
 #[derive(Debug, Default)]
 pub struct FarIndex {
     entries: Vec<FarEntry>,
@@ -205,12 +207,16 @@ impl FarIndex {
     }
 
     /// The entry at `pos` (live or removed).
+    ///
+    /// # Panics
+    /// If `pos` is not a position this index handed out.
     pub fn get(&self, pos: usize) -> FarEntry {
         self.entries[pos]
     }
 
-    /// Removes the live entry at `pos` and returns it. O(1): the slot
-    /// becomes a tombstone (16 bytes of it stay until the next rebuild).
+    /// Removes the live entry at `pos` and returns it (`None` if removed
+    /// already or out of range). O(1): the entry becomes a tombstone (its
+    /// 24 bytes stay until the next rebuild).
     pub fn remove(&mut self, pos: usize) -> Option<FarEntry> {
         let e = self.entries.get_mut(pos)?;
         if e.id == 0 {

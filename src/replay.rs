@@ -192,8 +192,11 @@ impl Replay {
     /// [`Replay::apply_with`]. A schedule is not checked against the keys
     /// of far tasks (the engine that wrote the log did that).
     ///
+    /// Replaces any far tasks added before.
+    ///
     /// # Errors
-    /// An id above the largest id, or an id twice (also among the tasks).
+    /// An id of 0 or above the largest id, or an id twice (also among the
+    /// tasks).
     pub fn add_far(&mut self, mut far: Vec<FarTask>) -> Result<(), RuleError> {
         far.sort_unstable_by_key(|t| t.id);
         for w in far.windows(2) {
@@ -203,7 +206,11 @@ impl Replay {
         }
         for t in &far {
             if t.id == 0 || t.id > self.max_id {
-                return Err(rule("checkpoint", t.id, "whose id exceeds the largest id"));
+                return Err(rule(
+                    "checkpoint",
+                    t.id,
+                    "whose id is 0 or exceeds the largest id",
+                ));
             }
             if self.tasks.contains_key(&t.id) {
                 return Err(rule("checkpoint", t.id, "listed as a task and a far task"));
@@ -471,7 +478,8 @@ impl Replay {
         self.dead.len()
     }
 
-    /// The live tasks so far, in no particular order.
+    /// The live tasks so far, in no particular order; far tasks are not
+    /// among them (see [`Replay::far`]).
     pub fn tasks(&self) -> impl Iterator<Item = &LiveTask> {
         self.tasks.values()
     }
@@ -487,7 +495,8 @@ impl Replay {
         &self.dead_on_disk
     }
 
-    /// The live tasks and the dead letters, by id.
+    /// The live tasks and the dead letters, by id; far tasks are not among
+    /// them (take them first with [`Replay::take_far`]).
     pub fn into_parts(self) -> (IdMap<LiveTask>, IdMap<DeadTask>) {
         (self.tasks, self.dead)
     }

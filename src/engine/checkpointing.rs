@@ -51,13 +51,17 @@ pub struct CheckpointReport {
     /// Log segments deleted because it covers them.
     pub segments_removed: usize,
     /// Payloads moved to its overflow file: out of memory (tasks not due
-    /// within `Config::payload_window`), or out of overflow files being
-    /// compacted.
+    /// within `Config::payload_window`, and tasks going far), or out of
+    /// overflow files being compacted (far tasks' entries copied forward are
+    /// not counted).
     pub payloads_moved: u64,
     /// Overflow files deleted (no live task and no checkpoint refers to them).
     pub overflow_files_removed: usize,
-    /// Time the engine's lock was held: to copy the state, and then to point
-    /// the moved tasks at the new file (and take far tasks out of the wheel).
+    /// Time spent taking and holding the engine's lock: to copy the state
+    /// and what moves into the new overflow file, then (after the files are
+    /// durable) to point the moved tasks at the new file and take far tasks
+    /// out of the wheel. The scan for unreferenced files that follows,
+    /// O(live tasks), is not counted.
     pub locked: Duration,
     /// Time the whole checkpoint took.
     pub elapsed: Duration,

@@ -168,13 +168,15 @@ pub struct Stats {
     /// [`Config::payload_window`]), far tasks included.
     pub payloads_on_disk: usize,
     /// Payloads read back into memory from overflow files since open
-    /// (ahead of their due time by the prefetcher, or when received).
+    /// (ahead of their due time by the prefetcher, when received, or with a
+    /// far task promoted or found within the payload window).
     pub payloads_read_back: u64,
     /// Of `scheduled`: far tasks — due beyond [`Config::horizon`], out of
     /// the wheel, 24 bytes of memory each, key and payload on disk.
     pub far: usize,
-    /// Far tasks moved back into the wheel since open (promoted as they
-    /// came within the horizon, or found by a cancel or reschedule).
+    /// Far tasks moved back into the wheel since open, by promotion or by a
+    /// cancel or reschedule finding them (those already within the horizon
+    /// at open are placed by the open itself and not counted).
     pub far_promoted: u64,
 }
 
@@ -737,7 +739,11 @@ impl Engine {
     /// Returns the task's id. Under `Sync` the task is durable when this
     /// returns; under `Interval`/`Buffered` it is written to the OS.
     ///
-    /// Cost: O(1) (hash insert, wheel insert, one log append).
+    /// Cost: O(1) (hash insert, wheel insert, one log append); with far
+    /// tasks ([`Config::horizon`]), plus one read of an overflow entry per
+    /// far task whose key hash matches (almost always only the same key,
+    /// which is then refused as `AlreadyExists`). A far task's entry that
+    /// cannot be read poisons the engine (`Poisoned`).
     ///
     /// # Errors
     /// See [`ScheduleError`]: bad key/payload/due time, `AlreadyExists`,
@@ -785,7 +791,10 @@ impl Engine {
     /// Cancels the live task with `key`.
     ///
     /// Cost: O(1). A cancelled task's memory (entry, key, payload, wheel
-    /// node) is freed at once.
+    /// node) is freed at once; a far task ([`Config::horizon`]) is found by
+    /// its key hash and one read of its overflow entry (before the engine's
+    /// lock is taken), and its 24-byte far-index entry is given back when a
+    /// checkpoint next rebuilds the index.
     ///
     /// # Errors
     /// `Closed`; `Poisoned` (the outcome is then unknown: the engine stopped
@@ -805,7 +814,9 @@ impl Engine {
     /// yet received by a consumer is taken back and rescheduled. If no task
     /// with `key` is live, schedules a new one (`payload` or empty).
     ///
-    /// Cost: O(1) (index lookup, wheel remove + insert, one log append).
+    /// Cost: O(1) (index lookup, wheel remove + insert, one log append); a
+    /// far task ([`Config::horizon`]) is found by one read of its overflow
+    /// entry and put back in the wheel first.
     ///
     /// # Errors
     /// As [`Engine::schedule`] (bad key, payload or due time, `TooManyPending`
@@ -927,9 +938,13 @@ impl Engine {
     /// background by log growth and time (`Config::checkpoint_log_bytes`,
     /// `Config::checkpoint_interval`). Returns once the checkpoint is durable.
     ///
-    /// Cost: the engine's lock is held while the live state is copied
-    /// (O(live tasks + their bytes), reported as `locked`); the file is
-    /// written and synced outside it. A crash at any step leaves the old or
+    /// Cost: the engine's lock is held while the live state is encoded and
+    /// what moves is copied into the new overflow file (O(live tasks +
+    /// bytes moved, including the live entries of compacted files)), then
+    /// again, after the files are durable, while moved tasks are repointed
+    /// and new far tasks are taken out of the wheel (O(far tasks)); both
+    /// are reported as `locked`. The files are written and synced outside
+    /// it. A crash at any step leaves the old or
     /// the new checkpoint usable (`wal/FORMAT.md`, "Checkpoint files").
     ///
     /// # Errors
