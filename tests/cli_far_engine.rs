@@ -7,33 +7,12 @@
 
 mod common;
 
+use common::far::{at, cfg, due, key, MINUTE};
+
 use common::cli::{json, path, run};
-use common::{config, open_fs, TestResult, START_MS};
-use kairos::{Config, Due, Durability, ManualClock};
-use std::time::{Duration, UNIX_EPOCH};
-
-const MINUTE: Duration = Duration::from_secs(60);
-const HOUR: Duration = Duration::from_secs(3600);
-
-fn cfg() -> Config {
-    let mut c = config(Durability::Sync);
-    c.payload_window = Some(MINUTE);
-    c.horizon = Some(HOUR);
-    c.payload_prefetch = false;
-    c
-}
-
-fn at(ms: u64) -> Due {
-    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
-}
-
-fn key(i: usize) -> Vec<u8> {
-    format!("far-{i:04}").into_bytes()
-}
-
-fn due(i: usize) -> u64 {
-    START_MS + 2 * 3_600_000 + 60_000 * i as u64
-}
+use common::{open_fs, TestResult, START_MS};
+use kairos::ManualClock;
+use std::time::Duration;
 
 #[test]
 fn verify_inspect_and_dump_read_a_directory_the_engine_wrote_with_far_tasks() -> TestResult {

@@ -6,18 +6,13 @@
 
 mod common;
 
+use common::far::{at, cfg, key, HOUR, MINUTE};
+
 use common::{config, SimHarness, Stop, TestResult, START_MS};
-use kairos::{CancelOutcome, Config, Due, Durability, RescheduleOutcome, ScheduleError};
+use kairos::{CancelOutcome, Durability, RescheduleOutcome, ScheduleError};
 use kairos_wal::storage::Storage;
 use std::collections::BTreeMap;
-use std::time::{Duration, UNIX_EPOCH};
-
-const MINUTE: Duration = Duration::from_secs(60);
-const HOUR: Duration = Duration::from_secs(3600);
-
-fn key(i: usize) -> Vec<u8> {
-    format!("far-{i:04}").into_bytes()
-}
+use std::time::Duration;
 
 fn payload(i: usize) -> Vec<u8> {
     // Every fifth task has an empty payload: its key still goes to disk.
@@ -26,20 +21,6 @@ fn payload(i: usize) -> Vec<u8> {
     } else {
         format!("payload {i} ").repeat(1 + i % 7).into_bytes()
     }
-}
-
-/// A one-hour horizon, a one-minute payload window, no prefetch thread
-/// (the driver promotes, deterministically).
-fn cfg() -> Config {
-    let mut c = config(Durability::Sync);
-    c.payload_window = Some(MINUTE);
-    c.horizon = Some(HOUR);
-    c.payload_prefetch = false;
-    c
-}
-
-fn at(ms: u64) -> Due {
-    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// Schedules tasks `range`, task i due 2 h + i minutes from the start.

@@ -6,42 +6,17 @@
 
 mod common;
 
+use common::far::{at, cfg, due, key, HOUR, MINUTE};
+
 use common::{config, SimHarness, Stop, TestResult, START_MS};
-use kairos::{CancelError, CancelOutcome, Config, Due, Durability, Engine, ManualClock, NewTask};
+use kairos::{CancelError, CancelOutcome, Due, Durability, Engine, ManualClock, NewTask};
 use kairos_wal::storage::{LockGuard, OpenMode, Storage, StorageFile};
 use kairos_wal::SimStorage;
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, UNIX_EPOCH};
-
-const MINUTE: Duration = Duration::from_secs(60);
-const HOUR: Duration = Duration::from_secs(3600);
-
-/// A one-hour horizon, a one-minute payload window, no prefetch thread
-/// (the driver promotes, deterministically).
-fn cfg() -> Config {
-    let mut c = config(Durability::Sync);
-    c.payload_window = Some(MINUTE);
-    c.horizon = Some(HOUR);
-    c.payload_prefetch = false;
-    c
-}
-
-fn at(ms: u64) -> Due {
-    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
-}
-
-fn key(i: usize) -> Vec<u8> {
-    format!("far-{i:04}").into_bytes()
-}
-
-/// Task i is due 2 h + i minutes after the start: beyond the one-hour
-/// horizon, so a checkpoint makes every one of them far.
-fn due(i: usize) -> u64 {
-    START_MS + 2 * 3_600_000 + 60_000 * i as u64
-}
+use std::time::Duration;
 
 fn schedule_far(engine: &Engine, n: usize) -> TestResult {
     for i in 0..n {
@@ -237,20 +212,13 @@ fn a_bit_flip_in_a_far_entry_poisons_at_cancel_and_at_promotion() -> TestResult 
 /// meanwhile. The promotion must not take that for damage.
 #[test]
 fn promotion_racing_with_the_compaction_of_its_file_does_not_poison() -> TestResult {
-    let sim = SimStorage::new(15);
-    let gate = Arc::new(Gate::default());
-    let storage = GateStorage {
-        inner: sim.clone(),
-        gate: Arc::clone(&gate),
-    };
-    let clock = ManualClock::new(START_MS);
-    let dir = PathBuf::from("/kairos");
-    let engine = Engine::open_with(
-        &dir,
-        cfg(),
-        Arc::new(storage.clone()),
-        Arc::new(clock.clone()),
-    )?;
+    let Gated {
+        sim,
+        gate,
+        clock,
+        dir,
+        engine,
+    } = gated(15)?;
     schedule_far(&engine, 20)?;
     engine.checkpoint()?;
     assert_eq!(engine.stats().far, 20);
@@ -414,6 +382,35 @@ impl Gate {
         self.state.lock().unwrap().released = true;
         self.cv.notify_all();
     }
+}
+
+/// An engine on simulated storage behind a [`Gate`], with a manual clock.
+struct Gated {
+    sim: SimStorage,
+    gate: Arc<Gate>,
+    clock: ManualClock,
+    dir: PathBuf,
+    engine: Engine,
+}
+
+/// Opens a [`Gated`] engine on a fresh disk from `seed` with [`cfg`].
+fn gated(seed: u64) -> TestResult<Gated> {
+    let sim = SimStorage::new(seed);
+    let gate = Arc::new(Gate::default());
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let clock = ManualClock::new(START_MS);
+    let dir = PathBuf::from("/kairos");
+    let engine = Engine::open_with(&dir, cfg(), Arc::new(storage), Arc::new(clock.clone()))?;
+    Ok(Gated {
+        sim,
+        gate,
+        clock,
+        dir,
+        engine,
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -970,20 +967,13 @@ fn the_prefetch_thread_promotes_far_tasks() -> TestResult {
 /// time, and every other one at its own.
 #[test]
 fn cancel_and_reschedule_while_the_file_is_being_promoted() -> TestResult {
-    let sim = SimStorage::new(16);
-    let gate = Arc::new(Gate::default());
-    let storage = GateStorage {
-        inner: sim.clone(),
-        gate: Arc::clone(&gate),
-    };
-    let clock = ManualClock::new(START_MS);
-    let dir = PathBuf::from("/kairos");
-    let engine = Engine::open_with(
-        &dir,
-        cfg(),
-        Arc::new(storage.clone()),
-        Arc::new(clock.clone()),
-    )?;
+    let Gated {
+        gate,
+        clock,
+        dir,
+        engine,
+        ..
+    } = gated(16)?;
     schedule_far(&engine, 10)?;
     engine.checkpoint()?;
     assert_eq!(engine.stats().far, 10);

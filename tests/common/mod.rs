@@ -8,6 +8,7 @@
 pub mod child;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod far;
 
 use kairos::{
     CheckpointError, Config, Delivery, Durability, Engine, ManualClock, OpenError, RecvError,

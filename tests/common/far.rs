@@ -1,0 +1,38 @@
+//! What the far-task tests share: a one-hour horizon with a one-minute
+//! payload window (tasks due 2 h out go far at a checkpoint), keys and due
+//! times by index.
+
+use super::{config, START_MS};
+use kairos::{Config, Due, Durability};
+use std::time::{Duration, UNIX_EPOCH};
+
+/// One minute.
+pub const MINUTE: Duration = Duration::from_secs(60);
+/// One hour: the horizon of [`cfg`].
+pub const HOUR: Duration = Duration::from_secs(3600);
+
+/// A one-hour horizon, a one-minute payload window, no prefetch thread (the
+/// driver promotes, deterministically), `Sync`.
+pub fn cfg() -> Config {
+    let mut c = config(Durability::Sync);
+    c.payload_window = Some(MINUTE);
+    c.horizon = Some(HOUR);
+    c.payload_prefetch = false;
+    c
+}
+
+/// Due at `ms` (UTC).
+pub fn at(ms: u64) -> Due {
+    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+/// The key of far task `i`.
+pub fn key(i: usize) -> Vec<u8> {
+    format!("far-{i:04}").into_bytes()
+}
+
+/// Task `i` is due 2 h + `i` minutes after the start: beyond [`cfg`]'s
+/// horizon, so a checkpoint makes it far.
+pub fn due(i: usize) -> u64 {
+    START_MS + 2 * 3_600_000 + 60_000 * i as u64
+}
