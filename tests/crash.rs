@@ -34,6 +34,8 @@ const DIR_VAR: &str = "KAIROS_CRASH_DIR";
 const ROUND_VAR: &str = "KAIROS_CRASH_ROUND";
 /// Set in the child: the wall-clock base of due times, ms.
 const BASE_VAR: &str = "KAIROS_CRASH_BASE_MS";
+/// How far ahead of the parent's start the due times begin, ms.
+const BASE_AHEAD_MS: u64 = 3_600_000;
 /// Set in the child: before which call it takes its checkpoint.
 const CHECKPOINT_VAR: &str = "KAIROS_CRASH_CHECKPOINT_AT";
 
@@ -101,12 +103,39 @@ fn crash_config(durability: Durability) -> Config {
 }
 
 /// The child's configuration in `round`: its mode, and in every other group of three rounds
-/// the background checkpointer with a tiny log-growth trigger.
-fn child_config(round: u64) -> Config {
+/// the background checkpointer with a tiny log-growth trigger. In every fourth round the
+/// horizon ends 50 ms after the base of the due times (`base_ms`, an hour ahead; task `i` is
+/// due at `base_ms + i`), with a 20 ms payload window: each checkpoint takes the tasks due
+/// beyond it out of the wheel (far tasks), and the prefetch thread promotes them back as the
+/// horizon reaches them (real time moves it 1 ms per ms) — kills land in both.
+fn child_config(round: u64, base_ms: u64, now_ms: u64) -> Config {
     let mut c = crash_config(mode_of(round).1);
     c.checkpoint_interval = None;
     c.checkpoint_log_bytes = background_checkpoints(round).then_some(4096);
+    if far_tasks(round) {
+        c.payload_window = Some(Duration::from_millis(20));
+        c.horizon = Some(Duration::from_millis(
+            base_ms.saturating_sub(now_ms).max(20) + 50,
+        ));
+    }
     c
+}
+
+fn far_tasks(round: u64) -> bool {
+    round % 4 == 3
+}
+
+/// Far tasks the newest readable checkpoint of `dir` holds (0 if none).
+fn newest_checkpoint_far_tasks(dir: &Path) -> usize {
+    let ckpt_dir = dir.join(kairos::checkpoint::CHECKPOINT_DIR_NAME);
+    let Ok((files, _)) = kairos::checkpoint::list(&FsStorage, &ckpt_dir) else {
+        return 0;
+    };
+    files
+        .iter()
+        .rev()
+        .find_map(|(_, name)| kairos::checkpoint::read(&FsStorage, &ckpt_dir.join(name)).ok())
+        .map_or(0, |c| c.far.len())
 }
 
 fn background_checkpoints(round: u64) -> bool {
@@ -171,7 +200,8 @@ fn sigkill_child() -> TestResult {
     let round = env_u64(ROUND_VAR)?;
     let base_ms = env_u64(BASE_VAR)?;
     let checkpoint_at = env_u64(CHECKPOINT_VAR).ok();
-    let engine = Engine::open(&dir, child_config(round))?;
+    let now_ms = kairos::clock::system_time_to_ms(std::time::SystemTime::now()).unwrap_or(0);
+    let engine = Engine::open(&dir, child_config(round, base_ms, now_ms))?;
     report(&format!("ready {}", engine.recovery().pending))?;
     for n in 0..100_000u64 {
         if checkpoint_at == Some(n) {
@@ -210,7 +240,7 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     let dir = tempfile::tempdir()?;
     // Due an hour from now in real time, so nothing fires while children run.
     let now_ms = kairos::clock::system_time_to_ms(std::time::SystemTime::now()).ok_or("clock")?;
-    let base_ms = now_ms + 3_600_000;
+    let base_ms = now_ms + BASE_AHEAD_MS;
     // CI: a few dozen kills; `KAIROS_CRASH_KILLS=1000` for a long run.
     let kills = kill_count(30);
     let mut rng = rand::rng();
@@ -219,6 +249,8 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     let (mut checkpoints, mut segments_removed) = (0u64, 0u64);
     let mut checkpoint_us: Vec<u64> = Vec::new();
     let (mut kills_in_checkpoint, mut kills_before_checkpoint_returned) = (0u64, 0u64);
+    // Far tasks in the newest checkpoint after each kill of a round with a short horizon.
+    let mut far_seen = 0usize;
     for round in 0..kills {
         let kill_after = rand::Rng::random_range(&mut rng, 1..=150u64);
         // The checkpoint comes before a call the child reaches; in half the rounds the kill
@@ -324,6 +356,9 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
             kills_before_checkpoint_returned += 1;
         }
         acked.insert(round, count);
+        if far_tasks(round) {
+            far_seen += newest_checkpoint_far_tasks(dir.path());
+        }
     }
 
     // Reopen on a manual clock past every due time: everything live comes out at once.
@@ -367,7 +402,8 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     eprintln!(
         "{kills} SIGKILLs ({kills_in_checkpoint} a moment after a checkpoint began, \
          {kills_before_checkpoint_returned} of them before it returned), {} acknowledged calls, {checkpoints} checkpoints completed ({segments_removed} segments \
-         removed), {total} tasks recovered (scale {})",
+         removed; far tasks in the newest checkpoint after the kills of short-horizon rounds: \
+         {far_seen}), {total} tasks recovered (scale {})",
         acked.values().sum::<u64>(),
         scale()
     );
