@@ -831,6 +831,11 @@ fn parse_tasks(
             },
         ));
     }
+    block_filled(body, at, count)
+}
+
+/// `Ok` if a block's `count` entries ended exactly at its body's end (`at`).
+fn block_filled(body: &[u8], at: usize, count: u32) -> Result<(), EntryError> {
     if at != body.len() {
         return Err((
             at,
@@ -874,16 +879,7 @@ fn parse_far(
         check_id(t.id, entry, header, &mut ids)?;
         out.push(t);
     }
-    if at != body.len() {
-        return Err((
-            at,
-            format!(
-                "{} bytes after the block's {count} entries",
-                body.len() - at
-            ),
-        ));
-    }
-    Ok(())
+    block_filled(body, at, count)
 }
 
 fn parse_dead(
@@ -932,16 +928,7 @@ fn parse_dead(
             },
         ));
     }
-    if at != body.len() {
-        return Err((
-            at,
-            format!(
-                "{} bytes after the block's {count} entries",
-                body.len() - at
-            ),
-        ));
-    }
-    Ok(())
+    block_filled(body, at, count)
 }
 
 /// Files `(number, name)` by number ascending, and leftover temporary file names.
