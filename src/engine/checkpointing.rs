@@ -658,11 +658,14 @@ fn apply_moves(shared: &Shared, core: &mut Core, moves: Option<Moves>, in_place:
             Some(c) => c.next_due_ms.min(due),
             None => due,
         };
+        core.far_generation = core.far_generation.wrapping_add(1);
+        let generation = core.far_generation;
         core.far_cursors.insert(
             file,
             super::far::FarCursor {
                 offset: overflow::HEADER_BYTES as u64,
                 next_due_ms: next_due_ms.max(1),
+                generation,
             },
         );
     }

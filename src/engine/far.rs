@@ -45,6 +45,11 @@ pub(super) struct FarCursor {
     pub offset: u64,
     /// Its due time, UTC ms (0: not known yet — read it).
     pub next_due_ms: u64,
+    /// The engine-wide count of cursor resets when a checkpoint last reset
+    /// this one (new far tasks in the file): a promotion that read the file
+    /// meanwhile must not move the reset cursor past them, even if it
+    /// started at the same offset.
+    pub generation: u32,
 }
 
 impl FarCursor {
@@ -53,6 +58,7 @@ impl FarCursor {
         FarCursor {
             offset: overflow::HEADER_BYTES as u64,
             next_due_ms: 0,
+            generation: 0,
         }
     }
 }
@@ -363,6 +369,7 @@ impl Shared {
                 cursor = FarCursor {
                     offset: next,
                     next_due_ms: next_due.unwrap_or(u64::MAX).max(1),
+                    generation: 0,
                 };
                 if next_due.is_none_or(|d| d > until) {
                     break;
@@ -458,6 +465,7 @@ impl Shared {
                             cursor = FarCursor {
                                 offset: next,
                                 next_due_ms: next_due.unwrap_or(u64::MAX).max(1),
+                                generation: start.generation,
                             };
                             if next_due.is_none_or(|d| d > until) {
                                 break;
@@ -484,7 +492,7 @@ impl Shared {
                 let moot = core
                     .far_cursors
                     .get(&file)
-                    .is_none_or(|c| c.offset != start.offset);
+                    .is_none_or(|c| c.offset != start.offset || c.generation != start.generation);
                 if !moot {
                     self.poison_locked(&mut core, cause);
                     return core;
@@ -507,7 +515,7 @@ impl Shared {
             let mut missing = None;
             for (file, start, end) in moved {
                 if let Some(cur) = c.far_cursors.get_mut(&file) {
-                    if cur.offset == start.offset {
+                    if cur.offset == start.offset && cur.generation == start.generation {
                         let left = c.far.live_in_file(file);
                         if left > 0 && end.next_due_ms != u64::MAX {
                             *cur = end;

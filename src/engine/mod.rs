@@ -258,6 +258,8 @@ struct Core {
     far_cursors: std::collections::BTreeMap<u32, far::FarCursor>,
     /// Far tasks moved back into the wheel so far.
     far_promoted: u64,
+    /// Raised by each reset of a promotion cursor (`far::FarCursor`).
+    far_generation: u32,
 }
 
 /// One ready-queue entry; stale (skipped) unless the slot still holds task
@@ -659,6 +661,7 @@ impl Engine {
             far: FarIndex::default(),
             far_cursors: std::collections::BTreeMap::new(),
             far_promoted: 0,
+            far_generation: 0,
         };
         let shared = Arc::new(Shared {
             config,
