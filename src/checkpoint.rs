@@ -597,9 +597,7 @@ fn read_from(
         header: Some(header),
         ..Checkpoint::default()
     };
-    // (id, file offset of its entry): checked for duplicates at the END
-    // block by sorting (cheaper than a hash set for millions of tasks).
-    let mut ids: Vec<(u64, u64)> = Vec::new();
+    let mut ids = SeenIds::new(header.max_task_id, len);
     let mut offset = HEADER_BYTES as u64;
     let mut seen_dead = false;
     let mut seen_far = false;
@@ -712,12 +710,14 @@ fn read_from(
                         format!("{} bytes after the END block", len - next),
                     ));
                 }
-                ids.sort_unstable();
-                if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
-                    return Err(corrupt(
-                        w[0].1.max(w[1].1),
-                        format!("task id {} appears twice", w[0].0),
-                    ));
+                if let SeenIds::Listed(ids) = &mut ids {
+                    ids.sort_unstable();
+                    if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
+                        return Err(corrupt(
+                            w[0].1.max(w[1].1),
+                            format!("task id {} appears twice", w[0].0),
+                        ));
+                    }
                 }
                 return Ok(out);
             }
@@ -729,8 +729,34 @@ fn read_from(
 
 type EntryError = (usize, String);
 
-/// The block body's file offset, and where entries' ids are collected.
-type Ids<'a> = (u64, &'a mut Vec<(u64, u64)>);
+/// The ids of a checkpoint's entries seen so far, to refuse an id listed
+/// twice (in any blocks).
+enum SeenIds {
+    /// One bit per id in 1..=max_task_id: the duplicate is found at its
+    /// entry, in O(1) per id, with a table that stays in cache (2.5 MB for
+    /// 20 M ids, where sorting 10 M ids took most of a second).
+    Bitmap(Vec<u64>),
+    /// (id, file offset of its entry), sorted and checked at the END
+    /// block: when the largest id is too large for a bitmap this file could
+    /// justify.
+    Listed(Vec<(u64, u64)>),
+}
+
+impl SeenIds {
+    /// A bitmap when it takes at most as many bytes as the file (or 1 MiB):
+    /// a file cannot make the reader allocate more than it is long.
+    fn new(max_task_id: u64, file_bytes: u64) -> SeenIds {
+        let words = max_task_id / 64 + 1;
+        if words.saturating_mul(8) <= file_bytes.max(1 << 20) {
+            SeenIds::Bitmap(vec![0; words as usize])
+        } else {
+            SeenIds::Listed(Vec::new())
+        }
+    }
+}
+
+/// The block body's file offset, and the ids seen so far.
+type Ids<'a> = (u64, &'a mut SeenIds);
 
 fn check_id(
     id: u64,
@@ -744,7 +770,19 @@ fn check_id(
             format!("task id {id} outside 1..={}", header.max_task_id),
         ));
     }
-    ids.1.push((id, ids.0 + at as u64));
+    match &mut ids.1 {
+        SeenIds::Bitmap(bits) => {
+            let (word, bit) = ((id / 64) as usize, 1u64 << (id % 64));
+            // The id is at most max_task_id (checked above): in range.
+            if let Some(w) = bits.get_mut(word) {
+                if *w & bit != 0 {
+                    return Err((at, format!("task id {id} appears twice")));
+                }
+                *w |= bit;
+            }
+        }
+        SeenIds::Listed(list) => list.push((id, ids.0 + at as u64)),
+    }
     Ok(())
 }
 
@@ -1316,6 +1354,40 @@ mod tests {
             corrupt_at(&bytes),
             (64 + 44 + 16, "task id 9 appears twice".into())
         );
+    }
+
+    /// Ids are checked with a bitmap when the largest id is small for the
+    /// file, and by sorting otherwise: both refuse the same duplicate at the
+    /// same offset (the later entry), and accept the same file.
+    #[test]
+    fn an_id_twice_is_refused_alike_by_bitmap_and_by_sorting() {
+        for max_task_id in [9, u64::MAX - 1] {
+            let h = CheckpointHeader {
+                max_task_id,
+                ..header()
+            };
+            assert!(
+                matches!(SeenIds::new(max_task_id, 200), SeenIds::Bitmap(_)) == (max_task_id == 9)
+            );
+            let mut enc = CheckpointEncoder::new(&h);
+            enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
+            enc.push_task(5, 100, 0, false, b"k5", PayloadAt::Inline(b""));
+            enc.push_dead(3, &dead_9());
+            let bytes = enc.finish();
+            // Header, TASKS block header, the two tasks (28 + 2 + 7, 28 + 2),
+            // DEAD block header.
+            let dead_at = 64 + 16 + 37 + 30 + 16;
+            assert_eq!(
+                corrupt_at(&bytes),
+                (dead_at, "task id 3 appears twice".into()),
+                "max_task_id {max_task_id}"
+            );
+            let mut enc = CheckpointEncoder::new(&h);
+            enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
+            enc.push_dead(9, &dead_9());
+            let c = decode(&enc.finish(), Path::new("x")).map_err(|e| e.to_string());
+            assert_eq!(c.map(|c| c.tasks.len() + c.dead.len()), Ok(2));
+        }
     }
 
     #[test]

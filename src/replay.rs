@@ -26,11 +26,16 @@ impl KeyIndex {
         self.hasher.hash_one(key)
     }
 
-    fn contains(&self, tasks: &IdMap<LiveTask>, hash: u64, key: &[u8]) -> bool {
+    /// Whether a live task has `key` (hash `hash`); `key_of` gives a live
+    /// task's key by id.
+    fn contains<'a>(
+        &self,
+        key_of: impl Fn(u64) -> Option<&'a [u8]>,
+        hash: u64,
+        key: &[u8],
+    ) -> bool {
         self.table
-            .find(hash, |&(h, id)| {
-                h == hash && tasks.get(&id).is_some_and(|t| *t.key == *key)
-            })
+            .find(hash, |&(h, id)| h == hash && key_of(id) == Some(key))
             .is_some()
     }
 
@@ -104,8 +109,23 @@ pub struct RuleError(pub String);
 /// payload if kept).
 #[derive(Debug, Default)]
 pub struct Replay {
+    /// Live tasks made by records (or read back from the far list).
     tasks: IdMap<LiveTask>,
-    keys: KeyIndex,
+    /// The live tasks of the checkpoint the replay started from, in the
+    /// checkpoint's order (`None` once finished). Kept in a vector with an
+    /// id → position map rather than moved into `tasks`: at millions of
+    /// tasks recovery's cost is memory traffic, and a 16-byte map entry
+    /// per task costs a fifth of a whole task's.
+    base: Vec<(u64, Option<LiveTask>)>,
+    /// Position in `base` of each live task there; built at the first
+    /// record that names a task (a reopen right after a checkpoint never
+    /// needs it).
+    base_at: Option<IdMap<u32>>,
+    /// Live tasks in `base`.
+    base_live: usize,
+    /// Live keys, for the rule that a schedule's key is not live; built
+    /// at the first record that needs it, from every live task.
+    keys: Option<KeyIndex>,
     dead: IdMap<DeadTask>,
     /// Dead letters whose payload is still in an overflow file (a
     /// checkpoint had moved it there before the task died): `(file, offset)`
@@ -140,9 +160,17 @@ impl Replay {
     /// [`Replay::apply_with`] (or [`Replay::apply`]). `max_id` is the largest
     /// task id ever assigned.
     ///
+    /// The tasks are kept in the order given, and the two tables the rules
+    /// need are built only when a record needs them: id → task at the first
+    /// record naming a task, live keys at the first schedule (or far task
+    /// read back). Until then a replay costs one move per task, so reopening
+    /// right after a checkpoint builds no table here at all; the engine's
+    /// own index then checks that no key is live twice.
+    ///
     /// # Errors
-    /// Two live tasks with one key, or an id above `max_id` (a checkpoint
-    /// the engine did not write).
+    /// An id above `max_id` (a checkpoint the engine did not write). Two
+    /// tasks with one id, or two with one key, are refused by the record
+    /// that builds the table that shows it (see above).
     pub fn from_checkpoint(
         max_id: u64,
         tasks: Vec<(u64, LiveTask)>,
@@ -154,25 +182,25 @@ impl Replay {
             keep_payloads,
             ..Replay::default()
         };
-        r.tasks.reserve(tasks.len());
-        r.keys.reserve(tasks.len());
-        for (id, mut t) in tasks {
-            if id > max_id {
-                return Err(rule("checkpoint", id, "whose id exceeds the largest id"));
-            }
-            let hash = r.keys.hash(&t.key);
-            if r.keys.contains(&r.tasks, hash, &t.key) {
-                return Err(RuleError(format!(
-                    "checkpoint holds key {:?} twice",
-                    String::from_utf8_lossy(&t.key)
-                )));
-            }
-            r.keys.insert(hash, id);
-            if !keep_payloads {
-                t.payload = Box::default();
-            }
-            r.tasks.insert(id, t);
+        if u32::try_from(tasks.len()).is_err() {
+            return Err(RuleError(format!(
+                "checkpoint holds {} tasks, more than a replay can hold",
+                tasks.len()
+            )));
         }
+        r.base = tasks
+            .into_iter()
+            .map(|(id, mut t)| {
+                if !keep_payloads {
+                    t.payload = Box::default();
+                }
+                (id, Some(t))
+            })
+            .collect();
+        if let Some((id, _)) = r.base.iter().find(|(id, _)| *id > max_id) {
+            return Err(rule("checkpoint", *id, "whose id exceeds the largest id"));
+        }
+        r.base_live = r.base.len();
         for (id, mut t) in dead {
             if id > max_id {
                 return Err(rule("checkpoint", id, "whose id exceeds the largest id"));
@@ -185,6 +213,89 @@ impl Replay {
         Ok(r)
     }
 
+    /// Builds `base_at` if it is not built yet.
+    ///
+    /// # Errors
+    /// An id twice among the checkpoint's tasks.
+    fn index_base(&mut self) -> Result<(), RuleError> {
+        if self.base_at.is_some() {
+            return Ok(());
+        }
+        let mut at = IdMap::default();
+        at.reserve(self.base_live);
+        for (pos, (id, t)) in self.base.iter().enumerate() {
+            // Positions fit: `from_checkpoint` checked the length.
+            if t.is_some() && at.insert(*id, pos as u32).is_some() {
+                return Err(rule("checkpoint", *id, "listed twice"));
+            }
+        }
+        self.base_at = Some(at);
+        Ok(())
+    }
+
+    /// Builds the live-key table if it is not built yet.
+    ///
+    /// # Errors
+    /// Two live tasks with one key (a checkpoint the engine did not write).
+    fn index_keys(&mut self) -> Result<(), RuleError> {
+        if self.keys.is_some() {
+            return Ok(());
+        }
+        self.index_base()?;
+        let mut keys = KeyIndex::default();
+        keys.reserve(self.base_live + self.tasks.len());
+        let live = self
+            .base
+            .iter()
+            .filter_map(|(id, t)| Some((*id, t.as_ref()?)))
+            .chain(self.tasks.iter().map(|(id, t)| (*id, t)));
+        for (id, t) in live {
+            let hash = keys.hash(&t.key);
+            if keys.contains(|id| self.key_of(id), hash, &t.key) {
+                return Err(RuleError(format!(
+                    "two live tasks have key {:?}",
+                    String::from_utf8_lossy(&t.key)
+                )));
+            }
+            keys.insert(hash, id);
+        }
+        self.keys = Some(keys);
+        Ok(())
+    }
+
+    /// Builds now the tables [`Replay::from_checkpoint`] leaves to the first
+    /// record that needs them, and so checks at once that the checkpoint's
+    /// tasks have distinct ids and distinct keys (what `kairos verify`
+    /// wants of a checkpoint even with no record after it). Cost: one
+    /// hash-table insert per task, twice.
+    ///
+    /// # Errors
+    /// An id or a key twice among the live tasks.
+    pub fn build_tables(&mut self) -> Result<(), RuleError> {
+        self.index_base()?;
+        self.index_keys()
+    }
+
+    /// The live (non-far) task `id`, wherever it is kept. Needs `base_at`
+    /// built ([`Replay::index_base`]) to find the checkpoint's tasks.
+    fn task(&self, id: u64) -> Option<&LiveTask> {
+        if let Some(&pos) = self.base_at.as_ref().and_then(|at| at.get(&id)) {
+            return self.base.get(pos as usize)?.1.as_ref();
+        }
+        self.tasks.get(&id)
+    }
+
+    fn task_mut(&mut self, id: u64) -> Option<&mut LiveTask> {
+        if let Some(&pos) = self.base_at.as_ref().and_then(|at| at.get(&id)) {
+            return self.base.get_mut(pos as usize)?.1.as_mut();
+        }
+        self.tasks.get_mut(&id)
+    }
+
+    fn key_of(&self, id: u64) -> Option<&[u8]> {
+        self.task(id).map(|t| &*t.key)
+    }
+
     /// Adds the far tasks of the checkpoint the replay starts from. Far
     /// tasks are kept by id only (their keys are on disk): a cancel just
     /// drops one; a record that needs the task whole (deliver, reschedule)
@@ -194,9 +305,13 @@ impl Replay {
     ///
     /// Replaces any far tasks added before.
     ///
+    /// The far tasks' ids must not be among the checkpoint's tasks:
+    /// [`crate::checkpoint::read`] refuses a file that lists an id twice,
+    /// in any blocks.
+    ///
     /// # Errors
-    /// An id of 0 or above the largest id, or an id twice (also among the
-    /// tasks).
+    /// An id of 0 or above the largest id, or an id twice among the far
+    /// tasks.
     pub fn add_far(&mut self, mut far: Vec<FarTask>) -> Result<(), RuleError> {
         far.sort_unstable_by_key(|t| t.id);
         for w in far.windows(2) {
@@ -211,9 +326,6 @@ impl Replay {
                     t.id,
                     "whose id is 0 or exceeds the largest id",
                 ));
-            }
-            if self.tasks.contains_key(&t.id) {
-                return Err(rule("checkpoint", t.id, "listed as a task and a far task"));
             }
         }
         self.far_live = far.len();
@@ -275,7 +387,7 @@ impl Replay {
             | Record::Dead { id, .. }
             | Record::Reschedule { id, .. } => id.0,
         };
-        if self.tasks.contains_key(&id) {
+        if self.task(id).is_some() {
             return Ok(false);
         }
         let Some(pos) = self.far_position(id) else {
@@ -293,14 +405,20 @@ impl Replay {
                 t.file, t.offset
             ))
         })?;
-        let hash = self.keys.hash(&key);
-        if self.keys.contains(&self.tasks, hash, &key) {
+        self.index_keys()?;
+        let Some(keys) = &self.keys else {
+            return Err(RuleError("the live-key table was not built".into()));
+        };
+        let hash = keys.hash(&key);
+        if keys.contains(|id| self.key_of(id), hash, &key) {
             return Err(RuleError(format!(
                 "far task {id} has key {:?}, which is already live",
                 String::from_utf8_lossy(&key)
             )));
         }
-        self.keys.insert(hash, id);
+        if let Some(keys) = &mut self.keys {
+            keys.insert(hash, id);
+        }
         self.far_gone[pos] = true;
         self.far_live -= 1;
         self.tasks.insert(
@@ -341,6 +459,9 @@ impl Replay {
         record: &Record<'_>,
         resolve: &mut FarResolver<'_>,
     ) -> Result<(), RuleError> {
+        if !matches!(record, Record::Schedule { .. } | Record::Purge { .. }) {
+            self.index_base()?;
+        }
         if self.far_record(record, resolve)? {
             return Ok(());
         }
@@ -357,15 +478,21 @@ impl Replay {
                         id.0, self.max_id
                     )));
                 }
-                let hash = self.keys.hash(key);
-                if self.keys.contains(&self.tasks, hash, key) {
+                self.index_keys()?;
+                let Some(keys) = &self.keys else {
+                    return Err(RuleError("the live-key table was not built".into()));
+                };
+                let hash = keys.hash(key);
+                if keys.contains(|id| self.key_of(id), hash, key) {
                     return Err(RuleError(format!(
                         "schedule of key {:?}, which is already live",
                         String::from_utf8_lossy(key)
                     )));
                 }
                 self.max_id = id.0;
-                self.keys.insert(hash, id.0);
+                if let Some(keys) = &mut self.keys {
+                    keys.insert(hash, id.0);
+                }
                 let payload = if self.keep_payloads { payload } else { &[] };
                 self.tasks.insert(
                     id.0,
@@ -449,8 +576,7 @@ impl Replay {
     }
 
     fn live(&mut self, id: u64, kind: &str) -> Result<&mut LiveTask, RuleError> {
-        self.tasks
-            .get_mut(&id)
+        self.task_mut(id)
             .ok_or_else(|| rule(kind, id, "which is not live"))
     }
 
@@ -470,7 +596,7 @@ impl Replay {
 
     /// Live tasks so far, far ones included.
     pub fn live_tasks(&self) -> usize {
-        self.tasks.len() + self.far_live
+        self.tasks.len() + self.base_live + self.far_live
     }
 
     /// Dead letters so far.
@@ -481,7 +607,10 @@ impl Replay {
     /// The live tasks so far, in no particular order; far tasks are not
     /// among them (see [`Replay::far`]).
     pub fn tasks(&self) -> impl Iterator<Item = &LiveTask> {
-        self.tasks.values()
+        self.base
+            .iter()
+            .filter_map(|(_, t)| t.as_ref())
+            .chain(self.tasks.values())
     }
 
     /// The largest task id seen (0 if none).
@@ -495,15 +624,32 @@ impl Replay {
         &self.dead_on_disk
     }
 
-    /// The live tasks and the dead letters, by id; far tasks are not among
-    /// them (take them first with [`Replay::take_far`]).
-    pub fn into_parts(self) -> (IdMap<LiveTask>, IdMap<DeadTask>) {
-        (self.tasks, self.dead)
+    /// The live tasks with their ids, in no particular order, and the dead
+    /// letters by id; far tasks are not among them (take them first with
+    /// [`Replay::take_far`]).
+    pub fn into_parts(self) -> (Vec<(u64, LiveTask)>, IdMap<DeadTask>) {
+        // Collected in place: `Option<LiveTask>` is as big as `LiveTask`.
+        let mut live: Vec<(u64, LiveTask)> = self
+            .base
+            .into_iter()
+            .filter_map(|(id, t)| Some((id, t?)))
+            .collect();
+        live.extend(self.tasks);
+        (live, self.dead)
     }
 
     fn finish(&mut self, id: u64) -> Option<LiveTask> {
-        let t = self.tasks.remove(&id)?;
-        self.keys.remove(&t.key, id);
+        let t = match self.base_at.as_mut().and_then(|at| at.remove(&id)) {
+            Some(pos) => {
+                let t = self.base.get_mut(pos as usize)?.1.take()?;
+                self.base_live -= 1;
+                t
+            }
+            None => self.tasks.remove(&id)?,
+        };
+        if let Some(keys) = &mut self.keys {
+            keys.remove(&t.key, id);
+        }
         Some(t)
     }
 }
@@ -553,7 +699,9 @@ mod tests {
         r.apply(&schedule(3, b"a")).unwrap();
         assert_eq!(r.max_id(), 3);
         let (tasks, _) = r.into_parts();
-        assert_eq!(tasks[&3].payload.as_ref(), b"p");
+        assert_eq!(tasks.len(), 1);
+        assert_eq!(tasks[0].0, 3);
+        assert_eq!(tasks[0].1.payload.as_ref(), b"p");
     }
 
     #[test]
@@ -668,6 +816,102 @@ mod tests {
     fn verifier_keeps_no_payloads() {
         let mut r = Replay::new(false);
         r.apply(&schedule(1, b"a")).unwrap();
-        assert!(r.into_parts().0[&1].payload.is_empty());
+        let (tasks, _) = r.into_parts();
+        assert_eq!(tasks.len(), 1);
+        assert!(tasks[0].1.payload.is_empty());
+    }
+
+    fn live(key: &[u8], due_ms: u64) -> LiveTask {
+        LiveTask {
+            key: key.into(),
+            payload: Box::default(),
+            payload_at: None,
+            due_ms,
+            deliveries: 0,
+            in_flight: false,
+            last_error: Box::default(),
+        }
+    }
+
+    #[test]
+    fn checkpoint_tasks_follow_the_rules_once_records_come() {
+        let base = vec![
+            (4, live(b"a", 10)),
+            (2, live(b"b", 20)),
+            (7, live(b"c", 30)),
+        ];
+        let mut r = Replay::from_checkpoint(9, base, Vec::new(), true).unwrap();
+        assert_eq!(r.live_tasks(), 3);
+        // No table is built yet; the first record naming a task builds one.
+        assert!(r.base_at.is_none() && r.keys.is_none());
+        r.apply(&Record::Deliver {
+            id: TaskId(2),
+            fired_ms: 5,
+        })
+        .unwrap();
+        assert!(r.base_at.is_some() && r.keys.is_none());
+        r.apply(&Record::Retry {
+            id: TaskId(2),
+            due_ms: 25,
+            error: b"e",
+        })
+        .unwrap();
+        r.apply(&Record::Cancel { id: TaskId(4) }).unwrap();
+        assert!(r.apply(&Record::Cancel { id: TaskId(4) }).is_err());
+        assert!(
+            r.apply(&Record::Ack { id: TaskId(7) }).is_err(),
+            "not in flight"
+        );
+        // Key "c" is live (task 7), "a" was finished with task 4.
+        assert!(r.apply(&schedule(10, b"c")).is_err());
+        assert!(r.keys.is_some());
+        r.apply(&schedule(10, b"a")).unwrap();
+        assert!(r.apply(&schedule(11, b"a")).is_err());
+        r.apply(&Record::Cancel { id: TaskId(10) }).unwrap();
+        r.apply(&schedule(11, b"a")).unwrap();
+        assert_eq!(r.live_tasks(), 3);
+        let mut tasks: Vec<(u64, u64, u32, Vec<u8>)> = r
+            .into_parts()
+            .0
+            .into_iter()
+            .map(|(id, t)| (id, t.due_ms, t.deliveries, t.last_error.to_vec()))
+            .collect();
+        tasks.sort();
+        assert_eq!(
+            tasks,
+            vec![
+                (2, 25, 1, b"e".to_vec()),
+                (7, 30, 0, Vec::new()),
+                (11, 5, 0, Vec::new())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_key_twice_is_refused_when_the_keys_are_indexed() {
+        let base = vec![(1, live(b"a", 10)), (2, live(b"a", 20))];
+        let mut r = Replay::from_checkpoint(2, base.clone(), Vec::new(), true).unwrap();
+        let e = r.apply(&schedule(3, b"z")).unwrap_err();
+        assert!(e.0.contains("two live tasks have key"), "{e}");
+        // What `kairos verify` asks for at once.
+        let mut r = Replay::from_checkpoint(2, base.clone(), Vec::new(), false).unwrap();
+        let e = r.build_tables().unwrap_err();
+        assert!(e.0.contains("two live tasks have key"), "{e}");
+        // Finishing one of them first makes the set consistent again.
+        let mut r = Replay::from_checkpoint(2, base, Vec::new(), true).unwrap();
+        r.apply(&Record::Cancel { id: TaskId(1) }).unwrap();
+        r.apply(&schedule(3, b"z")).unwrap();
+        assert_eq!(r.live_tasks(), 2);
+    }
+
+    #[test]
+    fn a_checkpoint_id_twice_or_too_large_is_refused() {
+        let base = vec![(1, live(b"a", 10)), (1, live(b"b", 20))];
+        let mut r = Replay::from_checkpoint(2, base, Vec::new(), true).unwrap();
+        let e = r.apply(&Record::Cancel { id: TaskId(1) }).unwrap_err();
+        assert!(e.0.contains("listed twice"), "{e}");
+        let base = vec![(3, live(b"a", 10))];
+        let e = Replay::from_checkpoint(2, base, Vec::new(), true).unwrap_err();
+        assert!(e.0.contains("exceeds the largest id"), "{e}");
     }
 }

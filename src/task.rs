@@ -128,6 +128,37 @@ impl PayloadStore {
         }
     }
 
+    /// [`PayloadStore::put`] taking the key's allocation: with an empty
+    /// payload it becomes the task's bytes as it is (recovery hands over
+    /// millions of keys it has just read).
+    pub fn put_owned(&mut self, key: Box<[u8]>, payload: &[u8]) -> PayloadRef {
+        if !payload.is_empty() {
+            return self.put(&key, payload);
+        }
+        let key_len = u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
+        PayloadRef::Inline {
+            bytes: key,
+            key_len,
+        }
+    }
+
+    /// [`PayloadStore::put_on_disk`] taking the key's allocation.
+    pub fn put_on_disk_owned(
+        &mut self,
+        key: Box<[u8]>,
+        file: u32,
+        offset: u64,
+        due_current: bool,
+    ) -> PayloadRef {
+        *self.on_disk.entry(file).or_default() += 1;
+        PayloadRef::OnDisk {
+            key,
+            file,
+            offset,
+            due_current,
+        }
+    }
+
     /// A task whose payload is in overflow file `file` at `offset`
     /// (`due_current`: that entry's due time is the task's).
     pub fn put_on_disk(
@@ -240,6 +271,11 @@ impl TaskSlab {
 
     /// The slot the next [`TaskSlab::insert`] will use; `None` if 2^32
     /// slots are in use.
+    /// Makes room for `additional` more tasks without growing the slab.
+    pub fn reserve(&mut self, additional: usize) {
+        self.slots.reserve(additional);
+    }
+
     pub fn vacant_slot(&self) -> Option<u32> {
         match self.free_head {
             Some(slot) => Some(slot),

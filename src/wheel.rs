@@ -317,6 +317,12 @@ impl Wheel {
             .map(|expiration| Tick(expiration.deadline))
     }
 
+    /// Makes room for `additional` more timers without growing the node slab (recovery
+    /// inserts millions at once; growth by doubling would copy them and fault twice the pages).
+    pub fn reserve(&mut self, additional: usize) {
+        self.nodes.reserve(additional);
+    }
+
     /// Moves the wheel's time to `now` and appends to `out` every timer due at or before `now`,
     /// ordered by due tick and, among equal due ticks, by insertion order. Does nothing if
     /// `now <= elapsed`. Timers due later but sitting in a processed coarse slot cascade into

@@ -347,6 +347,44 @@ fn a_checkpoint_whose_log_records_are_gone_is_refused() -> TestResult {
     Ok(())
 }
 
+/// The open builds the replay's key table only when a record after the checkpoint needs it;
+/// with none, its own index is what catches a checkpoint holding one key for two tasks.
+#[test]
+fn a_checkpoint_holding_a_key_twice_is_refused_at_open() -> TestResult {
+    let mut h = SimHarness::new(11, config(Durability::Sync))?;
+    load(h.engine(), 3)?;
+    let report = h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    let path = h
+        .dir
+        .join("checkpoint")
+        .join(checkpoint::file_name(report.lsn));
+    let header = checkpoint::read_header(&h.sim, &path)?;
+    let mut enc = checkpoint::CheckpointEncoder::new(&header);
+    for id in 1..=2 {
+        enc.push_task(
+            id,
+            START_MS + 60_000,
+            0,
+            false,
+            b"twice",
+            checkpoint::PayloadAt::Inline(b""),
+        );
+    }
+    h.sim.write_file(&path, &enc.finish());
+    match h.open() {
+        Err(OpenError::CheckpointMismatch { path: p, reason }) => {
+            assert_eq!(p, path);
+            assert!(
+                reason.contains("two live tasks have key \"twice\""),
+                "{reason}"
+            );
+        }
+        other => return Err(format!("expected a mismatch, got {other:?}").into()),
+    }
+    Ok(())
+}
+
 #[test]
 fn a_checkpoint_from_another_directory_is_refused() -> TestResult {
     let mut a = SimHarness::new(9, config(Durability::Sync))?;

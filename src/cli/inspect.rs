@@ -888,7 +888,7 @@ impl Reader {
         let far_tasks = replay.take_far();
         let (live, _) = replay.into_parts();
         let mut live_refs = LiveRefs::new();
-        for t in live.values() {
+        for (_, t) in &live {
             if let Some((file, offset)) = t.payload_at {
                 live_refs.entry(file).or_default().push(offset);
             }
@@ -897,9 +897,10 @@ impl Reader {
             live_refs.entry(t.file).or_default().push(t.offset);
         }
         let is_far = |id: &u64| far_tasks.binary_search_by_key(id, |t| t.id).is_ok();
+        let live: std::collections::HashSet<u64> = live.into_iter().map(|(id, _)| id).collect();
         let mut live_bytes = vec![0u64; self.tallies.len()];
         for (id, (index, bytes)) in &self.latest {
-            if live.contains_key(id) || is_far(id) {
+            if live.contains(id) || is_far(id) {
                 if let Some(total) = live_bytes.get_mut(*index) {
                     *total += bytes;
                 }

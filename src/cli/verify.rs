@@ -466,6 +466,10 @@ fn start_from(
         let mut replay = Replay::from_checkpoint(header.max_task_id, c.tasks, c.dead, false)
             .map_err(not_replayable)?;
         replay.add_far(c.far).map_err(not_replayable)?;
+        // Distinct ids and keys checked now, even with no record after the
+        // checkpoint (the replay builds its tables lazily; the engine's open
+        // checks keys in its own index).
+        replay.build_tables().map_err(not_replayable)?;
         let bytes = storage
             .open(&path, kairos_wal::storage::OpenMode::Read)
             .and_then(|f| f.len())
