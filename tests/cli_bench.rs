@@ -193,3 +193,25 @@ fn bad_arguments_are_usage_errors() {
         );
     }
 }
+
+/// `--log-tail`: records after the checkpoint are replayed by the reopen, and the
+/// tasks they schedule and cancel are accounted for exactly.
+#[test]
+fn a_log_tail_after_the_checkpoint_is_replayed() {
+    let r = small_bench(&["--log-tail", "400"]);
+    assert_eq!(r["log_tail"], 400);
+    assert_eq!(r["log_tail_cancelled"], 400);
+    // 2 000 − 1 000 cancelled + 400 scheduled − 400 cancelled after the checkpoint.
+    assert_eq!(r["recovered_pending"], 1000);
+}
+
+#[test]
+fn a_log_tail_longer_than_the_even_tasks_is_refused() {
+    let out = kairos(&["bench", "--tasks", "10", "--log-tail", "6"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("--log-tail 6 is more than the 5 tasks with an even index"),
+        "{stderr}"
+    );
+}

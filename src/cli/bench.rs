@@ -65,6 +65,11 @@ days. Tasks due within it (wheel tasks) are scheduled first, then the tasks due 
 (overflow tasks), whatever the engine does with them. Every task with an odd index is \
 cancelled.
 
+With --log-tail N, after the checkpoint N more tasks are scheduled (indices from --tasks on, \
+drawn the same way) and the N tasks with the smallest even indices are cancelled, and the \
+engine is closed without another checkpoint: the reopen then replays those 2 N records on top \
+of the checkpoint, as it does after a crash (a reopen right after a checkpoint replays none).
+
 What the figures mean:
   schedule_per_sec, cancel_per_sec  tasks over the time spent inside schedule_many / \
 cancel_many calls (building keys is not counted); under --durability sync each batch waits for \
@@ -86,8 +91,8 @@ taking far tasks out of the wheel).
 the checkpoint was taken: 24 bytes of memory each). The growth per task while scheduling counts \
 them whole (they leave the wheel at the checkpoint); ram_bytes_per_task_after_recovery with \
 --far-fraction 1 is the figure per far task, with --far-fraction 0 per wheel task.
-  recovered_pending  live tasks after the reopen; it must equal tasks - cancelled, otherwise the \
-exit status is 1.
+  recovered_pending  live tasks after the reopen; it must equal tasks - cancelled (+ N - N \
+with --log-tail N), otherwise the exit status is 1.
 
 DIR defaults to a fresh temporary directory, removed afterwards; a --dir that exists must be an \
 empty directory (anything else is refused), and is kept. Timings depend on the machine and its \
@@ -118,6 +123,11 @@ pub struct BenchArgs {
     /// Seed of the due times (the same seed draws the same ones).
     #[arg(long, default_value_t = SEED_DEFAULT)]
     seed: u64,
+    /// After the checkpoint, schedule N more tasks and cancel N of the
+    /// checkpoint's, so the reopen replays 2 N log records on top of it. At
+    /// most half of --tasks (rounded up).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    log_tail: u32,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -202,7 +212,13 @@ struct Report {
     recovery_ms: f64,
     /// Live tasks after the reopen (`recovery().pending`).
     recovered_pending: u64,
-    /// `tasks − cancelled`: what `recovered_pending` must be.
+    /// `--log-tail`: tasks scheduled, and tasks of the checkpoint
+    /// cancelled, after the checkpoint.
+    log_tail: u32,
+    /// Of those cancels, how many answered `Cancelled`.
+    log_tail_cancelled: u64,
+    /// `tasks − cancelled + log_tail − log_tail_cancelled`: what
+    /// `recovered_pending` must be.
     expected_pending: u64,
     /// `recovered_pending == expected_pending`.
     ok: bool,
@@ -211,6 +227,13 @@ struct Report {
 /// Runs the bench and prints its report; fails the verdict if the reopened
 /// engine did not recover exactly the tasks left.
 pub fn run(args: &BenchArgs) -> anyhow::Result<Verdict> {
+    if args.log_tail > args.tasks.div_ceil(2) || args.tasks.checked_add(args.log_tail).is_none() {
+        anyhow::bail!(
+            "--log-tail {} is more than the {} tasks with an even index",
+            args.log_tail,
+            args.tasks.div_ceil(2)
+        );
+    }
     let dir = BenchDir::prepare(args.dir.as_deref())?;
     let measured = measure(args, dir.path())?;
     drop(dir);
@@ -225,8 +248,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Verdict> {
     } else {
         eprintln!(
             "kairos bench: the reopened engine recovered {} pending tasks, expected {} \
-             ({} scheduled - {} cancelled)",
-            report.recovered_pending, report.expected_pending, report.tasks, report.cancelled
+             ({} scheduled - {} cancelled + {} - {} after the checkpoint)",
+            report.recovered_pending,
+            report.expected_pending,
+            report.tasks,
+            report.cancelled,
+            report.log_tail,
+            report.log_tail_cancelled
         );
         Ok(Verdict::Fail)
     }
@@ -321,6 +349,7 @@ struct Measured {
     payloads_on_disk: u64,
     payload_bytes_in_memory: u64,
     far_tasks: u64,
+    log_tail_cancelled: u64,
 }
 
 /// Runs the load on `dir` and measures it.
@@ -359,6 +388,12 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
 
     progress.phase("checkpoint");
     let (checkpoint, payloads_moved, checkpoint_locked) = take_checkpoint(&engine)?;
+    let log_tail_cancelled = if args.log_tail > 0 {
+        progress.phase("log tail: scheduling and cancelling after the checkpoint");
+        log_tail(&mut scheduler, args, &delays, &mut keys, &mut due)?
+    } else {
+        0
+    };
     progress.phase("closing");
     let started = Instant::now();
     engine.shutdown().context("shutdown failed")?;
@@ -396,14 +431,52 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
         payloads_on_disk: reopened.payloads_on_disk,
         payload_bytes_in_memory: reopened.payload_bytes_in_memory,
         far_tasks: reopened.far,
+        log_tail_cancelled,
     })
+}
+
+/// `--log-tail N`: schedules tasks `tasks..tasks + N` and cancels the
+/// tasks with the N smallest even indices (all pending: only odd ones were
+/// cancelled); returns how many of those cancels answered `Cancelled`.
+fn log_tail(
+    scheduler: &mut Scheduler<'_>,
+    args: &BenchArgs,
+    delays: &Delays,
+    keys: &mut Vec<[u8; KEY_BYTES]>,
+    due: &mut Vec<Duration>,
+) -> anyhow::Result<u64> {
+    for index in args.tasks..args.tasks + args.log_tail {
+        keys.push(key(index));
+        due.push(delays.delay(index));
+        if keys.len() == scheduler.batch {
+            scheduler.flush(keys, due)?;
+        }
+    }
+    scheduler.flush(keys, due)?;
+    let mut cancelled = 0u64;
+    let evens: Vec<u32> = (0..args.log_tail).map(|i| i * 2).collect();
+    for chunk in evens.chunks(scheduler.batch) {
+        let chunk_keys: Vec<[u8; KEY_BYTES]> = chunk.iter().map(|&i| key(i)).collect();
+        let refs: Vec<&[u8]> = chunk_keys.iter().map(|k| &k[..]).collect();
+        let outcomes = scheduler
+            .engine
+            .cancel_many(&refs)
+            .context("cancel_many failed")?;
+        cancelled += outcomes
+            .iter()
+            .filter(|o| matches!(o, CancelOutcome::Cancelled { .. }))
+            .count() as u64;
+    }
+    Ok(cancelled)
 }
 
 /// The engine's configuration for a run.
 fn config(args: &BenchArgs) -> Config {
     let mut config = Config::default();
     config.durability = args.durability.durability();
-    config.pending_tasks_max = config.pending_tasks_max.max(args.tasks as usize + 1);
+    config.pending_tasks_max = config
+        .pending_tasks_max
+        .max(args.tasks as usize + args.log_tail as usize + 1);
     config
 }
 
@@ -701,7 +774,8 @@ impl Drop for BenchDir {
 
 /// Assembles the report.
 fn report(args: &BenchArgs, m: &Measured) -> Report {
-    let expected_pending = u64::from(args.tasks) - m.cancelled;
+    let expected_pending =
+        u64::from(args.tasks) - m.cancelled + u64::from(args.log_tail) - m.log_tail_cancelled;
     let per_sec = |n: u64, busy: Duration| {
         (n > 0 && !busy.is_zero()).then(|| (n as f64 / busy.as_secs_f64()).round())
     };
@@ -747,6 +821,8 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         close_ms: millis(m.close),
         recovery_ms: millis(m.recovery),
         recovered_pending: m.recovered_pending,
+        log_tail: args.log_tail,
+        log_tail_cancelled: m.log_tail_cancelled,
         expected_pending,
         ok: m.recovered_pending == expected_pending,
     }
@@ -863,6 +939,15 @@ fn print_table(r: &Report) {
             r.checkpoint_ms, r.checkpoint_locked_ms, r.payloads_moved
         ),
     );
+    if r.log_tail > 0 {
+        row(
+            "log tail",
+            format!(
+                "{} scheduled and {} cancelled after the checkpoint (replayed by the reopen)",
+                r.log_tail, r.log_tail_cancelled
+            ),
+        );
+    }
     row("close", format!("{:.1} ms", r.close_ms));
     row("recovery (reopen)", format!("{:.1} ms", r.recovery_ms));
     row(
@@ -879,11 +964,13 @@ fn print_table(r: &Report) {
     row(
         "recovered pending",
         format!(
-            "{} (expected {} = {} - {} cancelled): {}",
+            "{} (expected {} = {} - {} cancelled + {} - {} after the checkpoint): {}",
             r.recovered_pending,
             r.expected_pending,
             r.tasks,
             r.cancelled,
+            r.log_tail,
+            r.log_tail_cancelled,
             if r.ok { "ok" } else { "MISMATCH" }
         ),
     );
