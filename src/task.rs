@@ -269,13 +269,13 @@ impl TaskSlab {
         self.len
     }
 
-    /// The slot the next [`TaskSlab::insert`] will use; `None` if 2^32
-    /// slots are in use.
     /// Makes room for `additional` more tasks without growing the slab.
     pub fn reserve(&mut self, additional: usize) {
         self.slots.reserve(additional);
     }
 
+    /// The slot the next [`TaskSlab::insert`] will use; `None` if 2^32
+    /// slots are in use.
     pub fn vacant_slot(&self) -> Option<u32> {
         match self.free_head {
             Some(slot) => Some(slot),
