@@ -34,11 +34,30 @@ pub enum TaskState {
     Abandoned,
 }
 
+/// Key and payload bytes that fit in a task's entry itself
+/// ([`PayloadRef::Small`]): as many as fit beside the two length bytes
+/// before the byte where the largest variant (`OnDisk`) keeps the niche
+/// that tells the variants apart, so `PayloadRef` stays 32 bytes (checked
+/// below) and the entry does not grow.
+pub const SMALL_BYTES: usize = 26;
+
 /// Where a task's variable-length bytes (key and payload) live. One
 /// component ([`PayloadStore`]) decides. Keys stay in memory in every
 /// variant: the index compares them.
 #[derive(Debug, Clone)]
 pub enum PayloadRef {
+    /// Key and payload in the entry itself, when together they take at
+    /// most [`SMALL_BYTES`] bytes (a typical key with an empty or tiny
+    /// payload): no allocation to make on schedule or free on cancel, and
+    /// no allocator chunk (32 bytes and more) per task.
+    Small {
+        /// Bytes used of `bytes`: the key, then the payload.
+        len: u8,
+        /// Length of the key prefix.
+        key_len: u8,
+        /// Key bytes followed by payload bytes, then unused zeros.
+        bytes: [u8; SMALL_BYTES],
+    },
     /// Key and payload in memory, in one allocation: the key's `key_len`
     /// bytes, then the payload. One allocation per task instead of two halves
     /// the allocator work on schedule and cancel, and a key comparison warms
@@ -69,6 +88,7 @@ impl PayloadRef {
     /// The task's key (always in memory).
     pub fn key(&self) -> &[u8] {
         match self {
+            PayloadRef::Small { bytes, key_len, .. } => &bytes[..usize::from(*key_len)],
             PayloadRef::Inline { bytes, key_len } => &bytes[..*key_len as usize],
             PayloadRef::OnDisk { key, .. } => key,
         }
@@ -98,10 +118,27 @@ impl PayloadRef {
     /// Where the payload is on disk, if it is not in memory.
     pub fn on_disk(&self) -> Option<(u32, u64)> {
         match self {
-            PayloadRef::Inline { .. } => None,
+            PayloadRef::Small { .. } | PayloadRef::Inline { .. } => None,
             PayloadRef::OnDisk { file, offset, .. } => Some((*file, *offset)),
         }
     }
+}
+
+/// `key` and `payload` in a [`PayloadRef::Small`], if they fit.
+fn small(key: &[u8], payload: &[u8]) -> Option<PayloadRef> {
+    let len = key.len() + payload.len();
+    if len > SMALL_BYTES {
+        return None;
+    }
+    let mut bytes = [0u8; SMALL_BYTES];
+    bytes[..key.len()].copy_from_slice(key);
+    bytes[key.len()..len].copy_from_slice(payload);
+    Some(PayloadRef::Small {
+        // Both at most SMALL_BYTES (checked above).
+        len: len as u8,
+        key_len: key.len() as u8,
+        bytes,
+    })
 }
 
 /// Decides where payload bytes live and reads them back.
@@ -118,6 +155,9 @@ impl PayloadStore {
     /// (`key_bytes_max`) long before they get here.
     pub fn put(&mut self, key: &[u8], payload: &[u8]) -> PayloadRef {
         self.bytes_in_memory += payload.len();
+        if let Some(small) = small(key, payload) {
+            return small;
+        }
         let key_len = u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
         let mut bytes = Vec::with_capacity(key.len() + payload.len());
         bytes.extend_from_slice(key);
@@ -129,9 +169,13 @@ impl PayloadStore {
     }
 
     /// [`PayloadStore::put`] taking the key's allocation: with an empty
-    /// payload it becomes the task's bytes as it is (recovery hands over
-    /// millions of keys it has just read).
+    /// payload it becomes the task's bytes as it is, even when it would fit
+    /// in a [`PayloadRef::Small`] (recovery hands over millions of keys it
+    /// has just read).
     pub fn put_owned(&mut self, key: Box<[u8]>, payload: &[u8]) -> PayloadRef {
+        // A small key keeps its allocation too: freeing millions of them in
+        // due order costs recovery more (glibc consolidating its fast bins)
+        // than their chunks cost in memory.
         if !payload.is_empty() {
             return self.put(&key, payload);
         }
@@ -180,7 +224,18 @@ impl PayloadStore {
     /// The payload if it is in memory (`None`: on disk, see
     /// [`PayloadRef::on_disk`]).
     pub fn get<'a>(&self, at: &'a PayloadRef) -> Option<&'a [u8]> {
+        Self::in_memory(at)
+    }
+
+    /// [`PayloadStore::get`] without a store at hand.
+    pub fn in_memory(at: &PayloadRef) -> Option<&[u8]> {
         match at {
+            PayloadRef::Small {
+                bytes,
+                len,
+                key_len,
+                ..
+            } => Some(&bytes[usize::from(*key_len)..usize::from(*len)]),
             PayloadRef::Inline { bytes, key_len } => Some(&bytes[*key_len as usize..]),
             PayloadRef::OnDisk { .. } => None,
         }
@@ -190,6 +245,9 @@ impl PayloadStore {
     /// entry just stops counting as live).
     pub fn release(&mut self, at: PayloadRef) {
         match &at {
+            PayloadRef::Small { len, key_len, .. } => {
+                self.bytes_in_memory -= usize::from(*len - *key_len);
+            }
             PayloadRef::Inline { bytes, key_len } => {
                 self.bytes_in_memory -= bytes.len() - *key_len as usize;
             }
@@ -240,6 +298,7 @@ pub(crate) struct Task {
 
 // Kept small: a lookup touches one or two cache lines of the slab. The slab
 // slot (task or free-list link) is the entry's real size.
+const _: () = assert!(std::mem::size_of::<PayloadRef>() <= 32);
 const _: () = assert!(std::mem::size_of::<Task>() <= 72);
 const _: () = assert!(std::mem::size_of::<Slot>() <= 72);
 
@@ -387,6 +446,43 @@ mod tests {
         assert!(s.get_checked(c, TaskId(1)).is_none());
         assert_eq!(s.get_checked(c, TaskId(3)).map(|t| t.id), Some(TaskId(3)));
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn small_bytes_live_in_the_entry_and_larger_ones_in_an_allocation() {
+        let mut p = PayloadStore::default();
+        let key = [b'k'; 20];
+        for payload_len in [0, 10, 11, 100] {
+            let payload = vec![b'p'; payload_len];
+            let r = p.put(&key, &payload);
+            let small = key.len() + payload_len <= SMALL_BYTES;
+            assert_eq!(
+                matches!(r, PayloadRef::Small { .. }),
+                small,
+                "{payload_len}"
+            );
+            assert_eq!(r.key(), key);
+            assert_eq!(p.get(&r), Some(&payload[..]));
+            assert_eq!(PayloadStore::in_memory(&r), Some(&payload[..]));
+            assert_eq!(r.on_disk(), None);
+            assert_eq!(p.bytes_in_memory(), payload_len);
+            p.release(r);
+            assert_eq!(p.bytes_in_memory(), 0);
+            let owned = p.put_owned(key.as_slice().into(), &payload);
+            assert_eq!(
+                matches!(owned, PayloadRef::Inline { .. }),
+                payload_len == 0 || !small
+            );
+            assert_eq!(owned.key(), key);
+            assert_eq!(p.get(&owned), Some(&payload[..]));
+            p.release(owned);
+            assert_eq!(p.bytes_in_memory(), 0);
+        }
+        // A key alone longer than the entry holds takes an allocation.
+        let long = [b'k'; SMALL_BYTES + 1];
+        let r = p.put(&long, b"");
+        assert!(matches!(r, PayloadRef::Inline { .. }));
+        assert_eq!(r.key(), long);
     }
 
     #[test]

@@ -47,12 +47,7 @@ impl Shared {
     }
 
     fn core_payload_in_memory(&self, task: &Task) -> Option<Box<[u8]>> {
-        match &task.bytes {
-            crate::task::PayloadRef::Inline { bytes, key_len } => {
-                Some(bytes[*key_len as usize..].into())
-            }
-            crate::task::PayloadRef::OnDisk { .. } => None,
-        }
+        crate::task::PayloadStore::in_memory(&task.bytes).map(Box::from)
     }
 
     /// Brings the payload of the task in `slot` into memory if it is on
