@@ -54,55 +54,56 @@ impl TaskIndex {
             .insert_unique(table_hash(tag), Entry { slot, tag }, |e| table_hash(e.tag));
     }
 
-    /// Adds `slot` under `tag` unless an entry with `tag` for which
-    /// `is_key(slot)` holds is there: false then, and nothing changes. One
-    /// probe for the check and the insert.
-    pub fn insert_new(&mut self, tag: u32, slot: u32, mut is_key: impl FnMut(u32) -> bool) -> bool {
-        match self.table.entry(
-            table_hash(tag),
-            |e| e.tag == tag && is_key(e.slot),
-            |e| table_hash(e.tag),
-        ) {
-            hashbrown::hash_table::Entry::Occupied(_) => false,
-            hashbrown::hash_table::Entry::Vacant(v) => {
-                v.insert(Entry { slot, tag });
-                true
-            }
+    /// An empty index with this one's hasher (tags computed by either
+    /// match), to be filled on another thread and swapped in.
+    pub fn empty_like(&self) -> TaskIndex {
+        TaskIndex {
+            table: HashTable::new(),
+            hasher: self.hasher.clone(),
         }
     }
 
-    /// Adds every `(tag, slot)` of `entries` (reordering the slice), each
-    /// checked as [`TaskIndex::insert_new`] does: `Err(slot)` names the
-    /// first slot whose key `is_key` finds already present (the entries
-    /// before it were added).
+    /// [`TaskIndex::tag`] as a function another thread can call.
+    pub fn tagger(&self) -> impl Fn(&[u8]) -> u32 + Sync + '_ {
+        move |key| self.tag(key)
+    }
+
+    /// Adds every `(tag, slot)` of `entries` (reordering the slice) without
+    /// comparing keys, which live elsewhere: returns the pairs of slots
+    /// filed under one tag, for the caller to compare (at 10 M keys, about
+    /// ten thousand pairs); if two of those keys are equal, the index is
+    /// not usable.
     ///
-    /// For recovery's millions of entries: they are added in the order of
-    /// the table position each hashes to, so the table is written front to
-    /// back rather than at random, which at 10 M entries on a 2-core VM is
-    /// the difference between a cache and TLB miss per entry (~350 ns) and
-    /// a sequential write. hashbrown probes from `hash & bucket_mask`, and a
-    /// table holding `capacity` entries has the power of two of buckets
-    /// just above `capacity × 8 / 7`; a wrong guess of that costs speed
-    /// only, never correctness.
+    /// For recovery's millions of entries, on a thread of their own: they
+    /// are added in the order of the table position each hashes to, so the
+    /// table is written front to back rather than at random, which at 10 M
+    /// entries on a 2-core VM is the difference between a cache and TLB
+    /// miss per entry (~350 ns) and a sequential write. hashbrown probes
+    /// from `hash & bucket_mask`, and a table holding `capacity` entries has
+    /// the power of two of buckets just above `capacity × 8 / 7`; a wrong
+    /// guess of that costs speed only, never correctness.
     ///
     /// Cost: O(n log n) for the sort, then O(1) expected per entry.
-    pub fn insert_batch_new(
-        &mut self,
-        entries: &mut [(u32, u32)],
-        mut is_key: impl FnMut(u32, u32) -> bool,
-    ) -> Result<(), u32> {
+    pub fn insert_batch_unchecked(&mut self, entries: &mut [(u32, u32)]) -> Vec<(u32, u32)> {
         self.table.reserve(entries.len(), |e| table_hash(e.tag));
         let buckets = (self.table.capacity().saturating_mul(8) / 7)
             .max(1)
             .next_power_of_two() as u64;
         let mask = buckets - 1;
-        entries.sort_unstable_by_key(|&(tag, slot)| (table_hash(tag) & mask, slot));
-        for &(tag, slot) in entries.iter() {
-            if !self.insert_new(tag, slot, |other| is_key(other, slot)) {
-                return Err(slot);
+        // Equal tags hash alike, so they end up next to each other.
+        entries.sort_unstable_by_key(|&(tag, slot)| (table_hash(tag) & mask, tag, slot));
+        let mut pairs = Vec::new();
+        for (n, &(tag, slot)) in entries.iter().enumerate() {
+            for &(other_tag, other) in entries[..n].iter().rev() {
+                if other_tag != tag {
+                    break;
+                }
+                pairs.push((other, slot));
             }
+            self.table
+                .insert_unique(table_hash(tag), Entry { slot, tag }, |e| table_hash(e.tag));
         }
-        Ok(())
+        pairs
     }
 
     /// Removes the entry of `slot` (filed under `tag`); false if absent.
@@ -187,29 +188,27 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_matches_single_inserts_and_stops_at_a_duplicate() {
-        let keys: Vec<Vec<u8>> = (0..5_000u32)
-            .map(|i| format!("key-{}", i % 4_999).into_bytes())
+    fn an_unchecked_batch_names_every_pair_under_one_tag() {
+        let mut index = TaskIndex::default();
+        // Slots 0..6 under tags 5, 9, 5, 7, 5, 9.
+        let mut batch: Vec<(u32, u32)> = [5, 9, 5, 7, 5, 9]
+            .iter()
+            .enumerate()
+            .map(|(slot, &tag)| (tag, slot as u32))
             .collect();
-        let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        // Few distinct tags, so equal tags meet in the sorted batch.
-        let tag = |i: usize| (i % 97) as u32;
-        let mut index = TaskIndex::default();
-        let mut batch: Vec<(u32, u32)> = (0..4_999).map(|i| (tag(i), i as u32)).collect();
-        let same = |a: u32, b: u32| keys[a as usize] == keys[b as usize];
-        assert_eq!(index.insert_batch_new(&mut batch, same), Ok(()));
-        assert_eq!(index.len(), 4_999);
-        for (i, key) in key_refs.iter().enumerate().take(4_999) {
-            assert_eq!(
-                find(&index, &key_refs, tag(i), key),
-                Some(i as u32),
-                "key {i}"
-            );
+        let mut pairs = index.insert_batch_unchecked(&mut batch);
+        pairs
+            .iter_mut()
+            .for_each(|p| *p = (p.0.min(p.1), p.0.max(p.1)));
+        pairs.sort_unstable();
+        assert_eq!(pairs, [(0, 2), (0, 4), (1, 5), (2, 4)]);
+        assert_eq!(index.len(), 6);
+        let keys: Vec<&[u8]> = vec![b"a", b"b", b"c", b"d", b"e", b"f"];
+        for (slot, tag) in [(0u32, 5u32), (1, 9), (2, 5), (3, 7), (4, 5), (5, 9)] {
+            assert_eq!(find(&index, &keys, tag, keys[slot as usize]), Some(slot));
         }
-        // Slot 4 999 holds the key of slot 0 under the same tag: refused.
-        let mut index = TaskIndex::default();
-        let mut batch: Vec<(u32, u32)> = (0..5_000).map(|i| (tag(i % 4_999), i as u32)).collect();
-        let refused = index.insert_batch_new(&mut batch, same);
-        assert!(matches!(refused, Err(0) | Err(4_999)), "{refused:?}");
+        let other = index.empty_like();
+        assert_eq!(other.tag(b"k"), index.tag(b"k"));
+        assert_eq!((index.tagger())(b"k"), index.tag(b"k"));
     }
 }

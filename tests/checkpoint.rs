@@ -655,3 +655,42 @@ fn a_checkpoint_seen_at_open_is_made_durable_before_it_trims_the_log() -> TestRe
     assert_eq!(fired, model);
     Ok(())
 }
+
+/// Tasks in flight at a crash with their attempts used up become dead letters at the open and
+/// take no slot: the index the open builds on another thread, with the slots planned ahead,
+/// must still find every other task (a duplicate refused, a cancel answered).
+#[test]
+fn tasks_dead_lettered_at_open_take_no_slot_in_the_index() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.retry.max_attempts = 1;
+    let mut h = SimHarness::new(5, c)?;
+    let due = |s: u64| Due::At(UNIX_EPOCH + Duration::from_millis(START_MS + s * 1_000));
+    for i in 0..6 {
+        h.engine().schedule(&key(i), due(1), b"x")?; // delivered, never acked: dead at open
+    }
+    for i in 6..12 {
+        h.engine().schedule(&key(i), due(100), b"y")?;
+    }
+    let got = h.advance(2 * SECOND)?;
+    assert_eq!(got.len(), 6);
+    h.engine().checkpoint()?;
+    h.stop(Stop::ProcessCrash)?;
+    h.start()?;
+    assert_eq!(h.engine().stats().dead_letters, 6);
+    assert_eq!(h.engine().stats().pending, 6);
+    for i in 6..12 {
+        assert!(
+            h.engine().schedule(&key(i), due(200), b"dup").is_err(),
+            "duplicate of live key {i} accepted"
+        );
+    }
+    for i in (6..12).rev() {
+        assert_eq!(
+            h.engine().cancel(&key(i))?,
+            CancelOutcome::Cancelled { deliveries: 0 },
+            "key {i}"
+        );
+    }
+    assert_eq!(h.engine().stats().pending, 0);
+    Ok(())
+}

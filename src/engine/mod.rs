@@ -331,6 +331,71 @@ fn prefetch<T>(value: &T) {
     let _ = value;
 }
 
+/// A task's handle in recovery's load: due time, id, its index in the
+/// tasks read, and its key's tag.
+type Handle = (u64, u64, u32, u32);
+
+/// The handles of `tasks` sorted oldest first (equal due times in id
+/// order), and the indices (ascending) of those `dies` is true for. Each
+/// key's tag is computed here, in the order the keys were read (and
+/// allocated), rather than in due order, when each key would be a cache
+/// miss. Sorting 24-byte handles rather than the tasks themselves; each
+/// half on a thread of its own, then merged.
+fn sorted_handles(
+    tasks: &[Option<(u64, LiveTask)>],
+    index: &TaskIndex,
+    dies: impl Fn(&LiveTask) -> bool + Sync,
+) -> (Vec<Handle>, Vec<u32>) {
+    let tag = index.tagger();
+    let build = |from: usize, part: &[Option<(u64, LiveTask)>]| {
+        let mut handles: Vec<Handle> = Vec::with_capacity(part.len());
+        let mut dying = Vec::new();
+        for (i, t) in part.iter().enumerate() {
+            let Some((id, t)) = t else {
+                continue;
+            };
+            // Fits: the caller checked there are fewer than 2^32 tasks.
+            let i = (from + i) as u32;
+            handles.push((t.due_ms, *id, i, tag(&t.key)));
+            if dies(t) {
+                dying.push(i);
+            }
+        }
+        handles.sort_unstable_by_key(|&(due_ms, id, _, _)| (due_ms, id));
+        (handles, dying)
+    };
+    let mid = tasks.len() / 2;
+    let (first, second) = tasks.split_at(mid);
+    let ((a, mut dying), (b, dying_b)) = std::thread::scope(|s| {
+        let other = std::thread::Builder::new()
+            .name("kairos-open-sort".into())
+            .spawn_scoped(s, || build(mid, second));
+        let a = build(0, first);
+        let b = match other {
+            Ok(h) => h
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => build(mid, second),
+        };
+        (a, b)
+    });
+    dying.extend(dying_b);
+    // Merge the two sorted halves.
+    let mut order = Vec::with_capacity(a.len() + b.len());
+    let (mut x, mut y) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let take_a = match (x.peek(), y.peek()) {
+            (Some(p), Some(q)) => (p.0, p.1) <= (q.0, q.1),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        let next = if take_a { x.next() } else { y.next() };
+        order.extend(next);
+    }
+    (order, dying)
+}
+
 /// State shared by the engine handle, the driver thread and consumers.
 pub(crate) struct Shared {
     config: Config,
@@ -1279,21 +1344,14 @@ impl Shared {
             ));
         }
         let mut core = self.core.lock();
-        // Oldest first; equal due times in scheduling (id) order. Sorting
-        // 24-byte handles rather than the tasks themselves, each with its
-        // key's tag: computed here, in the order the keys were read (and
-        // allocated), rather than in due order, when each key would be a
-        // cache miss.
-        let mut order: Vec<(u64, u64, u32, u32)> = tasks
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| {
-                let (id, t) = t.as_ref()?;
-                // `i` fits: the length was checked above.
-                Some((t.due_ms, *id, i as u32, core.key_tag(&t.key)))
-            })
-            .collect();
-        order.sort_unstable_by_key(|&(due_ms, id, _, _)| (due_ms, id));
+        // Tasks in flight with their attempts used up become dead letters
+        // below, and take no slot.
+        let dies = |t: &LiveTask| {
+            t.in_flight
+                && !matches!(self.config.delivery, DeliveryGuarantee::AtMostOnce)
+                && t.deliveries >= self.config.retry.max_attempts
+        };
+        let (order, dying) = sorted_handles(&tasks, &core.index, dies);
         let mut recovery = Recovery {
             wal,
             ..Recovery::default()
@@ -1316,9 +1374,27 @@ impl Shared {
         }
         core.tasks.reserve(order.len());
         core.wheel.reserve(order.len());
-        // (key tag, slot) of every task, filed in the index after the loop,
-        // all at once (`TaskIndex::insert_batch_new`).
+        // The slab is empty: the tasks that do not die take slots 0, 1, 2…
+        // in due order. Knowing that, a second thread builds the index
+        // while this one fills the slab and the wheel.
+        let first_slot = core.tasks.vacant_slot();
+        let planned = first_slot == Some(0) && core.tasks.len() == 0;
         let mut filed: Vec<(u32, u32)> = Vec::with_capacity(order.len());
+        for &(_, _, i, key_tag) in &order {
+            if dying.is_empty() || dying.binary_search(&i).is_err() {
+                // Fits: fewer than 2^32 tasks (checked above).
+                filed.push((key_tag, filed.len() as u32));
+            }
+        }
+        let mut index = core.index.empty_like();
+        let indexing = std::thread::Builder::new()
+            .name("kairos-open-index".into())
+            .spawn(move || {
+                let pairs = index.insert_batch_unchecked(&mut filed);
+                (index, pairs)
+            });
+        let mut next_slot = 0u32;
+        let mut slots_as_planned = planned;
         for (k, &(_, _, i, key_tag)) in order.iter().enumerate() {
             // Tasks are taken in due order from places in checkpoint order:
             // one random read each, started a few tasks ahead.
@@ -1380,6 +1456,7 @@ impl Shared {
             }
             let due_tick = self.due_tick(t.due_ms, now);
             let Some(slot) = core.tasks.vacant_slot() else {
+                slots_as_planned = false;
                 break;
             };
             let placed = if t.in_flight {
@@ -1404,9 +1481,11 @@ impl Shared {
                 timer: placed.ok(),
             };
             let Some(slot) = core.tasks.insert(task) else {
+                slots_as_planned = false;
                 break;
             };
-            filed.push((key_tag, slot));
+            slots_as_planned &= slot == next_slot;
+            next_slot = next_slot.wrapping_add(1);
             if placed.is_err() {
                 if !t.in_flight {
                     recovery.overdue += 1;
@@ -1414,24 +1493,40 @@ impl Shared {
                 core.backlog.push_back((slot, id));
             }
         }
-        let c = &mut *core;
-        let tasks = &c.tasks;
-        let same_key = |a: u32, b: u32| {
-            tasks
-                .get(a)
-                .zip(tasks.get(b))
-                .is_some_and(|(a, b)| a.key() == b.key())
+        let built = match indexing.map(|h| h.join()) {
+            Ok(Ok(built)) if slots_as_planned => Some(built),
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            // No thread (or, which does not happen, slots not as planned):
+            // the index is built here, from the slab.
+            _ => None,
         };
-        if let Err(slot) = c.index.insert_batch_new(&mut filed, same_key) {
+        let c = &mut *core;
+        let (index, pairs) = match built {
+            Some(built) => built,
+            None => {
+                let mut filed: Vec<(u32, u32)> = c
+                    .tasks
+                    .iter_slots()
+                    .map(|(slot, t)| (t.key_tag, slot))
+                    .collect();
+                let mut index = c.index.empty_like();
+                let pairs = index.insert_batch_unchecked(&mut filed);
+                (index, pairs)
+            }
+        };
+        c.index = index;
+        let tasks = &c.tasks;
+        let key_of = |slot: u32| tasks.get(slot).map(Task::key);
+        if let Some(&(a, _)) = pairs
+            .iter()
+            .find(|&&(a, b)| key_of(a).is_some() && key_of(a) == key_of(b))
+        {
             // The engine is discarded: what was placed does not matter.
             return Err(format!(
                 "two live tasks have key {:?}",
-                tasks
-                    .get(slot)
-                    .map_or_else(String::new, |t| String::from_utf8_lossy(t.key()).into())
+                key_of(a).map_or_else(String::new, |k| String::from_utf8_lossy(k).into())
             ));
         }
-        drop(filed);
         core.far = far_index;
         core.far_cursors = far_cursors;
         self.far_tasks
