@@ -69,10 +69,12 @@ impl TaskIndex {
     }
 
     /// Adds every `(tag, slot)` of `entries` (reordering the slice) without
-    /// comparing keys, which live elsewhere: returns the pairs of slots
-    /// filed under one tag, for the caller to compare (at 10 M keys, about
-    /// ten thousand pairs); if two of those keys are equal, the index is
-    /// not usable.
+    /// comparing keys, which live elsewhere: returns, for each run of slots
+    /// filed under one tag, `(first slot of the run, other slot)` for every
+    /// other slot of it, runs one after the other, for the caller to compare
+    /// the keys within each run (at 10 M keys, about ten thousand pairs;
+    /// linear in the entries however long a run is). If two keys of a run
+    /// are equal, the index is not usable.
     ///
     /// For recovery's millions of entries, on a thread of their own: they
     /// are added in the order of the table position each hashes to, so the
@@ -92,13 +94,16 @@ impl TaskIndex {
         let mask = buckets - 1;
         // Equal tags hash alike, so they end up next to each other.
         entries.sort_unstable_by_key(|&(tag, slot)| (table_hash(tag) & mask, tag, slot));
+        // Each slot after the first of a run under one tag, paired with the
+        // run's first slot: linear in the entries, however long a run is.
         let mut pairs = Vec::new();
+        let mut run_start = 0;
         for (n, &(tag, slot)) in entries.iter().enumerate() {
-            for &(other_tag, other) in entries[..n].iter().rev() {
-                if other_tag != tag {
-                    break;
-                }
-                pairs.push((other, slot));
+            if entries[run_start].0 != tag {
+                run_start = n;
+            }
+            if run_start < n {
+                pairs.push((entries[run_start].1, slot));
             }
             self.table
                 .insert_unique(table_hash(tag), Entry { slot, tag }, |e| table_hash(e.tag));
@@ -201,7 +206,7 @@ mod tests {
             .iter_mut()
             .for_each(|p| *p = (p.0.min(p.1), p.0.max(p.1)));
         pairs.sort_unstable();
-        assert_eq!(pairs, [(0, 2), (0, 4), (1, 5), (2, 4)]);
+        assert_eq!(pairs, [(0, 2), (0, 4), (1, 5)]);
         assert_eq!(index.len(), 6);
         let keys: Vec<&[u8]> = vec![b"a", b"b", b"c", b"d", b"e", b"f"];
         for (slot, tag) in [(0u32, 5u32), (1, 9), (2, 5), (3, 7), (4, 5), (5, 9)] {
@@ -210,5 +215,20 @@ mod tests {
         let other = index.empty_like();
         assert_eq!(other.tag(b"k"), index.tag(b"k"));
         assert_eq!((index.tagger())(b"k"), index.tag(b"k"));
+    }
+
+    /// One key listed n times (a damaged checkpoint, or a log replayed with the key rule off)
+    /// must not cost O(n²) memory before the duplicate is reported.
+    #[test]
+    fn pairs_under_one_tag_stay_linear() {
+        let n = 4_000u32;
+        let mut index = TaskIndex::default();
+        let mut batch: Vec<(u32, u32)> = (0..n).map(|slot| (7, slot)).collect();
+        let pairs = index.insert_batch_unchecked(&mut batch);
+        assert!(
+            pairs.len() <= 2 * n as usize,
+            "{} pairs for {n} entries under one tag",
+            pairs.len()
+        );
     }
 }

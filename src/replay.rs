@@ -201,14 +201,16 @@ impl Replay {
     /// The tasks are kept in the order given, and the two tables the rules
     /// need are built only when a record needs them: id → task at the first
     /// record naming a task, live keys at the first schedule (or far task
-    /// read back). Until then a replay costs one move per task, so reopening
-    /// right after a checkpoint builds no table here at all; the engine's
-    /// own index then checks that no key is live twice.
+    /// read back), unless the key rule is off ([`Replay::without_key_rule`],
+    /// as the engine's open has it: its own index checks that no key is live
+    /// twice). Until then a replay costs one move per task, so reopening
+    /// right after a checkpoint builds no table here at all.
     ///
     /// # Errors
     /// An id above `max_id` (a checkpoint the engine did not write). Two
     /// tasks with one id, or two with one key, are refused by the record
-    /// that builds the table that shows it (see above).
+    /// that builds the table that shows it (see above), or by
+    /// [`Replay::build_tables`].
     pub fn from_checkpoint(
         max_id: u64,
         tasks: Vec<(u64, LiveTask)>,
@@ -548,7 +550,8 @@ impl Replay {
     /// except that a far task may have become an ordinary one.
     ///
     /// Rules (`wal/FORMAT.md`, "Replay rules"): a schedule's id exceeds every
-    /// earlier id and its key is not live; a cancel names a live task (it is
+    /// earlier id and its key is not live (unless the key rule is off:
+    /// [`Replay::without_key_rule`]); a cancel names a live task (it is
     /// finished, in flight or not); a deliver names a live task not in
     /// flight; an ack, retry, dead or release names a live task in flight; a
     /// reschedule names a live task not in flight; a purge names a dead

@@ -1311,8 +1311,9 @@ impl Shared {
     /// ack is logged before a consumer gets a task).
     ///
     /// # Errors
-    /// Two live tasks with one key (the replay leaves that check of a
-    /// checkpoint's tasks to this index, built anyway): the reason.
+    /// Two live tasks with one key, far tasks aside (the engine replays
+    /// without the key rule, `Replay::without_key_rule`, and this index,
+    /// built anyway, checks it once): the reason.
     fn load_replayed(&self, replay: Replay, wal: RecoveryReport) -> Result<Recovery, String> {
         let now = self.now();
         let now_ms = wall_ms(now);
@@ -1415,6 +1416,8 @@ impl Shared {
                         deliveries = deliveries.saturating_sub(1);
                     }
                     _ if deliveries >= self.config.retry.max_attempts => {
+                        // The slots were planned with these taking none.
+                        slots_as_planned &= !dying.is_empty() && dying.binary_search(&i).is_ok();
                         let error = LOST_LEASE_ERROR.as_bytes();
                         let payload = match t.payload_at {
                             None => t.payload,
@@ -1484,7 +1487,8 @@ impl Shared {
                 slots_as_planned = false;
                 break;
             };
-            slots_as_planned &= slot == next_slot;
+            // A task the plan had dying takes a slot: every later slot moves.
+            slots_as_planned &= slot == next_slot && dying.binary_search(&i).is_err();
             next_slot = next_slot.wrapping_add(1);
             if placed.is_err() {
                 if !t.in_flight {
@@ -1517,10 +1521,25 @@ impl Shared {
         c.index = index;
         let tasks = &c.tasks;
         let key_of = |slot: u32| tasks.get(slot).map(Task::key);
-        if let Some(&(a, _)) = pairs
-            .iter()
-            .find(|&&(a, b)| key_of(a).is_some() && key_of(a) == key_of(b))
-        {
+        // `pairs` holds (first slot of a run under one tag, other slot of
+        // that run), runs one after the other: compare keys within each run.
+        let mut twice = None;
+        let mut seen: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+        let mut run = None;
+        for &(a, b) in &pairs {
+            if run != Some(a) {
+                run = Some(a);
+                seen.clear();
+                seen.extend(key_of(a));
+            }
+            if let Some(k) = key_of(b) {
+                if !seen.insert(k) {
+                    twice = Some(b);
+                    break;
+                }
+            }
+        }
+        if let Some(a) = twice {
             // The engine is discarded: what was placed does not matter.
             return Err(format!(
                 "two live tasks have key {:?}",
@@ -1564,7 +1583,8 @@ impl Shared {
 
     /// Schedules one task: [`Shared::schedule_batch`] without the batch's
     /// bookkeeping (duplicate check, per-task vectors), so an in-memory
-    /// schedule makes one allocation: the task's key and payload.
+    /// schedule makes at most one allocation: the task's key and payload,
+    /// when together they take more than `SMALL_BYTES` (26).
     fn schedule_one(&self, t: &NewTask<'_>) -> Result<TaskId, ScheduleError> {
         let now = self.now();
         let (due_ms, due_tick) = self.prepare(t, now)?;
