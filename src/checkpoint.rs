@@ -743,11 +743,13 @@ enum SeenIds {
 }
 
 impl SeenIds {
-    /// A bitmap when it takes at most as many bytes as the file (or 1 MiB):
-    /// a file cannot make the reader allocate more than it is long.
+    /// A bitmap when it takes at most as many bytes as the file: a file
+    /// cannot make the reader allocate more than it is long (a 365-byte
+    /// input once allocated a 512 KiB bitmap, when small files were allowed
+    /// 1 MiB).
     fn new(max_task_id: u64, file_bytes: u64) -> SeenIds {
         let words = max_task_id / 64 + 1;
-        if words.saturating_mul(8) <= file_bytes.max(1 << 20) {
+        if words.saturating_mul(8) <= file_bytes {
             SeenIds::Bitmap(vec![0; words as usize])
         } else {
             SeenIds::Listed(Vec::new())
@@ -1369,6 +1371,15 @@ mod tests {
             assert!(
                 matches!(SeenIds::new(max_task_id, 200), SeenIds::Bitmap(_)) == (max_task_id == 9)
             );
+            // Never larger than the file.
+            assert!(matches!(
+                SeenIds::new(64 * 100 - 1, 800),
+                SeenIds::Bitmap(_)
+            ));
+            assert!(matches!(
+                SeenIds::new(64 * 100 - 1, 799),
+                SeenIds::Listed(_)
+            ));
             let mut enc = CheckpointEncoder::new(&h);
             enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
             enc.push_task(5, 100, 0, false, b"k5", PayloadAt::Inline(b""));

@@ -370,6 +370,18 @@ fn regression_engine_model_far_task_after_a_wall_step() {
     regression("engine_model", name, &input, fuzzing::engine_model);
 }
 
+/// `checkpoint_file` (CI's bounded run, session 5) found that the checkpoint reader's id
+/// bitmap (`SeenIds`) took up to 1 MiB for any file: a 365-byte input with a large
+/// `max_task_id` allocated 512 KiB, over the bound of twice the input. The bitmap is now
+/// never larger than the file (beyond that the ids are sorted, as before).
+#[test]
+fn regression_checkpoint_file_id_bitmap_beyond_the_file() {
+    let name = "regression-id-bitmap-beyond-the-file";
+    let path = fuzz_dir().join("corpus").join("checkpoint_file").join(name);
+    let input = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    regression("checkpoint_file", name, &input, fuzzing::checkpoint_file);
+}
+
 /// `wal_segment` found that `scan` (and so `kairos verify`) accepted a log whose newest
 /// segment is sealed with seq u64::MAX while `Wal::open` refused it: open must roll past
 /// it and cannot. Fixed in `wal/src/recovery.rs` (the shared analysis refuses it, so scan
