@@ -347,9 +347,19 @@ fn a_checkpoint_whose_log_records_are_gone_is_refused() -> TestResult {
     Ok(())
 }
 
-/// Rewrites checkpoint `lsn` of `h` with two live tasks (ids 1 and 2) of one key, `twice`.
-fn rewrite_with_a_key_twice(h: &SimHarness, lsn: u64) -> TestResult<std::path::PathBuf> {
-    rewrite_with_one_key(h, lsn, 2)
+/// Checks that opening `h` fails naming checkpoint `path`, whose key `twice` is live twice.
+fn refused_for_key_twice(h: &SimHarness, path: &Path) -> TestResult {
+    match h.open() {
+        Err(OpenError::CheckpointMismatch { path: p, reason }) => {
+            assert_eq!(p, path);
+            assert!(
+                reason.contains("two live tasks have key \"twice\""),
+                "{reason}"
+            );
+            Ok(())
+        }
+        other => Err(format!("expected a mismatch, got {other:?}").into()),
+    }
 }
 
 /// Rewrites checkpoint `lsn` of `h` with `copies` live tasks (ids from 1) of one key, `twice`.
@@ -386,17 +396,8 @@ fn a_checkpoint_holding_a_key_twice_is_refused_at_open() -> TestResult {
             h.engine().schedule(b"later", due, b"")?;
         }
         h.stop(Stop::ProcessCrash)?;
-        let path = rewrite_with_a_key_twice(&h, report.lsn)?;
-        match h.open() {
-            Err(OpenError::CheckpointMismatch { path: p, reason }) => {
-                assert_eq!(p, path);
-                assert!(
-                    reason.contains("two live tasks have key \"twice\""),
-                    "{reason}"
-                );
-            }
-            other => return Err(format!("expected a mismatch, got {other:?}").into()),
-        }
+        let path = rewrite_with_one_key(&h, report.lsn, 2)?;
+        refused_for_key_twice(&h, &path)?;
     }
     Ok(())
 }
@@ -410,14 +411,7 @@ fn a_checkpoint_holding_one_key_many_times_is_refused() -> TestResult {
     let report = h.engine().checkpoint()?;
     h.stop(Stop::ProcessCrash)?;
     let path = rewrite_with_one_key(&h, report.lsn, 20_000)?;
-    match h.open() {
-        Err(OpenError::CheckpointMismatch { path: p, reason }) => {
-            assert_eq!(p, path);
-            assert!(reason.contains("two live tasks have key"), "{reason}");
-        }
-        other => return Err(format!("expected a mismatch, got {other:?}").into()),
-    }
-    Ok(())
+    refused_for_key_twice(&h, &path)
 }
 
 /// The documented edge of that check (wal/FORMAT.md, "Replay rules"): when a record after the
@@ -434,7 +428,7 @@ fn a_checkpoint_key_twice_that_a_later_cancel_resolves_opens() -> TestResult {
         CancelOutcome::Cancelled { deliveries: 0 }
     );
     h.stop(Stop::ProcessCrash)?;
-    rewrite_with_a_key_twice(&h, report.lsn)?;
+    rewrite_with_one_key(&h, report.lsn, 2)?;
     let engine = h.open()?;
     assert_eq!(engine.stats().pending, 1);
     assert!(matches!(
