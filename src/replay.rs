@@ -92,11 +92,124 @@ impl BaseIndex {
     }
 }
 
+/// Key bytes kept in the value itself up to this many (one allocator chunk
+/// of 32 bytes or more saved per task: recovery reads millions of keys).
+pub const TASK_KEY_INLINE_BYTES: usize = 30;
+
+/// A replayed task's key: up to [`TASK_KEY_INLINE_BYTES`] bytes in the value
+/// itself (no allocation, and none to free), longer ones in a boxed slice.
+/// 32 bytes (checked below). Dereferences to the key bytes.
+///
+/// Recovery decodes one key per live task; keeping the typical short key
+/// inline makes the decoding allocation-free and lets the engine keep it in
+/// the task's entry ([`crate::task`]'s small form) without freeing millions
+/// of small allocations in due order.
+#[derive(Clone)]
+pub enum TaskKey {
+    /// At most [`TASK_KEY_INLINE_BYTES`] bytes: the first `len` of `bytes`.
+    Inline {
+        /// Bytes used.
+        len: u8,
+        /// The key, then zeros.
+        bytes: [u8; TASK_KEY_INLINE_BYTES],
+    },
+    /// A longer key.
+    Heap(Box<[u8]>),
+}
+
+const _: () = assert!(std::mem::size_of::<TaskKey>() == 32);
+
+impl TaskKey {
+    /// The key bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            TaskKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            TaskKey::Heap(b) => b,
+        }
+    }
+
+    /// The key as a boxed slice (allocates for an inline key).
+    pub fn into_boxed(self) -> Box<[u8]> {
+        match self {
+            TaskKey::Inline { .. } => self.as_bytes().into(),
+            TaskKey::Heap(b) => b,
+        }
+    }
+}
+
+impl From<&[u8]> for TaskKey {
+    fn from(key: &[u8]) -> Self {
+        if key.len() <= TASK_KEY_INLINE_BYTES {
+            let mut bytes = [0u8; TASK_KEY_INLINE_BYTES];
+            bytes[..key.len()].copy_from_slice(key);
+            // At most TASK_KEY_INLINE_BYTES (checked above).
+            TaskKey::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            TaskKey::Heap(key.into())
+        }
+    }
+}
+
+impl From<Box<[u8]>> for TaskKey {
+    /// Keeps a long key's allocation; a short one moves inline.
+    fn from(key: Box<[u8]>) -> Self {
+        if key.len() <= TASK_KEY_INLINE_BYTES {
+            TaskKey::from(&*key)
+        } else {
+            TaskKey::Heap(key)
+        }
+    }
+}
+
+impl From<TaskKey> for Box<[u8]> {
+    fn from(key: TaskKey) -> Self {
+        key.into_boxed()
+    }
+}
+
+impl std::ops::Deref for TaskKey {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl AsRef<[u8]> for TaskKey {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl PartialEq for TaskKey {
+    /// Equal when the key bytes are (however they are held).
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for TaskKey {}
+
+impl std::hash::Hash for TaskKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl std::fmt::Debug for TaskKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_bytes().fmt(f)
+    }
+}
+
 /// A task that is live after the records replayed so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveTask {
-    /// Its key.
-    pub key: Box<[u8]>,
+    /// Its key (short keys inline: see [`TaskKey`]).
+    pub key: TaskKey,
     /// Its payload (empty when the replay keeps no payloads, or when it is
     /// in an overflow file: see `payload_at`).
     pub payload: Box<[u8]>,
@@ -525,7 +638,7 @@ impl Replay {
         self.tasks.insert(
             id,
             LiveTask {
-                key,
+                key: key.into(),
                 payload: Box::default(),
                 payload_at: Some((t.file, t.offset)),
                 due_ms,
@@ -634,7 +747,7 @@ impl Replay {
                     self.dead.insert(
                         id.0,
                         DeadTask {
-                            key: t.key,
+                            key: t.key.into(),
                             payload: t.payload,
                             due_ms: t.due_ms,
                             deliveries: t.deliveries,
@@ -913,6 +1026,42 @@ mod tests {
         let (tasks, _) = r.into_parts();
         assert_eq!(tasks.len(), 1);
         assert!(tasks[0].1.payload.is_empty());
+    }
+
+    #[test]
+    fn task_keys_up_to_the_inline_size_take_no_allocation() {
+        for len in [
+            0,
+            1,
+            24,
+            TASK_KEY_INLINE_BYTES,
+            TASK_KEY_INLINE_BYTES + 1,
+            300,
+        ] {
+            let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let inline = len <= TASK_KEY_INLINE_BYTES;
+            let from_slice = TaskKey::from(&bytes[..]);
+            let boxed: Box<[u8]> = bytes.clone().into();
+            let heap_ptr = boxed.as_ptr();
+            let from_box = TaskKey::from(boxed);
+            for k in [&from_slice, &from_box] {
+                assert_eq!(matches!(k, TaskKey::Inline { .. }), inline, "{len}");
+                assert_eq!(k.as_bytes(), &bytes[..]);
+                assert_eq!(&**k, &bytes[..]);
+                assert_eq!(k.as_ref(), &bytes[..]);
+                assert_eq!(format!("{k:?}"), format!("{:?}", &bytes[..]));
+            }
+            // Equal by bytes, however held.
+            assert_eq!(from_slice, from_box);
+            assert_eq!(from_slice, TaskKey::Heap(bytes.clone().into()));
+            assert_ne!(from_slice, TaskKey::from(&b"other"[..]));
+            // A long key keeps the allocation it came in.
+            if !inline {
+                assert_eq!(from_box.as_ptr(), heap_ptr);
+            }
+            assert_eq!(&*from_box.into_boxed(), &bytes[..]);
+            assert_eq!(&*Box::<[u8]>::from(from_slice), &bytes[..]);
+        }
     }
 
     fn live(key: &[u8], due_ms: u64) -> LiveTask {

@@ -1,6 +1,7 @@
 //! Tasks as the engine holds them: ids, the one state enum, the per-task
 //! entry, and the component that decides where payload bytes live.
 
+use crate::replay::TaskKey;
 use crate::wheel::TimerKey;
 
 /// Engine-assigned task id: unique for the life of a data directory (never
@@ -168,21 +169,21 @@ impl PayloadStore {
         }
     }
 
-    /// [`PayloadStore::put`] taking the key's allocation: with an empty
-    /// payload it becomes the task's bytes as it is, even when it would fit
-    /// in a [`PayloadRef::Small`] (recovery hands over millions of keys it
-    /// has just read).
-    pub fn put_owned(&mut self, key: Box<[u8]>, payload: &[u8]) -> PayloadRef {
-        // A small key keeps its allocation too: freeing millions of them in
-        // due order costs recovery more (glibc consolidating its fast bins)
-        // than their chunks cost in memory.
-        if !payload.is_empty() {
-            return self.put(&key, payload);
-        }
-        let key_len = u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
-        PayloadRef::Inline {
-            bytes: key,
-            key_len,
+    /// [`PayloadStore::put`] for a replayed task's key: a long key's
+    /// allocation becomes the task's bytes as it is when the payload is
+    /// empty (recovery hands over millions of keys it has just read); a
+    /// short one, held inline by [`TaskKey`], needs no allocation to free.
+    pub fn put_owned(&mut self, key: TaskKey, payload: &[u8]) -> PayloadRef {
+        match key {
+            TaskKey::Heap(key) if payload.is_empty() => {
+                let key_len =
+                    u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
+                PayloadRef::Inline {
+                    bytes: key,
+                    key_len,
+                }
+            }
+            key => self.put(&key, payload),
         }
     }
 
@@ -384,6 +385,12 @@ impl TaskSlab {
         }
     }
 
+    /// The entry at `slot`, occupied or not, without reading it (for a
+    /// prefetch: telling occupied from vacant would load it).
+    pub fn entry(&self, slot: u32) -> Option<&impl Sized> {
+        self.slots.get(slot as usize)
+    }
+
     pub fn get_mut(&mut self, slot: u32) -> Option<&mut Task> {
         match self.slots.get_mut(slot as usize) {
             Some(Slot::Occupied(t)) => Some(t),
@@ -469,15 +476,20 @@ mod tests {
             p.release(r);
             assert_eq!(p.bytes_in_memory(), 0);
             let owned = p.put_owned(key.as_slice().into(), &payload);
-            assert_eq!(
-                matches!(owned, PayloadRef::Inline { .. }),
-                payload_len == 0 || !small
-            );
+            assert_eq!(matches!(owned, PayloadRef::Small { .. }), small);
             assert_eq!(owned.key(), key);
             assert_eq!(p.get(&owned), Some(&payload[..]));
             p.release(owned);
             assert_eq!(p.bytes_in_memory(), 0);
         }
+        // A replayed key too long for the entry keeps its allocation when
+        // the payload is empty.
+        let long: Box<[u8]> = vec![b'k'; 40].into();
+        let ptr = long.as_ptr();
+        let owned = p.put_owned(TaskKey::from(long), b"");
+        assert!(matches!(&owned, PayloadRef::Inline { bytes, .. } if bytes.as_ptr() == ptr));
+        assert_eq!(owned.key(), &[b'k'; 40][..]);
+        p.release(owned);
         // A key alone longer than the entry holds takes an allocation.
         let long = [b'k'; SMALL_BYTES + 1];
         let r = p.put(&long, b"");

@@ -272,7 +272,7 @@ impl<W: Write> Dumper<W> {
             .filter(|(_, t)| *t.key == *key)
             .map(|(id, t)| StateLine {
                 id,
-                key: t.key,
+                key: t.key.into(),
                 due_ms: t.due_ms,
                 deliveries: t.deliveries,
                 state: State::Live {

@@ -444,7 +444,7 @@ fn start_from(
                         file,
                         offset,
                         task_id: *id,
-                        key: EntryKey::Key(t.key.clone()),
+                        key: EntryKey::Key(t.key.as_bytes().into()),
                     })
                 })
                 .chain(c.far.iter().map(|t| OverflowRef {

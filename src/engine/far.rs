@@ -356,7 +356,7 @@ impl Shared {
                     out.push((
                         entry.task_id,
                         LiveTask {
-                            key: entry.key,
+                            key: entry.key.into(),
                             payload: Box::default(),
                             payload_at: Some((file, offset)),
                             due_ms: entry.due_ms,

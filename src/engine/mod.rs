@@ -306,8 +306,10 @@ impl Core {
 /// task, few enough that the lines are still cached when it gets there.
 const PREFETCH_AHEAD: usize = 16;
 
-/// Asks the CPU to start loading the cache line `value` starts in. A hint:
-/// it changes nothing the program computes (a no-op off x86_64).
+/// Asks the CPU to start loading the cache lines `value` occupies (a value
+/// of up to 64 bytes spans at most two; larger ones every line in
+/// between). A hint: it changes nothing the program computes (a no-op off
+/// x86_64).
 ///
 /// Recovery reads millions of tasks in due order from a vector in
 /// checkpoint order, one random read each; issuing the read a few tasks
@@ -317,18 +319,30 @@ const PREFETCH_AHEAD: usize = 16;
 #[inline(always)]
 #[allow(unsafe_code)]
 fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `_mm_prefetch` requires SSE, part of the x86_64 baseline
-    // every x86_64 target compiles for. A prefetch never faults and has no
-    // effect visible to the program, and the address comes from a live
-    // reference besides. Tested in `tests::prefetch_changes_nothing`.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-            (value as *const T).cast::<i8>(),
-        );
+    const LINE: usize = 64;
+    let start = (value as *const T).cast::<i8>();
+    // The first byte of each line the value touches (none for a zero-sized
+    // one): `wrapping_add` only computes addresses, it never dereferences.
+    let size = std::mem::size_of::<T>();
+    let lines = if size == 0 {
+        0
+    } else {
+        ((start as usize % LINE) + size).div_ceil(LINE)
+    };
+    for line in 0..lines {
+        let at = start.wrapping_add(line * LINE);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `_mm_prefetch` requires SSE, part of the x86_64 baseline
+        // every x86_64 target compiles for. A prefetch never faults and has
+        // no effect visible to the program, whatever the address; these
+        // are within (or at the line start of) a live value besides.
+        // Tested in `tests::prefetch_changes_nothing`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = at;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
 }
 
 /// A task's handle in recovery's load: due time, id, its index in the
@@ -342,18 +356,15 @@ type Handle = (u64, u64, u32, u32);
 /// miss. Sorting 24-byte handles rather than the tasks themselves; each
 /// half on a thread of its own, then merged.
 fn sorted_handles(
-    tasks: &[Option<(u64, LiveTask)>],
+    tasks: &[(u64, LiveTask)],
     index: &TaskIndex,
     dies: impl Fn(&LiveTask) -> bool + Sync,
 ) -> (Vec<Handle>, Vec<u32>) {
     let tag = index.tagger();
-    let build = |from: usize, part: &[Option<(u64, LiveTask)>]| {
+    let build = |from: usize, part: &[(u64, LiveTask)]| {
         let mut handles: Vec<Handle> = Vec::with_capacity(part.len());
         let mut dying = Vec::new();
-        for (i, t) in part.iter().enumerate() {
-            let Some((id, t)) = t else {
-                continue;
-            };
+        for (i, (id, t)) in part.iter().enumerate() {
             // Fits: the caller checked there are fewer than 2^32 tasks.
             let i = (from + i) as u32;
             handles.push((t.due_ms, *id, i, tag(&t.key)));
@@ -1335,9 +1346,7 @@ impl Shared {
         let (promoted, far_cursors, far_error) = self.promote_at_open(&mut far_index, &hasher, now);
         let (mut live, dead) = replay.into_parts();
         live.extend(promoted);
-        // Collected in place (the option costs no space), so each task can
-        // be taken out in due order.
-        let mut tasks: Vec<Option<(u64, LiveTask)>> = live.into_iter().map(Some).collect();
+        let tasks = live;
         if u32::try_from(tasks.len()).is_err() {
             return Err(format!(
                 "{} live tasks, more than an engine can hold",
@@ -1376,15 +1385,26 @@ impl Shared {
         core.tasks.reserve(order.len());
         core.wheel.reserve(order.len());
         // The slab is empty: the tasks that do not die take slots 0, 1, 2…
-        // in due order. Knowing that, a second thread builds the index
-        // while this one fills the slab and the wheel.
+        // in the order they were read (the checkpoint's, then the log's), so
+        // the slab is filled by one sequential pass over them. Knowing that,
+        // a second thread builds the index meanwhile; the wheel is filled
+        // after, in due order, from the handles alone.
         let first_slot = core.tasks.vacant_slot();
         let planned = first_slot == Some(0) && core.tasks.len() == 0;
+        // The slot of the task read `i`-th: `i`, less the dying before it.
+        let slot_of = |i: u32| {
+            let before = if dying.is_empty() {
+                0
+            } else {
+                dying.partition_point(|&d| d < i)
+            };
+            // At most `i`: fits.
+            i - before as u32
+        };
         let mut filed: Vec<(u32, u32)> = Vec::with_capacity(order.len());
         for &(_, _, i, key_tag) in &order {
             if dying.is_empty() || dying.binary_search(&i).is_err() {
-                // Fits: fewer than 2^32 tasks (checked above).
-                filed.push((key_tag, filed.len() as u32));
+                filed.push((key_tag, slot_of(i)));
             }
         }
         let mut index = core.index.empty_like();
@@ -1394,19 +1414,17 @@ impl Shared {
                 let pairs = index.insert_batch_unchecked(&mut filed);
                 (index, pairs)
             });
-        let mut next_slot = 0u32;
         let mut slots_as_planned = planned;
-        for (k, &(_, _, i, key_tag)) in order.iter().enumerate() {
-            // Tasks are taken in due order from places in checkpoint order:
-            // one random read each, started a few tasks ahead.
-            if let Some(&(_, _, ahead, _)) = order.get(k + PREFETCH_AHEAD) {
-                if let Some(t) = tasks.get(ahead as usize) {
-                    prefetch(t);
-                }
-            }
-            let Some((id, t)) = tasks.get_mut(i as usize).and_then(Option::take) else {
-                continue;
-            };
+        let mut next_slot = 0u32;
+        // Key tags by position read, for the slab's entries.
+        let mut tags = vec![0u32; tasks.len()];
+        for &(_, _, i, key_tag) in &order {
+            tags[i as usize] = key_tag;
+        }
+        // Slots of the tasks in flight at the crash, ascending: they join
+        // the catch-up backlog rather than the wheel.
+        let mut in_flight_slots: Vec<u32> = Vec::new();
+        for (i, (id, t)) in tasks.into_iter().enumerate() {
             let id = TaskId(id);
             let mut deliveries = t.deliveries;
             if t.in_flight {
@@ -1417,7 +1435,9 @@ impl Shared {
                     }
                     _ if deliveries >= self.config.retry.max_attempts => {
                         // The slots were planned with these taking none.
-                        slots_as_planned &= !dying.is_empty() && dying.binary_search(&i).is_ok();
+                        // Fits: fewer than 2^32 tasks (checked above).
+                        slots_as_planned &=
+                            !dying.is_empty() && dying.binary_search(&(i as u32)).is_ok();
                         let error = LOST_LEASE_ERROR.as_bytes();
                         let payload = match t.payload_at {
                             None => t.payload,
@@ -1437,7 +1457,7 @@ impl Shared {
                         core.dead.insert(
                             id.0,
                             DeadTask {
-                                key: t.key,
+                                key: t.key.into(),
                                 payload,
                                 due_ms: t.due_ms,
                                 deliveries,
@@ -1457,44 +1477,84 @@ impl Shared {
                     }
                 }
             }
-            let due_tick = self.due_tick(t.due_ms, now);
-            let Some(slot) = core.tasks.vacant_slot() else {
-                slots_as_planned = false;
-                break;
-            };
-            let placed = if t.in_flight {
-                Err(InsertError::Elapsed)
-            } else {
-                core.wheel.insert(due_tick, slot)
-            };
             let task = Task {
                 id,
-                key_tag,
+                key_tag: tags[i],
                 bytes: match t.payload_at {
                     // Whether the entry's due time is still the task's is
                     // not known here: assume not.
                     Some((file, offset)) => {
-                        core.payloads.put_on_disk_owned(t.key, file, offset, false)
+                        core.payloads
+                            .put_on_disk_owned(t.key.into(), file, offset, false)
                     }
                     None => core.payloads.put_owned(t.key, &t.payload),
                 },
                 due_ms: t.due_ms,
                 state: TaskState::Scheduled,
                 deliveries,
-                timer: placed.ok(),
+                timer: None,
             };
             let Some(slot) = core.tasks.insert(task) else {
                 slots_as_planned = false;
                 break;
             };
+            if t.in_flight {
+                in_flight_slots.push(slot);
+            }
             // A task the plan had dying takes a slot: every later slot moves.
-            slots_as_planned &= slot == next_slot && dying.binary_search(&i).is_err();
+            // Fits: fewer than 2^32 tasks.
+            slots_as_planned &= slot == next_slot && dying.binary_search(&(i as u32)).is_err();
             next_slot = next_slot.wrapping_add(1);
-            if placed.is_err() {
-                if !t.in_flight {
-                    recovery.overdue += 1;
+        }
+        drop(tags);
+        // The wheel and the backlog, in due order (equal due times in id
+        // order): one write to each task's entry (its timer), started a
+        // few tasks ahead.
+        let mut place = |c: &mut Core, due_ms: u64, id: u64, slot: u32| {
+            let in_flight =
+                !in_flight_slots.is_empty() && in_flight_slots.binary_search(&slot).is_ok();
+            let placed = if in_flight {
+                Err(InsertError::Elapsed)
+            } else {
+                c.wheel.insert(self.due_tick(due_ms, now), slot)
+            };
+            match placed {
+                Ok(timer) => {
+                    if let Some(task) = c.tasks.get_mut(slot) {
+                        task.timer = Some(timer);
+                    }
                 }
-                core.backlog.push_back((slot, id));
+                Err(_) => {
+                    if !in_flight {
+                        recovery.overdue += 1;
+                    }
+                    c.backlog.push_back((slot, TaskId(id)));
+                }
+            }
+        };
+        let c = &mut *core;
+        if slots_as_planned {
+            for (k, &(due_ms, id, i, _)) in order.iter().enumerate() {
+                if let Some(&(_, _, ahead, _)) = order.get(k + PREFETCH_AHEAD) {
+                    if let Some(entry) = c.tasks.entry(slot_of(ahead)) {
+                        prefetch(entry);
+                    }
+                }
+                if dying.is_empty() || dying.binary_search(&i).is_err() {
+                    place(c, due_ms, id, slot_of(i));
+                }
+            }
+        } else {
+            // Not as planned (which does not happen): the handles' slots
+            // are not the tasks'; place every task from the slab.
+            let mut from_slab: Vec<(u64, u64, u32)> = c
+                .tasks
+                .iter_slots()
+                .map(|(slot, t)| (t.due_ms, t.id.0, slot))
+                .collect();
+            from_slab.sort_unstable();
+            for (due_ms, id, slot) in from_slab {
+                place(c, due_ms, id, slot);
             }
         }
         let built = match indexing.map(|h| h.join()) {
@@ -2416,6 +2476,10 @@ mod tests {
         super::prefetch(&v[v.len() - 1]);
         let boxed: Box<[u8]> = vec![7u8; 3].into();
         super::prefetch(&boxed[2]);
+        // A value spanning several lines.
+        let wide = [9u8; 300];
+        super::prefetch(&wide);
+        assert_eq!(wide, [9u8; 300]);
         assert_eq!(v, (0..1_000).collect::<Vec<u64>>());
         assert_eq!(&*boxed, &[7, 7, 7]);
     }
