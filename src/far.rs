@@ -88,13 +88,22 @@ const BUCKET_ENTRIES: usize = 4;
 /// Lookup is O(1) expected: the top bits of the hash pick a directory
 /// bucket of about 4 entries (`BUCKET_ENTRIES`), scanned in order (hashes
 /// are uniform: SipHash under a secret key). Removal leaves a tombstone
-/// (id 0), dropped when the array is rebuilt; entries are added only in
-/// bulk — [`FarIndex::build`] at open (O(n log n)), [`FarIndex::add`] when
-/// a checkpoint takes tasks out of the wheel (a merge, O(n + m log m)). At
-/// most `u32::MAX` entries (the engine's task limit is 2^31).
+/// (id 0), dropped when the array is rebuilt. Entries are added in bulk —
+/// [`FarIndex::build`] at open (O(n log n)), [`FarIndex::add`] (a merge,
+/// O(n + m log m)) — or one at a time, [`FarIndex::insert`]: O(1) into an
+/// unsorted tail with a hash table of its positions (~30 B per entry there),
+/// merged into the sorted array once the tail outgrows it (amortised
+/// O(1) per insert). A checkpoint takes tasks out of the wheel one lock
+/// hold at a time, and each must be findable by key as soon as it leaves.
+/// At most `u32::MAX` entries (the engine's task limit is 2^31).
 #[derive(Debug, Default)]
 pub struct FarIndex {
+    /// The sorted part (`..sorted`), then the tail in insertion order.
     entries: Vec<FarEntry>,
+    /// Length of the sorted part.
+    sorted: usize,
+    /// Positions (in `entries`) of the tail's entries, by hash.
+    tail: hashbrown::HashTable<u32>,
     /// `dir[b]` = index of the first entry whose hash's top `bits` bits are
     /// ≥ `b`; `2^bits + 1` entries (empty while `entries` is).
     dir: Vec<u32>,
@@ -123,11 +132,14 @@ impl FarIndex {
     /// more than half of it (their 24 bytes each are then given back).
     pub fn add(&mut self, mut new: Vec<FarEntry>) {
         new.retain(|e| e.id != 0);
-        if new.is_empty() && self.live * 2 >= self.entries.len() {
+        if new.is_empty() && self.live * 2 >= self.entries.len() && self.tail.is_empty() {
             return;
         }
+        let sorted = self.sorted;
+        let mut old = self.take_entries();
+        // The tail joins the new entries; the sorted part stays in order.
+        new.extend(old.drain(sorted.min(old.len())..).filter(|e| e.id != 0));
         new.sort_unstable_by_key(|e| (e.hash, e.id));
-        let old = self.take_entries();
         let mut merged = Vec::with_capacity(old.len() + new.len());
         let mut old = old.into_iter().filter(|e| e.id != 0).peekable();
         let mut new = new.into_iter().peekable();
@@ -171,6 +183,8 @@ impl FarIndex {
         }
         FarIndex {
             entries,
+            sorted: n,
+            tail: hashbrown::HashTable::new(),
             dir,
             bits,
             live: n,
@@ -178,18 +192,43 @@ impl FarIndex {
         }
     }
 
+    /// Adds one entry (its id must not be 0 and not be in the index
+    /// already). O(1) amortised: into the tail, which is merged into the
+    /// sorted array once it holds more than the array (and 65 536 entries).
+    pub fn insert(&mut self, entry: FarEntry) {
+        if entry.id == 0 {
+            return;
+        }
+        let Ok(pos) = u32::try_from(self.entries.len()) else {
+            // Not reachable under the engine's task limit; stays correct.
+            self.add(vec![entry]);
+            return;
+        };
+        self.entries.push(entry);
+        let entries = &self.entries;
+        self.tail
+            .insert_unique(entry.hash, pos, |&p| entries[p as usize].hash);
+        self.live += 1;
+        *self.per_file.entry(entry.file()).or_insert(0) += 1;
+        if self.tail.len() > self.sorted.max(TAIL_MERGE_MIN) {
+            self.add(Vec::new());
+        }
+    }
+
     /// Positions of the live entries whose hash is `hash`.
     pub fn candidates(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
-        let range = if self.entries.is_empty() {
+        let range = if self.dir.is_empty() {
             0..0
         } else {
             let b = bucket(hash, self.bits) as usize;
             self.dir[b] as usize..self.dir[b + 1] as usize
         };
-        range.filter(move |&p| {
-            let e = &self.entries[p];
-            e.hash == hash && e.id != 0
-        })
+        range
+            .chain(self.tail.iter_hash(hash).map(|&p| p as usize))
+            .filter(move |&p| {
+                let e = &self.entries[p];
+                e.hash == hash && e.id != 0
+            })
     }
 
     /// The position of the live entry (`hash`, `loc`, `id`), if any.
@@ -269,9 +308,16 @@ impl FarIndex {
 
     /// Heap bytes held.
     pub fn memory_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<FarEntry>() + self.dir.capacity() * 4
+        self.entries.capacity() * std::mem::size_of::<FarEntry>()
+            + self.dir.capacity() * 4
+            + self.tail.capacity() * 5
     }
 }
+
+/// The tail is merged into the sorted array once it holds more entries than
+/// the array and more than this many (so that small indexes do not merge at
+/// every insert).
+const TAIL_MERGE_MIN: usize = 65_536;
 
 fn bucket(hash: u64, bits: u32) -> u64 {
     if bits == 0 {
@@ -323,6 +369,61 @@ mod tests {
         assert_eq!(rebuilt.len(), 5_000);
         assert_eq!(rebuilt.iter().count(), 5_000);
         assert!(rebuilt.memory_bytes() <= 5_000 * 24 + 5_000);
+    }
+
+    #[test]
+    fn entries_inserted_one_at_a_time_are_found_before_and_after_merging() {
+        let hasher = KeyHasher::new(&[5; 16]);
+        let e = |id: u64| entry(hasher.hash(&id.to_le_bytes()), id);
+        let mut index = FarIndex::build((1..=1_000).map(e).collect());
+        // Into the tail: found at once, alongside the sorted part.
+        for id in 1_001..=2_000 {
+            index.insert(e(id));
+            let x = e(id);
+            assert_eq!(index.get(index.find(x.hash, x.loc, x.id).unwrap()), x);
+        }
+        assert_eq!(index.sorted, 1_000);
+        assert_eq!(index.len(), 2_000);
+        // Removing from either part leaves a tombstone there.
+        for id in (1..=2_000).step_by(4) {
+            let x = e(id);
+            let pos = index.find(x.hash, x.loc, x.id).unwrap();
+            assert_eq!(index.remove(pos), Some(x));
+            assert_eq!(index.find(x.hash, x.loc, x.id), None);
+        }
+        let live = |id: u64| !(id - 1).is_multiple_of(4);
+        // A hash shared by a sorted entry and a tail entry gives both.
+        let twin = FarEntry { id: 5_000, ..e(2) };
+        index.insert(twin);
+        assert_eq!(index.candidates(twin.hash).count(), 2);
+        // The insert that takes the tail past TAIL_MERGE_MIN (it holds
+        // 1 001) merges it into the array.
+        let more = (TAIL_MERGE_MIN - 1_000) as u64;
+        for id in 10_001..=10_000 + more {
+            assert!(!index.tail.is_empty(), "merged early, at {id}");
+            index.insert(e(id));
+        }
+        assert!(index.tail.is_empty(), "merged");
+        assert_eq!(index.sorted, index.entries.len());
+        let hashes: Vec<u64> = index.entries.iter().map(|x| x.hash).collect();
+        assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
+        let expected = (1..=2_000u64).filter(|&id| live(id)).count() + 1 + more as usize;
+        assert_eq!(index.len(), expected);
+        assert_eq!(index.iter().count(), expected);
+        for id in (1..=2_000).chain(10_001..=10_000 + more) {
+            let x = e(id);
+            assert_eq!(
+                index.find(x.hash, x.loc, x.id).is_some(),
+                id > 2_000 || live(id),
+                "{id}"
+            );
+        }
+        assert!(index.find(twin.hash, twin.loc, twin.id).is_some());
+        let per_file: u64 = (1..=3).map(|f| index.live_in_file(f)).sum();
+        assert_eq!(per_file, expected as u64);
+        // Id 0 is never inserted.
+        index.insert(FarEntry { id: 0, ..e(3) });
+        assert_eq!(index.len(), expected);
     }
 
     #[test]
