@@ -192,6 +192,15 @@ impl FarIndex {
         }
     }
 
+    /// Rebuilds the sorted array when removed entries are more than half of
+    /// it (their memory is given back); otherwise does nothing. The tail
+    /// stays as it is.
+    pub fn shrink(&mut self) {
+        if self.live * 2 < self.entries.len() {
+            self.add(Vec::new());
+        }
+    }
+
     /// Adds one entry (its id must not be 0 and not be in the index
     /// already). O(1) amortised: into the tail, which is merged into the
     /// sorted array once it holds more than the array (and 65 536 entries).

@@ -334,6 +334,12 @@ impl TaskSlab {
         self.slots.reserve(additional);
     }
 
+    /// Slots in the slab, occupied or not: every slot is below it.
+    pub fn slots_len(&self) -> u32 {
+        // The slab never holds more than 2^32 slots (`insert`).
+        self.slots.len() as u32
+    }
+
     /// The slot the next [`TaskSlab::insert`] will use; `None` if 2^32
     /// slots are in use.
     pub fn vacant_slot(&self) -> Option<u32> {

@@ -9,7 +9,7 @@ use super::{DurabilityArgs, DurabilityMode, Verdict};
 use anyhow::{bail, Context as _};
 use clap::Args;
 use kairos::config::{BATCH_TASKS_MAX, PAYLOAD_BYTES_MAX_DEFAULT, PENDING_TASKS_LIMIT};
-use kairos::{CancelOutcome, Config, Due, Engine, NewTask};
+use kairos::{CancelOutcome, CheckpointReport, Config, Due, Engine, NewTask};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -84,8 +84,11 @@ that kind. The payload's bytes are part of the figure: state --payload-bytes wit
   disk_bytes  the size of every file under DIR after the checkpoint and the close.
   checkpoint_ms  Engine::checkpoint after the cancels: the live state copied under the \
 engine's lock, the file written and synced, the log segments it covers deleted; \
-checkpoint_locked_ms is the part spent holding the engine's lock (copying the state, then \
-taking far tasks out of the wheel).
+checkpoint_locked_ms is the part spent holding the engine's lock, in many short holds \
+(choosing what leaves memory, pointing moved tasks at the new overflow file and taking far \
+tasks out of the wheel, encoding the state); checkpoint_longest_hold_ms the longest single \
+hold: the longest a producer or the driver waited on it; checkpoint_hold_max_ms the same over \
+every checkpoint of the run, the background ones while scheduling and cancelling included.
   close_ms  the shutdown. recovery_ms  the reopen (Engine::open, replaying the log).
   far_tasks_after_recovery  tasks out of the wheel after the reopen (due beyond the horizon when \
 the checkpoint was taken: 24 bytes of memory each). The growth per task while scheduling counts \
@@ -194,6 +197,11 @@ struct Report {
     checkpoint_ms: f64,
     /// Of `checkpoint_ms`, the engine's lock held (`CheckpointReport::locked`).
     checkpoint_locked_ms: f64,
+    /// The longest single hold (`CheckpointReport::longest_hold`).
+    checkpoint_longest_hold_ms: f64,
+    /// The longest single hold by any checkpoint of the run, background
+    /// ones included (`Stats::checkpoint_hold_max`).
+    checkpoint_hold_max_ms: f64,
     /// Payloads that checkpoint moved out of memory into an overflow file.
     payloads_moved: u64,
     /// After the reopen: live tasks whose payload is on disk.
@@ -340,6 +348,8 @@ struct Measured {
     disk_bytes: u64,
     checkpoint: Duration,
     checkpoint_locked: Duration,
+    checkpoint_longest_hold: Duration,
+    checkpoint_hold_max: Duration,
     payloads_moved: u64,
     close: Duration,
     recovery: Duration,
@@ -387,13 +397,15 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
     let (cancelled, cancel_busy) = cancel_odd(&engine, args.tasks, batch, &mut keys, &progress)?;
 
     progress.phase("checkpoint");
-    let (checkpoint, payloads_moved, checkpoint_locked) = take_checkpoint(&engine)?;
+    let (checkpoint, report) = take_checkpoint(&engine)?;
     let log_tail_cancelled = if args.log_tail > 0 {
         progress.phase("log tail: scheduling and cancelling after the checkpoint");
         log_tail(&mut scheduler, args, &delays, &mut keys, &mut due)?
     } else {
         0
     };
+    // Background checkpoints while scheduling and cancelling included.
+    let checkpoint_hold_max = engine.stats().checkpoint_hold_max;
     progress.phase("closing");
     let started = Instant::now();
     engine.shutdown().context("shutdown failed")?;
@@ -421,8 +433,10 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
         rss_peak: rss_bytes("VmHWM:"),
         disk_bytes,
         checkpoint,
-        checkpoint_locked,
-        payloads_moved,
+        checkpoint_locked: report.locked,
+        checkpoint_longest_hold: report.longest_hold,
+        checkpoint_hold_max,
+        payloads_moved: report.payloads_moved,
         close,
         recovery,
         recovered_pending,
@@ -663,12 +677,11 @@ fn reopen_in_child(args: &BenchArgs, dir: &Path) -> anyhow::Result<Reopened> {
     serde_json::from_slice(&out.stdout).context("cannot read what kairos bench-reopen printed")
 }
 
-/// Takes a checkpoint of `engine`; returns how long it took, how many
-/// payloads it moved to an overflow file, and how long it held the lock.
-fn take_checkpoint(engine: &Engine) -> anyhow::Result<(Duration, u64, Duration)> {
+/// Takes a checkpoint of `engine`; returns how long it took and its report.
+fn take_checkpoint(engine: &Engine) -> anyhow::Result<(Duration, CheckpointReport)> {
     let started = Instant::now();
     let report = engine.checkpoint().context("checkpoint failed")?;
-    Ok((started.elapsed(), report.payloads_moved, report.locked))
+    Ok((started.elapsed(), report))
 }
 
 /// A `/proc/self/status` figure in bytes (`VmRSS:`, `VmHWM:`); `None` where
@@ -809,6 +822,8 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         disk_bytes: m.disk_bytes,
         checkpoint_ms: millis(m.checkpoint),
         checkpoint_locked_ms: millis(m.checkpoint_locked),
+        checkpoint_longest_hold_ms: millis(m.checkpoint_longest_hold),
+        checkpoint_hold_max_ms: millis(m.checkpoint_hold_max),
         payloads_moved: m.payloads_moved,
         payloads_on_disk: m.payloads_on_disk,
         payload_bytes_in_memory: m.payload_bytes_in_memory,
@@ -935,8 +950,9 @@ fn print_table(r: &Report) {
     row(
         "checkpoint",
         format!(
-            "{:.1} ms, {:.1} ms of it holding the engine's lock ({} payloads moved to disk)",
-            r.checkpoint_ms, r.checkpoint_locked_ms, r.payloads_moved
+            "{:.1} ms, {:.1} ms of it holding the engine's lock (longest hold {:.1} ms; {} \
+             payloads moved to disk)",
+            r.checkpoint_ms, r.checkpoint_locked_ms, r.checkpoint_longest_hold_ms, r.payloads_moved
         ),
     );
     if r.log_tail > 0 {

@@ -4,14 +4,21 @@
 //! one at open.
 //!
 //! Protocol (a crash at any step leaves a directory that opens to the same
-//! state): under the core lock, encode every live task and dead letter and
-//! read the log's last LSN `L` — the state in memory is exactly the effect of
-//! the records up to `L`, since every change enqueues its record under that
-//! lock; release the lock; fdatasync the log up to `L` (so no LSN up to `L`
-//! can be lost and reused after a crash); write `checkpoint/{L}.ckpt` (tmp,
-//! fdatasync, rename, directory fsync); remove older checkpoint files; remove
-//! the log segments whose records all lie at or below `L`
-//! (`Wal::remove_segments_before`, which writes `TRIM` first).
+//! state): first move what leaves memory into a new overflow file
+//! (`Shared::relocate`: chosen a range of slots per hold of the core lock,
+//! the file written and made durable without the lock, then applied a batch
+//! per hold — nothing the log says changes, so a crash here reopens from the
+//! older checkpoint and deletes the new file); then, under the core lock,
+//! encode every live task and dead letter and read the log's last LSN `L` —
+//! the state in memory is exactly the effect of the records up to `L`,
+//! since every change enqueues its record under that lock; release the
+//! lock; fdatasync the log up to `L` (so no LSN up to `L` can be lost and
+//! reused after a crash); write `checkpoint/{L}.ckpt` (tmp, fdatasync,
+//! rename, directory fsync); remove older checkpoint files and overflow
+//! files nothing refers to; remove the log segments whose records all lie at
+//! or below `L` (`Wal::remove_segments_before`, which writes `TRIM` first).
+//! Every hold of the core lock is short but the encoding's, O(live tasks)
+//! of sequential work ([`CheckpointReport::longest_hold`]).
 
 use super::wall_ms;
 use super::{Core, Shared, Status};
@@ -20,7 +27,7 @@ use crate::checkpoint::{
 };
 use crate::error::{CheckpointError, OpenError};
 use crate::overflow::{self, OverflowWriter};
-use crate::replay::{IdMap, Replay};
+use crate::replay::Replay;
 use crate::task::TaskId;
 use crate::task::TaskState;
 use kairos_wal::storage::Storage;
@@ -57,12 +64,16 @@ pub struct CheckpointReport {
     pub payloads_moved: u64,
     /// Overflow files deleted (no live task and no checkpoint refers to them).
     pub overflow_files_removed: usize,
-    /// Time spent taking and holding the engine's lock: to copy the state
-    /// and what moves into the new overflow file, then (after the files are
-    /// durable) to point the moved tasks at the new file and take far tasks
-    /// out of the wheel. The scan for unreferenced files that follows,
-    /// O(live tasks), is not counted.
+    /// Time spent holding the engine's lock, all holds together (not the
+    /// waits to take it):
+    /// choosing what leaves memory (a range of slots per hold), pointing
+    /// the moved tasks at the new overflow file once it is durable and
+    /// taking far tasks out of the wheel (a batch of tasks per hold), and
+    /// encoding the state (one hold, O(live tasks)).
     pub locked: Duration,
+    /// The longest single hold of the engine's lock: the longest a
+    /// producer, consumer or the driver waited on this checkpoint.
+    pub longest_hold: Duration,
     /// Time the whole checkpoint took.
     pub elapsed: Duration,
 }
@@ -121,22 +132,26 @@ impl Shared {
         };
         let mut book = self.checkpointing.lock();
         let started = Instant::now();
-        self.checkpoint_allowed()?;
-        // Overflow files mostly dead are read now, outside the lock; their
-        // live entries are copied into this checkpoint's overflow file.
-        let victims = self.read_compaction_victims(disk)?;
-        let locked_at = Instant::now();
-        let plan = {
-            let mut core = self.core.lock();
-            match &core.status {
-                Status::Open => {}
-                Status::Closed => return Err(CheckpointError::Closed),
-                Status::Poisoned(cause) => {
-                    return Err(CheckpointError::Poisoned {
-                        cause: cause.clone(),
-                    })
-                }
+        let mut holds = Holds::default();
+        {
+            let mut core = holds.lock(self)?;
+            let Some(wal) = core.wal.clone() else {
+                return Err(CheckpointError::Closed);
+            };
+            if wal.last_lsn().0 == book.lsn {
+                core.log_bytes_since_checkpoint = 0;
+                drop(core);
+                return self.nothing_new(&book, &wal, &holds, started);
             }
+        }
+        // Overflow files mostly dead are read now, outside the lock; their
+        // live entries are copied with the payloads that leave memory into
+        // a new overflow file, written and made durable outside the lock
+        // too, before the state is encoded.
+        let victims = self.read_compaction_victims(disk)?;
+        let payloads_moved = self.relocate(disk, victims, &mut holds)?;
+        let plan = {
+            let mut core = holds.lock(self)?;
             let Some(wal) = core.wal.clone() else {
                 return Err(CheckpointError::Closed);
             };
@@ -144,21 +159,7 @@ impl Shared {
             core.log_bytes_since_checkpoint = 0;
             if lsn == book.lsn {
                 drop(core);
-                let segments_removed = wal
-                    .remove_segments_before(Lsn(lsn + 1))
-                    .map_err(CheckpointError::Trim)?;
-                return Ok(CheckpointReport {
-                    lsn,
-                    written: false,
-                    tasks: 0,
-                    dead_letters: 0,
-                    bytes: book.bytes,
-                    segments_removed,
-                    payloads_moved: 0,
-                    overflow_files_removed: 0,
-                    locked: Duration::ZERO,
-                    elapsed: started.elapsed(),
-                });
+                return self.nothing_new(&book, &wal, &holds, started);
             }
             let header = CheckpointHeader {
                 store_id: wal.store_id(),
@@ -166,37 +167,16 @@ impl Shared {
                 max_task_id: core.next_id.saturating_sub(1),
                 created_ms: disk.storage.now_ms(),
             };
-            let window_end = self
-                .config
-                .payload_window
-                .map(|w| wall_ms(self.now()).saturating_add(w.as_millis() as u64));
-            let horizon_end = match (self.config.horizon, window_end) {
-                (Some(h), Some(_)) => {
-                    Some(wall_ms(self.now()).saturating_add(h.as_millis() as u64))
-                }
-                _ => None,
-            };
-            let mut in_place = Vec::new();
-            let moves = plan_moves(
-                &mut core,
-                window_end,
-                horizon_end,
-                victims,
-                &header.store_id,
-                &mut in_place,
-            );
-            let (enc, named) = encode(&core, &header, &moves, &in_place);
+            let (enc, named) = encode(&core, &header);
             let (tasks, dead) = (enc.tasks() + enc.far_tasks(), enc.dead_letters());
+            drop(core);
             Plan {
                 bytes: enc.finish(),
                 header,
                 tasks,
                 dead,
                 wal,
-                moves,
-                in_place,
                 named,
-                locked: locked_at.elapsed(),
             }
         };
         let Plan {
@@ -205,10 +185,7 @@ impl Shared {
             tasks,
             dead: dead_letters,
             wal,
-            moves,
-            in_place,
             named,
-            locked,
         } = plan;
         // Every record the checkpoint reflects must be durable before the
         // checkpoint exists: otherwise a crash could lose them and let new
@@ -217,18 +194,6 @@ impl Shared {
             self.poison(format!("checkpoint: log sync failed: {e}"));
             return Err(e.into());
         }
-        // The overflow file the checkpoint refers to is durable first.
-        if let Some(m) = &moves {
-            let dir = disk.overflow_dir();
-            create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
-            checkpoint::write_file(
-                disk.storage.as_ref(),
-                &dir,
-                &overflow::file_name(m.file),
-                &m.bytes,
-            )
-            .map_err(|(op, path, source)| CheckpointError::Io { op, path, source })?;
-        }
         let dir = disk.checkpoint_dir();
         create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
         let name = checkpoint::file_name(header.lsn);
@@ -236,25 +201,24 @@ impl Shared {
             .map_err(|(op, path, source)| CheckpointError::Io { op, path, source })?;
         book.lsn = header.lsn;
         book.bytes = bytes.len() as u64;
-        let payloads_moved = moves.as_ref().map_or(0, |m| m.tasks.len() as u64);
-        // Durable: the moved payloads now live in the new file.
-        let mut locked = locked;
+        // Files no live task refers to, and that the new checkpoint does not
+        // name, can go.
         let unreferenced = {
-            let mut core = self.core.lock();
-            let applying = Instant::now();
-            apply_moves(self, &mut core, moves, in_place);
-            locked += applying.elapsed();
-            // Files no live task refers to, and that the new checkpoint does
-            // not name, can go.
-            let referenced = referenced_files(&core);
-            let gone: Vec<u32> = core
+            let mut core = holds.lock(self)?;
+            let c = &mut *core;
+            let gone: Vec<u32> = c
                 .overflow_files
                 .keys()
                 .copied()
-                .filter(|f| !referenced.contains(f) && !named.contains(f))
+                .filter(|&f| {
+                    c.payloads.live_in_file(f) + c.far.live_in_file(f) == 0 && !named.contains(&f)
+                })
                 .collect();
             for f in &gone {
-                core.overflow_files.remove(f);
+                c.overflow_files.remove(f);
+                // Its far tasks went since the relocation (cancelled,
+                // rescheduled, promoted): the promotion must not read it.
+                c.far_cursors.remove(f);
             }
             gone
         };
@@ -282,20 +246,37 @@ impl Shared {
             segments_removed,
             payloads_moved,
             overflow_files_removed,
-            locked,
+            locked: holds.total,
+            longest_hold: holds.longest,
             elapsed: started.elapsed(),
         })
     }
 
-    /// `Ok` while the engine is open; its refusal otherwise.
-    fn checkpoint_allowed(&self) -> Result<(), CheckpointError> {
-        match &self.core.lock().status {
-            Status::Open => Ok(()),
-            Status::Closed => Err(CheckpointError::Closed),
-            Status::Poisoned(cause) => Err(CheckpointError::Poisoned {
-                cause: cause.clone(),
-            }),
-        }
+    /// The report of a checkpoint with nothing new to write (no record since
+    /// the last one): only the segments it covers are removed.
+    fn nothing_new(
+        &self,
+        book: &CheckpointBook,
+        wal: &Wal,
+        holds: &Holds,
+        started: Instant,
+    ) -> Result<CheckpointReport, CheckpointError> {
+        let segments_removed = wal
+            .remove_segments_before(Lsn(book.lsn + 1))
+            .map_err(CheckpointError::Trim)?;
+        Ok(CheckpointReport {
+            lsn: book.lsn,
+            written: false,
+            tasks: 0,
+            dead_letters: 0,
+            bytes: book.bytes,
+            segments_removed,
+            payloads_moved: 0,
+            overflow_files_removed: 0,
+            locked: holds.total,
+            longest_hold: holds.longest,
+            elapsed: started.elapsed(),
+        })
     }
 
     /// Reads the overflow files worth compacting: those whose live entries
@@ -415,41 +396,70 @@ impl Shared {
 /// offsets.
 type Victim = (u32, Vec<(u64, overflow::Entry)>);
 
-/// What a checkpoint moves to its new overflow file.
-pub(super) struct Moves {
-    /// The new file's number.
-    file: u32,
-    /// Its bytes.
-    bytes: Vec<u8>,
-    /// `(slot, id, offset in the new file, what the task held, due time
-    /// written)` per task.
-    tasks: Vec<(u32, TaskId, u64, Held, u64)>,
-    /// Tasks of `tasks` that leave the wheel as far tasks (due beyond the
-    /// horizon): id → (key hash, due time planned).
-    to_far: IdMap<(u64, u64)>,
-    /// Far tasks whose entry moves (their file is compacted): `(key hash,
-    /// id, old packed location, offset in the new file, due time)`.
-    far_moved: Vec<(u64, u64, u64, u64, u64)>,
+/// Slab slots a checkpoint examines per hold of the engine's lock while it
+/// chooses what leaves memory, and moves it applies per hold once the new
+/// file is durable: each hold stays within milliseconds, so producers,
+/// consumers and the driver are never stalled for long.
+const SLOTS_PER_HOLD: u32 = 32_768;
+/// See [`SLOTS_PER_HOLD`].
+const MOVES_PER_HOLD: usize = 16_384;
+
+/// The engine's lock taken by a checkpoint: how long it was held is added
+/// to the checkpoint's [`Holds`] when it is released.
+struct Hold<'a> {
+    core: parking_lot::MutexGuard<'a, Core>,
+    holds: &'a mut Holds,
+    since: Instant,
 }
 
-/// A task whose key and payload are in an overflow file already, at an
-/// entry with its due time, that becomes far without moving.
-pub(super) struct InPlaceFar {
-    slot: u32,
-    id: TaskId,
-    hash: u64,
-    file: u32,
-    offset: u64,
-    due_ms: u64,
+impl std::ops::Deref for Hold<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
 }
 
-/// What a task's payload reference was when its move was planned; the move
-/// applies only if it still is.
-enum Held {
-    /// In memory (these bytes: compared, since a reschedule may replace them).
-    Memory,
-    /// In an older overflow file being compacted.
-    Disk(u32, u64),
+impl std::ops::DerefMut for Hold<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        &mut self.core
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        let held = self.since.elapsed();
+        self.core.checkpoint_hold_max = self.core.checkpoint_hold_max.max(held);
+        self.holds.total += held;
+        self.holds.longest = self.holds.longest.max(held);
+    }
+}
+
+/// The time a checkpoint spent holding the engine's lock.
+#[derive(Default)]
+struct Holds {
+    total: Duration,
+    longest: Duration,
+}
+
+impl Holds {
+    /// Takes the engine's lock (the hold counts from when it is taken, not
+    /// while waiting for it); refused while the engine is closed or
+    /// poisoned.
+    fn lock<'a>(&'a mut self, shared: &'a Shared) -> Result<Hold<'a>, CheckpointError> {
+        let core = shared.core.lock();
+        let hold = Hold {
+            core,
+            holds: self,
+            since: Instant::now(),
+        };
+        match &hold.core.status {
+            Status::Open => Ok(hold),
+            Status::Closed => Err(CheckpointError::Closed),
+            Status::Poisoned(cause) => Err(CheckpointError::Poisoned {
+                cause: cause.clone(),
+            }),
+        }
+    }
 }
 
 struct Plan {
@@ -458,201 +468,391 @@ struct Plan {
     tasks: u64,
     dead: u64,
     wal: Arc<Wal>,
-    moves: Option<Moves>,
-    in_place: Vec<InPlaceFar>,
     /// Overflow files the checkpoint refers to.
     named: HashSet<u32>,
-    locked: Duration,
 }
 
-/// Chooses what goes into the new overflow file: payloads in memory of
-/// waiting tasks due after `window_end`, and the live entries of the
-/// compaction victims. `None` if nothing moves.
-fn plan_moves(
-    core: &mut Core,
-    window_end: Option<u64>,
-    horizon_end: Option<u64>,
-    victims: Vec<Victim>,
-    store_id: &kairos_wal::format::StoreId,
-    in_place: &mut Vec<InPlaceFar>,
-) -> Option<Moves> {
-    // What moves, by (due, id) — the file's order — and from where; each
-    // payload is then copied once, straight into the file's bytes.
-    let mut items: Vec<(u64, u64, u32, From)> = Vec::new();
-    let mut to_far: IdMap<(u64, u64)> = IdMap::default();
-    let victim_files: HashSet<u32> = victims.iter().map(|(f, _)| *f).collect();
-    if let Some(window_end) = window_end {
-        for (slot, task) in core.tasks.iter_slots() {
-            if task.state != TaskState::Scheduled || task.due_ms <= window_end {
-                continue;
-            }
-            // Beyond the horizon, a first attempt leaves the wheel: its key
-            // goes to disk with its payload, even an empty one.
-            let far = horizon_end.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
-            let Some(payload) = core.payloads.get(&task.bytes) else {
-                // On disk already: far where it is, if its entry says when
-                // it is due.
-                if let (true, Some((file, offset))) = (far, task.bytes.on_disk_current()) {
-                    if victim_files.contains(&file) {
-                        // Copied forward with its file: far at its new place.
-                        to_far.insert(task.id.0, (core.hasher.hash(task.key()), task.due_ms));
-                    } else if crate::far::pack_loc(file, offset).is_some() {
-                        let hash = core.hasher.hash(task.key());
-                        in_place.push(InPlaceFar {
-                            slot,
-                            id: task.id,
-                            hash,
-                            file,
-                            offset,
-                            due_ms: task.due_ms,
-                        });
+/// One entry of the new overflow file, as chosen.
+struct Move {
+    due_ms: u64,
+    id: u64,
+    /// The task's slab slot (not used for a far task's entry).
+    slot: u32,
+    from: From,
+    /// The task leaves the wheel as a far task (a first attempt due beyond
+    /// the horizon when chosen).
+    far: bool,
+    /// Its key's [`crate::far::KeyHasher`] hash, when it is or goes far
+    /// (computed outside the lock).
+    hash: u64,
+    /// Its offset in the new file, once written (`None`: not written).
+    offset: Option<u64>,
+}
+
+/// Where a moved entry's key and payload come from.
+#[derive(Clone, Copy)]
+enum From {
+    /// The task's key and payload in memory, copied to `bytes[at..]` of the
+    /// relocation (key first).
+    Memory {
+        at: usize,
+        key_len: usize,
+        payload_len: usize,
+    },
+    /// Entry `e` of compaction victim `v`, a wheel task's payload, at
+    /// `offset` of victim file `file`.
+    Victim {
+        v: usize,
+        e: usize,
+        file: u32,
+        offset: u64,
+    },
+    /// Entry `e` of compaction victim `v`, a far task's (at `loc`).
+    FarVictim { v: usize, e: usize, loc: u64 },
+}
+
+/// Due times (UTC ms) of the earliest far tasks each overflow file gained.
+type Earliest = std::collections::BTreeMap<u32, u64>;
+
+impl Shared {
+    /// Moves what a checkpoint takes out of memory, and compacts the victim
+    /// files, before the state is encoded: payloads in memory of waiting
+    /// tasks due after the payload window, waiting first attempts due
+    /// beyond the horizon (far tasks: key and payload leave memory, and the
+    /// task the slab, the index and the wheel), and the live entries of
+    /// `victims`. Chosen one lock hold at a time, copied into one new
+    /// overflow file written and made durable without the lock, then
+    /// applied one hold at a time — each move only if the task still holds
+    /// what was copied. A far task whose entry is already in a file (with
+    /// its due time) becomes far in place, as it is seen.
+    ///
+    /// Nothing here changes what the log says, so no record needs to be
+    /// durable first: a crash at any point reopens from the last checkpoint
+    /// and the log, and the new file, named by no checkpoint yet, is
+    /// deleted at open. Returns the payloads moved (far tasks' entries
+    /// copied forward not counted).
+    fn relocate(
+        &self,
+        disk: &Disk,
+        victims: Vec<Victim>,
+        holds: &mut Holds,
+    ) -> Result<u64, CheckpointError> {
+        let now = wall_ms(self.now());
+        let window_end = self
+            .config
+            .payload_window
+            .map(|w| now.saturating_add(w.as_millis() as u64));
+        let horizon_end = match (self.config.horizon, window_end) {
+            (Some(h), Some(_)) => Some(now.saturating_add(h.as_millis() as u64)),
+            _ => None,
+        };
+        let victim_files: HashSet<u32> = victims.iter().map(|(f, _)| *f).collect();
+        let mut moves: Vec<Move> = Vec::new();
+        let mut bytes: Vec<u8> = Vec::new();
+        let hasher = holds.lock(self)?.hasher.clone();
+        // Memory: the slab, a range of slots per hold.
+        if let Some(window_end) = window_end {
+            let mut from = 0u32;
+            loop {
+                let mut core = holds.lock(self)?;
+                let end = from
+                    .saturating_add(SLOTS_PER_HOLD)
+                    .min(core.tasks.slots_len());
+                let mut earliest = Earliest::new();
+                for slot in from..end {
+                    let Some(task) = core.tasks.get(slot) else {
+                        continue;
+                    };
+                    if task.state != TaskState::Scheduled || task.due_ms <= window_end {
+                        continue;
+                    }
+                    // Beyond the horizon, a first attempt leaves the wheel:
+                    // its key goes to disk with its payload, even an empty one.
+                    let far =
+                        horizon_end.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
+                    match core.payloads.get(&task.bytes) {
+                        Some(payload) if far || !payload.is_empty() => {
+                            let key = task.key();
+                            moves.push(Move {
+                                due_ms: task.due_ms,
+                                id: task.id.0,
+                                slot,
+                                from: From::Memory {
+                                    at: bytes.len(),
+                                    key_len: key.len(),
+                                    payload_len: payload.len(),
+                                },
+                                far,
+                                hash: 0,
+                                offset: None,
+                            });
+                            bytes.extend_from_slice(key);
+                            bytes.extend_from_slice(payload);
+                        }
+                        Some(_) => {}
+                        None => {
+                            // On disk already: far where it is, if its entry
+                            // says when it is due (in a victim file, it is
+                            // copied forward with the file, below).
+                            let Some((file, offset)) = task.bytes.on_disk_current() else {
+                                continue;
+                            };
+                            let loc = crate::far::pack_loc(file, offset);
+                            if let (true, false, Some(loc)) =
+                                (far, victim_files.contains(&file), loc)
+                            {
+                                let (id, due_ms) = (task.id.0, task.due_ms);
+                                let hash = hasher.hash(task.key());
+                                self.forget_task(&mut core, slot);
+                                core.far.insert(crate::far::FarEntry { hash, loc, id });
+                                note_earliest(&mut earliest, file, due_ms);
+                            }
+                        }
                     }
                 }
-                continue;
-            };
-            if far {
-                to_far.insert(task.id.0, (core.hasher.hash(task.key()), task.due_ms));
-            }
-            if far || !payload.is_empty() {
-                items.push((task.due_ms, task.id.0, slot, From::Memory));
-            }
-        }
-    }
-    let mut far_victims: Vec<(u64, u64, u64, usize, usize)> = Vec::new();
-    for (v, (file, entries)) in victims.iter().enumerate() {
-        for (e, (offset, entry)) in entries.iter().enumerate() {
-            if let Some(loc) = crate::far::pack_loc(*file, *offset) {
-                let hash = core.hasher.hash(&entry.key);
-                if core.far.find(hash, loc, entry.task_id).is_some() {
-                    items.push((entry.due_ms, entry.task_id, u32::MAX, From::FarVictim(v, e)));
-                    far_victims.push((hash, entry.task_id, loc, v, e));
-                    continue;
+                reset_far_cursors(self, &mut core, earliest);
+                if end >= core.tasks.slots_len() {
+                    break;
                 }
+                from = end;
             }
-            let tag = core.key_tag(&entry.key);
-            let Some(slot) = core.find_slot(tag, &entry.key) else {
-                continue;
-            };
-            let Some(task) = core.tasks.get(slot) else {
-                continue;
-            };
-            if task.id.0 != entry.task_id || task.bytes.on_disk() != Some((*file, *offset)) {
-                continue;
-            }
-            items.push((entry.due_ms, entry.task_id, slot, From::Victim(v, e)));
         }
-    }
-    if items.is_empty() {
-        return None;
-    }
-    items.sort_unstable_by_key(|&(due, id, _, _)| (due, id));
-    let file = core.next_overflow_file;
-    core.next_overflow_file = core.next_overflow_file.checked_add(1)?;
-    let mut writer = OverflowWriter::new(store_id, file);
-    let mut tasks = Vec::with_capacity(items.len());
-    let mut far_moved = Vec::with_capacity(far_victims.len());
-    let far_hash: IdMap<(u64, u64)> = far_victims
-        .iter()
-        .map(|&(hash, id, loc, _, _)| (id, (hash, loc)))
-        .collect();
-    for (due, id, slot, from) in items {
-        if let From::FarVictim(v, e) = from {
-            let (_, entries) = &victims[v];
-            let (_, entry) = &entries[e];
-            let offset = writer.push(id, due, &entry.key, &entry.payload);
-            if let Some(&(hash, loc)) = far_hash.get(&id) {
-                far_moved.push((hash, id, loc, offset, due));
-            }
-            continue;
-        }
-        let (offset, held) = match from {
-            From::Memory => {
+        // The victims' live entries. Keys are hashed before the lock.
+        let victim_hashes: Vec<Vec<u64>> = victims
+            .iter()
+            .map(|(_, entries)| entries.iter().map(|(_, e)| hasher.hash(&e.key)).collect())
+            .collect();
+        let entries: Vec<(usize, usize)> = victims
+            .iter()
+            .enumerate()
+            .flat_map(|(v, (_, entries))| (0..entries.len()).map(move |e| (v, e)))
+            .collect();
+        for chunk in entries.chunks(MOVES_PER_HOLD) {
+            let core = holds.lock(self)?;
+            for &(v, e) in chunk {
+                let (file, list) = &victims[v];
+                let (offset, entry) = &list[e];
+                let hash = victim_hashes[v][e];
+                if let Some(loc) = crate::far::pack_loc(*file, *offset) {
+                    if core.far.find(hash, loc, entry.task_id).is_some() {
+                        moves.push(Move {
+                            due_ms: entry.due_ms,
+                            id: entry.task_id,
+                            slot: u32::MAX,
+                            from: From::FarVictim { v, e, loc },
+                            far: true,
+                            hash,
+                            offset: None,
+                        });
+                        continue;
+                    }
+                }
+                let tag = core.key_tag(&entry.key);
+                let Some(slot) = core.find_slot(tag, &entry.key) else {
+                    continue;
+                };
                 let Some(task) = core.tasks.get(slot) else {
                     continue;
                 };
-                let payload = core.payloads.get(&task.bytes).unwrap_or_default();
-                (writer.push(id, due, task.key(), payload), Held::Memory)
+                if task.id.0 != entry.task_id || task.bytes.on_disk() != Some((*file, *offset)) {
+                    continue;
+                }
+                // Copied forward with its file: far at its new place when
+                // it is a waiting first attempt beyond the horizon.
+                let far = task.state == TaskState::Scheduled
+                    && task.deliveries == 0
+                    && task.due_ms == entry.due_ms
+                    && horizon_end.is_some_and(|end| task.due_ms > end);
+                moves.push(Move {
+                    due_ms: entry.due_ms,
+                    id: entry.task_id,
+                    slot,
+                    from: From::Victim {
+                        v,
+                        e,
+                        file: *file,
+                        offset: *offset,
+                    },
+                    far,
+                    hash,
+                    offset: None,
+                });
             }
-            From::Victim(v, e) => {
-                let (file, entries) = &victims[v];
-                let (old_offset, entry) = &entries[e];
-                let offset = writer.push(id, due, &entry.key, &entry.payload);
-                (offset, Held::Disk(*file, *old_offset))
-            }
-            From::FarVictim(..) => continue,
-        };
-        if crate::far::pack_loc(file, offset).is_none() {
-            to_far.remove(&id);
         }
-        tasks.push((slot, TaskId(id), offset, held, due));
-    }
-    let bytes = writer.finish();
-    Some(Moves {
-        file,
-        bytes,
-        tasks,
-        to_far,
-        far_moved,
-    })
-}
-
-/// Where a moved payload comes from.
-#[derive(Clone, Copy)]
-enum From {
-    /// The task's payload in memory.
-    Memory,
-    /// Entry `.1` of compaction victim `.0`.
-    Victim(usize, usize),
-    /// Entry `.1` of compaction victim `.0`, a far task's.
-    FarVictim(usize, usize),
-}
-
-/// After the checkpoint naming the new file is durable: tasks whose payload
-/// reference is still what was copied now refer to the new file, and their
-/// payload memory is freed.
-fn apply_moves(shared: &Shared, core: &mut Core, moves: Option<Moves>, in_place: Vec<InPlaceFar>) {
-    // New far tasks, with their due times.
-    let mut new_far: Vec<(crate::far::FarEntry, u64)> = Vec::new();
-    // Slots of tasks going far, forgotten in slot order (fewer cache misses
-    // when most of the slab goes).
-    let mut forget: Vec<u32> = Vec::new();
-    for t in in_place {
-        let still = core.tasks.get_checked(t.slot, t.id).is_some_and(|task| {
-            task.state == TaskState::Scheduled
-                && task.deliveries == 0
-                && task.bytes.on_disk_current() == Some((t.file, t.offset))
-        });
-        if let (true, Some(loc)) = (still, crate::far::pack_loc(t.file, t.offset)) {
-            forget.push(t.slot);
-            let entry = crate::far::FarEntry {
-                hash: t.hash,
-                loc,
-                id: t.id.0,
+        if moves.is_empty() {
+            return Ok(0);
+        }
+        // The new file, in (due, id) order, without the lock.
+        let file = {
+            let mut core = holds.lock(self)?;
+            let file = core.next_overflow_file;
+            let Some(next) = file.checked_add(1) else {
+                return Ok(0);
             };
-            new_far.push((entry, t.due_ms));
+            core.next_overflow_file = next;
+            file
+        };
+        moves.sort_unstable_by_key(|m| (m.due_ms, m.id));
+        let key_payload = |from: From| -> (&[u8], &[u8]) {
+            match from {
+                From::Memory {
+                    at,
+                    key_len,
+                    payload_len,
+                } => (
+                    &bytes[at..at + key_len],
+                    &bytes[at + key_len..at + key_len + payload_len],
+                ),
+                From::Victim { v, e, .. } | From::FarVictim { v, e, .. } => {
+                    let entry = &victims[v].1[e].1;
+                    (&entry.key, &entry.payload)
+                }
+            }
+        };
+        let store_id = holds.lock(self)?.wal.as_ref().map(|w| w.store_id());
+        let Some(store_id) = store_id else {
+            return Err(CheckpointError::Closed);
+        };
+        let mut writer = OverflowWriter::new(&store_id, file);
+        let mut last = None;
+        for m in &mut moves {
+            // A task seen twice (it moved slots meanwhile) is written once.
+            if last == Some((m.due_ms, m.id)) {
+                continue;
+            }
+            last = Some((m.due_ms, m.id));
+            let (key, payload) = key_payload(m.from);
+            if m.far && !matches!(m.from, From::FarVictim { .. }) {
+                m.hash = hasher.hash(key);
+            }
+            m.offset = Some(writer.push(m.id, m.due_ms, key, payload));
         }
+        let file_bytes = writer.finish();
+        let dir = disk.overflow_dir();
+        create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
+        checkpoint::write_file(
+            disk.storage.as_ref(),
+            &dir,
+            &overflow::file_name(file),
+            &file_bytes,
+        )
+        .map_err(|(op, path, source)| CheckpointError::Io { op, path, source })?;
+        drop(file_bytes);
+        // Durable: tasks that still hold what was copied now refer to it.
+        let mut moved_payloads = 0u64;
+        let mut registered = false;
+        for chunk in moves.chunks(MOVES_PER_HOLD) {
+            let mut core = holds.lock(self)?;
+            if !registered {
+                core.overflow_files.entry(file).or_insert(0);
+                registered = true;
+            }
+            let mut earliest = Earliest::new();
+            let mut live = 0u64;
+            for m in chunk {
+                let Some(offset) = m.offset else {
+                    continue;
+                };
+                let (key, payload) = key_payload(m.from);
+                let applied = apply_move(self, &mut core, m, file, offset, payload, key);
+                if let Some(went_far) = applied {
+                    live += 1;
+                    if went_far {
+                        note_earliest(&mut earliest, file, m.due_ms);
+                    }
+                    if !matches!(m.from, From::FarVictim { .. }) {
+                        moved_payloads += 1;
+                    }
+                }
+            }
+            if let Some(n) = core.overflow_files.get_mut(&file) {
+                *n += live;
+            }
+            reset_far_cursors(self, &mut core, earliest);
+        }
+        // Cursors of files left with no far task go; a mostly removed index
+        // gives its memory back.
+        let mut core = holds.lock(self)?;
+        let files: HashSet<u32> = core.far.files().collect();
+        core.far_cursors.retain(|f, _| files.contains(f));
+        core.far.shrink();
+        self.far_tasks
+            .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(moved_payloads)
     }
-    if let Some(moves) = moves {
-        apply_file_moves(core, moves, &mut new_far, &mut forget);
+}
+
+/// Applies one move whose entry is durable at `offset` of `file`, if the
+/// task still holds what was copied (`key`, `payload`). `Some(true)`: it
+/// went (or stayed) far; `Some(false)`: its payload reference moved;
+/// `None`: nothing changed.
+fn apply_move(
+    shared: &Shared,
+    core: &mut Core,
+    m: &Move,
+    file: u32,
+    offset: u64,
+    payload: &[u8],
+    key: &[u8],
+) -> Option<bool> {
+    let loc = crate::far::pack_loc(file, offset);
+    if let From::FarVictim { loc: old, .. } = m.from {
+        let pos = core.far.find(m.hash, old, m.id)?;
+        let loc = loc?;
+        core.far.remove(pos);
+        core.far.insert(crate::far::FarEntry {
+            hash: m.hash,
+            loc,
+            id: m.id,
+        });
+        return Some(true);
     }
-    forget.sort_unstable();
-    for slot in forget {
-        shared.forget_task(core, slot);
+    let task = core.tasks.get_checked(m.slot, TaskId(m.id))?;
+    // A task that fell due meanwhile keeps its payload where it is.
+    if task.state != TaskState::Scheduled || task.key() != key {
+        return None;
     }
-    // A file that gets new far tasks is read by the promotion from its
-    // start again (an in-place one may sit before where it stopped), once
-    // the earliest of them comes within the horizon.
-    let mut earliest: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
-    for (e, due) in &new_far {
-        let d = earliest.entry(e.file()).or_insert(*due);
-        *d = (*d).min(*due);
+    let still = match m.from {
+        From::Memory { .. } => core.payloads.get(&task.bytes) == Some(payload),
+        From::Victim {
+            file: old_file,
+            offset: old_offset,
+            ..
+        } => task.bytes.on_disk() == Some((old_file, old_offset)),
+        From::FarVictim { .. } => false,
+    };
+    if !still {
+        return None;
     }
-    core.far.add(new_far.into_iter().map(|(e, _)| e).collect());
-    shared
-        .far_tasks
-        .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
-    let files: Vec<u32> = core.far.files().collect();
-    core.far_cursors.retain(|f, _| files.contains(f));
+    if let (true, Some(loc), true) = (m.far, loc, task.due_ms == m.due_ms && task.deliveries == 0) {
+        shared.forget_task(core, m.slot);
+        core.far.insert(crate::far::FarEntry {
+            hash: m.hash,
+            loc,
+            id: m.id,
+        });
+        return Some(true);
+    }
+    let due_current = task.due_ms == m.due_ms;
+    let new_ref = core.payloads.put_on_disk(key, file, offset, due_current);
+    let task = core.tasks.get_mut(m.slot)?;
+    let old = std::mem::replace(&mut task.bytes, new_ref);
+    core.payloads.release(old);
+    Some(false)
+}
+
+fn note_earliest(earliest: &mut Earliest, file: u32, due_ms: u64) {
+    let d = earliest.entry(file).or_insert(due_ms);
+    *d = (*d).min(due_ms);
+}
+
+/// Files that gained far tasks are read by the promotion from their start
+/// again (a task that became far in place may sit before where it stopped),
+/// once the earliest of them comes within the horizon.
+fn reset_far_cursors(shared: &Shared, core: &mut Core, earliest: Earliest) {
+    if earliest.is_empty() {
+        return;
+    }
     for (file, due) in earliest {
         let next_due_ms = match core.far_cursors.get(&file) {
             Some(c) => c.next_due_ms.min(due),
@@ -669,160 +869,32 @@ fn apply_moves(shared: &Shared, core: &mut Core, moves: Option<Moves>, in_place:
             },
         );
     }
-}
-
-/// [`apply_moves`] for the tasks whose entries went into the new file.
-fn apply_file_moves(
-    core: &mut Core,
-    moves: Moves,
-    new_far: &mut Vec<(crate::far::FarEntry, u64)>,
-    forget: &mut Vec<u32>,
-) {
-    let Moves {
-        file,
-        bytes,
-        tasks,
-        to_far,
-        far_moved,
-    } = moves;
-    let mut moved = 0;
-    for (hash, id, old_loc, offset, due) in far_moved {
-        if let (Some(pos), Some(loc)) = (
-            core.far.find(hash, old_loc, id),
-            crate::far::pack_loc(file, offset),
-        ) {
-            core.far.remove(pos);
-            new_far.push((crate::far::FarEntry { hash, loc, id }, due));
-            moved += 1;
-        }
-    }
-    for (slot, id, offset, held, due) in tasks {
-        let Some(task) = core.tasks.get_checked(slot, id) else {
-            continue;
-        };
-        // A task that fell due meanwhile keeps its payload in memory.
-        if task.state != TaskState::Scheduled {
-            continue;
-        }
-        let still = match held {
-            Held::Memory => match core.payloads.get(&task.bytes) {
-                Some(p) => overflow_payload(&bytes, offset) == Some(p),
-                None => false,
-            },
-            Held::Disk(f, o) => task.bytes.on_disk() == Some((f, o)),
-        };
-        if !still {
-            continue;
-        }
-        if let Some(&(hash, due_ms)) = to_far.get(&id.0) {
-            let loc = crate::far::pack_loc(file, offset);
-            if let (Some(loc), true) = (loc, task.due_ms == due_ms && task.deliveries == 0) {
-                forget.push(slot);
-                let entry = crate::far::FarEntry {
-                    hash,
-                    loc,
-                    id: id.0,
-                };
-                new_far.push((entry, due_ms));
-                moved += 1;
-                continue;
-            }
-        }
-        let due_current = match held {
-            Held::Memory => task.due_ms == due,
-            Held::Disk(..) => task.bytes.on_disk_current().is_some(),
-        };
-        let key: Box<[u8]> = task.key().into();
-        let new_ref = core.payloads.put_on_disk(&key, file, offset, due_current);
-        if let Some(task) = core.tasks.get_mut(slot) {
-            let old = std::mem::replace(&mut task.bytes, new_ref);
-            core.payloads.release(old);
-            moved += 1;
-        }
-    }
-    core.overflow_files.insert(file, moved);
-}
-
-/// The payload bytes of the entry at `offset` of an overflow file's bytes.
-fn overflow_payload(file: &[u8], offset: u64) -> Option<&[u8]> {
-    let at = usize::try_from(offset).ok()?;
-    let fixed = file.get(at..at + overflow::ENTRY_FIXED_BYTES)?;
-    let key_len = usize::from(u16::from_le_bytes([fixed[24], fixed[25]]));
-    let payload_len = u32::from_le_bytes([fixed[26], fixed[27], fixed[28], fixed[29]]) as usize;
-    let start = at + overflow::ENTRY_FIXED_BYTES + key_len;
-    file.get(start..start + payload_len)
-}
-
-/// Overflow files some live task refers to.
-fn referenced_files(core: &Core) -> HashSet<u32> {
-    core.tasks
-        .iter()
-        .filter_map(|t| t.bytes.on_disk().map(|(f, _)| f))
-        .chain(core.far.files())
-        .collect()
+    shared
+        .far_tasks
+        .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Encodes the live state. Tasks a consumer holds after a cancel
 /// (`Abandoned`) are finished as far as the log is concerned (their CANCEL
 /// is logged), so they are left out; `Ready` and `Leased` tasks are in flight.
-/// Payloads planned to move are written as references to the new file.
-fn encode(
-    core: &Core,
-    header: &CheckpointHeader,
-    moves: &Option<Moves>,
-    in_place: &[InPlaceFar],
-) -> (CheckpointEncoder, HashSet<u32>) {
-    let in_place: IdMap<&InPlaceFar> = in_place.iter().map(|t| (t.id.0, t)).collect();
+/// Returns the encoder and the overflow files the state refers to.
+fn encode(core: &Core, header: &CheckpointHeader) -> (CheckpointEncoder, HashSet<u32>) {
     let mut named = HashSet::new();
-    let moved: IdMap<(u32, u64)> = moves
-        .iter()
-        .flat_map(|m| {
-            m.tasks
-                .iter()
-                .map(move |(_, id, offset, _, _)| (id.0, (m.file, *offset)))
-        })
-        .collect();
     let mut enc = CheckpointEncoder::new(header);
-    let to_far = moves.as_ref().map(|m| &m.to_far);
-    let mut far_tasks: Vec<checkpoint::FarTask> = Vec::new();
     for task in core.tasks.iter() {
-        if let (Some(&(key_hash, _)), Some(&(file, offset))) = (
-            to_far.and_then(|t| t.get(&task.id.0)),
-            moved.get(&task.id.0),
-        ) {
-            far_tasks.push(checkpoint::FarTask {
-                id: task.id.0,
-                key_hash,
-                file,
-                offset,
-            });
-            continue;
-        }
-        if let Some(t) = in_place.get(&task.id.0) {
-            far_tasks.push(checkpoint::FarTask {
-                id: t.id.0,
-                key_hash: t.hash,
-                file: t.file,
-                offset: t.offset,
-            });
-            continue;
-        }
         let in_flight = match task.state {
             TaskState::Scheduled => false,
             TaskState::Ready | TaskState::Leased => true,
             TaskState::Abandoned => continue,
         };
-        let payload = match (moved.get(&task.id.0), &task.bytes) {
-            (Some(&(file, offset)), _) => PayloadAt::Overflow { file, offset },
-            (None, bytes) => match (core.payloads.get(bytes), bytes.on_disk()) {
-                (Some(p), _) => PayloadAt::Inline(p),
-                (None, Some((file, offset))) => PayloadAt::Overflow { file, offset },
-                (None, None) => PayloadAt::Inline(&[]),
-            },
+        let payload = match (core.payloads.get(&task.bytes), task.bytes.on_disk()) {
+            (Some(p), _) => PayloadAt::Inline(p),
+            (None, Some((file, offset))) => {
+                named.insert(file);
+                PayloadAt::Overflow { file, offset }
+            }
+            (None, None) => PayloadAt::Inline(&[]),
         };
-        if let PayloadAt::Overflow { file, .. } = payload {
-            named.insert(file);
-        }
         enc.push_task(
             task.id.0,
             task.due_ms,
@@ -832,29 +904,15 @@ fn encode(
             payload,
         );
     }
-    let far_moved: IdMap<u64> = moves
-        .iter()
-        .flat_map(|m| {
-            m.far_moved
-                .iter()
-                .map(|&(_, id, _, offset, _)| (id, offset))
-        })
-        .collect();
     for e in core.far.iter() {
-        let (file, offset) = match (far_moved.get(&e.id), moves) {
-            (Some(&offset), Some(m)) => (m.file, offset),
-            _ => crate::far::unpack_loc(e.loc),
-        };
-        far_tasks.push(checkpoint::FarTask {
+        let (file, offset) = crate::far::unpack_loc(e.loc);
+        named.insert(file);
+        enc.push_far(&checkpoint::FarTask {
             id: e.id,
             key_hash: e.hash,
             file,
             offset,
         });
-    }
-    for t in &far_tasks {
-        named.insert(t.file);
-        enc.push_far(t);
     }
     let mut dead: Vec<_> = core.dead.iter().collect();
     dead.sort_unstable_by_key(|(id, _)| **id);

@@ -178,6 +178,11 @@ pub struct Stats {
     /// cancel or reschedule finding them (those already within the horizon
     /// at open are placed by the open itself and not counted).
     pub far_promoted: u64,
+    /// The longest a checkpoint (background or explicit) held the engine's
+    /// lock at once since open: the longest every other call — schedule,
+    /// cancel, receive, the driver's hand-outs — could have waited on one.
+    /// See [`CheckpointReport::longest_hold`].
+    pub checkpoint_hold_max: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,6 +263,8 @@ struct Core {
     far_cursors: std::collections::BTreeMap<u32, far::FarCursor>,
     /// Far tasks moved back into the wheel so far.
     far_promoted: u64,
+    /// The longest single hold of this lock by a checkpoint since open.
+    checkpoint_hold_max: Duration,
     /// Raised by each reset of a promotion cursor (`far::FarCursor`).
     far_generation: u32,
 }
@@ -777,6 +784,7 @@ impl Engine {
             far: FarIndex::default(),
             far_cursors: std::collections::BTreeMap::new(),
             far_promoted: 0,
+            checkpoint_hold_max: Duration::ZERO,
             far_generation: 0,
         };
         let shared = Arc::new(Shared {
@@ -1022,6 +1030,7 @@ impl Engine {
             payloads_read_back: core.payloads_read_back,
             far: core.far.len(),
             far_promoted: core.far_promoted,
+            checkpoint_hold_max: core.checkpoint_hold_max,
         }
     }
 
