@@ -102,7 +102,7 @@ pub const TASK_KEY_INLINE_BYTES: usize = 30;
 ///
 /// Recovery decodes one key per live task; keeping the typical short key
 /// inline makes the decoding allocation-free and lets the engine keep it in
-/// the task's entry ([`crate::task`]'s small form) without freeing millions
+/// the task's entry (with no allocation of its own) without freeing millions
 /// of small allocations in due order.
 #[derive(Clone)]
 pub enum TaskKey {
