@@ -79,86 +79,92 @@ impl FarEntry {
 /// Entries per directory bucket the index aims at.
 const BUCKET_ENTRIES: usize = 4;
 
-/// The far tasks: a flat array of [`FarEntry`] sorted by hash, with a
-/// directory of the first entry of each range of hashes — a static hash
-/// table at 100 % load (about 25 bytes per task in all, where a SwissTable
-/// of the same entries would take 27–54 depending on where its power-of-two
-/// growth stands).
+/// Shards of a [`FarIndex`], by the top [`SHARD_BITS`] bits of the hash.
+const SHARDS: usize = 1 << SHARD_BITS;
+/// See [`SHARDS`].
+const SHARD_BITS: u32 = 8;
+
+/// A shard's tail is merged into its sorted array once it holds more
+/// entries than the array and more than this many (so that small shards do
+/// not merge at every insert).
+const TAIL_MERGE_MIN: usize = 256;
+
+/// A shard with at least this many entries is rebuilt once removed entries
+/// are more than half of them (their memory given back).
+const SHRINK_MIN: usize = 64;
+
+/// The far tasks: [`FarEntry`]s in 256 shards by the top 8 bits of the
+/// hash, each a flat array sorted by hash with a directory of the first
+/// entry of each range of hashes — a static hash table at 100 % load (about
+/// 25 bytes per task in all, where a SwissTable of the same entries would
+/// take 27–54 depending on where its power-of-two growth stands).
 ///
-/// Lookup is O(1) expected: the top bits of the hash pick a directory
-/// bucket of about 4 entries (`BUCKET_ENTRIES`), scanned in order (hashes
-/// are uniform: SipHash under a secret key). Removal leaves a tombstone
-/// (id 0), dropped when the array is rebuilt. Entries are added in bulk —
-/// [`FarIndex::build`] at open (O(n log n)), [`FarIndex::add`] (a merge,
-/// O(n + m log m)) — or one at a time, [`FarIndex::insert`]: O(1) into an
-/// unsorted tail with a hash table of its positions (~30 B per entry there),
-/// merged into the sorted array once the tail outgrows it (amortised
-/// O(1) per insert). A checkpoint takes tasks out of the wheel one lock
-/// hold at a time, and each must be findable by key as soon as it leaves.
-/// At most `u32::MAX` entries (the engine's task limit is 2^31).
-#[derive(Debug, Default)]
+/// Lookup is O(1) expected: the top bits of the hash pick a shard, the next
+/// ones a directory bucket of about 4 entries (`BUCKET_ENTRIES`), scanned in
+/// order (hashes are uniform: SipHash under a secret key). Removal leaves a
+/// tombstone (id 0); a shard is rebuilt once tombstones are more than half
+/// of it. Entries are added in bulk — [`FarIndex::build`] at open
+/// (O(n log n)), [`FarIndex::add`] (a merge, O(n + m log m)) — or one at a
+/// time, [`FarIndex::insert`]: O(1) into its shard's unsorted tail with a
+/// hash table of positions (~30 B per entry there), merged into the shard's
+/// array once the tail outgrows it (amortised O(1) per insert). Sharding
+/// keeps every rebuild and merge to 1/256 of the index: a checkpoint takes
+/// tasks out of the wheel one lock hold at a time, each findable by key as
+/// soon as it leaves, and no hold may grow with the whole index. At most
+/// `u32::MAX` entries per shard (the engine's task limit is 2^31).
+#[derive(Debug)]
 pub struct FarIndex {
+    shards: Box<[Shard]>,
+    live: usize,
+    /// Live entries per overflow file.
+    per_file: std::collections::BTreeMap<u32, u64>,
+}
+
+/// One shard of a [`FarIndex`].
+#[derive(Debug, Default)]
+struct Shard {
     /// The sorted part (`..sorted`), then the tail in insertion order.
     entries: Vec<FarEntry>,
     /// Length of the sorted part.
     sorted: usize,
     /// Positions (in `entries`) of the tail's entries, by hash.
     tail: hashbrown::HashTable<u32>,
-    /// `dir[b]` = index of the first entry whose hash's top `bits` bits are
-    /// ≥ `b`; `2^bits + 1` entries (empty while `entries` is).
+    /// `dir[b]` = index of the first sorted entry whose hash's `bits` bits
+    /// after the shard's are ≥ `b`; `2^bits + 1` entries (empty while the
+    /// sorted part is).
     dir: Vec<u32>,
     bits: u32,
+    /// Live entries.
     live: usize,
-    /// Live entries per overflow file.
-    per_file: std::collections::BTreeMap<u32, u64>,
 }
 
-impl FarIndex {
-    /// An index of `entries` (removed ones, id 0, are dropped).
-    ///
-    /// # Panics
-    /// Never; more than `u32::MAX` entries are not indexable and are
-    /// refused by the engine's task limit long before.
-    pub fn build(mut entries: Vec<FarEntry>) -> FarIndex {
-        entries.retain(|e| e.id != 0);
-        entries.sort_unstable_by_key(|e| (e.hash, e.id));
-        entries.shrink_to_fit();
-        FarIndex::from_sorted(entries)
-    }
-
-    /// Adds `new` entries, dropping the removed ones: the live entries (in
-    /// order already) and the sorted new ones are merged, O(n + m log m).
-    /// With nothing new, the array is still rebuilt once tombstones are
-    /// more than half of it (their 24 bytes each are then given back).
-    pub fn add(&mut self, mut new: Vec<FarEntry>) {
-        new.retain(|e| e.id != 0);
-        if new.is_empty() && self.live * 2 >= self.entries.len() && self.tail.is_empty() {
-            return;
+impl Default for FarIndex {
+    fn default() -> Self {
+        FarIndex {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            live: 0,
+            per_file: std::collections::BTreeMap::new(),
         }
-        let sorted = self.sorted;
-        let mut old = self.take_entries();
-        // The tail joins the new entries; the sorted part stays in order.
-        new.extend(old.drain(sorted.min(old.len())..).filter(|e| e.id != 0));
-        new.sort_unstable_by_key(|e| (e.hash, e.id));
-        let mut merged = Vec::with_capacity(old.len() + new.len());
-        let mut old = old.into_iter().filter(|e| e.id != 0).peekable();
-        let mut new = new.into_iter().peekable();
-        loop {
-            let take_old = match (old.peek(), new.peek()) {
-                (Some(a), Some(b)) => (a.hash, a.id) <= (b.hash, b.id),
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => break,
-            };
-            let next = if take_old { old.next() } else { new.next() };
-            merged.extend(next);
-        }
-        merged.shrink_to_fit();
-        *self = FarIndex::from_sorted(merged);
     }
+}
 
-    /// The index of `entries`, sorted by (hash, id), all live.
-    fn from_sorted(entries: Vec<FarEntry>) -> FarIndex {
+/// The shard of `hash`.
+fn shard_of(hash: u64) -> usize {
+    (hash >> (64 - SHARD_BITS)) as usize
+}
+
+/// A position in the index: shard, then place in the shard's entries.
+fn position(shard: usize, at: usize) -> usize {
+    (shard << 32) | at
+}
+
+fn unposition(pos: usize) -> (usize, usize) {
+    (pos >> 32, pos & 0xffff_ffff)
+}
+
+impl Shard {
+    /// A shard of `entries`, sorted by (hash, id), all live.
+    fn from_sorted(entries: Vec<FarEntry>) -> Shard {
         let n = entries.len();
         let bits = if n < 2 * BUCKET_ENTRIES {
             0
@@ -177,55 +183,43 @@ impl FarIndex {
             }
             dir.push(n as u32);
         }
-        let mut per_file = std::collections::BTreeMap::new();
-        for e in &entries {
-            *per_file.entry(e.file()).or_insert(0) += 1;
-        }
-        FarIndex {
+        Shard {
             entries,
             sorted: n,
             tail: hashbrown::HashTable::new(),
             dir,
             bits,
             live: n,
-            per_file,
         }
     }
 
-    /// Rebuilds the sorted array when removed entries are more than half of
-    /// it (their memory is given back); otherwise does nothing. The tail
-    /// stays as it is.
-    pub fn shrink(&mut self) {
-        if self.live * 2 < self.entries.len() {
-            self.add(Vec::new());
+    /// Merges `new` (live entries of this shard) and the tail into the
+    /// sorted part, dropping tombstones. O(n + m log m).
+    fn merge(&mut self, mut new: Vec<FarEntry>) {
+        let mut old = std::mem::take(&mut self.entries);
+        new.extend(
+            old.drain(self.sorted.min(old.len())..)
+                .filter(|e| e.id != 0),
+        );
+        new.sort_unstable_by_key(|e| (e.hash, e.id));
+        let mut merged = Vec::with_capacity(self.live);
+        let mut old = old.into_iter().filter(|e| e.id != 0).peekable();
+        let mut new = new.into_iter().peekable();
+        loop {
+            let take_old = match (old.peek(), new.peek()) {
+                (Some(a), Some(b)) => (a.hash, a.id) <= (b.hash, b.id),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let next = if take_old { old.next() } else { new.next() };
+            merged.extend(next);
         }
+        merged.shrink_to_fit();
+        *self = Shard::from_sorted(merged);
     }
 
-    /// Adds one entry (its id must not be 0 and not be in the index
-    /// already). O(1) amortised: into the tail, which is merged into the
-    /// sorted array once it holds more than the array (and 65 536 entries).
-    pub fn insert(&mut self, entry: FarEntry) {
-        if entry.id == 0 {
-            return;
-        }
-        let Ok(pos) = u32::try_from(self.entries.len()) else {
-            // Not reachable under the engine's task limit; stays correct.
-            self.add(vec![entry]);
-            return;
-        };
-        self.entries.push(entry);
-        let entries = &self.entries;
-        self.tail
-            .insert_unique(entry.hash, pos, |&p| entries[p as usize].hash);
-        self.live += 1;
-        *self.per_file.entry(entry.file()).or_insert(0) += 1;
-        if self.tail.len() > self.sorted.max(TAIL_MERGE_MIN) {
-            self.add(Vec::new());
-        }
-    }
-
-    /// Positions of the live entries whose hash is `hash`.
-    pub fn candidates(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
+    fn candidates(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
         let range = if self.dir.is_empty() {
             0..0
         } else {
@@ -240,38 +234,140 @@ impl FarIndex {
             })
     }
 
-    /// The position of the live entry (`hash`, `loc`, `id`), if any.
+    fn memory_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<FarEntry>()
+            + self.dir.capacity() * 4
+            + self.tail.capacity() * 5
+    }
+}
+
+impl FarIndex {
+    /// An index of `entries` (removed ones, id 0, are dropped).
+    ///
+    /// # Panics
+    /// Never; more than `u32::MAX` entries in a shard are not indexable and
+    /// are refused by the engine's task limit long before.
+    pub fn build(mut entries: Vec<FarEntry>) -> FarIndex {
+        entries.retain(|e| e.id != 0);
+        entries.sort_unstable_by_key(|e| (e.hash, e.id));
+        let mut index = FarIndex {
+            live: entries.len(),
+            ..FarIndex::default()
+        };
+        for e in &entries {
+            *index.per_file.entry(e.file()).or_insert(0) += 1;
+        }
+        // Sorted by hash, so each shard's entries are one run.
+        let mut rest = entries.as_slice();
+        for (s, shard) in index.shards.iter_mut().enumerate() {
+            let n = rest.partition_point(|e| shard_of(e.hash) == s);
+            let (run, after) = rest.split_at(n);
+            *shard = Shard::from_sorted(run.to_vec());
+            rest = after;
+        }
+        index
+    }
+
+    /// Adds `new` entries, dropping the removed ones: each shard's live
+    /// entries (in order already) and its sorted new ones are merged,
+    /// O(n + m log m).
+    pub fn add(&mut self, new: Vec<FarEntry>) {
+        let mut by_shard: Vec<Vec<FarEntry>> = (0..SHARDS).map(|_| Vec::new()).collect();
+        for e in new.into_iter().filter(|e| e.id != 0) {
+            self.live += 1;
+            *self.per_file.entry(e.file()).or_insert(0) += 1;
+            by_shard[shard_of(e.hash)].push(e);
+        }
+        for (shard, new) in self.shards.iter_mut().zip(by_shard) {
+            if !new.is_empty() || !shard.tail.is_empty() || shard.live < shard.entries.len() {
+                shard.live += new.len();
+                shard.merge(new);
+            }
+        }
+    }
+
+    /// Adds one entry (its id must not be 0 and not be in the index
+    /// already). O(1) amortised: into its shard's tail, merged into the
+    /// shard's sorted array once it holds more than the array.
+    pub fn insert(&mut self, entry: FarEntry) {
+        if entry.id == 0 {
+            return;
+        }
+        let shard = &mut self.shards[shard_of(entry.hash)];
+        let Ok(at) = u32::try_from(shard.entries.len()) else {
+            // Not reachable under the engine's task limit; stays correct.
+            self.add(vec![entry]);
+            return;
+        };
+        shard.entries.push(entry);
+        let entries = &shard.entries;
+        shard
+            .tail
+            .insert_unique(entry.hash, at, |&p| entries[p as usize].hash);
+        shard.live += 1;
+        if shard.tail.len() > shard.sorted.max(TAIL_MERGE_MIN) {
+            shard.merge(Vec::new());
+        }
+        self.live += 1;
+        *self.per_file.entry(entry.file()).or_insert(0) += 1;
+    }
+
+    /// Positions of the live entries whose hash is `hash` (usually none or
+    /// one). O(1) expected.
+    pub fn candidates(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
+        let s = shard_of(hash);
+        self.shards[s]
+            .candidates(hash)
+            .map(move |at| position(s, at))
+    }
+
+    /// Position of the live entry `(hash, loc, id)`, if present.
     pub fn find(&self, hash: u64, loc: u64, id: u64) -> Option<usize> {
         self.candidates(hash).find(|&p| {
-            let e = &self.entries[p];
+            let e = self.get(p);
             e.loc == loc && e.id == id
         })
     }
 
-    /// The position of the live entry of task `id` at `loc`, whatever its
-    /// hash. O(n): for the rare failed read only.
+    /// Position of the live entry at `loc` with task `id`, whatever its
+    /// hash. O(n): for checks, not for the hot path.
     pub fn find_by_place(&self, loc: u64, id: u64) -> Option<usize> {
-        self.entries.iter().position(|e| e.loc == loc && e.id == id)
+        self.shards.iter().enumerate().find_map(|(s, shard)| {
+            shard
+                .entries
+                .iter()
+                .position(|e| e.loc == loc && e.id == id)
+                .map(|at| position(s, at))
+        })
     }
 
-    /// The entry at `pos` (live or removed).
+    /// The entry at `pos` (from [`FarIndex::candidates`] or
+    /// [`FarIndex::find`]).
     ///
     /// # Panics
-    /// If `pos` is not a position this index handed out.
+    /// If `pos` is not a position the index gave (a caller's bug).
     pub fn get(&self, pos: usize) -> FarEntry {
-        self.entries[pos]
+        let (s, at) = unposition(pos);
+        self.shards[s].entries[at]
     }
 
-    /// Removes the live entry at `pos` and returns it (`None` if removed
-    /// already or out of range). O(1): the entry becomes a tombstone (its
-    /// 24 bytes stay until the next rebuild).
+    /// Removes the entry at `pos` (a tombstone until its shard is rebuilt,
+    /// which happens once tombstones are more than half of it); returns it,
+    /// or `None` if it was removed already. Positions given before a
+    /// removal are not valid after it.
     pub fn remove(&mut self, pos: usize) -> Option<FarEntry> {
-        let e = self.entries.get_mut(pos)?;
+        let (s, at) = unposition(pos);
+        let shard = self.shards.get_mut(s)?;
+        let e = shard.entries.get_mut(at)?;
         if e.id == 0 {
             return None;
         }
         let out = *e;
         e.id = 0;
+        shard.live -= 1;
+        if shard.entries.len() >= SHRINK_MIN && shard.live * 2 < shard.entries.len() {
+            shard.merge(Vec::new());
+        }
         self.live -= 1;
         if let Some(n) = self.per_file.get_mut(&out.file()) {
             *n -= 1;
@@ -282,22 +378,25 @@ impl FarIndex {
         Some(out)
     }
 
-    /// Live far tasks.
+    /// Live entries.
     pub fn len(&self) -> usize {
         self.live
     }
 
-    /// Whether no far task is live.
+    /// Whether no entry is live.
     pub fn is_empty(&self) -> bool {
         self.live == 0
     }
 
-    /// The live entries, in hash order.
+    /// The live entries, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &FarEntry> {
-        self.entries.iter().filter(|e| e.id != 0)
+        self.shards
+            .iter()
+            .flat_map(|s| s.entries.iter())
+            .filter(|e| e.id != 0)
     }
 
-    /// Live far tasks whose entry is in overflow file `file`.
+    /// Live entries in overflow file `file`.
     pub fn live_in_file(&self, file: u32) -> u64 {
         self.per_file.get(&file).copied().unwrap_or(0)
     }
@@ -310,29 +409,28 @@ impl FarIndex {
     /// Takes every entry out (live ones and tombstones), leaving the index
     /// empty — for a rebuild.
     pub fn take_entries(&mut self) -> Vec<FarEntry> {
-        let out = std::mem::take(&mut self.entries);
+        let mut out = Vec::with_capacity(self.shards.iter().map(|s| s.entries.len()).sum());
+        for shard in self.shards.iter_mut() {
+            out.append(&mut shard.entries);
+        }
         *self = FarIndex::default();
         out
     }
 
     /// Heap bytes held.
     pub fn memory_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<FarEntry>()
-            + self.dir.capacity() * 4
-            + self.tail.capacity() * 5
+        self.shards.iter().map(Shard::memory_bytes).sum::<usize>()
+            + self.shards.len() * std::mem::size_of::<Shard>()
     }
 }
 
-/// The tail is merged into the sorted array once it holds more entries than
-/// the array and more than this many (so that small indexes do not merge at
-/// every insert).
-const TAIL_MERGE_MIN: usize = 65_536;
-
+/// The directory bucket of `hash` in a shard of `2^bits` buckets: the `bits`
+/// bits after the shard's.
 fn bucket(hash: u64, bits: u32) -> u64 {
     if bits == 0 {
         0
     } else {
-        hash >> (64 - bits)
+        (hash << SHARD_BITS) >> (64 - bits)
     }
 }
 
@@ -377,62 +475,106 @@ mod tests {
         let rebuilt = FarIndex::build(index.take_entries());
         assert_eq!(rebuilt.len(), 5_000);
         assert_eq!(rebuilt.iter().count(), 5_000);
-        assert!(rebuilt.memory_bytes() <= 5_000 * 24 + 5_000);
+        assert!(
+            rebuilt.memory_bytes()
+                <= 5_000 * 24 + 5_000 + SHARDS * (std::mem::size_of::<Shard>() + 8)
+        );
+        rebuilt.check();
+    }
+
+    impl FarIndex {
+        /// Checks every invariant: each shard's entries are its own, its
+        /// sorted part is sorted and its directory right, its tail indexed
+        /// and bounded; live counts and per-file counts agree.
+        fn check(&self) {
+            let mut live = 0;
+            let mut per_file = std::collections::BTreeMap::new();
+            for (s, shard) in self.shards.iter().enumerate() {
+                assert!(shard.entries.iter().all(|e| shard_of(e.hash) == s));
+                let sorted = &shard.entries[..shard.sorted];
+                assert!(sorted
+                    .windows(2)
+                    .all(|w| (w[0].hash, w[0].id) <= (w[1].hash, w[1].id)));
+                for (at, e) in sorted.iter().enumerate() {
+                    let b = bucket(e.hash, shard.bits) as usize;
+                    assert!((shard.dir[b] as usize..shard.dir[b + 1] as usize).contains(&at));
+                }
+                assert_eq!(shard.tail.len(), shard.entries.len() - shard.sorted);
+                assert!(shard.tail.len() <= shard.sorted.max(TAIL_MERGE_MIN));
+                let shard_live = shard.entries.iter().filter(|e| e.id != 0).count();
+                assert_eq!(shard.live, shard_live);
+                assert!(shard.entries.len() < SHRINK_MIN || shard_live * 2 >= shard.entries.len());
+                live += shard_live;
+                for e in shard.entries.iter().filter(|e| e.id != 0) {
+                    *per_file.entry(e.file()).or_insert(0u64) += 1;
+                }
+            }
+            assert_eq!(self.live, live);
+            assert_eq!(self.per_file, per_file);
+        }
     }
 
     #[test]
     fn entries_inserted_one_at_a_time_are_found_before_and_after_merging() {
         let hasher = KeyHasher::new(&[5; 16]);
         let e = |id: u64| entry(hasher.hash(&id.to_le_bytes()), id);
-        let mut index = FarIndex::build((1..=1_000).map(e).collect());
-        // Into the tail: found at once, alongside the sorted part.
-        for id in 1_001..=2_000 {
+        let mut index = FarIndex::build((1..=100_000).map(e).collect());
+        index.check();
+        // Into the tails: found at once, alongside the sorted parts.
+        for id in 100_001..=130_000 {
             index.insert(e(id));
             let x = e(id);
             assert_eq!(index.get(index.find(x.hash, x.loc, x.id).unwrap()), x);
         }
-        assert_eq!(index.sorted, 1_000);
-        assert_eq!(index.len(), 2_000);
+        assert!(index.shards.iter().any(|s| !s.tail.is_empty()));
+        index.check();
         // Removing from either part leaves a tombstone there.
-        for id in (1..=2_000).step_by(4) {
+        for id in (1..=130_000).step_by(4) {
             let x = e(id);
             let pos = index.find(x.hash, x.loc, x.id).unwrap();
             assert_eq!(index.remove(pos), Some(x));
             assert_eq!(index.find(x.hash, x.loc, x.id), None);
         }
+        index.check();
         let live = |id: u64| !(id - 1).is_multiple_of(4);
         // A hash shared by a sorted entry and a tail entry gives both.
-        let twin = FarEntry { id: 5_000, ..e(2) };
+        let twin = FarEntry {
+            id: 500_000,
+            ..e(2)
+        };
         index.insert(twin);
         assert_eq!(index.candidates(twin.hash).count(), 2);
-        // The insert that takes the tail past TAIL_MERGE_MIN (it holds
-        // 1 001) merges it into the array.
-        let more = (TAIL_MERGE_MIN - 1_000) as u64;
-        for id in 10_001..=10_000 + more {
-            assert!(!index.tail.is_empty(), "merged early, at {id}");
+        // Growing the index fivefold one at a time merges every tail into
+        // its shard's array on the way (`check`: tails stay bounded).
+        for id in 200_001..=700_000 {
             index.insert(e(id));
         }
-        assert!(index.tail.is_empty(), "merged");
-        assert_eq!(index.sorted, index.entries.len());
-        let hashes: Vec<u64> = index.entries.iter().map(|x| x.hash).collect();
-        assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
-        let expected = (1..=2_000u64).filter(|&id| live(id)).count() + 1 + more as usize;
+        index.check();
+        let expected = (1..=130_000u64).filter(|&id| live(id)).count() + 1 + 500_000;
         assert_eq!(index.len(), expected);
         assert_eq!(index.iter().count(), expected);
-        for id in (1..=2_000).chain(10_001..=10_000 + more) {
+        for id in (1..=130_000).chain(200_001..=700_000) {
             let x = e(id);
             assert_eq!(
                 index.find(x.hash, x.loc, x.id).is_some(),
-                id > 2_000 || live(id),
+                id > 130_000 || live(id),
                 "{id}"
             );
         }
         assert!(index.find(twin.hash, twin.loc, twin.id).is_some());
-        let per_file: u64 = (1..=3).map(|f| index.live_in_file(f)).sum();
-        assert_eq!(per_file, expected as u64);
+        // Removing most of it shrinks the shards (`check`: tombstones at
+        // most half of every shard of some size).
+        for id in 200_001..=690_000 {
+            let x = e(id);
+            let pos = index.find(x.hash, x.loc, x.id).unwrap();
+            index.remove(pos);
+        }
+        index.check();
+        assert_eq!(index.len(), expected - 490_000);
+        assert!(index.memory_bytes() < 200_000 * 24);
         // Id 0 is never inserted.
         index.insert(FarEntry { id: 0, ..e(3) });
-        assert_eq!(index.len(), expected);
+        assert_eq!(index.len(), expected - 490_000);
     }
 
     #[test]
@@ -459,7 +601,8 @@ mod tests {
             let x = e(id);
             assert!(index.find(x.hash, x.loc, x.id).is_some(), "{id}");
         }
-        // Nothing new, but tombstones are most of it: rebuilt, memory back.
+        index.check();
+        // Nothing new, but tombstones: rebuilt, memory back.
         let mut shrinking = FarIndex::build((1..=100).map(e).collect());
         for id in 1..=60 {
             let x = e(id);
@@ -467,9 +610,9 @@ mod tests {
             shrinking.remove(pos);
         }
         shrinking.add(Vec::new());
-        assert_eq!((shrinking.len(), shrinking.entries.len()), (40, 40));
-        let hashes: Vec<u64> = index.iter().map(|x| x.hash).collect();
-        assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
+        let held: usize = shrinking.shards.iter().map(|s| s.entries.len()).sum();
+        assert_eq!((shrinking.len(), held), (40, 40));
+        shrinking.check();
         assert_eq!(index.iter().count(), expected.len());
         let per_file: u64 = (1..=3).map(|f| index.live_in_file(f)).sum();
         assert_eq!(per_file, expected.len() as u64);

@@ -770,12 +770,10 @@ impl Shared {
             }
             reset_far_cursors(self, &mut core, earliest);
         }
-        // Cursors of files left with no far task go; a mostly removed index
-        // gives its memory back.
+        // Cursors of files left with no far task go.
         let mut core = holds.lock(self)?;
         let files: HashSet<u32> = core.far.files().collect();
         core.far_cursors.retain(|f, _| files.contains(f));
-        core.far.shrink();
         self.far_tasks
             .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(moved_payloads)
