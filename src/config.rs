@@ -48,6 +48,9 @@ pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Default [`Config::horizon`]: 18 days.
 pub const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * 24 * 3600);
 
+/// Default [`Config::relocate_far_tasks`]: 2^20 (about a million).
+pub const RELOCATE_FAR_TASKS_DEFAULT: u64 = 1 << 20;
+
 /// Default [`Config::payload_window`]: 1 minute.
 pub const PAYLOAD_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
 /// Default [`Config::checkpoint_interval`]: 10 minutes.
@@ -209,6 +212,18 @@ pub struct Config {
     /// open). Default
     /// [`HORIZON_DEFAULT`] (18 days). Ignored in memory.
     pub horizon: Option<Duration>,
+    /// Also take far tasks out of the wheel between checkpoints, in the
+    /// background, once this many first attempts due beyond the horizon
+    /// have been scheduled since they last were — or as many as there are
+    /// far tasks already, if that is more (so the overflow files this
+    /// writes grow geometrically and stay few). The same move as a
+    /// checkpoint's first step (payloads due after the payload window leave
+    /// memory too), without writing a checkpoint: it bounds the memory of
+    /// far tasks scheduled in bulk, which otherwise stay whole in the wheel
+    /// until the next checkpoint. `None`: only checkpoints take them out.
+    /// Default [`RELOCATE_FAR_TASKS_DEFAULT`]. Ignored in memory, and
+    /// without a horizon.
+    pub relocate_far_tasks: Option<u64>,
     /// Run a background thread that reads payloads coming due (within
     /// `payload_window`) back into memory, so that receiving a task does not
     /// wait on disk. Default true; deterministic tests turn it off (payloads
@@ -234,6 +249,7 @@ impl Default for Config {
             checkpoint_interval: Some(CHECKPOINT_INTERVAL_DEFAULT),
             payload_window: Some(PAYLOAD_WINDOW_DEFAULT),
             horizon: Some(HORIZON_DEFAULT),
+            relocate_far_tasks: Some(RELOCATE_FAR_TASKS_DEFAULT),
             payload_prefetch: true,
         }
     }
@@ -319,6 +335,9 @@ impl Config {
         }
         if self.catch_up_tasks_per_sec == Some(0) {
             return Err("catch_up_tasks_per_sec must be at least 1 (or None)".into());
+        }
+        if self.relocate_far_tasks == Some(0) {
+            return Err("relocate_far_tasks must be at least 1 (or None)".into());
         }
         if self.checkpoint_log_bytes == Some(0) {
             return Err("checkpoint_log_bytes must be at least 1 (or None)".into());

@@ -671,6 +671,21 @@ fn absurd_ticks_are_invalid_config() -> TestResult {
     Ok(())
 }
 
+/// Moving far tasks out of the wheel after every zero tasks is a configuration error.
+#[test]
+fn relocating_far_tasks_after_zero_of_them_is_invalid_config() -> TestResult {
+    let mut c = Config::default();
+    c.relocate_far_tasks = Some(0);
+    let got = Engine::in_memory(c, Arc::new(ManualClock::new(START_MS)));
+    match got {
+        Err(OpenError::InvalidConfig { reason }) => {
+            assert!(reason.contains("relocate_far_tasks"), "{reason}");
+        }
+        other => return Err(format!("expected InvalidConfig, got {other:?}").into()),
+    }
+    Ok(())
+}
+
 /// `cancel_many` and `ack_many` beyond `BATCH_TASKS_MAX` are refused whole, without poisoning.
 #[test]
 fn cancel_and_ack_batches_over_the_limit_are_refused() -> TestResult {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::far::{at, cfg, key, HOUR, MINUTE};
+use common::far::{at, cfg, due, key, HOUR, MINUTE};
 
 use common::{config, SimHarness, Stop, TestResult, START_MS};
 use kairos::{CancelOutcome, Durability, RescheduleOutcome, ScheduleError};
@@ -265,6 +265,88 @@ fn a_far_task_whose_entry_cannot_be_read_poisons_the_cancel_and_the_open_says_wh
         }
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("opened without the far tasks' file"),
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until `done` holds: the background checkpointer works on
+/// its own thread.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> TestResult {
+    let started = std::time::Instant::now();
+    while !done() {
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!("gave up waiting: {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// Far tasks scheduled in bulk leave the wheel between checkpoints once
+/// `Config::relocate_far_tasks` of them are waiting there, without a
+/// checkpoint: they are found by key, fire on their tick, and a reopen —
+/// which finds their overflow file named by no checkpoint and deletes it —
+/// starts from the log with nothing lost.
+#[test]
+fn far_tasks_leave_the_wheel_between_checkpoints_once_enough_are_scheduled() -> TestResult {
+    for (seed, stop) in [
+        (11, None),
+        (12, Some(Stop::Clean)),
+        (13, Some(Stop::ProcessCrash)),
+        (14, Some(Stop::PowerCut)),
+    ] {
+        let mut c = cfg();
+        c.relocate_far_tasks = Some(50);
+        c.checkpoint_log_bytes = None;
+        c.checkpoint_interval = None;
+        let mut h = SimHarness::new(seed, c)?;
+        let mut model = BTreeMap::new();
+        schedule(&h, 0..49, &mut model)?;
+        assert_eq!(h.engine().stats().far, 0, "49 are not enough");
+        // The 50th wakes the checkpointer, which takes all 50 out.
+        schedule(&h, 49..50, &mut model)?;
+        wait_until("50 far tasks", || h.engine().stats().far == 50)?;
+        let files = h.sim.list(&h.dir.join("overflow"))?;
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert!(h
+            .sim
+            .list(&h.dir.join("checkpoint"))
+            .unwrap_or_default()
+            .is_empty());
+        // Fewer than the far tasks there are now: no second move.
+        schedule(&h, 50..90, &mut model)?;
+        let stats = h.engine().stats();
+        assert_eq!((stats.far, stats.pending), (50, 90), "seed {seed}");
+        // Found by key out of the wheel: a duplicate, a cancel, a reschedule.
+        assert!(matches!(
+            h.engine().schedule(&key(7), at(due(7)), b"again"),
+            Err(ScheduleError::AlreadyExists { .. })
+        ));
+        assert!(matches!(
+            h.engine().cancel(&key(3))?,
+            CancelOutcome::Cancelled { .. }
+        ));
+        model.remove(&key(3));
+        let new_due = due(200);
+        assert!(matches!(
+            h.engine()
+                .reschedule(&key(5), at(new_due), Some(b"moved"))?,
+            RescheduleOutcome::Rescheduled(_)
+        ));
+        model.insert(key(5), (new_due, b"moved".to_vec()));
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+            // No checkpoint names the file: the open removed it and
+            // replayed the log.
+            assert!(h
+                .sim
+                .list(&h.dir.join("overflow"))
+                .unwrap_or_default()
+                .is_empty());
+            assert_eq!(h.engine().recovery().pending, 89, "{stop:?}");
+        }
+        assert_eq!(fire(&h, 2 * 60 + 201)?, model, "seed {seed}");
+        assert_eq!(h.engine().stats().pending, 0);
     }
     Ok(())
 }

@@ -798,9 +798,11 @@ impl Setup {
         retry.backoff_jitter_percent = self.jitter_percent;
         c.retry = retry;
         c.catch_up_tasks_per_sec = self.catch_up;
-        // Checkpoints are operations of the run (deterministic), never background work.
+        // Checkpoints are operations of the run (deterministic), never background work;
+        // so is taking far tasks out of the wheel (a checkpoint's first step).
         c.checkpoint_log_bytes = None;
         c.checkpoint_interval = None;
+        c.relocate_far_tasks = None;
         // Payloads are read back by consumers only: no background I/O.
         c.payload_prefetch = false;
         if self.at_most_once {

@@ -30,6 +30,7 @@ use crate::overflow::{self, OverflowWriter};
 use crate::replay::Replay;
 use crate::task::TaskId;
 use crate::task::TaskState;
+use crate::wheel::Tick;
 use kairos_wal::storage::Storage;
 use kairos_wal::{Lsn, Wal};
 use std::collections::HashSet;
@@ -342,10 +343,48 @@ impl Shared {
         }
     }
 
+    /// Counts a task just placed in the wheel toward
+    /// [`crate::Config::relocate_far_tasks`] if it is due beyond the horizon
+    /// (a far task in the making), and wakes the checkpointer once there are
+    /// enough: as many as the setting, or as the far tasks there are already
+    /// if more.
+    pub(super) fn count_far_scheduled(&self, core: &mut Core, due_tick: Tick) {
+        let (Some(every), Some(horizon), true) = (
+            self.config.relocate_far_tasks,
+            self.config.horizon,
+            self.disk.is_some() && relocates(&self.config),
+        ) else {
+            return;
+        };
+        // tick_ns ≥ 1 (validated); the horizon is far below 2^64 ticks.
+        let horizon_ticks = u64::try_from(horizon.as_nanos() / self.tick_ns).unwrap_or(u64::MAX);
+        if due_tick.0 <= core.wheel.elapsed().0.saturating_add(horizon_ticks) {
+            return;
+        }
+        core.far_scheduled += 1;
+        if !core.relocation_wanted && core.far_scheduled >= every.max(core.far.len() as u64) {
+            core.relocation_wanted = true;
+            self.checkpoint_cv.notify_all();
+        }
+    }
+
+    /// Takes far tasks (and payloads due after the payload window) out of
+    /// memory now, without a checkpoint: [`Shared::relocate`] with no file
+    /// to compact. Returns the payloads moved.
+    pub(crate) fn relocate_now(&self) -> Result<u64, CheckpointError> {
+        let Some(disk) = &self.disk else {
+            return Err(CheckpointError::InMemory);
+        };
+        let _book = self.checkpointing.lock();
+        self.relocate(disk, Vec::new(), &mut Holds::default())
+    }
+
     /// The background checkpointer: waits for the log-growth trigger or the
     /// interval (measured in real time, whatever the engine's clock), takes a
-    /// checkpoint, and repeats until the engine stops. A failed checkpoint
-    /// is logged and retried at the next trigger; it never poisons the engine
+    /// checkpoint, and repeats until the engine stops; between checkpoints it
+    /// also takes far tasks out of the wheel when
+    /// [`Shared::count_far_scheduled`] asks. A failed checkpoint or move is
+    /// logged and retried at the next trigger; it never poisons the engine
     /// (the log and the previous checkpoint are intact).
     pub(crate) fn checkpointer_loop(&self) {
         let interval = self.config.checkpoint_interval;
@@ -357,7 +396,7 @@ impl Shared {
                     if core.stop {
                         return;
                     }
-                    if core.checkpoint_wanted {
+                    if core.checkpoint_wanted || core.relocation_wanted {
                         break;
                     }
                     match interval {
@@ -375,6 +414,17 @@ impl Shared {
                         None => self.checkpoint_cv.wait(&mut core),
                     }
                 }
+                if !core.checkpoint_wanted && core.relocation_wanted {
+                    drop(core);
+                    match self.relocate_now() {
+                        Ok(_) => {}
+                        Err(CheckpointError::Closed | CheckpointError::Poisoned { .. }) => return,
+                        Err(error) => {
+                            tracing::warn!(%error, "moving far tasks out of the wheel failed");
+                        }
+                    }
+                    continue;
+                }
                 core.checkpoint_wanted = false;
             }
             last = Instant::now();
@@ -390,6 +440,15 @@ impl Shared {
             }
         }
     }
+}
+
+/// Whether `config` takes far tasks out of the wheel between checkpoints
+/// ([`crate::Config::relocate_far_tasks`]): it needs a horizon and a payload
+/// window (far tasks exist only with both).
+pub(super) fn relocates(config: &crate::Config) -> bool {
+    config.relocate_far_tasks.is_some()
+        && config.horizon.is_some()
+        && config.payload_window.is_some()
 }
 
 /// An overflow file being compacted: its number and its entries with their
@@ -549,7 +608,13 @@ impl Shared {
         let victim_files: HashSet<u32> = victims.iter().map(|(f, _)| *f).collect();
         let mut moves: Vec<Move> = Vec::new();
         let mut bytes: Vec<u8> = Vec::new();
-        let hasher = holds.lock(self)?.hasher.clone();
+        let hasher = {
+            let mut core = holds.lock(self)?;
+            // Every far task scheduled so far is seen by the scan below.
+            core.far_scheduled = 0;
+            core.relocation_wanted = false;
+            core.hasher.clone()
+        };
         // Memory: the slab, a range of slots per hold.
         if let Some(window_end) = window_end {
             let mut from = 0u32;

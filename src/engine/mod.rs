@@ -265,6 +265,11 @@ struct Core {
     far_promoted: u64,
     /// The longest single hold of this lock by a checkpoint since open.
     checkpoint_hold_max: Duration,
+    /// First attempts due beyond the horizon scheduled since far tasks were
+    /// last taken out of the wheel ([`Config::relocate_far_tasks`]).
+    far_scheduled: u64,
+    /// The checkpointer is asked to take them out (without a checkpoint).
+    relocation_wanted: bool,
     /// Raised by each reset of a promotion cursor (`far::FarCursor`).
     far_generation: u32,
 }
@@ -785,6 +790,8 @@ impl Engine {
             far_cursors: std::collections::BTreeMap::new(),
             far_promoted: 0,
             checkpoint_hold_max: Duration::ZERO,
+            far_scheduled: 0,
+            relocation_wanted: false,
             far_generation: 0,
         };
         let shared = Arc::new(Shared {
@@ -819,6 +826,7 @@ impl Engine {
                 None
             }
         };
+        use checkpointing::relocates;
         let mut background = Vec::new();
         let on_disk = shared.disk.is_some();
         let config = &shared.config;
@@ -827,7 +835,8 @@ impl Engine {
                 "kairos-checkpointer",
                 on_disk
                     && (config.checkpoint_log_bytes.is_some()
-                        || config.checkpoint_interval.is_some()),
+                        || config.checkpoint_interval.is_some()
+                        || relocates(config)),
                 Shared::checkpointer_loop,
             ),
             (
@@ -2018,6 +2027,7 @@ impl Shared {
         };
         let stored = core.insert_task(task);
         debug_assert_eq!(stored, Some(slot));
+        self.count_far_scheduled(core, due_tick);
         match placed {
             Ok(_) => match core.sleep {
                 DriverSleep::Busy => false,
