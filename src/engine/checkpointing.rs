@@ -149,19 +149,16 @@ impl Shared {
         // live entries are copied with the payloads that leave memory into
         // a new overflow file, written and made durable outside the lock
         // too, before the state is encoded.
-        let victims = self.read_compaction_victims(disk)?;
+        let victims = self.read_compaction_victims(disk, &mut holds)?;
         let payloads_moved = self.relocate(disk, victims, &mut holds)?;
         let plan = {
             let mut core = holds.lock(self)?;
             let Some(wal) = core.wal.clone() else {
                 return Err(CheckpointError::Closed);
             };
+            // Above `book.lsn`: it was before the relocation, and LSNs only grow.
             let lsn = wal.last_lsn().0;
             core.log_bytes_since_checkpoint = 0;
-            if lsn == book.lsn {
-                drop(core);
-                return self.nothing_new(&book, &wal, &holds, started);
-            }
             let header = CheckpointHeader {
                 store_id: wal.store_id(),
                 lsn,
@@ -285,9 +282,13 @@ impl Shared {
     /// bounded when long-lived tasks keep every file alive — the smallest
     /// ones beyond [`OVERFLOW_FILES_MAX`] (size-tiered, as LSM stores merge
     /// small runs).
-    fn read_compaction_victims(&self, disk: &Disk) -> Result<Vec<Victim>, CheckpointError> {
+    fn read_compaction_victims(
+        &self,
+        disk: &Disk,
+        holds: &mut Holds,
+    ) -> Result<Vec<Victim>, CheckpointError> {
         let candidates: Vec<u32> = {
-            let core = self.core.lock();
+            let core = holds.lock(self)?;
             let mut kept: Vec<(u64, u32)> = Vec::new();
             let mut victims = Vec::new();
             for (&f, &written) in &core.overflow_files {
@@ -457,8 +458,10 @@ type Victim = (u32, Vec<(u64, overflow::Entry)>);
 
 /// Slab slots a checkpoint examines per hold of the engine's lock while it
 /// chooses what leaves memory, and moves it applies per hold once the new
-/// file is durable: each hold stays within milliseconds, so producers,
-/// consumers and the driver are never stalled for long.
+/// file is durable: each hold is bounded by a count of tasks (tens of
+/// milliseconds on the machine of BENCHMARKS.md with small payloads; a hold
+/// copies the payloads it chooses, so large ones lengthen it), so producers,
+/// consumers and the driver are not stalled for long.
 const SLOTS_PER_HOLD: u32 = 32_768;
 /// See [`SLOTS_PER_HOLD`].
 const MOVES_PER_HOLD: usize = 16_384;
@@ -575,7 +578,10 @@ type Earliest = std::collections::BTreeMap<u32, u64>;
 
 impl Shared {
     /// Moves what a checkpoint takes out of memory, and compacts the victim
-    /// files, before the state is encoded: payloads in memory of waiting
+    /// files, before the state is encoded. Memory: the payloads moved out of
+    /// memory are copied once (with their keys) and the new file is built
+    /// whole before it is written, so the move briefly holds them twice,
+    /// besides the victims read whole. What moves: payloads in memory of waiting
     /// tasks due after the payload window, waiting first attempts due
     /// beyond the horizon (far tasks: key and payload leave memory, and the
     /// task the slab, the index and the wheel), and the live entries of
@@ -781,7 +787,9 @@ impl Shared {
         let mut writer = OverflowWriter::new(&store_id, file);
         let mut last = None;
         for m in &mut moves {
-            // A task seen twice (it moved slots meanwhile) is written once.
+            // The writer needs strictly increasing (due, id). A task is
+            // chosen at most once (it keeps its slot while it waits, and
+            // one made far in place is not copied), so this only guards.
             if last == Some((m.due_ms, m.id)) {
                 continue;
             }

@@ -333,21 +333,24 @@ const PREFETCH_AHEAD: usize = 16;
 fn prefetch<T>(value: &T) {
     const LINE: usize = 64;
     let start = (value as *const T).cast::<i8>();
-    // The first byte of each line the value touches (none for a zero-sized
-    // one): `wrapping_add` only computes addresses, it never dereferences.
+    // The start of each line the value touches (none for a zero-sized one):
+    // `wrapping_add`/`wrapping_sub` only compute addresses, they never
+    // dereference.
     let size = std::mem::size_of::<T>();
+    let offset = start as usize % LINE;
+    let first = start.wrapping_sub(offset);
     let lines = if size == 0 {
         0
     } else {
-        ((start as usize % LINE) + size).div_ceil(LINE)
+        (offset + size).div_ceil(LINE)
     };
     for line in 0..lines {
-        let at = start.wrapping_add(line * LINE);
+        let at = first.wrapping_add(line * LINE);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `_mm_prefetch` requires SSE, part of the x86_64 baseline
         // every x86_64 target compiles for. A prefetch never faults and has
         // no effect visible to the program, whatever the address; these
-        // are within (or at the line start of) a live value besides.
+        // are the starts of the cache lines a live value occupies besides.
         // Tested in `tests::prefetch_changes_nothing`.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at);
