@@ -214,9 +214,10 @@ pub struct Config {
     pub horizon: Option<Duration>,
     /// Also take far tasks out of the wheel between checkpoints, in the
     /// background, once this many first attempts due beyond the horizon
-    /// have been scheduled since they last were — or as many as there are
-    /// far tasks already, if that is more (so the overflow files this
-    /// writes grow geometrically and stay few). The same move as a
+    /// have been scheduled since they last were — or a quarter of the far
+    /// tasks there are already, if that is more (so the overflow files this
+    /// writes grow geometrically and stay few, while at most about a fifth
+    /// of the far tasks wait whole in the wheel). The same move as a
     /// checkpoint's first step (payloads due after the payload window leave
     /// memory too), without writing a checkpoint: it bounds the memory of
     /// far tasks scheduled in bulk, which otherwise stay whole in the wheel

@@ -313,7 +313,7 @@ fn far_tasks_leave_the_wheel_between_checkpoints_once_enough_are_scheduled() -> 
             .list(&h.dir.join("checkpoint"))
             .unwrap_or_default()
             .is_empty());
-        // Fewer than the far tasks there are now: no second move.
+        // Fewer than the setting (and a quarter of the far tasks): no second move.
         schedule(&h, 50..90, &mut model)?;
         let stats = h.engine().stats();
         assert_eq!((stats.far, stats.pending), (50, 90), "seed {seed}");

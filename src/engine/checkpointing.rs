@@ -347,8 +347,8 @@ impl Shared {
     /// Counts a task just placed in the wheel toward
     /// [`crate::Config::relocate_far_tasks`] if it is due beyond the horizon
     /// (a far task in the making), and wakes the checkpointer once there are
-    /// enough: as many as the setting, or as the far tasks there are already
-    /// if more.
+    /// enough: as many as the setting, or a quarter of the far tasks there
+    /// are already if more.
     pub(super) fn count_far_scheduled(&self, core: &mut Core, due_tick: Tick) {
         let (Some(every), Some(horizon), true) = (
             self.config.relocate_far_tasks,
@@ -363,7 +363,8 @@ impl Shared {
             return;
         }
         core.far_scheduled += 1;
-        if !core.relocation_wanted && core.far_scheduled >= every.max(core.far.len() as u64) {
+        let quarter = core.far.len() as u64 / 4;
+        if !core.relocation_wanted && core.far_scheduled >= every.max(quarter) {
             core.relocation_wanted = true;
             self.checkpoint_cv.notify_all();
         }
