@@ -111,10 +111,15 @@ pub enum OverflowReadError {
 }
 
 /// Builds an overflow file in memory, entry by entry in `(due_ms, task_id)`
-/// order: each payload is copied once, into the file's bytes.
+/// order: each payload is copied once, into the file's bytes — whole
+/// ([`OverflowWriter::finish`]), or a piece at a time
+/// ([`OverflowWriter::drain`], then [`OverflowWriter::finish_parts`]) so a
+/// large file is written as it is built.
 #[derive(Debug)]
 pub struct OverflowWriter {
     out: Vec<u8>,
+    /// File offset of `out[0]` (bytes before it were drained).
+    base: u64,
     entries: u64,
     last: Option<(u64, u64)>,
     store_id: StoreId,
@@ -126,6 +131,7 @@ impl OverflowWriter {
     pub fn new(store_id: &StoreId, seq: u32) -> OverflowWriter {
         OverflowWriter {
             out: vec![0; HEADER_BYTES],
+            base: 0,
             entries: 0,
             last: None,
             store_id: *store_id,
@@ -145,9 +151,30 @@ impl OverflowWriter {
         );
         self.last = Some((due_ms, task_id));
         self.entries += 1;
-        let offset = self.out.len() as u64;
+        let offset = self.base + self.out.len() as u64;
         encode_entry(&mut self.out, task_id, due_ms, key, payload);
         offset
+    }
+
+    /// Bytes built and not yet drained.
+    pub fn buffered(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Takes the bytes built so far (the first piece starts with a zeroed
+    /// header): `(file offset, bytes)`. Later entries' offsets are unchanged.
+    pub fn drain(&mut self) -> (u64, Vec<u8>) {
+        let at = self.base;
+        let bytes = std::mem::take(&mut self.out);
+        self.base += bytes.len() as u64;
+        (at, bytes)
+    }
+
+    /// Ends a file written in pieces: its header (for offset 0) and the
+    /// last piece, `(file offset, bytes)`.
+    pub fn finish_parts(mut self) -> ([u8; HEADER_BYTES], (u64, Vec<u8>)) {
+        let header = encode_header(&self.store_id, self.seq, self.entries);
+        (header, self.drain())
     }
 
     /// Entries added so far.
@@ -160,8 +187,10 @@ impl OverflowWriter {
         self.entries == 0
     }
 
-    /// The file's bytes.
+    /// The file's bytes, for a writer never drained (after a drain, the
+    /// file's end comes from [`OverflowWriter::finish_parts`]).
     pub fn finish(mut self) -> Vec<u8> {
+        debug_assert_eq!(self.base, 0, "finish after drain: use finish_parts");
         let header = encode_header(&self.store_id, self.seq, self.entries);
         self.out[..HEADER_BYTES].copy_from_slice(&header);
         self.out

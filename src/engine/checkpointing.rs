@@ -574,6 +574,73 @@ enum From {
     FarVictim { v: usize, e: usize, loc: u64 },
 }
 
+/// Bytes of a new overflow file built before they are written (the file is
+/// written in pieces of about this size as it is built).
+const WRITE_PIECE_BYTES: usize = 8 << 20;
+
+/// A file written in pieces at given offsets, then made durable and given
+/// its name as `checkpoint::write_file` does: `NAME.tmp`, fdatasync, rename,
+/// directory fsync (a crash before the rename leaves only the tmp file,
+/// which the next open removes).
+struct PieceFile {
+    file: Box<dyn kairos_wal::storage::StorageFile>,
+    tmp: PathBuf,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+impl PieceFile {
+    fn create(storage: &dyn Storage, dir: &Path, name: &str) -> Result<PieceFile, CheckpointError> {
+        let tmp = dir.join(format!("{name}{}", checkpoint::TMP_SUFFIX));
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CheckpointError::Io { op, path, source }
+        };
+        match storage.remove_file(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("remove", &tmp)(e)),
+        }
+        let file = storage
+            .open(&tmp, kairos_wal::storage::OpenMode::CreateNew)
+            .map_err(io("create", &tmp))?;
+        Ok(PieceFile {
+            file,
+            path: dir.join(name),
+            dir: dir.to_path_buf(),
+            tmp,
+        })
+    }
+
+    fn write(&mut self, bytes: &[u8], at: u64) -> Result<(), CheckpointError> {
+        self.file
+            .write_all_at(bytes, at)
+            .map_err(|source| CheckpointError::Io {
+                op: "write",
+                path: self.tmp.clone(),
+                source,
+            })
+    }
+
+    fn finish(self, storage: &dyn Storage) -> Result<(), CheckpointError> {
+        let PieceFile {
+            file,
+            tmp,
+            path,
+            dir,
+        } = self;
+        let err = |op, path: PathBuf| move |source| CheckpointError::Io { op, path, source };
+        file.sync_data().map_err(err("fdatasync", tmp.clone()))?;
+        drop(file);
+        storage
+            .rename(&tmp, &path)
+            .map_err(err("rename", tmp.clone()))?;
+        storage
+            .sync_dir(&dir)
+            .map_err(err("fsync dir", dir.clone()))
+    }
+}
+
 /// Due times (UTC ms) of the earliest far tasks each overflow file gained.
 type Earliest = std::collections::BTreeMap<u32, u64>;
 
@@ -785,6 +852,9 @@ impl Shared {
         let Some(store_id) = store_id else {
             return Err(CheckpointError::Closed);
         };
+        let dir = disk.overflow_dir();
+        create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
+        let mut out = PieceFile::create(disk.storage.as_ref(), &dir, &overflow::file_name(file))?;
         let mut writer = OverflowWriter::new(&store_id, file);
         let mut last = None;
         for m in &mut moves {
@@ -800,18 +870,16 @@ impl Shared {
                 m.hash = hasher.hash(key);
             }
             m.offset = Some(writer.push(m.id, m.due_ms, key, payload));
+            // Written as it is built: the file is never whole in memory.
+            if writer.buffered() >= WRITE_PIECE_BYTES {
+                let (at, piece) = writer.drain();
+                out.write(&piece, at)?;
+            }
         }
-        let file_bytes = writer.finish();
-        let dir = disk.overflow_dir();
-        create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
-        checkpoint::write_file(
-            disk.storage.as_ref(),
-            &dir,
-            &overflow::file_name(file),
-            &file_bytes,
-        )
-        .map_err(|(op, path, source)| CheckpointError::Io { op, path, source })?;
-        drop(file_bytes);
+        let (header, (at, piece)) = writer.finish_parts();
+        out.write(&piece, at)?;
+        out.write(&header, 0)?;
+        out.finish(disk.storage.as_ref())?;
         // Durable: tasks that still hold what was copied now refer to it.
         let mut moved_payloads = 0u64;
         let mut registered = false;
