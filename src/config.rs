@@ -186,7 +186,8 @@ pub struct Config {
     /// [`crate::Engine::checkpoint`] (and `kairos checkpoint DIR`).
     pub checkpoint_interval: Option<Duration>,
     /// Payloads of waiting tasks due later than this from now leave memory
-    /// at the next checkpoint: they move to an overflow file on disk
+    /// at the next checkpoint (or the next move of far tasks,
+    /// [`Config::relocate_far_tasks`]): they move to an overflow file on disk
     /// (`DIR/overflow/`) and are read back before delivery — ahead of their
     /// due time by the prefetcher ([`Config::payload_prefetch`]), or by the
     /// consumer that receives the task. Keys stay in memory, except those
@@ -195,7 +196,7 @@ pub struct Config {
     /// in memory.
     pub payload_window: Option<Duration>,
     /// Waiting first attempts due later than this from now leave the timing
-    /// wheel at the next checkpoint: their key, due time and payload are
+    /// wheel at the next checkpoint (or sooner, [`Config::relocate_far_tasks`]): their key, due time and payload are
     /// written to an overflow file (or stay in the entry they are in, if its
     /// due time is still the task's) and memory keeps only 24 bytes (the
     /// key's hash, the task id and the entry's place; `crate::far`). They are
@@ -222,8 +223,8 @@ pub struct Config {
     /// memory too), without writing a checkpoint: it bounds the memory of
     /// far tasks scheduled in bulk, which otherwise stay whole in the wheel
     /// until the next checkpoint. `None`: only checkpoints take them out.
-    /// Default [`RELOCATE_FAR_TASKS_DEFAULT`]. Ignored in memory, and
-    /// without a horizon.
+    /// Default [`RELOCATE_FAR_TASKS_DEFAULT`]. Ignored in memory, without a
+    /// horizon and without a payload window.
     pub relocate_far_tasks: Option<u64>,
     /// Run a background thread that reads payloads coming due (within
     /// `payload_window`) back into memory, so that receiving a task does not

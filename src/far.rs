@@ -107,11 +107,13 @@ const SHRINK_MIN: usize = 64;
 /// (O(n log n)), [`FarIndex::add`] (a merge, O(n + m log m)) — or one at a
 /// time, [`FarIndex::insert`]: O(1) into its shard's unsorted tail with a
 /// hash table of positions (~30 B per entry there), merged into the shard's
-/// array once the tail outgrows it (amortised O(1) per insert). Sharding
+/// array once the tail outgrows it (a sort of the tail and a merge: amortised
+/// O(log n) per insert). Sharding
 /// keeps every rebuild and merge to 1/256 of the index: a checkpoint takes
 /// tasks out of the wheel one lock hold at a time, each findable by key as
 /// soon as it leaves, and no hold may grow with the whole index. At most
-/// `u32::MAX` entries per shard (the engine's task limit is 2^31).
+/// `u32::MAX` entries per shard, and `usize::MAX >> 8` (2^24 on 32-bit
+/// targets) — the engine's task limit is 2^31.
 #[derive(Debug)]
 pub struct FarIndex {
     shards: Box<[Shard]>,
@@ -266,13 +268,17 @@ impl FarIndex {
         for e in &entries {
             *index.per_file.entry(e.file()).or_insert(0) += 1;
         }
-        // Sorted by hash, so each shard's entries are one run.
-        let mut rest = entries.as_slice();
-        for (s, shard) in index.shards.iter_mut().enumerate() {
-            let n = rest.partition_point(|e| shard_of(e.hash) == s);
-            let (run, after) = rest.split_at(n);
-            *shard = Shard::from_sorted(run.to_vec());
-            rest = after;
+        // Sorted by hash, so each shard's entries are one run: split off
+        // from the back, the array giving its memory back as it goes (a
+        // shrinking reallocation of a large block is done in place), so the
+        // index is not held twice.
+        for s in (0..SHARDS).rev() {
+            let start = entries.partition_point(|e| shard_of(e.hash) < s);
+            let run = entries.split_off(start);
+            if s % 16 == 0 {
+                entries.shrink_to_fit();
+            }
+            index.shards[s] = Shard::from_sorted(run);
         }
         index
     }
@@ -296,8 +302,9 @@ impl FarIndex {
     }
 
     /// Adds one entry (its id must not be 0 and not be in the index
-    /// already). O(1) amortised: into its shard's tail, merged into the
-    /// shard's sorted array once it holds more than the array.
+    /// already): into its shard's tail, merged into the shard's sorted array
+    /// once it holds more than the array (amortised O(log n)). Positions
+    /// given before an insert are not valid after it (a merge reorders).
     pub fn insert(&mut self, entry: FarEntry) {
         if entry.id == 0 {
             return;

@@ -170,8 +170,9 @@ impl OverflowWriter {
         (at, bytes)
     }
 
-    /// Ends a file written in pieces: its header (for offset 0) and the
-    /// last piece, `(file offset, bytes)`.
+    /// Ends a file written in pieces: its header and the last piece,
+    /// `(file offset, bytes)`. The header must be written at offset 0 (over
+    /// the zeros the first piece began with) before the file is synced.
     pub fn finish_parts(mut self) -> ([u8; HEADER_BYTES], (u64, Vec<u8>)) {
         let header = encode_header(&self.store_id, self.seq, self.entries);
         (header, self.drain())
@@ -190,7 +191,10 @@ impl OverflowWriter {
     /// The file's bytes, for a writer never drained (after a drain, the
     /// file's end comes from [`OverflowWriter::finish_parts`]).
     pub fn finish(mut self) -> Vec<u8> {
-        debug_assert_eq!(self.base, 0, "finish after drain: use finish_parts");
+        assert_eq!(
+            self.base, 0,
+            "OverflowWriter::finish after drain: use finish_parts"
+        );
         let header = encode_header(&self.store_id, self.seq, self.entries);
         self.out[..HEADER_BYTES].copy_from_slice(&header);
         self.out

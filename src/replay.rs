@@ -98,19 +98,21 @@ pub const TASK_KEY_INLINE_BYTES: usize = 30;
 
 /// A replayed task's key: up to [`TASK_KEY_INLINE_BYTES`] bytes in the value
 /// itself (no allocation, and none to free), longer ones in a boxed slice.
-/// 32 bytes (checked below). Dereferences to the key bytes.
+/// 32 bytes (checked below). Dereferences to the key bytes; built with
+/// `From<&[u8]>` or `From<Box<[u8]>>`.
 ///
 /// Recovery decodes one key per live task; keeping the typical short key
 /// inline makes the decoding allocation-free and lets the engine keep it in
 /// the task's entry (with no allocation of its own) without freeing millions
 /// of small allocations in due order.
 #[derive(Clone)]
-pub enum TaskKey {
+pub struct TaskKey(KeyRepr);
+
+#[derive(Clone)]
+enum KeyRepr {
     /// At most [`TASK_KEY_INLINE_BYTES`] bytes: the first `len` of `bytes`.
     Inline {
-        /// Bytes used.
         len: u8,
-        /// The key, then zeros.
         bytes: [u8; TASK_KEY_INLINE_BYTES],
     },
     /// A longer key.
@@ -122,17 +124,32 @@ const _: () = assert!(std::mem::size_of::<TaskKey>() == 32);
 impl TaskKey {
     /// The key bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        match self {
-            TaskKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            TaskKey::Heap(b) => b,
+        match &self.0 {
+            // `len` ≤ TASK_KEY_INLINE_BYTES: only `From` builds one.
+            KeyRepr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            KeyRepr::Heap(b) => b,
+        }
+    }
+
+    /// Whether the key is held in the value itself (no allocation).
+    pub fn is_inline(&self) -> bool {
+        matches!(self.0, KeyRepr::Inline { .. })
+    }
+
+    /// The key's allocation, if it has one (a key longer than
+    /// [`TASK_KEY_INLINE_BYTES`]); otherwise the key back.
+    pub fn into_heap(self) -> Result<Box<[u8]>, TaskKey> {
+        match self.0 {
+            KeyRepr::Heap(b) => Ok(b),
+            inline => Err(TaskKey(inline)),
         }
     }
 
     /// The key as a boxed slice (allocates for an inline key).
     pub fn into_boxed(self) -> Box<[u8]> {
-        match self {
-            TaskKey::Inline { .. } => self.as_bytes().into(),
-            TaskKey::Heap(b) => b,
+        match self.into_heap() {
+            Ok(b) => b,
+            Err(inline) => inline.as_bytes().into(),
         }
     }
 }
@@ -143,12 +160,12 @@ impl From<&[u8]> for TaskKey {
             let mut bytes = [0u8; TASK_KEY_INLINE_BYTES];
             bytes[..key.len()].copy_from_slice(key);
             // At most TASK_KEY_INLINE_BYTES (checked above).
-            TaskKey::Inline {
+            TaskKey(KeyRepr::Inline {
                 len: key.len() as u8,
                 bytes,
-            }
+            })
         } else {
-            TaskKey::Heap(key.into())
+            TaskKey(KeyRepr::Heap(key.into()))
         }
     }
 }
@@ -159,7 +176,7 @@ impl From<Box<[u8]>> for TaskKey {
         if key.len() <= TASK_KEY_INLINE_BYTES {
             TaskKey::from(&*key)
         } else {
-            TaskKey::Heap(key)
+            TaskKey(KeyRepr::Heap(key))
         }
     }
 }
@@ -1045,7 +1062,7 @@ mod tests {
             let heap_ptr = boxed.as_ptr();
             let from_box = TaskKey::from(boxed);
             for k in [&from_slice, &from_box] {
-                assert_eq!(matches!(k, TaskKey::Inline { .. }), inline, "{len}");
+                assert_eq!(k.is_inline(), inline, "{len}");
                 assert_eq!(k.as_bytes(), &bytes[..]);
                 assert_eq!(&**k, &bytes[..]);
                 assert_eq!(k.as_ref(), &bytes[..]);
@@ -1053,7 +1070,7 @@ mod tests {
             }
             // Equal by bytes, however held.
             assert_eq!(from_slice, from_box);
-            assert_eq!(from_slice, TaskKey::Heap(bytes.clone().into()));
+            assert_eq!(from_slice, TaskKey::from(Box::<[u8]>::from(bytes.clone())));
             assert_ne!(from_slice, TaskKey::from(&b"other"[..]));
             // A long key keeps the allocation it came in.
             if !inline {

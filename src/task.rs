@@ -174,8 +174,11 @@ impl PayloadStore {
     /// empty (recovery hands over millions of keys it has just read); a
     /// short one, held inline by [`TaskKey`], needs no allocation to free.
     pub fn put_owned(&mut self, key: TaskKey, payload: &[u8]) -> PayloadRef {
-        match key {
-            TaskKey::Heap(key) if payload.is_empty() => {
+        if !payload.is_empty() {
+            return self.put(&key, payload);
+        }
+        match key.into_heap() {
+            Ok(key) => {
                 let key_len =
                     u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
                 PayloadRef::Inline {
@@ -183,7 +186,7 @@ impl PayloadStore {
                     key_len,
                 }
             }
-            key => self.put(&key, payload),
+            Err(inline) => self.put(&inline, payload),
         }
     }
 

@@ -82,8 +82,9 @@ tasks (null when there are none). RSS is process-wide: it includes the allocator
 the log writer's buffers, and a table that doubles while one kind is scheduled is charged to \
 that kind. The payload's bytes are part of the figure: state --payload-bytes with it.
   disk_bytes  the size of every file under DIR after the checkpoint and the close.
-  checkpoint_ms  Engine::checkpoint after the cancels: the live state copied under the \
-engine's lock, the file written and synced, the log segments it covers deleted; \
+  checkpoint_ms  Engine::checkpoint after the cancels: what leaves memory and the live entries \
+of compacted files moved to a new overflow file, the live state encoded, the file written and \
+synced, the log segments it covers deleted; \
 checkpoint_locked_ms is the part spent holding the engine's lock, in many short holds \
 (choosing what leaves memory, pointing moved tasks at the new overflow file and taking far \
 tasks out of the wheel, encoding the state); checkpoint_longest_hold_ms the longest single \
@@ -92,7 +93,8 @@ every checkpoint of the run, the background ones while scheduling and cancelling
   close_ms  the shutdown. recovery_ms  the reopen (Engine::open, replaying the log).
   far_tasks_after_recovery  tasks out of the wheel after the reopen (due beyond the horizon when \
 the checkpoint was taken: 24 bytes of memory each). The growth per task while scheduling counts \
-them whole (they leave the wheel at the checkpoint); ram_bytes_per_task_after_recovery with \
+those still waiting whole in the wheel (they leave it at a checkpoint, or once \
+Config::relocate_far_tasks of them are scheduled); ram_bytes_per_task_after_recovery with \
 --far-fraction 1 is the figure per far task, with --far-fraction 0 per wheel task.
   recovered_pending  live tasks after the reopen; it must equal tasks - cancelled (+ N - N \
 with --log-tail N), otherwise the exit status is 1.

@@ -350,15 +350,12 @@ impl Shared {
     /// enough: as many as the setting, or a quarter of the far tasks there
     /// are already if more.
     pub(super) fn count_far_scheduled(&self, core: &mut Core, due_tick: Tick) {
-        let (Some(every), Some(horizon), true) = (
+        let (Some(every), Some(horizon_ticks)) = (
             self.config.relocate_far_tasks,
-            self.config.horizon,
-            self.disk.is_some() && relocates(&self.config),
+            self.relocation_horizon_ticks,
         ) else {
             return;
         };
-        // tick_ns ≥ 1 (validated); the horizon is far below 2^64 ticks.
-        let horizon_ticks = u64::try_from(horizon.as_nanos() / self.tick_ns).unwrap_or(u64::MAX);
         if due_tick.0 <= core.wheel.elapsed().0.saturating_add(horizon_ticks) {
             return;
         }
@@ -459,10 +456,9 @@ type Victim = (u32, Vec<(u64, overflow::Entry)>);
 
 /// Slab slots a checkpoint examines per hold of the engine's lock while it
 /// chooses what leaves memory, and moves it applies per hold once the new
-/// file is durable: each hold is bounded by a count of tasks (tens of
-/// milliseconds on the machine of BENCHMARKS.md with small payloads; a hold
-/// copies the payloads it chooses, so large ones lengthen it), so producers,
-/// consumers and the driver are not stalled for long.
+/// file is durable: each hold is bounded by a count of tasks (and a hold
+/// choosing from memory also by [`WRITE_PIECE_BYTES`] of keys and payloads
+/// copied), so producers, consumers and the driver are not stalled for long.
 const SLOTS_PER_HOLD: u32 = 32_768;
 /// See [`SLOTS_PER_HOLD`].
 const MOVES_PER_HOLD: usize = 16_384;
@@ -647,9 +643,10 @@ type Earliest = std::collections::BTreeMap<u32, u64>;
 impl Shared {
     /// Moves what a checkpoint takes out of memory, and compacts the victim
     /// files, before the state is encoded. Memory: the payloads moved out of
-    /// memory are copied once (with their keys) and the new file is built
-    /// whole before it is written, so the move briefly holds them twice,
-    /// besides the victims read whole. What moves: payloads in memory of waiting
+    /// memory are copied once (with their keys) and kept until the move is
+    /// applied, besides the victims read whole; the new file itself is
+    /// written in pieces of [`WRITE_PIECE_BYTES`] as it is built. What
+    /// moves: payloads in memory of waiting
     /// tasks due after the payload window, waiting first attempts due
     /// beyond the horizon (far tasks: key and payload leave memory, and the
     /// task the slab, the index and the wheel), and the live entries of
@@ -698,7 +695,15 @@ impl Shared {
                     .saturating_add(SLOTS_PER_HOLD)
                     .min(core.tasks.slots_len());
                 let mut earliest = Earliest::new();
+                let copied_before = bytes.len();
+                let mut end = end;
                 for slot in from..end {
+                    // A hold copies at most about WRITE_PIECE_BYTES of keys
+                    // and payloads: large payloads end it sooner.
+                    if bytes.len() - copied_before >= WRITE_PIECE_BYTES {
+                        end = slot;
+                        break;
+                    }
                     let Some(task) = core.tasks.get(slot) else {
                         continue;
                     };
@@ -870,7 +875,8 @@ impl Shared {
                 m.hash = hasher.hash(key);
             }
             m.offset = Some(writer.push(m.id, m.due_ms, key, payload));
-            // Written as it is built: the file is never whole in memory.
+            // Written as it is built: the file's bytes are never whole in
+            // memory (the copied payloads are: see the docs above).
             if writer.buffered() >= WRITE_PIECE_BYTES {
                 let (at, piece) = writer.drain();
                 out.write(&piece, at)?;

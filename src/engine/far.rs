@@ -90,8 +90,8 @@ impl Shared {
                 // Read ahead and failed: the far task is still there, so
                 // the failure stands (never retried into a success).
                 Some(Err(cause)) => return Err(cause.clone()),
-                // Not read ahead (a checkpoint moved it meanwhile): read
-                // under the lock.
+                // Not read ahead (a checkpoint, or a move between
+                // checkpoints, moved it meanwhile): read under the lock.
                 None => {
                     let (file, offset) = unpack_loc(e.loc);
                     let path = disk.overflow_dir().join(overflow::file_name(file));

@@ -178,9 +178,11 @@ pub struct Stats {
     /// cancel or reschedule finding them (those already within the horizon
     /// at open are placed by the open itself and not counted).
     pub far_promoted: u64,
-    /// The longest a checkpoint (background or explicit) held the engine's
-    /// lock at once since open: the longest every other call — schedule,
-    /// cancel, receive, the driver's hand-outs — could have waited on one.
+    /// The longest a checkpoint (background or explicit), or a move of far
+    /// tasks between checkpoints ([`Config::relocate_far_tasks`]), held the
+    /// engine's lock at once since open: the longest every other call —
+    /// schedule, cancel, receive, the driver's hand-outs — could have waited
+    /// on one.
     /// See [`CheckpointReport::longest_hold`].
     pub checkpoint_hold_max: Duration,
 }
@@ -427,6 +429,10 @@ pub(crate) struct Shared {
     config: Config,
     clock: Arc<dyn Clock>,
     tick_ns: u128,
+    /// [`Config::horizon`] in ticks when far tasks are also moved between
+    /// checkpoints ([`Config::relocate_far_tasks`]; on disk only), so the
+    /// schedule path counts them without a division.
+    relocation_horizon_ticks: Option<u64>,
     origin_monotonic: Duration,
     /// Wall-clock phase of the tick grid at open: engine time starts here so
     /// that tick boundaries fall on wall-clock tick boundaries.
@@ -446,7 +452,8 @@ pub(crate) struct Shared {
     engine_id: u64,
     /// The storage and data directory (none in memory).
     disk: Option<checkpointing::Disk>,
-    /// Held for the whole of a checkpoint; the newest checkpoint's LSN.
+    /// Held for the whole of a checkpoint, and of a move of far tasks between
+    /// checkpoints; the newest checkpoint's LSN.
     checkpointing: Mutex<checkpointing::CheckpointBook>,
     /// The checkpointer waits here (with the core lock).
     checkpoint_cv: Condvar,
@@ -756,6 +763,13 @@ impl Engine {
         disk: Option<checkpointing::Disk>,
     ) -> Result<Engine, String> {
         let tick_ns = config.tick.as_nanos();
+        let relocation_horizon_ticks = match (&disk, config.horizon) {
+            (Some(_), Some(horizon)) if checkpointing::relocates(&config) => {
+                // tick_ns ≥ 1 ms (validated).
+                Some(u64::try_from(horizon.as_nanos() / tick_ns).unwrap_or(u64::MAX))
+            }
+            _ => None,
+        };
         // Start the tick grid on a wall-clock tick boundary, so that a task
         // due at a whole millisecond fires at that millisecond rather than up
         // to a tick later.
@@ -801,6 +815,7 @@ impl Engine {
             config,
             clock,
             tick_ns,
+            relocation_horizon_ticks,
             origin_monotonic,
             grid_phase_ns,
             core: Mutex::new(core),
@@ -1078,14 +1093,16 @@ impl Engine {
     /// background by log growth and time (`Config::checkpoint_log_bytes`,
     /// `Config::checkpoint_interval`). Returns once the checkpoint is durable.
     ///
-    /// Cost: the engine's lock is held while the live state is encoded and
-    /// what moves is copied into the new overflow file (O(live tasks +
-    /// bytes moved, including the live entries of compacted files)), then
-    /// again, after the files are durable, while moved tasks are repointed
-    /// and new far tasks are taken out of the wheel (O(far tasks)); both
-    /// are reported as `locked`. The files are written and synced outside
-    /// it. A crash at any step leaves the old or
-    /// the new checkpoint usable (`wal/FORMAT.md`, "Checkpoint files").
+    /// Cost: first what leaves memory (payloads due after the payload
+    /// window, far tasks) and the live entries of compacted overflow files
+    /// go to a new overflow file: chosen and copied a range of tasks per
+    /// hold of the engine's lock, the file written and synced without it,
+    /// then applied a batch per hold (O(live tasks + bytes moved) in all, in
+    /// short holds). Then the state is encoded in one hold, O(live tasks);
+    /// the checkpoint file is written and synced outside it. The report's
+    /// `locked` adds the holds up; `longest_hold` is the longest. A crash at
+    /// any step leaves the old or the new checkpoint usable
+    /// (`wal/FORMAT.md`, "Checkpoint files").
     ///
     /// # Errors
     /// [`CheckpointError::InMemory`] for an engine without a directory;
