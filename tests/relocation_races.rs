@@ -1,0 +1,351 @@
+//! A checkpoint's relocation (`engine/checkpointing.rs`) racing with calls:
+//! the move is chosen, then held at the creation of its overflow file (a
+//! storage wrapper blocks that open) while cancels, reschedules (new due
+//! time, new payload), duplicate schedules, promotions and deliveries run,
+//! then applied over several batches; every task fires once, on time, with
+//! its payload, also after a crash. (Written by a reviewing helper.)
+mod common;
+
+use common::far::{at, cfg, HOUR, MINUTE};
+use common::{TestResult, START_MS};
+use kairos::{CancelOutcome, Engine, ManualClock};
+use kairos_wal::storage::{LockGuard, OpenMode, Storage, StorageFile};
+use kairos_wal::SimStorage;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Blocks the first open of a path under a prefix, in one mode, until
+/// released.
+#[derive(Debug, Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    target: Option<(PathBuf, OpenMode)>,
+    hit: bool,
+    released: bool,
+}
+
+impl Gate {
+    /// Blocks the next open in `mode` of a path under `prefix`.
+    fn arm_mode(&self, prefix: &Path, mode: OpenMode) {
+        let mut s = self.state.lock().unwrap();
+        s.target = Some((prefix.to_path_buf(), mode));
+        s.hit = false;
+        s.released = false;
+    }
+
+    fn on_open(&self, path: &Path, mode: OpenMode) {
+        let mut s = self.state.lock().unwrap();
+        match &s.target {
+            Some((prefix, m)) if path.starts_with(prefix) && *m == mode => {}
+            _ => return,
+        }
+        s.target = None;
+        s.hit = true;
+        self.cv.notify_all();
+        while !s.released {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    fn wait_hit(&self) {
+        let mut s = self.state.lock().unwrap();
+        while !s.hit {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().released = true;
+        self.cv.notify_all();
+    }
+}
+
+#[derive(Debug, Clone)]
+struct GateStorage {
+    inner: SimStorage,
+    gate: Arc<Gate>,
+}
+
+impl Storage for GateStorage {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        self.gate.on_open(path, mode);
+        self.inner.open(path, mode)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        self.inner.exists(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_file(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.sync_dir(path)
+    }
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
+        self.inner.lock(path)
+    }
+    fn random_id(&self) -> io::Result<[u8; 16]> {
+        self.inner.random_id()
+    }
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+}
+
+fn open_on(
+    storage: Arc<dyn Storage>,
+    clock: &ManualClock,
+    prefetch: bool,
+) -> Result<Engine, kairos::OpenError> {
+    let mut c = cfg();
+    c.payload_prefetch = prefetch;
+    Engine::open_with("/kairos", c, storage, Arc::new(clock.clone()))
+}
+
+fn fire_all(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<common::TaskMap> {
+    let mut fired = std::collections::BTreeMap::new();
+    let consumer = engine.consumer();
+    while clock.wall_ms() < until_ms {
+        clock.advance(MINUTE);
+        for d in common::drain(engine)? {
+            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+            assert!(
+                again.is_none(),
+                "twice: {:?}",
+                String::from_utf8_lossy(d.key())
+            );
+            consumer.ack(&d)?;
+        }
+    }
+    Ok(fired)
+}
+
+/// Tens of thousands of moves (several apply batches), calls and promotions
+/// while the new file is written and while the batches are applied.
+#[test]
+fn many_moves_with_calls_and_promotion_in_between() -> TestResult {
+    for (crash, prefetch) in [(false, false), (true, false)] {
+        let sim = SimStorage::new(7);
+        let gate = Arc::new(Gate::default());
+        let storage = GateStorage {
+            inner: sim.clone(),
+            gate: Arc::clone(&gate),
+        };
+        let clock = ManualClock::new(START_MS);
+        let engine = open_on(Arc::new(storage.clone()), &clock, prefetch)?;
+        let mut model = std::collections::BTreeMap::new();
+        let n = 30_000usize;
+        let a = |i: usize| format!("A{i}").into_bytes();
+        let b = |i: usize| format!("B{i}").into_bytes();
+        for i in 0..n {
+            let due = START_MS + 2 * 3_600_000 + 1_000 * (i as u64 % 3_600);
+            let p = format!("pa{i}").into_bytes();
+            engine.schedule(&a(i), at(due), &p)?;
+            model.insert(a(i), (due, p));
+        }
+        engine.checkpoint()?;
+        assert_eq!(engine.stats().far, n);
+        // 60 % cancelled: file 1 is compacted at the next checkpoint.
+        for i in (0..n).filter(|i| i % 5 < 3) {
+            engine.cancel(&a(i))?;
+            model.remove(&a(i));
+        }
+        for i in 0..n {
+            let due = START_MS + 2 * 3_600_000 + 1_000 * (i as u64 % 3_600) + 500;
+            let p = format!("pb{i}").into_bytes();
+            engine.schedule(&b(i), at(due), &p)?;
+            model.insert(b(i), (due, p));
+        }
+        gate.arm_mode(Path::new("/kairos/overflow"), OpenMode::CreateNew);
+        std::thread::scope(|s| -> TestResult {
+            let ckpt = s.spawn(|| engine.checkpoint());
+            gate.wait_hit();
+            // Planned, not applied: calls on tasks of every kind.
+            let step = |i: usize,
+                        model: &mut std::collections::BTreeMap<Vec<u8>, (u64, Vec<u8>)>|
+             -> TestResult {
+                match i % 7 {
+                    0 => {
+                        let k = b(i);
+                        assert_eq!(
+                            engine.cancel(&k)?,
+                            CancelOutcome::Cancelled { deliveries: 0 }
+                        );
+                        model.remove(&k);
+                    }
+                    1 => {
+                        let k = b(i);
+                        let due = model[&k].0 + 3_600_000;
+                        engine.reschedule(&k, at(due), None)?;
+                        model.get_mut(&k).unwrap().0 = due;
+                    }
+                    2 => {
+                        let k = b(i);
+                        let due = model[&k].0;
+                        engine.reschedule(&k, at(due), Some(b"new"))?;
+                        model.insert(k, (due, b"new".to_vec()));
+                    }
+                    3 if i % 5 >= 3 => {
+                        let k = a(i);
+                        let due = model[&k].0 + 2 * 3_600_000;
+                        engine.reschedule(&k, at(due), None)?;
+                        model.get_mut(&k).unwrap().0 = due;
+                    }
+                    4 if i % 5 >= 3 => {
+                        let k = a(i);
+                        assert_eq!(
+                            engine.cancel(&k)?,
+                            CancelOutcome::Cancelled { deliveries: 0 }
+                        );
+                        model.remove(&k);
+                    }
+                    _ => {}
+                }
+                Ok(())
+            };
+            for i in 0..n / 2 {
+                step(i, &mut model)?;
+            }
+            // B tasks with i % 7 == 5: rescheduled to fire soon, handed out
+            // (Ready), then rescheduled back to their first due time (the
+            // delivery released: a waiting first attempt again). Those with
+            // i % 7 == 6 fire and are received and acked before the apply.
+            let soon = clock.wall_ms() + 10_000;
+            let back: Vec<(Vec<u8>, u64)> = (0..n)
+                .filter(|i| i % 7 == 5 || i % 7 == 6)
+                .map(|i| (b(i), model[&b(i)].0))
+                .collect();
+            for (k, _) in &back {
+                engine.reschedule(k, at(soon), None)?;
+            }
+            clock.advance(MINUTE);
+            engine.run_until_idle();
+            let consumer = engine.consumer();
+            let mut received = Vec::new();
+            for (k, due) in &back {
+                let i: usize = std::str::from_utf8(&k[1..]).unwrap().parse().unwrap();
+                if i % 7 == 5 {
+                    engine.reschedule(k, at(*due), None)?;
+                }
+            }
+            while let Ok(d) = consumer.try_recv() {
+                received.push(d);
+            }
+            for d in &received {
+                let i: usize = std::str::from_utf8(&d.key()[1..]).unwrap().parse().unwrap();
+                assert_eq!(i % 7, 6, "{:?}", String::from_utf8_lossy(d.key()));
+                consumer.ack(d)?;
+                model.remove(d.key());
+            }
+            // Some A tasks come within the horizon: promoted meanwhile.
+            clock.advance(HOUR / 2 - MINUTE);
+            engine.run_until_idle();
+            gate.release();
+            // And more calls while the batches are applied.
+            for i in n / 2..n {
+                step(i, &mut model)?;
+                if i % 3000 == 0 {
+                    clock.advance(MINUTE);
+                    engine.run_until_idle();
+                }
+            }
+            let r = ckpt.join().map_err(|_| "checkpoint thread panicked")??;
+            eprintln!("{r:?}");
+            Ok(())
+        })?;
+        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
+        engine.checkpoint()?;
+        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
+        let engine = if crash {
+            drop(engine);
+            sim.crash_process();
+            let e = open_on(Arc::new(sim.clone()), &clock, prefetch)?;
+            assert_eq!(e.stats().pending, model.len(), "{:?}", e.stats());
+            e
+        } else {
+            engine
+        };
+        let fired = fire_all(&engine, &clock, START_MS + 6 * 3_600_000)?;
+        if fired != model {
+            let missing: Vec<_> = model
+                .keys()
+                .filter(|k| !fired.contains_key(*k))
+                .take(5)
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect();
+            let wrong: Vec<_> = model
+                .iter()
+                .filter(|(k, v)| fired.get(*k).is_some_and(|f| f != *v))
+                .take(5)
+                .map(|(k, v)| {
+                    (
+                        String::from_utf8_lossy(k).into_owned(),
+                        v.clone(),
+                        fired[k].clone(),
+                    )
+                })
+                .collect();
+            panic!("crash {crash} prefetch {prefetch}: {} fired, {} expected; missing {missing:?}; wrong {wrong:?}", fired.len(), model.len());
+        }
+    }
+    Ok(())
+}
+
+/// Tasks chosen to go far fall due while the new file is written; the apply
+/// may run before the driver hands them out.
+#[test]
+fn far_moves_falling_due_before_the_apply_fire_once() -> TestResult {
+    for crash in [false, true] {
+        let sim = SimStorage::new(11);
+        let gate = Arc::new(Gate::default());
+        let storage = GateStorage {
+            inner: sim.clone(),
+            gate: Arc::clone(&gate),
+        };
+        let clock = ManualClock::new(START_MS);
+        let engine = open_on(Arc::new(storage.clone()), &clock, false)?;
+        let mut model = std::collections::BTreeMap::new();
+        for i in 0..200usize {
+            let due = START_MS + 2 * 3_600_000 + 1_000 * i as u64;
+            let k = format!("T{i}").into_bytes();
+            let p = format!("p{i}").into_bytes();
+            engine.schedule(&k, at(due), &p)?;
+            model.insert(k, (due, p));
+        }
+        gate.arm_mode(Path::new("/kairos/overflow"), OpenMode::CreateNew);
+        std::thread::scope(|s| -> TestResult {
+            let ckpt = s.spawn(|| engine.checkpoint());
+            gate.wait_hit();
+            clock.advance(3 * HOUR);
+            gate.release();
+            ckpt.join().map_err(|_| "checkpoint thread panicked")??;
+            Ok(())
+        })?;
+        let engine = if crash {
+            engine.checkpoint()?;
+            drop(engine);
+            sim.crash_process();
+            open_on(Arc::new(sim.clone()), &clock, false)?
+        } else {
+            engine
+        };
+        let fired = fire_all(&engine, &clock, START_MS + 4 * 3_600_000)?;
+        assert_eq!(fired, model, "crash {crash}: {:?}", engine.stats());
+    }
+    Ok(())
+}
