@@ -8,14 +8,14 @@ mod common;
 
 use common::far::{at, cfg, due, key, HOUR, MINUTE};
 
+use common::gate::{Gate, GateStorage};
 use common::{config, SimHarness, Stop, TestResult, START_MS};
 use kairos::{CancelError, CancelOutcome, Due, Durability, Engine, ManualClock, NewTask};
-use kairos_wal::storage::{LockGuard, OpenMode, Storage, StorageFile};
+use kairos_wal::storage::{OpenMode, Storage};
 use kairos_wal::SimStorage;
 use std::collections::BTreeSet;
-use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn schedule_far(engine: &Engine, n: usize) -> TestResult {
@@ -328,62 +328,6 @@ fn a_damaged_entry_where_a_large_promotion_pauses_is_reported() -> TestResult {
     Ok(())
 }
 
-/// Blocks the first open of a path under a prefix, in one mode, until
-/// released.
-#[derive(Debug, Default)]
-struct Gate {
-    state: Mutex<GateState>,
-    cv: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct GateState {
-    target: Option<(PathBuf, OpenMode)>,
-    hit: bool,
-    released: bool,
-}
-
-impl Gate {
-    /// Blocks the next read of `path`.
-    fn arm(&self, path: &Path) {
-        self.arm_mode(path, OpenMode::Read);
-    }
-
-    /// Blocks the next open in `mode` of a path under `prefix`.
-    fn arm_mode(&self, prefix: &Path, mode: OpenMode) {
-        let mut s = self.state.lock().unwrap();
-        s.target = Some((prefix.to_path_buf(), mode));
-        s.hit = false;
-        s.released = false;
-    }
-
-    fn on_open(&self, path: &Path, mode: OpenMode) {
-        let mut s = self.state.lock().unwrap();
-        match &s.target {
-            Some((prefix, m)) if path.starts_with(prefix) && *m == mode => {}
-            _ => return,
-        }
-        s.target = None;
-        s.hit = true;
-        self.cv.notify_all();
-        while !s.released {
-            s = self.cv.wait(s).unwrap();
-        }
-    }
-
-    fn wait_hit(&self) {
-        let mut s = self.state.lock().unwrap();
-        while !s.hit {
-            s = self.cv.wait(s).unwrap();
-        }
-    }
-
-    fn release(&self) {
-        self.state.lock().unwrap().released = true;
-        self.cv.notify_all();
-    }
-}
-
 /// An engine on simulated storage behind a [`Gate`], with a manual clock.
 struct Gated {
     sim: SimStorage,
@@ -411,46 +355,6 @@ fn gated(seed: u64) -> TestResult<Gated> {
         dir,
         engine,
     })
-}
-
-#[derive(Debug, Clone)]
-struct GateStorage {
-    inner: SimStorage,
-    gate: Arc<Gate>,
-}
-
-impl Storage for GateStorage {
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(path)
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
-        self.gate.on_open(path, mode);
-        self.inner.open(path, mode)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        self.inner.exists(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.inner.sync_dir(path)
-    }
-    fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
-        self.inner.lock(path)
-    }
-    fn random_id(&self) -> io::Result<[u8; 16]> {
-        self.inner.random_id()
-    }
-    fn now_ms(&self) -> u64 {
-        self.inner.now_ms()
-    }
 }
 
 /// An engine on `storage` (a [`GateStorage`] or a plain [`SimStorage`]).

@@ -9,6 +9,7 @@ pub mod child;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod far;
+pub mod gate;
 
 use kairos::{
     CheckpointError, Config, Delivery, Durability, Engine, ManualClock, OpenError, RecvError,

@@ -1,0 +1,111 @@
+//! A storage wrapper that blocks one chosen open until the test releases it:
+//! to make another thread (a checkpoint, a promotion) stop at a known I/O
+//! step while the test runs calls against the engine.
+
+use kairos_wal::storage::{LockGuard, OpenMode, Storage, StorageFile};
+use kairos_wal::SimStorage;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Blocks the first open of a path under a prefix, in one mode, until
+/// released.
+#[derive(Debug, Default)]
+pub struct Gate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    target: Option<(PathBuf, OpenMode)>,
+    hit: bool,
+    released: bool,
+}
+
+impl Gate {
+    /// Blocks the next read of `path`.
+    pub fn arm(&self, path: &Path) {
+        self.arm_mode(path, OpenMode::Read);
+    }
+
+    /// Blocks the next open in `mode` of a path under `prefix`.
+    pub fn arm_mode(&self, prefix: &Path, mode: OpenMode) {
+        let mut s = self.state.lock().unwrap();
+        s.target = Some((prefix.to_path_buf(), mode));
+        s.hit = false;
+        s.released = false;
+    }
+
+    /// Called by [`GateStorage`] at every open: blocks the armed one.
+    pub fn on_open(&self, path: &Path, mode: OpenMode) {
+        let mut s = self.state.lock().unwrap();
+        match &s.target {
+            Some((prefix, m)) if path.starts_with(prefix) && *m == mode => {}
+            _ => return,
+        }
+        s.target = None;
+        s.hit = true;
+        self.cv.notify_all();
+        while !s.released {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    /// Waits until the armed open is blocked.
+    pub fn wait_hit(&self) {
+        let mut s = self.state.lock().unwrap();
+        while !s.hit {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    /// Lets the blocked open go on.
+    pub fn release(&self) {
+        self.state.lock().unwrap().released = true;
+        self.cv.notify_all();
+    }
+}
+
+/// [`SimStorage`] whose opens pass a [`Gate`].
+#[derive(Debug, Clone)]
+pub struct GateStorage {
+    /// The storage underneath.
+    pub inner: SimStorage,
+    /// The gate every open passes.
+    pub gate: Arc<Gate>,
+}
+
+impl Storage for GateStorage {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        self.gate.on_open(path, mode);
+        self.inner.open(path, mode)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        self.inner.exists(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_file(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.inner.sync_dir(path)
+    }
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
+        self.inner.lock(path)
+    }
+    fn random_id(&self) -> io::Result<[u8; 16]> {
+        self.inner.random_id()
+    }
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+}
