@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::far::{at, cfg, due, key, HOUR, MINUTE};
+use common::far::{at, cfg, due, fire_all, key, HOUR, MINUTE};
 
 use common::gate::{Gate, GateStorage};
 use common::{config, SimHarness, Stop, TestResult, START_MS};
@@ -360,23 +360,6 @@ fn gated(seed: u64) -> TestResult<Gated> {
 /// An engine on `storage` (a [`GateStorage`] or a plain [`SimStorage`]).
 fn open_on(storage: Arc<dyn Storage>, clock: &ManualClock) -> Result<Engine, kairos::OpenError> {
     Engine::open_with("/kairos", cfg(), storage, Arc::new(clock.clone()))
-}
-
-/// Runs the clock minute by minute up to `until_ms`, acking everything;
-/// returns key → (due, payload), checking none fires early or twice.
-fn fire_all(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<common::TaskMap> {
-    let mut fired = std::collections::BTreeMap::new();
-    let consumer = engine.consumer();
-    while clock.wall_ms() < until_ms {
-        clock.advance(MINUTE);
-        for d in common::drain(engine)? {
-            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
-            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
-            assert!(again.is_none(), "twice: {:?}", d.key());
-            consumer.ack(&d)?;
-        }
-    }
-    Ok(fired)
 }
 
 /// Between a checkpoint's plan (under the lock: which tasks go far, which

@@ -6,7 +6,7 @@
 //! its payload, also after a crash. (Written by a reviewing helper.)
 mod common;
 
-use common::far::{at, cfg, HOUR, MINUTE};
+use common::far::{at, cfg, fire_all, HOUR, MINUTE};
 use common::gate::{Gate, GateStorage};
 use common::{TestResult, START_MS};
 use kairos::{CancelOutcome, Engine, ManualClock};
@@ -23,25 +23,6 @@ fn open_on(
     let mut c = cfg();
     c.payload_prefetch = prefetch;
     Engine::open_with("/kairos", c, storage, Arc::new(clock.clone()))
-}
-
-fn fire_all(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<common::TaskMap> {
-    let mut fired = std::collections::BTreeMap::new();
-    let consumer = engine.consumer();
-    while clock.wall_ms() < until_ms {
-        clock.advance(MINUTE);
-        for d in common::drain(engine)? {
-            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
-            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
-            assert!(
-                again.is_none(),
-                "twice: {:?}",
-                String::from_utf8_lossy(d.key())
-            );
-            consumer.ack(&d)?;
-        }
-    }
-    Ok(fired)
 }
 
 /// Tens of thousands of moves (several apply batches), calls and promotions

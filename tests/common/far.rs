@@ -2,8 +2,8 @@
 //! payload window (tasks due 2 h out go far at a checkpoint), keys and due
 //! times by index.
 
-use super::{config, START_MS};
-use kairos::{Config, Due, Durability};
+use super::{config, TaskMap, TestResult, START_MS};
+use kairos::{Config, Due, Durability, Engine, ManualClock};
 use std::time::{Duration, UNIX_EPOCH};
 
 /// One minute.
@@ -35,4 +35,25 @@ pub fn key(i: usize) -> Vec<u8> {
 /// horizon, so a checkpoint makes it far.
 pub fn due(i: usize) -> u64 {
     START_MS + 2 * 3_600_000 + 60_000 * i as u64
+}
+
+/// Runs the clock minute by minute up to `until_ms`, acking everything;
+/// returns key → (due, payload), checking none fires early or twice.
+pub fn fire_all(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<TaskMap> {
+    let mut fired = std::collections::BTreeMap::new();
+    let consumer = engine.consumer();
+    while clock.wall_ms() < until_ms {
+        clock.advance(MINUTE);
+        for d in super::drain(engine)? {
+            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+            assert!(
+                again.is_none(),
+                "twice: {:?}",
+                String::from_utf8_lossy(d.key())
+            );
+            consumer.ack(&d)?;
+        }
+    }
+    Ok(fired)
 }
