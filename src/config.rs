@@ -51,6 +51,9 @@ pub const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * 24 * 3600);
 /// Default [`Config::relocate_far_tasks`]: 2^20 (about a million).
 pub const RELOCATE_FAR_TASKS_DEFAULT: u64 = 1 << 20;
 
+/// Default [`Config::relocate_far_bytes`]: 256 MiB.
+pub const RELOCATE_FAR_BYTES_DEFAULT: u64 = 256 << 20;
+
 /// Default [`Config::payload_window`]: 1 minute.
 pub const PAYLOAD_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
 /// Default [`Config::checkpoint_interval`]: 10 minutes.
@@ -218,7 +221,9 @@ pub struct Config {
     /// have been scheduled since they last were — or a quarter of the far
     /// tasks there are already, if that is more (so the overflow files this
     /// writes grow geometrically and stay few, while at most about a fifth
-    /// of the far tasks wait whole in the wheel). The same move as a
+    /// of the far tasks wait whole in the wheel) — or once their keys and
+    /// payloads take [`Config::relocate_far_bytes`], whatever their count.
+    /// The same move as a
     /// checkpoint's first step (payloads due after the payload window leave
     /// memory too), without writing a checkpoint: it bounds the memory of
     /// far tasks scheduled in bulk, which otherwise stay whole in the wheel
@@ -226,6 +231,12 @@ pub struct Config {
     /// Default [`RELOCATE_FAR_TASKS_DEFAULT`]. Ignored in memory, without a
     /// horizon and without a payload window.
     pub relocate_far_tasks: Option<u64>,
+    /// With [`Config::relocate_far_tasks`] set, also take far tasks out of
+    /// the wheel once the keys and payloads of those scheduled since they
+    /// last were take this many bytes, however few they are: with large
+    /// payloads, a count alone would let gigabytes wait in memory. Default
+    /// [`RELOCATE_FAR_BYTES_DEFAULT`] (256 MiB); at least 1.
+    pub relocate_far_bytes: u64,
     /// Run a background thread that reads payloads coming due (within
     /// `payload_window`) back into memory, so that receiving a task does not
     /// wait on disk. Default true; deterministic tests turn it off (payloads
@@ -252,6 +263,7 @@ impl Default for Config {
             payload_window: Some(PAYLOAD_WINDOW_DEFAULT),
             horizon: Some(HORIZON_DEFAULT),
             relocate_far_tasks: Some(RELOCATE_FAR_TASKS_DEFAULT),
+            relocate_far_bytes: RELOCATE_FAR_BYTES_DEFAULT,
             payload_prefetch: true,
         }
     }
@@ -340,6 +352,9 @@ impl Config {
         }
         if self.relocate_far_tasks == Some(0) {
             return Err("relocate_far_tasks must be at least 1 (or None)".into());
+        }
+        if self.relocate_far_bytes == 0 {
+            return Err("relocate_far_bytes must be at least 1".into());
         }
         if self.checkpoint_log_bytes == Some(0) {
             return Err("checkpoint_log_bytes must be at least 1 (or None)".into());

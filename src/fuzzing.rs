@@ -18,7 +18,7 @@
 //! | [`wal_segment`] | [`SegmentImage`]: segment files (and `META`, `TRIM`, `CLOSED`) of one log directory | `kairos_wal::scan` and `Wal::open` agree (records, torn tail, error with file and offset); an open log appends at the next LSN, closes and reopens with the same records |
 //! | [`record_body`] | a record type byte and a body | `Record::decode` never panics; what decodes re-encodes to the same bytes |
 //! | [`checkpoint_file`] | a flags byte (fix checksums) and a checkpoint file | `checkpoint::decode` never panics; what decodes survives re-encoding; `Replay::from_checkpoint` never panics |
-//! | [`overflow_file`] | a flags byte (fix checksums) and an overflow file | `overflow::decode`, `read_due` and `read_entry` never panic and agree; what decodes re-encodes to the same bytes |
+//! | [`overflow_file`] | a flags byte (fix checksums) and an overflow file | `overflow::decode`, `read_due`, `read_entry` and `PieceReader` never panic and agree; what decodes re-encodes to the same bytes |
 //! | [`verify_dir`] | [`DirImage`]: arbitrary files with plausible or arbitrary names in a log directory | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail); a directory it passes, the engine opens and shuts down |
 //! | [`engine_model`](fn@engine_model) | [`EngineModelInput`]: a setup and a sequence of schedule, schedule_many, reschedule, cancel, cancel_many, advance, wall step, ack, ack_many, nack, extend_lease, requeue, purge, clean reopen, process crash and power cut operations | the engine on `SimStorage` with a `ManualClock` (`Sync`, tiny segments) answers, delivers (order, key, payload, due time, attempt, hand-out time), recovers, counts and dead-letters exactly as a reference model says |
 //!
@@ -729,15 +729,16 @@ pub fn fix_overflow_crcs(bytes: &mut [u8]) {
 
 /// Fuzz target `overflow_file`: a flags byte (bit 0: fix the checksums with
 /// [`fix_overflow_crcs`]), then the bytes of an overflow file, through
-/// [`crate::overflow::decode`], [`crate::overflow::read_due`] and
-/// [`crate::overflow::read_entry`] (on a simulated disk).
+/// [`crate::overflow::decode`], [`crate::overflow::read_due`],
+/// [`crate::overflow::read_entry`] and [`crate::overflow::PieceReader`] (on a
+/// simulated disk).
 ///
 /// # Panics
 /// On a finding: a reader panicked; a file that decodes does not re-encode to the same bytes
 /// (the layout is canonical: sorted entries, exact lengths); the sequential and the
 /// per-entry readers disagree with the whole-file reader.
 pub fn overflow_file(data: &[u8]) {
-    use crate::overflow::{decode, read_due, read_entry, OverflowWriter};
+    use crate::overflow::{decode, read_due, read_entry, OverflowWriter, PieceReader};
     let Some((&flags, rest)) = data.split_first() else {
         return;
     };
@@ -750,9 +751,40 @@ pub fn overflow_file(data: &[u8]) {
     sim.write_file(path, &bytes);
     let whole = decode(&bytes, None, None);
     let sequential = read_due(&sim, path, 0, u64::MAX, 256);
+    // The piece reader (compaction's), in small pieces so entries straddle
+    // them: every entry it yields is intact, whatever the file.
+    let mut pieces = Vec::new();
+    if let Ok(mut reader) = PieceReader::open(&sim, path, 64) {
+        while let Ok(Some((offset, e))) = reader.next_entry() {
+            pieces.push((
+                offset,
+                e.task_id,
+                e.due_ms,
+                e.key.to_vec(),
+                e.payload.to_vec(),
+            ));
+        }
+    }
     let Ok(entries) = whole else {
         return;
     };
+    let expected: Vec<_> = entries
+        .iter()
+        .map(|(o, e)| (*o, e.task_id, e.due_ms, e.key.to_vec(), e.payload.to_vec()))
+        .collect();
+    assert_eq!(pieces, expected, "PieceReader disagrees with decode");
+    // At known offsets, backwards (each a new piece).
+    if let Ok(mut reader) = PieceReader::open(&sim, path, 64) {
+        for (offset, id, due, key, payload) in expected.iter().rev() {
+            let (e, _) = reader
+                .entry_at(*offset)
+                .expect("an entry decode accepted, by offset");
+            assert_eq!(
+                (e.task_id, e.due_ms, e.key, e.payload),
+                (*id, *due, &key[..], &payload[..])
+            );
+        }
+    }
     match sequential {
         Ok((seq_entries, _)) => assert_eq!(seq_entries, entries, "read_due disagrees with decode"),
         Err(e) => panic!("read_due refused a file decode accepts: {e}"),

@@ -259,6 +259,35 @@ fn encode_entry(out: &mut Vec<u8>, task_id: u64, due_ms: u64, key: &[u8], payloa
 /// part); `Ok(None)` if `b` is shorter than the whole entry. The entry's
 /// total length is `8 + entry_bytes`.
 fn parse_entry(b: &[u8]) -> Result<Option<(Entry, usize)>, String> {
+    Ok(parse_entry_ref(b)?.map(|(e, total)| {
+        (
+            Entry {
+                task_id: e.task_id,
+                due_ms: e.due_ms,
+                key: e.key.into(),
+                payload: e.payload.into(),
+            },
+            total,
+        )
+    }))
+}
+
+/// An entry's fields as they lie in a buffer ([`PieceReader`]): nothing
+/// copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryRef<'a> {
+    /// The task it belongs to.
+    pub task_id: u64,
+    /// The task's due time when the file was written, UTC ms.
+    pub due_ms: u64,
+    /// The task's key.
+    pub key: &'a [u8],
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// [`parse_entry`] without copying the key and payload.
+fn parse_entry_ref(b: &[u8]) -> Result<Option<(EntryRef<'_>, usize)>, String> {
     let entry_bytes = u32_at(b, E_BYTES);
     if entry_bytes > ENTRY_BYTES_MAX {
         return Err(format!(
@@ -282,16 +311,159 @@ fn parse_entry(b: &[u8]) -> Result<Option<(Entry, usize)>, String> {
     if ENTRY_FIXED_BYTES + key_len + payload_len != total || key_len == 0 {
         return Err("entry lengths do not add up".into());
     }
-    let key = &all[ENTRY_FIXED_BYTES..ENTRY_FIXED_BYTES + key_len];
     Ok(Some((
-        Entry {
+        EntryRef {
             task_id: u64_at(all, E_ID),
             due_ms: u64_at(all, E_DUE),
-            key: key.into(),
-            payload: all[ENTRY_FIXED_BYTES + key_len..].into(),
+            key: &all[ENTRY_FIXED_BYTES..ENTRY_FIXED_BYTES + key_len],
+            payload: &all[ENTRY_FIXED_BYTES + key_len..],
         },
         total,
     )))
+}
+
+/// Reads an overflow file a piece at a time: entry by entry from the start
+/// ([`PieceReader::next_entry`]), or at offsets a caller already knows
+/// ([`PieceReader::entry_at`]) — in increasing order they are read
+/// sequentially, each piece once. Memory: one buffer of about `piece_bytes`
+/// (more for a single larger entry, at most [`ENTRY_BYTES_MAX`] + 8), never
+/// the whole file. Trusts nothing: every entry's length is bounded by the
+/// file's size and [`ENTRY_BYTES_MAX`] before it is read, and its CRC is
+/// checked. For compaction, which copies a file's live entries forward, and
+/// for reading back a file just written. The header is not read (see
+/// [`read_entry_count`]).
+pub struct PieceReader {
+    file: Box<dyn StorageFile>,
+    path: PathBuf,
+    len: u64,
+    piece_bytes: usize,
+    /// Bytes of the file from offset `buf_at` on.
+    buf: Vec<u8>,
+    buf_at: u64,
+    /// Where [`PieceReader::next_entry`] goes on.
+    next: u64,
+}
+
+impl PieceReader {
+    /// Opens the overflow file at `path` (one open, one size query).
+    ///
+    /// # Errors
+    /// [`OverflowReadError::Io`].
+    pub fn open(
+        storage: &dyn Storage,
+        path: &Path,
+        piece_bytes: usize,
+    ) -> Result<PieceReader, OverflowReadError> {
+        let io_err = |source| OverflowReadError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+        let len = file.len().map_err(io_err)?;
+        Ok(PieceReader {
+            file,
+            path: path.to_path_buf(),
+            len,
+            piece_bytes: piece_bytes.max(ENTRY_FIXED_BYTES),
+            buf: Vec::new(),
+            buf_at: HEADER_BYTES as u64,
+            next: HEADER_BYTES as u64,
+        })
+    }
+
+    /// The entry at `offset` and the offset of the one after it.
+    ///
+    /// # Errors
+    /// [`OverflowReadError::Corrupt`] if no whole, intact entry starts
+    /// there (inside the header, at or past the file's end, a bad length or
+    /// CRC); I/O errors.
+    pub fn entry_at(&mut self, offset: u64) -> Result<(EntryRef<'_>, u64), OverflowReadError> {
+        let (start, total) = self.load(offset)?;
+        let corrupt = |path: &Path, reason: String| OverflowReadError::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            reason,
+        };
+        match parse_entry_ref(&self.buf[start..]) {
+            Ok(Some((entry, n))) if n == total => Ok((entry, offset + total as u64)),
+            Ok(_) => Err(corrupt(&self.path, "entry lengths do not add up".into())),
+            Err(reason) => Err(corrupt(&self.path, reason)),
+        }
+    }
+
+    /// The next entry in file order and its offset, from the first on;
+    /// `None` at the file's end.
+    ///
+    /// # Errors
+    /// As [`PieceReader::entry_at`]: the first damaged entry ends the
+    /// reading.
+    pub fn next_entry(&mut self) -> Result<Option<(u64, EntryRef<'_>)>, OverflowReadError> {
+        let offset = self.next;
+        if offset >= self.len {
+            return Ok(None);
+        }
+        let (_, total) = self.load(offset)?;
+        self.next = offset + total as u64;
+        let (entry, _) = self.entry_at(offset)?;
+        Ok(Some((offset, entry)))
+    }
+
+    /// Makes the whole entry at `offset` lie in the buffer; returns where
+    /// it starts there and its total length (only bounded, not checked).
+    fn load(&mut self, offset: u64) -> Result<(usize, usize), OverflowReadError> {
+        let corrupt = |path: &Path, reason: &str| OverflowReadError::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            reason: reason.into(),
+        };
+        if offset < HEADER_BYTES as u64 || offset >= self.len {
+            return Err(corrupt(&self.path, "no entry at this offset"));
+        }
+        if self.len - offset < ENTRY_FIXED_BYTES as u64 {
+            return Err(corrupt(&self.path, "file ends inside an entry"));
+        }
+        let buffered = |r: &PieceReader, n: u64| {
+            offset >= r.buf_at && offset + n <= r.buf_at + r.buf.len() as u64
+        };
+        if !buffered(self, ENTRY_FIXED_BYTES as u64) {
+            self.fill(offset, self.piece_bytes)?;
+        }
+        let start = (offset - self.buf_at) as usize;
+        let entry_bytes = u32_at(&self.buf[start..], E_BYTES);
+        let total = E_ID as u64 + u64::from(entry_bytes);
+        if entry_bytes > ENTRY_BYTES_MAX || total < ENTRY_FIXED_BYTES as u64 {
+            return Err(corrupt(&self.path, "bad entry length"));
+        }
+        if offset + total > self.len {
+            return Err(corrupt(&self.path, "entry runs past the file's end"));
+        }
+        if !buffered(self, total) {
+            self.fill(offset, self.piece_bytes.max(total as usize))?;
+        }
+        Ok(((offset - self.buf_at) as usize, total as usize))
+    }
+
+    /// Reads `want` bytes (fewer at the file's end) from `offset` into the
+    /// buffer.
+    fn fill(&mut self, offset: u64, want: usize) -> Result<(), OverflowReadError> {
+        let n = (self.len - offset).min(want as u64) as usize;
+        self.buf.clear();
+        self.buf.resize(n, 0);
+        self.buf_at = offset;
+        let io_err = |source| OverflowReadError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        if !read_exact_at(self.file.as_ref(), &mut self.buf, offset).map_err(io_err)? {
+            self.buf.clear();
+            return Err(OverflowReadError::Corrupt {
+                path: self.path.clone(),
+                offset,
+                reason: "file shrank while being read".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 fn read_exact_at(file: &dyn StorageFile, buf: &mut [u8], offset: u64) -> io::Result<bool> {
@@ -675,6 +847,82 @@ mod tests {
             key: format!("k{id}").into_bytes().into(),
             payload: payload.into(),
         }
+    }
+
+    #[test]
+    fn piece_reader_reads_in_order_and_at_offsets_across_pieces() {
+        let big = vec![7u8; 1000];
+        let entries = vec![
+            entry(1, 10, b"one"),
+            entry(2, 20, &big),
+            entry(3, 30, b""),
+            entry(4, 40, b"four"),
+        ];
+        let (bytes, offsets) = OverflowWriter::sorted(entries.clone(), &[9; 16], 3);
+        let sim = SimStorage::new(1);
+        let path = Path::new("/o");
+        sim.write_file(path, &bytes);
+        // Pieces of 64 bytes: the 1 000-byte entry is read whole on its own.
+        let mut r = PieceReader::open(&sim, path, 64).unwrap();
+        let mut seen = Vec::new();
+        while let Some((offset, e)) = r.next_entry().unwrap() {
+            seen.push((
+                offset,
+                e.task_id,
+                e.due_ms,
+                e.key.to_vec(),
+                e.payload.to_vec(),
+            ));
+        }
+        let want: Vec<_> = offsets
+            .iter()
+            .zip(&entries)
+            .map(|(&(id, offset), e)| (offset, id, e.due_ms, e.key.to_vec(), e.payload.to_vec()))
+            .collect();
+        assert_eq!(seen, want);
+        // At offsets, out of order; `entry_at` also gives the next offset.
+        for &(offset, id, _, _, ref payload) in want.iter().rev() {
+            let (e, next) = r.entry_at(offset).unwrap();
+            assert_eq!((e.task_id, e.payload), (id, &payload[..]));
+            let n = want.iter().position(|w| w.0 == offset).unwrap();
+            let expect_next = want.get(n + 1).map_or(bytes.len() as u64, |w| w.0);
+            assert_eq!(next, expect_next);
+        }
+    }
+
+    #[test]
+    fn piece_reader_refuses_damage_with_its_offset() {
+        let (mut bytes, offsets) = OverflowWriter::sorted(
+            vec![entry(1, 10, b"one"), entry(2, 20, b"two")],
+            &[9; 16],
+            3,
+        );
+        let sim = SimStorage::new(1);
+        let path = Path::new("/o");
+        sim.write_file(path, &bytes);
+        let mut r = PieceReader::open(&sim, path, 4096).unwrap();
+        let corrupt_at = |e: OverflowReadError| match e {
+            OverflowReadError::Corrupt { offset, .. } => offset,
+            other => panic!("{other}"),
+        };
+        // Inside the header, past the end, not an entry's start.
+        assert_eq!(corrupt_at(r.entry_at(3).unwrap_err()), 3);
+        let end = bytes.len() as u64;
+        assert_eq!(corrupt_at(r.entry_at(end).unwrap_err()), end);
+        assert!(r.entry_at(offsets[1].1 + 1).is_err());
+        // A flipped payload byte: the CRC catches it, at that entry.
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        sim.write_file(path, &bytes);
+        let mut r = PieceReader::open(&sim, path, 4096).unwrap();
+        assert_eq!(r.next_entry().unwrap().unwrap().0, offsets[0].1);
+        assert_eq!(corrupt_at(r.next_entry().unwrap_err()), offsets[1].1);
+        // Cut inside the last entry.
+        bytes.truncate(bytes.len() - 2);
+        sim.write_file(path, &bytes);
+        let mut r = PieceReader::open(&sim, path, 4096).unwrap();
+        assert!(r.next_entry().is_ok());
+        assert_eq!(corrupt_at(r.next_entry().unwrap_err()), offsets[1].1);
     }
 
     #[test]

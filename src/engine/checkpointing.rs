@@ -312,20 +312,13 @@ impl Shared {
             }
             victims
         };
-        let mut out = Vec::new();
-        for f in candidates {
-            let path = disk.overflow_dir().join(overflow::file_name(f));
-            // A read that fails fails the checkpoint (typed; nothing durable
-            // changed, the engine goes on). A damaged file is not compacted:
-            // its live entries are checked one by one when read (and a dead
-            // damaged entry must not block every later checkpoint).
-            match overflow::read_file(disk.storage.as_ref(), &path, None, Some(f)) {
-                Ok(entries) => out.push((f, entries)),
-                Err(e @ overflow::OverflowReadError::Io { .. }) => return Err(e.into()),
-                Err(error) => tracing::warn!(%error, "damaged overflow file not compacted"),
-            }
-        }
-        Ok(out)
+        Ok(candidates
+            .into_iter()
+            .map(|file| Victim {
+                file,
+                path: disk.overflow_dir().join(overflow::file_name(file)),
+            })
+            .collect())
     }
 
     /// Counts appended log bytes and wakes the checkpointer when the log has
@@ -346,24 +339,75 @@ impl Shared {
 
     /// Counts a task just placed in the wheel toward
     /// [`crate::Config::relocate_far_tasks`] if it is due beyond the horizon
-    /// (a far task in the making), and wakes the checkpointer once there are
-    /// enough: as many as the setting, or a quarter of the far tasks there
-    /// are already if more.
-    pub(super) fn count_far_scheduled(&self, core: &mut Core, due_tick: Tick) {
-        let (Some(every), Some(horizon_ticks)) = (
-            self.config.relocate_far_tasks,
-            self.relocation_horizon_ticks,
-        ) else {
+    /// (a far task in the making; `bytes`: its key and payload), and wakes
+    /// the checkpointer once there are enough: as many as the setting, or a
+    /// quarter of the far tasks there are already if more, or
+    /// [`crate::Config::relocate_far_bytes`] of keys and payloads.
+    pub(super) fn count_far_scheduled(&self, core: &mut Core, due_tick: Tick, bytes: usize) {
+        // Set only when far tasks move between checkpoints (`relocates`).
+        let Some(horizon_ticks) = self.relocation_horizon_ticks else {
             return;
         };
         if due_tick.0 <= core.wheel.elapsed().0.saturating_add(horizon_ticks) {
             return;
         }
         core.far_scheduled += 1;
-        let quarter = core.far.len() as u64 / 4;
-        if !core.relocation_wanted && core.far_scheduled >= every.max(quarter) {
+        core.far_scheduled_bytes = core.far_scheduled_bytes.saturating_add(bytes as u64);
+        let count = self.far_backlog_count(core);
+        let bytes_max = self.config.relocate_far_bytes;
+        if !core.relocation_wanted
+            && (core.far_scheduled >= count || core.far_scheduled_bytes >= bytes_max)
+        {
             core.relocation_wanted = true;
             self.checkpoint_cv.notify_all();
+        }
+        if core.far_scheduled >= count.saturating_mul(2)
+            || core.far_scheduled_bytes >= bytes_max.saturating_mul(2)
+        {
+            self.far_backlog
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Far tasks scheduled since the last move that start the next one:
+    /// [`crate::Config::relocate_far_tasks`], or a quarter of the far tasks
+    /// if more (`u64::MAX` when not set).
+    fn far_backlog_count(&self, core: &Core) -> u64 {
+        let every = self.config.relocate_far_tasks.unwrap_or(u64::MAX);
+        every.max(core.far.len() as u64 / 4)
+    }
+
+    /// Holds a producer back while far tasks arrive faster than they are
+    /// taken out of the wheel: while a move out of memory is under way or
+    /// asked for, and twice what starts one
+    /// ([`crate::Config::relocate_far_tasks`], a quarter of the far tasks,
+    /// [`crate::Config::relocate_far_bytes`]) has been scheduled beyond the
+    /// horizon since the last one started, a schedule waits until the next
+    /// one starts (which takes all of them) — as LSM stores stall writes
+    /// when compaction falls behind. Without it, a producer faster than the
+    /// move keeps millions of far tasks whole in memory, and a checkpoint
+    /// encodes them with their payloads. Not held back: an engine that does
+    /// not move far tasks between checkpoints, one closing or poisoned, or
+    /// after a move failed (until one succeeds).
+    pub(super) fn await_relocation(&self) {
+        if !self.far_backlog.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let mut core = self.core.lock();
+        loop {
+            let behind = core.far_scheduled >= self.far_backlog_count(&core).saturating_mul(2)
+                || core.far_scheduled_bytes >= self.config.relocate_far_bytes.saturating_mul(2);
+            if !behind
+                || !(core.relocating || core.relocation_wanted)
+                || core.relocation_failed
+                || core.stop
+                || core.status != Status::Open
+            {
+                return;
+            }
+            // Woken when the move starts or ends; the timeout only re-checks.
+            self.relocation_cv
+                .wait_for(&mut core, Duration::from_millis(100));
         }
     }
 
@@ -450,10 +494,6 @@ pub(super) fn relocates(config: &crate::Config) -> bool {
         && config.payload_window.is_some()
 }
 
-/// An overflow file being compacted: its number and its entries with their
-/// offsets.
-type Victim = (u32, Vec<(u64, overflow::Entry)>);
-
 /// Slab slots a checkpoint examines per hold of the engine's lock while it
 /// chooses what leaves memory, and moves it applies per hold once the new
 /// file is durable: each hold is bounded by a count of tasks (and a hold
@@ -531,48 +571,103 @@ struct Plan {
     named: HashSet<u32>,
 }
 
-/// One entry of the new overflow file, as chosen.
+/// One entry of the new overflow file, as chosen. Nothing of the key or
+/// payload is kept: they are copied when the file is written (from the task
+/// under the lock, or from the victim file) and read back from the new
+/// file when the move is applied.
 struct Move {
     due_ms: u64,
     id: u64,
+    /// Its key's [`crate::far::KeyHasher`] hash, when it is or goes far
+    /// (computed outside the lock).
+    hash: u64,
+    /// Offset of its entry in the victim file it comes from (not used for
+    /// [`From::Memory`]).
+    src_offset: u64,
+    /// Its offset in the new file, once written (`None`: not written).
+    offset: Option<u64>,
     /// The task's slab slot (not used for a far task's entry).
     slot: u32,
+    /// Key and payload bytes when chosen: only sizes the pieces the file is
+    /// written in.
+    len: u32,
     from: From,
     /// The task leaves the wheel as a far task (a first attempt due beyond
     /// the horizon when chosen).
     far: bool,
-    /// Its key's [`crate::far::KeyHasher`] hash, when it is or goes far
-    /// (computed outside the lock).
-    hash: u64,
-    /// Its offset in the new file, once written (`None`: not written).
-    offset: Option<u64>,
 }
 
 /// Where a moved entry's key and payload come from.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum From {
-    /// The task's key and payload in memory, copied to `bytes[at..]` of the
-    /// relocation (key first).
-    Memory {
-        at: usize,
-        key_len: usize,
-        payload_len: usize,
-    },
-    /// Entry `e` of compaction victim `v`, a wheel task's payload, at
-    /// `offset` of victim file `file`.
-    Victim {
-        v: usize,
-        e: usize,
-        file: u32,
-        offset: u64,
-    },
-    /// Entry `e` of compaction victim `v`, a far task's (at `loc`).
-    FarVictim { v: usize, e: usize, loc: u64 },
+    /// The task's key and payload in memory, copied under the lock while
+    /// the file is written, if the task still waits with its payload there.
+    Memory,
+    /// A wheel task's payload: an entry of compaction victim `v`.
+    Victim { v: u32 },
+    /// A far task's entry in compaction victim `v`.
+    FarVictim { v: u32 },
+}
+
+impl From {
+    fn victim(self) -> Option<u32> {
+        match self {
+            From::Memory => None,
+            From::Victim { v } | From::FarVictim { v } => Some(v),
+        }
+    }
+}
+
+/// An overflow file being compacted, as [`Shared::read_compaction_victims`]
+/// found it (header checked).
+struct Victim {
+    file: u32,
+    path: PathBuf,
 }
 
 /// Bytes of a new overflow file built before they are written (the file is
-/// written in pieces of about this size as it is built).
+/// written in pieces of about this size as it is built), and of the pieces
+/// files are read in while they are compacted or read back.
 const WRITE_PIECE_BYTES: usize = 8 << 20;
+
+/// Keys and payloads copied out of files for one hold of the lock: entries
+/// `spans[i]` of `bytes`, `(start, key length, payload length)`.
+#[derive(Default)]
+struct Piece {
+    bytes: Vec<u8>,
+    spans: Vec<Option<(usize, usize, usize)>>,
+}
+
+impl Piece {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.spans.clear();
+    }
+
+    fn push(&mut self, key: &[u8], payload: &[u8]) {
+        self.spans
+            .push(Some((self.bytes.len(), key.len(), payload.len())));
+        self.bytes.extend_from_slice(key);
+        self.bytes.extend_from_slice(payload);
+    }
+
+    fn get(&self, i: usize) -> Option<(&[u8], &[u8])> {
+        let (at, k, p) = (*self.spans.get(i)?)?;
+        Some((&self.bytes[at..at + k], &self.bytes[at + k..at + k + p]))
+    }
+}
+
+/// The end of the piece of `moves` starting at `start`: at most
+/// [`MOVES_PER_HOLD`] moves and about [`WRITE_PIECE_BYTES`] of their bytes.
+fn piece_end(moves: &[Move], start: usize) -> usize {
+    let mut bytes = 0usize;
+    let mut end = start;
+    while end < moves.len() && end - start < MOVES_PER_HOLD && bytes < WRITE_PIECE_BYTES {
+        bytes += moves[end].len as usize;
+        end += 1;
+    }
+    end
+}
 
 /// A file written in pieces at given offsets, then made durable and given
 /// its name as `checkpoint::write_file` does: `NAME.tmp`, fdatasync, rename,
@@ -642,19 +737,22 @@ type Earliest = std::collections::BTreeMap<u32, u64>;
 
 impl Shared {
     /// Moves what a checkpoint takes out of memory, and compacts the victim
-    /// files, before the state is encoded. Memory: the payloads moved out of
-    /// memory are copied once (with their keys) and kept until the move is
-    /// applied, besides the victims read whole; the new file itself is
-    /// written in pieces of [`WRITE_PIECE_BYTES`] as it is built. What
-    /// moves: payloads in memory of waiting
-    /// tasks due after the payload window, waiting first attempts due
-    /// beyond the horizon (far tasks: key and payload leave memory, and the
-    /// task the slab, the index and the wheel), and the live entries of
-    /// `victims`. Chosen one lock hold at a time, copied into one new
-    /// overflow file written and made durable without the lock, then
-    /// applied one hold at a time — each move only if the task still holds
-    /// what was copied. A far task whose entry is already in a file (with
-    /// its due time) becomes far in place, as it is seen.
+    /// files, before the state is encoded. What moves: payloads in memory
+    /// of waiting tasks due after the payload window, waiting first
+    /// attempts due beyond the horizon (far tasks: key and payload leave
+    /// memory, and the task the slab, the index and the wheel), and the
+    /// live entries of `victims`. Chosen one lock hold at a time (a range
+    /// of slots, or a piece of a victim file, per hold), copied into one
+    /// new overflow file a piece at a time — keys and payloads in memory
+    /// under the lock, victims' entries read without it — and made durable,
+    /// then applied one hold at a time from what the file holds, read back:
+    /// each move only if the task still holds what was written. A far task
+    /// whose entry is already in a file (with its due time) becomes far in
+    /// place, as it is seen.
+    ///
+    /// Memory: a [`Move`] (56 bytes) per entry chosen, and pieces of about
+    /// [`WRITE_PIECE_BYTES`]; no key or payload is held beyond its piece,
+    /// and no file is read whole.
     ///
     /// Nothing here changes what the log says, so no record needs to be
     /// durable first: a crash at any point reopens from the last checkpoint
@@ -662,6 +760,23 @@ impl Shared {
     /// deleted at open. Returns the payloads moved (far tasks' entries
     /// copied forward not counted).
     fn relocate(
+        &self,
+        disk: &Disk,
+        victims: Vec<Victim>,
+        holds: &mut Holds,
+    ) -> Result<u64, CheckpointError> {
+        let result = self.relocate_inner(disk, victims, holds);
+        {
+            let mut core = self.core.lock();
+            core.relocating = false;
+            core.relocation_failed = result.is_err();
+        }
+        self.relocation_cv.notify_all();
+        result
+    }
+
+    /// [`Shared::relocate`] but for the flags producers wait on.
+    fn relocate_inner(
         &self,
         disk: &Disk,
         victims: Vec<Victim>,
@@ -676,14 +791,18 @@ impl Shared {
             (Some(h), Some(_)) => Some(now.saturating_add(h.as_millis() as u64)),
             _ => None,
         };
-        let victim_files: HashSet<u32> = victims.iter().map(|(f, _)| *f).collect();
+        let victim_files: HashSet<u32> = victims.iter().map(|v| v.file).collect();
         let mut moves: Vec<Move> = Vec::new();
-        let mut bytes: Vec<u8> = Vec::new();
         let hasher = {
             let mut core = holds.lock(self)?;
             // Every far task scheduled so far is seen by the scan below.
             core.far_scheduled = 0;
+            core.far_scheduled_bytes = 0;
             core.relocation_wanted = false;
+            core.relocating = true;
+            self.far_backlog
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            self.relocation_cv.notify_all();
             core.hasher.clone()
         };
         // Memory: the slab, a range of slots per hold.
@@ -695,15 +814,7 @@ impl Shared {
                     .saturating_add(SLOTS_PER_HOLD)
                     .min(core.tasks.slots_len());
                 let mut earliest = Earliest::new();
-                let copied_before = bytes.len();
-                let mut end = end;
                 for slot in from..end {
-                    // A hold copies at most about WRITE_PIECE_BYTES of keys
-                    // and payloads: large payloads end it sooner.
-                    if bytes.len() - copied_before >= WRITE_PIECE_BYTES {
-                        end = slot;
-                        break;
-                    }
                     let Some(task) = core.tasks.get(slot) else {
                         continue;
                     };
@@ -716,22 +827,18 @@ impl Shared {
                         horizon_end.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
                     match core.payloads.get(&task.bytes) {
                         Some(payload) if far || !payload.is_empty() => {
-                            let key = task.key();
+                            let len = task.key().len().saturating_add(payload.len());
                             moves.push(Move {
                                 due_ms: task.due_ms,
                                 id: task.id.0,
-                                slot,
-                                from: From::Memory {
-                                    at: bytes.len(),
-                                    key_len: key.len(),
-                                    payload_len: payload.len(),
-                                },
-                                far,
                                 hash: 0,
+                                src_offset: 0,
                                 offset: None,
+                                slot,
+                                len: u32::try_from(len).unwrap_or(u32::MAX),
+                                from: From::Memory,
+                                far,
                             });
-                            bytes.extend_from_slice(key);
-                            bytes.extend_from_slice(payload);
                         }
                         Some(_) => {}
                         None => {
@@ -761,72 +868,35 @@ impl Shared {
                 from = end;
             }
         }
-        // The victims' live entries. Keys are hashed before the lock.
-        let victim_hashes: Vec<Vec<u64>> = victims
-            .iter()
-            .map(|(_, entries)| entries.iter().map(|(_, e)| hasher.hash(&e.key)).collect())
-            .collect();
-        let entries: Vec<(usize, usize)> = victims
-            .iter()
-            .enumerate()
-            .flat_map(|(v, (_, entries))| (0..entries.len()).map(move |e| (v, e)))
-            .collect();
-        for chunk in entries.chunks(MOVES_PER_HOLD) {
-            let core = holds.lock(self)?;
-            for &(v, e) in chunk {
-                let (file, list) = &victims[v];
-                let (offset, entry) = &list[e];
-                let hash = victim_hashes[v][e];
-                if let Some(loc) = crate::far::pack_loc(*file, *offset) {
-                    if core.far.find(hash, loc, entry.task_id).is_some() {
-                        moves.push(Move {
-                            due_ms: entry.due_ms,
-                            id: entry.task_id,
-                            slot: u32::MAX,
-                            from: From::FarVictim { v, e, loc },
-                            far: true,
-                            hash,
-                            offset: None,
-                        });
-                        continue;
+        // The victims' live entries, a piece of each file per hold.
+        for (v, victim) in victims.iter().enumerate() {
+            let before = moves.len();
+            if let Err(error) = self.choose_from_victim(
+                disk,
+                victim,
+                v as u32,
+                &hasher,
+                horizon_end,
+                &mut moves,
+                holds,
+            ) {
+                match error {
+                    CheckpointError::Overflow(overflow::OverflowReadError::Corrupt { .. }) => {
+                        // A damaged file is not compacted: its live entries
+                        // are checked one by one when read (and a dead
+                        // damaged entry must not block every later
+                        // checkpoint).
+                        tracing::warn!(%error, "damaged overflow file not compacted");
+                        moves.truncate(before);
                     }
+                    error => return Err(error),
                 }
-                let tag = core.key_tag(&entry.key);
-                let Some(slot) = core.find_slot(tag, &entry.key) else {
-                    continue;
-                };
-                let Some(task) = core.tasks.get(slot) else {
-                    continue;
-                };
-                if task.id.0 != entry.task_id || task.bytes.on_disk() != Some((*file, *offset)) {
-                    continue;
-                }
-                // Copied forward with its file: far at its new place when
-                // it is a waiting first attempt beyond the horizon.
-                let far = task.state == TaskState::Scheduled
-                    && task.deliveries == 0
-                    && task.due_ms == entry.due_ms
-                    && horizon_end.is_some_and(|end| task.due_ms > end);
-                moves.push(Move {
-                    due_ms: entry.due_ms,
-                    id: entry.task_id,
-                    slot,
-                    from: From::Victim {
-                        v,
-                        e,
-                        file: *file,
-                        offset: *offset,
-                    },
-                    far,
-                    hash,
-                    offset: None,
-                });
             }
         }
         if moves.is_empty() {
             return Ok(0);
         }
-        // The new file, in (due, id) order, without the lock.
+        // The new file, in (due, id) order.
         let file = {
             let mut core = holds.lock(self)?;
             let file = core.next_overflow_file;
@@ -837,59 +907,124 @@ impl Shared {
             file
         };
         moves.sort_unstable_by_key(|m| (m.due_ms, m.id));
-        let key_payload = |from: From| -> (&[u8], &[u8]) {
-            match from {
-                From::Memory {
-                    at,
-                    key_len,
-                    payload_len,
-                } => (
-                    &bytes[at..at + key_len],
-                    &bytes[at + key_len..at + key_len + payload_len],
-                ),
-                From::Victim { v, e, .. } | From::FarVictim { v, e, .. } => {
-                    let entry = &victims[v].1[e].1;
-                    (&entry.key, &entry.payload)
-                }
-            }
-        };
         let store_id = holds.lock(self)?.wal.as_ref().map(|w| w.store_id());
         let Some(store_id) = store_id else {
             return Err(CheckpointError::Closed);
         };
         let dir = disk.overflow_dir();
         create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
-        let mut out = PieceFile::create(disk.storage.as_ref(), &dir, &overflow::file_name(file))?;
+        let name = overflow::file_name(file);
+        let mut out = PieceFile::create(disk.storage.as_ref(), &dir, &name)?;
         let mut writer = OverflowWriter::new(&store_id, file);
+        let mut readers: Vec<Option<overflow::PieceReader>> =
+            victims.iter().map(|_| None).collect();
+        let mut piece = Piece::default();
         let mut last = None;
-        for m in &mut moves {
-            // The writer needs strictly increasing (due, id). A task is
-            // chosen at most once (it keeps its slot while it waits, and
-            // one made far in place is not copied), so this only guards.
-            if last == Some((m.due_ms, m.id)) {
-                continue;
+        let mut start = 0;
+        while start < moves.len() {
+            let end = piece_end(&moves, start);
+            // Victims' entries of this piece, read without the lock (each
+            // victim's in increasing offsets: its file is in (due, id)
+            // order too).
+            piece.clear();
+            let mut from_memory = false;
+            for m in &moves[start..end] {
+                let Some(v) = m.from.victim() else {
+                    from_memory = true;
+                    piece.spans.push(None);
+                    continue;
+                };
+                let reader = match &mut readers[v as usize] {
+                    Some(r) => r,
+                    slot => slot.insert(overflow::PieceReader::open(
+                        disk.storage.as_ref(),
+                        &victims[v as usize].path,
+                        WRITE_PIECE_BYTES,
+                    )?),
+                };
+                let (entry, _) = reader.entry_at(m.src_offset)?;
+                piece.push(entry.key, entry.payload);
             }
-            last = Some((m.due_ms, m.id));
-            let (key, payload) = key_payload(m.from);
-            if m.far && !matches!(m.from, From::FarVictim { .. }) {
-                m.hash = hasher.hash(key);
+            let core = if from_memory {
+                Some(holds.lock(self)?)
+            } else {
+                None
+            };
+            for (i, m) in moves[start..end].iter_mut().enumerate() {
+                // The writer needs strictly increasing (due, id). A task is
+                // chosen at most once (it keeps its slot while it waits, and
+                // one made far in place is not copied), so this only guards.
+                if last == Some((m.due_ms, m.id)) {
+                    continue;
+                }
+                let (key, payload) = match (piece.get(i), &core) {
+                    (Some(kp), _) => kp,
+                    (None, Some(core)) => {
+                        // Copied only if the task still waits with its
+                        // payload in memory (whatever payload it now has:
+                        // the move is applied only if it still has it).
+                        let Some(task) = core.tasks.get_checked(m.slot, TaskId(m.id)) else {
+                            continue;
+                        };
+                        if task.state != TaskState::Scheduled {
+                            continue;
+                        }
+                        let Some(payload) = core.payloads.get(&task.bytes) else {
+                            continue;
+                        };
+                        (task.key(), payload)
+                    }
+                    (None, None) => continue,
+                };
+                last = Some((m.due_ms, m.id));
+                m.offset = Some(writer.push(m.id, m.due_ms, key, payload));
             }
-            m.offset = Some(writer.push(m.id, m.due_ms, key, payload));
+            drop(core);
             // Written as it is built: the file's bytes are never whole in
-            // memory (the copied payloads are: see the docs above).
+            // memory.
             if writer.buffered() >= WRITE_PIECE_BYTES {
-                let (at, piece) = writer.drain();
-                out.write(&piece, at)?;
+                let (at, bytes) = writer.drain();
+                out.write(&bytes, at)?;
             }
+            start = end;
         }
-        let (header, (at, piece)) = writer.finish_parts();
-        out.write(&piece, at)?;
+        drop(readers);
+        let (header, (at, bytes)) = writer.finish_parts();
+        out.write(&bytes, at)?;
         out.write(&header, 0)?;
         out.finish(disk.storage.as_ref())?;
-        // Durable: tasks that still hold what was copied now refer to it.
+        // Durable: tasks that still hold what the file holds now refer to
+        // it. The entries are read back from the file, a piece at a time.
+        let mut written = overflow::PieceReader::open(
+            disk.storage.as_ref(),
+            &dir.join(&name),
+            WRITE_PIECE_BYTES,
+        )?;
         let mut moved_payloads = 0u64;
         let mut registered = false;
-        for chunk in moves.chunks(MOVES_PER_HOLD) {
+        let mut start = 0;
+        while start < moves.len() {
+            let end = piece_end(&moves, start);
+            piece.clear();
+            for m in &mut moves[start..end] {
+                let Some(offset) = m.offset else {
+                    piece.spans.push(None);
+                    continue;
+                };
+                let (entry, _) = written.entry_at(offset)?;
+                if entry.task_id != m.id || entry.due_ms != m.due_ms {
+                    return Err(overflow::OverflowReadError::Corrupt {
+                        path: dir.join(&name),
+                        offset,
+                        reason: format!("entry of task {} read back, not {}", entry.task_id, m.id),
+                    }
+                    .into());
+                }
+                if m.far && m.from == From::Memory {
+                    m.hash = hasher.hash(entry.key);
+                }
+                piece.push(entry.key, entry.payload);
+            }
             let mut core = holds.lock(self)?;
             if !registered {
                 core.overflow_files.entry(file).or_insert(0);
@@ -897,12 +1032,15 @@ impl Shared {
             }
             let mut earliest = Earliest::new();
             let mut live = 0u64;
-            for m in chunk {
-                let Some(offset) = m.offset else {
+            for (i, m) in moves[start..end].iter().enumerate() {
+                let (Some(offset), Some((key, payload))) = (m.offset, piece.get(i)) else {
                     continue;
                 };
-                let (key, payload) = key_payload(m.from);
-                let applied = apply_move(self, &mut core, m, file, offset, payload, key);
+                let source = m
+                    .from
+                    .victim()
+                    .map(|v| (victims[v as usize].file, m.src_offset));
+                let applied = apply_move(self, &mut core, m, (file, offset), source, payload, key);
                 if let Some(went_far) = applied {
                     live += 1;
                     if went_far {
@@ -917,6 +1055,8 @@ impl Shared {
                 *n += live;
             }
             reset_far_cursors(self, &mut core, earliest);
+            drop(core);
+            start = end;
         }
         // Cursors of files left with no far task go.
         let mut core = holds.lock(self)?;
@@ -926,23 +1066,139 @@ impl Shared {
             .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(moved_payloads)
     }
+
+    /// Chooses the live entries of compaction victim `v` (`victim`), read a
+    /// piece at a time; each piece's keys are hashed before the lock is
+    /// taken, once per piece. A far task's entry is copied forward as it
+    /// is; a wheel task's payload moves with it (and the task goes far when
+    /// it is a waiting first attempt beyond the horizon).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Overflow`] with `Corrupt` if the file is damaged
+    /// or out of (due, id) order, or holds another count of entries than
+    /// its header says (the caller then leaves the file alone); I/O errors.
+    #[allow(clippy::too_many_arguments)]
+    fn choose_from_victim(
+        &self,
+        disk: &Disk,
+        victim: &Victim,
+        v: u32,
+        hasher: &crate::far::KeyHasher,
+        horizon_end: Option<u64>,
+        moves: &mut Vec<Move>,
+        holds: &mut Holds,
+    ) -> Result<(), CheckpointError> {
+        let expected =
+            overflow::read_entry_count(disk.storage.as_ref(), &victim.path, None, victim.file)?;
+        let mut reader =
+            overflow::PieceReader::open(disk.storage.as_ref(), &victim.path, WRITE_PIECE_BYTES)?;
+        // One piece: (offset, id, due, hash, key's span in `keys`, bytes).
+        let mut batch: Vec<(u64, u64, u64, u64, usize, usize, u32)> = Vec::new();
+        let mut keys: Vec<u8> = Vec::new();
+        let mut count = 0u64;
+        let mut last: Option<(u64, u64)> = None;
+        let mut done = false;
+        while !done {
+            batch.clear();
+            keys.clear();
+            while batch.len() < MOVES_PER_HOLD && keys.len() < WRITE_PIECE_BYTES {
+                let Some((offset, entry)) = reader.next_entry()? else {
+                    done = true;
+                    break;
+                };
+                let order = (entry.due_ms, entry.task_id);
+                if last.is_some_and(|last| order <= last) {
+                    return Err(overflow::OverflowReadError::Corrupt {
+                        path: victim.path.clone(),
+                        offset,
+                        reason: "entries out of (due time, task id) order".into(),
+                    }
+                    .into());
+                }
+                last = Some(order);
+                count += 1;
+                let len = entry.key.len().saturating_add(entry.payload.len());
+                batch.push((
+                    offset,
+                    entry.task_id,
+                    entry.due_ms,
+                    hasher.hash(entry.key),
+                    keys.len(),
+                    entry.key.len(),
+                    u32::try_from(len).unwrap_or(u32::MAX),
+                ));
+                keys.extend_from_slice(entry.key);
+            }
+            let core = holds.lock(self)?;
+            for &(offset, id, due_ms, hash, at, key_len, len) in &batch {
+                let key = &keys[at..at + key_len];
+                let chosen = |far: bool, from: From, slot: u32| Move {
+                    due_ms,
+                    id,
+                    hash,
+                    src_offset: offset,
+                    offset: None,
+                    slot,
+                    len,
+                    from,
+                    far,
+                };
+                if let Some(loc) = crate::far::pack_loc(victim.file, offset) {
+                    if core.far.find(hash, loc, id).is_some() {
+                        moves.push(chosen(true, From::FarVictim { v }, u32::MAX));
+                        continue;
+                    }
+                }
+                let tag = core.key_tag(key);
+                let Some(slot) = core.find_slot(tag, key) else {
+                    continue;
+                };
+                let Some(task) = core.tasks.get(slot) else {
+                    continue;
+                };
+                if task.id.0 != id || task.bytes.on_disk() != Some((victim.file, offset)) {
+                    continue;
+                }
+                // Copied forward with its file: far at its new place when
+                // it is a waiting first attempt beyond the horizon.
+                let far = task.state == TaskState::Scheduled
+                    && task.deliveries == 0
+                    && task.due_ms == due_ms
+                    && horizon_end.is_some_and(|end| task.due_ms > end);
+                moves.push(chosen(far, From::Victim { v }, slot));
+            }
+        }
+        if count != expected {
+            // The moves chosen from it are dropped by the caller.
+            return Err(overflow::OverflowReadError::Corrupt {
+                path: victim.path.clone(),
+                offset: 0,
+                reason: format!("header counts {expected} entries, the file holds {count}"),
+            }
+            .into());
+        }
+        Ok(())
+    }
 }
 
 /// Applies one move whose entry is durable at `offset` of `file`, if the
-/// task still holds what was copied (`key`, `payload`). `Some(true)`: it
-/// went (or stayed) far; `Some(false)`: its payload reference moved;
-/// `None`: nothing changed.
+/// task still holds what the entry holds (`key`, `payload`, as read back)
+/// or, for an entry copied from a victim, still refers to where it came
+/// from (`source`: the victim's file and offset). `Some(true)`: it went (or
+/// stayed) far; `Some(false)`: its payload reference moved; `None`:
+/// nothing changed.
 fn apply_move(
     shared: &Shared,
     core: &mut Core,
     m: &Move,
-    file: u32,
-    offset: u64,
+    (file, offset): (u32, u64),
+    source: Option<(u32, u64)>,
     payload: &[u8],
     key: &[u8],
 ) -> Option<bool> {
     let loc = crate::far::pack_loc(file, offset);
-    if let From::FarVictim { loc: old, .. } = m.from {
+    if let (From::FarVictim { .. }, Some((old_file, old_offset))) = (m.from, source) {
+        let old = crate::far::pack_loc(old_file, old_offset)?;
         let pos = core.far.find(m.hash, old, m.id)?;
         let loc = loc?;
         core.far.remove(pos);
@@ -959,12 +1215,8 @@ fn apply_move(
         return None;
     }
     let still = match m.from {
-        From::Memory { .. } => core.payloads.get(&task.bytes) == Some(payload),
-        From::Victim {
-            file: old_file,
-            offset: old_offset,
-            ..
-        } => task.bytes.on_disk() == Some((old_file, old_offset)),
+        From::Memory => core.payloads.get(&task.bytes) == Some(payload),
+        From::Victim { .. } => source.is_some() && task.bytes.on_disk() == source,
         From::FarVictim { .. } => false,
     };
     if !still {

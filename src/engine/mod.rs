@@ -270,8 +270,15 @@ struct Core {
     /// First attempts due beyond the horizon scheduled since far tasks were
     /// last taken out of the wheel ([`Config::relocate_far_tasks`]).
     far_scheduled: u64,
+    /// Key and payload bytes of those `far_scheduled` tasks.
+    far_scheduled_bytes: u64,
     /// The checkpointer is asked to take them out (without a checkpoint).
     relocation_wanted: bool,
+    /// A move out of memory (`Shared::relocate`) is under way.
+    relocating: bool,
+    /// The last move out of memory failed: producers are not held back
+    /// for the next one (`Shared::await_relocation`).
+    relocation_failed: bool,
     /// Raised by each reset of a promotion cursor (`far::FarCursor`).
     far_generation: u32,
 }
@@ -457,11 +464,18 @@ pub(crate) struct Shared {
     checkpointing: Mutex<checkpointing::CheckpointBook>,
     /// The checkpointer waits here (with the core lock).
     checkpoint_cv: Condvar,
+    /// Producers held back by [`Shared::await_relocation`] wait here (with
+    /// the core lock); notified when a move out of memory starts or ends.
+    relocation_cv: Condvar,
     /// The payload prefetcher waits here (with the core lock).
     prefetch_cv: Condvar,
     /// `Core::far.len()` as of its last change, read without the lock to
     /// skip looking for far tasks when there are none.
     far_tasks: std::sync::atomic::AtomicUsize,
+    /// Twice what starts a move of far tasks out of the wheel has been
+    /// scheduled since the last one started: read without the lock by
+    /// [`Shared::await_relocation`] (the lock is taken only when set).
+    far_backlog: std::sync::atomic::AtomicBool,
 }
 
 /// The store id in the log's `META` file; `Ok(None)` if its bytes do not
@@ -808,7 +822,10 @@ impl Engine {
             far_promoted: 0,
             checkpoint_hold_max: Duration::ZERO,
             far_scheduled: 0,
+            far_scheduled_bytes: 0,
             relocation_wanted: false,
+            relocating: false,
+            relocation_failed: false,
             far_generation: 0,
         };
         let shared = Arc::new(Shared {
@@ -827,8 +844,10 @@ impl Engine {
             disk,
             checkpointing: Mutex::new(checkpointing::CheckpointBook::default()),
             checkpoint_cv: Condvar::new(),
+            relocation_cv: Condvar::new(),
             prefetch_cv: Condvar::new(),
             far_tasks: std::sync::atomic::AtomicUsize::new(0),
+            far_backlog: std::sync::atomic::AtomicBool::new(false),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
@@ -1688,6 +1707,7 @@ impl Shared {
         let (due_ms, due_tick) = self.prepare(t, now)?;
         check_frame_bytes(std::slice::from_ref(t))?;
 
+        self.await_relocation();
         let reads = self.read_far_candidates([t.key]);
         let mut core = self
             .lock_with(&reads)
@@ -1912,6 +1932,7 @@ impl Shared {
         }
         check_frame_bytes(new)?;
 
+        self.await_relocation();
         let reads = self.read_far_candidates(new.iter().map(|t| t.key));
         let mut core = self
             .lock_with(&reads)
@@ -2047,7 +2068,7 @@ impl Shared {
         };
         let stored = core.insert_task(task);
         debug_assert_eq!(stored, Some(slot));
-        self.count_far_scheduled(core, due_tick);
+        self.count_far_scheduled(core, due_tick, t.key.len() + t.payload.len());
         match placed {
             Ok(_) => match core.sleep {
                 DriverSleep::Busy => false,
