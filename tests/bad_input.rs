@@ -706,3 +706,17 @@ fn cancel_and_ack_batches_over_the_limit_are_refused() -> TestResult {
     engine.ack(&d[0])?;
     Ok(())
 }
+
+/// `relocate_far_bytes` of zero is refused at open, naming the setting.
+#[test]
+fn relocating_far_tasks_after_zero_bytes_is_invalid_config() -> TestResult {
+    let mut c = Config::default();
+    c.relocate_far_bytes = 0;
+    match Engine::in_memory(c, Arc::new(ManualClock::new(START_MS))) {
+        Err(OpenError::InvalidConfig { reason }) => {
+            assert!(reason.contains("relocate_far_bytes"), "{reason}");
+        }
+        other => return Err(format!("expected InvalidConfig, got {other:?}").into()),
+    }
+    Ok(())
+}

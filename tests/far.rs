@@ -8,7 +8,7 @@ mod common;
 
 use common::far::{at, cfg, due, key, HOUR, MINUTE};
 
-use common::{config, SimHarness, Stop, TestResult, START_MS};
+use common::{config, wait_until, SimHarness, Stop, TestResult, START_MS};
 use kairos::{CancelOutcome, Durability, RescheduleOutcome, ScheduleError};
 use kairos_wal::storage::Storage;
 use std::collections::BTreeMap;
@@ -265,19 +265,6 @@ fn a_far_task_whose_entry_cannot_be_read_poisons_the_cancel_and_the_open_says_wh
         }
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("opened without the far tasks' file"),
-    }
-    Ok(())
-}
-
-/// Waits (bounded) until `done` holds: the background checkpointer works on
-/// its own thread.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> TestResult {
-    let started = std::time::Instant::now();
-    while !done() {
-        if started.elapsed() > Duration::from_secs(60) {
-            return Err(format!("gave up waiting: {what}").into());
-        }
-        std::thread::sleep(Duration::from_millis(1));
     }
     Ok(())
 }

@@ -379,3 +379,16 @@ impl SplitMix {
         self.next_u64() % 100 < percent
     }
 }
+
+/// Waits (bounded: a minute) until `done` holds, for work a background
+/// thread does on its own (the checkpointer).
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> TestResult {
+    let started = std::time::Instant::now();
+    while !done() {
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            return Err(format!("gave up waiting: {what}").into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    Ok(())
+}
