@@ -345,7 +345,21 @@ impl CheckpointEncoder {
         self.far
     }
 
-    /// Ends the file with the END block and returns its bytes.
+    /// Bytes encoded and not yet drained.
+    pub fn buffered(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Takes the bytes encoded so far (whole blocks; the first piece starts
+    /// with the header), for a caller writing the file as it is built: the
+    /// pieces, then [`CheckpointEncoder::finish`]'s bytes, laid end to end,
+    /// are the file.
+    pub fn drain(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// Ends the file with the END block and returns its bytes (after a
+    /// [`CheckpointEncoder::drain`], only those not drained).
     pub fn finish(mut self) -> Vec<u8> {
         self.flush();
         let mut end = [0u8; END_BODY_BYTES];
@@ -1175,6 +1189,38 @@ mod tests {
             Err(CheckpointReadError::Corrupt { offset, reason, .. }) => (offset, reason),
             other => panic!("expected corruption, got {other:?}"),
         }
+    }
+
+    /// Drained after every entry, the pieces and the end are the same file
+    /// as one encoded whole (what a checkpoint written as it is encoded
+    /// relies on).
+    #[test]
+    fn drained_pieces_and_the_end_are_the_whole_file() {
+        let mut enc = CheckpointEncoder::new(&header());
+        let mut pieces = enc.drain();
+        assert_eq!(pieces.len(), HEADER_BYTES);
+        assert_eq!(enc.buffered(), 0);
+        enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
+        pieces.extend(enc.drain());
+        enc.push_task(5, 200, 2, true, b"k5", PayloadAt::Inline(b""));
+        enc.push_task(
+            7,
+            300,
+            1,
+            false,
+            b"k7",
+            PayloadAt::Overflow {
+                file: 4,
+                offset: 64,
+            },
+        );
+        enc.push_far(&FAR_4);
+        pieces.extend(enc.drain());
+        enc.push_far(&FAR_8);
+        enc.push_dead(9, &dead_9());
+        pieces.extend(enc.drain());
+        pieces.extend(enc.finish());
+        assert_eq!(pieces, encode_sample(true));
     }
 
     #[test]

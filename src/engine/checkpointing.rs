@@ -9,16 +9,18 @@
 //! the file written and made durable without the lock, then applied a batch
 //! per hold — nothing the log says changes, so a crash here reopens from the
 //! older checkpoint and deletes the new file); then, under the core lock,
-//! encode every live task and dead letter and read the log's last LSN `L` —
+//! read the log's last LSN `L` and encode every live task and dead letter —
 //! the state in memory is exactly the effect of the records up to `L`,
-//! since every change enqueues its record under that lock; release the
-//! lock; fdatasync the log up to `L` (so no LSN up to `L` can be lost and
-//! reused after a crash); write `checkpoint/{L}.ckpt` (tmp, fdatasync,
-//! rename, directory fsync); remove older checkpoint files and overflow
+//! since every change enqueues its record under that lock — writing it to
+//! `checkpoint/next.ckpt.tmp` a piece at a time as it is encoded; release
+//! the lock; fdatasync the log up to `L` (so no LSN up to `L` can be lost
+//! and reused after a crash); fdatasync the file, rename it to
+//! `checkpoint/{L}.ckpt`, fsync the directory; remove older checkpoint files and overflow
 //! files nothing refers to; remove the log segments whose records all lie at
 //! or below `L` (`Wal::remove_segments_before`, which writes `TRIM` first).
 //! Every hold of the core lock is short but the encoding's, O(live tasks)
-//! of sequential work ([`CheckpointReport::longest_hold`]).
+//! of sequential work and writes to the page cache
+//! ([`CheckpointReport::longest_hold`]).
 
 use super::wall_ms;
 use super::{Core, Shared, Status};
@@ -37,6 +39,11 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The name a checkpoint is written under (`next.ckpt.tmp`, a leftover
+/// temporary file if a crash interrupts it) before it is renamed after its
+/// LSN.
+const NEXT_CHECKPOINT_NAME: &str = "next.ckpt";
 
 /// Overflow files kept at most (besides those about to be deleted): beyond
 /// it, a checkpoint merges the smallest into its new file.
@@ -151,6 +158,12 @@ impl Shared {
         // too, before the state is encoded.
         let victims = self.read_compaction_victims(disk, &mut holds)?;
         let payloads_moved = self.relocate(disk, victims, &mut holds)?;
+        // The checkpoint is written to `next.ckpt.tmp` as it is encoded
+        // (under the lock: the state must be the one at `L`), then named
+        // after `L` once the log is durable up to it.
+        let dir = disk.checkpoint_dir();
+        create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
+        let mut out = PieceFile::create(disk.storage.as_ref(), &dir, NEXT_CHECKPOINT_NAME)?;
         let plan = {
             let mut core = holds.lock(self)?;
             let Some(wal) = core.wal.clone() else {
@@ -165,11 +178,11 @@ impl Shared {
                 max_task_id: core.next_id.saturating_sub(1),
                 created_ms: disk.storage.now_ms(),
             };
-            let (enc, named) = encode(&core, &header);
+            let (enc, at, named) = encode(&core, &header, &mut out)?;
             let (tasks, dead) = (enc.tasks() + enc.far_tasks(), enc.dead_letters());
             drop(core);
             Plan {
-                bytes: enc.finish(),
+                rest: (at, enc.finish()),
                 header,
                 tasks,
                 dead,
@@ -178,13 +191,16 @@ impl Shared {
             }
         };
         let Plan {
-            bytes,
+            rest: (at, rest),
             header,
             tasks,
             dead: dead_letters,
             wal,
             named,
         } = plan;
+        let bytes = at + rest.len() as u64;
+        out.write(&rest, at)?;
+        drop(rest);
         // Every record the checkpoint reflects must be durable before the
         // checkpoint exists: otherwise a crash could lose them and let new
         // records reuse their LSNs, which replay would skip as covered.
@@ -192,13 +208,10 @@ impl Shared {
             self.poison(format!("checkpoint: log sync failed: {e}"));
             return Err(e.into());
         }
-        let dir = disk.checkpoint_dir();
-        create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
-        let name = checkpoint::file_name(header.lsn);
-        checkpoint::write_file(disk.storage.as_ref(), &dir, &name, &bytes)
-            .map_err(|(op, path, source)| CheckpointError::Io { op, path, source })?;
+        out.name(&checkpoint::file_name(header.lsn));
+        out.finish(disk.storage.as_ref())?;
         book.lsn = header.lsn;
-        book.bytes = bytes.len() as u64;
+        book.bytes = bytes;
         // Files no live task refers to, and that the new checkpoint does not
         // name, can go.
         let unreferenced = {
@@ -229,7 +242,7 @@ impl Shared {
             lsn = header.lsn,
             tasks,
             dead_letters,
-            bytes = bytes.len(),
+            bytes,
             segments_removed,
             payloads_moved,
             overflow_files_removed,
@@ -240,7 +253,7 @@ impl Shared {
             written: true,
             tasks,
             dead_letters,
-            bytes: bytes.len() as u64,
+            bytes,
             segments_removed,
             payloads_moved,
             overflow_files_removed,
@@ -562,7 +575,8 @@ impl Holds {
 }
 
 struct Plan {
-    bytes: Vec<u8>,
+    /// The checkpoint's last bytes and their offset.
+    rest: (u64, Vec<u8>),
     header: CheckpointHeader,
     tasks: u64,
     dead: u64,
@@ -711,6 +725,12 @@ impl PieceFile {
                 path: self.tmp.clone(),
                 source,
             })
+    }
+
+    /// Names the file `name` (in the same directory) when it is finished,
+    /// instead of the name it was created with.
+    fn name(&mut self, name: &str) {
+        self.path = self.dir.join(name);
     }
 
     fn finish(self, storage: &dyn Storage) -> Result<(), CheckpointError> {
@@ -1272,13 +1292,30 @@ fn reset_far_cursors(shared: &Shared, core: &mut Core, earliest: Earliest) {
         .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Encodes the live state. Tasks a consumer holds after a cancel
-/// (`Abandoned`) are finished as far as the log is concerned (their CANCEL
-/// is logged), so they are left out; `Ready` and `Leased` tasks are in flight.
-/// Returns the encoder and the overflow files the state refers to.
-fn encode(core: &Core, header: &CheckpointHeader) -> (CheckpointEncoder, HashSet<u32>) {
-    let mut named = HashSet::new();
+/// Encodes the live state, writing it to `out` a piece of
+/// [`WRITE_PIECE_BYTES`] at a time as it is built (from offset 0), so the
+/// checkpoint is never whole in memory. Tasks a consumer holds after a
+/// cancel (`Abandoned`) are finished as far as the log is concerned (their
+/// CANCEL is logged), so they are left out; `Ready` and `Leased` tasks are
+/// in flight. Returns the encoder (its last bytes not yet written), the
+/// offset they go to, and the overflow files the state refers to.
+fn encode(
+    core: &Core,
+    header: &CheckpointHeader,
+    out: &mut PieceFile,
+) -> Result<(CheckpointEncoder, u64, HashSet<u32>), CheckpointError> {
+    let mut named: HashSet<u32> = core.far.files().collect();
     let mut enc = CheckpointEncoder::new(header);
+    let mut at = 0u64;
+    let mut drain = |enc: &mut CheckpointEncoder| -> Result<(), CheckpointError> {
+        if enc.buffered() >= WRITE_PIECE_BYTES {
+            let piece = enc.drain();
+            out.write(&piece, at)?;
+            at += piece.len() as u64;
+        }
+        Ok(())
+    };
+    let mut last_file = None;
     for task in core.tasks.iter() {
         let in_flight = match task.state {
             TaskState::Scheduled => false,
@@ -1288,7 +1325,10 @@ fn encode(core: &Core, header: &CheckpointHeader) -> (CheckpointEncoder, HashSet
         let payload = match (core.payloads.get(&task.bytes), task.bytes.on_disk()) {
             (Some(p), _) => PayloadAt::Inline(p),
             (None, Some((file, offset))) => {
-                named.insert(file);
+                if last_file != Some(file) {
+                    named.insert(file);
+                    last_file = Some(file);
+                }
                 PayloadAt::Overflow { file, offset }
             }
             (None, None) => PayloadAt::Inline(&[]),
@@ -1301,23 +1341,25 @@ fn encode(core: &Core, header: &CheckpointHeader) -> (CheckpointEncoder, HashSet
             task.key(),
             payload,
         );
+        drain(&mut enc)?;
     }
     for e in core.far.iter() {
         let (file, offset) = crate::far::unpack_loc(e.loc);
-        named.insert(file);
         enc.push_far(&checkpoint::FarTask {
             id: e.id,
             key_hash: e.hash,
             file,
             offset,
         });
+        drain(&mut enc)?;
     }
     let mut dead: Vec<_> = core.dead.iter().collect();
     dead.sort_unstable_by_key(|(id, _)| **id);
     for (id, t) in dead {
         enc.push_dead(*id, t);
+        drain(&mut enc)?;
     }
-    (enc, named)
+    Ok((enc, at, named))
 }
 
 fn remove_overflow_files(disk: &Disk, files: &[u32]) -> Result<usize, CheckpointError> {
