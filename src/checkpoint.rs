@@ -1030,43 +1030,6 @@ pub(crate) fn list_numbered<N: Ord>(
     Ok((files, tmps))
 }
 
-/// Writes `bytes` as the checkpoint file `name` in `dir`: `name.tmp` is
-/// created, written, fdatasynced, renamed to `name`, and `dir` fsynced. A
-/// crash at any step leaves `name` absent or complete.
-///
-/// # Errors
-/// The failed step and its I/O error; a leftover `name.tmp` is removed by the
-/// next open.
-pub fn write_file(
-    storage: &dyn Storage,
-    dir: &Path,
-    name: &str,
-    bytes: &[u8],
-) -> Result<(), (&'static str, PathBuf, io::Error)> {
-    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-    let path = dir.join(name);
-    match storage.remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(("remove", tmp, e)),
-    }
-    let file = storage
-        .open(&tmp, OpenMode::CreateNew)
-        .map_err(|e| ("create", tmp.clone(), e))?;
-    file.write_all_at(bytes, 0)
-        .map_err(|e| ("write", tmp.clone(), e))?;
-    file.sync_data()
-        .map_err(|e| ("fdatasync", tmp.clone(), e))?;
-    drop(file);
-    storage
-        .rename(&tmp, &path)
-        .map_err(|e| ("rename", tmp.clone(), e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| ("fsync dir", dir.to_path_buf(), e))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

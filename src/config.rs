@@ -221,10 +221,9 @@ pub struct Config {
     /// have been scheduled since they last were — or a quarter of the far
     /// tasks there are already, if that is more (so the overflow files this
     /// writes grow geometrically and stay few, while at most about a fifth
-    /// of the far tasks wait whole in the wheel) — or once their keys and
-    /// payloads take [`Config::relocate_far_bytes`], whatever their count.
-    /// The same move as a
-    /// checkpoint's first step (payloads due after the payload window leave
+    /// of the far tasks wait whole in the wheel) — or once they take
+    /// [`Config::relocate_far_bytes`] of memory, whatever their count. The
+    /// same move as a checkpoint's first step (payloads due after the payload window leave
     /// memory too), without writing a checkpoint: it bounds the memory of
     /// far tasks scheduled in bulk, which otherwise stay whole in the wheel
     /// until the next checkpoint. `None`: only checkpoints take them out.
@@ -232,9 +231,13 @@ pub struct Config {
     /// horizon and without a payload window.
     pub relocate_far_tasks: Option<u64>,
     /// With [`Config::relocate_far_tasks`] set, also take far tasks out of
-    /// the wheel once the keys and payloads of those scheduled since they
-    /// last were take this many bytes, however few they are: with large
-    /// payloads, a count alone would let gigabytes wait in memory. Default
+    /// the wheel once those scheduled since they last were take this many
+    /// bytes of memory, however few they are — counted as their keys and
+    /// payloads plus 96 bytes each (the wheel's own memory per task, besides
+    /// the key: a slab entry, a wheel node, the index). With large payloads,
+    /// or millions of far tasks (a quarter of which start a move), a count
+    /// alone would let gigabytes wait in memory. A producer that gets twice
+    /// this far ahead of the move waits for the next one to start. Default
     /// [`RELOCATE_FAR_BYTES_DEFAULT`] (256 MiB); at least 1.
     pub relocate_far_bytes: u64,
     /// Run a background thread that reads payloads coming due (within

@@ -94,7 +94,9 @@ every checkpoint of the run, the background ones while scheduling and cancelling
   far_tasks_after_recovery  tasks out of the wheel after the reopen (due beyond the horizon when \
 the checkpoint was taken: 24 bytes of memory each). The growth per task while scheduling counts \
 those still waiting whole in the wheel (they leave it at a checkpoint, or once \
-Config::relocate_far_tasks of them are scheduled); ram_bytes_per_task_after_recovery with \
+Config::relocate_far_tasks of them, or Config::relocate_far_bytes of their memory, \
+are scheduled; a producer twice that far ahead of the move waits for the next one, which \
+lowers schedule_per_sec); ram_bytes_per_task_after_recovery with \
 --far-fraction 1 is the figure per far task, with --far-fraction 0 per wheel task.
   recovered_pending  live tasks after the reopen; it must equal tasks - cancelled (+ N - N \
 with --log-tail N), otherwise the exit status is 1.

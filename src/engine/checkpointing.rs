@@ -40,6 +40,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Memory a task takes in the wheel besides its key and payload, as
+/// measured (BENCHMARKS.md: 112 bytes per wheel task with a 24-byte key and
+/// no payload — a 72-byte slab entry holding those 24 bytes, a 24-byte
+/// wheel node, the index): what each far task waiting to leave the wheel
+/// counts toward [`crate::Config::relocate_far_bytes`] with its key and
+/// payload.
+pub(crate) const WHEEL_TASK_BYTES: u64 = 96;
+
 /// The name a checkpoint is written under (`next.ckpt.tmp`, a leftover
 /// temporary file if a crash interrupts it) before it is renamed after its
 /// LSN.
@@ -355,7 +363,8 @@ impl Shared {
     /// (a far task in the making; `bytes`: its key and payload), and wakes
     /// the checkpointer once there are enough: as many as the setting, or a
     /// quarter of the far tasks there are already if more, or
-    /// [`crate::Config::relocate_far_bytes`] of keys and payloads.
+    /// [`crate::Config::relocate_far_bytes`] of memory (keys, payloads and
+    /// [`WHEEL_TASK_BYTES`] each).
     pub(super) fn count_far_scheduled(&self, core: &mut Core, due_tick: Tick, bytes: usize) {
         // Set only when far tasks move between checkpoints (`relocates`).
         let Some(horizon_ticks) = self.relocation_horizon_ticks else {
@@ -365,7 +374,9 @@ impl Shared {
             return;
         }
         core.far_scheduled += 1;
-        core.far_scheduled_bytes = core.far_scheduled_bytes.saturating_add(bytes as u64);
+        core.far_scheduled_bytes = core
+            .far_scheduled_bytes
+            .saturating_add(WHEEL_TASK_BYTES.saturating_add(bytes as u64));
         let count = self.far_backlog_count(core);
         let bytes_max = self.config.relocate_far_bytes;
         if !core.relocation_wanted
@@ -400,8 +411,10 @@ impl Shared {
     /// when compaction falls behind. Without it, a producer faster than the
     /// move keeps millions of far tasks whole in memory, and a checkpoint
     /// encodes them with their payloads. Not held back: an engine that does
-    /// not move far tasks between checkpoints, one closing or poisoned, or
-    /// after a move failed (until one succeeds).
+    /// not move far tasks between checkpoints, one closing or poisoned,
+    /// after a move failed (until one succeeds), or once the checkpointer
+    /// thread has ended. Schedules, upserting reschedules and dead-letter
+    /// requeues wait here; cancels, acks and receives never do.
     pub(super) fn await_relocation(&self) {
         if !self.far_backlog.load(std::sync::atomic::Ordering::Relaxed) {
             return;
@@ -413,6 +426,7 @@ impl Shared {
             if !behind
                 || !(core.relocating || core.relocation_wanted)
                 || core.relocation_failed
+                || core.checkpointer_gone
                 || core.stop
                 || core.status != Status::Open
             {
@@ -443,6 +457,7 @@ impl Shared {
     /// logged and retried at the next trigger; it never poisons the engine
     /// (the log and the previous checkpoint are intact).
     pub(crate) fn checkpointer_loop(&self) {
+        let _gone = CheckpointerGone(self);
         let interval = self.config.checkpoint_interval;
         let mut last = Instant::now();
         loop {
@@ -684,9 +699,8 @@ fn piece_end(moves: &[Move], start: usize) -> usize {
 }
 
 /// A file written in pieces at given offsets, then made durable and given
-/// its name as `checkpoint::write_file` does: `NAME.tmp`, fdatasync, rename,
-/// directory fsync (a crash before the rename leaves only the tmp file,
-/// which the next open removes).
+/// its name: `NAME.tmp`, fdatasync, rename, directory fsync (a crash before
+/// the rename leaves only the tmp file, which the next open removes).
 struct PieceFile {
     file: Box<dyn kairos_wal::storage::StorageFile>,
     tmp: PathBuf,
@@ -752,6 +766,36 @@ impl PieceFile {
     }
 }
 
+/// Ends a move out of memory for the producers waiting on it
+/// ([`Shared::await_relocation`]) however it ends — even by a panic: no
+/// longer under way, failed unless `ok`.
+struct MoveDone<'a> {
+    shared: &'a Shared,
+    ok: bool,
+}
+
+impl Drop for MoveDone<'_> {
+    fn drop(&mut self) {
+        {
+            let mut core = self.shared.core.lock();
+            core.relocating = false;
+            core.relocation_failed = !self.ok;
+        }
+        self.shared.relocation_cv.notify_all();
+    }
+}
+
+/// Marks the checkpointer gone when its loop ends, however it ends (a
+/// panic included), so producers are no longer held back waiting for it.
+struct CheckpointerGone<'a>(&'a Shared);
+
+impl Drop for CheckpointerGone<'_> {
+    fn drop(&mut self) {
+        self.0.core.lock().checkpointer_gone = true;
+        self.0.relocation_cv.notify_all();
+    }
+}
+
 /// Due times (UTC ms) of the earliest far tasks each overflow file gained.
 type Earliest = std::collections::BTreeMap<u32, u64>;
 
@@ -770,7 +814,7 @@ impl Shared {
     /// whose entry is already in a file (with its due time) becomes far in
     /// place, as it is seen.
     ///
-    /// Memory: a [`Move`] (56 bytes) per entry chosen, and pieces of about
+    /// Memory: a [`Move`] (72 bytes) per entry chosen, and pieces of about
     /// [`WRITE_PIECE_BYTES`]; no key or payload is held beyond its piece,
     /// and no file is read whole.
     ///
@@ -785,13 +829,12 @@ impl Shared {
         victims: Vec<Victim>,
         holds: &mut Holds,
     ) -> Result<u64, CheckpointError> {
+        let mut done = MoveDone {
+            shared: self,
+            ok: false,
+        };
         let result = self.relocate_inner(disk, victims, holds);
-        {
-            let mut core = self.core.lock();
-            core.relocating = false;
-            core.relocation_failed = result.is_err();
-        }
-        self.relocation_cv.notify_all();
+        done.ok = result.is_ok();
         result
     }
 
@@ -811,7 +854,6 @@ impl Shared {
             (Some(h), Some(_)) => Some(now.saturating_add(h.as_millis() as u64)),
             _ => None,
         };
-        let victim_files: HashSet<u32> = victims.iter().map(|v| v.file).collect();
         let mut moves: Vec<Move> = Vec::new();
         let hasher = {
             let mut core = holds.lock(self)?;
@@ -825,6 +867,35 @@ impl Shared {
             self.relocation_cv.notify_all();
             core.hasher.clone()
         };
+        // The victims' live entries, a piece of each file per hold — first,
+        // so that a damaged victim, left alone, is no victim below.
+        let mut victim_files: HashSet<u32> = HashSet::new();
+        for (v, victim) in victims.iter().enumerate() {
+            let before = moves.len();
+            if let Err(error) = self.choose_from_victim(
+                disk,
+                victim,
+                v as u32,
+                &hasher,
+                horizon_end,
+                &mut moves,
+                holds,
+            ) {
+                match error {
+                    CheckpointError::Overflow(overflow::OverflowReadError::Corrupt { .. }) => {
+                        // A damaged file is not compacted: its live entries
+                        // are checked one by one when read (and a dead
+                        // damaged entry must not block every later
+                        // checkpoint).
+                        tracing::warn!(%error, "damaged overflow file not compacted");
+                        moves.truncate(before);
+                        continue;
+                    }
+                    error => return Err(error),
+                }
+            }
+            victim_files.insert(victim.file);
+        }
         // Memory: the slab, a range of slots per hold.
         if let Some(window_end) = window_end {
             let mut from = 0u32;
@@ -886,31 +957,6 @@ impl Shared {
                     break;
                 }
                 from = end;
-            }
-        }
-        // The victims' live entries, a piece of each file per hold.
-        for (v, victim) in victims.iter().enumerate() {
-            let before = moves.len();
-            if let Err(error) = self.choose_from_victim(
-                disk,
-                victim,
-                v as u32,
-                &hasher,
-                horizon_end,
-                &mut moves,
-                holds,
-            ) {
-                match error {
-                    CheckpointError::Overflow(overflow::OverflowReadError::Corrupt { .. }) => {
-                        // A damaged file is not compacted: its live entries
-                        // are checked one by one when read (and a dead
-                        // damaged entry must not block every later
-                        // checkpoint).
-                        tracing::warn!(%error, "damaged overflow file not compacted");
-                        moves.truncate(before);
-                    }
-                    error => return Err(error),
-                }
             }
         }
         if moves.is_empty() {
@@ -1013,15 +1059,17 @@ impl Shared {
         out.write(&bytes, at)?;
         out.write(&header, 0)?;
         out.finish(disk.storage.as_ref())?;
-        // Durable: tasks that still hold what the file holds now refer to
-        // it. The entries are read back from the file, a piece at a time.
+        // Durable: known from now on, so that the checkpoint after a failed
+        // read-back below deletes it (no task refers to it yet).
+        holds.lock(self)?.overflow_files.entry(file).or_insert(0);
+        // Tasks that still hold what the file holds now refer to it. The
+        // entries are read back from the file, a piece at a time.
         let mut written = overflow::PieceReader::open(
             disk.storage.as_ref(),
             &dir.join(&name),
             WRITE_PIECE_BYTES,
         )?;
         let mut moved_payloads = 0u64;
-        let mut registered = false;
         let mut start = 0;
         while start < moves.len() {
             let end = piece_end(&moves, start);
@@ -1046,10 +1094,6 @@ impl Shared {
                 piece.push(entry.key, entry.payload);
             }
             let mut core = holds.lock(self)?;
-            if !registered {
-                core.overflow_files.entry(file).or_insert(0);
-                registered = true;
-            }
             let mut earliest = Earliest::new();
             let mut live = 0u64;
             for (i, m) in moves[start..end].iter().enumerate() {

@@ -279,6 +279,9 @@ struct Core {
     /// The last move out of memory failed: producers are not held back
     /// for the next one (`Shared::await_relocation`).
     relocation_failed: bool,
+    /// The checkpointer thread has ended: nothing moves far tasks in the
+    /// background any more, so producers are not held back.
+    checkpointer_gone: bool,
     /// Raised by each reset of a promotion cursor (`far::FarCursor`).
     far_generation: u32,
 }
@@ -826,6 +829,7 @@ impl Engine {
             relocation_wanted: false,
             relocating: false,
             relocation_failed: false,
+            checkpointer_gone: false,
             far_generation: 0,
         };
         let shared = Arc::new(Shared {
@@ -1117,8 +1121,11 @@ impl Engine {
     /// go to a new overflow file: chosen and copied a range of tasks per
     /// hold of the engine's lock, the file written and synced without it,
     /// then applied a batch per hold (O(live tasks + bytes moved) in all, in
-    /// short holds). Then the state is encoded in one hold, O(live tasks);
-    /// the checkpoint file is written and synced outside it. The report's
+    /// short holds). Then the state is encoded in one hold, O(live tasks),
+    /// and written to a temporary file in 8 MiB pieces as it is encoded
+    /// (writes to the page cache under the lock: a device that throttles
+    /// writes lengthens the hold); the file is synced and renamed outside
+    /// it. The report's
     /// `locked` adds the holds up; `longest_hold` is the longest. A crash at
     /// any step leaves the old or the new checkpoint usable
     /// (`wal/FORMAT.md`, "Checkpoint files").
@@ -1180,6 +1187,7 @@ impl Engine {
             self.shared.ready_cv.notify_all();
             self.shared.checkpoint_cv.notify_all();
             self.shared.prefetch_cv.notify_all();
+            self.shared.relocation_cv.notify_all();
         }
         // The driver finishes its pass first: tasks it logged as delivered
         // reach the ready queue (no consumer can take them now), so the
@@ -1310,6 +1318,7 @@ impl Shared {
         self.ready_cv.notify_all();
         self.checkpoint_cv.notify_all();
         self.prefetch_cv.notify_all();
+        self.relocation_cv.notify_all();
     }
 
     /// Waits for a log ticket; a failure poisons the engine and is returned
@@ -1762,6 +1771,7 @@ impl Shared {
         let now = self.now();
         let (due_ms, due_tick) = self.prepare(&new, now)?;
         check_frame_bytes(std::slice::from_ref(&new))?;
+        self.await_relocation();
         let reads = self.read_far_candidates([key]);
         let mut core = self
             .lock_with(&reads)
@@ -1857,6 +1867,7 @@ impl Shared {
     /// [`Engine::requeue_dead_letter`].
     fn requeue_dead_letter(&self, dead_id: TaskId, due: Due) -> Result<TaskId, ScheduleError> {
         let now = self.now();
+        self.await_relocation();
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_schedule_error)?;
         let Some(dead) = core.dead.get(&dead_id.0) else {
