@@ -1070,9 +1070,24 @@ mod tests {
     /// Tasks 3, 5, 7, far tasks 4 and 8 (with the largest place that packs), dead letter 9;
     /// with `far` false, the same without the far tasks.
     fn encode_sample(far: bool) -> Vec<u8> {
+        encode_sample_drained(far, false)
+    }
+
+    /// [`encode_sample`], draining the encoder after each entry if `drain`, the
+    /// pieces and the end laid end to end.
+    fn encode_sample_drained(far: bool, drain: bool) -> Vec<u8> {
         let mut enc = CheckpointEncoder::new(&header());
+        let mut out = Vec::new();
+        let mut piece = |enc: &mut CheckpointEncoder| {
+            if drain {
+                out.extend(enc.drain());
+            }
+        };
+        piece(&mut enc);
         enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
+        piece(&mut enc);
         enc.push_task(5, 200, 2, true, b"k5", PayloadAt::Inline(b""));
+        piece(&mut enc);
         enc.push_task(
             7,
             300,
@@ -1084,12 +1099,17 @@ mod tests {
                 offset: 64,
             },
         );
+        piece(&mut enc);
         if far {
             enc.push_far(&FAR_4);
+            piece(&mut enc);
             enc.push_far(&FAR_8);
+            piece(&mut enc);
         }
         enc.push_dead(9, &dead_9());
-        enc.finish()
+        piece(&mut enc);
+        out.extend(enc.finish());
+        out
     }
 
     fn sample() -> (CheckpointHeader, Vec<u8>) {
@@ -1160,30 +1180,11 @@ mod tests {
     #[test]
     fn drained_pieces_and_the_end_are_the_whole_file() {
         let mut enc = CheckpointEncoder::new(&header());
-        let mut pieces = enc.drain();
-        assert_eq!(pieces.len(), HEADER_BYTES);
+        assert_eq!(enc.drain().len(), HEADER_BYTES);
         assert_eq!(enc.buffered(), 0);
-        enc.push_task(3, 100, 0, false, b"k3", PayloadAt::Inline(b"payload"));
-        pieces.extend(enc.drain());
-        enc.push_task(5, 200, 2, true, b"k5", PayloadAt::Inline(b""));
-        enc.push_task(
-            7,
-            300,
-            1,
-            false,
-            b"k7",
-            PayloadAt::Overflow {
-                file: 4,
-                offset: 64,
-            },
-        );
-        enc.push_far(&FAR_4);
-        pieces.extend(enc.drain());
-        enc.push_far(&FAR_8);
-        enc.push_dead(9, &dead_9());
-        pieces.extend(enc.drain());
-        pieces.extend(enc.finish());
-        assert_eq!(pieces, encode_sample(true));
+        for far in [false, true] {
+            assert_eq!(encode_sample_drained(far, true), encode_sample(far));
+        }
     }
 
     #[test]

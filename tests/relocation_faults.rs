@@ -8,65 +8,15 @@
 mod common;
 
 use common::far::{at, cfg, due, key};
+use common::gate::{Gate, GateStorage};
 use common::{config, wait_until, SimHarness, Stop, TestResult, START_MS};
 use kairos::{Durability, Engine, ManualClock};
-use kairos_wal::storage::{LockGuard, OpenMode, Storage, StorageFile};
+use kairos_wal::storage::{OpenMode, Storage};
 use kairos_wal::SimStorage;
-use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// SimStorage whose opens of files under `panic_under` (in `mode`) panic
-/// once `armed` is set: stands for any bug-panic in the checkpointer.
-#[derive(Debug, Clone)]
-struct PanicStorage {
-    inner: SimStorage,
-    armed: Arc<AtomicBool>,
-    panic_under: PathBuf,
-    mode: OpenMode,
-}
-
-impl Storage for PanicStorage {
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(path)
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
-        if mode == self.mode
-            && path.starts_with(&self.panic_under)
-            && self.armed.swap(false, Ordering::SeqCst)
-        {
-            panic!("simulated bug in the checkpointer");
-        }
-        self.inner.open(path, mode)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        self.inner.exists(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.inner.sync_dir(path)
-    }
-    fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
-        self.inner.lock(path)
-    }
-    fn random_id(&self) -> io::Result<[u8; 16]> {
-        self.inner.random_id()
-    }
-    fn now_ms(&self) -> u64 {
-        self.inner.now_ms()
-    }
-}
 
 fn far_cfg(count: u64) -> kairos::Config {
     let mut c = cfg();
@@ -82,12 +32,11 @@ fn far_cfg(count: u64) -> kairos::Config {
 /// start.
 #[test]
 fn a_checkpointer_that_died_mid_move_holds_no_producer_back() -> TestResult {
-    let armed = Arc::new(AtomicBool::new(true));
-    let storage = PanicStorage {
+    let gate = Arc::new(Gate::default());
+    gate.arm_panic(Path::new("/kairos/overflow"), OpenMode::CreateNew);
+    let storage = GateStorage {
         inner: SimStorage::new(3),
-        armed: Arc::clone(&armed),
-        panic_under: PathBuf::from("/kairos/overflow"),
-        mode: OpenMode::CreateNew,
+        gate: Arc::clone(&gate),
     };
     let clock = ManualClock::new(START_MS);
     let engine = Engine::open_with("/kairos", far_cfg(10), Arc::new(storage), Arc::new(clock))?;
@@ -95,9 +44,7 @@ fn a_checkpointer_that_died_mid_move_holds_no_producer_back() -> TestResult {
     for i in 0..10 {
         engine.schedule(&key(i), at(due(i)), b"p")?;
     }
-    wait_until("the checkpointer to hit the panic", || {
-        !armed.load(Ordering::SeqCst)
-    })?;
+    wait_until("the checkpointer to hit the panic", || gate.was_hit())?;
     std::thread::sleep(Duration::from_millis(100));
     // 20 more set the backlog (none waits yet).
     for i in 10..30 {
@@ -127,8 +74,8 @@ fn a_checkpointer_that_died_mid_move_holds_no_producer_back() -> TestResult {
 /// counts toward the backlog: it is held back like `schedule`.
 #[test]
 fn an_upserting_reschedule_is_held_back_like_a_schedule() -> TestResult {
-    let gate = Arc::new(common::gate::Gate::default());
-    let storage = common::gate::GateStorage {
+    let gate = Arc::new(Gate::default());
+    let storage = GateStorage {
         inner: SimStorage::new(5),
         gate: Arc::clone(&gate),
     };

@@ -19,6 +19,9 @@ pub struct Gate {
 #[derive(Debug, Default)]
 struct GateState {
     target: Option<(PathBuf, OpenMode)>,
+    /// The armed open panics instead of blocking (a bug in the thread
+    /// doing it).
+    panics: bool,
     hit: bool,
     released: bool,
 }
@@ -33,11 +36,24 @@ impl Gate {
     pub fn arm_mode(&self, prefix: &Path, mode: OpenMode) {
         let mut s = self.state.lock().unwrap();
         s.target = Some((prefix.to_path_buf(), mode));
+        s.panics = false;
         s.hit = false;
         s.released = false;
     }
 
-    /// Called by [`GateStorage`] at every open: blocks the armed one.
+    /// Makes the next open in `mode` of a path under `prefix` panic.
+    pub fn arm_panic(&self, prefix: &Path, mode: OpenMode) {
+        self.arm_mode(prefix, mode);
+        self.state.lock().unwrap().panics = true;
+    }
+
+    /// Whether the armed open happened.
+    pub fn was_hit(&self) -> bool {
+        self.state.lock().unwrap().hit
+    }
+
+    /// Called by [`GateStorage`] at every open: blocks the armed one (or
+    /// panics, [`Gate::arm_panic`]).
     pub fn on_open(&self, path: &Path, mode: OpenMode) {
         let mut s = self.state.lock().unwrap();
         match &s.target {
@@ -47,6 +63,10 @@ impl Gate {
         s.target = None;
         s.hit = true;
         self.cv.notify_all();
+        if s.panics {
+            drop(s);
+            panic!("simulated bug at the open of {}", path.display());
+        }
         while !s.released {
             s = self.cv.wait(s).unwrap();
         }
