@@ -165,7 +165,10 @@ impl Shared {
         // a new overflow file, written and made durable outside the lock
         // too, before the state is encoded.
         let victims = self.read_compaction_victims(disk, &mut holds)?;
-        let payloads_moved = self.relocate(disk, victims, &mut holds)?;
+        let mut payloads_moved = 0;
+        for group in victim_groups(victims) {
+            payloads_moved += self.relocate(disk, group, &mut holds)?;
+        }
         // The checkpoint is written to `next.ckpt.tmp` as it is encoded
         // (under the lock: the state must be the one at `L`), then named
         // after `L` once the log is durable up to it.
@@ -308,7 +311,7 @@ impl Shared {
         disk: &Disk,
         holds: &mut Holds,
     ) -> Result<Vec<Victim>, CheckpointError> {
-        let candidates: Vec<u32> = {
+        let candidates: Vec<(u32, u64)> = {
             let core = holds.lock(self)?;
             let mut kept: Vec<(u64, u32)> = Vec::new();
             let mut victims = Vec::new();
@@ -318,7 +321,7 @@ impl Shared {
                     continue; // deleted after the checkpoint
                 }
                 if live * 2 <= written {
-                    victims.push(f);
+                    victims.push((f, live));
                 } else {
                     kept.push((live, f));
                 }
@@ -329,14 +332,15 @@ impl Shared {
                 let excess = kept.len() + 1 - OVERFLOW_FILES_MAX;
                 // Merging one file into the new one saves nothing.
                 let merge = if excess == 1 { 2 } else { excess };
-                victims.extend(kept.iter().take(merge).map(|&(_, f)| f));
+                victims.extend(kept.iter().take(merge).map(|&(live, f)| (f, live)));
             }
             victims
         };
         Ok(candidates
             .into_iter()
-            .map(|file| Victim {
+            .map(|(file, live)| Victim {
                 file,
+                live,
                 path: disk.overflow_dir().join(overflow::file_name(file)),
             })
             .collect())
@@ -651,7 +655,34 @@ impl From {
 /// found it (header checked).
 struct Victim {
     file: u32,
+    /// Its live entries when chosen.
+    live: u64,
     path: PathBuf,
+}
+
+/// Live entries of compaction victims one move copies at most (besides
+/// what leaves memory): a checkpoint compacting more splits them into
+/// several moves, each writing its own file, so the [`Move`]s held at once
+/// stay within about 300 MB (a single larger victim is still one move).
+const VICTIM_ENTRIES_PER_MOVE: u64 = 1 << 22;
+
+/// `victims` in groups of at most [`VICTIM_ENTRIES_PER_MOVE`] live entries
+/// (a larger victim alone in its group); at least one group, maybe empty.
+fn victim_groups(victims: Vec<Victim>) -> Vec<Vec<Victim>> {
+    let mut groups: Vec<Vec<Victim>> = vec![Vec::new()];
+    let mut live = 0u64;
+    for v in victims {
+        let last_empty = groups.last().is_some_and(|g| g.is_empty());
+        if !last_empty && live.saturating_add(v.live) > VICTIM_ENTRIES_PER_MOVE {
+            groups.push(Vec::new());
+            live = 0;
+        }
+        live = live.saturating_add(v.live);
+        if let Some(g) = groups.last_mut() {
+            g.push(v);
+        }
+    }
+    groups
 }
 
 /// Bytes of a new overflow file built before they are written (the file is
@@ -1699,4 +1730,39 @@ fn fits_log(loaded: &LoadedMeta, wal: &Wal, replayed_after: u64) -> Result<(), O
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn victim(file: u32, live: u64) -> Victim {
+        Victim {
+            file,
+            live,
+            path: PathBuf::new(),
+        }
+    }
+
+    fn files(groups: &[Vec<Victim>]) -> Vec<Vec<u32>> {
+        groups
+            .iter()
+            .map(|g| g.iter().map(|v| v.file).collect())
+            .collect()
+    }
+
+    #[test]
+    fn victims_are_grouped_up_to_the_entries_per_move() {
+        let max = VICTIM_ENTRIES_PER_MOVE;
+        assert_eq!(files(&victim_groups(Vec::new())), [Vec::<u32>::new()]);
+        let groups = victim_groups(vec![
+            victim(1, max / 2),
+            victim(2, max / 2),
+            victim(3, 1),
+            victim(4, max * 3),
+            victim(5, 7),
+        ]);
+        // A larger victim alone; nothing over the limit otherwise.
+        assert_eq!(files(&groups), [vec![1, 2], vec![3], vec![4], vec![5]]);
+    }
 }
