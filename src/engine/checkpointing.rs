@@ -54,7 +54,8 @@ pub(crate) const WHEEL_TASK_BYTES: u64 = 96;
 const NEXT_CHECKPOINT_NAME: &str = "next.ckpt";
 
 /// Overflow files kept at most (besides those about to be deleted): beyond
-/// it, a checkpoint merges the smallest into its new file.
+/// it, a checkpoint merges the smallest into its new file (or files, when
+/// they hold more than 4 Mi live entries).
 pub const OVERFLOW_FILES_MAX: usize = 8;
 
 /// What [`crate::Engine::checkpoint`] did.
@@ -160,10 +161,10 @@ impl Shared {
                 return self.nothing_new(&book, &wal, &holds, started);
             }
         }
-        // Overflow files mostly dead are read now, outside the lock; their
-        // live entries are copied with the payloads that leave memory into
-        // a new overflow file, written and made durable outside the lock
-        // too, before the state is encoded.
+        // Overflow files mostly dead are chosen now; their live entries are
+        // copied with what leaves memory into new overflow files (one per
+        // group of at most VICTIM_ENTRIES_PER_MOVE live entries), written
+        // and made durable outside the lock, before the state is encoded.
         let victims = self.read_compaction_victims(disk, &mut holds)?;
         let mut payloads_moved = 0;
         for group in victim_groups(victims) {

@@ -270,7 +270,9 @@ struct Core {
     /// First attempts due beyond the horizon scheduled since far tasks were
     /// last taken out of the wheel ([`Config::relocate_far_tasks`]).
     far_scheduled: u64,
-    /// Key and payload bytes of those `far_scheduled` tasks.
+    /// Memory of those `far_scheduled` tasks as
+    /// [`Config::relocate_far_bytes`] counts it (key, payload and
+    /// `checkpointing::WHEEL_TASK_BYTES` each).
     far_scheduled_bytes: u64,
     /// The checkpointer is asked to take them out (without a checkpoint).
     relocation_wanted: bool,
