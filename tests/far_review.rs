@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::far::{at, cfg, due, fire_all, key, HOUR, MINUTE};
+use common::far::{at, cfg, checkpoint_then_maybe_crash, due, fire_all, key, HOUR, MINUTE};
 
 use common::gate::{Gate, GateStorage};
 use common::{config, SimHarness, Stop, TestResult, START_MS};
@@ -467,19 +467,10 @@ fn calls_between_a_checkpoints_plan_and_apply_keep_every_far_task_right() -> Tes
             ckpt.join().map_err(|_| "checkpoint thread panicked")??;
             Ok(())
         })?;
-        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
         // Another checkpoint on top, then maybe a crash.
-        engine.checkpoint()?;
-        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
-        let engine = if crash {
-            drop(engine);
-            sim.crash_process();
-            let e = open_on(Arc::new(sim.clone()), &clock)?;
-            assert_eq!(e.stats().pending, model.len(), "{:?}", e.stats());
-            e
-        } else {
-            engine
-        };
+        let engine = checkpoint_then_maybe_crash(engine, &sim, crash, model.len(), || {
+            open_on(Arc::new(sim.clone()), &clock)
+        })?;
         let fired = fire_all(&engine, &clock, START_MS + 6 * 3_600_000)?;
         assert_eq!(fired, model, "crash {crash}, promote {promote}");
         assert_eq!(poisoned(&engine), None);

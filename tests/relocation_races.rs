@@ -6,7 +6,7 @@
 //! its payload, also after a crash. (Written by a reviewing helper.)
 mod common;
 
-use common::far::{at, cfg, fire_all, HOUR, MINUTE};
+use common::far::{at, cfg, checkpoint_then_maybe_crash, fire_all, HOUR, MINUTE};
 use common::gate::{Gate, GateStorage};
 use common::{TestResult, START_MS};
 use kairos::{CancelOutcome, Engine, ManualClock};
@@ -158,18 +158,10 @@ fn many_moves_with_calls_and_promotion_in_between() -> TestResult {
             eprintln!("{r:?}");
             Ok(())
         })?;
-        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
-        engine.checkpoint()?;
-        assert_eq!(engine.stats().pending, model.len(), "{:?}", engine.stats());
-        let engine = if crash {
-            drop(engine);
-            sim.crash_process();
-            let e = open_on(Arc::new(sim.clone()), &clock, prefetch)?;
-            assert_eq!(e.stats().pending, model.len(), "{:?}", e.stats());
-            e
-        } else {
-            engine
-        };
+        // Another checkpoint on top, then maybe a crash.
+        let engine = checkpoint_then_maybe_crash(engine, &sim, crash, model.len(), || {
+            open_on(Arc::new(sim.clone()), &clock, prefetch)
+        })?;
         let fired = fire_all(&engine, &clock, START_MS + 6 * 3_600_000)?;
         if fired != model {
             let missing: Vec<_> = model

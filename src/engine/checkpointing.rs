@@ -167,8 +167,8 @@ impl Shared {
         // and made durable outside the lock, before the state is encoded.
         let victims = self.read_compaction_victims(disk, &mut holds)?;
         let mut payloads_moved = 0;
-        for group in victim_groups(victims) {
-            payloads_moved += self.relocate(disk, group, &mut holds)?;
+        for (n, group) in victim_groups(victims).into_iter().enumerate() {
+            payloads_moved += self.relocate(disk, group, n == 0, &mut holds)?;
         }
         // The checkpoint is written to `next.ckpt.tmp` as it is encoded
         // (under the lock: the state must be the one at `L`), then named
@@ -451,7 +451,7 @@ impl Shared {
             return Err(CheckpointError::InMemory);
         };
         let _book = self.checkpointing.lock();
-        self.relocate(disk, Vec::new(), &mut Holds::default())
+        self.relocate(disk, Vec::new(), true, &mut Holds::default())
     }
 
     /// The background checkpointer: waits for the log-growth trigger or the
@@ -854,18 +854,20 @@ impl Shared {
     /// durable first: a crash at any point reopens from the last checkpoint
     /// and the log, and the new file, named by no checkpoint yet, is
     /// deleted at open. Returns the payloads moved (far tasks' entries
-    /// copied forward not counted).
+    /// copied forward not counted). `from_memory` false: only the victims
+    /// (a checkpoint's later groups of them, the slab scanned by its first).
     fn relocate(
         &self,
         disk: &Disk,
         victims: Vec<Victim>,
+        from_memory: bool,
         holds: &mut Holds,
     ) -> Result<u64, CheckpointError> {
         let mut done = MoveDone {
             shared: self,
             ok: false,
         };
-        let result = self.relocate_inner(disk, victims, holds);
+        let result = self.relocate_inner(disk, victims, from_memory, holds);
         done.ok = result.is_ok();
         result
     }
@@ -875,6 +877,7 @@ impl Shared {
         &self,
         disk: &Disk,
         victims: Vec<Victim>,
+        from_memory: bool,
         holds: &mut Holds,
     ) -> Result<u64, CheckpointError> {
         let now = wall_ms(self.now());
@@ -929,7 +932,7 @@ impl Shared {
             victim_files.insert(victim.file);
         }
         // Memory: the slab, a range of slots per hold.
-        if let Some(window_end) = window_end {
+        if let Some(window_end) = window_end.filter(|_| from_memory) {
             let mut from = 0u32;
             loop {
                 let mut core = holds.lock(self)?;

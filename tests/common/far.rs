@@ -57,3 +57,27 @@ pub fn fire_all(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResu
     }
     Ok(fired)
 }
+
+/// Checks `expected` tasks pending, takes a checkpoint on top, checks again,
+/// then, if `crash`, kills the process (dropping `engine`, `sim` losing
+/// nothing synced) and returns the engine `reopen` opens, checked the same
+/// way; otherwise `engine`.
+pub fn checkpoint_then_maybe_crash(
+    engine: Engine,
+    sim: &kairos_wal::SimStorage,
+    crash: bool,
+    expected: usize,
+    reopen: impl FnOnce() -> Result<Engine, kairos::OpenError>,
+) -> TestResult<Engine> {
+    assert_eq!(engine.stats().pending, expected, "{:?}", engine.stats());
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().pending, expected, "{:?}", engine.stats());
+    if !crash {
+        return Ok(engine);
+    }
+    drop(engine);
+    sim.crash_process();
+    let e = reopen()?;
+    assert_eq!(e.stats().pending, expected, "{:?}", e.stats());
+    Ok(e)
+}
