@@ -48,6 +48,9 @@ pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Default [`Config::horizon`]: 18 days.
 pub const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * 24 * 3600);
 
+/// Default [`Config::resident_window`]: 10 minutes.
+pub const RESIDENT_WINDOW_DEFAULT: Duration = Duration::from_secs(600);
+
 /// Default [`Config::relocate_far_tasks`]: 2^20 (about a million).
 pub const RELOCATE_FAR_TASKS_DEFAULT: u64 = 1 << 20;
 
@@ -215,7 +218,28 @@ pub struct Config {
     /// checkpoint made under another configuration come back into it at
     /// open). Default
     /// [`HORIZON_DEFAULT`] (18 days). Ignored in memory.
+    ///
+    /// With [`Config::resident_window`] shorter (the default), tasks within
+    /// the horizon but due later than that window leave memory the same
+    /// way; the horizon then only bounds the window.
     pub horizon: Option<Duration>,
+    /// The part of the horizon whose tasks stay whole in memory: waiting
+    /// first attempts due later than this from now are kept like far tasks
+    /// ([`Config::horizon`]) — key, due time and payload in an overflow
+    /// file, 24 bytes of memory each — and are promoted back into the wheel
+    /// once due within this window from now. A task in the wheel's memory
+    /// costs about 112 bytes plus its key and payload beyond 26 bytes; one
+    /// kept out of it about 25, whatever its key and payload (the tiered
+    /// design of `DESIGN.md`: a hot window in memory, the rest on disk
+    /// behind a small entry). The price: a cancel or reschedule of such a
+    /// task reads its entry from disk (the page cache, mostly), and
+    /// scheduling it costs a write to an overflow file besides the log.
+    /// `None`: the whole horizon stays in memory. Used only when the
+    /// horizon is set, and only where shorter than it; a window shorter
+    /// than `payload_window` counts as `payload_window` (a task whose
+    /// payload is kept in memory stays in the wheel).
+    /// Default [`RESIDENT_WINDOW_DEFAULT`] (10 minutes). Ignored in memory.
+    pub resident_window: Option<Duration>,
     /// Also take far tasks out of the wheel between checkpoints, in the
     /// background, once this many first attempts due beyond the horizon
     /// have been scheduled since they last were — or a quarter of the far
@@ -265,6 +289,7 @@ impl Default for Config {
             checkpoint_interval: Some(CHECKPOINT_INTERVAL_DEFAULT),
             payload_window: Some(PAYLOAD_WINDOW_DEFAULT),
             horizon: Some(HORIZON_DEFAULT),
+            resident_window: Some(RESIDENT_WINDOW_DEFAULT),
             relocate_far_tasks: Some(RELOCATE_FAR_TASKS_DEFAULT),
             relocate_far_bytes: RELOCATE_FAR_BYTES_DEFAULT,
             payload_prefetch: true,
@@ -273,6 +298,22 @@ impl Default for Config {
 }
 
 impl Config {
+    /// How far ahead tasks stay whole in the wheel's memory: waiting first
+    /// attempts due later than this from now become far tasks (out of the
+    /// wheel, 24 bytes of memory each; see [`Config::horizon`]) and are
+    /// promoted back once due within it. The horizon, or the resident
+    /// window (at least the payload window) if shorter; `None` when the
+    /// horizon is `None` (no task goes far). O(1).
+    pub fn far_span(&self) -> Option<Duration> {
+        let horizon = self.horizon?;
+        Some(match self.resident_window {
+            Some(window) => window
+                .max(self.payload_window.unwrap_or(Duration::ZERO))
+                .min(horizon),
+            None => horizon,
+        })
+    }
+
     /// The tick in whole milliseconds.
     pub(crate) fn tick_ms(&self) -> u64 {
         // validate() caps the tick at TICK_MAX, so this never saturates.

@@ -32,6 +32,9 @@ const RETRY: Duration = Duration::from_millis(10);
 
 fn config() -> Config {
     let mut c = Config::default();
+    // The whole horizon resident: the tasks here due hours or days out stay
+    // in the wheel (their payloads, not they, go to overflow files).
+    c.resident_window = None;
     c.segment_bytes = kairos_wal::SEGMENT_BYTES_MIN;
     c.checkpoint_log_bytes = None;
     c.checkpoint_interval = None;

@@ -29,6 +29,9 @@ fn inspect_json(dir: &Path, status: i32) -> Value {
 
 fn config() -> Config {
     let mut c = Config::default();
+    // The whole horizon resident: the tasks here due hours or days out stay
+    // in the wheel (their payloads, not they, go to overflow files).
+    c.resident_window = None;
     c.payload_window = Some(Duration::from_secs(60));
     c.payload_prefetch = false;
     c.checkpoint_log_bytes = None;

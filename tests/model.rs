@@ -212,6 +212,14 @@ impl Setup {
         config.checkpoint_log_bytes = None;
         config.checkpoint_interval = None;
         config.payload_prefetch = false;
+        // The whole 18-day horizon resident, as before the resident window
+        // existed: with a 10-minute span, wall steps back make checkpoints
+        // compact tasks into far ones in ways this model does not follow
+        // (which overflow file a payload is in, and which files a
+        // checkpoint compacts). tests/resident_window.rs, tests/far*.rs and
+        // the simulation (half its far spans set as a resident window)
+        // cover far tasks.
+        config.resident_window = None;
         config
     }
 }
@@ -244,6 +252,9 @@ struct ModelTask {
     /// Out of the wheel, beyond the horizon (a checkpoint moved it to an
     /// overflow file); its fire time is fixed again when it is promoted.
     far: bool,
+    /// Far in the newest checkpoint, and no record logged for it since
+    /// (a promotion logs nothing): an open starts it far again.
+    far_at_checkpoint: bool,
     /// Its payload is in an overflow file: `Some(true)` if that entry's due
     /// time is still the task's (a checkpoint can then make it far in
     /// place), `Some(false)` if not (or not known, after a reopen).
@@ -281,7 +292,8 @@ struct Model {
     tick_ms: u64,
     lease_ms: u64,
     retry: RetryPolicy,
-    /// `Config::horizon` and `Config::payload_window`, ms.
+    /// `Config::far_span` (the resident window, by default) and
+    /// `Config::payload_window`, ms.
     horizon_ms: u64,
     window_ms: u64,
     /// Monotonic ms of the start of the tick the wheel has reached (its
@@ -333,7 +345,7 @@ impl Model {
             tick_ms: setup.tick_ms,
             lease_ms: setup.lease_ms,
             retry: setup.config().retry,
-            horizon_ms: millis(setup.config().horizon),
+            horizon_ms: millis(setup.config().far_span()),
             window_ms: millis(setup.config().payload_window),
             elapsed_mono_ms: 0,
         }
@@ -354,6 +366,9 @@ impl Model {
                 Some(true) if far => t.far = true,
                 _ => {}
             }
+        }
+        for t in self.tasks.values_mut() {
+            t.far_at_checkpoint = t.far;
         }
     }
 
@@ -429,6 +444,7 @@ impl Model {
             rank,
             lease: None,
             far: false,
+            far_at_checkpoint: false,
             on_disk: None,
         };
         assert!(self.tasks.insert(key, task).is_none());
@@ -469,6 +485,7 @@ impl Model {
                 let lease = self.lease_now(lease_ms);
                 let t = self.tasks.get_mut(&k).expect("chosen from the map");
                 t.deliveries += 1;
+                t.far_at_checkpoint = false;
                 t.lease = Some(lease);
                 t.on_disk = None;
                 (k, t.payload.clone(), t.due_ms, t.deliveries, now)
@@ -510,7 +527,13 @@ impl Model {
     fn pass(&mut self) -> Vec<Expected> {
         self.promote();
         let mono = self.mono_ms;
-        let handed = self.hand_out(|_, t| t.fire_mono_ms <= mono, |t| (t.fire_mono_ms, t.rank));
+        // A far task is out of the wheel: its fire time is set when it is
+        // promoted (a wall step back after it was scheduled can leave an
+        // old one behind it).
+        let handed = self.hand_out(
+            |_, t| !t.far && t.fire_mono_ms <= mono,
+            |t| (t.fire_mono_ms, t.rank),
+        );
         // Leases just taken (by `hand_out`) cannot have expired: they end after `mono`.
         let mut expired: Vec<(u64, u64, Vec<u8>)> = self
             .tasks
@@ -627,6 +650,11 @@ impl Model {
         // entry's due time stands is no longer known.
         let until = self.wall_ms.saturating_add(self.horizon_ms);
         for t in self.tasks.values_mut() {
+            // The open starts from the checkpoint: a task far there and
+            // untouched since is far again, even if promoted meanwhile.
+            if t.far_at_checkpoint && t.lease.is_none() {
+                t.far = true;
+            }
             if t.far && t.due_ms <= until {
                 t.far = false;
                 t.on_disk = Some(true);
@@ -850,6 +878,7 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                             None => {}
                         }
                         t.far = false;
+                        t.far_at_checkpoint = false;
                         model.place(&k, due_ms);
                     }
                     None => match got {
@@ -902,9 +931,12 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
             Op::StepWall { ms } => {
                 h.clock.step_wall(*ms);
                 model.wall_ms = model.wall_ms.saturating_add_signed(*ms);
-                model.promote();
+                // The driver's pass promotes the far tasks now within the
+                // far span; one a forward step made overdue is handed out in
+                // it (nothing else is due: the monotonic clock stood still).
                 let got = drain(h.engine())?;
-                check("deliveries after a wall step", &got, &[]).map_err(at)?;
+                check("deliveries after a wall step", &got, &model.pass()).map_err(at)?;
+                ds.add(got);
             }
             Op::Ack { pick, fresh } => {
                 let candidates: Vec<usize> = if *fresh {

@@ -25,6 +25,10 @@ fn payload(i: usize) -> Vec<u8> {
 fn cfg() -> Config {
     let mut c = config(Durability::Sync);
     c.payload_window = Some(MINUTE);
+    // The whole horizon resident: these tests are about payloads in
+    // overflow files of tasks that stay in the wheel (tests/far.rs and
+    // tests/resident_window.rs move whole tasks).
+    c.resident_window = None;
     c.payload_prefetch = false;
     c
 }

@@ -684,9 +684,11 @@ struct Setup {
     /// Chance per open that a fault is armed for recovery, percent.
     recovery_fault_percent: u64,
     weights: Vec<(Op, u64)>,
-    /// `Config::payload_window` and `Config::horizon`, ms, when not the
-    /// defaults: short ones make checkpoints move tasks out of the wheel
-    /// (far tasks) and promotion bring them back within the run.
+    /// `Config::payload_window` and the far span, ms (`Config::horizon`;
+    /// when odd, `Config::resident_window` within the default horizon),
+    /// when not the defaults: short ones make checkpoints move tasks out of
+    /// the wheel (far tasks) and promotion bring them back within the run.
+    /// Without them no task goes far (no resident window).
     window_and_horizon_ms: Option<(u64, u64)>,
 }
 
@@ -808,9 +810,19 @@ impl Setup {
         if self.at_most_once {
             c.delivery = DeliveryGuarantee::AtMostOnce;
         }
+        // The model's far tasks are those beyond `horizon` below; by default
+        // (a 10-minute resident window) tasks would go far without it.
+        c.resident_window = None;
         if let Some((window, horizon)) = self.window_and_horizon_ms {
             c.payload_window = Some(Duration::from_millis(window));
             c.horizon = Some(Duration::from_millis(horizon));
+            if horizon % 2 == 1 {
+                // Half the seeds set the same span as a resident window
+                // within the default 18-day horizon (no draw from the
+                // seed's stream: every other seed runs as before).
+                c.horizon = Some(kairos::config::HORIZON_DEFAULT);
+                c.resident_window = Some(Duration::from_millis(horizon));
+            }
         }
         c
     }

@@ -523,7 +523,7 @@ impl Shared {
 /// window (far tasks exist only with both).
 pub(super) fn relocates(config: &crate::Config) -> bool {
     config.relocate_far_tasks.is_some()
-        && config.horizon.is_some()
+        && config.far_span().is_some()
         && config.payload_window.is_some()
 }
 
@@ -885,7 +885,7 @@ impl Shared {
             .config
             .payload_window
             .map(|w| now.saturating_add(w.as_millis() as u64));
-        let horizon_end = match (self.config.horizon, window_end) {
+        let horizon_end = match (self.config.far_span(), window_end) {
             (Some(h), Some(_)) => Some(now.saturating_add(h.as_millis() as u64)),
             _ => None,
         };

@@ -325,7 +325,7 @@ impl Shared {
             }
             return (out, cursors, None);
         };
-        let until = self.config.horizon.map_or(u64::MAX, |horizon| {
+        let until = self.config.far_span().map_or(u64::MAX, |horizon| {
             wall_ms(now).saturating_add(horizon.as_millis() as u64)
         });
         let storage = disk.storage.as_ref();
@@ -399,7 +399,7 @@ impl Shared {
     /// far task waits: the earliest next due time of the files' cursors,
     /// less the horizon.
     pub(super) fn next_promotion_ms(&self, core: &Core) -> Option<u64> {
-        let horizon_ms = self.config.horizon?.as_millis() as u64;
+        let horizon_ms = self.config.far_span()?.as_millis() as u64;
         if core.stop || core.check_open().is_err() {
             return None;
         }
@@ -421,7 +421,7 @@ impl Shared {
         &'a self,
         mut core: MutexGuard<'a, Core>,
     ) -> MutexGuard<'a, Core> {
-        let (Some(disk), Some(horizon)) = (&self.disk, self.config.horizon) else {
+        let (Some(disk), Some(horizon)) = (&self.disk, self.config.far_span()) else {
             return core;
         };
         let horizon_ms = horizon.as_millis() as u64;

@@ -782,7 +782,7 @@ impl Engine {
         disk: Option<checkpointing::Disk>,
     ) -> Result<Engine, String> {
         let tick_ns = config.tick.as_nanos();
-        let relocation_horizon_ticks = match (&disk, config.horizon) {
+        let relocation_horizon_ticks = match (&disk, config.far_span()) {
             (Some(_), Some(horizon)) if checkpointing::relocates(&config) => {
                 // tick_ns ≥ 1 ms (validated).
                 Some(u64::try_from(horizon.as_nanos() / tick_ns).unwrap_or(u64::MAX))

@@ -11,12 +11,15 @@ pub const MINUTE: Duration = Duration::from_secs(60);
 /// One hour: the horizon of [`cfg`].
 pub const HOUR: Duration = Duration::from_secs(3600);
 
-/// A one-hour horizon, a one-minute payload window, no prefetch thread (the
-/// driver promotes, deterministically), `Sync`.
+/// A one-hour horizon (the whole of it resident: no
+/// [`Config::resident_window`], so the horizon alone decides what goes far),
+/// a one-minute payload window, no prefetch thread (the driver promotes,
+/// deterministically), `Sync`.
 pub fn cfg() -> Config {
     let mut c = config(Durability::Sync);
     c.payload_window = Some(MINUTE);
     c.horizon = Some(HOUR);
+    c.resident_window = None;
     c.payload_prefetch = false;
     c
 }

@@ -1,0 +1,212 @@
+//! The resident window (`Config::resident_window`, default 10 minutes):
+//! with the default configuration, waiting first attempts due within the
+//! 18-day horizon but later than the window leave memory like far tasks
+//! (24 bytes each, key and payload in an overflow file), come back into the
+//! wheel once due within the window, and fire on their tick across
+//! checkpoints and every kind of reopen; cancel and reschedule find them by
+//! key.
+
+mod common;
+
+use common::{config, SimHarness, Stop, TaskMap, TestResult, START_MS};
+use kairos::config::{HORIZON_DEFAULT, PAYLOAD_WINDOW_DEFAULT, RESIDENT_WINDOW_DEFAULT};
+use kairos::{CancelOutcome, Config, Due, Durability, RescheduleOutcome, ScheduleError};
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+const SECOND_MS: u64 = 1_000;
+const MINUTE_MS: u64 = 60 * SECOND_MS;
+const DAY_MS: u64 = 24 * 60 * MINUTE_MS;
+
+/// The default configuration, as tests use it (explicit checkpoints, the
+/// driver promoting), with its windows checked.
+fn cfg() -> Config {
+    let c = config(Durability::Sync);
+    assert_eq!(
+        (c.horizon, c.resident_window, c.payload_window),
+        (
+            Some(HORIZON_DEFAULT),
+            Some(RESIDENT_WINDOW_DEFAULT),
+            Some(PAYLOAD_WINDOW_DEFAULT)
+        )
+    );
+    c
+}
+
+fn at(ms: u64) -> Due {
+    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+/// The tasks: (key, due after the start in ms, payload). Due in 1 s and
+/// 5 min: within the resident window. 30 min, 7 days and 17 days: within
+/// the horizon, beyond the window. 30 days: beyond the horizon.
+fn tasks() -> Vec<(Vec<u8>, u64, Vec<u8>)> {
+    [
+        ("one-second", SECOND_MS),
+        ("five-minutes", 5 * MINUTE_MS),
+        ("half-hour", 30 * MINUTE_MS),
+        ("half-hour-b", 30 * MINUTE_MS + 7),
+        ("week", 7 * DAY_MS),
+        ("week-b", 7 * DAY_MS + 3 * MINUTE_MS),
+        ("seventeen-days", 17 * DAY_MS),
+        ("month", 30 * DAY_MS),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, (k, after))| {
+        // Every other payload empty: its key still goes to disk.
+        let payload = if i % 2 == 0 {
+            Vec::new()
+        } else {
+            format!("payload of {k} ").repeat(i).into_bytes()
+        };
+        (k.as_bytes().to_vec(), START_MS + after, payload)
+    })
+    .collect()
+}
+
+/// Runs the clock until every task of `model` has had its chance to fire:
+/// a jump to a quarter of an hour before each due time (nothing is due in
+/// between), then a minute at a time past it, acking everything. Each task
+/// must fire in the minute it is due, once. Returns what fired.
+fn fire(h: &SimHarness, model: &TaskMap) -> TestResult<TaskMap> {
+    let mut fired = BTreeMap::new();
+    let mut dues: Vec<u64> = model.values().map(|(due, _)| *due).collect();
+    dues.sort_unstable();
+    dues.dedup();
+    for due in dues {
+        let now = h.clock.wall_ms();
+        let jump_to = due.saturating_sub(15 * MINUTE_MS);
+        if jump_to > now {
+            let got = h.advance(Duration::from_millis(jump_to - now))?;
+            assert!(got.is_empty(), "fired during a jump: {:?}", got[0].key());
+        }
+        while h.clock.wall_ms() <= due {
+            let before = h.clock.wall_ms();
+            for d in h.advance(Duration::from_millis(MINUTE_MS))? {
+                assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+                assert!(d.due_ms() > before, "late: {:?}", d.key());
+                let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+                assert!(again.is_none(), "delivered twice: {:?}", d.key());
+                h.engine().consumer().ack(&d)?;
+            }
+        }
+    }
+    Ok(fired)
+}
+
+#[test]
+fn tasks_beyond_the_resident_window_leave_memory_and_fire_on_their_tick() -> TestResult {
+    for (seed, stop) in [
+        (1, None),
+        (2, Some(Stop::Clean)),
+        (3, Some(Stop::ProcessCrash)),
+        (4, Some(Stop::PowerCut)),
+    ] {
+        let mut h = SimHarness::new(seed, cfg())?;
+        let mut model: TaskMap = BTreeMap::new();
+        for (key, due, payload) in tasks() {
+            h.engine().schedule(&key, at(due), &payload)?;
+            model.insert(key, (due, payload));
+        }
+        h.engine().checkpoint()?;
+        let stats = h.engine().stats();
+        // Six beyond the window, five of them within the horizon; the two
+        // within it stay in the wheel.
+        assert_eq!((stats.far, stats.pending), (6, 8), "seed {seed}");
+        if let Some(stop) = stop {
+            h.restart(stop)?;
+            let stats = h.engine().stats();
+            assert_eq!((stats.far, stats.pending), (6, 8), "{stop:?}");
+        }
+        assert_eq!(fire(&h, &model)?, model, "seed {seed}");
+        let stats = h.engine().stats();
+        assert_eq!((stats.far, stats.far_promoted, stats.pending), (0, 6, 0));
+    }
+    Ok(())
+}
+
+#[test]
+fn cancel_reschedule_and_duplicates_find_them_by_key_across_a_crash() -> TestResult {
+    let mut h = SimHarness::new(5, cfg())?;
+    let mut model: TaskMap = BTreeMap::new();
+    for (key, due, payload) in tasks() {
+        h.engine().schedule(&key, at(due), &payload)?;
+        model.insert(key, (due, payload));
+    }
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 6);
+    let e = h.engine();
+    assert!(matches!(
+        e.schedule_after(b"week", Duration::from_secs(60), b"x"),
+        Err(ScheduleError::AlreadyExists { .. })
+    ));
+    assert_eq!(
+        e.cancel(b"week")?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    assert_eq!(e.cancel(b"week")?, CancelOutcome::NotFound);
+    model.remove(b"week".as_slice());
+    // Sooner, into the resident window, payload kept from disk.
+    let sooner = START_MS + 8 * MINUTE_MS;
+    assert!(matches!(
+        e.reschedule(b"seventeen-days", at(sooner), None)?,
+        RescheduleOutcome::Rescheduled(_)
+    ));
+    let kept = model
+        .remove(b"seventeen-days".as_slice())
+        .ok_or("no seventeen-days")?
+        .1;
+    model.insert(b"seventeen-days".to_vec(), (sooner, kept));
+    // Later, with a new payload.
+    let later = START_MS + 9 * DAY_MS;
+    e.reschedule(b"half-hour-b", at(later), Some(b"new"))?;
+    model.insert(b"half-hour-b".to_vec(), (later, b"new".to_vec()));
+    h.restart(Stop::ProcessCrash)?;
+    assert_eq!(h.engine().stats().pending, 7);
+    // The cancelled key is free again.
+    h.engine()
+        .schedule(b"week", at(START_MS + 8 * DAY_MS), b"again")?;
+    model.insert(b"week".to_vec(), (START_MS + 8 * DAY_MS, b"again".to_vec()));
+    h.engine().checkpoint()?;
+    assert_eq!(fire(&h, &model)?, model);
+    Ok(())
+}
+
+#[test]
+fn the_window_is_bounded_by_the_payload_window_and_the_horizon() -> TestResult {
+    // (horizon, resident window, payload window) → far tasks of the eight,
+    // after a checkpoint at the start.
+    let minutes = |m: u64| Some(Duration::from_secs(60 * m));
+    for (horizon, resident, payload_window, far) in [
+        // The default: beyond 10 min.
+        (Some(HORIZON_DEFAULT), minutes(10), minutes(1), 6),
+        // A window shorter than the payload window counts as the payload
+        // window: beyond 6 min (the 5-minute task stays).
+        (Some(HORIZON_DEFAULT), minutes(2), minutes(6), 6),
+        // ... and a longer payload window keeps the half hours in memory.
+        (Some(HORIZON_DEFAULT), minutes(2), minutes(40), 4),
+        // No window: the horizon alone, beyond 18 days.
+        (Some(HORIZON_DEFAULT), None, minutes(1), 1),
+        // A horizon shorter than the window rules: beyond 2 min.
+        (minutes(2), minutes(10), minutes(1), 7),
+        // No horizon: nothing goes far.
+        (None, minutes(10), minutes(1), 0),
+    ] {
+        let mut c = cfg();
+        c.horizon = horizon;
+        c.resident_window = resident;
+        c.payload_window = payload_window;
+        let h = SimHarness::new(6, c)?;
+        for (key, due, payload) in tasks() {
+            h.engine().schedule(&key, at(due), &payload)?;
+        }
+        h.engine().checkpoint()?;
+        assert_eq!(
+            h.engine().stats().far,
+            far,
+            "{horizon:?} {resident:?} {payload_window:?}"
+        );
+    }
+    Ok(())
+}
