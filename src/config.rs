@@ -197,7 +197,7 @@ pub struct Config {
     /// (`DIR/overflow/`) and are read back before delivery — ahead of their
     /// due time by the prefetcher ([`Config::payload_prefetch`]), or by the
     /// consumer that receives the task. Keys stay in memory, except those
-    /// of far tasks ([`Config::horizon`]). `None`: payloads stay in memory
+    /// of far tasks ([`Config::far_span`]). `None`: payloads stay in memory
     /// (and no task goes far). Default [`PAYLOAD_WINDOW_DEFAULT`]. Ignored
     /// in memory.
     pub payload_window: Option<Duration>,
@@ -241,7 +241,7 @@ pub struct Config {
     /// Default [`RESIDENT_WINDOW_DEFAULT`] (10 minutes). Ignored in memory.
     pub resident_window: Option<Duration>,
     /// Also take far tasks out of the wheel between checkpoints, in the
-    /// background, once this many first attempts due beyond the horizon
+    /// background, once this many first attempts due beyond the far span ([`Config::far_span`])
     /// have been scheduled since they last were — or a quarter of the far
     /// tasks there are already, if that is more (so the overflow files this
     /// writes grow geometrically and stay few, while at most about a fifth

@@ -483,7 +483,8 @@ fn read_exact_at(file: &dyn StorageFile, buf: &mut [u8], offset: u64) -> io::Res
 /// task's key is not in memory: the entry is where it is read from). Two
 /// small reads; the payload is
 /// allocated only after its length is bounded by [`ENTRY_BYTES_MAX`] and the
-/// file's size.
+/// file's size. To read many entries of one file, open it once with
+/// [`EntryFile::open`].
 ///
 /// # Errors
 /// [`OverflowReadError::Corrupt`] if the bytes are not that task's entry;
@@ -495,46 +496,91 @@ pub fn read_entry(
     task_id: u64,
     key: Option<&[u8]>,
 ) -> Result<Entry, OverflowReadError> {
-    let io_err = |source| OverflowReadError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let corrupt = |reason: String| OverflowReadError::Corrupt {
-        path: path.to_path_buf(),
-        offset,
-        reason,
-    };
-    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
-    let len = file.len().map_err(io_err)?;
-    let mut fixed = [0u8; ENTRY_FIXED_BYTES];
-    if offset < HEADER_BYTES as u64
-        || !read_exact_at(file.as_ref(), &mut fixed, offset).map_err(io_err)?
-    {
-        return Err(corrupt("no entry at this offset".into()));
+    EntryFile::open(storage, path)?.read(offset, task_id, key)
+}
+
+/// An overflow file opened once to read entries at known offsets
+/// ([`read_entry`] for each, without an open, a size query and a close per
+/// entry: a batch of cancels of far tasks reads many entries of few files).
+/// The size is taken at open: files are written once, before anything
+/// refers to them.
+pub struct EntryFile {
+    file: Box<dyn StorageFile>,
+    len: u64,
+    path: PathBuf,
+}
+
+impl EntryFile {
+    /// Opens the file at `path` for reading and takes its size.
+    ///
+    /// # Errors
+    /// [`OverflowReadError::Io`].
+    pub fn open(storage: &dyn Storage, path: &Path) -> Result<EntryFile, OverflowReadError> {
+        let io_err = |source| OverflowReadError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+        let len = file.len().map_err(io_err)?;
+        Ok(EntryFile {
+            file,
+            len,
+            path: path.to_path_buf(),
+        })
     }
-    let entry_bytes = u32_at(&fixed, E_BYTES);
-    let total = E_ID as u64 + u64::from(entry_bytes);
-    if entry_bytes > ENTRY_BYTES_MAX || offset + total > len {
-        return Err(corrupt(format!(
-            "entry length {entry_bytes} runs past the file"
-        )));
+
+    /// [`read_entry`] of this file: the entry at `offset`, checked against
+    /// `task_id` and `key` (if given).
+    ///
+    /// # Errors
+    /// As [`read_entry`].
+    pub fn read(
+        &self,
+        offset: u64,
+        task_id: u64,
+        key: Option<&[u8]>,
+    ) -> Result<Entry, OverflowReadError> {
+        let path = &self.path;
+        let io_err = |source| OverflowReadError::Io {
+            path: path.clone(),
+            source,
+        };
+        let corrupt = |reason: String| OverflowReadError::Corrupt {
+            path: path.clone(),
+            offset,
+            reason,
+        };
+        let file = self.file.as_ref();
+        let mut fixed = [0u8; ENTRY_FIXED_BYTES];
+        if offset < HEADER_BYTES as u64
+            || !read_exact_at(file, &mut fixed, offset).map_err(io_err)?
+        {
+            return Err(corrupt("no entry at this offset".into()));
+        }
+        let entry_bytes = u32_at(&fixed, E_BYTES);
+        let total = E_ID as u64 + u64::from(entry_bytes);
+        if entry_bytes > ENTRY_BYTES_MAX || offset.saturating_add(total) > self.len {
+            return Err(corrupt(format!(
+                "entry length {entry_bytes} runs past the file"
+            )));
+        }
+        let mut buf = vec![0u8; total as usize];
+        if !read_exact_at(file, &mut buf, offset).map_err(io_err)? {
+            return Err(corrupt("file ends inside the entry".into()));
+        }
+        let entry = match parse_entry(&buf).map_err(corrupt)? {
+            Some((e, _)) => e,
+            None => return Err(corrupt("file ends inside the entry".into())),
+        };
+        if entry.task_id != task_id || key.is_some_and(|k| *entry.key != *k) {
+            return Err(corrupt(format!(
+                "entry belongs to task {} (key {:?}), expected task {task_id}",
+                entry.task_id,
+                String::from_utf8_lossy(&entry.key)
+            )));
+        }
+        Ok(entry)
     }
-    let mut buf = vec![0u8; total as usize];
-    if !read_exact_at(file.as_ref(), &mut buf, offset).map_err(io_err)? {
-        return Err(corrupt("file ends inside the entry".into()));
-    }
-    let entry = match parse_entry(&buf).map_err(corrupt)? {
-        Some((e, _)) => e,
-        None => return Err(corrupt("file ends inside the entry".into())),
-    };
-    if entry.task_id != task_id || key.is_some_and(|k| *entry.key != *k) {
-        return Err(corrupt(format!(
-            "entry belongs to task {} (key {:?}), expected task {task_id}",
-            entry.task_id,
-            String::from_utf8_lossy(&entry.key)
-        )));
-    }
-    Ok(entry)
 }
 
 /// The due time of the entry at `offset` of the overflow file at `path`

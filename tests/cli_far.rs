@@ -282,7 +282,7 @@ fn verify_replays_far_tasks_reading_their_entries() -> TestResult {
             "checkpoint      {} at LSN 7: 2 live tasks, 3 far tasks, 0 dead letters; records above it replayed",
             ckpt.display()
         ),
-        "live tasks      4 (0 delivered, not acked; 1 far, beyond the horizon); 0 dead letters"
+        "live tasks      4 (0 delivered, not acked; 1 far, beyond the far span); 0 dead letters"
             .to_string(),
         "OK: every record checks".to_string(),
     ] {
@@ -431,7 +431,7 @@ fn inspect_counts_far_tasks_and_their_entries() -> TestResult {
     for line in [
         "2 live tasks, 3 far tasks, 0 dead letters (largest task id 6)",
         "tasks           4 live: 4 waiting, 0 in flight (delivered, unsettled); 0 dead letters",
-        "far             1 of the waiting (beyond the horizon: not in memory; key, due time and payload in overflow files)",
+        "far             1 of the waiting (beyond the far span: not in memory; key, due time and payload in overflow files)",
         "payloads        1 in memory (in the checkpoint or logged after it), 3 in overflow files",
         "  0000000000000002.ovf  ",
     ] {

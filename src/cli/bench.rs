@@ -17,10 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The horizon: tasks due within it belong in the timing wheel, tasks due
-/// beyond it in the overflow store (DESIGN.md's default, 18 days). The engine
-/// has no horizon yet — it keeps every task in the wheel — and will make this
-/// `Config::horizon`; the bench will then read it from the engine's config.
-const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * DAY_S);
+/// beyond it in the overflow store (`Config::horizon`'s default, 18 days).
+use kairos::config::HORIZON_DEFAULT;
 
 /// Seconds in a day.
 const DAY_S: u64 = 86_400;
@@ -135,9 +133,25 @@ pub struct BenchArgs {
     /// most half of --tasks (rounded up).
     #[arg(long, value_name = "N", default_value_t = 0)]
     log_tail: u32,
+    /// Tasks due within this window stay whole in the wheel's memory
+    /// (`Config::resident_window`); later ones within the horizon leave it
+    /// like far tasks. `off`: the whole horizon stays in memory.
+    #[arg(long, value_name = "D|off", default_value = "10m", value_parser = parse_window)]
+    resident_window: ResidentWindow,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
+}
+
+/// `--resident-window`: a duration, or `None` for `off`.
+#[derive(Debug, Clone, Copy)]
+struct ResidentWindow(Option<Duration>);
+
+fn parse_window(s: &str) -> Result<ResidentWindow, String> {
+    if s == "off" {
+        return Ok(ResidentWindow(None));
+    }
+    super::parse_duration(s).map(|d| ResidentWindow(Some(d)))
 }
 
 /// A share: a number in 0..=1.
@@ -163,6 +177,8 @@ struct Report {
     overflow_tasks: u64,
     /// The horizon used to tell them apart, days.
     horizon_days: u64,
+    /// `--resident-window`, ms; null for `off`.
+    resident_window_ms: Option<u64>,
     /// Payload of every task, bytes.
     payload_bytes: u32,
     /// Key of every task, bytes.
@@ -492,6 +508,7 @@ fn log_tail(
 fn config(args: &BenchArgs) -> Config {
     let mut config = Config::default();
     config.durability = args.durability.durability();
+    config.resident_window = args.resident_window.0;
     config.pending_tasks_max = config
         .pending_tasks_max
         .max(args.tasks as usize + args.log_tail as usize + 1);
@@ -615,6 +632,9 @@ pub struct ReopenArgs {
     /// `Config::pending_tasks_max`.
     #[arg(long, value_name = "N")]
     pending_tasks_max: usize,
+    /// `Config::resident_window`, as `kairos bench` takes it.
+    #[arg(long, value_name = "D|off", default_value = "10m", value_parser = parse_window)]
+    resident_window: ResidentWindow,
 }
 
 /// What a reopen cost, measured in a fresh process.
@@ -635,6 +655,7 @@ pub fn run_reopen(args: &ReopenArgs) -> anyhow::Result<Verdict> {
     let mut config = Config::default();
     config.durability = args.durability.durability();
     config.pending_tasks_max = args.pending_tasks_max;
+    config.resident_window = args.resident_window.0;
     let rss_before = rss_bytes("VmRSS:");
     let started = Instant::now();
     let engine = Engine::open(&args.dir, config)
@@ -670,7 +691,12 @@ fn reopen_in_child(args: &BenchArgs, dir: &Path) -> anyhow::Result<Reopened> {
         .arg("--durability")
         .arg(format!("{:?}", args.durability.mode).to_lowercase())
         .arg("--interval-ms")
-        .arg(args.durability.interval_ms.to_string());
+        .arg(args.durability.interval_ms.to_string())
+        .arg("--resident-window")
+        .arg(match args.resident_window.0 {
+            Some(d) => format!("{}ms", d.as_millis()),
+            None => "off".into(),
+        });
     let out = cmd.output().context("cannot run kairos bench-reopen")?;
     if !out.status.success() {
         bail!(
@@ -802,6 +828,7 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         wheel_tasks: m.wheel_tasks,
         overflow_tasks: m.overflow_tasks,
         horizon_days: HORIZON_DEFAULT.as_secs() / DAY_S,
+        resident_window_ms: args.resident_window.0.map(|d| d.as_millis() as u64),
         payload_bytes: args.payload_bytes,
         key_bytes: KEY_BYTES,
         durability: format!("{:?}", args.durability.mode).to_lowercase(),

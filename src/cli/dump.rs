@@ -59,7 +59,7 @@ newest that reads back whole:
 
   checkpoint 0000000000000123.ckpt at LSN 291: 40 live tasks, 1 dead letters
 
-If it holds far tasks (tasks beyond the horizon, whose key, due time and payload are only in \
+If it holds far tasks (tasks beyond the far span, whose key, due time and payload are only in \
 their overflow entry), the count names them (40 live tasks, 3 far tasks, 1 dead letters) and \
 one line per far task follows, by id: its id, the 64-bit hash of its key (SipHash-1-3 keyed by \
 the store id, 16 hex digits), and the number of the overflow file and the byte offset of its \

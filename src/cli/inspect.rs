@@ -53,7 +53,7 @@ DIR is an engine data directory (its log is DIR/wal) or a log directory itself. 
 
 - the checkpoint the engine's open would start from — the newest file in DIR/checkpoint that \
 reads back whole: its file, LSN, creation time, size in bytes, the live tasks (and of those, \
-how many payloads it places in overflow files), the far tasks (beyond the horizon: only their \
+how many payloads it places in overflow files), the far tasks (beyond the far span: only their \
 id, key hash and overflow entry are in the checkpoint) and dead letters it holds; every \
 checkpoint file present (an older one may be left beside the newest after a crash) and \
 leftover *.tmp files. The records above its LSN are replayed on its state; \
@@ -64,7 +64,7 @@ their live fraction;
 short by a crash, which the next open truncates: reported, not damage);
 - the pending tasks by state, replayed with the engine's own rules: waiting (for their first \
 delivery or their next attempt), in flight (delivered, not yet acked, retried, dead-lettered, \
-released or cancelled), and dead letters; of the waiting, those far (beyond the horizon: key, \
+released or cancelled), and dead letters; of the waiting, those far (beyond the far span: key, \
 due time and payload only in their overflow entry, read when a record after the checkpoint \
 names the task); and of the live tasks, those whose payload is in memory (the checkpoint \
 holds it, or a record after it does) and those whose payload is in an overflow file (far \
@@ -262,7 +262,7 @@ struct CheckpointSummary {
     tasks: usize,
     /// Of those, the tasks whose payload it places in an overflow file.
     payloads_in_overflow: usize,
-    /// Far tasks it holds (beyond the horizon: id, key hash and overflow entry only).
+    /// Far tasks it holds (beyond the far span: id, key hash and overflow entry only).
     far_tasks: usize,
     /// Dead letters it holds.
     dead_letters: usize,
@@ -324,7 +324,7 @@ struct TaskCounts {
     live: usize,
     /// Waiting for their first delivery or their next attempt (far tasks included).
     waiting: usize,
-    /// Of the waiting, far tasks: beyond the horizon when the checkpoint was written, their key,
+    /// Of the waiting, far tasks: beyond the far span when the checkpoint was written, their key,
     /// due time and payload only in their overflow entry, and no record after the checkpoint
     /// has named them.
     far: usize,
@@ -1294,7 +1294,7 @@ impl Inspection {
             }
         );
         println!(
-            "far             {} of the waiting (beyond the horizon: not in memory; key, due time \
+            "far             {} of the waiting (beyond the far span: not in memory; key, due time \
              and payload in overflow files)",
             t.far
         );

@@ -33,7 +33,7 @@ task's schedule, ids must increase, a key may be live only once).
 With a checkpoint (DIR/checkpoint), replay starts from the newest one that reads, as the \
 engine's open does, and every overflow file it refers to (DIR/overflow) is read whole and \
 checked: each task's payload entry must be there with the task's id and key, and each far \
-task's entry (a task beyond the horizon, whose key and payload are only in its overflow entry) \
+task's entry (a task beyond the far span, whose key and payload are only in its overflow entry) \
 with the task's id and a key whose hash is the one the checkpoint records. A record naming a \
 far task has its key and due time read from that entry.
 
@@ -78,7 +78,7 @@ pub(crate) struct Verification {
     torn_tail: Option<Torn>,
     /// Tasks live at the end of the log (far tasks included).
     live_tasks: usize,
-    /// Of those, far tasks (beyond the horizon: key, due time and payload only in their
+    /// Of those, far tasks (beyond the far span: key, due time and payload only in their
     /// overflow entry) that no record after the checkpoint touched.
     far_tasks: usize,
     /// Of those, delivered and not acked (in flight at the end of the log).
@@ -813,7 +813,7 @@ impl Verification {
             ),
         }
         let far = if self.far_tasks > 0 {
-            format!("; {} far, beyond the horizon", self.far_tasks)
+            format!("; {} far, beyond the far span", self.far_tasks)
         } else {
             String::new()
         };

@@ -162,15 +162,27 @@ impl Shared {
                 })
                 .collect()
         };
+        let mut wanted = wanted;
+        // In file order (a location's top bits are its file), each file
+        // opened once; a key named twice is read once (a failure is not
+        // retried).
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut open: Option<(u32, Result<overflow::EntryFile, String>)> = None;
         for (loc, id) in wanted {
-            // A key named twice: read once (a failure is not retried).
-            if reads.0.contains_key(&(loc, id)) {
-                continue;
-            }
             let (file, offset) = unpack_loc(loc);
-            let path = disk.overflow_dir().join(overflow::file_name(file));
-            let read = overflow::read_entry(disk.storage.as_ref(), &path, offset, id, None)
-                .map_err(|err| format!("cannot read far task {id}: {err}"));
+            if open.as_ref().is_none_or(|(f, _)| *f != file) {
+                let path = disk.overflow_dir().join(overflow::file_name(file));
+                let opened = overflow::EntryFile::open(disk.storage.as_ref(), &path)
+                    .map_err(|err| err.to_string());
+                open = Some((file, opened));
+            }
+            let read = match open.as_ref().map(|(_, f)| f) {
+                Some(Ok(f)) => f.read(offset, id, None).map_err(|err| err.to_string()),
+                Some(Err(err)) => Err(err.clone()),
+                None => continue,
+            }
+            .map_err(|err| format!("cannot read far task {id}: {err}"));
             reads.0.insert((loc, id), read);
         }
         reads

@@ -171,11 +171,11 @@ pub struct Stats {
     /// (ahead of their due time by the prefetcher, when received, or with a
     /// far task promoted or found within the payload window).
     pub payloads_read_back: u64,
-    /// Of `scheduled`: far tasks — due beyond [`Config::horizon`], out of
+    /// Of `scheduled`: far tasks — due beyond [`Config::far_span`], out of
     /// the wheel, 24 bytes of memory each, key and payload on disk.
     pub far: usize,
     /// Far tasks moved back into the wheel since open, by promotion or by a
-    /// cancel or reschedule finding them (those already within the horizon
+    /// cancel or reschedule finding them (those already within the far span
     /// at open are placed by the open itself and not counted).
     pub far_promoted: u64,
     /// The longest a checkpoint (background or explicit), or a move of far
@@ -259,7 +259,7 @@ struct Core {
     payloads_read_back: u64,
     /// The hash of far tasks' keys (keyed by the store id).
     hasher: KeyHasher,
-    /// Far tasks: due beyond the horizon, out of the slab and the wheel.
+    /// Far tasks: due beyond the far span (`Config::far_span`), out of the slab and the wheel.
     far: FarIndex,
     /// Per overflow file holding far tasks, where promotion stands.
     far_cursors: std::collections::BTreeMap<u32, far::FarCursor>,
@@ -267,7 +267,7 @@ struct Core {
     far_promoted: u64,
     /// The longest single hold of this lock by a checkpoint since open.
     checkpoint_hold_max: Duration,
-    /// First attempts due beyond the horizon scheduled since far tasks were
+    /// First attempts due beyond the far span scheduled since far tasks were
     /// last taken out of the wheel ([`Config::relocate_far_tasks`]).
     far_scheduled: u64,
     /// Memory of those `far_scheduled` tasks as
@@ -441,7 +441,7 @@ pub(crate) struct Shared {
     config: Config,
     clock: Arc<dyn Clock>,
     tick_ns: u128,
-    /// [`Config::horizon`] in ticks when far tasks are also moved between
+    /// [`Config::far_span`] in ticks when far tasks are also moved between
     /// checkpoints ([`Config::relocate_far_tasks`]; on disk only), so the
     /// schedule path counts them without a division.
     relocation_horizon_ticks: Option<u64>,
