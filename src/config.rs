@@ -54,8 +54,9 @@ pub const RESIDENT_WINDOW_DEFAULT: Duration = Duration::from_secs(600);
 /// Default [`Config::relocate_far_tasks`]: 2^20 (about a million).
 pub const RELOCATE_FAR_TASKS_DEFAULT: u64 = 1 << 20;
 
-/// Default [`Config::relocate_far_bytes`]: 256 MiB.
-pub const RELOCATE_FAR_BYTES_DEFAULT: u64 = 256 << 20;
+/// Default [`Config::relocate_far_bytes`]: 64 MiB (so at most about 128 MiB
+/// of far tasks wait whole in memory).
+pub const RELOCATE_FAR_BYTES_DEFAULT: u64 = 64 << 20;
 
 /// Default [`Config::payload_window`]: 1 minute.
 pub const PAYLOAD_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
@@ -262,7 +263,7 @@ pub struct Config {
     /// or millions of far tasks (a quarter of which start a move), a count
     /// alone would let gigabytes wait in memory. A producer that gets twice
     /// this far ahead of the move waits for the next one to start. Default
-    /// [`RELOCATE_FAR_BYTES_DEFAULT`] (256 MiB); at least 1.
+    /// [`RELOCATE_FAR_BYTES_DEFAULT`] (64 MiB); at least 1.
     pub relocate_far_bytes: u64,
     /// Run a background thread that reads payloads coming due (within
     /// `payload_window`) back into memory, so that receiving a task does not

@@ -919,7 +919,7 @@ impl Engine {
     /// returns; under `Interval`/`Buffered` it is written to the OS.
     ///
     /// Cost: O(1) (hash insert, wheel insert, one log append); with far
-    /// tasks ([`Config::horizon`]), plus one read of an overflow entry per
+    /// tasks ([`Config::far_span`]), plus one read of an overflow entry per
     /// far task whose key hash matches (almost always only the same key,
     /// which is then refused as `AlreadyExists`). A far task's entry that
     /// cannot be read poisons the engine (`Poisoned`).
@@ -970,7 +970,7 @@ impl Engine {
     /// Cancels the live task with `key`.
     ///
     /// Cost: O(1). A cancelled task's memory (entry, key, payload, wheel
-    /// node) is freed at once; a far task ([`Config::horizon`]) is found by
+    /// node) is freed at once; a far task ([`Config::far_span`]) is found by
     /// its key hash and one read of its overflow entry (before the engine's
     /// lock is taken), and its 24-byte far-index entry is given back when a
     /// checkpoint next rebuilds the index.
@@ -994,7 +994,7 @@ impl Engine {
     /// with `key` is live, schedules a new one (`payload` or empty).
     ///
     /// Cost: O(1) (index lookup, wheel remove + insert, one log append); a
-    /// far task ([`Config::horizon`]) is found by one read of its overflow
+    /// far task ([`Config::far_span`]) is found by one read of its overflow
     /// entry and put back in the wheel first.
     ///
     /// # Errors
