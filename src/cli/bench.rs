@@ -60,7 +60,9 @@ draws it, without its time scale (45 % within 30 minutes, 35 % within 7 days, 20
 days); with --far-fraction F, each task is due beyond the horizon (uniformly between 19 days and \
 1 year) with probability F, otherwise uniformly between 1 hour and 18 days. The horizon is 18 \
 days. Tasks due within it (wheel tasks) are scheduled first, then the tasks due beyond it \
-(overflow tasks), whatever the engine does with them. Every task with an odd index is \
+(overflow tasks), whatever the engine does with them: with the default --resident-window \
+(10m, Config::resident_window) every task due later than 10 minutes leaves the wheel's \
+memory like an overflow task, wheel task or not. Every task with an odd index is \
 cancelled.
 
 With --log-tail N, after the checkpoint N more tasks are scheduled (indices from --tasks on, \
@@ -89,13 +91,15 @@ tasks out of the wheel, encoding the state); checkpoint_longest_hold_ms the long
 hold: the longest a producer or the driver waited on it; checkpoint_hold_max_ms the same over \
 every checkpoint of the run, the background ones while scheduling and cancelling included.
   close_ms  the shutdown. recovery_ms  the reopen (Engine::open, replaying the log).
-  far_tasks_after_recovery  tasks out of the wheel after the reopen (due beyond the horizon when \
-the checkpoint was taken: 24 bytes of memory each). The growth per task while scheduling counts \
+  far_tasks_after_recovery  tasks out of the wheel after the reopen (due beyond the far span — \
+the resident window within the horizon, Config::far_span — when the checkpoint was taken: 24 \
+bytes of memory each). The growth per task while scheduling counts \
 those still waiting whole in the wheel (they leave it at a checkpoint, or once \
 Config::relocate_far_tasks of them, or Config::relocate_far_bytes of their memory, \
 are scheduled; a producer twice that far ahead of the move waits for the next one, which \
 lowers schedule_per_sec); ram_bytes_per_task_after_recovery with \
---far-fraction 1 is the figure per far task, with --far-fraction 0 per wheel task.
+--far-fraction 1 is the figure per far task, with --far-fraction 0 per wheel task (with the \
+default window, every --far-fraction task is due an hour or more out, so far too).
   recovered_pending  live tasks after the reopen; it must equal tasks - cancelled (+ N - N \
 with --log-tail N), otherwise the exit status is 1.
 
@@ -228,7 +232,7 @@ struct Report {
     payloads_on_disk: u64,
     /// After the reopen: payload bytes held in memory.
     payload_bytes_in_memory: u64,
-    /// After the reopen: far tasks — due beyond the horizon, out of the
+    /// After the reopen: far tasks — due beyond the far span, out of the
     /// wheel (`Stats::far`).
     far_tasks_after_recovery: u64,
     /// VmRSS growth over the reopen, per recovered task, bytes (the
@@ -646,7 +650,7 @@ struct Reopened {
     pending: u64,
     payloads_on_disk: u64,
     payload_bytes_in_memory: u64,
-    /// Far tasks (beyond the horizon, 24 B of memory each) after the open.
+    /// Far tasks (beyond the far span, 24 B of memory each) after the open.
     far: u64,
 }
 

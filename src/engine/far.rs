@@ -3,7 +3,7 @@
 //! promoting those coming within the horizon into the wheel.
 
 use super::{wall_ms, Core, Now, Shared};
-use crate::far::{pack_loc, unpack_loc, FarIndex};
+use crate::far::{pack_loc, unpack_loc, FarEntry, FarIndex};
 use crate::overflow;
 use crate::replay::LiveTask;
 use crate::task::{PayloadRef, Task, TaskId, TaskState};
@@ -12,6 +12,15 @@ use parking_lot::MutexGuard;
 
 /// Bytes read from an overflow file at a time by the promotion.
 const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Where a cancel found its task ([`Shared::locate_for_cancel`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Located {
+    /// In the slab (and the wheel or a queue, or held by a consumer).
+    Slot(u32),
+    /// A far task: its entry in the far index.
+    Far(FarEntry),
+}
 
 /// Overflow entries of far tasks read ahead without the engine's lock, by
 /// (packed location, task id): see [`Shared::read_far_candidates`].
@@ -204,6 +213,41 @@ impl Shared {
         match self.find_far(core, key, reads)? {
             None => Ok(None),
             Some((pos, entry)) => Ok(self.unfar(core, pos, entry, self.now())),
+        }
+    }
+
+    /// Where the live task with `key` is, for a cancel: its slab slot, or
+    /// — a far task — its far-index entry, left where it is (a cancel takes
+    /// it out of the far index directly, without putting it back in the
+    /// slab and the wheel first). Poisons the engine if a far task's entry
+    /// cannot be read (the cause is returned).
+    pub(super) fn locate_for_cancel(
+        &self,
+        core: &mut Core,
+        key: &[u8],
+        reads: &FarReads,
+    ) -> Result<Option<Located>, String> {
+        let tag = core.key_tag(key);
+        if let Some(slot) = core.find_slot(tag, key) {
+            return Ok(Some(Located::Slot(slot)));
+        }
+        match self.find_far(core, key, reads) {
+            Ok(found) => Ok(found.map(|(pos, _)| Located::Far(core.far.get(pos)))),
+            Err(cause) => {
+                self.poison_locked(core, cause.clone());
+                Err(cause)
+            }
+        }
+    }
+
+    /// Takes the far task `e` out of the far index, once its cancel is
+    /// logged: it is forgotten like a cancelled task in the slab (its
+    /// overflow entry is dead; the file goes when nothing refers to it).
+    pub(super) fn drop_far(&self, core: &mut Core, e: FarEntry) {
+        if let Some(pos) = core.far.find(e.hash, e.loc, e.id) {
+            core.far.remove(pos);
+            self.far_tasks
+                .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         }
     }
 

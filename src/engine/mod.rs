@@ -175,7 +175,7 @@ pub struct Stats {
     /// the wheel, 24 bytes of memory each, key and payload on disk.
     pub far: usize,
     /// Far tasks moved back into the wheel since open, by promotion or by a
-    /// cancel or reschedule finding them (those already within the far span
+    /// reschedule (or a duplicate-key check) finding them (those already within the far span
     /// at open are placed by the open itself and not counted).
     pub far_promoted: u64,
     /// The longest a checkpoint (background or explicit), or a move of far
@@ -972,8 +972,8 @@ impl Engine {
     /// Cost: O(1). A cancelled task's memory (entry, key, payload, wheel
     /// node) is freed at once; a far task ([`Config::far_span`]) is found by
     /// its key hash and one read of its overflow entry (before the engine's
-    /// lock is taken), and its 24-byte far-index entry is given back when a
-    /// checkpoint next rebuilds the index.
+    /// lock is taken) and taken out of the far index directly (its 24-byte
+    /// entry is given back when its shard is next rebuilt).
     ///
     /// # Errors
     /// `Closed`; `Poisoned` (the outcome is then unknown: the engine stopped
@@ -2229,10 +2229,23 @@ impl Shared {
             .map_err(|cause| CancelError::Poisoned { cause })?;
         core.check_open().map_err(status_to_cancel_error)?;
         let found = self
-            .locate_or_poison(&mut core, key, &reads)
+            .locate_for_cancel(&mut core, key, &reads)
             .map_err(|cause| CancelError::Poisoned { cause })?;
-        let Some(slot) = found else {
-            return self.not_found(core);
+        let slot = match found {
+            None => return self.not_found(core),
+            Some(far::Located::Slot(slot)) => slot,
+            Some(far::Located::Far(e)) => {
+                let ticket = self
+                    .log_ids(&mut core, RECORD_CANCEL, [TaskId(e.id)], |id| {
+                        Record::Cancel { id }
+                    })
+                    .map_err(|cause| CancelError::Poisoned { cause })?;
+                self.drop_far(&mut core, e);
+                drop(core);
+                self.wait_durable(ticket)
+                    .map_err(|cause| CancelError::Poisoned { cause })?;
+                return Ok(CancelOutcome::Cancelled { deliveries: 0 });
+            }
         };
         let (outcome, action) = Self::cancel_decision(&core, slot);
         let Some((id, outright)) = action else {
@@ -2261,36 +2274,53 @@ impl Shared {
             .map_err(|cause| CancelError::Poisoned { cause })?;
         core.check_open().map_err(status_to_cancel_error)?;
         let mut outcomes = Vec::with_capacity(keys.len());
-        let mut victims: SmallVec<[(u32, TaskId, bool); 1]> = SmallVec::new();
+        let mut victims: SmallVec<[(CancelVictim, TaskId); 1]> = SmallVec::new();
         // Only a multi-key call can name a key twice; a single cancel allocates nothing.
-        let mut seen: Option<HashSet<u32>> = (keys.len() > 1).then(HashSet::new);
+        // Task ids: unique across the slab and the far index.
+        let mut seen: Option<HashSet<u64>> = (keys.len() > 1).then(HashSet::new);
+        let mut first = |id: u64| seen.as_mut().is_none_or(|seen| seen.insert(id));
         for key in keys {
             let found = self
-                .locate_or_poison(&mut core, key, &reads)
+                .locate_for_cancel(&mut core, key, &reads)
                 .map_err(|cause| CancelError::Poisoned { cause })?;
             let outcome = match found {
                 None => CancelOutcome::NotFound,
-                // The same key twice in one call: the second finds it gone.
-                Some(slot) if seen.as_mut().is_some_and(|seen| !seen.insert(slot)) => {
-                    CancelOutcome::NotFound
-                }
-                Some(slot) => {
-                    let (outcome, action) = Self::cancel_decision(&core, slot);
-                    if let Some((id, outright)) = action {
-                        victims.push((slot, id, outright));
+                Some(far::Located::Slot(slot)) => {
+                    let id = core.tasks.get(slot).map_or(u64::MAX, |t| t.id.0);
+                    if first(id) {
+                        let (outcome, action) = Self::cancel_decision(&core, slot);
+                        if let Some((id, outright)) = action {
+                            victims.push((CancelVictim::Slot { slot, outright }, id));
+                        }
+                        outcome
+                    } else {
+                        // The same key twice in one call: the second finds it gone.
+                        CancelOutcome::NotFound
                     }
-                    outcome
+                }
+                Some(far::Located::Far(e)) => {
+                    if first(e.id) {
+                        victims.push((CancelVictim::Far(e), TaskId(e.id)));
+                        CancelOutcome::Cancelled { deliveries: 0 }
+                    } else {
+                        CancelOutcome::NotFound
+                    }
                 }
             };
             outcomes.push(outcome);
         }
-        let ids = victims.iter().map(|&(_, id, _)| id);
+        let ids = victims.iter().map(|&(_, id)| id);
         let ticket = self
             .log_ids(&mut core, RECORD_CANCEL, ids, |id| Record::Cancel { id })
             .map_err(|cause| CancelError::Poisoned { cause })?
             .or_else(|| Self::barrier_locked(&core));
-        for (slot, _, outright) in victims {
-            self.apply_cancel(&mut core, slot, outright);
+        for (victim, _) in victims {
+            match victim {
+                CancelVictim::Slot { slot, outright } => {
+                    self.apply_cancel(&mut core, slot, outright)
+                }
+                CancelVictim::Far(e) => self.drop_far(&mut core, e),
+            }
         }
         drop(core);
         self.wait_durable(ticket)
@@ -2586,4 +2616,14 @@ mod tests {
             assert_eq!(div_u128(n, d, Round::Up), up, "ceil {n} / {d}");
         }
     }
+}
+
+/// A task a `cancel_many` call cancels, once its record is logged.
+#[derive(Clone, Copy, Debug)]
+enum CancelVictim {
+    /// In the slab; `outright`: forgotten at once (else left `Abandoned`
+    /// to its holder).
+    Slot { slot: u32, outright: bool },
+    /// A far task: taken out of the far index.
+    Far(crate::far::FarEntry),
 }
