@@ -136,7 +136,7 @@ pub struct Checkpoint {
     pub tasks: Vec<(u64, LiveTask)>,
     /// Dead letters by id.
     pub dead: Vec<(u64, DeadTask)>,
-    /// Far tasks (due beyond the horizon when the checkpoint was written):
+    /// Far tasks (due beyond the far span when the checkpoint was written):
     /// no key in the checkpoint, only its hash and the overflow entry
     /// holding key, due time and payload.
     pub far: Vec<FarTask>,

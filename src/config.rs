@@ -208,7 +208,7 @@ pub struct Config {
     /// due time is still the task's) and memory keeps only 24 bytes (the
     /// key's hash, the task id and the entry's place; `crate::far`). They are
     /// read back sequentially and put in the wheel ("promoted") once their
-    /// due time is within the horizon from now, by the prefetcher (or, with
+    /// due time is within the far span ([`Config::far_span`]) from now, by the prefetcher (or, with
     /// [`Config::payload_prefetch`] off, by the driver thread), their due
     /// time then converted by the wall clock of that moment. Cancel,
     /// reschedule and duplicate-key checks find them by reading the entry
@@ -235,6 +235,11 @@ pub struct Config {
     /// behind a small entry). The price: a cancel or reschedule of such a
     /// task reads its entry from disk (the page cache, mostly), and
     /// scheduling it costs a write to an overflow file besides the log.
+    /// And while out of the wheel such a task follows wall-clock steps (its
+    /// due time is converted again when it is promoted), where one in the
+    /// wheel follows the monotonic clock: with the default, that is most
+    /// first attempts due more than ten minutes out, once a move has taken
+    /// them out (README, "Time").
     /// `None`: the whole horizon stays in memory. Used only when the
     /// horizon is set, and only where shorter than it; a window shorter
     /// than `payload_window` counts as `payload_window` (a task whose
@@ -304,7 +309,8 @@ impl Config {
     /// wheel, 24 bytes of memory each; see [`Config::horizon`]) and are
     /// promoted back once due within it. The horizon, or the resident
     /// window (at least the payload window) if shorter; `None` when the
-    /// horizon is `None` (no task goes far). O(1).
+    /// horizon is `None`. No task goes far without a payload window either
+    /// (nor in memory), whatever this returns. O(1).
     pub fn far_span(&self) -> Option<Duration> {
         let horizon = self.horizon?;
         Some(match self.resident_window {

@@ -1,4 +1,5 @@
-//! Far tasks: tasks due beyond the horizon (`Config::horizon`), kept out of
+//! Far tasks: tasks due beyond the far span (`Config::far_span`: the resident
+//! window within the horizon), kept out of
 //! the timing wheel and the task slab.
 //!
 //! A far task's key, due time and payload live in one entry of an overflow
@@ -8,11 +9,11 @@
 //! hashes; a hash match is confirmed by reading the entry from disk (the
 //! rare collision of two keys on one 64-bit hash is resolved there, as the
 //! issue and DESIGN.md's tombstone index allow). Once a far task's due time
-//! is within the horizon from now, the engine reads its overflow file
+//! is within the far span from now, the engine reads its overflow file
 //! sequentially and *promotes* it into the wheel (`engine/far.rs`).
 //!
 //! The hash must be the same after a restart (the checkpoint stores it, and
-//! open reads no overflow entry of a task still beyond the horizon), so it
+//! open reads no overflow entry of a task still beyond the far span), so it
 //! is SipHash-1-3 (Aumasson & Bernstein
 //! 2012, the keyed PRF hash tables use against flooding) keyed by the data
 //! directory's random store id rather than a per-process seed.

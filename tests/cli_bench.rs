@@ -104,12 +104,26 @@ fn small_run_with_far_tasks_and_payloads_reports_every_field() {
     assert_eq!(r["payload_bytes"], 200);
     let overflow = r["overflow_tasks"].as_u64().unwrap();
     assert!((1400..=1800).contains(&overflow), "{r}");
+    // Every task is due an hour or more out: beyond the default 10-minute
+    // resident window, all are far after the checkpoint.
+    assert_eq!(r["resident_window_ms"], 600_000);
+    assert_eq!(r["far_tasks_after_recovery"], 1000, "{r}");
     if cfg!(target_os = "linux") {
         // Both kinds were scheduled: each has a figure (its sign and size
         // at 2 000 tasks are allocator noise, so only presence is checked).
         assert!(r["ram_bytes_per_wheel_task"].as_f64().is_some(), "{r}");
         assert!(r["ram_bytes_per_overflow_task"].as_f64().is_some(), "{r}");
     }
+}
+
+#[test]
+fn resident_window_off_keeps_the_horizon_in_the_wheel() {
+    let r = small_bench(&["--far-fraction", "0", "--resident-window", "off"]);
+    assert!(r["resident_window_ms"].is_null(), "{r}");
+    assert_eq!(r["far_tasks_after_recovery"], 0, "{r}");
+    let r = small_bench(&["--far-fraction", "0", "--resident-window", "30m"]);
+    assert_eq!(r["resident_window_ms"], 1_800_000);
+    assert_eq!(r["far_tasks_after_recovery"], 1000, "{r}");
 }
 
 #[test]
@@ -183,6 +197,7 @@ fn bad_arguments_are_usage_errors() {
         &["bench", "--tasks", "0"],
         &["bench"],
         &["bench", "--tasks", "100", "--durability", "eventually"],
+        &["bench", "--tasks", "100", "--resident-window", "soon"],
     ] {
         let out = kairos(args);
         assert_eq!(

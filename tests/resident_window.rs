@@ -147,17 +147,16 @@ fn cancel_reschedule_and_duplicates_find_them_by_key_across_a_crash() -> TestRes
     );
     assert_eq!(e.cancel(b"week")?, CancelOutcome::NotFound);
     model.remove(b"week".as_slice());
-    // Sooner, into the resident window, payload kept from disk.
+    // Sooner, into the resident window, its (non-empty) payload kept from
+    // disk.
     let sooner = START_MS + 8 * MINUTE_MS;
     assert!(matches!(
-        e.reschedule(b"seventeen-days", at(sooner), None)?,
+        e.reschedule(b"week-b", at(sooner), None)?,
         RescheduleOutcome::Rescheduled(_)
     ));
-    let kept = model
-        .remove(b"seventeen-days".as_slice())
-        .ok_or("no seventeen-days")?
-        .1;
-    model.insert(b"seventeen-days".to_vec(), (sooner, kept));
+    let kept = model.remove(b"week-b".as_slice()).ok_or("no week-b")?.1;
+    assert!(!kept.is_empty());
+    model.insert(b"week-b".to_vec(), (sooner, kept));
     // Later, with a new payload.
     let later = START_MS + 9 * DAY_MS;
     e.reschedule(b"half-hour-b", at(later), Some(b"new"))?;
@@ -175,28 +174,51 @@ fn cancel_reschedule_and_duplicates_find_them_by_key_across_a_crash() -> TestRes
 
 #[test]
 fn the_window_is_bounded_by_the_payload_window_and_the_horizon() -> TestResult {
-    // (horizon, resident window, payload window) → far tasks of the eight,
-    // after a checkpoint at the start.
+    // (horizon, resident window, payload window) → the far span, and the
+    // far tasks of the eight after a checkpoint at the start.
     let minutes = |m: u64| Some(Duration::from_secs(60 * m));
-    for (horizon, resident, payload_window, far) in [
+    for (horizon, resident, payload_window, span, far) in [
         // The default: beyond 10 min.
-        (Some(HORIZON_DEFAULT), minutes(10), minutes(1), 6),
+        (
+            Some(HORIZON_DEFAULT),
+            minutes(10),
+            minutes(1),
+            minutes(10),
+            6,
+        ),
         // A window shorter than the payload window counts as the payload
         // window: beyond 6 min (the 5-minute task stays).
-        (Some(HORIZON_DEFAULT), minutes(2), minutes(6), 6),
+        (Some(HORIZON_DEFAULT), minutes(2), minutes(6), minutes(6), 6),
         // ... and a longer payload window keeps the half hours in memory.
-        (Some(HORIZON_DEFAULT), minutes(2), minutes(40), 4),
+        (
+            Some(HORIZON_DEFAULT),
+            minutes(2),
+            minutes(40),
+            minutes(40),
+            4,
+        ),
         // No window: the horizon alone, beyond 18 days.
-        (Some(HORIZON_DEFAULT), None, minutes(1), 1),
+        (
+            Some(HORIZON_DEFAULT),
+            None,
+            minutes(1),
+            Some(HORIZON_DEFAULT),
+            1,
+        ),
         // A horizon shorter than the window rules: beyond 2 min.
-        (minutes(2), minutes(10), minutes(1), 7),
+        (minutes(2), minutes(10), minutes(1), minutes(2), 7),
         // No horizon: nothing goes far.
-        (None, minutes(10), minutes(1), 0),
+        (None, minutes(10), minutes(1), None, 0),
     ] {
         let mut c = cfg();
         c.horizon = horizon;
         c.resident_window = resident;
         c.payload_window = payload_window;
+        assert_eq!(
+            c.far_span(),
+            span,
+            "{horizon:?} {resident:?} {payload_window:?}"
+        );
         let h = SimHarness::new(6, c)?;
         for (key, due, payload) in tasks() {
             h.engine().schedule(&key, at(due), &payload)?;
@@ -208,5 +230,57 @@ fn the_window_is_bounded_by_the_payload_window_and_the_horizon() -> TestResult {
             "{horizon:?} {resident:?} {payload_window:?}"
         );
     }
+    Ok(())
+}
+
+/// A far task is promoted once due within the far span — with a window
+/// shorter than the payload window, the payload window: 40 minutes ahead
+/// here, not 2.
+#[test]
+fn promotion_leads_by_the_payload_window_when_the_window_is_shorter() -> TestResult {
+    let mut c = cfg();
+    c.resident_window = Some(Duration::from_secs(2 * 60));
+    c.payload_window = Some(Duration::from_secs(40 * 60));
+    let h = SimHarness::new(7, c)?;
+    let due = START_MS + 60 * MINUTE_MS;
+    h.engine().schedule(b"hour", at(due), b"p")?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 1);
+    // 25 minutes on, due in 35: within the 40-minute span, promoted.
+    let got = h.advance(Duration::from_millis(25 * MINUTE_MS))?;
+    assert!(got.is_empty());
+    let stats = h.engine().stats();
+    assert_eq!((stats.far, stats.far_promoted, stats.pending), (0, 1, 1));
+    let mut model: TaskMap = BTreeMap::new();
+    model.insert(b"hour".to_vec(), (due, b"p".to_vec()));
+    assert_eq!(fire(&h, &model)?, model);
+    Ok(())
+}
+
+/// Pins down the clock a task follows (README, "Time"): in the wheel, the
+/// monotonic clock; out of it (far), the wall clock, its due time converted
+/// again when promoted. With the default window a task due in 30 minutes
+/// is far once a checkpoint has moved it, so a wall step back of an hour
+/// delays it; with the whole horizon resident it fires after its 30
+/// monotonic minutes.
+#[test]
+fn a_wall_step_back_delays_a_task_only_once_it_is_far() -> TestResult {
+    let mut seen = Vec::new();
+    for resident in [None, Some(RESIDENT_WINDOW_DEFAULT)] {
+        let mut c = cfg();
+        c.resident_window = resident;
+        let h = SimHarness::new(8, c)?;
+        h.engine()
+            .schedule(b"order-1", at(START_MS + 30 * MINUTE_MS), b"cancel order 1")?;
+        h.engine().checkpoint()?;
+        let far = h.engine().stats().far;
+        h.clock.step_wall(-60 * MINUTE_MS as i64);
+        let got = h.advance(Duration::from_millis(31 * MINUTE_MS))?;
+        seen.push((resident, far, got.len()));
+    }
+    assert_eq!(
+        seen,
+        vec![(None, 0, 1), (Some(RESIDENT_WINDOW_DEFAULT), 1, 0)]
+    );
     Ok(())
 }

@@ -939,6 +939,16 @@ fn print_table(r: &Report) {
         ),
     );
     row(
+        "resident window",
+        match r.resident_window_ms {
+            Some(ms) => format!(
+                "{} s: tasks due later leave the wheel's memory (far)",
+                ms / 1000
+            ),
+            None => "off: the whole horizon stays in the wheel's memory".into(),
+        },
+    );
+    row(
         "schedule",
         format!(
             "{} ({} tasks, {:.1} ms inside schedule_many)",

@@ -364,7 +364,7 @@ impl Shared {
     }
 
     /// Counts a task just placed in the wheel toward
-    /// [`crate::Config::relocate_far_tasks`] if it is due beyond the horizon
+    /// [`crate::Config::relocate_far_tasks`] if it is due beyond the far span
     /// (a far task in the making; `bytes`: its key and payload), and wakes
     /// the checkpointer once there are enough: as many as the setting, or a
     /// quarter of the far tasks there are already if more, or
@@ -411,7 +411,7 @@ impl Shared {
     /// asked for, and twice what starts one
     /// ([`crate::Config::relocate_far_tasks`], a quarter of the far tasks,
     /// [`crate::Config::relocate_far_bytes`]) has been scheduled beyond the
-    /// horizon since the last one started, a schedule waits until the next
+    /// far span since the last one started, a schedule waits until the next
     /// one starts (which takes all of them) — as LSM stores stall writes
     /// when compaction falls behind. Without it, a producer faster than the
     /// move keeps millions of far tasks whole in memory, and a checkpoint
@@ -627,7 +627,7 @@ struct Move {
     len: u32,
     from: From,
     /// The task leaves the wheel as a far task (a first attempt due beyond
-    /// the horizon when chosen).
+    /// the far span when chosen).
     far: bool,
 }
 
@@ -835,7 +835,7 @@ impl Shared {
     /// Moves what a checkpoint takes out of memory, and compacts the victim
     /// files, before the state is encoded. What moves: payloads in memory
     /// of waiting tasks due after the payload window, waiting first
-    /// attempts due beyond the horizon (far tasks: key and payload leave
+    /// attempts due beyond the far span (far tasks: key and payload leave
     /// memory, and the task the slab, the index and the wheel), and the
     /// live entries of `victims`. Chosen one lock hold at a time (a range
     /// of slots, or a piece of a victim file, per hold), copied into one
@@ -947,7 +947,7 @@ impl Shared {
                     if task.state != TaskState::Scheduled || task.due_ms <= window_end {
                         continue;
                     }
-                    // Beyond the horizon, a first attempt leaves the wheel:
+                    // Beyond the far span, a first attempt leaves the wheel:
                     // its key goes to disk with its payload, even an empty one.
                     let far =
                         horizon_end.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
@@ -1170,7 +1170,7 @@ impl Shared {
     /// piece at a time; each piece's keys are hashed before the lock is
     /// taken, once per piece. A far task's entry is copied forward as it
     /// is; a wheel task's payload moves with it (and the task goes far when
-    /// it is a waiting first attempt beyond the horizon).
+    /// it is a waiting first attempt beyond the far span).
     ///
     /// # Errors
     /// [`CheckpointError::Overflow`] with `Corrupt` if the file is damaged
@@ -1259,7 +1259,7 @@ impl Shared {
                     continue;
                 }
                 // Copied forward with its file: far at its new place when
-                // it is a waiting first attempt beyond the horizon.
+                // it is a waiting first attempt beyond the far span.
                 let far = task.state == TaskState::Scheduled
                     && task.deliveries == 0
                     && task.due_ms == due_ms
@@ -1345,7 +1345,7 @@ fn note_earliest(earliest: &mut Earliest, file: u32, due_ms: u64) {
 
 /// Files that gained far tasks are read by the promotion from their start
 /// again (a task that became far in place may sit before where it stopped),
-/// once the earliest of them comes within the horizon.
+/// once the earliest of them comes within the far span.
 fn reset_far_cursors(shared: &Shared, core: &mut Core, earliest: Earliest) {
     if earliest.is_empty() {
         return;

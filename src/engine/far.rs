@@ -1,6 +1,6 @@
 //! Far tasks in the engine (`crate::far`): finding one by key (its hash in
 //! memory, its key on disk), turning one back into an ordinary task, and
-//! promoting those coming within the horizon into the wheel.
+//! promoting those coming within the far span into the wheel.
 
 use super::{wall_ms, Core, Now, Shared};
 use crate::far::{pack_loc, unpack_loc, FarEntry, FarIndex};
@@ -359,7 +359,7 @@ impl Shared {
         self.driver_cv.notify_all();
     }
 
-    /// At open: takes out of `far` the far tasks due within the horizon
+    /// At open: takes out of `far` the far tasks due within the far span
     /// (every file read sequentially up to the first entry beyond it), as
     /// live tasks to place with the others — the overdue ones join the
     /// catch-up backlog in due order. Without a horizon (far tasks turned
@@ -453,7 +453,7 @@ impl Shared {
 
     /// The wall time (UTC ms) before which nothing needs promoting, if any
     /// far task waits: the earliest next due time of the files' cursors,
-    /// less the horizon.
+    /// less the far span.
     pub(super) fn next_promotion_ms(&self, core: &Core) -> Option<u64> {
         let horizon_ms = self.config.far_span()?.as_millis() as u64;
         if core.stop || core.check_open().is_err() {
@@ -465,9 +465,9 @@ impl Shared {
             .min()
     }
 
-    /// Promotes every far task due within the horizon from now into the
+    /// Promotes every far task due within the far span from now into the
     /// wheel: reads each overflow file holding far tasks sequentially from
-    /// where it stopped, up to the first entry beyond the horizon, without
+    /// where it stopped, up to the first entry beyond the far span, without
     /// the lock; then, under it, moves the tasks still far (not cancelled or
     /// rescheduled meanwhile) into the wheel in (due time, id) order across
     /// files — the order an open would place them in. Takes and returns the
@@ -579,7 +579,7 @@ impl Shared {
                             c.far_cursors.remove(&file);
                             if left > 0 {
                                 // Read to its end (every entry read was due
-                                // within the horizon and is promoted now),
+                                // within the far span and is promoted now),
                                 // yet far tasks said to be in it are not.
                                 missing.get_or_insert(missing_far_tasks(file, left));
                             }

@@ -239,7 +239,7 @@ struct Core {
     /// reading, even within one tick (catch-up tokens are earned in ns).
     processed_ns: u128,
     /// The wall reading (ns since the epoch) of that same look: a forward
-    /// wall step can bring far tasks within the horizon, so
+    /// wall step can bring far tasks within the far span, so
     /// `run_until_idle` waits for a pass after it too.
     processed_wall_ns: i128,
     /// Log bytes appended since the last checkpoint (record bodies and
@@ -2567,6 +2567,16 @@ fn div_u128(n: u128, d: u128, round: Round) -> u128 {
     }
 }
 
+/// A task a `cancel_many` call cancels, once its record is logged.
+#[derive(Clone, Copy, Debug)]
+enum CancelVictim {
+    /// In the slab; `outright`: forgotten at once (else left `Abandoned`
+    /// to its holder).
+    Slot { slot: u32, outright: bool },
+    /// A far task: taken out of the far index.
+    Far(crate::far::FarEntry),
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -2616,14 +2626,4 @@ mod tests {
             assert_eq!(div_u128(n, d, Round::Up), up, "ceil {n} / {d}");
         }
     }
-}
-
-/// A task a `cancel_many` call cancels, once its record is logged.
-#[derive(Clone, Copy, Debug)]
-enum CancelVictim {
-    /// In the slab; `outright`: forgotten at once (else left `Abandoned`
-    /// to its holder).
-    Slot { slot: u32, outright: bool },
-    /// A far task: taken out of the far index.
-    Far(crate::far::FarEntry),
 }
