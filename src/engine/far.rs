@@ -244,7 +244,10 @@ impl Shared {
     /// logged: it is forgotten like a cancelled task in the slab (its
     /// overflow entry is dead; the file goes when nothing refers to it).
     pub(super) fn drop_far(&self, core: &mut Core, e: FarEntry) {
-        if let Some(pos) = core.far.find(e.hash, e.loc, e.id) {
+        let pos = core.far.find(e.hash, e.loc, e.id);
+        // Found under the same hold of the lock that logged the cancel.
+        debug_assert!(pos.is_some(), "cancelled far task {} not found", e.id);
+        if let Some(pos) = pos {
             core.far.remove(pos);
             self.far_tasks
                 .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);

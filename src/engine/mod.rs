@@ -175,7 +175,7 @@ pub struct Stats {
     /// the wheel, 24 bytes of memory each, key and payload on disk.
     pub far: usize,
     /// Far tasks moved back into the wheel since open, by promotion or by a
-    /// reschedule (or a duplicate-key check) finding them (those already within the far span
+    /// reschedule finding them (those already within the far span
     /// at open are placed by the open itself and not counted).
     pub far_promoted: u64,
     /// The longest a checkpoint (background or explicit), or a move of far
@@ -2286,7 +2286,11 @@ impl Shared {
             let outcome = match found {
                 None => CancelOutcome::NotFound,
                 Some(far::Located::Slot(slot)) => {
-                    let id = core.tasks.get(slot).map_or(u64::MAX, |t| t.id.0);
+                    // `find_slot` gives only slots holding a task with the key.
+                    let Some(id) = core.tasks.get(slot).map(|t| t.id.0) else {
+                        outcomes.push(CancelOutcome::NotFound);
+                        continue;
+                    };
                     if first(id) {
                         let (outcome, action) = Self::cancel_decision(&core, slot);
                         if let Some((id, outright)) = action {
