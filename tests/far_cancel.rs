@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::far::{at, cfg, due, key, HOUR, MINUTE};
-use common::gate::{Gate, GateStorage};
-use common::{SimHarness, Stop, TestResult, START_MS};
-use kairos::{CancelError, CancelOutcome, Engine, ManualClock, RescheduleOutcome};
+use common::far::{at, cfg, due, gated, key, poisoned, schedule_far, Gated, HOUR, MINUTE};
+use common::{SimHarness, Stop, TestResult};
+use kairos::{CancelError, CancelOutcome, Engine, RescheduleOutcome};
 use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan, Storage};
 use kairos_wal::SimStorage;
 use std::collections::BTreeSet;
@@ -19,20 +18,6 @@ use std::time::Duration;
 
 const C0: CancelOutcome = CancelOutcome::Cancelled { deliveries: 0 };
 const NF: CancelOutcome = CancelOutcome::NotFound;
-
-fn schedule_far(engine: &Engine, n: usize) -> TestResult {
-    for i in 0..n {
-        engine.schedule(&key(i), at(due(i)), format!("payload {i}").as_bytes())?;
-    }
-    Ok(())
-}
-
-fn poisoned(engine: &Engine) -> Option<String> {
-    match engine.cancel(b"probe: no such key") {
-        Err(CancelError::Poisoned { cause }) => Some(cause),
-        _ => None,
-    }
-}
 
 fn overflow_files_of(sim: &SimStorage, dir: &std::path::Path) -> TestResult<Vec<PathBuf>> {
     let dir = dir.join("overflow");
@@ -266,33 +251,6 @@ fn a_far_cancel_whose_sync_fails_is_not_durable() -> TestResult {
     h.start()?;
     assert_eq!(h.engine().stats().far, 5);
     Ok(())
-}
-
-struct Gated {
-    sim: SimStorage,
-    gate: Arc<Gate>,
-    clock: ManualClock,
-    dir: PathBuf,
-    engine: Engine,
-}
-
-fn gated(seed: u64) -> TestResult<Gated> {
-    let sim = SimStorage::new(seed);
-    let gate = Arc::new(Gate::default());
-    let storage = GateStorage {
-        inner: sim.clone(),
-        gate: Arc::clone(&gate),
-    };
-    let clock = ManualClock::new(START_MS);
-    let dir = PathBuf::from("/kairos");
-    let engine = Engine::open_with(&dir, cfg(), Arc::new(storage), Arc::new(clock.clone()))?;
-    Ok(Gated {
-        sim,
-        gate,
-        clock,
-        dir,
-        engine,
-    })
 }
 
 /// A cancel_many stopped in its read-ahead of overflow file 1 (no lock

@@ -6,7 +6,10 @@
 
 mod common;
 
-use common::far::{at, cfg, checkpoint_then_maybe_crash, due, fire_all, key, HOUR, MINUTE};
+use common::far::{
+    at, cfg, checkpoint_then_maybe_crash, due, fire_all, gated, key, poisoned, schedule_far, Gated,
+    HOUR, MINUTE,
+};
 
 use common::gate::{Gate, GateStorage};
 use common::{config, SimHarness, Stop, TestResult, START_MS};
@@ -17,22 +20,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn schedule_far(engine: &Engine, n: usize) -> TestResult {
-    for i in 0..n {
-        engine.schedule(&key(i), at(due(i)), format!("payload {i}").as_bytes())?;
-    }
-    Ok(())
-}
-
-/// The engine's poison cause, if it is poisoned (asked with a cancel of a key
-/// no task has: harmless otherwise).
-fn poisoned(engine: &Engine) -> Option<String> {
-    match engine.cancel(b"probe: no such key") {
-        Err(CancelError::Poisoned { cause }) => Some(cause),
-        _ => None,
-    }
-}
 
 /// The overflow files of the harness's directory.
 fn overflow_files(h: &SimHarness) -> TestResult<Vec<PathBuf>> {
@@ -326,35 +313,6 @@ fn a_damaged_entry_where_a_large_promotion_pauses_is_reported() -> TestResult {
         h.engine().stats()
     );
     Ok(())
-}
-
-/// An engine on simulated storage behind a [`Gate`], with a manual clock.
-struct Gated {
-    sim: SimStorage,
-    gate: Arc<Gate>,
-    clock: ManualClock,
-    dir: PathBuf,
-    engine: Engine,
-}
-
-/// Opens a [`Gated`] engine on a fresh disk from `seed` with [`cfg`].
-fn gated(seed: u64) -> TestResult<Gated> {
-    let sim = SimStorage::new(seed);
-    let gate = Arc::new(Gate::default());
-    let storage = GateStorage {
-        inner: sim.clone(),
-        gate: Arc::clone(&gate),
-    };
-    let clock = ManualClock::new(START_MS);
-    let dir = PathBuf::from("/kairos");
-    let engine = Engine::open_with(&dir, cfg(), Arc::new(storage), Arc::new(clock.clone()))?;
-    Ok(Gated {
-        sim,
-        gate,
-        clock,
-        dir,
-        engine,
-    })
 }
 
 /// An engine on `storage` (a [`GateStorage`] or a plain [`SimStorage`]).

@@ -2,8 +2,12 @@
 //! payload window (tasks due 2 h out go far at a checkpoint), keys and due
 //! times by index.
 
+use super::gate::{Gate, GateStorage};
 use super::{config, TaskMap, TestResult, START_MS};
-use kairos::{Config, Due, Durability, Engine, ManualClock};
+use kairos::{CancelError, Config, Due, Durability, Engine, ManualClock};
+use kairos_wal::SimStorage;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// One minute.
@@ -83,4 +87,50 @@ pub fn checkpoint_then_maybe_crash(
     let e = reopen()?;
     assert_eq!(e.stats().pending, expected, "{:?}", e.stats());
     Ok(e)
+}
+
+/// An engine on simulated storage behind a [`Gate`], with a manual clock.
+pub struct Gated {
+    pub sim: SimStorage,
+    pub gate: Arc<Gate>,
+    pub clock: ManualClock,
+    pub dir: PathBuf,
+    pub engine: Engine,
+}
+
+/// Opens a [`Gated`] engine on a fresh disk from `seed` with [`cfg`].
+pub fn gated(seed: u64) -> TestResult<Gated> {
+    let sim = SimStorage::new(seed);
+    let gate = Arc::new(Gate::default());
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let clock = ManualClock::new(START_MS);
+    let dir = PathBuf::from("/kairos");
+    let engine = Engine::open_with(&dir, cfg(), Arc::new(storage), Arc::new(clock.clone()))?;
+    Ok(Gated {
+        sim,
+        gate,
+        clock,
+        dir,
+        engine,
+    })
+}
+
+/// Schedules tasks `0..n` at [`due`] with the payload `payload {i}`.
+pub fn schedule_far(engine: &Engine, n: usize) -> TestResult {
+    for i in 0..n {
+        engine.schedule(&key(i), at(due(i)), format!("payload {i}").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The engine's poison cause, if it is poisoned (asked with a cancel of a key
+/// no task has: harmless otherwise).
+pub fn poisoned(engine: &Engine) -> Option<String> {
+    match engine.cancel(b"probe: no such key") {
+        Err(CancelError::Poisoned { cause }) => Some(cause),
+        _ => None,
+    }
 }
