@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::far::{at, cfg, due, key, HOUR, MINUTE};
+use common::far::{at, cfg, due, fire_one_minute, key, HOUR};
 
 use common::{config, wait_until, SimHarness, Stop, TestResult, START_MS};
 use kairos::{CancelOutcome, Durability, RescheduleOutcome, ScheduleError};
@@ -42,19 +42,7 @@ fn schedule(
 fn fire(h: &SimHarness, minutes: u64) -> TestResult<common::TaskMap> {
     let mut fired = BTreeMap::new();
     for _ in 0..minutes {
-        let before = h.clock.wall_ms();
-        for d in h.advance(MINUTE)? {
-            assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
-            assert!(
-                d.due_ms() > before,
-                "late: {:?} due {} fired after {before}",
-                d.key(),
-                d.due_ms()
-            );
-            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
-            assert!(again.is_none(), "delivered twice: {:?}", d.key());
-            h.engine().consumer().ack(&d)?;
-        }
+        fire_one_minute(h, &mut fired)?;
     }
     Ok(fired)
 }

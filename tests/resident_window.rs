@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::far::fire_one_minute;
 use common::{config, SimHarness, Stop, TaskMap, TestResult, START_MS};
 use kairos::config::{HORIZON_DEFAULT, PAYLOAD_WINDOW_DEFAULT, RESIDENT_WINDOW_DEFAULT};
 use kairos::{CancelOutcome, Config, Due, Durability, RescheduleOutcome, ScheduleError};
@@ -82,14 +83,7 @@ fn fire(h: &SimHarness, model: &TaskMap) -> TestResult<TaskMap> {
             assert!(got.is_empty(), "fired during a jump: {:?}", got[0].key());
         }
         while h.clock.wall_ms() <= due {
-            let before = h.clock.wall_ms();
-            for d in h.advance(Duration::from_millis(MINUTE_MS))? {
-                assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
-                assert!(d.due_ms() > before, "late: {:?}", d.key());
-                let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
-                assert!(again.is_none(), "delivered twice: {:?}", d.key());
-                h.engine().consumer().ack(&d)?;
-            }
+            fire_one_minute(h, &mut fired)?;
         }
     }
     Ok(fired)

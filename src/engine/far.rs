@@ -180,19 +180,21 @@ impl Shared {
         let mut open: Option<(u32, Result<overflow::EntryFile, String>)> = None;
         for (loc, id) in wanted {
             let (file, offset) = unpack_loc(loc);
-            if open.as_ref().is_none_or(|(f, _)| *f != file) {
-                let path = disk.overflow_dir().join(overflow::file_name(file));
-                let opened = overflow::EntryFile::open(disk.storage.as_ref(), &path)
-                    .map_err(|err| err.to_string());
-                open = Some((file, opened));
-            }
-            let read = match open.as_ref().map(|(_, f)| f) {
-                Some(Ok(f)) => f.read(offset, id, None).map_err(|err| err.to_string()),
-                Some(Err(err)) => Err(err.clone()),
-                None => continue,
+            let opened = match open.take() {
+                Some((f, opened)) if f == file => opened,
+                _ => {
+                    let path = disk.overflow_dir().join(overflow::file_name(file));
+                    overflow::EntryFile::open(disk.storage.as_ref(), &path)
+                        .map_err(|err| err.to_string())
+                }
+            };
+            let read = match &opened {
+                Ok(f) => f.read(offset, id, None).map_err(|err| err.to_string()),
+                Err(err) => Err(err.clone()),
             }
             .map_err(|err| format!("cannot read far task {id}: {err}"));
             reads.0.insert((loc, id), read);
+            open = Some((file, opened));
         }
         reads
     }

@@ -134,3 +134,23 @@ pub fn poisoned(engine: &Engine) -> Option<String> {
         _ => None,
     }
 }
+
+/// Advances `h`'s clock by a minute, acking every delivery: each must be
+/// due within that minute (not early, not late) and delivered once
+/// (recorded in `fired`: key → due time, payload).
+pub fn fire_one_minute(h: &super::SimHarness, fired: &mut TaskMap) -> TestResult {
+    let before = h.clock.wall_ms();
+    for d in h.advance(MINUTE)? {
+        assert!(d.fired_ms() >= d.due_ms(), "early: {:?}", d.key());
+        assert!(
+            d.due_ms() > before,
+            "late: {:?} due {} fired after {before}",
+            d.key(),
+            d.due_ms()
+        );
+        let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+        assert!(again.is_none(), "delivered twice: {:?}", d.key());
+        h.engine().consumer().ack(&d)?;
+    }
+    Ok(())
+}
