@@ -85,36 +85,58 @@ const SHARDS: usize = 1 << SHARD_BITS;
 /// See [`SHARDS`].
 const SHARD_BITS: u32 = 8;
 
-/// A shard's tail is merged into its sorted array once it holds more
-/// entries than the array and more than this many (so that small shards do
-/// not merge at every insert).
-const TAIL_MERGE_MIN: usize = 256;
+/// Entries per block of a shard's sorted part: 2048 × 24 B = 48 KiB, under
+/// glibc's smallest mmap threshold (128 KiB), so that blocks come from the
+/// heap and a block freed by one merge is reused as it is by the next.
+const BLOCK: usize = 1 << BLOCK_BITS;
+/// See [`BLOCK`].
+const BLOCK_BITS: u32 = 11;
 
-/// A shard with at least this many entries is rebuilt once removed entries
-/// are more than half of them (their memory given back).
+/// A shard's tail is merged into its sorted part once it holds more than
+/// `1/TAIL_FRACTION` of the sorted part and more than [`TAIL_MERGE_MIN`]
+/// entries (so that small shards do not merge at every insert).
+const TAIL_FRACTION: usize = 8;
+/// See [`TAIL_FRACTION`].
+const TAIL_MERGE_MIN: usize = 64;
+
+/// A shard holding at least this many entries is rebuilt once removed
+/// entries are more than `1/SHRINK_FRACTION` of them (their memory given
+/// back).
 const SHRINK_MIN: usize = 64;
+/// See [`SHRINK_MIN`].
+const SHRINK_FRACTION: usize = 4;
 
 /// The far tasks: [`FarEntry`]s in 256 shards by the top 8 bits of the
-/// hash, each a flat array sorted by hash with a directory of the first
-/// entry of each range of hashes — a static hash table at 100 % load (about
-/// 25 bytes per task in all, where a SwissTable of the same entries would
-/// take 27–54 depending on where its power-of-two growth stands).
+/// hash, each an array sorted by hash with a directory of the first entry
+/// of each range of hashes — a static hash table at 100 % load (about 25
+/// bytes per task in all, where a SwissTable of the same entries would take
+/// 27–54 depending on where its power-of-two growth stands).
 ///
 /// Lookup is O(1) expected: the top bits of the hash pick a shard, the next
 /// ones a directory bucket of about 4 entries (`BUCKET_ENTRIES`), scanned in
 /// order (hashes are uniform: SipHash under a secret key). Removal leaves a
-/// tombstone (id 0); a shard is rebuilt once tombstones are more than half
-/// of it. Entries are added in bulk — [`FarIndex::build`] at open
+/// tombstone (id 0); a shard is rebuilt once tombstones are more than a
+/// quarter of it. Entries are added in bulk — [`FarIndex::build`] at open
 /// (O(n log n)), [`FarIndex::add`] (a merge, O(n + m log m)) — or one at a
 /// time, [`FarIndex::insert`]: O(1) into its shard's unsorted tail with a
-/// hash table of positions (~30 B per entry there), merged into the shard's
-/// array once the tail outgrows it (a sort of the tail and a merge: amortised
-/// O(log n) per insert). Sharding
-/// keeps every rebuild and merge to 1/256 of the index: a checkpoint takes
-/// tasks out of the wheel one lock hold at a time, each findable by key as
-/// soon as it leaves, and no hold may grow with the whole index. At most
-/// `u32::MAX` entries per shard, and `usize::MAX >> 8` (2^24 on 32-bit
-/// targets) — the engine's task limit is 2^31.
+/// hash table of positions (~35 B per entry there), merged into the shard's
+/// sorted part once the tail holds more than an eighth of it (a sort of the
+/// tail and a merge: amortised O(log n) per insert). Sharding keeps every
+/// rebuild and merge to 1/256 of the index: a checkpoint takes tasks out of
+/// the wheel one lock hold at a time, each findable by key as soon as it
+/// leaves, and no hold may grow with the whole index.
+///
+/// Memory follows the live entries while they are being inserted and
+/// removed, not only after a rebuild: a shard's sorted part is stored in
+/// fixed blocks of 2048 entries (`BLOCK`; only its last block is shorter,
+/// allocated to its length), and a merge frees each old block as soon as it
+/// has read it, so it holds at most two blocks more than its result, and
+/// the allocator reuses every block it is given back (one size) instead of
+/// leaving holes between arrays of ever-changing sizes. Inserting 20 M
+/// entries one at a time then held ~26–29 B per entry, against 30–46 B
+/// (and up to 80 B of RSS after removing half) with one array per shard.
+/// At most `u32::MAX` entries per shard, and `usize::MAX >> 8` (2^24 on
+/// 32-bit targets) — the engine's task limit is 2^31.
 #[derive(Debug)]
 pub struct FarIndex {
     shards: Box<[Shard]>,
@@ -123,21 +145,26 @@ pub struct FarIndex {
     per_file: std::collections::BTreeMap<u32, u64>,
 }
 
-/// One shard of a [`FarIndex`].
+/// One shard of a [`FarIndex`]. Its entries are numbered: the sorted part
+/// `0..sorted`, then the tail `sorted..sorted + tail.len()`.
 #[derive(Debug, Default)]
 struct Shard {
-    /// The sorted part (`..sorted`), then the tail in insertion order.
-    entries: Vec<FarEntry>,
+    /// The sorted part, by (hash, id), in blocks of [`BLOCK`] entries; the
+    /// last block may be shorter.
+    blocks: Vec<Box<[FarEntry]>>,
     /// Length of the sorted part.
     sorted: usize,
-    /// Positions (in `entries`) of the tail's entries, by hash.
-    tail: hashbrown::HashTable<u32>,
+    /// Entries inserted one at a time since the last merge, in insertion
+    /// order. Its capacity is kept across merges (it is needed again).
+    tail: Vec<FarEntry>,
+    /// Positions (in `tail`) of the tail's entries, by hash.
+    tail_index: hashbrown::HashTable<u32>,
     /// `dir[b]` = index of the first sorted entry whose hash's `bits` bits
     /// after the shard's are ≥ `b`; `2^bits + 1` entries (empty while the
     /// sorted part is).
     dir: Vec<u32>,
     bits: u32,
-    /// Live entries.
+    /// Live entries, in both parts.
     live: usize,
 }
 
@@ -174,49 +201,147 @@ fn tail_hash(hash: u64) -> u64 {
     hash.rotate_right(SHARD_BITS)
 }
 
+/// Writes a sorted part block by block: every block but the last holds
+/// [`BLOCK`] entries; each is allocated for `min(BLOCK, expected left)`
+/// entries, so a shard smaller than a block takes no more than it holds
+/// (a wrong `expected` costs a reallocation, never a wrong layout).
+struct BlockWriter {
+    blocks: Vec<Box<[FarEntry]>>,
+    current: Vec<FarEntry>,
+    written: usize,
+    expected: usize,
+}
+
+impl BlockWriter {
+    fn new(expected: usize) -> BlockWriter {
+        BlockWriter {
+            blocks: Vec::with_capacity(expected.div_ceil(BLOCK)),
+            current: Vec::new(),
+            written: 0,
+            expected,
+        }
+    }
+
+    fn push(&mut self, e: FarEntry) {
+        if self.current.capacity() == 0 {
+            let left = self.expected.saturating_sub(self.written).clamp(1, BLOCK);
+            self.current.reserve_exact(left);
+        }
+        self.current.push(e);
+        self.written += 1;
+        if self.current.len() == BLOCK {
+            self.blocks
+                .push(std::mem::take(&mut self.current).into_boxed_slice());
+        }
+    }
+
+    /// The blocks and the number of entries.
+    fn finish(mut self) -> (Vec<Box<[FarEntry]>>, usize) {
+        if !self.current.is_empty() {
+            self.blocks.push(self.current.into_boxed_slice());
+        }
+        (self.blocks, self.written)
+    }
+}
+
 impl Shard {
-    /// A shard of `entries`, sorted by (hash, id), all live.
-    fn from_sorted(entries: Vec<FarEntry>) -> Shard {
-        let n = entries.len();
-        let bits = if n < 2 * BUCKET_ENTRIES {
+    /// A shard of `entries`, sorted by (hash, id), all live; `expected` is
+    /// how many there are (a hint for the blocks' sizes).
+    fn from_sorted(entries: impl IntoIterator<Item = FarEntry>, expected: usize) -> Shard {
+        let mut out = BlockWriter::new(expected);
+        for e in entries {
+            out.push(e);
+        }
+        let (blocks, n) = out.finish();
+        let mut shard = Shard {
+            blocks,
+            sorted: n,
+            live: n,
+            ..Shard::default()
+        };
+        shard.build_dir();
+        shard
+    }
+
+    /// Rebuilds the directory of the sorted part.
+    fn build_dir(&mut self) {
+        let n = self.sorted;
+        self.bits = if n < 2 * BUCKET_ENTRIES {
             0
         } else {
             (n / BUCKET_ENTRIES).ilog2()
         };
-        let mut dir = Vec::new();
+        self.dir = Vec::new();
         if n > 0 {
-            dir.reserve_exact((1usize << bits) + 1);
+            self.dir.reserve_exact((1usize << self.bits) + 1);
             let mut i = 0usize;
-            for b in 0..(1u64 << bits) {
-                while i < n && bucket(entries[i].hash, bits) < b {
+            for b in 0..(1u64 << self.bits) {
+                while i < n && bucket(self.sorted_entry(i).hash, self.bits) < b {
                     i += 1;
                 }
-                dir.push(i as u32);
+                self.dir.push(i as u32);
             }
-            dir.push(n as u32);
-        }
-        Shard {
-            entries,
-            sorted: n,
-            tail: hashbrown::HashTable::new(),
-            dir,
-            bits,
-            live: n,
+            self.dir.push(n as u32);
         }
     }
 
-    /// Merges `new` (live entries of this shard) and the tail into the
-    /// sorted part, dropping tombstones. O(n + m log m).
+    /// Sorted entry `at` (`at < sorted`).
+    fn sorted_entry(&self, at: usize) -> &FarEntry {
+        &self.blocks[at >> BLOCK_BITS][at & (BLOCK - 1)]
+    }
+
+    /// Entry `at` of the shard, in either part.
+    fn entry(&self, at: usize) -> Option<&FarEntry> {
+        if at < self.sorted {
+            Some(self.sorted_entry(at))
+        } else {
+            self.tail.get(at - self.sorted)
+        }
+    }
+
+    fn entry_mut(&mut self, at: usize) -> Option<&mut FarEntry> {
+        if at < self.sorted {
+            self.blocks
+                .get_mut(at >> BLOCK_BITS)?
+                .get_mut(at & (BLOCK - 1))
+        } else {
+            self.tail.get_mut(at - self.sorted)
+        }
+    }
+
+    /// Entries held, live or not.
+    fn held(&self) -> usize {
+        self.sorted + self.tail.len()
+    }
+
+    /// Every entry held (tombstones too), sorted part first.
+    fn entries(&self) -> impl Iterator<Item = &FarEntry> {
+        self.blocks
+            .iter()
+            .flat_map(|b| b.iter())
+            .chain(self.tail.iter())
+    }
+
+    /// Merges `new` (live entries of this shard, already counted in
+    /// `live`) and the tail into the sorted part, dropping tombstones.
+    /// O(n + m log m); each old block is freed once read, so the merge
+    /// holds at most two blocks more than its result.
     fn merge(&mut self, mut new: Vec<FarEntry>) {
-        let mut old = std::mem::take(&mut self.entries);
-        new.extend(
-            old.drain(self.sorted.min(old.len())..)
-                .filter(|e| e.id != 0),
-        );
+        new.extend(self.tail.drain(..).filter(|e| e.id != 0));
+        self.tail_index.clear();
+        if self.tail.capacity() > 2 * (self.live / TAIL_FRACTION).max(TAIL_MERGE_MIN) {
+            // The shard shrank: do not keep a tail sized for what it was.
+            self.tail.shrink_to(self.live / TAIL_FRACTION);
+            self.tail_index.shrink_to(0, |_| 0);
+        }
         new.sort_unstable_by_key(|e| (e.hash, e.id));
-        let mut merged = Vec::with_capacity(self.live);
-        let mut old = old.into_iter().filter(|e| e.id != 0).peekable();
+        let mut old = std::mem::take(&mut self.blocks)
+            .into_iter()
+            .flat_map(|b| b.into_vec())
+            .filter(|e| e.id != 0)
+            .peekable();
         let mut new = new.into_iter().peekable();
+        let mut out = BlockWriter::new(self.live);
         loop {
             let take_old = match (old.peek(), new.peek()) {
                 (Some(a), Some(b)) => (a.hash, a.id) <= (b.hash, b.id),
@@ -224,11 +349,15 @@ impl Shard {
                 (None, Some(_)) => false,
                 (None, None) => break,
             };
-            let next = if take_old { old.next() } else { new.next() };
-            merged.extend(next);
+            if let Some(e) = if take_old { old.next() } else { new.next() } {
+                out.push(e);
+            }
         }
-        merged.shrink_to_fit();
-        *self = Shard::from_sorted(merged);
+        let (blocks, n) = out.finish();
+        self.blocks = blocks;
+        self.sorted = n;
+        self.live = n;
+        self.build_dir();
     }
 
     fn candidates(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
@@ -239,17 +368,21 @@ impl Shard {
             self.dir[b] as usize..self.dir[b + 1] as usize
         };
         range
-            .chain(self.tail.iter_hash(tail_hash(hash)).map(|&p| p as usize))
-            .filter(move |&p| {
-                let e = &self.entries[p];
-                e.hash == hash && e.id != 0
-            })
+            .chain(
+                self.tail_index
+                    .iter_hash(tail_hash(hash))
+                    .map(|&p| self.sorted + p as usize),
+            )
+            .filter(move |&p| self.entry(p).is_some_and(|e| e.hash == hash && e.id != 0))
     }
 
     fn memory_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<FarEntry>()
+        let entry = std::mem::size_of::<FarEntry>();
+        self.blocks.iter().map(|b| b.len() * entry).sum::<usize>()
+            + self.blocks.capacity() * std::mem::size_of::<Box<[FarEntry]>>()
+            + self.tail.capacity() * entry
             + self.dir.capacity() * 4
-            + self.tail.capacity() * 5
+            + self.tail_index.capacity() * 5
     }
 }
 
@@ -269,17 +402,17 @@ impl FarIndex {
         for e in &entries {
             *index.per_file.entry(e.file()).or_insert(0) += 1;
         }
-        // Sorted by hash, so each shard's entries are one run: split off
-        // from the back, the array giving its memory back as it goes (a
-        // shrinking reallocation of a large block is done in place), so the
-        // index is not held twice.
+        // Sorted by hash, so each shard's entries are one run: copied into
+        // the shard's blocks from the back, the array giving its memory
+        // back as it goes (a shrinking reallocation of a large block is
+        // done in place), so the index is not held twice.
         for s in (0..SHARDS).rev() {
             let start = entries.partition_point(|e| shard_of(e.hash) < s);
-            let run = entries.split_off(start);
+            let run = entries.len() - start;
+            index.shards[s] = Shard::from_sorted(entries.drain(start..), run);
             if s % 16 == 0 {
                 entries.shrink_to_fit();
             }
-            index.shards[s] = Shard::from_sorted(run);
         }
         index
     }
@@ -295,7 +428,7 @@ impl FarIndex {
             by_shard[shard_of(e.hash)].push(e);
         }
         for (shard, new) in self.shards.iter_mut().zip(by_shard) {
-            if !new.is_empty() || !shard.tail.is_empty() || shard.live < shard.entries.len() {
+            if !new.is_empty() || !shard.tail.is_empty() || shard.live < shard.held() {
                 shard.live += new.len();
                 shard.merge(new);
             }
@@ -303,26 +436,29 @@ impl FarIndex {
     }
 
     /// Adds one entry (its id must not be 0 and not be in the index
-    /// already): into its shard's tail, merged into the shard's sorted array
-    /// once it holds more than the array (amortised O(log n)). Positions
-    /// given before an insert are not valid after it (a merge reorders).
+    /// already): into its shard's tail, merged into the shard's sorted part
+    /// once it holds more than an eighth of it (amortised O(log n)).
+    /// Positions given before an insert are not valid after it (a merge
+    /// reorders).
     pub fn insert(&mut self, entry: FarEntry) {
         if entry.id == 0 {
             return;
         }
         let shard = &mut self.shards[shard_of(entry.hash)];
-        let Ok(at) = u32::try_from(shard.entries.len()) else {
+        let Ok(at) = u32::try_from(shard.tail.len()) else {
             // Not reachable under the engine's task limit; stays correct.
             self.add(vec![entry]);
             return;
         };
-        shard.entries.push(entry);
-        let entries = &shard.entries;
-        shard.tail.insert_unique(tail_hash(entry.hash), at, |&p| {
-            tail_hash(entries[p as usize].hash)
-        });
+        shard.tail.push(entry);
+        let tail = &shard.tail;
+        shard
+            .tail_index
+            .insert_unique(tail_hash(entry.hash), at, |&p| {
+                tail_hash(tail[p as usize].hash)
+            });
         shard.live += 1;
-        if shard.tail.len() > shard.sorted.max(TAIL_MERGE_MIN) {
+        if shard.tail.len() > (shard.sorted / TAIL_FRACTION).max(TAIL_MERGE_MIN) {
             shard.merge(Vec::new());
         }
         self.live += 1;
@@ -351,8 +487,7 @@ impl FarIndex {
     pub fn find_by_place(&self, loc: u64, id: u64) -> Option<usize> {
         self.shards.iter().enumerate().find_map(|(s, shard)| {
             shard
-                .entries
-                .iter()
+                .entries()
                 .position(|e| e.loc == loc && e.id == id)
                 .map(|at| position(s, at))
         })
@@ -365,24 +500,28 @@ impl FarIndex {
     /// If `pos` is not a position the index gave (a caller's bug).
     pub fn get(&self, pos: usize) -> FarEntry {
         let (s, at) = unposition(pos);
-        self.shards[s].entries[at]
+        match self.shards[s].entry(at) {
+            Some(e) => *e,
+            None => panic!("far index position {pos} was not given by the index"),
+        }
     }
 
     /// Removes the entry at `pos` (a tombstone until its shard is rebuilt,
-    /// which happens once tombstones are more than half of it); returns it,
-    /// or `None` if it was removed already. Positions given before a
-    /// removal are not valid after it.
+    /// which happens once tombstones are more than a quarter of it);
+    /// returns it, or `None` if it was removed already. Positions given
+    /// before a removal are not valid after it.
     pub fn remove(&mut self, pos: usize) -> Option<FarEntry> {
         let (s, at) = unposition(pos);
         let shard = self.shards.get_mut(s)?;
-        let e = shard.entries.get_mut(at)?;
+        let e = shard.entry_mut(at)?;
         if e.id == 0 {
             return None;
         }
         let out = *e;
         e.id = 0;
         shard.live -= 1;
-        if shard.entries.len() >= SHRINK_MIN && shard.live * 2 < shard.entries.len() {
+        let held = shard.held();
+        if held >= SHRINK_MIN && (held - shard.live) * SHRINK_FRACTION > held {
             shard.merge(Vec::new());
         }
         self.live -= 1;
@@ -409,7 +548,7 @@ impl FarIndex {
     pub fn iter(&self) -> impl Iterator<Item = &FarEntry> {
         self.shards
             .iter()
-            .flat_map(|s| s.entries.iter())
+            .flat_map(|s| s.entries())
             .filter(|e| e.id != 0)
     }
 
@@ -426,9 +565,12 @@ impl FarIndex {
     /// Takes every entry out (live ones and tombstones), leaving the index
     /// empty — for a rebuild.
     pub fn take_entries(&mut self) -> Vec<FarEntry> {
-        let mut out = Vec::with_capacity(self.shards.iter().map(|s| s.entries.len()).sum());
+        let mut out = Vec::with_capacity(self.shards.iter().map(Shard::held).sum());
         for shard in self.shards.iter_mut() {
-            out.append(&mut shard.entries);
+            for block in std::mem::take(&mut shard.blocks) {
+                out.extend_from_slice(&block);
+            }
+            out.append(&mut shard.tail);
         }
         *self = FarIndex::default();
         out
@@ -494,7 +636,7 @@ mod tests {
         assert_eq!(rebuilt.iter().count(), 5_000);
         assert!(
             rebuilt.memory_bytes()
-                <= 5_000 * 24 + 5_000 + SHARDS * (std::mem::size_of::<Shard>() + 8)
+                <= 5_000 * 24 + 5_000 + SHARDS * (std::mem::size_of::<Shard>() + 16 + 8)
         );
         rebuilt.check();
     }
@@ -507,8 +649,15 @@ mod tests {
             let mut live = 0;
             let mut per_file = std::collections::BTreeMap::new();
             for (s, shard) in self.shards.iter().enumerate() {
-                assert!(shard.entries.iter().all(|e| shard_of(e.hash) == s));
-                let sorted = &shard.entries[..shard.sorted];
+                assert!(shard.entries().all(|e| shard_of(e.hash) == s));
+                // Every block but the last is full; the sorted part is
+                // sorted and its directory right.
+                let lens: Vec<usize> = shard.blocks.iter().map(|b| b.len()).collect();
+                assert_eq!(lens.iter().sum::<usize>(), shard.sorted);
+                if let Some((_, full)) = lens.split_last() {
+                    assert!(full.iter().all(|&n| n == BLOCK));
+                }
+                let sorted: Vec<FarEntry> = shard.entries().take(shard.sorted).copied().collect();
                 assert!(sorted
                     .windows(2)
                     .all(|w| (w[0].hash, w[0].id) <= (w[1].hash, w[1].id)));
@@ -516,13 +665,14 @@ mod tests {
                     let b = bucket(e.hash, shard.bits) as usize;
                     assert!((shard.dir[b] as usize..shard.dir[b + 1] as usize).contains(&at));
                 }
-                assert_eq!(shard.tail.len(), shard.entries.len() - shard.sorted);
-                assert!(shard.tail.len() <= shard.sorted.max(TAIL_MERGE_MIN));
-                let shard_live = shard.entries.iter().filter(|e| e.id != 0).count();
+                assert_eq!(shard.tail_index.len(), shard.tail.len());
+                assert!(shard.tail.len() <= (shard.sorted / TAIL_FRACTION).max(TAIL_MERGE_MIN));
+                let shard_live = shard.entries().filter(|e| e.id != 0).count();
                 assert_eq!(shard.live, shard_live);
-                assert!(shard.entries.len() < SHRINK_MIN || shard_live * 2 >= shard.entries.len());
+                let held = shard.held();
+                assert!(held < SHRINK_MIN || (held - shard_live) * SHRINK_FRACTION <= held);
                 live += shard_live;
-                for e in shard.entries.iter().filter(|e| e.id != 0) {
+                for e in shard.entries().filter(|e| e.id != 0) {
                     *per_file.entry(e.file()).or_insert(0u64) += 1;
                 }
             }
@@ -603,19 +753,20 @@ mod tests {
         let mut index = FarIndex::default();
         let in_shard_0 = (1..).map(|i: u64| (i, hasher.hash(&i.to_le_bytes())));
         let mut shard0 = in_shard_0.filter(|&(_, h)| shard_of(h) == 0);
-        for (id, h) in shard0.by_ref().take(200) {
+        for (id, h) in shard0.by_ref().take(TAIL_MERGE_MIN) {
             index.insert(entry(h, id));
         }
-        assert_eq!(index.shards[0].tail.len(), 200);
+        assert_eq!(index.shards[0].tail.len(), TAIL_MERGE_MIN);
         let mut visited = 0;
         for (_, h) in shard0.take(1_000) {
-            visited += index.shards[0].tail.iter_hash(tail_hash(h)).count();
+            visited += index.shards[0].tail_index.iter_hash(tail_hash(h)).count();
         }
         // hashbrown's 7-bit tags let about 1 in 128 entries of a probed
-        // group through (~0.15 per lookup here); with the shard's top byte
-        // as the tag every entry of a group did (14 per lookup).
+        // group through (well under 0.2 per lookup here); with the shard's
+        // top byte as the tag every entry of a group did (about 14 per
+        // lookup with 200 in the tail, 7 with 64).
         assert!(
-            visited < 400,
+            visited < 300,
             "{visited} tail entries visited in 1 000 absent lookups"
         );
     }
@@ -653,7 +804,7 @@ mod tests {
             shrinking.remove(pos);
         }
         shrinking.add(Vec::new());
-        let held: usize = shrinking.shards.iter().map(|s| s.entries.len()).sum();
+        let held: usize = shrinking.shards.iter().map(Shard::held).sum();
         assert_eq!((shrinking.len(), held), (40, 40));
         shrinking.check();
         assert_eq!(index.iter().count(), expected.len());
