@@ -618,8 +618,9 @@ struct Move {
     /// Offset of its entry in the victim file it comes from (not used for
     /// [`From::Memory`]).
     src_offset: u64,
-    /// Its offset in the new file, once written (`None`: not written).
-    offset: Option<u64>,
+    /// Its offset in the new file, once written ([`NOT_WRITTEN`]: not
+    /// written; see [`Move::written`]).
+    offset: u64,
     /// The task's slab slot (not used for a far task's entry).
     slot: u32,
     /// Key and payload bytes when chosen: only sizes the pieces the file is
@@ -629,6 +630,21 @@ struct Move {
     /// The task leaves the wheel as a far task (a first attempt due beyond
     /// the far span when chosen).
     far: bool,
+}
+
+/// [`Move::offset`] of an entry not written (no entry of an overflow file
+/// starts there: files are far smaller than 2^64 bytes).
+const NOT_WRITTEN: u64 = u64::MAX;
+
+// Held by the million while a checkpoint compacts (see
+// `VICTIM_ENTRIES_PER_MOVE`): kept to 64 bytes.
+const _: () = assert!(std::mem::size_of::<Move>() <= 64);
+
+impl Move {
+    /// Its offset in the new file, if written.
+    fn written(&self) -> Option<u64> {
+        (self.offset != NOT_WRITTEN).then_some(self.offset)
+    }
 }
 
 /// Where a moved entry's key and payload come from.
@@ -664,8 +680,10 @@ struct Victim {
 /// Live entries of compaction victims one move copies at most (besides
 /// what leaves memory): a checkpoint compacting more splits them into
 /// several moves, each writing its own file, so the [`Move`]s held at once
-/// stay within about 300 MB (a single larger victim is still one move).
-const VICTIM_ENTRIES_PER_MOVE: u64 = 1 << 22;
+/// stay within about 64 MB (a single larger victim is still one move).
+/// At 4 M (~300 MB) this was a quarter of the peak RSS of a 20 M-task
+/// `kairos bench` run, reached while its checkpoint compacted.
+const VICTIM_ENTRIES_PER_MOVE: u64 = 1 << 20;
 
 /// `victims` in groups of at most [`VICTIM_ENTRIES_PER_MOVE`] live entries
 /// (a larger victim alone in its group); at least one group, maybe empty.
@@ -959,7 +977,7 @@ impl Shared {
                                 id: task.id.0,
                                 hash: 0,
                                 src_offset: 0,
-                                offset: None,
+                                offset: NOT_WRITTEN,
                                 slot,
                                 len: u32::try_from(len).unwrap_or(u32::MAX),
                                 from: From::Memory,
@@ -1078,7 +1096,7 @@ impl Shared {
                     (None, None) => continue,
                 };
                 last = Some((m.due_ms, m.id));
-                m.offset = Some(writer.push(m.id, m.due_ms, key, payload));
+                m.offset = writer.push(m.id, m.due_ms, key, payload);
             }
             drop(core);
             // Written as it is built: the file's bytes are never whole in
@@ -1110,7 +1128,7 @@ impl Shared {
             let end = piece_end(&moves, start);
             piece.clear();
             for m in &mut moves[start..end] {
-                let Some(offset) = m.offset else {
+                let Some(offset) = m.written() else {
                     piece.spans.push(None);
                     continue;
                 };
@@ -1132,7 +1150,7 @@ impl Shared {
             let mut earliest = Earliest::new();
             let mut live = 0u64;
             for (i, m) in moves[start..end].iter().enumerate() {
-                let (Some(offset), Some((key, payload))) = (m.offset, piece.get(i)) else {
+                let (Some(offset), Some((key, payload))) = (m.written(), piece.get(i)) else {
                     continue;
                 };
                 let source = m
@@ -1236,7 +1254,7 @@ impl Shared {
                     id,
                     hash,
                     src_offset: offset,
-                    offset: None,
+                    offset: NOT_WRITTEN,
                     slot,
                     len,
                     from,

@@ -18,8 +18,9 @@ const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
 pub(super) enum Located {
     /// In the slab (and the wheel or a queue, or held by a consumer).
     Slot(u32),
-    /// A far task: its entry in the far index.
-    Far(FarEntry),
+    /// A far task: its entry in the far index, and the entry's position
+    /// there when found (valid until the index next changes).
+    Far { pos: usize, entry: FarEntry },
 }
 
 /// Overflow entries of far tasks read ahead without the engine's lock, by
@@ -234,7 +235,10 @@ impl Shared {
             return Ok(Some(Located::Slot(slot)));
         }
         match self.find_far(core, key, reads) {
-            Ok(found) => Ok(found.map(|(pos, _)| Located::Far(core.far.get(pos)))),
+            Ok(found) => Ok(found.map(|(pos, _)| Located::Far {
+                pos,
+                entry: core.far.get(pos),
+            })),
             Err(cause) => {
                 self.poison_locked(core, cause.clone());
                 Err(cause)
@@ -245,8 +249,15 @@ impl Shared {
     /// Takes the far task `e` out of the far index, once its cancel is
     /// logged: it is forgotten like a cancelled task in the slab (its
     /// overflow entry is dead; the file goes when nothing refers to it).
-    pub(super) fn drop_far(&self, core: &mut Core, e: FarEntry) {
-        let pos = core.far.find(e.hash, e.loc, e.id);
+    /// `pos` is where [`Shared::locate_for_cancel`] found it: still right
+    /// unless the index changed since (another cancel of the same call may
+    /// have rebuilt its shard), in which case it is looked up again.
+    pub(super) fn drop_far(&self, core: &mut Core, pos: usize, e: FarEntry) {
+        let pos = if core.far.entry_at(pos) == Some(e) {
+            Some(pos)
+        } else {
+            core.far.find(e.hash, e.loc, e.id)
+        };
         // Found under the same hold of the lock that logged the cancel.
         debug_assert!(pos.is_some(), "cancelled far task {} not found", e.id);
         if let Some(pos) = pos {

@@ -2234,13 +2234,13 @@ impl Shared {
         let slot = match found {
             None => return self.not_found(core),
             Some(far::Located::Slot(slot)) => slot,
-            Some(far::Located::Far(e)) => {
+            Some(far::Located::Far { pos, entry: e }) => {
                 let ticket = self
                     .log_ids(&mut core, RECORD_CANCEL, [TaskId(e.id)], |id| {
                         Record::Cancel { id }
                     })
                     .map_err(|cause| CancelError::Poisoned { cause })?;
-                self.drop_far(&mut core, e);
+                self.drop_far(&mut core, pos, e);
                 drop(core);
                 self.wait_durable(ticket)
                     .map_err(|cause| CancelError::Poisoned { cause })?;
@@ -2302,9 +2302,9 @@ impl Shared {
                         CancelOutcome::NotFound
                     }
                 }
-                Some(far::Located::Far(e)) => {
+                Some(far::Located::Far { pos, entry: e }) => {
                     if first(e.id) {
-                        victims.push((CancelVictim::Far(e), TaskId(e.id)));
+                        victims.push((CancelVictim::Far { pos, entry: e }, TaskId(e.id)));
                         CancelOutcome::Cancelled { deliveries: 0 }
                     } else {
                         CancelOutcome::NotFound
@@ -2323,7 +2323,7 @@ impl Shared {
                 CancelVictim::Slot { slot, outright } => {
                     self.apply_cancel(&mut core, slot, outright)
                 }
-                CancelVictim::Far(e) => self.drop_far(&mut core, e),
+                CancelVictim::Far { pos, entry } => self.drop_far(&mut core, pos, entry),
             }
         }
         drop(core);
@@ -2577,8 +2577,11 @@ enum CancelVictim {
     /// In the slab; `outright`: forgotten at once (else left `Abandoned`
     /// to its holder).
     Slot { slot: u32, outright: bool },
-    /// A far task: taken out of the far index.
-    Far(crate::far::FarEntry),
+    /// A far task: taken out of the far index (`pos`: where it was found).
+    Far {
+        pos: usize,
+        entry: crate::far::FarEntry,
+    },
 }
 
 #[cfg(test)]
