@@ -55,8 +55,11 @@ const NEXT_CHECKPOINT_NAME: &str = "next.ckpt";
 
 /// Overflow files kept at most (besides those about to be deleted): beyond
 /// it, a checkpoint merges the smallest into its new file (or files, when
-/// they hold more than 4 Mi live entries).
-pub const OVERFLOW_FILES_MAX: usize = 8;
+/// they hold more than 1 Mi live entries). Far tasks leave memory in moves
+/// of `relocate_far_bytes` (64 MiB: ~600 k tasks), each its own file; at 8
+/// files, a 20 M-task burst had its checkpoints rewrite 13 M still-live
+/// entries to keep the count down, and producers waited for it.
+pub const OVERFLOW_FILES_MAX: usize = 32;
 
 /// What [`crate::Engine::checkpoint`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,8 +170,8 @@ impl Shared {
         // and made durable outside the lock, before the state is encoded.
         let victims = self.read_compaction_victims(disk, &mut holds)?;
         let mut payloads_moved = 0;
-        for (n, group) in victim_groups(victims).into_iter().enumerate() {
-            payloads_moved += self.relocate(disk, group, n == 0, &mut holds)?;
+        for group in victim_groups(victims) {
+            payloads_moved += self.relocate(disk, group, &mut holds)?;
         }
         // The checkpoint is written to `next.ckpt.tmp` as it is encoded
         // (under the lock: the state must be the one at `L`), then named
@@ -451,7 +454,7 @@ impl Shared {
             return Err(CheckpointError::InMemory);
         };
         let _book = self.checkpointing.lock();
-        self.relocate(disk, Vec::new(), true, &mut Holds::default())
+        self.relocate(disk, Vec::new(), &mut Holds::default())
     }
 
     /// The background checkpointer: waits for the log-growth trigger or the
@@ -872,20 +875,23 @@ impl Shared {
     /// durable first: a crash at any point reopens from the last checkpoint
     /// and the log, and the new file, named by no checkpoint yet, is
     /// deleted at open. Returns the payloads moved (far tasks' entries
-    /// copied forward not counted). `from_memory` false: only the victims
-    /// (a checkpoint's later groups of them, the slab scanned by its first).
+    /// copied forward not counted). Every move scans the slab, a
+    /// checkpoint's later groups of victims included: a move resets the
+    /// count producers are held back by ([`Shared::await_relocation`]), so
+    /// one that took nothing out of memory would let them run ahead for as
+    /// long as the checkpoint lasts (a 20 M-task run had 4 M far tasks
+    /// waiting whole in the wheel after seven such groups).
     fn relocate(
         &self,
         disk: &Disk,
         victims: Vec<Victim>,
-        from_memory: bool,
         holds: &mut Holds,
     ) -> Result<u64, CheckpointError> {
         let mut done = MoveDone {
             shared: self,
             ok: false,
         };
-        let result = self.relocate_inner(disk, victims, from_memory, holds);
+        let result = self.relocate_inner(disk, victims, holds);
         done.ok = result.is_ok();
         result
     }
@@ -895,7 +901,6 @@ impl Shared {
         &self,
         disk: &Disk,
         victims: Vec<Victim>,
-        from_memory: bool,
         holds: &mut Holds,
     ) -> Result<u64, CheckpointError> {
         let now = wall_ms(self.now());
@@ -950,7 +955,7 @@ impl Shared {
             victim_files.insert(victim.file);
         }
         // Memory: the slab, a range of slots per hold.
-        if let Some(window_end) = window_end.filter(|_| from_memory) {
+        if let Some(window_end) = window_end {
             let mut from = 0u32;
             loop {
                 let mut core = holds.lock(self)?;
