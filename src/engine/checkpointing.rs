@@ -849,8 +849,10 @@ impl Drop for CheckpointerGone<'_> {
     }
 }
 
-/// Due times (UTC ms) of the earliest far tasks each overflow file gained.
-type Earliest = std::collections::BTreeMap<u32, u64>;
+/// The earliest far task each overflow file gained: its due time (UTC ms)
+/// and its entry's offset (entries are in (due, id) order, so no far task
+/// of the file sits before it).
+type Earliest = std::collections::BTreeMap<u32, (u64, u64)>;
 
 impl Shared {
     /// Moves what a checkpoint takes out of memory, and compacts the victim
@@ -1005,7 +1007,7 @@ impl Shared {
                                 let hash = hasher.hash(task.key());
                                 self.forget_task(&mut core, slot);
                                 core.far.insert(crate::far::FarEntry { hash, loc, id });
-                                note_earliest(&mut earliest, file, due_ms);
+                                note_earliest(&mut earliest, file, due_ms, offset);
                             }
                         }
                     }
@@ -1166,7 +1168,7 @@ impl Shared {
                 if let Some(went_far) = applied {
                     live += 1;
                     if went_far {
-                        note_earliest(&mut earliest, file, m.due_ms);
+                        note_earliest(&mut earliest, file, m.due_ms, offset);
                     }
                     if !matches!(m.from, From::FarVictim { .. }) {
                         moved_payloads += 1;
@@ -1361,29 +1363,34 @@ fn apply_move(
     Some(false)
 }
 
-fn note_earliest(earliest: &mut Earliest, file: u32, due_ms: u64) {
-    let d = earliest.entry(file).or_insert(due_ms);
+fn note_earliest(earliest: &mut Earliest, file: u32, due_ms: u64, offset: u64) {
+    let (d, o) = earliest.entry(file).or_insert((due_ms, offset));
     *d = (*d).min(due_ms);
+    *o = (*o).min(offset);
 }
 
-/// Files that gained far tasks are read by the promotion from their start
-/// again (a task that became far in place may sit before where it stopped),
-/// once the earliest of them comes within the far span.
+/// Files that gained far tasks are read by the promotion again from their
+/// earliest new far task (a task that became far in place may sit before
+/// where it stopped), once it comes within the far span. Not from the
+/// file's start: what precedes it is no far task's (the file is in (due,
+/// id) order) — payloads of wheel tasks, due within the far span, that
+/// every reset made the promotion read and hold again (a 8 M-task run with
+/// 200-byte payloads held 1–2 M of them at once).
 fn reset_far_cursors(shared: &Shared, core: &mut Core, earliest: Earliest) {
     if earliest.is_empty() {
         return;
     }
-    for (file, due) in earliest {
-        let next_due_ms = match core.far_cursors.get(&file) {
-            Some(c) => c.next_due_ms.min(due),
-            None => due,
+    for (file, (due, offset)) in earliest {
+        let (offset, next_due_ms) = match core.far_cursors.get(&file) {
+            Some(c) => (c.offset.min(offset), c.next_due_ms.min(due)),
+            None => (offset, due),
         };
         core.far_generation = core.far_generation.wrapping_add(1);
         let generation = core.far_generation;
         core.far_cursors.insert(
             file,
             super::far::FarCursor {
-                offset: overflow::HEADER_BYTES as u64,
+                offset: offset.max(overflow::HEADER_BYTES as u64),
                 next_due_ms: next_due_ms.max(1),
                 generation,
             },
