@@ -315,7 +315,7 @@ impl Shared {
         disk: &Disk,
         holds: &mut Holds,
     ) -> Result<Vec<Victim>, CheckpointError> {
-        let candidates: Vec<(u32, u64)> = {
+        let candidates: Vec<(u32, u64, bool)> = {
             let core = holds.lock(self)?;
             let mut kept: Vec<(u64, u32)> = Vec::new();
             let mut victims = Vec::new();
@@ -325,7 +325,7 @@ impl Shared {
                     continue; // deleted after the checkpoint
                 }
                 if live * 2 <= written {
-                    victims.push((f, live));
+                    victims.push((f, live, false));
                 } else {
                     kept.push((live, f));
                 }
@@ -336,15 +336,16 @@ impl Shared {
                 let excess = kept.len() + 1 - OVERFLOW_FILES_MAX;
                 // Merging one file into the new one saves nothing.
                 let merge = if excess == 1 { 2 } else { excess };
-                victims.extend(kept.iter().take(merge).map(|&(live, f)| (f, live)));
+                victims.extend(kept.iter().take(merge).map(|&(live, f)| (f, live, true)));
             }
             victims
         };
         Ok(candidates
             .into_iter()
-            .map(|(file, live)| Victim {
+            .map(|(file, live, merged)| Victim {
                 file,
                 live,
+                merged,
                 path: disk.overflow_dir().join(overflow::file_name(file)),
             })
             .collect())
@@ -677,22 +678,30 @@ struct Victim {
     file: u32,
     /// Its live entries when chosen.
     live: u64,
+    /// Chosen to bring the number of files down ([`OVERFLOW_FILES_MAX`]),
+    /// not for its dead entries: the files so chosen must all go into one
+    /// new file, or merging them saves nothing.
+    merged: bool,
     path: PathBuf,
 }
 
 /// Live entries of compaction victims one move copies at most (besides
 /// what leaves memory): a checkpoint compacting more splits them into
-/// several moves, each writing its own file, so the [`Move`]s held at once
-/// stay within about 64 MB (a single larger victim is still one move).
-/// At 4 M (~300 MB) this was a quarter of the peak RSS of a 20 M-task
-/// `kairos bench` run, reached while its checkpoint compacted.
+/// several moves, each writing its own file, so the [`Move`]s (64 bytes
+/// each) held at once stay within about 64 MB. Not split: a single larger
+/// victim, and the files merged to bring their number down (each move out
+/// of memory writes a file of ~600 k tasks at the default
+/// `relocate_far_bytes`, so two of them already exceed this).
 const VICTIM_ENTRIES_PER_MOVE: u64 = 1 << 20;
 
 /// `victims` in groups of at most [`VICTIM_ENTRIES_PER_MOVE`] live entries
-/// (a larger victim alone in its group); at least one group, maybe empty.
+/// (a larger victim alone in its group), the merged ones
+/// ([`Victim::merged`]) all in the first group whatever their size; at
+/// least one group, maybe empty.
 fn victim_groups(victims: Vec<Victim>) -> Vec<Vec<Victim>> {
-    let mut groups: Vec<Vec<Victim>> = vec![Vec::new()];
-    let mut live = 0u64;
+    let (merged, victims): (Vec<Victim>, Vec<Victim>) = victims.into_iter().partition(|v| v.merged);
+    let mut live = merged.iter().fold(0u64, |n, v| n.saturating_add(v.live));
+    let mut groups: Vec<Vec<Victim>> = vec![merged];
     for v in victims {
         let last_empty = groups.last().is_some_and(|g| g.is_empty());
         if !last_empty && live.saturating_add(v.live) > VICTIM_ENTRIES_PER_MOVE {
@@ -869,7 +878,7 @@ impl Shared {
     /// whose entry is already in a file (with its due time) becomes far in
     /// place, as it is seen.
     ///
-    /// Memory: a [`Move`] (72 bytes) per entry chosen, and pieces of about
+    /// Memory: a [`Move`] (64 bytes) per entry chosen, and pieces of about
     /// [`WRITE_PIECE_BYTES`]; no key or payload is held beyond its piece,
     /// and no file is read whole.
     ///
@@ -1774,7 +1783,15 @@ mod tests {
         Victim {
             file,
             live,
+            merged: false,
             path: PathBuf::new(),
+        }
+    }
+
+    fn merged(file: u32, live: u64) -> Victim {
+        Victim {
+            merged: true,
+            ..victim(file, live)
         }
     }
 
@@ -1798,5 +1815,31 @@ mod tests {
         ]);
         // A larger victim alone; nothing over the limit otherwise.
         assert_eq!(files(&groups), [vec![1, 2], vec![3], vec![4], vec![5]]);
+    }
+
+    /// A reviewer's finding: a move out of memory at the defaults writes a
+    /// file of `relocate_far_bytes / (WHEEL_TASK_BYTES + key)` ≈ 578 k far
+    /// tasks (20-byte keys, empty payloads), so two such files, merged
+    /// because there are too many files, exceeded the entries per move:
+    /// they landed in two groups, each writing its own file — two out for
+    /// two in at every checkpoint, the count never brought down.
+    #[test]
+    fn files_merged_to_bound_their_number_go_into_one_file() {
+        let per_move = crate::config::RELOCATE_FAR_BYTES_DEFAULT / (WHEEL_TASK_BYTES + 20);
+        let groups = victim_groups(vec![merged(1, per_move), merged(2, per_move)]);
+        assert_eq!(files(&groups), [vec![1, 2]]);
+        // Mostly dead files are still split by entries, after the merged
+        // ones (which they may join while there is room).
+        let max = VICTIM_ENTRIES_PER_MOVE;
+        let groups = victim_groups(vec![
+            victim(3, max / 2),
+            merged(1, max),
+            victim(4, max / 2),
+            merged(2, max),
+            victim(5, 7),
+        ]);
+        assert_eq!(files(&groups), [vec![1, 2], vec![3, 4], vec![5]]);
+        let groups = victim_groups(vec![merged(1, 10), victim(3, 20), victim(4, max)]);
+        assert_eq!(files(&groups), [vec![1, 3], vec![4]]);
     }
 }
