@@ -54,8 +54,9 @@ pub(crate) const WHEEL_TASK_BYTES: u64 = 96;
 const NEXT_CHECKPOINT_NAME: &str = "next.ckpt";
 
 /// Overflow files kept at most (besides those about to be deleted): beyond
-/// it, a checkpoint merges the smallest into its new file (or files, when
-/// they hold more than 1 Mi live entries). Far tasks leave memory in moves
+/// it, a checkpoint merges the smallest into its new file (up to
+/// `MERGED_ENTRIES_MAX` live entries in all, the rest at the next
+/// checkpoints). Far tasks leave memory in moves
 /// of `relocate_far_bytes` (64 MiB: ~600 k tasks), each its own file; at 8
 /// files, a 20 M-task burst had its checkpoints rewrite 13 M still-live
 /// entries to keep the count down, and producers waited for it.
@@ -336,7 +337,17 @@ impl Shared {
                 let excess = kept.len() + 1 - OVERFLOW_FILES_MAX;
                 // Merging one file into the new one saves nothing.
                 let merge = if excess == 1 { 2 } else { excess };
-                victims.extend(kept.iter().take(merge).map(|&(live, f)| (f, live, true)));
+                // The smallest first, up to MERGED_ENTRIES_MAX live entries
+                // in all (but two files at least): the rest of the excess
+                // goes at the next checkpoints.
+                let mut total = 0u64;
+                for (n, &(live, f)) in kept.iter().take(merge).enumerate() {
+                    total = total.saturating_add(live);
+                    if n >= 2 && total > MERGED_ENTRIES_MAX {
+                        break;
+                    }
+                    victims.push((f, live, true));
+                }
             }
             victims
         };
@@ -693,6 +704,14 @@ struct Victim {
 /// of memory writes a file of ~600 k tasks at the default
 /// `relocate_far_bytes`, so two of them already exceed this).
 const VICTIM_ENTRIES_PER_MOVE: u64 = 1 << 20;
+
+/// Live entries of the files one checkpoint merges to bring their number
+/// down, at most (unless the two smallest hold more): they go into one new
+/// file, so their [`Move`]s are held at once — 4 Mi of them, 256 MB. A
+/// larger excess of files is merged over the next checkpoints. (Without
+/// it, RSS of a 100 M-task run rose by up to ~1.1 GB for tens of seconds
+/// at a time, most likely these moves.)
+const MERGED_ENTRIES_MAX: u64 = 4 * VICTIM_ENTRIES_PER_MOVE;
 
 /// `victims` in groups of at most [`VICTIM_ENTRIES_PER_MOVE`] live entries
 /// (a larger victim alone in its group), the merged ones
