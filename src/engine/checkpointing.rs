@@ -620,28 +620,24 @@ struct Plan {
     named: HashSet<u32>,
 }
 
-/// One entry of the new overflow file, as chosen. Nothing of the key or
-/// payload is kept: they are copied when the file is written (from the task
-/// under the lock, or from the victim file) and read back from the new
-/// file when the move is applied.
+/// A task's key and payload in memory chosen for the new overflow file.
+/// Nothing of the key or payload is kept: they are copied from the task
+/// under the lock when the file is written (if it still waits with them)
+/// and read back from the new file when the move is applied.
 struct Move {
     due_ms: u64,
     id: u64,
-    /// Its key's [`crate::far::KeyHasher`] hash, when it is or goes far
-    /// (computed outside the lock).
+    /// Its key's [`crate::far::KeyHasher`] hash, when it goes far (computed
+    /// outside the lock, as the entry is read back).
     hash: u64,
-    /// Offset of its entry in the victim file it comes from (not used for
-    /// [`From::Memory`]).
-    src_offset: u64,
     /// Its offset in the new file, once written ([`NOT_WRITTEN`]: not
     /// written; see [`Move::written`]).
     offset: u64,
-    /// The task's slab slot (not used for a far task's entry).
+    /// The task's slab slot.
     slot: u32,
     /// Key and payload bytes when chosen: only sizes the pieces the file is
     /// written in.
     len: u32,
-    from: From,
     /// The task leaves the wheel as a far task (a first attempt due beyond
     /// the far span when chosen).
     far: bool,
@@ -651,9 +647,7 @@ struct Move {
 /// starts there: files are far smaller than 2^64 bytes).
 const NOT_WRITTEN: u64 = u64::MAX;
 
-// Held by the million while a checkpoint compacts (see
-// `VICTIM_ENTRIES_PER_MOVE`): kept to 64 bytes.
-const _: () = assert!(std::mem::size_of::<Move>() <= 64);
+const _: () = assert!(std::mem::size_of::<Move>() <= 48);
 
 impl Move {
     /// Its offset in the new file, if written.
@@ -662,24 +656,103 @@ impl Move {
     }
 }
 
-/// Where a moved entry's key and payload come from.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum From {
-    /// The task's key and payload in memory, copied under the lock while
-    /// the file is written, if the task still waits with its payload there.
-    Memory,
-    /// A wheel task's payload: an entry of compaction victim `v`.
-    Victim { v: u32 },
-    /// A far task's entry in compaction victim `v`.
-    FarVictim { v: u32 },
+/// A live entry of a compaction victim chosen to be copied forward: a far
+/// task's entry, or a wheel task's payload. Held by the million while a
+/// checkpoint merges files (see [`MERGED_ENTRIES_MAX`]), so it is 24 bytes:
+/// where the entry comes from, and its (due, id) order. Whose it is and
+/// what becomes of it is found again when it is applied, from the entry
+/// read back (its key) and where it came from.
+#[derive(Clone, Copy)]
+struct VictimMove {
+    due_ms: u64,
+    id: u64,
+    /// Bit 63: written to the new file; bits 48..63: the victim's index;
+    /// bits 0..48: the entry's offset in it.
+    src: u64,
 }
 
-impl From {
-    fn victim(self) -> Option<u32> {
-        match self {
-            From::Memory => None,
-            From::Victim { v } | From::FarVictim { v } => Some(v),
+const _: () = assert!(std::mem::size_of::<VictimMove>() == 24);
+
+/// Bits of [`VictimMove::src`] holding the offset.
+const SRC_OFFSET_BITS: u32 = 48;
+/// [`VictimMove::src`]'s written flag.
+const SRC_WRITTEN: u64 = 1 << 63;
+
+impl VictimMove {
+    /// `None` if the victim's index or the offset does not fit (the entry
+    /// then stays where it is, and its file with it).
+    fn new(due_ms: u64, id: u64, v: u32, offset: u64) -> Option<VictimMove> {
+        (v < (1 << (63 - SRC_OFFSET_BITS)) && offset < (1 << SRC_OFFSET_BITS)).then_some(
+            VictimMove {
+                due_ms,
+                id,
+                src: (u64::from(v) << SRC_OFFSET_BITS) | offset,
+            },
+        )
+    }
+
+    /// The victim's index.
+    fn victim(&self) -> usize {
+        ((self.src & !SRC_WRITTEN) >> SRC_OFFSET_BITS) as usize
+    }
+
+    /// The entry's offset in the victim.
+    fn src_offset(&self) -> u64 {
+        self.src & ((1 << SRC_OFFSET_BITS) - 1)
+    }
+
+    fn written(&self) -> bool {
+        self.src & SRC_WRITTEN != 0
+    }
+
+    fn mark_written(&mut self) {
+        self.src |= SRC_WRITTEN;
+    }
+}
+
+/// An entry of the new overflow file in the making: `moves[i]` or
+/// `victim_moves[i]`.
+#[derive(Clone, Copy)]
+enum Source {
+    Memory(usize),
+    Victim(usize),
+}
+
+/// Walks [`Move`]s and [`VictimMove`]s, each sorted by (due, id), together
+/// in (due, id) order: the new file's order.
+#[derive(Default)]
+struct MergeCursor {
+    memory: usize,
+    victims: usize,
+}
+
+impl MergeCursor {
+    fn next(&mut self, moves: &[Move], victim_moves: &[VictimMove]) -> Option<Source> {
+        let memory = moves.get(self.memory).map(|m| (m.due_ms, m.id));
+        let victim = victim_moves.get(self.victims).map(|m| (m.due_ms, m.id));
+        match (memory, victim) {
+            (Some(a), Some(b)) if b < a => {
+                self.victims += 1;
+                Some(Source::Victim(self.victims - 1))
+            }
+            (Some(_), _) => {
+                self.memory += 1;
+                Some(Source::Memory(self.memory - 1))
+            }
+            (None, Some(_)) => {
+                self.victims += 1;
+                Some(Source::Victim(self.victims - 1))
+            }
+            (None, None) => None,
         }
+    }
+}
+
+/// (due, id) of a source.
+fn order_of(source: Source, moves: &[Move], victim_moves: &[VictimMove]) -> (u64, u64) {
+    match source {
+        Source::Memory(i) => (moves[i].due_ms, moves[i].id),
+        Source::Victim(j) => (victim_moves[j].due_ms, victim_moves[j].id),
     }
 }
 
@@ -698,8 +771,8 @@ struct Victim {
 
 /// Live entries of compaction victims one move copies at most (besides
 /// what leaves memory): a checkpoint compacting more splits them into
-/// several moves, each writing its own file, so the [`Move`]s (64 bytes
-/// each) held at once stay within about 64 MB. Not split: a single larger
+/// several moves, each writing its own file, so the [`VictimMove`]s (24
+/// bytes each) held at once stay within about 24 MiB. Not split: a single larger
 /// victim, and the files merged to bring their number down (each move out
 /// of memory writes a file of ~600 k tasks at the default
 /// `relocate_far_bytes`, so two of them already exceed this).
@@ -707,10 +780,11 @@ const VICTIM_ENTRIES_PER_MOVE: u64 = 1 << 20;
 
 /// Live entries of the files one checkpoint merges to bring their number
 /// down, at most (unless the two smallest hold more): they go into one new
-/// file, so their [`Move`]s are held at once — 4 Mi of them, 256 MB. A
-/// larger excess of files is merged over the next checkpoints. (Without
-/// it, RSS of a 100 M-task run rose by up to ~1.1 GB for tens of seconds
-/// at a time, most likely these moves.)
+/// file, so their [`VictimMove`]s are held at once — 4 Mi of them, 96 MiB
+/// (they were 64-byte [`Move`]s, 256 MiB, which RSS of a 20 M-task burst
+/// showed as steps of ~270 MB for seconds at a time). A larger excess of
+/// files is merged over the next checkpoints. (Without the limit, RSS of a
+/// 100 M-task run rose by up to ~1.1 GB for tens of seconds at a time.)
 const MERGED_ENTRIES_MAX: u64 = 4 * VICTIM_ENTRIES_PER_MOVE;
 
 /// `victims` in groups of at most [`VICTIM_ENTRIES_PER_MOVE`] live entries
@@ -740,6 +814,11 @@ fn victim_groups(victims: Vec<Victim>) -> Vec<Vec<Victim>> {
 /// files are read in while they are compacted or read back.
 const WRITE_PIECE_BYTES: usize = 8 << 20;
 
+/// The smallest piece a victim is read in while a new file is written
+/// (each of a move's victims is read in a share of [`WRITE_PIECE_BYTES`],
+/// but at least this).
+const READER_PIECE_MIN_BYTES: usize = 256 << 10;
+
 /// Keys and payloads copied out of files for one hold of the lock: entries
 /// `spans[i]` of `bytes`, `(start, key length, payload length)`.
 #[derive(Default)]
@@ -765,18 +844,6 @@ impl Piece {
         let (at, k, p) = (*self.spans.get(i)?)?;
         Some((&self.bytes[at..at + k], &self.bytes[at + k..at + k + p]))
     }
-}
-
-/// The end of the piece of `moves` starting at `start`: at most
-/// [`MOVES_PER_HOLD`] moves and about [`WRITE_PIECE_BYTES`] of their bytes.
-fn piece_end(moves: &[Move], start: usize) -> usize {
-    let mut bytes = 0usize;
-    let mut end = start;
-    while end < moves.len() && end - start < MOVES_PER_HOLD && bytes < WRITE_PIECE_BYTES {
-        bytes += moves[end].len as usize;
-        end += 1;
-    }
-    end
 }
 
 /// A file written in pieces at given offsets, then made durable and given
@@ -897,7 +964,8 @@ impl Shared {
     /// whose entry is already in a file (with its due time) becomes far in
     /// place, as it is seen.
     ///
-    /// Memory: a [`Move`] (64 bytes) per entry chosen, and pieces of about
+    /// Memory: a [`Move`] (48 bytes) per task chosen in memory, a
+    /// [`VictimMove`] (24 bytes) per victim's entry, and pieces of about
     /// [`WRITE_PIECE_BYTES`]; no key or payload is held beyond its piece,
     /// and no file is read whole.
     ///
@@ -958,17 +1026,12 @@ impl Shared {
         // The victims' live entries, a piece of each file per hold — first,
         // so that a damaged victim, left alone, is no victim below.
         let mut victim_files: HashSet<u32> = HashSet::new();
+        let mut victim_moves: Vec<VictimMove> = Vec::new();
         for (v, victim) in victims.iter().enumerate() {
-            let before = moves.len();
-            if let Err(error) = self.choose_from_victim(
-                disk,
-                victim,
-                v as u32,
-                &hasher,
-                horizon_end,
-                &mut moves,
-                holds,
-            ) {
+            let before = victim_moves.len();
+            if let Err(error) =
+                self.choose_from_victim(disk, victim, v as u32, &hasher, &mut victim_moves, holds)
+            {
                 match error {
                     CheckpointError::Overflow(overflow::OverflowReadError::Corrupt { .. }) => {
                         // A damaged file is not compacted: its live entries
@@ -976,7 +1039,7 @@ impl Shared {
                         // damaged entry must not block every later
                         // checkpoint).
                         tracing::warn!(%error, "damaged overflow file not compacted");
-                        moves.truncate(before);
+                        victim_moves.truncate(before);
                         continue;
                     }
                     error => return Err(error),
@@ -1011,11 +1074,9 @@ impl Shared {
                                 due_ms: task.due_ms,
                                 id: task.id.0,
                                 hash: 0,
-                                src_offset: 0,
                                 offset: NOT_WRITTEN,
                                 slot,
                                 len: u32::try_from(len).unwrap_or(u32::MAX),
-                                from: From::Memory,
                                 far,
                             });
                         }
@@ -1047,7 +1108,7 @@ impl Shared {
                 from = end;
             }
         }
-        if moves.is_empty() {
+        if moves.is_empty() && victim_moves.is_empty() {
             return Ok(0);
         }
         // The new file, in (due, id) order.
@@ -1061,6 +1122,7 @@ impl Shared {
             file
         };
         moves.sort_unstable_by_key(|m| (m.due_ms, m.id));
+        victim_moves.sort_unstable_by_key(|m| (m.due_ms, m.id));
         let store_id = holds.lock(self)?.wal.as_ref().map(|w| w.store_id());
         let Some(store_id) = store_id else {
             return Err(CheckpointError::Closed);
@@ -1070,53 +1132,73 @@ impl Shared {
         let name = overflow::file_name(file);
         let mut out = PieceFile::create(disk.storage.as_ref(), &dir, &name)?;
         let mut writer = OverflowWriter::new(&store_id, file);
+        // Each victim is read in increasing offsets (its file is in (due,
+        // id) order too), in pieces that together stay near one piece.
+        let reader_bytes = (WRITE_PIECE_BYTES / victims.len().max(1)).max(READER_PIECE_MIN_BYTES);
         let mut readers: Vec<Option<overflow::PieceReader>> =
             victims.iter().map(|_| None).collect();
         let mut piece = Piece::default();
+        let mut order: Vec<Source> = Vec::new();
         let mut last = None;
-        let mut start = 0;
-        while start < moves.len() {
-            let end = piece_end(&moves, start);
-            // Victims' entries of this piece, read without the lock (each
-            // victim's in increasing offsets: its file is in (due, id)
-            // order too).
+        let mut cursor = MergeCursor::default();
+        loop {
+            // Victims' entries of this piece, read without the lock.
             piece.clear();
+            order.clear();
+            let mut bytes = 0usize;
             let mut from_memory = false;
-            for m in &moves[start..end] {
-                let Some(v) = m.from.victim() else {
-                    from_memory = true;
-                    piece.spans.push(None);
-                    continue;
+            while order.len() < MOVES_PER_HOLD && bytes < WRITE_PIECE_BYTES {
+                let Some(source) = cursor.next(&moves, &victim_moves) else {
+                    break;
                 };
-                let reader = match &mut readers[v as usize] {
-                    Some(r) => r,
-                    slot => slot.insert(overflow::PieceReader::open(
-                        disk.storage.as_ref(),
-                        &victims[v as usize].path,
-                        WRITE_PIECE_BYTES,
-                    )?),
-                };
-                let (entry, _) = reader.entry_at(m.src_offset)?;
-                piece.push(entry.key, entry.payload);
+                order.push(source);
+                match source {
+                    Source::Memory(i) => {
+                        from_memory = true;
+                        bytes = bytes.saturating_add(moves[i].len as usize);
+                        piece.spans.push(None);
+                    }
+                    Source::Victim(j) => {
+                        let vm = &victim_moves[j];
+                        let reader = match &mut readers[vm.victim()] {
+                            Some(r) => r,
+                            slot => slot.insert(overflow::PieceReader::open(
+                                disk.storage.as_ref(),
+                                &victims[vm.victim()].path,
+                                reader_bytes,
+                            )?),
+                        };
+                        let (entry, _) = reader.entry_at(vm.src_offset())?;
+                        bytes = bytes
+                            .saturating_add(entry.key.len())
+                            .saturating_add(entry.payload.len());
+                        piece.push(entry.key, entry.payload);
+                    }
+                }
+            }
+            if order.is_empty() {
+                break;
             }
             let core = if from_memory {
                 Some(holds.lock(self)?)
             } else {
                 None
             };
-            for (i, m) in moves[start..end].iter_mut().enumerate() {
+            for (i, &source) in order.iter().enumerate() {
                 // The writer needs strictly increasing (due, id). A task is
                 // chosen at most once (it keeps its slot while it waits, and
                 // one made far in place is not copied), so this only guards.
-                if last == Some((m.due_ms, m.id)) {
+                let (due_ms, id) = order_of(source, &moves, &victim_moves);
+                if last == Some((due_ms, id)) {
                     continue;
                 }
-                let (key, payload) = match (piece.get(i), &core) {
-                    (Some(kp), _) => kp,
-                    (None, Some(core)) => {
+                let (key, payload) = match (piece.get(i), &core, source) {
+                    (Some(kp), _, _) => kp,
+                    (None, Some(core), Source::Memory(i)) => {
                         // Copied only if the task still waits with its
                         // payload in memory (whatever payload it now has:
                         // the move is applied only if it still has it).
+                        let m = &moves[i];
                         let Some(task) = core.tasks.get_checked(m.slot, TaskId(m.id)) else {
                             continue;
                         };
@@ -1128,10 +1210,14 @@ impl Shared {
                         };
                         (task.key(), payload)
                     }
-                    (None, None) => continue,
+                    _ => continue,
                 };
-                last = Some((m.due_ms, m.id));
-                m.offset = writer.push(m.id, m.due_ms, key, payload);
+                last = Some((due_ms, id));
+                let offset = writer.push(id, due_ms, key, payload);
+                match source {
+                    Source::Memory(i) => moves[i].offset = offset,
+                    Source::Victim(j) => victim_moves[j].mark_written(),
+                }
             }
             drop(core);
             // Written as it is built: the file's bytes are never whole in
@@ -1140,7 +1226,6 @@ impl Shared {
                 let (at, bytes) = writer.drain();
                 out.write(&bytes, at)?;
             }
-            start = end;
         }
         drop(readers);
         let (header, (at, bytes)) = writer.finish_parts();
@@ -1151,54 +1236,89 @@ impl Shared {
         // read-back below deletes it (no task refers to it yet).
         holds.lock(self)?.overflow_files.entry(file).or_insert(0);
         // Tasks that still hold what the file holds now refer to it. The
-        // entries are read back from the file, a piece at a time.
-        let mut written = overflow::PieceReader::open(
-            disk.storage.as_ref(),
-            &dir.join(&name),
-            WRITE_PIECE_BYTES,
-        )?;
+        // entries are read back from the file, in order, a piece at a time.
+        let path = dir.join(&name);
+        let mut written =
+            overflow::PieceReader::open(disk.storage.as_ref(), &path, WRITE_PIECE_BYTES)?;
         let mut moved_payloads = 0u64;
-        let mut start = 0;
-        while start < moves.len() {
-            let end = piece_end(&moves, start);
+        let mut cursor = MergeCursor::default();
+        // Per entry of the piece: where it came from, its offset in the new
+        // file, its key's hash.
+        let mut read: Vec<(Source, u64, u64)> = Vec::new();
+        let mut last_read = overflow::HEADER_BYTES as u64;
+        loop {
             piece.clear();
-            for m in &mut moves[start..end] {
-                let Some(offset) = m.written() else {
-                    piece.spans.push(None);
-                    continue;
+            read.clear();
+            while read.len() < MOVES_PER_HOLD && piece.bytes.len() < WRITE_PIECE_BYTES {
+                let Some(source) = cursor.next(&moves, &victim_moves) else {
+                    break;
                 };
-                let (entry, _) = written.entry_at(offset)?;
-                if entry.task_id != m.id || entry.due_ms != m.due_ms {
-                    return Err(overflow::OverflowReadError::Corrupt {
-                        path: dir.join(&name),
+                let (is_written, far) = match source {
+                    Source::Memory(i) => (moves[i].written().is_some(), moves[i].far),
+                    Source::Victim(j) => (victim_moves[j].written(), true),
+                };
+                if !is_written {
+                    continue;
+                }
+                let (due_ms, id) = order_of(source, &moves, &victim_moves);
+                let corrupt = |offset, reason| overflow::OverflowReadError::Corrupt {
+                    path: path.clone(),
+                    offset,
+                    reason,
+                };
+                let Some((offset, entry)) = written.next_entry()? else {
+                    return Err(corrupt(
+                        last_read,
+                        format!("the file ends before the entry of task {id}"),
+                    )
+                    .into());
+                };
+                last_read = offset;
+                let expected = match source {
+                    Source::Memory(i) => moves[i].offset,
+                    Source::Victim(_) => offset,
+                };
+                if entry.task_id != id || entry.due_ms != due_ms || offset != expected {
+                    return Err(corrupt(
                         offset,
-                        reason: format!("entry of task {} read back, not {}", entry.task_id, m.id),
-                    }
+                        format!("entry of task {} read back, not {id}", entry.task_id),
+                    )
                     .into());
                 }
-                if m.far && m.from == From::Memory {
-                    m.hash = hasher.hash(entry.key);
-                }
+                let hash = if far { hasher.hash(entry.key) } else { 0 };
                 piece.push(entry.key, entry.payload);
+                read.push((source, offset, hash));
+            }
+            if read.is_empty() {
+                break;
             }
             let mut core = holds.lock(self)?;
             let mut earliest = Earliest::new();
             let mut live = 0u64;
-            for (i, m) in moves[start..end].iter().enumerate() {
-                let (Some(offset), Some((key, payload))) = (m.written(), piece.get(i)) else {
+            for (i, &(source, offset, hash)) in read.iter().enumerate() {
+                let Some((key, payload)) = piece.get(i) else {
                     continue;
                 };
-                let source = m
-                    .from
-                    .victim()
-                    .map(|v| (victims[v as usize].file, m.src_offset));
-                let applied = apply_move(self, &mut core, m, (file, offset), source, payload, key);
-                if let Some(went_far) = applied {
-                    live += 1;
-                    if went_far {
-                        note_earliest(&mut earliest, file, m.due_ms, offset);
+                let applied = match source {
+                    Source::Memory(i) => {
+                        moves[i].hash = hash;
+                        apply_move(self, &mut core, &moves[i], (file, offset), payload, key)
+                            .map(|far| Applied { far, payload: true })
                     }
-                    if !matches!(m.from, From::FarVictim { .. }) {
+                    Source::Victim(j) => {
+                        let vm = &victim_moves[j];
+                        let from = (victims[vm.victim()].file, vm.src_offset());
+                        let to = (file, offset);
+                        apply_victim_move(self, &mut core, vm, from, to, key, hash, horizon_end)
+                    }
+                };
+                if let Some(applied) = applied {
+                    live += 1;
+                    if applied.far {
+                        let due_ms = order_of(source, &moves, &victim_moves).0;
+                        note_earliest(&mut earliest, file, due_ms, offset);
+                    }
+                    if applied.payload {
                         moved_payloads += 1;
                     }
                 }
@@ -1208,7 +1328,6 @@ impl Shared {
             }
             reset_far_cursors(self, &mut core, earliest);
             drop(core);
-            start = end;
         }
         // Cursors of files left with no far task go.
         let mut core = holds.lock(self)?;
@@ -1221,31 +1340,30 @@ impl Shared {
 
     /// Chooses the live entries of compaction victim `v` (`victim`), read a
     /// piece at a time; each piece's keys are hashed before the lock is
-    /// taken, once per piece. A far task's entry is copied forward as it
-    /// is; a wheel task's payload moves with it (and the task goes far when
-    /// it is a waiting first attempt beyond the far span).
+    /// taken, once per piece. Live: a far task's entry (copied forward as
+    /// it is), or the payload of a task that still refers to it (it moves
+    /// with it, and the task goes far when it is a waiting first attempt
+    /// beyond the far span: [`apply_victim_move`]).
     ///
     /// # Errors
     /// [`CheckpointError::Overflow`] with `Corrupt` if the file is damaged
     /// or out of (due, id) order, or holds another count of entries than
     /// its header says (the caller then leaves the file alone); I/O errors.
-    #[allow(clippy::too_many_arguments)]
     fn choose_from_victim(
         &self,
         disk: &Disk,
         victim: &Victim,
         v: u32,
         hasher: &crate::far::KeyHasher,
-        horizon_end: Option<u64>,
-        moves: &mut Vec<Move>,
+        moves: &mut Vec<VictimMove>,
         holds: &mut Holds,
     ) -> Result<(), CheckpointError> {
         let expected =
             overflow::read_entry_count(disk.storage.as_ref(), &victim.path, None, victim.file)?;
         let mut reader =
             overflow::PieceReader::open(disk.storage.as_ref(), &victim.path, WRITE_PIECE_BYTES)?;
-        // One piece: (offset, id, due, hash, key's span in `keys`, bytes).
-        let mut batch: Vec<(u64, u64, u64, u64, usize, usize, u32)> = Vec::new();
+        // One piece: (offset, id, due, hash, key's span in `keys`).
+        let mut batch: Vec<(u64, u64, u64, u64, usize, usize)> = Vec::new();
         let mut keys: Vec<u8> = Vec::new();
         let mut count = 0u64;
         let mut last: Option<(u64, u64)> = None;
@@ -1269,7 +1387,6 @@ impl Shared {
                 }
                 last = Some(order);
                 count += 1;
-                let len = entry.key.len().saturating_add(entry.payload.len());
                 batch.push((
                     offset,
                     entry.task_id,
@@ -1277,27 +1394,18 @@ impl Shared {
                     hasher.hash(entry.key),
                     keys.len(),
                     entry.key.len(),
-                    u32::try_from(len).unwrap_or(u32::MAX),
                 ));
                 keys.extend_from_slice(entry.key);
             }
             let core = holds.lock(self)?;
-            for &(offset, id, due_ms, hash, at, key_len, len) in &batch {
+            for &(offset, id, due_ms, hash, at, key_len) in &batch {
                 let key = &keys[at..at + key_len];
-                let chosen = |far: bool, from: From, slot: u32| Move {
-                    due_ms,
-                    id,
-                    hash,
-                    src_offset: offset,
-                    offset: NOT_WRITTEN,
-                    slot,
-                    len,
-                    from,
-                    far,
+                let Some(chosen) = VictimMove::new(due_ms, id, v, offset) else {
+                    continue;
                 };
                 if let Some(loc) = crate::far::pack_loc(victim.file, offset) {
                     if core.far.find(hash, loc, id).is_some() {
-                        moves.push(chosen(true, From::FarVictim { v }, u32::MAX));
+                        moves.push(chosen);
                         continue;
                     }
                 }
@@ -1308,16 +1416,9 @@ impl Shared {
                 let Some(task) = core.tasks.get(slot) else {
                     continue;
                 };
-                if task.id.0 != id || task.bytes.on_disk() != Some((victim.file, offset)) {
-                    continue;
+                if task.id.0 == id && task.bytes.on_disk() == Some((victim.file, offset)) {
+                    moves.push(chosen);
                 }
-                // Copied forward with its file: far at its new place when
-                // it is a waiting first attempt beyond the far span.
-                let far = task.state == TaskState::Scheduled
-                    && task.deliveries == 0
-                    && task.due_ms == due_ms
-                    && horizon_end.is_some_and(|end| task.due_ms > end);
-                moves.push(chosen(far, From::Victim { v }, slot));
             }
         }
         if count != expected {
@@ -1333,47 +1434,34 @@ impl Shared {
     }
 }
 
-/// Applies one move whose entry is durable at `offset` of `file`, if the
-/// task still holds what the entry holds (`key`, `payload`, as read back)
-/// or, for an entry copied from a victim, still refers to where it came
-/// from (`source`: the victim's file and offset). `Some(true)`: it went (or
-/// stayed) far; `Some(false)`: its payload reference moved; `None`:
-/// nothing changed.
+/// What applying a move did: the task went (or stayed) far; its payload
+/// moved (a task that goes far with its payload counts too).
+struct Applied {
+    far: bool,
+    payload: bool,
+}
+
+/// Applies one move of a key and payload in memory whose entry is durable
+/// at `offset` of `file`, if the task still waits with what the entry holds
+/// (`key`, `payload`, as read back). `Some(true)`: it went far;
+/// `Some(false)`: its payload reference moved; `None`: nothing changed.
 fn apply_move(
     shared: &Shared,
     core: &mut Core,
     m: &Move,
     (file, offset): (u32, u64),
-    source: Option<(u32, u64)>,
     payload: &[u8],
     key: &[u8],
 ) -> Option<bool> {
-    let loc = crate::far::pack_loc(file, offset);
-    if let (From::FarVictim { .. }, Some((old_file, old_offset))) = (m.from, source) {
-        let old = crate::far::pack_loc(old_file, old_offset)?;
-        let pos = core.far.find(m.hash, old, m.id)?;
-        let loc = loc?;
-        core.far.remove(pos);
-        core.far.insert(crate::far::FarEntry {
-            hash: m.hash,
-            loc,
-            id: m.id,
-        });
-        return Some(true);
-    }
     let task = core.tasks.get_checked(m.slot, TaskId(m.id))?;
     // A task that fell due meanwhile keeps its payload where it is.
-    if task.state != TaskState::Scheduled || task.key() != key {
+    if task.state != TaskState::Scheduled
+        || task.key() != key
+        || core.payloads.get(&task.bytes) != Some(payload)
+    {
         return None;
     }
-    let still = match m.from {
-        From::Memory => core.payloads.get(&task.bytes) == Some(payload),
-        From::Victim { .. } => source.is_some() && task.bytes.on_disk() == source,
-        From::FarVictim { .. } => false,
-    };
-    if !still {
-        return None;
-    }
+    let loc = crate::far::pack_loc(file, offset);
     if let (true, Some(loc), true) = (m.far, loc, task.due_ms == m.due_ms && task.deliveries == 0) {
         shared.forget_task(core, m.slot);
         core.far.insert(crate::far::FarEntry {
@@ -1389,6 +1477,74 @@ fn apply_move(
     let old = std::mem::replace(&mut task.bytes, new_ref);
     core.payloads.release(old);
     Some(false)
+}
+
+/// Applies one victim's entry copied forward, durable at `to`, if it is
+/// still live where it came from (`from`): a far task's entry there (found
+/// by `hash`, its key's) now points at `to`; a waiting task whose payload
+/// is still there (found by `key`) refers to `to` instead, and leaves the
+/// wheel as a far task if it is a first attempt due when the entry says and
+/// beyond the far span (`horizon_end`, UTC ms). `None`: nothing changed.
+#[allow(clippy::too_many_arguments)]
+fn apply_victim_move(
+    shared: &Shared,
+    core: &mut Core,
+    vm: &VictimMove,
+    from: (u32, u64),
+    (file, offset): (u32, u64),
+    key: &[u8],
+    hash: u64,
+    horizon_end: Option<u64>,
+) -> Option<Applied> {
+    let loc = crate::far::pack_loc(file, offset);
+    if let Some(old) = crate::far::pack_loc(from.0, from.1) {
+        if let Some(pos) = core.far.find(hash, old, vm.id) {
+            let loc = loc?;
+            core.far.remove(pos);
+            core.far.insert(crate::far::FarEntry {
+                hash,
+                loc,
+                id: vm.id,
+            });
+            return Some(Applied {
+                far: true,
+                payload: false,
+            });
+        }
+    }
+    let tag = core.key_tag(key);
+    let slot = core.find_slot(tag, key)?;
+    let task = core.tasks.get(slot)?;
+    // A task that fell due meanwhile keeps its payload where it is.
+    if task.id.0 != vm.id
+        || task.state != TaskState::Scheduled
+        || task.bytes.on_disk() != Some(from)
+    {
+        return None;
+    }
+    let due_current = task.due_ms == vm.due_ms;
+    let far =
+        due_current && task.deliveries == 0 && horizon_end.is_some_and(|end| task.due_ms > end);
+    if let (true, Some(loc)) = (far, loc) {
+        shared.forget_task(core, slot);
+        core.far.insert(crate::far::FarEntry {
+            hash,
+            loc,
+            id: vm.id,
+        });
+        return Some(Applied {
+            far: true,
+            payload: true,
+        });
+    }
+    let new_ref = core.payloads.put_on_disk(key, file, offset, due_current);
+    let task = core.tasks.get_mut(slot)?;
+    let old = std::mem::replace(&mut task.bytes, new_ref);
+    core.payloads.release(old);
+    Some(Applied {
+        far: false,
+        payload: true,
+    })
 }
 
 fn note_earliest(earliest: &mut Earliest, file: u32, due_ms: u64, offset: u64) {
@@ -1797,6 +1953,63 @@ fn fits_log(loaded: &LoadedMeta, wal: &Wal, replayed_after: u64) -> Result<(), O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn victim_moves_pack_their_source_and_written_flag() {
+        let max_v = (1u32 << (63 - SRC_OFFSET_BITS)) - 1;
+        let max_offset = (1u64 << SRC_OFFSET_BITS) - 1;
+        for (v, offset) in [(0, 64), (1, 12_345), (max_v, max_offset), (7, 0)] {
+            let mut m = VictimMove::new(9, 10, v, offset).unwrap();
+            assert_eq!(
+                (m.victim(), m.src_offset(), m.written()),
+                (v as usize, offset, false)
+            );
+            m.mark_written();
+            assert_eq!(
+                (m.victim(), m.src_offset(), m.written()),
+                (v as usize, offset, true)
+            );
+            assert_eq!((m.due_ms, m.id), (9, 10));
+        }
+        assert!(VictimMove::new(1, 1, max_v + 1, 64).is_none());
+        assert!(VictimMove::new(1, 1, 0, max_offset + 1).is_none());
+    }
+
+    #[test]
+    fn the_merge_cursor_walks_both_kinds_in_due_then_id_order() {
+        let memory = |due_ms, id| Move {
+            due_ms,
+            id,
+            hash: 0,
+            offset: NOT_WRITTEN,
+            slot: 0,
+            len: 0,
+            far: false,
+        };
+        let moves = [memory(1, 5), memory(3, 1), memory(3, 4), memory(9, 9)];
+        let victim_moves: Vec<VictimMove> = [(0, 7), (3, 2), (3, 9), (10, 1), (11, 0)]
+            .iter()
+            .map(|&(due, id)| VictimMove::new(due, id, 0, 64).unwrap())
+            .collect();
+        let mut cursor = MergeCursor::default();
+        let mut seen = Vec::new();
+        while let Some(source) = cursor.next(&moves, &victim_moves) {
+            let kind = matches!(source, Source::Victim(_));
+            seen.push((order_of(source, &moves, &victim_moves), kind));
+        }
+        let expected = vec![
+            ((0, 7), true),
+            ((1, 5), false),
+            ((3, 1), false),
+            ((3, 2), true),
+            ((3, 4), false),
+            ((3, 9), true),
+            ((9, 9), false),
+            ((10, 1), true),
+            ((11, 0), true),
+        ];
+        assert_eq!(seen, expected);
+    }
 
     fn victim(file: u32, live: u64) -> Victim {
         Victim {
