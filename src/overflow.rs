@@ -629,10 +629,33 @@ pub fn due_at(
 pub fn read_due(
     storage: &dyn Storage,
     path: &Path,
-    mut offset: u64,
+    offset: u64,
     due_until: u64,
     chunk_bytes: usize,
 ) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+    read_due_at_most(
+        storage,
+        path,
+        offset,
+        due_until,
+        chunk_bytes,
+        READ_DUE_ENTRIES_MAX,
+    )
+}
+
+/// [`read_due`], but at most `entries_max` entries (at least one).
+///
+/// # Errors
+/// As [`read_due`].
+pub fn read_due_at_most(
+    storage: &dyn Storage,
+    path: &Path,
+    mut offset: u64,
+    due_until: u64,
+    chunk_bytes: usize,
+    entries_max: usize,
+) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+    let entries_max = entries_max.max(1);
     let io_err = |source| OverflowReadError::Io {
         path: path.to_path_buf(),
         source,
@@ -665,7 +688,7 @@ pub fn read_due(
                 }
                 Ok(None) => break,
                 Ok(Some((entry, n))) => {
-                    if entry.due_ms > due_until || out.len() >= READ_DUE_ENTRIES_MAX {
+                    if entry.due_ms > due_until || out.len() >= entries_max {
                         return Ok((out, entry_offset));
                     }
                     out.push((entry_offset, entry));
@@ -691,7 +714,7 @@ pub fn read_due(
             }
             match parse_entry(&one).map_err(corrupt)? {
                 Some((entry, n)) => {
-                    if entry.due_ms > due_until || out.len() >= READ_DUE_ENTRIES_MAX {
+                    if entry.due_ms > due_until || out.len() >= entries_max {
                         return Ok((out, offset));
                     }
                     out.push((offset, entry));

@@ -13,6 +13,14 @@ use parking_lot::MutexGuard;
 /// Bytes read from an overflow file at a time by the promotion.
 const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// Entries one pass of the promotion reads from one file at most: the tasks of all files
+/// due up to the earliest (due, id) where a file stopped are put in the
+/// wheel under one hold of the lock, the rest at the next passes. Without
+/// it, every far task coming within the far span was read whole (key and
+/// payload) and put in the wheel under one hold: all of a million due at
+/// the same moment. (100 in unit tests.)
+const PROMOTE_ENTRIES_MAX: usize = if cfg!(test) { 100 } else { 65_536 };
+
 /// Where a cancel found its task ([`Shared::locate_for_cancel`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Located {
@@ -517,22 +525,31 @@ impl Shared {
             let mut entries: Vec<(u32, u64, overflow::Entry)> = Vec::new();
             let mut moved: Vec<(u32, FarCursor, FarCursor)> = Vec::new();
             let mut failed = None;
+            // The earliest (due, id) at which a file's reading stopped at
+            // `PROMOTE_ENTRIES_MAX` with more due: entries after it wait for
+            // the next pass, so that tasks go in the wheel in (due, id)
+            // order across files.
+            let mut cutoff: Option<(u64, u64)> = None;
             for (file, start) in due {
                 let path = disk.overflow_dir().join(overflow::file_name(file));
                 let mut cursor = start;
+                let mut read = 0usize;
                 loop {
-                    let read = overflow::read_due(
+                    let read_chunk = overflow::read_due_at_most(
                         storage,
                         &path,
                         cursor.offset,
                         until,
                         PROMOTE_CHUNK_BYTES,
+                        PROMOTE_ENTRIES_MAX - read,
                     )
                     .and_then(|(got, next)| {
                         Ok((got, next, overflow::due_at(storage, &path, next)?))
                     });
-                    match read {
+                    match read_chunk {
                         Ok((got, next, next_due)) => {
+                            read += got.len();
+                            let last = got.last().map(|(_, e)| (e.due_ms, e.task_id));
                             entries.extend(got.into_iter().map(|(o, e)| (file, o, e)));
                             cursor = FarCursor {
                                 offset: next,
@@ -540,6 +557,12 @@ impl Shared {
                                 generation: start.generation,
                             };
                             if next_due.is_none_or(|d| d > until) {
+                                break;
+                            }
+                            if read >= PROMOTE_ENTRIES_MAX {
+                                if let Some(last) = last {
+                                    cutoff = Some(cutoff.map_or(last, |c| c.min(last)));
+                                }
                                 break;
                             }
                         }
@@ -553,6 +576,21 @@ impl Shared {
                 if failed.is_some() {
                     break;
                 }
+            }
+            entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
+            if let Some(cutoff) = cutoff {
+                // Each file's entries after the cutoff are read again by the
+                // next pass: its cursor stops at the first of them.
+                let keep = entries.partition_point(|(_, _, e)| (e.due_ms, e.task_id) <= cutoff);
+                for (file, offset, entry) in &entries[keep..] {
+                    if let Some((_, _, end)) = moved.iter_mut().find(|(f, _, _)| f == file) {
+                        if *offset < end.offset {
+                            end.offset = *offset;
+                            end.next_due_ms = entry.due_ms.max(1);
+                        }
+                    }
+                }
+                entries.truncate(keep);
             }
             core = self.core.lock();
             if let Some((file, start, cause)) = failed {
@@ -570,7 +608,6 @@ impl Shared {
                     return core;
                 }
             }
-            entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
             for (file, offset, entry) in entries {
                 let Some(loc) = pack_loc(file, offset) else {
                     continue;
@@ -619,4 +656,63 @@ fn missing_far_tasks(file: u32, left: u64) -> String {
          task(s) it should hold (truncated, or a key that does not hash to its far task's)",
         overflow::file_name(file)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Due, Durability, Engine, ManualClock};
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    /// Two overflow files of far tasks due at the same 30 milliseconds,
+    /// each far beyond what one pass of the promotion reads
+    /// (`PROMOTE_ENTRIES_MAX`, 100 here): every task fires once, and all of
+    /// them in (due, schedule order), the order they would have had in one
+    /// pass, across the files and the passes.
+    #[test]
+    fn a_promotion_in_passes_keeps_due_then_id_order_across_files() {
+        const START_MS: u64 = 1_700_000_000_000;
+        let config = Config {
+            durability: Durability::Sync,
+            horizon: Some(Duration::from_secs(3600)),
+            payload_window: Some(Duration::from_secs(60)),
+            resident_window: None,
+            payload_prefetch: false,
+            ..Config::default()
+        };
+        let sim = kairos_wal::SimStorage::new(7);
+        let clock = ManualClock::new(START_MS);
+        let engine =
+            Engine::open_with("/kairos", config, Arc::new(sim), Arc::new(clock.clone())).unwrap();
+        let first_due = START_MS + 2 * 3_600_000;
+        let mut expected = Vec::new();
+        for file in ["a", "b"] {
+            for i in 0..400u64 {
+                let key = format!("{file}-{i:03}");
+                let due_ms = first_due + i % 30;
+                let at = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
+                engine.schedule(key.as_bytes(), at, key.as_bytes()).unwrap();
+                expected.push((due_ms, expected.len(), key));
+            }
+            engine.checkpoint().unwrap();
+        }
+        assert_eq!(engine.stats().far, 800, "{:?}", engine.stats());
+        expected.sort();
+        let consumer = engine.consumer();
+        let mut fired = Vec::new();
+        while clock.wall_ms() < first_due + 60_000 {
+            clock.advance(Duration::from_secs(60));
+            engine.run_until_idle();
+            while let Ok(d) = consumer.try_recv() {
+                assert!(d.fired_ms() >= d.due_ms());
+                assert_eq!(d.payload(), d.key());
+                fired.push((d.due_ms(), String::from_utf8_lossy(d.key()).into_owned()));
+                consumer.ack(&d).unwrap();
+            }
+        }
+        let expected: Vec<(u64, String)> = expected.into_iter().map(|(d, _, k)| (d, k)).collect();
+        assert_eq!(fired, expected);
+        assert_eq!(engine.stats().far_promoted, 800);
+        engine.shutdown().unwrap();
+    }
 }
