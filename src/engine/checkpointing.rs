@@ -1185,9 +1185,12 @@ impl Shared {
                 None
             };
             for (i, &source) in order.iter().enumerate() {
-                // The writer needs strictly increasing (due, id). A task is
-                // chosen at most once (it keeps its slot while it waits, and
-                // one made far in place is not copied), so this only guards.
+                // The writer needs strictly increasing (due, id). A task can
+                // be chosen twice: a far task rescheduled with a new payload
+                // at the same due time, while the victim holding its old
+                // entry was read, is both in memory and in a victim. The
+                // merge gives the memory one first; that one is written (if
+                // the task still waits with it), the stale entry skipped.
                 let (due_ms, id) = order_of(source, &moves, &victim_moves);
                 if last == Some((due_ms, id)) {
                     continue;
@@ -1293,6 +1296,12 @@ impl Shared {
                 break;
             }
             let mut core = holds.lock(self)?;
+            // Far only if still beyond the far span now: a task promoted
+            // meanwhile (or come within it while the file was written) stays.
+            let far_after = horizon_end.map(|_| {
+                let span = self.config.far_span().map_or(0, |s| s.as_millis() as u64);
+                wall_ms(self.now()).saturating_add(span)
+            });
             let mut earliest = Earliest::new();
             let mut live = 0u64;
             for (i, &(source, offset, hash)) in read.iter().enumerate() {
@@ -1302,14 +1311,15 @@ impl Shared {
                 let applied = match source {
                     Source::Memory(i) => {
                         moves[i].hash = hash;
-                        apply_move(self, &mut core, &moves[i], (file, offset), payload, key)
+                        let m = &moves[i];
+                        apply_move(self, &mut core, m, (file, offset), payload, key, far_after)
                             .map(|far| Applied { far, payload: true })
                     }
                     Source::Victim(j) => {
                         let vm = &victim_moves[j];
                         let from = (victims[vm.victim()].file, vm.src_offset());
                         let to = (file, offset);
-                        apply_victim_move(self, &mut core, vm, from, to, key, hash, horizon_end)
+                        apply_victim_move(self, &mut core, vm, from, to, key, hash, far_after)
                     }
                 };
                 if let Some(applied) = applied {
@@ -1443,8 +1453,10 @@ struct Applied {
 
 /// Applies one move of a key and payload in memory whose entry is durable
 /// at `offset` of `file`, if the task still waits with what the entry holds
-/// (`key`, `payload`, as read back). `Some(true)`: it went far;
-/// `Some(false)`: its payload reference moved; `None`: nothing changed.
+/// (`key`, `payload`, as read back). It goes far if it was chosen to and is
+/// still due when it was and after `far_after` (UTC ms: now + far span).
+/// `Some(true)`: it went far; `Some(false)`: its payload reference moved;
+/// `None`: nothing changed.
 fn apply_move(
     shared: &Shared,
     core: &mut Core,
@@ -1452,6 +1464,7 @@ fn apply_move(
     (file, offset): (u32, u64),
     payload: &[u8],
     key: &[u8],
+    far_after: Option<u64>,
 ) -> Option<bool> {
     let task = core.tasks.get_checked(m.slot, TaskId(m.id))?;
     // A task that fell due meanwhile keeps its payload where it is.
@@ -1462,7 +1475,11 @@ fn apply_move(
         return None;
     }
     let loc = crate::far::pack_loc(file, offset);
-    if let (true, Some(loc), true) = (m.far, loc, task.due_ms == m.due_ms && task.deliveries == 0) {
+    let far = m.far
+        && task.due_ms == m.due_ms
+        && task.deliveries == 0
+        && far_after.is_some_and(|end| task.due_ms > end);
+    if let (true, Some(loc)) = (far, loc) {
         shared.forget_task(core, m.slot);
         core.far.insert(crate::far::FarEntry {
             hash: m.hash,
@@ -1484,7 +1501,8 @@ fn apply_move(
 /// by `hash`, its key's) now points at `to`; a waiting task whose payload
 /// is still there (found by `key`) refers to `to` instead, and leaves the
 /// wheel as a far task if it is a first attempt due when the entry says and
-/// beyond the far span (`horizon_end`, UTC ms). `None`: nothing changed.
+/// beyond the far span (due after `far_after`, UTC ms: now + far span).
+/// `None`: nothing changed.
 #[allow(clippy::too_many_arguments)]
 fn apply_victim_move(
     shared: &Shared,
@@ -1494,7 +1512,7 @@ fn apply_victim_move(
     (file, offset): (u32, u64),
     key: &[u8],
     hash: u64,
-    horizon_end: Option<u64>,
+    far_after: Option<u64>,
 ) -> Option<Applied> {
     let loc = crate::far::pack_loc(file, offset);
     if let Some(old) = crate::far::pack_loc(from.0, from.1) {
@@ -1523,8 +1541,7 @@ fn apply_victim_move(
         return None;
     }
     let due_current = task.due_ms == vm.due_ms;
-    let far =
-        due_current && task.deliveries == 0 && horizon_end.is_some_and(|end| task.due_ms > end);
+    let far = due_current && task.deliveries == 0 && far_after.is_some_and(|end| task.due_ms > end);
     if let (true, Some(loc)) = (far, loc) {
         shared.forget_task(core, slot);
         core.far.insert(crate::far::FarEntry {

@@ -13,13 +13,60 @@ use parking_lot::MutexGuard;
 /// Bytes read from an overflow file at a time by the promotion.
 const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
 
-/// Entries one pass of the promotion reads from one file at most: the tasks of all files
-/// due up to the earliest (due, id) where a file stopped are put in the
-/// wheel under one hold of the lock, the rest at the next passes. Without
-/// it, every far task coming within the far span was read whole (key and
-/// payload) and put in the wheel under one hold: all of a million due at
-/// the same moment. (100 in unit tests.)
+/// Entries the promotion holds at most, read but not yet in the wheel,
+/// shared equally among the files with far tasks due (each at least
+/// [`PROMOTE_FILE_ENTRIES_MIN`]). A pass reads each file up to its share;
+/// the tasks of all files up to the earliest (due, id) where a file stopped
+/// with more due are put in the wheel under one hold of the lock, in (due,
+/// id) order; the entries read after it wait for the next pass (kept, not
+/// read again, unless a checkpoint moved the file's cursor meanwhile).
+/// Without it, every far task coming within the far span was read whole
+/// (key and payload) and put in the wheel under one hold: all of a million
+/// due at the same moment. (100 in unit tests.)
 const PROMOTE_ENTRIES_MAX: usize = if cfg!(test) { 100 } else { 65_536 };
+
+/// Entries one pass reads from each file at least, however many files are
+/// due (each gets an equal share of [`PROMOTE_ENTRIES_MAX`]). (10 in unit
+/// tests.)
+const PROMOTE_FILE_ENTRIES_MIN: usize = if cfg!(test) { 10 } else { 1024 };
+
+/// A file's entries read by [`Shared::promote_far`] but not yet promoted.
+struct Carried {
+    /// The file's cursor as the last pass left it (where `entries` begin).
+    at: FarCursor,
+    /// Entries read, in file order, from `at` on.
+    entries: std::collections::VecDeque<(u64, overflow::Entry)>,
+    /// Where reading goes on (after the last of `entries`).
+    read_end: FarCursor,
+    /// (due, id) of the last entry read.
+    last: Option<(u64, u64)>,
+}
+
+impl Carried {
+    fn at(cursor: FarCursor) -> Carried {
+        Carried {
+            at: cursor,
+            entries: Default::default(),
+            read_end: cursor,
+            last: None,
+        }
+    }
+
+    /// Adds entries read after the others; `Some(offset)` of the first
+    /// that is not after the one before it in (due, id) order (the file is
+    /// damaged: reading it on could go round in circles).
+    fn take(&mut self, got: Vec<(u64, overflow::Entry)>) -> Option<u64> {
+        for (offset, entry) in got {
+            let order = (entry.due_ms, entry.task_id);
+            if self.last.is_some_and(|last| order <= last) {
+                return Some(offset);
+            }
+            self.last = Some(order);
+            self.entries.push_back((offset, entry));
+        }
+        None
+    }
+}
 
 /// Where a cancel found its task ([`Shared::locate_for_cancel`]).
 #[derive(Clone, Copy, Debug)]
@@ -71,6 +118,11 @@ pub(super) struct FarCursor {
 }
 
 impl FarCursor {
+    /// Whether `other` is this cursor, not moved or reset since.
+    fn same_place(&self, other: &FarCursor) -> bool {
+        self.offset == other.offset && self.generation == other.generation
+    }
+
     /// A cursor at the start of a file.
     pub fn start() -> FarCursor {
         FarCursor {
@@ -505,6 +557,9 @@ impl Shared {
             return core;
         };
         let horizon_ms = horizon.as_millis() as u64;
+        // Entries read but not yet promoted, by file: kept from one pass to
+        // the next while the file's cursor stays where the last pass left it.
+        let mut carried: std::collections::HashMap<u32, Carried> = Default::default();
         loop {
             if core.stop || core.check_open().is_err() {
                 return core;
@@ -521,77 +576,110 @@ impl Shared {
                 return core;
             }
             drop(core);
+            // A checkpoint may have moved a cursor meanwhile: what was read
+            // from where it was is read again from where it is.
+            carried.retain(|f, c| {
+                due.iter()
+                    .any(|(file, cursor)| file == f && c.at.same_place(cursor))
+            });
             let storage = disk.storage.as_ref();
-            let mut entries: Vec<(u32, u64, overflow::Entry)> = Vec::new();
+            let per_file = (PROMOTE_ENTRIES_MAX / due.len()).max(PROMOTE_FILE_ENTRIES_MIN);
             let mut moved: Vec<(u32, FarCursor, FarCursor)> = Vec::new();
             let mut failed = None;
-            // The earliest (due, id) at which a file's reading stopped at
-            // `PROMOTE_ENTRIES_MAX` with more due: entries after it wait for
-            // the next pass, so that tasks go in the wheel in (due, id)
-            // order across files.
+            // The earliest (due, id) at which a file's reading stopped with
+            // more due: entries after it wait for the next pass, so that
+            // tasks go in the wheel in (due, id) order across files.
             let mut cutoff: Option<(u64, u64)> = None;
-            for (file, start) in due {
+            for &(file, start) in &due {
                 let path = disk.overflow_dir().join(overflow::file_name(file));
-                let mut cursor = start;
-                let mut read = 0usize;
-                loop {
-                    let read_chunk = overflow::read_due_at_most(
+                let c = carried.entry(file).or_insert_with(|| Carried::at(start));
+                while c.entries.len() < per_file && c.read_end.next_due_ms <= until {
+                    let read = overflow::read_due_at_most(
                         storage,
                         &path,
-                        cursor.offset,
+                        c.read_end.offset,
                         until,
                         PROMOTE_CHUNK_BYTES,
-                        PROMOTE_ENTRIES_MAX - read,
+                        per_file - c.entries.len(),
                     )
                     .and_then(|(got, next)| {
                         Ok((got, next, overflow::due_at(storage, &path, next)?))
                     });
-                    match read_chunk {
-                        Ok((got, next, next_due)) => {
-                            read += got.len();
-                            let last = got.last().map(|(_, e)| (e.due_ms, e.task_id));
-                            entries.extend(got.into_iter().map(|(o, e)| (file, o, e)));
-                            cursor = FarCursor {
-                                offset: next,
-                                next_due_ms: next_due.unwrap_or(u64::MAX).max(1),
-                                generation: start.generation,
-                            };
-                            if next_due.is_none_or(|d| d > until) {
-                                break;
-                            }
-                            if read >= PROMOTE_ENTRIES_MAX {
-                                if let Some(last) = last {
-                                    cutoff = Some(cutoff.map_or(last, |c| c.min(last)));
-                                }
-                                break;
-                            }
-                        }
+                    let (got, next, next_due) = match read {
+                        Ok(r) => r,
                         Err(e) => {
                             failed = Some((file, start, format!("cannot promote far tasks: {e}")));
                             break;
                         }
+                    };
+                    let got_none = got.is_empty();
+                    if let Some(offset) = c.take(got) {
+                        failed = Some((
+                            file,
+                            start,
+                            format!(
+                                "cannot promote far tasks: overflow file {} has an entry out of \
+                                 (due time, task id) order at offset {offset}",
+                                overflow::file_name(file)
+                            ),
+                        ));
+                        break;
+                    }
+                    c.read_end = FarCursor {
+                        offset: next,
+                        next_due_ms: next_due.unwrap_or(u64::MAX).max(1),
+                        generation: start.generation,
+                    };
+                    if got_none && c.read_end.next_due_ms <= until {
+                        // Nothing read, yet the next entry is said to be due.
+                        failed = Some((
+                            file,
+                            start,
+                            format!(
+                                "cannot promote far tasks: overflow file {} reads no entry \
+                                 at offset {next}",
+                                overflow::file_name(file)
+                            ),
+                        ));
+                        break;
                     }
                 }
-                moved.push((file, start, cursor));
                 if failed.is_some() {
                     break;
                 }
-            }
-            entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
-            if let Some(cutoff) = cutoff {
-                // Each file's entries after the cutoff are read again by the
-                // next pass: its cursor stops at the first of them.
-                let keep = entries.partition_point(|(_, _, e)| (e.due_ms, e.task_id) <= cutoff);
-                for (file, offset, entry) in &entries[keep..] {
-                    if let Some((_, _, end)) = moved.iter_mut().find(|(f, _, _)| f == file) {
-                        if *offset < end.offset {
-                            end.offset = *offset;
-                            end.next_due_ms = entry.due_ms.max(1);
-                        }
+                if c.read_end.next_due_ms <= until {
+                    if let Some(last) = c.last {
+                        cutoff = Some(cutoff.map_or(last, |cut| cut.min(last)));
                     }
                 }
-                entries.truncate(keep);
             }
+            // The entries up to the cutoff, from every file read; each
+            // file's cursor stops at the first it keeps.
+            let mut entries: Vec<(u32, u64, overflow::Entry)> = Vec::new();
+            if failed.is_none() {
+                for &(file, start) in &due {
+                    let Some(c) = carried.get_mut(&file) else {
+                        continue;
+                    };
+                    while let Some((offset, entry)) = c.entries.pop_front() {
+                        if cutoff.is_some_and(|cut| (entry.due_ms, entry.task_id) > cut) {
+                            c.entries.push_front((offset, entry));
+                            break;
+                        }
+                        entries.push((file, offset, entry));
+                    }
+                    c.at = match c.entries.front() {
+                        Some((offset, entry)) => FarCursor {
+                            offset: *offset,
+                            next_due_ms: entry.due_ms.max(1),
+                            generation: start.generation,
+                        },
+                        None => c.read_end,
+                    };
+                    moved.push((file, start, c.at));
+                }
+            }
+            entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
             core = self.core.lock();
             if let Some((file, start, cause)) = failed {
                 // A checkpoint may have compacted the file meanwhile (its far
@@ -661,17 +749,18 @@ fn missing_far_tasks(file: u32, left: u64) -> String {
 #[cfg(test)]
 mod tests {
     use crate::{Config, Due, Durability, Engine, ManualClock};
+    use kairos_wal::storage::Storage;
+    use std::path::Path;
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
 
-    /// Two overflow files of far tasks due at the same 30 milliseconds,
-    /// each far beyond what one pass of the promotion reads
-    /// (`PROMOTE_ENTRIES_MAX`, 100 here): every task fires once, and all of
-    /// them in (due, schedule order), the order they would have had in one
-    /// pass, across the files and the passes.
-    #[test]
-    fn a_promotion_in_passes_keeps_due_then_id_order_across_files() {
-        const START_MS: u64 = 1_700_000_000_000;
+    const START_MS: u64 = 1_700_000_000_000;
+    /// Due time of the first far task: beyond the one-hour horizon.
+    const FIRST_DUE: u64 = START_MS + 2 * 3_600_000;
+
+    /// An engine on `sim` with a one-hour horizon (all of it resident) and
+    /// the driver promoting.
+    fn engine(sim: &kairos_wal::SimStorage, clock: &ManualClock) -> Engine {
         let config = Config {
             durability: Durability::Sync,
             horizon: Some(Duration::from_secs(3600)),
@@ -680,27 +769,49 @@ mod tests {
             payload_prefetch: false,
             ..Config::default()
         };
+        Engine::open_with(
+            "/kairos",
+            config,
+            Arc::new(sim.clone()),
+            Arc::new(clock.clone()),
+        )
+        .unwrap()
+    }
+
+    /// Schedules `n` tasks `{prefix}-{i:03}` (payload: the key) due at
+    /// `FIRST_DUE + i % 30` ms, then takes a checkpoint: one overflow file
+    /// of far tasks. Appends (due, key) to `scheduled`, in schedule order.
+    fn one_file(engine: &Engine, prefix: &str, n: u64, scheduled: &mut Vec<(u64, String)>) {
+        for i in 0..n {
+            let key = format!("{prefix}-{i:03}");
+            let due_ms = FIRST_DUE + i % 30;
+            let at = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
+            engine.schedule(key.as_bytes(), at, key.as_bytes()).unwrap();
+            scheduled.push((due_ms, key));
+        }
+        engine.checkpoint().unwrap();
+    }
+
+    /// Three overflow files of far tasks due at the same 30 milliseconds,
+    /// the ids rising file by file, each far beyond its share of what the
+    /// promotion holds (`PROMOTE_ENTRIES_MAX`, 100 here): every task fires
+    /// once, and all of them in (due, schedule order), the order they
+    /// would have had in one pass, across the files and the passes.
+    #[test]
+    fn a_promotion_in_passes_keeps_due_then_id_order_across_files() {
         let sim = kairos_wal::SimStorage::new(7);
         let clock = ManualClock::new(START_MS);
-        let engine =
-            Engine::open_with("/kairos", config, Arc::new(sim), Arc::new(clock.clone())).unwrap();
-        let first_due = START_MS + 2 * 3_600_000;
-        let mut expected = Vec::new();
-        for file in ["a", "b"] {
-            for i in 0..400u64 {
-                let key = format!("{file}-{i:03}");
-                let due_ms = first_due + i % 30;
-                let at = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
-                engine.schedule(key.as_bytes(), at, key.as_bytes()).unwrap();
-                expected.push((due_ms, expected.len(), key));
-            }
-            engine.checkpoint().unwrap();
+        let engine = engine(&sim, &clock);
+        let mut scheduled = Vec::new();
+        for prefix in ["a", "b", "c"] {
+            one_file(&engine, prefix, 400, &mut scheduled);
         }
-        assert_eq!(engine.stats().far, 800, "{:?}", engine.stats());
-        expected.sort();
+        assert_eq!(engine.stats().far, 1200, "{:?}", engine.stats());
+        // Stable: equal due times keep the schedule order (the id order).
+        scheduled.sort_by_key(|(due, _)| *due);
         let consumer = engine.consumer();
         let mut fired = Vec::new();
-        while clock.wall_ms() < first_due + 60_000 {
+        while clock.wall_ms() < FIRST_DUE + 60_000 {
             clock.advance(Duration::from_secs(60));
             engine.run_until_idle();
             while let Ok(d) = consumer.try_recv() {
@@ -710,9 +821,53 @@ mod tests {
                 consumer.ack(&d).unwrap();
             }
         }
-        let expected: Vec<(u64, String)> = expected.into_iter().map(|(d, _, k)| (d, k)).collect();
-        assert_eq!(fired, expected);
-        assert_eq!(engine.stats().far_promoted, 800);
+        assert_eq!(fired, scheduled);
+        assert_eq!(engine.stats().far_promoted, 1200);
         engine.shutdown().unwrap();
+    }
+
+    /// An overflow file whose entries are out of (due, id) order (the first
+    /// and last swapped, each intact) poisons the engine when the promotion
+    /// reads it, naming the file — it neither hangs nor promotes around it.
+    #[test]
+    fn entries_out_of_order_poison_the_promotion_instead_of_looping() {
+        let sim = kairos_wal::SimStorage::new(8);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine(&sim, &clock);
+        let mut scheduled = Vec::new();
+        one_file(&engine, "a", 150, &mut scheduled);
+        let dir = Path::new("/kairos/overflow");
+        let names = sim.list(dir).unwrap();
+        let [name] = names.as_slice() else {
+            panic!("one overflow file expected: {names:?}");
+        };
+        let path = dir.join(name);
+        let mut bytes = sim.read_file(&path).unwrap();
+        let header = crate::overflow::HEADER_BYTES;
+        let entry = (bytes.len() - header) / 150;
+        assert_eq!((bytes.len() - header) % 150, 0, "equal entries expected");
+        let (first, last) = (header, bytes.len() - entry);
+        let first_entry = bytes[first..first + entry].to_vec();
+        bytes.copy_within(last.., first);
+        bytes[last..].copy_from_slice(&first_entry);
+        sim.write_file(&path, &bytes);
+        clock.advance(Duration::from_secs(2 * 3600));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let engine = Arc::new(engine);
+        let driven = Arc::clone(&engine);
+        std::thread::spawn(move || {
+            driven.run_until_idle();
+            let _ = done_tx.send(());
+        });
+        assert!(
+            done_rx.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "the promotion did not return"
+        );
+        let at = Due::At(UNIX_EPOCH + Duration::from_millis(FIRST_DUE));
+        let error = engine.schedule(b"after", at, b"").unwrap_err().to_string();
+        assert!(
+            error.contains("out of") && error.contains(name.as_str()),
+            "{error}"
+        );
     }
 }
