@@ -231,3 +231,62 @@ fn far_moves_falling_due_before_the_apply_fire_once() -> TestResult {
     }
     Ok(())
 }
+
+/// Far tasks of a file being compacted come within the far span while the
+/// new file is written and are promoted into the wheel; the compaction then
+/// leaves them there (it used to make them far again, to be promoted a
+/// second time: found by a reviewing helper). Each is promoted once and
+/// fires once, on time.
+#[test]
+fn far_tasks_promoted_during_a_compaction_stay_promoted() -> TestResult {
+    let sim = SimStorage::new(12);
+    let gate = Arc::new(Gate::default());
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let clock = ManualClock::new(START_MS);
+    let engine = open_on(Arc::new(storage), &clock, false)?;
+    let mut model = std::collections::BTreeMap::new();
+    let due = |i: u64| START_MS + 2 * 3_600_000 + 60_000 * i;
+    for i in 0..40u64 {
+        let k = format!("T{i:02}").into_bytes();
+        engine.schedule(&k, at(due(i)), b"p")?;
+        if i % 5 < 2 {
+            model.insert(k, (due(i), b"p".to_vec()));
+        }
+    }
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 40);
+    // 16 of 40 left: the file is a compaction victim at the next checkpoint.
+    for i in (0..40u64).filter(|i| i % 5 >= 2) {
+        let k = format!("T{i:02}").into_bytes();
+        assert!(matches!(
+            engine.cancel(&k)?,
+            CancelOutcome::Cancelled { .. }
+        ));
+    }
+    gate.arm_mode(Path::new("/kairos/overflow"), OpenMode::CreateNew);
+    std::thread::scope(|s| -> TestResult {
+        let ckpt = s.spawn(|| engine.checkpoint());
+        gate.wait_hit();
+        // Now + far span (1 h) reaches 2 h 30 min: tasks 0..=30 come in.
+        clock.advance(90 * MINUTE);
+        engine.run_until_idle();
+        gate.release();
+        ckpt.join().map_err(|_| "checkpoint thread panicked")??;
+        Ok(())
+    })?;
+    let span_end = START_MS + 150 * 60_000;
+    let still_far = model.values().filter(|(d, _)| *d > span_end).count();
+    let stats = engine.stats();
+    assert_eq!(
+        (stats.far, stats.far_promoted),
+        (still_far, 13),
+        "{stats:?}"
+    );
+    let fired = fire_all(&engine, &clock, START_MS + 4 * 3_600_000)?;
+    assert_eq!(fired, model);
+    assert_eq!(engine.stats().far_promoted, 16, "{:?}", engine.stats());
+    Ok(())
+}
