@@ -290,3 +290,61 @@ fn far_tasks_promoted_during_a_compaction_stay_promoted() -> TestResult {
     assert_eq!(engine.stats().far_promoted, 16, "{:?}", engine.stats());
     Ok(())
 }
+
+/// Far tasks promoted while a checkpoint reads its compaction victims, before
+/// it scans the slab, stay promoted: the scan takes out of the wheel only
+/// tasks due beyond now + far span as it stands at each hold (it used the
+/// time the checkpoint began, made them far in place again, and they were
+/// promoted twice: found by a reviewing helper).
+#[test]
+fn far_tasks_promoted_before_the_slab_scan_stay_promoted() -> TestResult {
+    let sim = SimStorage::new(13);
+    let gate = Arc::new(Gate::default());
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let clock = ManualClock::new(START_MS);
+    let engine = open_on(Arc::new(storage), &clock, false)?;
+    let mut model = std::collections::BTreeMap::new();
+    // File 1: 40 far tasks due from 2 h on; file 2: 40 due from 10 h on,
+    // 30 of them cancelled so that it is a compaction victim.
+    for (prefix, first_due_h, file_tasks) in [("A", 2u64, 40u64), ("V", 10, 40)] {
+        for i in 0..file_tasks {
+            let k = format!("{prefix}{i:02}").into_bytes();
+            let due = START_MS + first_due_h * 3_600_000 + 60_000 * i;
+            engine.schedule(&k, at(due), b"p")?;
+            model.insert(k, (due, b"p".to_vec()));
+        }
+        engine.checkpoint()?;
+    }
+    for i in 0..30u64 {
+        let k = format!("V{i:02}").into_bytes();
+        assert!(matches!(
+            engine.cancel(&k)?,
+            CancelOutcome::Cancelled { .. }
+        ));
+        model.remove(&k);
+    }
+    let dir = Path::new("/kairos/overflow");
+    let mut names = sim.list(dir)?;
+    names.sort();
+    let victim = dir.join(names.last().ok_or("no overflow file")?);
+    gate.arm(&victim);
+    std::thread::scope(|s| -> TestResult {
+        let ckpt = s.spawn(|| engine.checkpoint());
+        gate.wait_hit();
+        // Now + far span (1 h) reaches 2 h 30 min: tasks A00..=A30 come in.
+        clock.advance(90 * MINUTE);
+        engine.run_until_idle();
+        gate.release();
+        ckpt.join().map_err(|_| "checkpoint thread panicked")??;
+        Ok(())
+    })?;
+    let stats = engine.stats();
+    assert_eq!((stats.far, stats.far_promoted), (19, 31), "{stats:?}");
+    let fired = fire_all(&engine, &clock, START_MS + 12 * 3_600_000)?;
+    assert_eq!(fired, model);
+    assert_eq!(engine.stats().far_promoted, 50, "{:?}", engine.stats());
+    Ok(())
+}

@@ -962,7 +962,9 @@ impl Shared {
     /// then applied one hold at a time from what the file holds, read back:
     /// each move only if the task still holds what was written. A far task
     /// whose entry is already in a file (with its due time) becomes far in
-    /// place, as it is seen.
+    /// place, as it is seen. "Beyond the far span" is now + far span as the
+    /// clock reads at each hold (choosing) and again at each apply: a far
+    /// task promoted into the wheel meanwhile stays there.
     ///
     /// Memory: a [`Move`] (48 bytes) per task chosen in memory, a
     /// [`VictimMove`] (24 bytes) per victim's entry, and pieces of about
@@ -1047,11 +1049,17 @@ impl Shared {
             }
             victim_files.insert(victim.file);
         }
+        // What goes far is due after now + far span, read at each hold (under
+        // the lock): a far task promoted since the move began is within it,
+        // and stays in the wheel.
+        let far_span_ms = self.config.far_span().map_or(0, |s| s.as_millis() as u64);
+        let far_after_now = || horizon_end.map(|_| wall_ms(self.now()).saturating_add(far_span_ms));
         // Memory: the slab, a range of slots per hold.
         if let Some(window_end) = window_end {
             let mut from = 0u32;
             loop {
                 let mut core = holds.lock(self)?;
+                let far_after = far_after_now();
                 let end = from
                     .saturating_add(SLOTS_PER_HOLD)
                     .min(core.tasks.slots_len());
@@ -1066,7 +1074,7 @@ impl Shared {
                     // Beyond the far span, a first attempt leaves the wheel:
                     // its key goes to disk with its payload, even an empty one.
                     let far =
-                        horizon_end.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
+                        far_after.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
                     match core.payloads.get(&task.bytes) {
                         Some(payload) if far || !payload.is_empty() => {
                             let len = task.key().len().saturating_add(payload.len());
@@ -1298,10 +1306,7 @@ impl Shared {
             let mut core = holds.lock(self)?;
             // Far only if still beyond the far span now: a task promoted
             // meanwhile (or come within it while the file was written) stays.
-            let far_after = horizon_end.map(|_| {
-                let span = self.config.far_span().map_or(0, |s| s.as_millis() as u64);
-                wall_ms(self.now()).saturating_add(span)
-            });
+            let far_after = far_after_now();
             let mut earliest = Earliest::new();
             let mut live = 0u64;
             for (i, &(source, offset, hash)) in read.iter().enumerate() {

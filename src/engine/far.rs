@@ -13,9 +13,12 @@ use parking_lot::MutexGuard;
 /// Bytes read from an overflow file at a time by the promotion.
 const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
 
-/// Entries the promotion holds at most, read but not yet in the wheel,
-/// shared equally among the files with far tasks due (each at least
-/// [`PROMOTE_FILE_ENTRIES_MIN`]). A pass reads each file up to its share;
+/// Entries the promotion holds read but not yet in the wheel, shared
+/// equally among the files with far tasks due, each at least
+/// [`PROMOTE_FILE_ENTRIES_MIN`] (so more in all when over 64 files are due;
+/// and a file keeps what it read at a larger share while more files fall
+/// due: with the 32 files a checkpoint keeps, ~96 k entries at worst). A
+/// pass reads each file up to its share;
 /// the tasks of all files up to the earliest (due, id) where a file stopped
 /// with more due are put in the wheel under one hold of the lock, in (due,
 /// id) order; the entries read after it wait for the next pass (kept, not
