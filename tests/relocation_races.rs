@@ -232,6 +232,25 @@ fn far_moves_falling_due_before_the_apply_fire_once() -> TestResult {
     Ok(())
 }
 
+/// Takes a checkpoint that the armed `gate` pauses; meanwhile advances the
+/// clock by `by` and lets the driver promote; then lets it finish.
+fn checkpoint_promoting_meanwhile(
+    engine: &Engine,
+    gate: &Gate,
+    clock: &ManualClock,
+    by: std::time::Duration,
+) -> TestResult {
+    std::thread::scope(|s| -> TestResult {
+        let ckpt = s.spawn(|| engine.checkpoint());
+        gate.wait_hit();
+        clock.advance(by);
+        engine.run_until_idle();
+        gate.release();
+        ckpt.join().map_err(|_| "checkpoint thread panicked")??;
+        Ok(())
+    })
+}
+
 /// Far tasks of a file being compacted come within the far span while the
 /// new file is written and are promoted into the wheel; the compaction then
 /// leaves them there (it used to make them far again, to be promoted a
@@ -239,14 +258,12 @@ fn far_moves_falling_due_before_the_apply_fire_once() -> TestResult {
 /// fires once, on time.
 #[test]
 fn far_tasks_promoted_during_a_compaction_stay_promoted() -> TestResult {
-    let sim = SimStorage::new(12);
-    let gate = Arc::new(Gate::default());
-    let storage = GateStorage {
-        inner: sim.clone(),
-        gate: Arc::clone(&gate),
-    };
-    let clock = ManualClock::new(START_MS);
-    let engine = open_on(Arc::new(storage), &clock, false)?;
+    let common::far::Gated {
+        gate,
+        clock,
+        engine,
+        ..
+    } = common::far::gated(12)?;
     let mut model = std::collections::BTreeMap::new();
     let due = |i: u64| START_MS + 2 * 3_600_000 + 60_000 * i;
     for i in 0..40u64 {
@@ -267,16 +284,8 @@ fn far_tasks_promoted_during_a_compaction_stay_promoted() -> TestResult {
         ));
     }
     gate.arm_mode(Path::new("/kairos/overflow"), OpenMode::CreateNew);
-    std::thread::scope(|s| -> TestResult {
-        let ckpt = s.spawn(|| engine.checkpoint());
-        gate.wait_hit();
-        // Now + far span (1 h) reaches 2 h 30 min: tasks 0..=30 come in.
-        clock.advance(90 * MINUTE);
-        engine.run_until_idle();
-        gate.release();
-        ckpt.join().map_err(|_| "checkpoint thread panicked")??;
-        Ok(())
-    })?;
+    // Now + far span (1 h) reaches 2 h 30 min: tasks 0..=30 come in.
+    checkpoint_promoting_meanwhile(&engine, &gate, &clock, 90 * MINUTE)?;
     let span_end = START_MS + 150 * 60_000;
     let still_far = model.values().filter(|(d, _)| *d > span_end).count();
     let stats = engine.stats();
@@ -298,14 +307,13 @@ fn far_tasks_promoted_during_a_compaction_stay_promoted() -> TestResult {
 /// promoted twice: found by a reviewing helper).
 #[test]
 fn far_tasks_promoted_before_the_slab_scan_stay_promoted() -> TestResult {
-    let sim = SimStorage::new(13);
-    let gate = Arc::new(Gate::default());
-    let storage = GateStorage {
-        inner: sim.clone(),
-        gate: Arc::clone(&gate),
-    };
-    let clock = ManualClock::new(START_MS);
-    let engine = open_on(Arc::new(storage), &clock, false)?;
+    let common::far::Gated {
+        sim,
+        gate,
+        clock,
+        engine,
+        ..
+    } = common::far::gated(13)?;
     let mut model = std::collections::BTreeMap::new();
     // File 1: 40 far tasks due from 2 h on; file 2: 40 due from 10 h on,
     // 30 of them cancelled so that it is a compaction victim.
@@ -331,16 +339,8 @@ fn far_tasks_promoted_before_the_slab_scan_stay_promoted() -> TestResult {
     names.sort();
     let victim = dir.join(names.last().ok_or("no overflow file")?);
     gate.arm(&victim);
-    std::thread::scope(|s| -> TestResult {
-        let ckpt = s.spawn(|| engine.checkpoint());
-        gate.wait_hit();
-        // Now + far span (1 h) reaches 2 h 30 min: tasks A00..=A30 come in.
-        clock.advance(90 * MINUTE);
-        engine.run_until_idle();
-        gate.release();
-        ckpt.join().map_err(|_| "checkpoint thread panicked")??;
-        Ok(())
-    })?;
+    // Now + far span (1 h) reaches 2 h 30 min: tasks A00..=A30 come in.
+    checkpoint_promoting_meanwhile(&engine, &gate, &clock, 90 * MINUTE)?;
     let stats = engine.stats();
     assert_eq!((stats.far, stats.far_promoted), (19, 31), "{stats:?}");
     let fired = fire_all(&engine, &clock, START_MS + 12 * 3_600_000)?;
