@@ -1008,8 +1008,9 @@ impl Shared {
             .config
             .payload_window
             .map(|w| now.saturating_add(w.as_millis() as u64));
-        let horizon_end = match (self.config.far_span(), window_end) {
-            (Some(h), Some(_)) => Some(now.saturating_add(h.as_millis() as u64)),
+        // Tasks go far only with a far span and a payload window.
+        let far_span_ms = match (self.config.far_span(), window_end) {
+            (Some(h), Some(_)) => Some(h.as_millis() as u64),
             _ => None,
         };
         let mut moves: Vec<Move> = Vec::new();
@@ -1052,8 +1053,7 @@ impl Shared {
         // What goes far is due after now + far span, read at each hold (under
         // the lock): a far task promoted since the move began is within it,
         // and stays in the wheel.
-        let far_span_ms = self.config.far_span().map_or(0, |s| s.as_millis() as u64);
-        let far_after_now = || horizon_end.map(|_| wall_ms(self.now()).saturating_add(far_span_ms));
+        let far_after_now = || far_span_ms.map(|span| wall_ms(self.now()).saturating_add(span));
         // Memory: the slab, a range of slots per hold.
         if let Some(window_end) = window_end {
             let mut from = 0u32;
@@ -1479,23 +1479,49 @@ fn apply_move(
     {
         return None;
     }
-    let loc = crate::far::pack_loc(file, offset);
+    let due_current = task.due_ms == m.due_ms;
     let far = m.far
-        && task.due_ms == m.due_ms
+        && due_current
         && task.deliveries == 0
         && far_after.is_some_and(|end| task.due_ms > end);
-    if let (true, Some(loc)) = (far, loc) {
-        shared.forget_task(core, m.slot);
-        core.far.insert(crate::far::FarEntry {
-            hash: m.hash,
-            loc,
-            id: m.id,
-        });
+    let to = (file, offset);
+    relink(
+        shared,
+        core,
+        m.slot,
+        m.id,
+        m.hash,
+        key,
+        to,
+        far,
+        due_current,
+    )
+}
+
+/// Points the task in `slot` (id `id`, key `key` hashing to `hash`) at its
+/// entry at `(file, offset)`: as a far task, out of the slab and the wheel,
+/// if `far` (and the place packs), else by its payload reference
+/// (`due_current`: the entry's due time is still the task's). `Some(true)`:
+/// it went far; `Some(false)`: its payload reference moved.
+#[allow(clippy::too_many_arguments)]
+fn relink(
+    shared: &Shared,
+    core: &mut Core,
+    slot: u32,
+    id: u64,
+    hash: u64,
+    key: &[u8],
+    (file, offset): (u32, u64),
+    far: bool,
+    due_current: bool,
+) -> Option<bool> {
+    if let (true, Some(loc)) = (far, crate::far::pack_loc(file, offset)) {
+        shared.forget_task(core, slot);
+        core.far.insert(crate::far::FarEntry { hash, loc, id });
         return Some(true);
     }
-    let due_current = task.due_ms == m.due_ms;
     let new_ref = core.payloads.put_on_disk(key, file, offset, due_current);
-    let task = core.tasks.get_mut(m.slot)?;
+    let task = core.tasks.get_mut(slot)?;
     let old = std::mem::replace(&mut task.bytes, new_ref);
     core.payloads.release(old);
     Some(false)
@@ -1519,16 +1545,12 @@ fn apply_victim_move(
     hash: u64,
     far_after: Option<u64>,
 ) -> Option<Applied> {
-    let loc = crate::far::pack_loc(file, offset);
     if let Some(old) = crate::far::pack_loc(from.0, from.1) {
         if let Some(pos) = core.far.find(hash, old, vm.id) {
-            let loc = loc?;
+            let loc = crate::far::pack_loc(file, offset)?;
             core.far.remove(pos);
-            core.far.insert(crate::far::FarEntry {
-                hash,
-                loc,
-                id: vm.id,
-            });
+            let id = vm.id;
+            core.far.insert(crate::far::FarEntry { hash, loc, id });
             return Some(Applied {
                 far: true,
                 payload: false,
@@ -1547,26 +1569,9 @@ fn apply_victim_move(
     }
     let due_current = task.due_ms == vm.due_ms;
     let far = due_current && task.deliveries == 0 && far_after.is_some_and(|end| task.due_ms > end);
-    if let (true, Some(loc)) = (far, loc) {
-        shared.forget_task(core, slot);
-        core.far.insert(crate::far::FarEntry {
-            hash,
-            loc,
-            id: vm.id,
-        });
-        return Some(Applied {
-            far: true,
-            payload: true,
-        });
-    }
-    let new_ref = core.payloads.put_on_disk(key, file, offset, due_current);
-    let task = core.tasks.get_mut(slot)?;
-    let old = std::mem::replace(&mut task.bytes, new_ref);
-    core.payloads.release(old);
-    Some(Applied {
-        far: false,
-        payload: true,
-    })
+    let to = (file, offset);
+    let far = relink(shared, core, slot, vm.id, hash, key, to, far, due_current)?;
+    Some(Applied { far, payload: true })
 }
 
 fn note_earliest(earliest: &mut Earliest, file: u32, due_ms: u64, offset: u64) {
