@@ -295,6 +295,13 @@ impl Wheel {
         Some(item)
     }
 
+    /// The node holding timer `key` (live or not), for a cache prefetch
+    /// before [`Wheel::remove`]; `None` if the key is out of range. O(1).
+    #[must_use]
+    pub fn node_of(&self, key: TimerKey) -> Option<&impl Sized> {
+        self.nodes.get(key.0 as usize)
+    }
+
     /// The due tick of the live timer `key`, or `None` if the key is stale
     /// (removed or expired) or unknown. O(1).
     #[must_use]

@@ -189,9 +189,11 @@ fn a_multi_piece_checkpoint_with_a_fault_at_any_io_then_a_crash() -> TestResult 
     Ok(())
 }
 
-/// The new overflow file is durable, then read back: if that read fails,
-/// the move fails, and the next checkpoint deletes the file (named by no
-/// checkpoint, used by no task) rather than leaving it to the next open.
+/// The new overflow file is durable, then read back (when it holds a
+/// compaction victim's entries, whose tasks are found again by their key):
+/// if that read fails, the move fails, and the next checkpoint deletes the
+/// file (named by no checkpoint, used by no task) rather than leaving it to
+/// the next open.
 #[test]
 fn a_failed_read_back_leaves_no_overflow_file_after_the_next_checkpoint() -> TestResult {
     use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
@@ -200,15 +202,34 @@ fn a_failed_read_back_leaves_no_overflow_file_after_the_next_checkpoint() -> Tes
         h.engine()
             .schedule(&key(i), at(due(i)), &vec![b'x'; 10_000])?;
     }
-    // Opens in this checkpoint: #0 creates 0…1.ovf.tmp, #1 reads 0…1.ovf back.
+    h.engine().checkpoint()?;
+    // 5 of the file's 20 entries left live: the next checkpoint compacts it
+    // into the file it writes for the 20 tasks below.
+    for i in 0..15 {
+        h.engine().cancel(&key(i))?;
+    }
+    for i in 20..40 {
+        h.engine()
+            .schedule(&key(i), at(due(i)), &vec![b'y'; 10_000])?;
+    }
+    // Opens in this checkpoint: #0 and #1 read the victim (choosing, then
+    // its header), #2 creates 0…2.ovf.tmp, #3 reads the victim's entries
+    // while writing, #4 reads 0…2.ovf back.
     h.sim.inject(FaultPlan {
-        after: 1,
+        after: 4,
         op: FaultOp::Open,
         kind: FaultKind::Eio,
     });
     let first = h.engine().checkpoint();
     h.sim.clear_faults();
-    assert!(first.is_err(), "{first:?}");
+    let error = first
+        .err()
+        .ok_or("the checkpoint did not fail")?
+        .to_string();
+    assert!(
+        error.contains("read /kairos/overflow/0000000000000002.ovf"),
+        "not the read-back: {error}"
+    );
     let files = |h: &SimHarness| -> Vec<String> {
         let mut v = h
             .sim
@@ -217,7 +238,8 @@ fn a_failed_read_back_leaves_no_overflow_file_after_the_next_checkpoint() -> Tes
         v.sort();
         v
     };
-    let orphan = files(&h).first().cloned().ok_or("no overflow file")?;
+    let orphan = "0000000000000002.ovf".to_string();
+    assert!(files(&h).contains(&orphan), "{:?}", files(&h));
     for _ in 0..3 {
         h.engine()
             .schedule_after(b"near", Duration::from_secs(1), b"n")?;

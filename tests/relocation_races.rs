@@ -3,7 +3,9 @@
 //! storage wrapper blocks that open) while cancels, reschedules (new due
 //! time, new payload), duplicate schedules, promotions and deliveries run,
 //! then applied over several batches; every task fires once, on time, with
-//! its payload, also after a crash. (Written by a reviewing helper.)
+//! its payload, also after a crash. (Written by a reviewing helper.) Also
+//! held at the rename of the new file: payloads replaced after they were
+//! copied are not moved.
 mod common;
 
 use common::far::{at, cfg, checkpoint_then_maybe_crash, fire_all, HOUR, MINUTE};
@@ -346,5 +348,47 @@ fn far_tasks_promoted_before_the_slab_scan_stay_promoted() -> TestResult {
     let fired = fire_all(&engine, &clock, START_MS + 12 * 3_600_000)?;
     assert_eq!(fired, model);
     assert_eq!(engine.stats().far_promoted, 50, "{:?}", engine.stats());
+    Ok(())
+}
+
+/// A move out of memory with no compaction victim applies its moves from
+/// the offsets it noted while writing, without reading the file back,
+/// unless a reschedule replaced a payload since the copy began. Here tasks
+/// get a new payload (same due time) after their old one was written and
+/// before the move is applied (the rename of the new file is held): they
+/// must stay in memory with the new payload, not go far pointing at the
+/// old one. The others go far. Each fires once, with its latest payload.
+#[test]
+fn payloads_replaced_after_the_copy_are_not_moved() -> TestResult {
+    let common::far::Gated {
+        gate,
+        clock,
+        engine,
+        ..
+    } = common::far::gated(14)?;
+    let mut model = std::collections::BTreeMap::new();
+    for i in 0..40u64 {
+        let k = format!("R{i:02}").into_bytes();
+        let due = START_MS + 2 * 3_600_000 + 60_000 * i;
+        engine.schedule(&k, at(due), b"old")?;
+        model.insert(k, (due, b"old".to_vec()));
+    }
+    gate.arm_rename(Path::new("/kairos/overflow"));
+    std::thread::scope(|s| -> TestResult {
+        let ckpt = s.spawn(|| engine.checkpoint());
+        gate.wait_hit();
+        for i in (0..40u64).step_by(4) {
+            let k = format!("R{i:02}").into_bytes();
+            let due = model[&k].0;
+            engine.reschedule(&k, at(due), Some(b"new"))?;
+            model.insert(k, (due, b"new".to_vec()));
+        }
+        gate.release();
+        ckpt.join().map_err(|_| "checkpoint thread panicked")??;
+        Ok(())
+    })?;
+    assert_eq!(engine.stats().far, 30, "{:?}", engine.stats());
+    let fired = fire_all(&engine, &clock, START_MS + 4 * 3_600_000)?;
+    assert_eq!(fired, model);
     Ok(())
 }

@@ -622,13 +622,15 @@ struct Plan {
 
 /// A task's key and payload in memory chosen for the new overflow file.
 /// Nothing of the key or payload is kept: they are copied from the task
-/// under the lock when the file is written (if it still waits with them)
-/// and read back from the new file when the move is applied.
+/// under the lock when the file is written (if it still waits with them).
+/// When the move is applied, the task still holds them unless a reschedule
+/// replaced a payload meanwhile; only then, or when the file also holds
+/// compaction victims' entries, are they read back from the new file.
 struct Move {
     due_ms: u64,
     id: u64,
     /// Its key's [`crate::far::KeyHasher`] hash, when it goes far (computed
-    /// outside the lock, as the entry is read back).
+    /// as the key is copied into the file).
     hash: u64,
     /// Its offset in the new file, once written ([`NOT_WRITTEN`]: not
     /// written; see [`Move::written`]).
@@ -1109,7 +1111,7 @@ impl Shared {
                         }
                     }
                 }
-                reset_far_cursors(self, &mut core, earliest);
+                reset_far_cursors(&mut core, earliest);
                 if end >= core.tasks.slots_len() {
                     break;
                 }
@@ -1149,6 +1151,11 @@ impl Shared {
         let mut order: Vec<Source> = Vec::new();
         let mut last = None;
         let mut cursor = MergeCursor::default();
+        // Read before the first piece is copied: a payload replaced after
+        // this changes it (see `apply_written_moves`).
+        let replacements = self
+            .payload_replacements
+            .load(std::sync::atomic::Ordering::Relaxed);
         loop {
             // Victims' entries of this piece, read without the lock.
             piece.clear();
@@ -1193,6 +1200,9 @@ impl Shared {
                 None
             };
             for (i, &source) in order.iter().enumerate() {
+                if let Some(core) = &core {
+                    prefetch_ahead(core, &order, &moves, i);
+                }
                 // The writer needs strictly increasing (due, id). A task can
                 // be chosen twice: a far task rescheduled with a new payload
                 // at the same due time, while the victim holding its old
@@ -1224,9 +1234,16 @@ impl Shared {
                     _ => continue,
                 };
                 last = Some((due_ms, id));
+                let hash = match source {
+                    Source::Memory(i) if moves[i].far => hasher.hash(key),
+                    _ => 0,
+                };
                 let offset = writer.push(id, due_ms, key, payload);
                 match source {
-                    Source::Memory(i) => moves[i].offset = offset,
+                    Source::Memory(i) => {
+                        moves[i].offset = offset;
+                        moves[i].hash = hash;
+                    }
                     Source::Victim(j) => victim_moves[j].mark_written(),
                 }
             }
@@ -1246,11 +1263,180 @@ impl Shared {
         // Durable: known from now on, so that the checkpoint after a failed
         // read-back below deletes it (no task refers to it yet).
         holds.lock(self)?.overflow_files.entry(file).or_insert(0);
-        // Tasks that still hold what the file holds now refer to it. The
-        // entries are read back from the file, in order, a piece at a time.
         let path = dir.join(&name);
+        let moved_payloads = if victim_moves.is_empty() {
+            self.apply_written_moves(
+                disk,
+                &path,
+                file,
+                &moves,
+                replacements,
+                holds,
+                &far_after_now,
+            )?
+        } else {
+            self.apply_read_back(
+                disk,
+                &path,
+                file,
+                &mut moves,
+                &victims,
+                &victim_moves,
+                &hasher,
+                holds,
+                &far_after_now,
+            )?
+        };
+        // Cursors of files left with no far task go.
+        let mut core = holds.lock(self)?;
+        let files: HashSet<u32> = core.far.files().collect();
+        core.far_cursors.retain(|f, _| files.contains(f));
+        Ok(moved_payloads)
+    }
+
+    /// Applies the moves of a file written from memory alone (no victim),
+    /// durable at `path`, a piece per hold of the lock, from the offsets
+    /// noted as it was written. A task still waiting under the same id with
+    /// its payload in memory holds what was written unless a reschedule
+    /// replaced a payload since (`replacements`, read before the first
+    /// piece was copied, is then behind [`Shared::payload_replacements`]):
+    /// only then are the entries read back and compared, as
+    /// [`Shared::apply_read_back`] does. Returns the moves applied.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_written_moves(
+        &self,
+        disk: &Disk,
+        path: &Path,
+        file: u32,
+        moves: &[Move],
+        replacements: u64,
+        holds: &mut Holds,
+        far_after_now: &dyn Fn() -> Option<u64>,
+    ) -> Result<u64, CheckpointError> {
+        let replaced = || {
+            self.payload_replacements
+                .load(std::sync::atomic::Ordering::Relaxed)
+                != replacements
+        };
+        let mut reader: Option<overflow::PieceReader> = None;
+        let mut piece = Piece::default();
+        let mut moved = 0u64;
+        let mut next = 0usize;
+        while next < moves.len() {
+            let end = next.saturating_add(MOVES_PER_HOLD).min(moves.len());
+            let chunk = &moves[next..end];
+            let verify = replaced();
+            piece.clear();
+            if verify {
+                // Read without the lock, in file order (the moves are in
+                // (due, id) order, as written).
+                let reader = match &mut reader {
+                    Some(r) => r,
+                    none => none.insert(overflow::PieceReader::open(
+                        disk.storage.as_ref(),
+                        path,
+                        WRITE_PIECE_BYTES,
+                    )?),
+                };
+                for m in chunk {
+                    let Some(offset) = m.written() else {
+                        piece.spans.push(None);
+                        continue;
+                    };
+                    let (entry, _) = reader.entry_at(offset)?;
+                    if entry.task_id != m.id || entry.due_ms != m.due_ms {
+                        return Err(overflow::OverflowReadError::Corrupt {
+                            path: path.to_path_buf(),
+                            offset,
+                            reason: format!(
+                                "entry of task {} read back, not {}",
+                                entry.task_id, m.id
+                            ),
+                        }
+                        .into());
+                    }
+                    piece.push(entry.key, entry.payload);
+                }
+            }
+            let mut core = holds.lock(self)?;
+            // Replacements change under the lock: none since the check
+            // above, none until this hold ends.
+            if !verify && replaced() {
+                continue;
+            }
+            let far_after = far_after_now();
+            let mut earliest = Earliest::new();
+            let mut live = 0u64;
+            for (i, m) in chunk.iter().enumerate() {
+                if let Some(ahead) = chunk.get(i + PREFETCH_TASKS_AHEAD) {
+                    if let Some(entry) = core.tasks.entry(ahead.slot) {
+                        super::prefetch(entry);
+                    }
+                }
+                // What taking it out of memory touches: its wheel node and
+                // its key and payload bytes (freed).
+                if let Some(task) = chunk
+                    .get(i + PREFETCH_TASKS_AHEAD / 2)
+                    .and_then(|ahead| core.tasks.get(ahead.slot))
+                {
+                    if let Some(node) = task.timer.and_then(|t| core.wheel.node_of(t)) {
+                        super::prefetch(node);
+                    }
+                    if let Some(payload) = core.payloads.get(&task.bytes) {
+                        super::prefetch_bytes(&payload[..payload.len().min(1)]);
+                    }
+                    super::prefetch_bytes(&task.key()[..task.key().len().min(1)]);
+                }
+                let Some(offset) = m.written() else {
+                    continue;
+                };
+                let applied = if verify {
+                    let Some((key, payload)) = piece.get(i) else {
+                        continue;
+                    };
+                    apply_move(self, &mut core, m, (file, offset), payload, key, far_after)
+                } else {
+                    apply_written_move(self, &mut core, m, (file, offset), far_after)
+                };
+                if let Some(far) = applied {
+                    live += 1;
+                    moved += 1;
+                    if far {
+                        note_earliest(&mut earliest, file, m.due_ms, offset);
+                    }
+                }
+            }
+            if let Some(n) = core.overflow_files.get_mut(&file) {
+                *n += live;
+            }
+            reset_far_cursors(&mut core, earliest);
+            drop(core);
+            next = end;
+        }
+        Ok(moved)
+    }
+
+    /// Applies the moves of a file written from memory and compaction
+    /// victims, durable at `path`: tasks that still hold what the file
+    /// holds now refer to it. The entries are read back from the file, in
+    /// order, a piece at a time (a victim's entry finds its task again by
+    /// its key). Returns the payload references moved.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_read_back(
+        &self,
+        disk: &Disk,
+        path: &Path,
+        file: u32,
+        moves: &mut [Move],
+        victims: &[Victim],
+        victim_moves: &[VictimMove],
+        hasher: &crate::far::KeyHasher,
+        holds: &mut Holds,
+        far_after_now: &dyn Fn() -> Option<u64>,
+    ) -> Result<u64, CheckpointError> {
         let mut written =
-            overflow::PieceReader::open(disk.storage.as_ref(), &path, WRITE_PIECE_BYTES)?;
+            overflow::PieceReader::open(disk.storage.as_ref(), path, WRITE_PIECE_BYTES)?;
+        let mut piece = Piece::default();
         let mut moved_payloads = 0u64;
         let mut cursor = MergeCursor::default();
         // Per entry of the piece: where it came from, its offset in the new
@@ -1261,7 +1447,7 @@ impl Shared {
             piece.clear();
             read.clear();
             while read.len() < MOVES_PER_HOLD && piece.bytes.len() < WRITE_PIECE_BYTES {
-                let Some(source) = cursor.next(&moves, &victim_moves) else {
+                let Some(source) = cursor.next(moves, victim_moves) else {
                     break;
                 };
                 let (is_written, far) = match source {
@@ -1271,9 +1457,9 @@ impl Shared {
                 if !is_written {
                     continue;
                 }
-                let (due_ms, id) = order_of(source, &moves, &victim_moves);
+                let (due_ms, id) = order_of(source, moves, victim_moves);
                 let corrupt = |offset, reason| overflow::OverflowReadError::Corrupt {
-                    path: path.clone(),
+                    path: path.to_path_buf(),
                     offset,
                     reason,
                 };
@@ -1330,7 +1516,7 @@ impl Shared {
                 if let Some(applied) = applied {
                     live += 1;
                     if applied.far {
-                        let due_ms = order_of(source, &moves, &victim_moves).0;
+                        let due_ms = order_of(source, moves, victim_moves).0;
                         note_earliest(&mut earliest, file, due_ms, offset);
                     }
                     if applied.payload {
@@ -1341,15 +1527,9 @@ impl Shared {
             if let Some(n) = core.overflow_files.get_mut(&file) {
                 *n += live;
             }
-            reset_far_cursors(self, &mut core, earliest);
+            reset_far_cursors(&mut core, earliest);
             drop(core);
         }
-        // Cursors of files left with no far task go.
-        let mut core = holds.lock(self)?;
-        let files: HashSet<u32> = core.far.files().collect();
-        core.far_cursors.retain(|f, _| files.contains(f));
-        self.far_tasks
-            .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(moved_payloads)
     }
 
@@ -1498,6 +1678,84 @@ fn apply_move(
     )
 }
 
+/// How far ahead the loops over moves out of memory ask for the cache
+/// lines they will read: a task's slab entry this many moves ahead, its key
+/// and payload half as many (read from its entry, loaded by then). The
+/// moves are in (due, id) order, so their slots are scattered over the
+/// slab: without it, each move waits for two cache misses in turn.
+const PREFETCH_TASKS_AHEAD: usize = 16;
+
+/// Prefetches for the copy of `order[i]`'s successors into a new file:
+/// the slab entry [`PREFETCH_TASKS_AHEAD`] moves ahead, the key and payload
+/// bytes half as far.
+fn prefetch_ahead(core: &Core, order: &[Source], moves: &[Move], i: usize) {
+    if let Some(&Source::Memory(j)) = order.get(i + PREFETCH_TASKS_AHEAD) {
+        if let Some(entry) = core.tasks.entry(moves[j].slot) {
+            super::prefetch(entry);
+        }
+    }
+    if let Some(&Source::Memory(j)) = order.get(i + PREFETCH_TASKS_AHEAD / 2) {
+        if let Some(task) = core.tasks.get(moves[j].slot) {
+            let key = task.key();
+            super::prefetch_bytes(key);
+            if let Some(payload) = core.payloads.get(&task.bytes) {
+                super::prefetch_bytes(payload);
+            }
+        }
+    }
+}
+
+/// Applies one move of a key and payload in memory whose entry is durable
+/// at `offset` of `file`, without the entry: the caller knows no payload was
+/// replaced since the entry was copied from the task (see
+/// [`Shared::apply_written_moves`]), so a task still waiting under the same
+/// id with its payload in memory holds what the entry holds. Otherwise as
+/// [`apply_move`].
+fn apply_written_move(
+    shared: &Shared,
+    core: &mut Core,
+    m: &Move,
+    (file, offset): (u32, u64),
+    far_after: Option<u64>,
+) -> Option<bool> {
+    let task = core.tasks.get_checked(m.slot, TaskId(m.id))?;
+    // A task that fell due meanwhile keeps its payload where it is.
+    if task.state != TaskState::Scheduled || core.payloads.get(&task.bytes).is_none() {
+        return None;
+    }
+    let due_current = task.due_ms == m.due_ms;
+    let far = m.far
+        && due_current
+        && task.deliveries == 0
+        && far_after.is_some_and(|end| task.due_ms > end);
+    if far && crate::far::pack_loc(file, offset).is_some() {
+        // Goes far: the key is not needed (it is in the entry).
+        return relink(
+            shared,
+            core,
+            m.slot,
+            m.id,
+            m.hash,
+            &[],
+            (file, offset),
+            true,
+            true,
+        );
+    }
+    let key: Box<[u8]> = task.key().into();
+    relink(
+        shared,
+        core,
+        m.slot,
+        m.id,
+        m.hash,
+        &key,
+        (file, offset),
+        false,
+        due_current,
+    )
+}
+
 /// Points the task in `slot` (id `id`, key `key` hashing to `hash`) at its
 /// entry at `(file, offset)`: as a far task, out of the slab and the wheel,
 /// if `far` (and the place packs), else by its payload reference
@@ -1587,7 +1845,7 @@ fn note_earliest(earliest: &mut Earliest, file: u32, due_ms: u64, offset: u64) {
 /// id) order) — payloads of wheel tasks, due within the far span, that
 /// every reset made the promotion read and hold again (a 8 M-task run with
 /// 200-byte payloads held 1–2 M of them at once).
-fn reset_far_cursors(shared: &Shared, core: &mut Core, earliest: Earliest) {
+fn reset_far_cursors(core: &mut Core, earliest: Earliest) {
     if earliest.is_empty() {
         return;
     }
@@ -1607,9 +1865,6 @@ fn reset_far_cursors(shared: &Shared, core: &mut Core, earliest: Earliest) {
             },
         );
     }
-    shared
-        .far_tasks
-        .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Encodes the live state, writing it to `out` a piece of

@@ -71,6 +71,10 @@ impl Carried {
     }
 }
 
+/// Times [`Shared::lock_reading_far`] lets the lock go to read entries a
+/// checkpoint moved meanwhile, before leaving them to be read under it.
+const FAR_READ_ROUNDS: u32 = 2;
+
 /// Where a cancel found its task ([`Shared::locate_for_cancel`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Located {
@@ -201,41 +205,62 @@ impl Shared {
         Ok(core)
     }
 
-    /// Reads, without the engine's lock, the overflow entries of the far
-    /// tasks whose key hash matches one of `keys`, so that the caller —
-    /// taking the lock next — tells them apart by key without disk I/O
-    /// under the lock. Entries are never rewritten in place (a file is
-    /// written once; a moved task gets a new file number), so an entry read
-    /// here is still right later if the far task is still at that place.
-    /// A failed read is kept: it is reported (and poisons the engine) if
-    /// the far task is still at that place once the lock is taken.
-    pub(super) fn read_far_candidates<'k>(
+    /// Takes the engine's lock for a call naming `keys`, with the overflow
+    /// entries of the far tasks whose key hash matches one of them read
+    /// without the lock, so that the caller tells them apart by key without
+    /// disk I/O under the lock. Under the lock, the far index is looked up
+    /// for every key; if it names entries not read yet, the lock is let go,
+    /// they are read, and it is taken again ([`FAR_READ_ROUNDS`] times at
+    /// most; what a checkpoint moved meanwhile is then read under the lock
+    /// by [`Shared::find_far`]). A call whose keys match no far task — a
+    /// schedule of new keys, almost always — takes the lock once.
+    ///
+    /// Entries are never rewritten in place (a file is written once; a
+    /// moved task gets a new file number), so an entry read here is still
+    /// right later if the far task is still at that place. A failed read is
+    /// kept: it is reported (and poisons the engine) if the far task is
+    /// still at that place once the lock is taken ([`Shared::lock_with`]).
+    ///
+    /// Returns the guard, the entries read, and whether any key's hash
+    /// matched a far task under this hold (if not, no key is a far task's).
+    pub(super) fn lock_reading_far<'k>(
         &self,
-        keys: impl IntoIterator<Item = &'k [u8]>,
-    ) -> FarReads {
+        keys: impl Iterator<Item = &'k [u8]> + Clone,
+    ) -> Result<(MutexGuard<'_, Core>, FarReads, bool), String> {
         let mut reads = FarReads::default();
-        if self.far_tasks.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-            return reads;
+        let mut round = 0;
+        loop {
+            let core = self.lock_with(&reads)?;
+            if core.far.is_empty() || self.disk.is_none() {
+                return Ok((core, reads, false));
+            }
+            let mut matched = false;
+            let mut wanted: Vec<(u64, u64)> = Vec::new();
+            for key in keys.clone() {
+                let hash = core.hasher.hash(key);
+                for pos in core.far.candidates(hash) {
+                    matched = true;
+                    let e = core.far.get(pos);
+                    if reads.get(e.loc, e.id).is_none() {
+                        wanted.push((e.loc, e.id));
+                    }
+                }
+            }
+            if wanted.is_empty() || round == FAR_READ_ROUNDS {
+                return Ok((core, reads, matched));
+            }
+            drop(core);
+            self.read_far_entries(&mut reads, wanted);
+            round += 1;
         }
+    }
+
+    /// Reads the overflow entries `wanted` (packed location, task id) into
+    /// `reads`, without the engine's lock.
+    fn read_far_entries(&self, reads: &mut FarReads, mut wanted: Vec<(u64, u64)>) {
         let Some(disk) = &self.disk else {
-            return reads;
+            return;
         };
-        let wanted: Vec<(u64, u64)> = {
-            let core = self.core.lock();
-            keys.into_iter()
-                .flat_map(|k| {
-                    let hash = core.hasher.hash(k);
-                    core.far
-                        .candidates(hash)
-                        .map(|p| {
-                            let e = core.far.get(p);
-                            (e.loc, e.id)
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        };
-        let mut wanted = wanted;
         // In file order (a location's top bits are its file), each file
         // opened once; a key named twice is read once (a failure is not
         // retried).
@@ -260,7 +285,6 @@ impl Shared {
             reads.0.insert((loc, id), read);
             open = Some((file, opened));
         }
-        reads
     }
 
     /// The slot of the live task with `key`, wherever it is: a far task is
@@ -325,8 +349,6 @@ impl Shared {
         debug_assert!(pos.is_some(), "cancelled far task {} not found", e.id);
         if let Some(pos) = pos {
             core.far.remove(pos);
-            self.far_tasks
-                .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -376,8 +398,6 @@ impl Shared {
         }
         let slot = core.tasks.vacant_slot()?;
         core.far.remove(pos)?;
-        self.far_tasks
-            .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         let (file, offset) = unpack_loc(e.loc);
         let window_end = self.config.payload_window.map_or(u64::MAX, |w| {
             wall_ms(now).saturating_add(w.as_millis() as u64)

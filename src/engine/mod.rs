@@ -374,6 +374,19 @@ fn prefetch<T>(value: &T) {
     }
 }
 
+/// [`prefetch`] for the cache lines of a byte slice (none if empty).
+#[inline(always)]
+fn prefetch_bytes(bytes: &[u8]) {
+    const LINE: usize = 64;
+    // One byte per line: the lines from the first byte's to the last's.
+    let start = bytes.as_ptr() as usize % LINE;
+    for at in (0..bytes.len() + start).step_by(LINE) {
+        if let Some(byte) = bytes.get(at.saturating_sub(start)) {
+            prefetch(byte);
+        }
+    }
+}
+
 /// A task's handle in recovery's load: due time, id, its index in the
 /// tasks read, and its key's tag.
 type Handle = (u64, u64, u32, u32);
@@ -474,13 +487,15 @@ pub(crate) struct Shared {
     relocation_cv: Condvar,
     /// The payload prefetcher waits here (with the core lock).
     prefetch_cv: Condvar,
-    /// `Core::far.len()` as of its last change, read without the lock to
-    /// skip looking for far tasks when there are none.
-    far_tasks: std::sync::atomic::AtomicUsize,
     /// Twice what starts a move of far tasks out of the wheel has been
     /// scheduled since the last one started: read without the lock by
     /// [`Shared::await_relocation`] (the lock is taken only when set).
     far_backlog: std::sync::atomic::AtomicBool,
+    /// Payloads replaced by a reschedule so far (changed under the core
+    /// lock). The only way a waiting task keeps its id and changes its
+    /// payload: a move out of memory that saw no change of it since it
+    /// wrote its file applies its moves without reading the file back.
+    payload_replacements: std::sync::atomic::AtomicU64,
 }
 
 /// The store id in the log's `META` file; `Ok(None)` if its bytes do not
@@ -852,8 +867,8 @@ impl Engine {
             checkpoint_cv: Condvar::new(),
             relocation_cv: Condvar::new(),
             prefetch_cv: Condvar::new(),
-            far_tasks: std::sync::atomic::AtomicUsize::new(0),
             far_backlog: std::sync::atomic::AtomicBool::new(false),
+            payload_replacements: std::sync::atomic::AtomicU64::new(0),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
@@ -1676,8 +1691,6 @@ impl Shared {
         }
         core.far = far_index;
         core.far_cursors = far_cursors;
-        self.far_tasks
-            .store(core.far.len(), std::sync::atomic::Ordering::Relaxed);
         let c = &mut *core;
         for file in c.far.files() {
             *c.overflow_files.entry(file).or_default() += c.far.live_in_file(file);
@@ -1719,16 +1732,16 @@ impl Shared {
         check_frame_bytes(std::slice::from_ref(t))?;
 
         self.await_relocation();
-        let reads = self.read_far_candidates([t.key]);
-        let mut core = self
-            .lock_with(&reads)
+        let (mut core, reads, far_match) = self
+            .lock_reading_far(std::iter::once(t.key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         self.check_room(&core, 1)?;
         let tag = core.key_tag(t.key);
         if core.find_slot(tag, t.key).is_some()
-            || self
-                .far_key_or_poison(&mut core, t.key, &reads)
-                .map_err(|cause| ScheduleError::Poisoned { cause })?
+            || far_match
+                && self
+                    .far_key_or_poison(&mut core, t.key, &reads)
+                    .map_err(|cause| ScheduleError::Poisoned { cause })?
         {
             return Err(self.already_exists(core, t.key));
         }
@@ -1774,9 +1787,8 @@ impl Shared {
         let (due_ms, due_tick) = self.prepare(&new, now)?;
         check_frame_bytes(std::slice::from_ref(&new))?;
         self.await_relocation();
-        let reads = self.read_far_candidates([key]);
-        let mut core = self
-            .lock_with(&reads)
+        let (mut core, reads, _) = self
+            .lock_reading_far(std::iter::once(key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         core.check_open().map_err(status_to_schedule_error)?;
         let tag = core.key_tag(key);
@@ -1841,6 +1853,8 @@ impl Shared {
                 let bytes = c.payloads.put(key, payload);
                 let old = std::mem::replace(&mut task.bytes, bytes);
                 c.payloads.release(old);
+                self.payload_replacements
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             } else {
                 task.bytes.due_moved();
             }
@@ -1946,9 +1960,8 @@ impl Shared {
         check_frame_bytes(new)?;
 
         self.await_relocation();
-        let reads = self.read_far_candidates(new.iter().map(|t| t.key));
-        let mut core = self
-            .lock_with(&reads)
+        let (mut core, reads, far_match) = self
+            .lock_reading_far(new.iter().map(|t| t.key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         self.check_room(&core, new.len())?;
         let tags: SmallVec<[u32; 1]> = new.iter().map(|t| core.key_tag(t.key)).collect();
@@ -1960,7 +1973,7 @@ impl Shared {
         {
             return Err(self.already_exists(core, t.key));
         }
-        if !core.far.is_empty() {
+        if far_match {
             for t in new {
                 if self
                     .far_key_or_poison(&mut core, t.key, &reads)
@@ -2223,9 +2236,8 @@ impl Shared {
     /// Cancels one key: [`Shared::cancel_many`] without the outcome vector
     /// and duplicate tracking, so an in-memory cancel allocates nothing.
     fn cancel_one(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
-        let reads = self.read_far_candidates([key]);
-        let mut core = self
-            .lock_with(&reads)
+        let (mut core, reads, _) = self
+            .lock_reading_far(std::iter::once(key))
             .map_err(|cause| CancelError::Poisoned { cause })?;
         core.check_open().map_err(status_to_cancel_error)?;
         let found = self
@@ -2268,9 +2280,8 @@ impl Shared {
                 max: BATCH_TASKS_MAX,
             });
         }
-        let reads = self.read_far_candidates(keys.iter().copied());
-        let mut core = self
-            .lock_with(&reads)
+        let (mut core, reads, _) = self
+            .lock_reading_far(keys.iter().copied())
             .map_err(|cause| CancelError::Poisoned { cause })?;
         core.check_open().map_err(status_to_cancel_error)?;
         let mut outcomes = Vec::with_capacity(keys.len());

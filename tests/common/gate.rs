@@ -22,6 +22,8 @@ struct GateState {
     /// The armed open panics instead of blocking (a bug in the thread
     /// doing it).
     panics: bool,
+    /// A rename of the path is armed, not an open ([`Gate::arm_rename`]).
+    rename: bool,
     hit: bool,
     released: bool,
 }
@@ -37,8 +39,16 @@ impl Gate {
         let mut s = self.state.lock().unwrap();
         s.target = Some((prefix.to_path_buf(), mode));
         s.panics = false;
+        s.rename = false;
         s.hit = false;
         s.released = false;
+    }
+
+    /// Blocks the next rename of a path under `prefix` (made durable and
+    /// named: a new overflow file is complete, its moves not applied).
+    pub fn arm_rename(&self, prefix: &Path) {
+        self.arm_mode(prefix, OpenMode::Read);
+        self.state.lock().unwrap().rename = true;
     }
 
     /// Makes the next open in `mode` of a path under `prefix` panic.
@@ -55,9 +65,26 @@ impl Gate {
     /// Called by [`GateStorage`] at every open: blocks the armed one (or
     /// panics, [`Gate::arm_panic`]).
     pub fn on_open(&self, path: &Path, mode: OpenMode) {
+        self.pass(path, Some(mode));
+    }
+
+    /// Called by [`GateStorage`] at every rename (of `from`): blocks the
+    /// armed one ([`Gate::arm_rename`]).
+    pub fn on_rename(&self, from: &Path) {
+        self.pass(from, None);
+    }
+
+    /// Blocks (or panics at) the armed operation: an open in a mode, or a
+    /// rename (`mode` None).
+    fn pass(&self, path: &Path, mode: Option<OpenMode>) {
         let mut s = self.state.lock().unwrap();
         match &s.target {
-            Some((prefix, m)) if path.starts_with(prefix) && *m == mode => {}
+            Some((prefix, m))
+                if path.starts_with(prefix)
+                    && match mode {
+                        Some(mode) => !s.rename && *m == mode,
+                        None => s.rename,
+                    } => {}
             _ => return,
         }
         s.target = None;
@@ -111,6 +138,7 @@ impl Storage for GateStorage {
         self.inner.exists(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.gate.on_rename(from);
         self.inner.rename(from, to)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
