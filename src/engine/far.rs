@@ -86,7 +86,7 @@ pub(super) enum Located {
 }
 
 /// Overflow entries of far tasks read ahead without the engine's lock, by
-/// (packed location, task id): see [`Shared::read_far_candidates`].
+/// (packed location, task id): see [`Shared::lock_reading_far`].
 #[derive(Debug, Default)]
 pub(super) struct FarReads(
     std::collections::HashMap<
@@ -183,7 +183,7 @@ impl Shared {
         Ok(None)
     }
 
-    /// Takes the engine's lock after [`Shared::read_far_candidates`]: a
+    /// Takes the engine's lock with the reads of [`Shared::lock_reading_far`]: a
     /// read that failed for a far task still at that place poisons the
     /// engine (durable data unreadable), whether or not the call needs that
     /// task, and its cause is returned.
