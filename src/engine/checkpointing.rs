@@ -1323,13 +1323,12 @@ impl Shared {
         let mut moved = 0u64;
         let mut next = 0usize;
         while next < moves.len() {
-            let end = next.saturating_add(MOVES_PER_HOLD).min(moves.len());
-            let chunk = &moves[next..end];
+            let mut end = next.saturating_add(MOVES_PER_HOLD).min(moves.len());
             let verify = replaced();
             piece.clear();
             if verify {
                 // Read without the lock, in file order (the moves are in
-                // (due, id) order, as written).
+                // (due, id) order, as written), about a piece's bytes.
                 let reader = match &mut reader {
                     Some(r) => r,
                     none => none.insert(overflow::PieceReader::open(
@@ -1338,7 +1337,11 @@ impl Shared {
                         WRITE_PIECE_BYTES,
                     )?),
                 };
-                for m in chunk {
+                for (k, m) in moves[next..end].iter().enumerate() {
+                    if piece.bytes.len() >= WRITE_PIECE_BYTES {
+                        end = next + k;
+                        break;
+                    }
                     let Some(offset) = m.written() else {
                         piece.spans.push(None);
                         continue;
@@ -1358,6 +1361,7 @@ impl Shared {
                     piece.push(entry.key, entry.payload);
                 }
             }
+            let chunk = &moves[next..end];
             let mut core = holds.lock(self)?;
             // Replacements change under the lock: none since the check
             // above, none until this hold ends.

@@ -374,10 +374,14 @@ fn prefetch<T>(value: &T) {
     }
 }
 
-/// [`prefetch`] for the cache lines of a byte slice (none if empty).
+/// [`prefetch`] for the cache lines of a byte slice's first 256 bytes
+/// (none if empty): a key and the start of its payload; a large payload is
+/// read as a stream anyway, and prefetching all of it would evict what the
+/// loop needs next.
 #[inline(always)]
 fn prefetch_bytes(bytes: &[u8]) {
     const LINE: usize = 64;
+    let bytes = &bytes[..bytes.len().min(4 * LINE)];
     // One byte per line: the lines from the first byte's to the last's.
     let start = bytes.as_ptr() as usize % LINE;
     for at in (0..bytes.len() + start).step_by(LINE) {
