@@ -71,10 +71,6 @@ impl Carried {
     }
 }
 
-/// Times [`Shared::lock_reading_far`] lets the lock go to read entries a
-/// checkpoint moved meanwhile, before leaving them to be read under it.
-const FAR_READ_ROUNDS: u32 = 2;
-
 /// Where a cancel found its task ([`Shared::locate_for_cancel`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Located {
@@ -209,11 +205,11 @@ impl Shared {
     /// entries of the far tasks whose key hash matches one of them read
     /// without the lock, so that the caller tells them apart by key without
     /// disk I/O under the lock. Under the lock, the far index is looked up
-    /// for every key; if it names entries not read yet, the lock is let go,
-    /// they are read, and it is taken again ([`FAR_READ_ROUNDS`] times at
-    /// most; what a checkpoint moved meanwhile is then read under the lock
-    /// by [`Shared::find_far`]). A call whose keys match no far task — a
-    /// schedule of new keys, almost always — takes the lock once.
+    /// for every key; if any matched, the lock is let go, their entries are
+    /// read, and it is taken again (an entry a checkpoint moved meanwhile is
+    /// read under the lock by [`Shared::find_far`]). A call whose keys match
+    /// no far task — a schedule of new keys, almost always — takes the lock
+    /// once.
     ///
     /// Entries are never rewritten in place (a file is written once; a
     /// moved task gets a new file number), so an entry read here is still
@@ -221,38 +217,32 @@ impl Shared {
     /// kept: it is reported (and poisons the engine) if the far task is
     /// still at that place once the lock is taken ([`Shared::lock_with`]).
     ///
-    /// Returns the guard, the entries read, and whether any key's hash
-    /// matched a far task under this hold (if not, no key is a far task's).
+    /// Returns the guard, the entries read, and whether any key may be a far
+    /// task's: `false` only if no key's hash matched under the hold
+    /// returned.
     pub(super) fn lock_reading_far<'k>(
         &self,
-        keys: impl Iterator<Item = &'k [u8]> + Clone,
+        keys: impl Iterator<Item = &'k [u8]>,
     ) -> Result<(MutexGuard<'_, Core>, FarReads, bool), String> {
         let mut reads = FarReads::default();
-        let mut round = 0;
-        loop {
-            let core = self.lock_with(&reads)?;
-            if core.far.is_empty() || self.disk.is_none() {
-                return Ok((core, reads, false));
-            }
-            let mut matched = false;
-            let mut wanted: Vec<(u64, u64)> = Vec::new();
-            for key in keys.clone() {
-                let hash = core.hasher.hash(key);
-                for pos in core.far.candidates(hash) {
-                    matched = true;
-                    let e = core.far.get(pos);
-                    if reads.get(e.loc, e.id).is_none() {
-                        wanted.push((e.loc, e.id));
-                    }
-                }
-            }
-            if wanted.is_empty() || round == FAR_READ_ROUNDS {
-                return Ok((core, reads, matched));
-            }
-            drop(core);
-            self.read_far_entries(&mut reads, wanted);
-            round += 1;
+        let core = self.lock_with(&reads)?;
+        if core.far.is_empty() || self.disk.is_none() {
+            return Ok((core, reads, false));
         }
+        let mut wanted: Vec<(u64, u64)> = Vec::new();
+        for key in keys {
+            let hash = core.hasher.hash(key);
+            wanted.extend(core.far.candidates(hash).map(|pos| {
+                let e = core.far.get(pos);
+                (e.loc, e.id)
+            }));
+        }
+        if wanted.is_empty() {
+            return Ok((core, reads, false));
+        }
+        drop(core);
+        self.read_far_entries(&mut reads, wanted);
+        Ok((self.lock_with(&reads)?, reads, true))
     }
 
     /// Reads the overflow entries `wanted` (packed location, task id) into
