@@ -266,8 +266,9 @@ pub struct Config {
     /// payloads plus 96 bytes each (the wheel's own memory per task, besides
     /// the key: a slab entry, a wheel node, the index). With large payloads,
     /// or millions of far tasks (a quarter of which start a move), a count
-    /// alone would let gigabytes wait in memory. A producer that gets twice
-    /// this far ahead of the move waits for the next one to start. Default
+    /// alone would let gigabytes wait in memory. A producer waits once twice
+    /// this is in memory — scheduled since the last move started, or being
+    /// taken out by it — until a move starts or ends. Default
     /// [`RELOCATE_FAR_BYTES_DEFAULT`] (64 MiB); at least 1.
     pub relocate_far_bytes: u64,
     /// Run a background thread that reads payloads coming due (within

@@ -510,6 +510,11 @@ pub struct EntryFile {
     path: PathBuf,
 }
 
+/// Bytes [`EntryFile::read`] reads at once from an entry's start: its fixed
+/// part, a key and a payload of a few hundred bytes. A larger entry takes a
+/// second read.
+const ENTRY_READ_GUESS_BYTES: u64 = 512;
+
 impl EntryFile {
     /// Opens the file at `path` for reading and takes its size.
     ///
@@ -551,22 +556,34 @@ impl EntryFile {
             reason,
         };
         let file = self.file.as_ref();
-        let mut fixed = [0u8; ENTRY_FIXED_BYTES];
+        // One read for a typical entry: its fixed part and what follows, up
+        // to ENTRY_READ_GUESS_BYTES (within the file); a second for the rest
+        // of a larger one.
+        let first = ENTRY_READ_GUESS_BYTES.min(self.len.saturating_sub(offset)) as usize;
+        let mut buf = vec![0u8; first];
         if offset < HEADER_BYTES as u64
-            || !read_exact_at(file, &mut fixed, offset).map_err(io_err)?
+            || first < ENTRY_FIXED_BYTES
+            || !read_exact_at(file, &mut buf, offset).map_err(io_err)?
         {
             return Err(corrupt("no entry at this offset".into()));
         }
-        let entry_bytes = u32_at(&fixed, E_BYTES);
+        let entry_bytes = u32_at(&buf, E_BYTES);
         let total = E_ID as u64 + u64::from(entry_bytes);
         if entry_bytes > ENTRY_BYTES_MAX || offset.saturating_add(total) > self.len {
             return Err(corrupt(format!(
                 "entry length {entry_bytes} runs past the file"
             )));
         }
-        let mut buf = vec![0u8; total as usize];
-        if !read_exact_at(file, &mut buf, offset).map_err(io_err)? {
-            return Err(corrupt("file ends inside the entry".into()));
+        // `total` is within the file (checked above), so it fits a usize
+        // as the file's bytes do.
+        let total = total as usize;
+        if total > first {
+            buf.resize(total, 0);
+            if !read_exact_at(file, &mut buf[first..], offset + first as u64).map_err(io_err)? {
+                return Err(corrupt("file ends inside the entry".into()));
+            }
+        } else {
+            buf.truncate(total);
         }
         let entry = match parse_entry(&buf).map_err(corrupt)? {
             Some((e, _)) => e,

@@ -405,12 +405,22 @@ impl Shared {
             core.relocation_wanted = true;
             self.checkpoint_cv.notify_all();
         }
-        if core.far_scheduled >= count.saturating_mul(2)
-            || core.far_scheduled_bytes >= bytes_max.saturating_mul(2)
-        {
+        if self.far_backlog_full(core) {
             self.far_backlog
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// Whether far tasks in the making fill twice what starts a move
+    /// ([`Shared::far_backlog_count`], [`crate::Config::relocate_far_bytes`]):
+    /// those scheduled since the last move started, and those it is taking
+    /// out of the wheel (in memory until it is applied) — so that at most
+    /// about twice that is in memory, not twice that on top of a move.
+    fn far_backlog_full(&self, core: &Core) -> bool {
+        let (moving, moving_bytes) = core.moving;
+        core.far_scheduled.saturating_add(moving) >= self.far_backlog_count(core).saturating_mul(2)
+            || core.far_scheduled_bytes.saturating_add(moving_bytes)
+                >= self.config.relocate_far_bytes.saturating_mul(2)
     }
 
     /// Far tasks scheduled since the last move that start the next one:
@@ -423,12 +433,13 @@ impl Shared {
 
     /// Holds a producer back while far tasks arrive faster than they are
     /// taken out of the wheel: while a move out of memory is under way or
-    /// asked for, and twice what starts one
+    /// asked for, and far tasks in the making fill twice what starts one
     /// ([`crate::Config::relocate_far_tasks`], a quarter of the far tasks,
-    /// [`crate::Config::relocate_far_bytes`]) has been scheduled beyond the
-    /// far span since the last one started, a schedule waits until the next
-    /// one starts (which takes all of them) — as LSM stores stall writes
-    /// when compaction falls behind. Without it, a producer faster than the
+    /// [`crate::Config::relocate_far_bytes`]) — those scheduled beyond the
+    /// far span since the last one started, with those the move under way
+    /// takes out ([`Shared::far_backlog_full`]) — a schedule waits until a
+    /// move starts (taking those scheduled) or ends — as LSM stores stall
+    /// writes when compaction falls behind. Without it, a producer faster than the
     /// move keeps millions of far tasks whole in memory, and a checkpoint
     /// encodes them with their payloads. Not held back: an engine that does
     /// not move far tasks between checkpoints, one closing or poisoned,
@@ -441,8 +452,7 @@ impl Shared {
         }
         let mut core = self.core.lock();
         loop {
-            let behind = core.far_scheduled >= self.far_backlog_count(&core).saturating_mul(2)
-                || core.far_scheduled_bytes >= self.config.relocate_far_bytes.saturating_mul(2);
+            let behind = self.far_backlog_full(&core);
             if !behind
                 || !(core.relocating || core.relocation_wanted)
                 || core.relocation_failed
@@ -929,6 +939,7 @@ impl Drop for MoveDone<'_> {
         {
             let mut core = self.shared.core.lock();
             core.relocating = false;
+            core.moving = (0, 0);
             core.relocation_failed = !self.ok;
         }
         self.shared.relocation_cv.notify_all();
@@ -1019,6 +1030,7 @@ impl Shared {
         let hasher = {
             let mut core = holds.lock(self)?;
             // Every far task scheduled so far is seen by the scan below.
+            core.moving = (core.far_scheduled, core.far_scheduled_bytes);
             core.far_scheduled = 0;
             core.far_scheduled_bytes = 0;
             core.relocation_wanted = false;

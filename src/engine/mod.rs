@@ -274,6 +274,10 @@ struct Core {
     /// [`Config::relocate_far_bytes`] counts it (key, payload and
     /// `checkpointing::WHEEL_TASK_BYTES` each).
     far_scheduled_bytes: u64,
+    /// `far_scheduled` and `far_scheduled_bytes` as they stood when the move
+    /// under way started (0 when none is): the far tasks in the making it
+    /// takes out of the wheel, still in memory until it is applied.
+    moving: (u64, u64),
     /// The checkpointer is asked to take them out (without a checkpoint).
     relocation_wanted: bool,
     /// A move out of memory (`Shared::relocate`) is under way.
@@ -847,6 +851,7 @@ impl Engine {
             checkpoint_hold_max: Duration::ZERO,
             far_scheduled: 0,
             far_scheduled_bytes: 0,
+            moving: (0, 0),
             relocation_wanted: false,
             relocating: false,
             relocation_failed: false,
