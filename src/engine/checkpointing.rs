@@ -941,6 +941,11 @@ impl Drop for MoveDone<'_> {
             core.relocating = false;
             core.moving = (0, 0);
             core.relocation_failed = !self.ok;
+            // What it took out no longer counts.
+            self.shared.far_backlog.store(
+                self.shared.far_backlog_full(&core),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         self.shared.relocation_cv.notify_all();
     }
@@ -1035,8 +1040,11 @@ impl Shared {
             core.far_scheduled_bytes = 0;
             core.relocation_wanted = false;
             core.relocating = true;
-            self.far_backlog
-                .store(false, std::sync::atomic::Ordering::Relaxed);
+            // Full only if what it takes out is twice the setting already.
+            self.far_backlog.store(
+                self.far_backlog_full(&core),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             self.relocation_cv.notify_all();
             core.hasher.clone()
         };
