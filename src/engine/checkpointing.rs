@@ -1683,11 +1683,7 @@ fn apply_move(
     {
         return None;
     }
-    let due_current = task.due_ms == m.due_ms;
-    let far = m.far
-        && due_current
-        && task.deliveries == 0
-        && far_after.is_some_and(|end| task.due_ms > end);
+    let (due_current, far) = move_outcome(m, task, far_after);
     let to = (file, offset);
     relink(
         shared,
@@ -1700,6 +1696,19 @@ fn apply_move(
         far,
         due_current,
     )
+}
+
+/// What becomes of move `m`'s task as it is now (waiting, its payload in
+/// memory): whether its due time is still the one written
+/// (`due_current`), and whether it goes far — chosen to, a first attempt,
+/// still due when it was and after `far_after` (UTC ms: now + far span).
+fn move_outcome(m: &Move, task: &crate::task::Task, far_after: Option<u64>) -> (bool, bool) {
+    let due_current = task.due_ms == m.due_ms;
+    let far = m.far
+        && due_current
+        && task.deliveries == 0
+        && far_after.is_some_and(|end| task.due_ms > end);
+    (due_current, far)
 }
 
 /// How far ahead the loops over moves out of memory ask for the cache
@@ -1747,11 +1756,7 @@ fn apply_written_move(
     if task.state != TaskState::Scheduled || core.payloads.get(&task.bytes).is_none() {
         return None;
     }
-    let due_current = task.due_ms == m.due_ms;
-    let far = m.far
-        && due_current
-        && task.deliveries == 0
-        && far_after.is_some_and(|end| task.due_ms > end);
+    let (due_current, far) = move_outcome(m, task, far_after);
     if far && crate::far::pack_loc(file, offset).is_some() {
         // Goes far: the key is not needed (it is in the entry).
         return relink(
