@@ -500,9 +500,9 @@ pub(crate) struct Shared {
     /// [`Shared::await_relocation`] (the lock is taken only when set).
     far_backlog: std::sync::atomic::AtomicBool,
     /// Payloads replaced by a reschedule so far (changed under the core
-    /// lock). The only way a waiting task keeps its id and changes its
-    /// payload: a move out of memory that saw no change of it since it
-    /// wrote its file applies its moves without reading the file back.
+    /// lock) — the only way a waiting task changes its payload and keeps
+    /// its id. A move out of memory that sees this unchanged since it began
+    /// copying applies its moves without reading its file back.
     payload_replacements: std::sync::atomic::AtomicU64,
 }
 
