@@ -1,4 +1,5 @@
-//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire N`.
+//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm N`
+//! (`warm`: schedule, cancel all, then time scheduling them again into grown memory).
 //! Pair with `perf stat -e instructions` or `valgrind --tool=callgrind`.
 use kairos::{Config, Engine, ManualClock};
 use std::sync::Arc;
@@ -35,6 +36,61 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for k in &keys {
                 engine.cancel(k)?;
             }
+        }
+        "many" => {
+            // Batches of 1 000 through `schedule_many` / `cancel_many`.
+            for k in &keys {
+                engine.cancel(k)?;
+            }
+            let delays: Vec<Duration> = (0..n)
+                .map(|i| {
+                    Duration::from_millis(
+                        (i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1,
+                    )
+                })
+                .collect();
+            let t = Instant::now();
+            for (ks, ds) in keys.chunks(1000).zip(delays.chunks(1000)) {
+                let batch: Vec<kairos::NewTask<'_>> = ks
+                    .iter()
+                    .zip(ds)
+                    .map(|(k, d)| kairos::NewTask {
+                        key: k,
+                        due: kairos::Due::After(*d),
+                        payload: &payload,
+                    })
+                    .collect();
+                engine.schedule_many(&batch)?;
+            }
+            let sched = t.elapsed();
+            let t = Instant::now();
+            for ks in keys.chunks(1000) {
+                let batch: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+                engine.cancel_many(&batch)?;
+            }
+            println!(
+                "warm schedule_many {:.0} ns/op; cancel_many {:.0} ns/op",
+                sched.as_nanos() as f64 / n as f64,
+                t.elapsed().as_nanos() as f64 / n as f64
+            );
+        }
+        "warm" => {
+            // Schedule again into memory the first round already grew: the
+            // engine's own work without the kernel's page faults.
+            for k in &keys {
+                engine.cancel(k)?;
+            }
+            let t = Instant::now();
+            for (i, k) in keys.iter().enumerate() {
+                let delay = Duration::from_millis(
+                    (i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1,
+                );
+                engine.schedule_after(k, delay, &payload)?;
+            }
+            println!(
+                "warm schedule {:.0} ns/op",
+                t.elapsed().as_nanos() as f64 / n as f64
+            );
         }
         "expire" => {
             let consumer = engine.consumer();

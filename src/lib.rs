@@ -45,6 +45,7 @@ pub mod far;
 pub mod fuzzing;
 mod index;
 pub mod overflow;
+mod prefetch;
 pub mod record;
 pub mod replay;
 mod task;

@@ -1394,7 +1394,7 @@ impl Shared {
             for (i, m) in chunk.iter().enumerate() {
                 if let Some(ahead) = chunk.get(i + PREFETCH_TASKS_AHEAD) {
                     if let Some(entry) = core.tasks.entry(ahead.slot) {
-                        super::prefetch(entry);
+                        crate::prefetch::prefetch(entry);
                     }
                 }
                 // What taking it out of memory touches: its wheel node and
@@ -1404,12 +1404,12 @@ impl Shared {
                     .and_then(|ahead| core.tasks.get(ahead.slot))
                 {
                     if let Some(node) = task.timer.and_then(|t| core.wheel.node_of(t)) {
-                        super::prefetch(node);
+                        crate::prefetch::prefetch(node);
                     }
                     if let Some(payload) = core.payloads.get(&task.bytes) {
-                        super::prefetch_bytes(&payload[..payload.len().min(1)]);
+                        crate::prefetch::prefetch_bytes(&payload[..payload.len().min(1)]);
                     }
-                    super::prefetch_bytes(&task.key()[..task.key().len().min(1)]);
+                    crate::prefetch::prefetch_bytes(&task.key()[..task.key().len().min(1)]);
                 }
                 let Some(offset) = m.written() else {
                     continue;
@@ -1724,15 +1724,15 @@ const PREFETCH_TASKS_AHEAD: usize = 16;
 fn prefetch_ahead(core: &Core, order: &[Source], moves: &[Move], i: usize) {
     if let Some(&Source::Memory(j)) = order.get(i + PREFETCH_TASKS_AHEAD) {
         if let Some(entry) = core.tasks.entry(moves[j].slot) {
-            super::prefetch(entry);
+            crate::prefetch::prefetch(entry);
         }
     }
     if let Some(&Source::Memory(j)) = order.get(i + PREFETCH_TASKS_AHEAD / 2) {
         if let Some(task) = core.tasks.get(moves[j].slot) {
             let key = task.key();
-            super::prefetch_bytes(key);
+            crate::prefetch::prefetch_bytes(key);
             if let Some(payload) = core.payloads.get(&task.bytes) {
-                super::prefetch_bytes(payload);
+                crate::prefetch::prefetch_bytes(payload);
             }
         }
     }

@@ -300,14 +300,15 @@ impl Shared {
     /// — a far task — its far-index entry, left where it is (a cancel takes
     /// it out of the far index directly, without putting it back in the
     /// slab and the wheel first). Poisons the engine if a far task's entry
-    /// cannot be read (the cause is returned).
+    /// cannot be read (the cause is returned). `tag` is the key's
+    /// ([`Core::key_tag`]).
     pub(super) fn locate_for_cancel(
         &self,
         core: &mut Core,
         key: &[u8],
+        tag: u32,
         reads: &FarReads,
     ) -> Result<Option<Located>, String> {
-        let tag = core.key_tag(key);
         if let Some(slot) = core.find_slot(tag, key) {
             return Ok(Some(Located::Slot(slot)));
         }

@@ -40,6 +40,7 @@ use crate::error::{
 };
 use crate::far::{FarEntry, FarIndex, KeyHasher};
 use crate::index::TaskIndex;
+use crate::prefetch::prefetch;
 use crate::record::{Record, ID_ONLY_BYTES, RECORD_CANCEL, RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES};
 use crate::replay::{DeadTask, LiveTask, Replay};
 use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
@@ -336,65 +337,6 @@ impl Core {
 /// task, few enough that the lines are still cached when it gets there.
 const PREFETCH_AHEAD: usize = 16;
 
-/// Asks the CPU to start loading the cache lines `value` occupies (a value
-/// of up to 64 bytes spans at most two; larger ones every line in
-/// between). A hint: it changes nothing the program computes (a no-op off
-/// x86_64).
-///
-/// Recovery reads millions of tasks in due order from a vector in
-/// checkpoint order, one random read each; issuing the read a few tasks
-/// ahead overlaps the misses (10 M tasks: the load loop took 3.4–4.2 s
-/// instead of 5.5 s on the 2-core VM of BENCHMARKS.md). The crate's one
-/// `unsafe` block.
-#[inline(always)]
-#[allow(unsafe_code)]
-fn prefetch<T>(value: &T) {
-    const LINE: usize = 64;
-    let start = (value as *const T).cast::<i8>();
-    // The start of each line the value touches (none for a zero-sized one):
-    // `wrapping_add`/`wrapping_sub` only compute addresses, they never
-    // dereference.
-    let size = std::mem::size_of::<T>();
-    let offset = start as usize % LINE;
-    let first = start.wrapping_sub(offset);
-    let lines = if size == 0 {
-        0
-    } else {
-        (offset + size).div_ceil(LINE)
-    };
-    for line in 0..lines {
-        let at = first.wrapping_add(line * LINE);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `_mm_prefetch` requires SSE, part of the x86_64 baseline
-        // every x86_64 target compiles for. A prefetch never faults and has
-        // no effect visible to the program, whatever the address; these
-        // are the starts of the cache lines a live value occupies besides.
-        // Tested in `tests::prefetch_changes_nothing`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = at;
-    }
-}
-
-/// [`prefetch`] for the cache lines of a byte slice's first 256 bytes
-/// (none if empty): a key and the start of its payload; a large payload is
-/// read as a stream anyway, and prefetching all of it would evict what the
-/// loop needs next.
-#[inline(always)]
-fn prefetch_bytes(bytes: &[u8]) {
-    const LINE: usize = 64;
-    let bytes = &bytes[..bytes.len().min(4 * LINE)];
-    // One byte per line: the lines from the first byte's to the last's.
-    let start = bytes.as_ptr() as usize % LINE;
-    for at in (0..bytes.len() + start).step_by(LINE) {
-        if let Some(byte) = bytes.get(at.saturating_sub(start)) {
-            prefetch(byte);
-        }
-    }
-}
-
 /// A task's handle in recovery's load: due time, id, its index in the
 /// tasks read, and its key's tag.
 type Handle = (u64, u64, u32, u32);
@@ -471,6 +413,8 @@ pub(crate) struct Shared {
     /// that tick boundaries fall on wall-clock tick boundaries.
     grid_phase_ns: u128,
     core: Mutex<Core>,
+    /// The index's hasher and table address, for a prefetch before the lock.
+    index_probe: Arc<crate::index::IndexProbe>,
     /// The driver waits here; notified on an earlier deadline, a clock move,
     /// a stop.
     driver_cv: Condvar,
@@ -858,7 +802,9 @@ impl Engine {
             checkpointer_gone: false,
             far_generation: 0,
         };
+        let index_probe = core.index.probe();
         let shared = Arc::new(Shared {
+            index_probe,
             config,
             clock,
             tick_ns,
@@ -1736,8 +1682,14 @@ impl Shared {
     /// schedule makes at most one allocation: the task's key and payload,
     /// when together they take more than `SMALL_BYTES` (26).
     fn schedule_one(&self, t: &NewTask<'_>) -> Result<TaskId, ScheduleError> {
+        // `prepare`, with the key's index bucket loading meanwhile (and
+        // while the lock is taken) once the key's length is known to be valid.
+        self.validate_shape(t)?;
+        let tag = self.index_probe.tag(t.key);
+        self.index_probe.prefetch(tag);
         let now = self.now();
-        let (due_ms, due_tick) = self.prepare(t, now)?;
+        let due_ms = self.validate_due(t.due, now.wall_ns)?;
+        let due_tick = self.due_tick(due_ms, now);
         check_frame_bytes(std::slice::from_ref(t))?;
 
         self.await_relocation();
@@ -1745,7 +1697,6 @@ impl Shared {
             .lock_reading_far(std::iter::once(t.key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         self.check_room(&core, 1)?;
-        let tag = core.key_tag(t.key);
         if core.find_slot(tag, t.key).is_some()
             || far_match
                 && self
@@ -2245,12 +2196,15 @@ impl Shared {
     /// Cancels one key: [`Shared::cancel_many`] without the outcome vector
     /// and duplicate tracking, so an in-memory cancel allocates nothing.
     fn cancel_one(&self, key: &[u8]) -> Result<CancelOutcome, CancelError> {
+        // The key's index bucket starts loading while the lock is taken.
+        let tag = self.index_probe.tag(key);
+        self.index_probe.prefetch(tag);
         let (mut core, reads, _) = self
             .lock_reading_far(std::iter::once(key))
             .map_err(|cause| CancelError::Poisoned { cause })?;
         core.check_open().map_err(status_to_cancel_error)?;
         let found = self
-            .locate_for_cancel(&mut core, key, &reads)
+            .locate_for_cancel(&mut core, key, tag, &reads)
             .map_err(|cause| CancelError::Poisoned { cause })?;
         let slot = match found {
             None => return self.not_found(core),
@@ -2300,8 +2254,9 @@ impl Shared {
         let mut seen: Option<HashSet<u64>> = (keys.len() > 1).then(HashSet::new);
         let mut first = |id: u64| seen.as_mut().is_none_or(|seen| seen.insert(id));
         for key in keys {
+            let tag = core.key_tag(key);
             let found = self
-                .locate_for_cancel(&mut core, key, &reads)
+                .locate_for_cancel(&mut core, key, tag, &reads)
                 .map_err(|cause| CancelError::Poisoned { cause })?;
             let outcome = match found {
                 None => CancelOutcome::NotFound,
@@ -2606,24 +2561,6 @@ enum CancelVictim {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn prefetch_changes_nothing() {
-        let v: Vec<u64> = (0..1_000).collect();
-        for x in &v {
-            super::prefetch(x);
-        }
-        super::prefetch(&());
-        super::prefetch(&v[v.len() - 1]);
-        let boxed: Box<[u8]> = vec![7u8; 3].into();
-        super::prefetch(&boxed[2]);
-        // A value spanning several lines.
-        let wide = [9u8; 300];
-        super::prefetch(&wide);
-        assert_eq!(wide, [9u8; 300]);
-        assert_eq!(v, (0..1_000).collect::<Vec<u64>>());
-        assert_eq!(&*boxed, &[7, 7, 7]);
-    }
-
     use super::*;
 
     /// The 64-bit fast path and the 128-bit fallback agree with plain
