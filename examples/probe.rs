@@ -1,5 +1,6 @@
-//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm N`
-//! (`warm`: schedule, cancel all, then time scheduling them again into grown memory).
+//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many N`
+//! (`warm`: schedule, cancel all, then time scheduling them again into grown memory;
+//! `many`: batches of 1 000 through `schedule_many` and `cancel_many`).
 //! Pair with `perf stat -e instructions` or `valgrind --tool=callgrind`.
 use kairos::{Config, Engine, ManualClock};
 use std::sync::Arc;
@@ -21,6 +22,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|i| format!("order:{i:012}:timeout").into_bytes())
         .collect();
     let payload = [7u8; 64];
+    if what == "many" {
+        return many(&engine, &keys, &payload);
+    }
     let rss_before = rss_bytes();
     let t = Instant::now();
     for (i, k) in keys.iter().enumerate() {
@@ -36,43 +40,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for k in &keys {
                 engine.cancel(k)?;
             }
-        }
-        "many" => {
-            // Batches of 1 000 through `schedule_many` / `cancel_many`.
-            for k in &keys {
-                engine.cancel(k)?;
-            }
-            let delays: Vec<Duration> = (0..n)
-                .map(|i| {
-                    Duration::from_millis(
-                        (i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1,
-                    )
-                })
-                .collect();
-            let t = Instant::now();
-            for (ks, ds) in keys.chunks(1000).zip(delays.chunks(1000)) {
-                let batch: Vec<kairos::NewTask<'_>> = ks
-                    .iter()
-                    .zip(ds)
-                    .map(|(k, d)| kairos::NewTask {
-                        key: k,
-                        due: kairos::Due::After(*d),
-                        payload: &payload,
-                    })
-                    .collect();
-                engine.schedule_many(&batch)?;
-            }
-            let sched = t.elapsed();
-            let t = Instant::now();
-            for ks in keys.chunks(1000) {
-                let batch: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
-                engine.cancel_many(&batch)?;
-            }
-            println!(
-                "warm schedule_many {:.0} ns/op; cancel_many {:.0} ns/op",
-                sched.as_nanos() as f64 / n as f64,
-                t.elapsed().as_nanos() as f64 / n as f64
-            );
         }
         "warm" => {
             // Schedule again into memory the first round already grew: the
@@ -109,6 +76,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "schedule {:.0} ns/op; {what} {:.0} ns/op; RSS growth {rss_per_task} B/task (24-byte keys, 64-byte payloads)",
         schedule.as_nanos() as f64 / n as f64,
         second.as_nanos() as f64 / n as f64
+    );
+    Ok(())
+}
+
+/// `probe many N`: schedules the N tasks into the fresh engine in batches of
+/// 1 000 (`schedule_many`), then cancels them in batches (`cancel_many`).
+fn many(
+    engine: &Engine,
+    keys: &[Vec<u8>],
+    payload: &[u8],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let n = keys.len();
+    let delays: Vec<Duration> = (0..n)
+        .map(|i| {
+            Duration::from_millis((i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1)
+        })
+        .collect();
+    let t = Instant::now();
+    for (ks, ds) in keys.chunks(1000).zip(delays.chunks(1000)) {
+        let batch: Vec<kairos::NewTask<'_>> = ks
+            .iter()
+            .zip(ds)
+            .map(|(k, d)| kairos::NewTask {
+                key: k,
+                due: kairos::Due::After(*d),
+                payload,
+            })
+            .collect();
+        engine.schedule_many(&batch)?;
+    }
+    let schedule = t.elapsed();
+    let t = Instant::now();
+    for ks in keys.chunks(1000) {
+        let batch: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+        engine.cancel_many(&batch)?;
+    }
+    println!(
+        "schedule_many {:.0} ns/op; cancel_many {:.0} ns/op (batches of 1 000)",
+        schedule.as_nanos() as f64 / n as f64,
+        t.elapsed().as_nanos() as f64 / n as f64
     );
     Ok(())
 }

@@ -82,19 +82,17 @@ pub(super) enum Located {
 }
 
 /// Overflow entries of far tasks read ahead without the engine's lock, by
-/// (packed location, task id): see [`Shared::lock_reading_far`].
+/// (packed location, task id), in that order: see
+/// [`Shared::lock_reading_far`]. Empty — no allocation to make or free — for
+/// the calls that match no far task, nearly all of them.
 #[derive(Debug, Default)]
-pub(super) struct FarReads(
-    std::collections::HashMap<
-        (u64, u64),
-        Result<overflow::Entry, String>,
-        foldhash::fast::RandomState,
-    >,
-);
+pub(super) struct FarReads(Vec<((u64, u64), Result<overflow::Entry, String>)>);
 
 impl FarReads {
+    /// O(log n): a binary search.
     fn get(&self, loc: u64, id: u64) -> Option<&Result<overflow::Entry, String>> {
-        self.0.get(&(loc, id))
+        let at = self.0.binary_search_by_key(&(loc, id), |(k, _)| *k).ok()?;
+        Some(&self.0[at].1)
     }
 }
 
@@ -185,7 +183,7 @@ impl Shared {
     /// task, and its cause is returned.
     pub(super) fn lock_with(&self, reads: &FarReads) -> Result<MutexGuard<'_, Core>, String> {
         let mut core = self.core.lock();
-        let failed = reads.0.iter().find_map(|(&(loc, id), read)| {
+        let failed = reads.0.iter().find_map(|&((loc, id), ref read)| {
             let cause = read.as_ref().err()?;
             let (file, offset) = unpack_loc(loc);
             let still = core
@@ -246,8 +244,9 @@ impl Shared {
     }
 
     /// Reads the overflow entries `wanted` (packed location, task id) into
-    /// `reads`, without the engine's lock.
+    /// `reads` (empty), without the engine's lock.
     fn read_far_entries(&self, reads: &mut FarReads, mut wanted: Vec<(u64, u64)>) {
+        debug_assert!(reads.0.is_empty(), "reads are filled once, in order");
         let Some(disk) = &self.disk else {
             return;
         };
@@ -272,7 +271,8 @@ impl Shared {
                 Err(err) => Err(err.clone()),
             }
             .map_err(|err| format!("cannot read far task {id}: {err}"));
-            reads.0.insert((loc, id), read);
+            // `wanted` is sorted and without repeats: so is `reads`.
+            reads.0.push(((loc, id), read));
             open = Some((file, opened));
         }
     }

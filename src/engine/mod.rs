@@ -337,6 +337,10 @@ impl Core {
 /// task, few enough that the lines are still cached when it gets there.
 const PREFETCH_AHEAD: usize = 16;
 
+/// How many keys ahead `schedule_many` and `cancel_many` prefetch the index
+/// bucket each key's lookup reads: the lookups' misses overlap.
+const BATCH_PREFETCH_AHEAD: usize = 8;
+
 /// A task's handle in recovery's load: due time, id, its index in the
 /// tasks read, and its key's tag.
 type Handle = (u64, u64, u32, u32);
@@ -1908,7 +1912,8 @@ impl Shared {
             due_ticks.push(tick);
         }
         if new.len() > 1 {
-            let mut seen = HashSet::with_capacity(new.len());
+            let mut seen: HashSet<&[u8], foldhash::fast::RandomState> =
+                HashSet::with_capacity_and_hasher(new.len(), Default::default());
             for t in new {
                 if !seen.insert(t.key) {
                     return Err(ScheduleError::DuplicateKeyInBatch {
@@ -1918,20 +1923,24 @@ impl Shared {
             }
         }
         check_frame_bytes(new)?;
+        // Tags hashed before the lock is taken.
+        let tags: SmallVec<[u32; 1]> = new.iter().map(|t| self.index_probe.tag(t.key)).collect();
 
         self.await_relocation();
         let (mut core, reads, far_match) = self
             .lock_reading_far(new.iter().map(|t| t.key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         self.check_room(&core, new.len())?;
-        let tags: SmallVec<[u32; 1]> = new.iter().map(|t| core.key_tag(t.key)).collect();
-        if let Some(t) = new
-            .iter()
-            .zip(&tags)
-            .find(|(t, &tag)| core.find_slot(tag, t.key).is_some())
-            .map(|(t, _)| t)
-        {
-            return Err(self.already_exists(core, t.key));
+        for &tag in tags.iter().take(BATCH_PREFETCH_AHEAD) {
+            core.index.prefetch(tag);
+        }
+        for (i, (t, &tag)) in new.iter().zip(&tags).enumerate() {
+            if let Some(&ahead) = tags.get(i + BATCH_PREFETCH_AHEAD) {
+                core.index.prefetch(ahead);
+            }
+            if core.find_slot(tag, t.key).is_some() {
+                return Err(self.already_exists(core, t.key));
+            }
         }
         if far_match {
             for t in new {
@@ -2243,6 +2252,8 @@ impl Shared {
                 max: BATCH_TASKS_MAX,
             });
         }
+        // Tags hashed before the lock is taken.
+        let tags: Vec<u32> = keys.iter().map(|k| self.index_probe.tag(k)).collect();
         let (mut core, reads, _) = self
             .lock_reading_far(keys.iter().copied())
             .map_err(|cause| CancelError::Poisoned { cause })?;
@@ -2251,10 +2262,16 @@ impl Shared {
         let mut victims: SmallVec<[(CancelVictim, TaskId); 1]> = SmallVec::new();
         // Only a multi-key call can name a key twice; a single cancel allocates nothing.
         // Task ids: unique across the slab and the far index.
-        let mut seen: Option<HashSet<u64>> = (keys.len() > 1).then(HashSet::new);
+        let mut seen: Option<HashSet<u64, foldhash::fast::RandomState>> = (keys.len() > 1)
+            .then(|| HashSet::with_capacity_and_hasher(keys.len(), Default::default()));
         let mut first = |id: u64| seen.as_mut().is_none_or(|seen| seen.insert(id));
-        for key in keys {
-            let tag = core.key_tag(key);
+        for &tag in tags.iter().take(BATCH_PREFETCH_AHEAD) {
+            core.index.prefetch(tag);
+        }
+        for (i, (key, &tag)) in keys.iter().zip(&tags).enumerate() {
+            if let Some(&ahead) = tags.get(i + BATCH_PREFETCH_AHEAD) {
+                core.index.prefetch(ahead);
+            }
             let found = self
                 .locate_for_cancel(&mut core, key, tag, &reads)
                 .map_err(|cause| CancelError::Poisoned { cause })?;
