@@ -2,7 +2,8 @@
 //! measured on are in BENCHMARKS.md; reproduce with `cargo bench --bench engine`.
 //!
 //! * in-memory engine, 1 M tasks with the DESIGN.md delay mix: schedule,
-//!   cancel, and expire (advance a manual clock past every due time and
+//!   cancel, the same two through `schedule_many`/`cancel_many` in batches
+//!   of 1 000, and expire (advance a manual clock past every due time and
 //!   receive every task);
 //! * the same three phases on a peer in the same run: what a user writes
 //!   instead — a `BTreeMap` ordered by due time plus a `HashMap` by key, behind
@@ -14,7 +15,7 @@ mod common;
 
 use common::delays_ms;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kairos::{Config, Durability, Engine, ManualClock, NewTask};
+use kairos::{Config, Due, Durability, Engine, ManualClock, NewTask};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -85,6 +86,35 @@ fn in_memory(c: &mut Criterion) {
             time_phase(iters, &keys, &delays, true, |engine, _| {
                 for k in &keys {
                     engine.cancel(k).expect("cancel");
+                }
+            })
+        })
+    });
+    // The same two phases through the batch calls, 1 000 tasks per call.
+    g.bench_function("schedule_many_1000", |b| {
+        b.iter_custom(|iters| {
+            time_phase(iters, &keys, &delays, false, |engine, _| {
+                for (ks, ds) in keys.chunks(1000).zip(delays.chunks(1000)) {
+                    let batch: Vec<NewTask<'_>> = ks
+                        .iter()
+                        .zip(ds)
+                        .map(|(k, d)| NewTask {
+                            key: k,
+                            due: Due::After(Duration::from_millis(*d)),
+                            payload: PAYLOAD,
+                        })
+                        .collect();
+                    engine.schedule_many(&batch).expect("schedule_many");
+                }
+            })
+        })
+    });
+    g.bench_function("cancel_many_1000", |b| {
+        b.iter_custom(|iters| {
+            time_phase(iters, &keys, &delays, true, |engine, _| {
+                for ks in keys.chunks(1000) {
+                    let batch: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+                    engine.cancel_many(&batch).expect("cancel_many");
                 }
             })
         })

@@ -341,6 +341,43 @@ const PREFETCH_AHEAD: usize = 16;
 /// bucket each key's lookup reads: the lookups' misses overlap.
 const BATCH_PREFETCH_AHEAD: usize = 8;
 
+/// The index of the first task of `new` whose key an earlier task of it
+/// has, if any (what a scan with a set of the keys seen would stop at).
+/// Equal keys have equal tags (`tags[i]` is `new[i]`'s), so the keys are
+/// sorted by tag and only those under one tag compared: O(n log n) on
+/// 8-byte pairs, no key hashed again, no allocation for a single task.
+fn first_repeated_key(new: &[NewTask<'_>], tags: &[u32]) -> Option<usize> {
+    if new.len() < 2 {
+        return None;
+    }
+    let mut by_tag: Vec<(u32, u32)> = (0..new.len() as u32)
+        .map(|i| (tags[i as usize], i))
+        .collect();
+    by_tag.sort_unstable();
+    let mut first: Option<usize> = None;
+    for run in by_tag
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|run| run.len() > 1)
+    {
+        // Within a run, indices ascend: the first repeat of each key is
+        // the first later entry equal to an earlier one.
+        for (n, &(_, later)) in run.iter().enumerate().skip(1) {
+            let later = later as usize;
+            if first.is_some_and(|f| f <= later) {
+                break;
+            }
+            if run[..n]
+                .iter()
+                .any(|&(_, i)| new[i as usize].key == new[later].key)
+            {
+                first = Some(later);
+                break;
+            }
+        }
+    }
+    first
+}
+
 /// A task's handle in recovery's load: due time, id, its index in the
 /// tasks read, and its key's tag.
 type Handle = (u64, u64, u32, u32);
@@ -1911,20 +1948,14 @@ impl Shared {
             due_ms.push(ms);
             due_ticks.push(tick);
         }
-        if new.len() > 1 {
-            let mut seen: HashSet<&[u8], foldhash::fast::RandomState> =
-                HashSet::with_capacity_and_hasher(new.len(), Default::default());
-            for t in new {
-                if !seen.insert(t.key) {
-                    return Err(ScheduleError::DuplicateKeyInBatch {
-                        key: key_lossy(t.key),
-                    });
-                }
-            }
-        }
-        check_frame_bytes(new)?;
         // Tags hashed before the lock is taken.
         let tags: SmallVec<[u32; 1]> = new.iter().map(|t| self.index_probe.tag(t.key)).collect();
+        if let Some(twice) = first_repeated_key(new, &tags) {
+            return Err(ScheduleError::DuplicateKeyInBatch {
+                key: key_lossy(new[twice].key),
+            });
+        }
+        check_frame_bytes(new)?;
 
         self.await_relocation();
         let (mut core, reads, far_match) = self
@@ -2579,6 +2610,24 @@ enum CancelVictim {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `first_repeated_key` stops where a scan with a set of the keys seen
+    /// would, whatever the tags (here few, so that unequal keys share them).
+    #[test]
+    fn first_repeated_key_matches_a_set_scan() {
+        proptest::proptest!(|(keys in proptest::collection::vec(0u8..12, 0..40), tag_mod in 1u32..5)| {
+            let owned: Vec<Vec<u8>> = keys.iter().map(|k| vec![*k]).collect();
+            let new: Vec<NewTask<'_>> = owned
+                .iter()
+                .map(|k| NewTask { key: k, due: Due::After(Duration::ZERO), payload: &[] })
+                .collect();
+            // Equal keys, equal tags: a tag is a function of the key.
+            let tags: Vec<u32> = keys.iter().map(|k| u32::from(*k) % tag_mod).collect();
+            let mut seen = HashSet::new();
+            let expected = keys.iter().position(|k| !seen.insert(*k));
+            proptest::prop_assert_eq!(first_repeated_key(&new, &tags), expected);
+        });
+    }
 
     /// The 64-bit fast path and the 128-bit fallback agree with plain
     /// division at every boundary between them, rounding both ways.
