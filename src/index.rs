@@ -140,11 +140,14 @@ impl IndexProbe {
     /// Starts loading the bucket `tag` is filed in into the cache.
     pub fn prefetch(&self, tag: u32) {
         use std::sync::atomic::Ordering::Relaxed;
-        let base = self.base.load(Relaxed);
-        if base == 0 {
+        let (base, shift) = (self.base.load(Relaxed), self.shift.load(Relaxed));
+        // No table published yet. The two are read apart, so they may come
+        // from different tables (the wrapping arithmetic keeps that a wrong
+        // prefetch, never an overflow).
+        if base == 0 || shift == 0 {
             return;
         }
-        let at = home_of(tag, self.shift.load(Relaxed)) * 64;
+        let at = home_of(tag, shift).wrapping_mul(std::mem::size_of::<Bucket>());
         crate::prefetch::prefetch_address(base.wrapping_add(at));
     }
 }
@@ -260,13 +263,7 @@ impl TaskIndex {
         }
         let old = std::mem::replace(&mut self.buckets, vec![Bucket::EMPTY; buckets]);
         self.shift = 64 - buckets.trailing_zeros();
-        {
-            use std::sync::atomic::Ordering::Relaxed;
-            self.probe
-                .base
-                .store(self.buckets.as_ptr() as usize, Relaxed);
-            self.probe.shift.store(self.shift, Relaxed);
-        }
+        self.publish();
         self.len = 0;
         // Old buckets in order: their entries land in (nearly) ascending
         // new buckets, a sequential write rather than a random one.
@@ -278,6 +275,20 @@ impl TaskIndex {
                 ways &= ways - 1;
             }
         }
+    }
+
+    /// Points the shared [`IndexProbe`] at this index's table. Done when the
+    /// table grows; to be called again when this index replaces another
+    /// sharing its probe (one built by [`TaskIndex::empty_like`]), so that
+    /// prefetches find the table in use. Only speed depends on it: a reader
+    /// may see the address and the shift of different tables, and then
+    /// prefetches a line that is not the bucket (never a fault).
+    pub fn publish(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.probe
+            .base
+            .store(self.buckets.as_ptr() as usize, Relaxed);
+        self.probe.shift.store(self.shift, Relaxed);
     }
 
     /// An empty index with this one's hasher (tags computed by either
@@ -516,6 +527,18 @@ mod tests {
         }
         crate::prefetch::prefetch_address(stale);
         probe.prefetch(5);
+        // An address published without its shift, and the other way round
+        // (a reader racing the first growth): no overflow, no fault.
+        let fresh = IndexProbe::default();
+        fresh
+            .base
+            .store(0x1000, std::sync::atomic::Ordering::Relaxed);
+        fresh.prefetch(u32::MAX);
+        fresh.shift.store(2, std::sync::atomic::Ordering::Relaxed);
+        fresh
+            .base
+            .store(usize::MAX, std::sync::atomic::Ordering::Relaxed);
+        fresh.prefetch(u32::MAX);
         assert_eq!(index.find(5, |s| s == 9), Some(9));
         assert_eq!(probe.tag(b"k"), index.tag(b"k"));
     }

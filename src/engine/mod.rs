@@ -1658,6 +1658,7 @@ impl Shared {
             }
         };
         c.index = index;
+        c.index.publish();
         let tasks = &c.tasks;
         let key_of = |slot: u32| tasks.get(slot).map(Task::key);
         // `pairs` holds (first slot of a run under one tag, other slot of
