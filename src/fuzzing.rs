@@ -9,7 +9,7 @@
 //! it, and checks properties that hold for *every* input. A panic in a body is a finding:
 //! either the code under test panicked (it must not, whatever the disk holds) or one of the
 //! body's own `assert!`s — the oracle — failed. Allocation is bounded too, but measuring it
-//! needs a global allocator (and this crate forbids `unsafe`), so the harnesses do it:
+//! needs a global allocator (and this crate denies `unsafe` outside one prefetch hint), so the harnesses do it:
 //! they count the largest single allocation while a body runs and compare it with
 //! [`allocation_bound`].
 //!

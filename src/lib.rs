@@ -29,8 +29,9 @@
 //! See `README.md` for the durability contract of each [`Durability`] mode
 //! and `ARCHITECTURE.md` for a map of the code.
 
-// One audited exception, with its SAFETY comment and test: the cache
-// prefetch hint in recovery (`engine::prefetch`).
+// One audited exception, with its SAFETY comment and tests: the cache
+// prefetch hint (`prefetch::prefetch_address`), used by recovery, moves out
+// of memory, and the index lookups of schedule and cancel.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

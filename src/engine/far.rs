@@ -89,7 +89,8 @@ pub(super) enum Located {
 pub(super) struct FarReads(Vec<((u64, u64), Result<overflow::Entry, String>)>);
 
 impl FarReads {
-    /// O(log n): a binary search.
+    /// The read of the entry at packed location `loc` for task `id`, if
+    /// one was made (`Err`: it failed). O(log n): a binary search.
     fn get(&self, loc: u64, id: u64) -> Option<&Result<overflow::Entry, String>> {
         let at = self.0.binary_search_by_key(&(loc, id), |(k, _)| *k).ok()?;
         Some(&self.0[at].1)
