@@ -106,6 +106,7 @@ fn in_memory(c: &mut Criterion) {
                         .collect();
                     engine.schedule_many(&batch).expect("schedule_many");
                 }
+                assert_eq!(engine.stats().pending, MIX_TASKS);
             })
         })
     });
@@ -116,6 +117,8 @@ fn in_memory(c: &mut Criterion) {
                     let batch: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
                     engine.cancel_many(&batch).expect("cancel_many");
                 }
+                // Every task was found and cancelled (one call, not per key).
+                assert_eq!(engine.stats().pending, 0);
             })
         })
     });
