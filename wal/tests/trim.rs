@@ -224,9 +224,14 @@ fn remove_segments_before_records_the_mark_and_reopens_from_it() -> TestResult {
     assert_eq!(name_of(&kept[0]), (trim2.seq, trim2.first_lsn.0));
     append_one(&wal, 261)?;
     drop(wal); // a crash this time
+               // Record 261 rolls into a new segment if it does not fit in the active one, which depends
+               // on how many MARK frames the writer put there while idle (thread timing).
+    let on_disk = segments(&sim, dir());
+    assert!(on_disk.len() <= 2, "{on_disk:?}");
+    assert_eq!(name_of(&on_disk[0]), (trim2.seq, trim2.first_lsn.0));
     let (_wal, report, replayed) = open(&sim, opts())?;
     assert_eq!(report.first_lsn, trim2.first_lsn);
-    assert_eq!(report.segments, 1);
+    assert_eq!(report.segments, on_disk.len());
     assert_suffix(report.first_lsn, &replayed, 261);
     Ok(())
 }
