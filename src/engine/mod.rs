@@ -341,6 +341,16 @@ const PREFETCH_AHEAD: usize = 16;
 /// bucket each key's lookup reads: the lookups' misses overlap.
 const BATCH_PREFETCH_AHEAD: usize = 8;
 
+/// For a loop over `tags` looking each up in `index`, at step `i`: starts
+/// loading the bucket of the lookup [`BATCH_PREFETCH_AHEAD`] steps ahead
+/// (at step 0, of every lookup up to it).
+fn prefetch_lookups(index: &TaskIndex, tags: &[u32], i: usize) {
+    let first = if i == 0 { 0 } else { i + BATCH_PREFETCH_AHEAD };
+    for &tag in tags.iter().take(i + BATCH_PREFETCH_AHEAD + 1).skip(first) {
+        index.prefetch(tag);
+    }
+}
+
 /// The index of the first task of `new` whose key an earlier task of it
 /// has, if any (what a scan with a set of the keys seen would stop at).
 /// Equal keys have equal tags (`tags[i]` is `new[i]`'s), so the keys are
@@ -1963,13 +1973,8 @@ impl Shared {
             .lock_reading_far(new.iter().map(|t| t.key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         self.check_room(&core, new.len())?;
-        for &tag in tags.iter().take(BATCH_PREFETCH_AHEAD) {
-            core.index.prefetch(tag);
-        }
         for (i, (t, &tag)) in new.iter().zip(&tags).enumerate() {
-            if let Some(&ahead) = tags.get(i + BATCH_PREFETCH_AHEAD) {
-                core.index.prefetch(ahead);
-            }
+            prefetch_lookups(&core.index, &tags, i);
             if core.find_slot(tag, t.key).is_some() {
                 return Err(self.already_exists(core, t.key));
             }
@@ -2285,7 +2290,7 @@ impl Shared {
             });
         }
         // Tags hashed before the lock is taken.
-        let tags: Vec<u32> = keys.iter().map(|k| self.index_probe.tag(k)).collect();
+        let tags: SmallVec<[u32; 1]> = keys.iter().map(|k| self.index_probe.tag(k)).collect();
         let (mut core, reads, _) = self
             .lock_reading_far(keys.iter().copied())
             .map_err(|cause| CancelError::Poisoned { cause })?;
@@ -2297,13 +2302,8 @@ impl Shared {
         let mut seen: Option<HashSet<u64, foldhash::fast::RandomState>> = (keys.len() > 1)
             .then(|| HashSet::with_capacity_and_hasher(keys.len(), Default::default()));
         let mut first = |id: u64| seen.as_mut().is_none_or(|seen| seen.insert(id));
-        for &tag in tags.iter().take(BATCH_PREFETCH_AHEAD) {
-            core.index.prefetch(tag);
-        }
         for (i, (key, &tag)) in keys.iter().zip(&tags).enumerate() {
-            if let Some(&ahead) = tags.get(i + BATCH_PREFETCH_AHEAD) {
-                core.index.prefetch(ahead);
-            }
+            prefetch_lookups(&core.index, &tags, i);
             let found = self
                 .locate_for_cancel(&mut core, key, tag, &reads)
                 .map_err(|cause| CancelError::Poisoned { cause })?;
