@@ -282,14 +282,12 @@ impl PayloadStore {
     }
 }
 
-/// One live task: a small fixed entry (72 bytes) plus the reference to its
-/// key and payload.
+/// One live task: a small fixed entry (64 bytes) plus the reference to its
+/// key and payload. Its key's index tag is not kept: removing the index
+/// entry hashes the key again, except on a cancel, which has just hashed it.
 #[derive(Debug)]
 pub(crate) struct Task {
     pub id: TaskId,
-    /// The key's 32-bit tag in the index (so removing the task's index
-    /// entry never rehashes the key).
-    pub key_tag: u32,
     pub due_ms: u64,
     /// The key and payload bytes.
     pub bytes: PayloadRef,
@@ -301,10 +299,12 @@ pub(crate) struct Task {
 }
 
 // Kept small: a lookup touches one or two cache lines of the slab. The slab
-// slot (task or free-list link) is the entry's real size.
+// slot (task or free-list link) is the entry's real size. (Aligning slots to
+// cache lines was tried: a `Vec` of 64-byte-aligned slots cannot grow with
+// `realloc`, and the copies cost more than the alignment saved.)
 const _: () = assert!(std::mem::size_of::<PayloadRef>() <= 32);
-const _: () = assert!(std::mem::size_of::<Task>() <= 72);
-const _: () = assert!(std::mem::size_of::<Slot>() <= 72);
+const _: () = assert!(std::mem::size_of::<Task>() == 64);
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);
 
 impl Task {
     pub fn key(&self) -> &[u8] {
@@ -439,7 +439,6 @@ mod tests {
     fn task(id: u64) -> Task {
         Task {
             id: TaskId(id),
-            key_tag: 0,
             due_ms: 0,
             bytes: PayloadStore::default().put(b"k", b""),
             state: TaskState::Scheduled,

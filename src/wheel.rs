@@ -41,6 +41,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::num::NonZeroU32;
 
 /// A tick count since the engine's origin (the engine's default tick is 1 ms).
 ///
@@ -86,8 +87,13 @@ const _: () = assert!(WHEEL_RANGE_TICKS == 1 << 42);
 /// expires the node's generation changes, so the key goes *stale* and `remove` returns `None`,
 /// even after the node is reused (until one node is reused 2^31 times, when the generation
 /// wraps). A key is meaningful only to the wheel that issued it.
+///
+/// 8 bytes, and `Option<TimerKey>` is 8 bytes too: a live node's generation is odd, so never 0
+/// (the niche `None` takes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TimerKey(u32, u32);
+pub struct TimerKey(u32, NonZeroU32);
+
+const _: () = assert!(std::mem::size_of::<Option<TimerKey>>() == 8);
 
 /// Why [`Wheel::insert`] refused a timer. The item is not stored in any case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,6 +280,7 @@ impl Wheel {
         let (index, generation) = self.allocate(due, item)?;
         self.link(index);
         self.len += 1;
+        let generation = NonZeroU32::new(generation).expect("a live generation is odd");
         Ok(TimerKey(index, generation))
     }
 
@@ -283,7 +290,7 @@ impl Wheel {
     ///
     /// Panics: none. Source: Varghese & Lauck 1987, scheme 7 (`STOP_TIMER`).
     pub fn remove(&mut self, key: TimerKey) -> Option<u32> {
-        let TimerKey(index, generation) = key;
+        let (index, generation) = (key.0, key.1.get());
         let node = self.nodes.get(index as usize)?;
         // Keys are issued with the odd generation of a live node; freeing makes it even.
         if node.generation != generation || !is_live(generation) {
@@ -306,7 +313,7 @@ impl Wheel {
     /// (removed or expired) or unknown. O(1).
     #[must_use]
     pub fn due(&self, key: TimerKey) -> Option<Tick> {
-        let TimerKey(index, generation) = key;
+        let (index, generation) = (key.0, key.1.get());
         let node = self.nodes.get(index as usize)?;
         (node.generation == generation && is_live(generation)).then_some(Tick(node.due))
     }
@@ -825,7 +832,7 @@ mod tests {
         assert_eq!(wheel.remove(third), Some(3));
         assert_eq!(wheel.remove(third), None);
         // A key this wheel never issued.
-        assert_eq!(wheel.remove(TimerKey(1_000, 1)), None);
+        assert_eq!(wheel.remove(TimerKey(1_000, NonZeroU32::MIN)), None);
         assert!(wheel.is_empty());
         Ok(())
     }

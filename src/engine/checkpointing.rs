@@ -42,8 +42,8 @@ use std::time::{Duration, Instant};
 
 /// Memory a task takes in the wheel besides its key and payload, as
 /// measured (BENCHMARKS.md: 112 bytes per wheel task with a 24-byte key and
-/// no payload — a 72-byte slab entry holding those 24 bytes, a 24-byte
-/// wheel node, the index): what each far task waiting to leave the wheel
+/// no payload — then a 72-byte slab entry holding those 24 bytes, now 64, a
+/// 24-byte wheel node, the index): what each far task waiting to leave the wheel
 /// counts toward [`crate::Config::relocate_far_bytes`] with its key and
 /// payload.
 pub(crate) const WHEEL_TASK_BYTES: u64 = 96;

@@ -428,14 +428,13 @@ impl Shared {
         let placed = core.wheel.insert(due_tick, slot);
         let task = Task {
             id,
-            key_tag: core.key_tag(key),
             bytes,
             due_ms,
             state: TaskState::Scheduled,
             deliveries: 0,
             timer: placed.ok(),
         };
-        core.insert_task(task);
+        core.insert_task(task, core.key_tag(key));
         match placed {
             Ok(_) => {}
             Err(InsertError::Elapsed) => core.overdue.push_back((slot, id)),

@@ -316,9 +316,9 @@ impl Core {
             .find(tag, |slot| tasks.get(slot).is_some_and(|t| t.key() == key))
     }
 
-    /// Stores `task` in the slab and the index; `None` if the slab is full.
-    fn insert_task(&mut self, task: Task) -> Option<u32> {
-        let tag = task.key_tag;
+    /// Stores `task`, whose key's tag is `tag`, in the slab and the index;
+    /// `None` if the slab is full.
+    fn insert_task(&mut self, task: Task, tag: u32) -> Option<u32> {
         let slot = self.tasks.insert(task)?;
         self.index.insert(tag, slot);
         Some(slot)
@@ -1505,11 +1505,6 @@ impl Shared {
             });
         let mut slots_as_planned = planned;
         let mut next_slot = 0u32;
-        // Key tags by position read, for the slab's entries.
-        let mut tags = vec![0u32; tasks.len()];
-        for &(_, _, i, key_tag) in &order {
-            tags[i as usize] = key_tag;
-        }
         // Slots of the tasks in flight at the crash, ascending: they join
         // the catch-up backlog rather than the wheel.
         let mut in_flight_slots: Vec<u32> = Vec::new();
@@ -1568,7 +1563,6 @@ impl Shared {
             }
             let task = Task {
                 id,
-                key_tag: tags[i],
                 bytes: match t.payload_at {
                     // Whether the entry's due time is still the task's is
                     // not known here: assume not.
@@ -1595,7 +1589,6 @@ impl Shared {
             slots_as_planned &= slot == next_slot && dying.binary_search(&(i as u32)).is_err();
             next_slot = next_slot.wrapping_add(1);
         }
-        drop(tags);
         // The wheel and the backlog, in due order (equal due times in id
         // order): one write to each task's entry (its timer), started a
         // few tasks ahead.
@@ -1660,7 +1653,7 @@ impl Shared {
                 let mut filed: Vec<(u32, u32)> = c
                     .tasks
                     .iter_slots()
-                    .map(|(slot, t)| (t.key_tag, slot))
+                    .map(|(slot, t)| (c.index.tag(t.key()), slot))
                     .collect();
                 let mut index = c.index.empty_like();
                 let pairs = index.insert_batch_unchecked(&mut filed);
@@ -2091,14 +2084,13 @@ impl Shared {
         let placed = core.wheel.insert(due_tick, slot);
         let task = Task {
             id,
-            key_tag,
             bytes: core.payloads.put(t.key, t.payload),
             due_ms,
             state: TaskState::Scheduled,
             deliveries: 0,
             timer: placed.ok(),
         };
-        let stored = core.insert_task(task);
+        let stored = core.insert_task(task, key_tag);
         debug_assert_eq!(stored, Some(slot));
         self.count_far_scheduled(core, due_tick, t.key.len() + t.payload.len());
         match placed {
@@ -2227,14 +2219,14 @@ impl Shared {
         Ok(CancelOutcome::NotFound)
     }
 
-    /// Applies a logged cancel to the task in `slot`.
-    fn apply_cancel(&self, core: &mut Core, slot: u32, outright: bool) {
+    /// Applies a logged cancel to the task in `slot`, whose key's tag is
+    /// `tag`.
+    fn apply_cancel(&self, core: &mut Core, slot: u32, tag: u32, outright: bool) {
         if outright {
-            self.forget_task(core, slot);
+            self.forget_task_tagged(core, slot, tag);
         } else if let Some(t) = core.tasks.get_mut(slot) {
             // The holder may still ack or nack; nothing follows either way.
             t.state = TaskState::Abandoned;
-            let tag = t.key_tag;
             core.index.remove(tag, slot);
         }
     }
@@ -2275,7 +2267,7 @@ impl Shared {
         let ticket = self
             .log_ids(&mut core, RECORD_CANCEL, [id], |id| Record::Cancel { id })
             .map_err(|cause| CancelError::Poisoned { cause })?;
-        self.apply_cancel(&mut core, slot, outright);
+        self.apply_cancel(&mut core, slot, tag, outright);
         drop(core);
         self.wait_durable(ticket)
             .map_err(|cause| CancelError::Poisoned { cause })?;
@@ -2318,7 +2310,14 @@ impl Shared {
                     if first(id) {
                         let (outcome, action) = Self::cancel_decision(&core, slot);
                         if let Some((id, outright)) = action {
-                            victims.push((CancelVictim::Slot { slot, outright }, id));
+                            victims.push((
+                                CancelVictim::Slot {
+                                    slot,
+                                    tag,
+                                    outright,
+                                },
+                                id,
+                            ));
                         }
                         outcome
                     } else {
@@ -2344,9 +2343,11 @@ impl Shared {
             .or_else(|| Self::barrier_locked(&core));
         for (victim, _) in victims {
             match victim {
-                CancelVictim::Slot { slot, outright } => {
-                    self.apply_cancel(&mut core, slot, outright)
-                }
+                CancelVictim::Slot {
+                    slot,
+                    tag,
+                    outright,
+                } => self.apply_cancel(&mut core, slot, tag, outright),
                 CancelVictim::Far { pos, entry } => self.drop_far(&mut core, pos, entry),
             }
         }
@@ -2378,6 +2379,16 @@ impl Shared {
 
     /// Removes a task from every structure and frees its memory.
     fn forget_task(&self, core: &mut Core, slot: u32) {
+        // The index entry is found by the key's tag, not kept in the task
+        // (whose entry stays at 64 bytes, one cache line).
+        let Some(tag) = core.tasks.get(slot).map(|t| core.index.tag(t.key())) else {
+            return;
+        };
+        self.forget_task_tagged(core, slot, tag);
+    }
+
+    /// [`Shared::forget_task`] when the key's tag is known.
+    fn forget_task_tagged(&self, core: &mut Core, slot: u32, tag: u32) {
         if let Some(task) = core.tasks.remove(slot) {
             if let Some(timer) = task.timer {
                 core.wheel.remove(timer);
@@ -2388,7 +2399,7 @@ impl Shared {
                 TaskState::Leased | TaskState::Abandoned => core.in_flight_count -= 1,
             }
             // Absent already for an abandoned task.
-            core.index.remove(task.key_tag, slot);
+            core.index.remove(tag, slot);
             core.payloads.release(task.bytes);
             // Overdue, backlog and ready entries, if any, are skipped by
             // their id and state checks.
@@ -2598,9 +2609,9 @@ fn div_u128(n: u128, d: u128, round: Round) -> u128 {
 /// A task a `cancel_many` call cancels, once its record is logged.
 #[derive(Clone, Copy, Debug)]
 enum CancelVictim {
-    /// In the slab; `outright`: forgotten at once (else left `Abandoned`
-    /// to its holder).
-    Slot { slot: u32, outright: bool },
+    /// In the slab, its key's tag `tag`; `outright`: forgotten at once
+    /// (else left `Abandoned` to its holder).
+    Slot { slot: u32, tag: u32, outright: bool },
     /// A far task: taken out of the far index (`pos`: where it was found).
     Far {
         pos: usize,
