@@ -9,17 +9,21 @@
 //! the file written and made durable without the lock, then applied a batch
 //! per hold — nothing the log says changes, so a crash here reopens from the
 //! older checkpoint and deletes the new file); then, under the core lock,
-//! read the log's last LSN `L` and encode every live task and dead letter —
-//! the state in memory is exactly the effect of the records up to `L`,
-//! since every change enqueues its record under that lock — writing it to
-//! `checkpoint/next.ckpt.tmp` a piece at a time as it is encoded; release
-//! the lock; fdatasync the log up to `L` (so no LSN up to `L` can be lost
+//! read the log's last LSN `L` and encode every task in the slab, copy the
+//! dead letters and begin a snapshot of the far index — the state in memory
+//! is exactly the effect of the records up to `L`, since every change
+//! enqueues its record under that lock —; encode the far tasks from the
+//! snapshot a few shards per hold (`FarIndex::read_snapshot`: what changed
+//! since `L` in a shard not read yet is undone from the changes the index
+//! noted), then the dead letters, writing it all to
+//! `checkpoint/next.ckpt.tmp` a piece at a time as it is encoded; fdatasync
+//! the log up to `L` (so no LSN up to `L` can be lost
 //! and reused after a crash); fdatasync the file, rename it to
 //! `checkpoint/{L}.ckpt`, fsync the directory; remove older checkpoint files and overflow
 //! files nothing refers to; remove the log segments whose records all lie at
 //! or below `L` (`Wal::remove_segments_before`, which writes `TRIM` first).
-//! Every hold of the core lock is short but the encoding's, O(live tasks)
-//! of sequential work and writes to the page cache
+//! Every hold of the core lock is short but the first encoding's,
+//! O(resident tasks) of sequential work and writes to the page cache
 //! ([`CheckpointReport::longest_hold`]).
 
 use super::wall_ms;
@@ -90,7 +94,8 @@ pub struct CheckpointReport {
     /// choosing what leaves memory (a range of slots per hold), pointing
     /// the moved tasks at the new overflow file once it is durable and
     /// taking far tasks out of the wheel (a batch of tasks per hold), and
-    /// encoding the state (one hold, O(live tasks)).
+    /// encoding the state (one hold, O(resident tasks), then the far tasks
+    /// at most 65 536 per hold).
     pub locked: Duration,
     /// The longest single hold of the engine's lock: the longest a
     /// producer, consumer or the driver waited on this checkpoint.
@@ -174,13 +179,19 @@ impl Shared {
         for group in victim_groups(victims) {
             payloads_moved += self.relocate(disk, group, &mut holds)?;
         }
-        // The checkpoint is written to `next.ckpt.tmp` as it is encoded
-        // (under the lock: the state must be the one at `L`), then named
-        // after `L` once the log is durable up to it.
+        // The checkpoint is written to `next.ckpt.tmp` as it is encoded,
+        // then named after `L` once the log is durable up to it. The state
+        // must be the one at `L`: the tasks in the slab are encoded in the
+        // hold that reads `L`, the far tasks from a snapshot of the far
+        // index begun in it and read a piece per hold.
         let dir = disk.checkpoint_dir();
         create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
         let mut out = PieceFile::create(disk.storage.as_ref(), &dir, NEXT_CHECKPOINT_NAME)?;
-        let plan = {
+        let mut snapshot = FarSnapshot {
+            shared: self,
+            begun: false,
+        };
+        let (mut enc, mut at, header, wal, named, dead) = {
             let mut core = holds.lock(self)?;
             let Some(wal) = core.wal.clone() else {
                 return Err(CheckpointError::Closed);
@@ -194,17 +205,75 @@ impl Shared {
                 max_task_id: core.next_id.saturating_sub(1),
                 created_ms: disk.storage.now_ms(),
             };
-            let (enc, at, named) = encode(&core, &header, &mut out)?;
-            let (tasks, dead) = (enc.tasks() + enc.far_tasks(), enc.dead_letters());
-            drop(core);
-            Plan {
-                rest: (at, enc.finish()),
-                header,
-                tasks,
-                dead,
-                wal,
-                named,
+            let (enc, at, named) = encode_resident(&core, &header, &mut out)?;
+            // Dead letters are encoded after the far tasks: copied as they
+            // are at `L`.
+            let mut dead: Vec<(u64, crate::replay::DeadTask)> =
+                core.dead.iter().map(|(id, t)| (*id, t.clone())).collect();
+            dead.sort_unstable_by_key(|(id, _)| *id);
+            core.far.begin_snapshot();
+            snapshot.begun = true;
+            (enc, at, header, wal, named, dead)
+        };
+        loop {
+            let done = {
+                let mut core = holds.lock(self)?;
+                let mut push = |e: &crate::far::FarEntry| {
+                    let (file, offset) = crate::far::unpack_loc(e.loc);
+                    enc.push_far(&checkpoint::FarTask {
+                        id: e.id,
+                        key_hash: e.hash,
+                        file,
+                        offset,
+                    });
+                };
+                let Some(done) = core.far.read_snapshot(FAR_ENTRIES_PER_HOLD, &mut push) else {
+                    // Nothing else begins or drops one: a bug. The file
+                    // would lack far tasks; stop rather than write it.
+                    let cause = "checkpoint: the far index's snapshot ended while it was read";
+                    self.poison_locked(&mut core, cause.into());
+                    return Err(CheckpointError::Poisoned {
+                        cause: cause.into(),
+                    });
+                };
+                if done {
+                    for e in core.far.end_snapshot() {
+                        push(&e);
+                    }
+                    snapshot.begun = false;
+                }
+                done
+            };
+            // Written without the lock.
+            if enc.buffered() >= WRITE_PIECE_BYTES {
+                let piece = enc.drain();
+                out.write(&piece, at)?;
+                at += piece.len() as u64;
             }
+            if done {
+                break;
+            }
+            #[cfg(test)]
+            if let Some(hook) = self.far_hold_hook.lock().as_mut() {
+                hook(self);
+            }
+        }
+        for (id, t) in &dead {
+            enc.push_dead(*id, t);
+            if enc.buffered() >= WRITE_PIECE_BYTES {
+                let piece = enc.drain();
+                out.write(&piece, at)?;
+                at += piece.len() as u64;
+            }
+        }
+        drop(dead);
+        let plan = Plan {
+            tasks: enc.tasks() + enc.far_tasks(),
+            dead: enc.dead_letters(),
+            rest: (at, enc.finish()),
+            header,
+            wal,
+            named,
         };
         let Plan {
             rest: (at, rest),
@@ -1902,8 +1971,10 @@ fn reset_far_cursors(core: &mut Core, earliest: Earliest) {
 /// cancel (`Abandoned`) are finished as far as the log is concerned (their
 /// CANCEL is logged), so they are left out; `Ready` and `Leased` tasks are
 /// in flight. Returns the encoder (its last bytes not yet written), the
-/// offset they go to, and the overflow files the state refers to.
-fn encode(
+/// offset they go to, and the overflow files the state refers to (the far
+/// tasks' too, as they are now). Far tasks and dead letters are the
+/// caller's.
+fn encode_resident(
     core: &Core,
     header: &CheckpointHeader,
     out: &mut PieceFile,
@@ -1947,23 +2018,28 @@ fn encode(
         );
         drain(&mut enc)?;
     }
-    for e in core.far.iter() {
-        let (file, offset) = crate::far::unpack_loc(e.loc);
-        enc.push_far(&checkpoint::FarTask {
-            id: e.id,
-            key_hash: e.hash,
-            file,
-            offset,
-        });
-        drain(&mut enc)?;
-    }
-    let mut dead: Vec<_> = core.dead.iter().collect();
-    dead.sort_unstable_by_key(|(id, _)| **id);
-    for (id, t) in dead {
-        enc.push_dead(*id, t);
-        drain(&mut enc)?;
-    }
     Ok((enc, at, named))
+}
+
+/// Far tasks a checkpoint encodes per hold of the engine's lock, from the
+/// far index's snapshot (at least one shard: 1/256 of the far tasks; one
+/// shard per hold in unit tests).
+const FAR_ENTRIES_PER_HOLD: usize = if cfg!(test) { 1 } else { 65_536 };
+
+/// The far index's snapshot a checkpoint is reading: dropped (under the
+/// lock) if the checkpoint stops before it is read to the end, so the
+/// index stops noting its changes.
+struct FarSnapshot<'a> {
+    shared: &'a Shared,
+    begun: bool,
+}
+
+impl Drop for FarSnapshot<'_> {
+    fn drop(&mut self) {
+        if self.begun {
+            self.shared.core.lock().far.abort_snapshot();
+        }
+    }
 }
 
 fn remove_overflow_files(disk: &Disk, files: &[u32]) -> Result<usize, CheckpointError> {
@@ -2264,6 +2340,163 @@ fn fits_log(loaded: &LoadedMeta, wal: &Wal, replayed_after: u64) -> Result<(), O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An engine on simulated storage whose tasks due beyond one hour go
+    /// far at a checkpoint, and nothing runs a checkpoint or a move but
+    /// the test.
+    fn far_engine(sim: &kairos_wal::SimStorage, clock: &crate::ManualClock) -> crate::Engine {
+        let c = crate::Config {
+            horizon: Some(Duration::from_secs(3600)),
+            resident_window: None,
+            payload_window: Some(Duration::from_secs(60)),
+            payload_prefetch: false,
+            relocate_far_tasks: None,
+            checkpoint_interval: None,
+            checkpoint_log_bytes: None,
+            ..crate::Config::default()
+        };
+        crate::Engine::open_with("/k", c, Arc::new(sim.clone()), Arc::new(clock.clone()))
+            .expect("open")
+    }
+
+    const START_MS: u64 = 1_700_000_000_000;
+
+    fn at(ms: u64) -> crate::Due {
+        crate::Due::At(std::time::UNIX_EPOCH + Duration::from_millis(ms))
+    }
+
+    fn far_ids(engine: &crate::Engine) -> Vec<u64> {
+        let mut ids: Vec<u64> = engine.shared.core.lock().far.iter().map(|e| e.id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Far tasks cancelled, rescheduled (out of the far index) and new
+    /// tasks scheduled between the holds in which a checkpoint encodes the
+    /// far index: the checkpoint holds the far tasks of its LSN, each once,
+    /// and the engine reopened from it and the log is the one the calls
+    /// made.
+    #[test]
+    fn far_tasks_changed_between_the_holds_of_a_checkpoint_are_as_at_its_lsn() {
+        let sim = kairos_wal::SimStorage::new(3);
+        let clock = crate::ManualClock::new(START_MS);
+        let engine = far_engine(&sim, &clock);
+        let n = 3_000usize;
+        let due = |i: usize| START_MS + 2 * 3_600_000 + 1_000 * i as u64;
+        for i in 0..n {
+            engine
+                .schedule(format!("f{i}").as_bytes(), at(due(i)), b"p")
+                .expect("schedule");
+        }
+        engine.checkpoint().expect("first checkpoint");
+        let at_lsn = far_ids(&engine);
+        assert_eq!(at_lsn.len(), n);
+        // Something new to checkpoint.
+        engine
+            .schedule(b"x", at(START_MS + 60_000), b"")
+            .expect("schedule");
+        // Each hook call changes tasks all over the index (shards are by
+        // hash): cancel one, move one back to the wheel, add one.
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&calls);
+        *engine.shared.far_hold_hook.lock() = Some(Box::new(move |shared: &Shared| {
+            let k = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let cancel = format!("f{}", 3 * k);
+            assert_eq!(
+                shared.cancel_one(cancel.as_bytes()).expect("cancel"),
+                crate::CancelOutcome::Cancelled { deliveries: 0 }
+            );
+            let moved = format!("f{}", 3 * k + 1);
+            shared
+                .reschedule(moved.as_bytes(), at(due(3 * k + 1) + 3_600_000), None)
+                .expect("reschedule");
+            let new = format!("n{k}");
+            shared
+                .schedule_one(&crate::NewTask {
+                    key: new.as_bytes(),
+                    due: at(due(k) + 500),
+                    payload: b"q",
+                })
+                .expect("schedule");
+        }));
+        let report = engine.checkpoint().expect("second checkpoint");
+        let calls = calls.load(std::sync::atomic::Ordering::Relaxed);
+        // One shard per hold in tests: a call between every two.
+        assert_eq!(calls, 255);
+        *engine.shared.far_hold_hook.lock() = None;
+        assert!(!engine.shared.core.lock().far.snapshot_active());
+        // The file: exactly the far tasks of its LSN.
+        let written = crate::checkpoint::read(
+            &sim,
+            &Path::new("/k/checkpoint").join(crate::checkpoint::file_name(report.lsn)),
+        )
+        .expect("read the checkpoint");
+        let mut far: Vec<u64> = written.far.iter().map(|t| t.id).collect();
+        far.sort_unstable();
+        assert_eq!(
+            far, at_lsn,
+            "the far tasks at the checkpoint's LSN, each once"
+        );
+        // The engine now: the calls' changes applied.
+        assert_eq!(far_ids(&engine).len(), n - 2 * calls);
+        drop(engine);
+        // Reopened from the checkpoint and the log after it.
+        let engine = far_engine(&sim, &clock);
+        for k in 0..calls {
+            assert_eq!(
+                engine
+                    .cancel(format!("f{}", 3 * k).as_bytes())
+                    .expect("cancel"),
+                crate::CancelOutcome::NotFound
+            );
+        }
+        let pending = engine.stats().pending;
+        assert_eq!(
+            pending,
+            n + 1,
+            "cancelled gone, moved kept, new ones and x added"
+        );
+        for k in 0..calls {
+            for key in [format!("f{}", 3 * k + 1), format!("n{k}")] {
+                assert_eq!(
+                    engine.cancel(key.as_bytes()).expect("cancel"),
+                    crate::CancelOutcome::Cancelled { deliveries: 0 },
+                    "{key}"
+                );
+            }
+        }
+    }
+
+    /// A checkpoint that stops while it reads the far index's snapshot (the
+    /// engine poisoned between two holds) drops the snapshot: the index
+    /// stops noting its changes.
+    #[test]
+    fn a_checkpoint_stopped_in_the_far_tasks_drops_their_snapshot() {
+        let sim = kairos_wal::SimStorage::new(4);
+        let clock = crate::ManualClock::new(START_MS);
+        let engine = far_engine(&sim, &clock);
+        for i in 0..600usize {
+            engine
+                .schedule(
+                    format!("f{i}").as_bytes(),
+                    at(START_MS + 2 * 3_600_000 + i as u64),
+                    b"p",
+                )
+                .expect("schedule");
+        }
+        engine.checkpoint().expect("first checkpoint");
+        engine
+            .schedule(b"x", at(START_MS + 60_000), b"")
+            .expect("schedule");
+        *engine.shared.far_hold_hook.lock() = Some(Box::new(|shared: &Shared| {
+            shared.poison("test: stopped".into());
+        }));
+        assert!(matches!(
+            engine.checkpoint(),
+            Err(CheckpointError::Poisoned { .. })
+        ));
+        assert!(!engine.shared.core.lock().far.snapshot_active());
+    }
 
     #[test]
     fn victim_moves_pack_their_source_and_written_flag() {

@@ -499,7 +499,15 @@ pub(crate) struct Shared {
     /// its id. A move out of memory that sees this unchanged since it began
     /// copying applies its moves without reading its file back.
     payload_replacements: std::sync::atomic::AtomicU64,
+    /// Tests: run between two holds of a checkpoint's far-task encoding
+    /// (the lock is free), to change far tasks under its feet.
+    #[cfg(test)]
+    far_hold_hook: Mutex<Option<FarHoldHook>>,
 }
+
+/// See `Shared::far_hold_hook`.
+#[cfg(test)]
+type FarHoldHook = Box<dyn FnMut(&Shared) + Send>;
 
 /// The store id in the log's `META` file; `Ok(None)` if its bytes do not
 /// decode (the log's own open reports that damage).
@@ -875,6 +883,8 @@ impl Engine {
             prefetch_cv: Condvar::new(),
             far_backlog: std::sync::atomic::AtomicBool::new(false),
             payload_replacements: std::sync::atomic::AtomicU64::new(0),
+            #[cfg(test)]
+            far_hold_hook: Mutex::new(None),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
@@ -1144,11 +1154,13 @@ impl Engine {
     /// go to a new overflow file: chosen and copied a range of tasks per
     /// hold of the engine's lock, the file written and synced without it,
     /// then applied a batch per hold (O(live tasks + bytes moved) in all, in
-    /// short holds). Then the state is encoded in one hold, O(live tasks),
-    /// and written to a temporary file in 8 MiB pieces as it is encoded
-    /// (writes to the page cache under the lock: a device that throttles
-    /// writes lengthens the hold); the file is synced and renamed outside
-    /// it. The report's
+    /// short holds). Then the state is encoded: the tasks resident in
+    /// memory in one hold, O(resident tasks), the far tasks from a
+    /// snapshot of their index at most 65 536 per hold (calls go on in
+    /// between; the file still holds the state of one LSN), and written to
+    /// a temporary file in 8 MiB pieces as it is encoded (the first hold's
+    /// writes to the page cache under the lock: a device that throttles
+    /// writes lengthens it); the file is synced and renamed outside it. The report's
     /// `locked` adds the holds up; `longest_hold` is the longest. A crash at
     /// any step leaves the old or the new checkpoint usable
     /// (`wal/FORMAT.md`, "Checkpoint files").
