@@ -271,6 +271,11 @@ impl PayloadStore {
         self.on_disk.get(&file).copied().unwrap_or(0)
     }
 
+    /// Overflow files holding the payload of a live task.
+    pub fn files(&self) -> impl Iterator<Item = u32> + '_ {
+        self.on_disk.keys().copied()
+    }
+
     /// Live tasks whose payload is on disk.
     pub fn tasks_on_disk(&self) -> u64 {
         self.on_disk.values().sum()
@@ -285,7 +290,8 @@ impl PayloadStore {
 /// One live task: a small fixed entry (64 bytes) plus the reference to its
 /// key and payload. Its key's index tag is not kept: removing the index
 /// entry hashes the key again, except on a cancel, which has just hashed it.
-#[derive(Debug)]
+/// (Cloned only by a slab snapshot, [`TaskSlab::begin_snapshot`].)
+#[derive(Debug, Clone)]
 pub(crate) struct Task {
     pub id: TaskId,
     pub due_ms: u64,
@@ -319,6 +325,22 @@ pub(crate) struct TaskSlab {
     slots: Vec<Slot>,
     free_head: Option<u32>,
     len: usize,
+    /// The snapshot being read, if any ([`TaskSlab::begin_snapshot`]).
+    snapshot: Option<Box<SlabSnapshot>>,
+}
+
+/// What a [`TaskSlab`] snapshot needs to give the slots as they were when
+/// it began while they keep changing: each slot not read yet is saved as
+/// it was before its first change (copy before write).
+#[derive(Debug, Default)]
+struct SlabSnapshot {
+    /// Slots below it have been read.
+    next_slot: u32,
+    /// Slots the slab had when the snapshot began: those beyond are newer.
+    slots_at_begin: u32,
+    /// Slots changed since the snapshot, not read yet: what they held then
+    /// (`None`: vacant).
+    saved: std::collections::HashMap<u32, Option<Task>>,
 }
 
 #[derive(Debug)]
@@ -352,8 +374,86 @@ impl TaskSlab {
         }
     }
 
+    /// Saves `slot` as it is for the snapshot under way, before its first
+    /// change, if it has not been read yet.
+    fn save_for_snapshot(&mut self, slot: u32) {
+        let Some(snapshot) = &mut self.snapshot else {
+            return;
+        };
+        if slot < snapshot.next_slot || slot >= snapshot.slots_at_begin {
+            return;
+        }
+        if let std::collections::hash_map::Entry::Vacant(v) = snapshot.saved.entry(slot) {
+            v.insert(match self.slots.get(slot as usize) {
+                Some(Slot::Occupied(t)) => Some(t.clone()),
+                _ => None,
+            });
+        }
+    }
+
+    /// Starts a snapshot: the tasks as they are now, read a range of slots
+    /// at a time ([`TaskSlab::read_snapshot`]) while the slab keeps
+    /// changing, each range in a short hold of the caller's lock. Until it
+    /// ends, the first change to a slot not read yet (`get_mut`, `remove`,
+    /// `insert` into a freed slot) saves what the slot held (a clone of its
+    /// task, key and payload included): memory grows with the slots changed,
+    /// not with the slab. A snapshot already under way is dropped. O(1).
+    pub fn begin_snapshot(&mut self) {
+        self.snapshot = Some(Box::new(SlabSnapshot {
+            next_slot: 0,
+            slots_at_begin: self.slots_len(),
+            saved: std::collections::HashMap::new(),
+        }));
+    }
+
+    /// Reads the next `slots_max` slots (at least one) of the snapshot:
+    /// passes each task it held in them to `emit`, in slot order. Returns
+    /// whether every slot has been read (the snapshot then ends), or `None`
+    /// if no snapshot is under way. O(slots read).
+    pub fn read_snapshot(&mut self, slots_max: u32, mut emit: impl FnMut(&Task)) -> Option<bool> {
+        let snapshot = self.snapshot.as_mut()?;
+        let end = snapshot
+            .next_slot
+            .saturating_add(slots_max.max(1))
+            .min(snapshot.slots_at_begin);
+        for slot in snapshot.next_slot..end {
+            match snapshot.saved.remove(&slot) {
+                Some(saved) => {
+                    if let Some(t) = saved {
+                        emit(&t);
+                    }
+                }
+                None => {
+                    if let Some(Slot::Occupied(t)) = self.slots.get(slot as usize) {
+                        emit(t);
+                    }
+                }
+            }
+        }
+        snapshot.next_slot = end;
+        let done = end == snapshot.slots_at_begin;
+        if done {
+            self.snapshot = None;
+        }
+        Some(done)
+    }
+
+    /// Drops the snapshot under way, if any (a checkpoint that failed).
+    pub fn abort_snapshot(&mut self) {
+        self.snapshot = None;
+    }
+
+    /// Whether a snapshot is under way.
+    #[cfg(test)]
+    pub fn snapshot_active(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
     /// Stores `task`, returning its slot. `None` if 2^32 slots are in use.
     pub fn insert(&mut self, task: Task) -> Option<u32> {
+        if let Some(slot) = self.free_head {
+            self.save_for_snapshot(slot);
+        }
         self.len += 1;
         if let Some(slot) = self.free_head {
             let entry = &mut self.slots[slot as usize];
@@ -401,6 +501,7 @@ impl TaskSlab {
     }
 
     pub fn get_mut(&mut self, slot: u32) -> Option<&mut Task> {
+        self.save_for_snapshot(slot);
         match self.slots.get_mut(slot as usize) {
             Some(Slot::Occupied(t)) => Some(t),
             _ => None,
@@ -413,6 +514,7 @@ impl TaskSlab {
     }
 
     pub fn remove(&mut self, slot: u32) -> Option<Task> {
+        self.save_for_snapshot(slot);
         let entry = self.slots.get_mut(slot as usize)?;
         if !matches!(entry, Slot::Occupied(_)) {
             return None;
@@ -444,6 +546,135 @@ mod tests {
             state: TaskState::Scheduled,
             deliveries: 0,
             timer: None,
+        }
+    }
+
+    /// One step of a slab snapshot test.
+    #[derive(Debug, Clone)]
+    enum SlabOp {
+        Insert,
+        /// Remove the `n`-th occupied slot (mod their count).
+        Remove(usize),
+        /// Change the `n`-th task in place (a new due time).
+        Change(usize),
+        /// Read this many slots.
+        Read(u32),
+    }
+
+    fn slab_op() -> impl proptest::strategy::Strategy<Value = SlabOp> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => Just(SlabOp::Insert),
+            3 => any::<usize>().prop_map(SlabOp::Remove),
+            2 => any::<usize>().prop_map(SlabOp::Change),
+            2 => (0u32..12).prop_map(SlabOp::Read),
+        ]
+    }
+
+    /// The snapshot gives the (id, due) of every task as it was when it
+    /// began, in slot order, whatever changed in between; the slab itself
+    /// ends as a model says.
+    fn run_slab_snapshot(initial: usize, ops: Vec<SlabOp>, before: usize) {
+        let mut slab = TaskSlab::default();
+        let mut next_id = 1u64;
+        // slot -> (id, due)
+        let mut model: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+        let mut insert =
+            |slab: &mut TaskSlab, model: &mut std::collections::BTreeMap<u32, (u64, u64)>| {
+                let t = task(next_id);
+                let slot = slab.insert(t).expect("room");
+                model.insert(slot, (next_id, 0));
+                next_id += 1;
+            };
+        for _ in 0..initial {
+            insert(&mut slab, &mut model);
+        }
+        let mut expected = None;
+        let mut got: Vec<(u64, u64)> = Vec::new();
+        let begin_at = before.min(ops.len());
+        for (i, op) in ops.into_iter().enumerate() {
+            if i == begin_at {
+                slab.begin_snapshot();
+                expected = Some(model.values().copied().collect::<Vec<_>>());
+            }
+            match op {
+                SlabOp::Insert => insert(&mut slab, &mut model),
+                SlabOp::Remove(n) if !model.is_empty() => {
+                    let slot = *model.keys().nth(n % model.len()).unwrap();
+                    let (id, _) = model.remove(&slot).unwrap();
+                    assert_eq!(slab.remove(slot).map(|t| t.id.0), Some(id));
+                }
+                SlabOp::Change(n) if !model.is_empty() => {
+                    let slot = *model.keys().nth(n % model.len()).unwrap();
+                    let t = slab.get_mut(slot).expect("occupied");
+                    t.due_ms += 7;
+                    model.get_mut(&slot).unwrap().1 = t.due_ms;
+                }
+                SlabOp::Remove(_) | SlabOp::Change(_) => {}
+                SlabOp::Read(n) => {
+                    if slab.snapshot_active() {
+                        slab.read_snapshot(n, |t| got.push((t.id.0, t.due_ms)));
+                    }
+                }
+            }
+        }
+        if expected.is_none() {
+            slab.begin_snapshot();
+            expected = Some(model.values().copied().collect());
+        }
+        while slab.snapshot_active() {
+            assert!(slab
+                .read_snapshot(3, |t| got.push((t.id.0, t.due_ms)))
+                .is_some());
+        }
+        assert_eq!(
+            Some(got),
+            expected,
+            "the snapshot is the slab as it began, in slot order"
+        );
+        let now: Vec<(u64, u64)> = slab.iter_slots().map(|(_, t)| (t.id.0, t.due_ms)).collect();
+        assert_eq!(now, model.values().copied().collect::<Vec<_>>());
+        assert_eq!(slab.read_snapshot(1, |_| panic!("no snapshot")), None);
+    }
+
+    #[test]
+    fn a_slab_snapshot_read_in_pieces_is_the_slab_as_it_began() {
+        use SlabOp::*;
+        // A slot freed and reused before it is read; one changed twice; a
+        // new slot at the end; reads in between.
+        let ops = vec![
+            Remove(2),
+            Insert,
+            Change(0),
+            Read(1),
+            Change(0),
+            Change(5),
+            Insert,
+            Insert,
+            Read(3),
+            Remove(4),
+            Remove(0),
+            Insert,
+        ];
+        run_slab_snapshot(8, ops.clone(), 0);
+        run_slab_snapshot(8, ops, 2);
+        let mut slab = TaskSlab::default();
+        slab.insert(task(1));
+        slab.begin_snapshot();
+        slab.abort_snapshot();
+        assert!(!slab.snapshot_active());
+        assert_eq!(slab.read_snapshot(1, |_| panic!("aborted")), None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        #[test]
+        fn a_slab_snapshot_under_random_changes_is_the_slab_as_it_began(
+            initial in 0usize..40,
+            ops in proptest::collection::vec(slab_op(), 0..120),
+            before in 0usize..30,
+        ) {
+            run_slab_snapshot(initial, ops, before);
         }
     }
 

@@ -1154,13 +1154,13 @@ impl Engine {
     /// go to a new overflow file: chosen and copied a range of tasks per
     /// hold of the engine's lock, the file written and synced without it,
     /// then applied a batch per hold (O(live tasks + bytes moved) in all, in
-    /// short holds). Then the state is encoded: the tasks resident in
-    /// memory in one hold, O(resident tasks), the far tasks from a
-    /// snapshot of their index at most 65 536 per hold (calls go on in
-    /// between; the file still holds the state of one LSN), and written to
-    /// a temporary file in 8 MiB pieces as it is encoded (the first hold's
-    /// writes to the page cache under the lock: a device that throttles
-    /// writes lengthens it); the file is synced and renamed outside it. The report's
+    /// short holds). Then the state is encoded from snapshots of the tasks
+    /// in memory and of the far tasks taken in one short hold, at most
+    /// 65 536 tasks per hold (calls go on in between; the file still holds
+    /// the state of one log LSN; a task changed before it is encoded is
+    /// copied first, so memory grows with what changes meanwhile), and
+    /// written to a temporary file in 8 MiB pieces between the holds; the
+    /// file is synced and renamed. The report's
     /// `locked` adds the holds up; `longest_hold` is the longest. A crash at
     /// any step leaves the old or the new checkpoint usable
     /// (`wal/FORMAT.md`, "Checkpoint files").
