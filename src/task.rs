@@ -407,31 +407,36 @@ impl TaskSlab {
     }
 
     /// Reads the next `slots_max` slots (at least one) of the snapshot:
-    /// passes each task it held in them to `emit`, in slot order. Returns
-    /// whether every slot has been read (the snapshot then ends), or `None`
-    /// if no snapshot is under way. O(slots read).
-    pub fn read_snapshot(&mut self, slots_max: u32, mut emit: impl FnMut(&Task)) -> Option<bool> {
+    /// passes each task it held in them to `emit`, in slot order, and stops
+    /// early after a task for which `emit` returns false (a budget of
+    /// bytes). Returns whether every slot has been read (the snapshot then
+    /// ends), or `None` if no snapshot is under way. O(slots read).
+    pub fn read_snapshot(
+        &mut self,
+        slots_max: u32,
+        mut emit: impl FnMut(&Task) -> bool,
+    ) -> Option<bool> {
         let snapshot = self.snapshot.as_mut()?;
         let end = snapshot
             .next_slot
             .saturating_add(slots_max.max(1))
             .min(snapshot.slots_at_begin);
-        for slot in snapshot.next_slot..end {
-            match snapshot.saved.remove(&slot) {
-                Some(saved) => {
-                    if let Some(t) = saved {
-                        emit(&t);
-                    }
-                }
-                None => {
-                    if let Some(Slot::Occupied(t)) = self.slots.get(slot as usize) {
-                        emit(t);
-                    }
-                }
+        let mut slot = snapshot.next_slot;
+        while slot < end {
+            let go_on = match snapshot.saved.remove(&slot) {
+                Some(saved) => saved.is_none_or(|t| emit(&t)),
+                None => match self.slots.get(slot as usize) {
+                    Some(Slot::Occupied(t)) => emit(t),
+                    _ => true,
+                },
+            };
+            slot += 1;
+            if !go_on {
+                break;
             }
         }
-        snapshot.next_slot = end;
-        let done = end == snapshot.slots_at_begin;
+        snapshot.next_slot = slot;
+        let done = slot == snapshot.slots_at_begin;
         if done {
             self.snapshot = None;
         }
@@ -613,7 +618,10 @@ mod tests {
                 SlabOp::Remove(_) | SlabOp::Change(_) => {}
                 SlabOp::Read(n) => {
                     if slab.snapshot_active() {
-                        slab.read_snapshot(n, |t| got.push((t.id.0, t.due_ms)));
+                        slab.read_snapshot(n, |t| {
+                            got.push((t.id.0, t.due_ms));
+                            t.id.0 % 5 != 0
+                        });
                     }
                 }
             }
@@ -623,9 +631,11 @@ mod tests {
             expected = Some(model.values().copied().collect());
         }
         while slab.snapshot_active() {
-            assert!(slab
-                .read_snapshot(3, |t| got.push((t.id.0, t.due_ms)))
-                .is_some());
+            let read = slab.read_snapshot(3, |t| {
+                got.push((t.id.0, t.due_ms));
+                true
+            });
+            assert!(read.is_some());
         }
         assert_eq!(
             Some(got),

@@ -241,7 +241,12 @@ impl Shared {
                     read
                 } else {
                     core.tasks
-                        .read_snapshot(SLOTS_PER_ENCODE_HOLD, |t| push_task(&mut enc, t))
+                        .read_snapshot(SLOTS_PER_ENCODE_HOLD, |t| {
+                            push_task(&mut enc, t);
+                            // Keys and payloads copied: a hold also ends at
+                            // a piece's worth of bytes.
+                            enc.buffered() < WRITE_PIECE_BYTES
+                        })
                         .map(|done| {
                             far_phase = done;
                             false
@@ -2008,7 +2013,8 @@ fn push_task(enc: &mut CheckpointEncoder, task: &crate::task::Task) {
 }
 
 /// Slab slots a checkpoint encodes per hold of the engine's lock, from the
-/// slab's snapshot (a few in unit tests, so that calls run between holds).
+/// slab's snapshot (a few in unit tests, so that calls run between holds);
+/// a hold also ends once [`WRITE_PIECE_BYTES`] are encoded.
 const SLOTS_PER_ENCODE_HOLD: u32 = if cfg!(test) { 16 } else { 65_536 };
 
 /// Far tasks a checkpoint encodes per hold of the engine's lock, from the
