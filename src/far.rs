@@ -153,16 +153,30 @@ pub struct FarIndex {
 /// The changes a [`FarIndex`] snapshot must undo in the shards not read yet
 /// (the technique of a fuzzy checkpoint made exact: read the live structure
 /// piece by piece, and log what changes under the reader's feet).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Snapshot {
     /// Shards below it have been read: changes to them no longer matter.
     next_shard: usize,
-    /// Entries live at the snapshot, removed since from a shard not read
-    /// then, by task id (the first removal: the entry as it was).
-    removed: std::collections::HashMap<u64, FarEntry>,
+    /// Per shard not read yet, the entries live at the snapshot and
+    /// removed since (as they were), given when the shard is read. An entry
+    /// is removed once (a tombstone is not removed again) unless inserted
+    /// again, which `inserted` tells: no entry is noted twice.
+    removed: Box<[Vec<FarEntry>]>,
     /// Ids of entries inserted since the snapshot into a shard not read
-    /// then: not part of it, so skipped when their shard is read.
+    /// then: not part of it, so skipped when their shard is read. (The
+    /// engine inserts only when it moves tasks out of memory, which a
+    /// checkpoint does before its snapshot, never during it.)
     inserted: std::collections::HashSet<u64>,
+}
+
+impl Default for Snapshot {
+    fn default() -> Self {
+        Snapshot {
+            next_shard: 0,
+            removed: (0..SHARDS).map(|_| Vec::new()).collect(),
+            inserted: std::collections::HashSet::new(),
+        }
+    }
 }
 
 impl Snapshot {
@@ -173,8 +187,9 @@ impl Snapshot {
     }
 
     fn note_remove(&mut self, e: &FarEntry) {
-        if shard_of(e.hash) >= self.next_shard && !self.inserted.remove(&e.id) {
-            self.removed.entry(e.id).or_insert(*e);
+        let s = shard_of(e.hash);
+        if s >= self.next_shard && !self.inserted.remove(&e.id) {
+            self.removed[s].push(*e);
         }
     }
 }
@@ -675,19 +690,21 @@ impl FarIndex {
     /// changing, each piece in a short hold of the caller's lock — so a
     /// checkpoint encodes millions of far tasks without stopping the engine
     /// for as long (the hold that starts it is O(1)). Until it ends, every
-    /// insert and removal in a shard not read yet notes the task id (and a
-    /// removed entry as it was): memory grows by ~40 bytes per change, not
-    /// with the index. A snapshot already under way is dropped.
+    /// removal from a shard not read yet keeps the entry as it was (24
+    /// bytes, in a vector per shard) and every insert into one notes the
+    /// task id (a hash set): memory grows with the changes, not with the
+    /// index. A snapshot already under way is dropped.
     pub fn begin_snapshot(&mut self) {
         self.snapshot = Some(Box::default());
     }
 
     /// Reads the next shards of the snapshot, at least one and, past the
-    /// first, while fewer than `entries_max` entries (live or not) have
-    /// been read: passes each entry of the snapshot held in them to
-    /// `emit`. Returns whether every shard has been read (then
-    /// [`FarIndex::end_snapshot`] gives the rest), or `None` if no snapshot
-    /// is under way. O(entries read).
+    /// first, while at most `entries_max` entries have been read (live,
+    /// tombstones, and those removed since the snapshot): passes each entry
+    /// of the snapshot held in them to `emit`. Returns whether every shard
+    /// has been read (then [`FarIndex::end_snapshot`] ends it), or `None`
+    /// if no snapshot is under way. O(entries read): one shard is 1/256 of
+    /// the index, more than `entries_max` in a large one.
     pub fn read_snapshot(
         &mut self,
         entries_max: usize,
@@ -696,32 +713,34 @@ impl FarIndex {
         let snapshot = self.snapshot.as_mut()?;
         let mut read = 0usize;
         while snapshot.next_shard < SHARDS {
-            let shard = &self.shards[snapshot.next_shard];
-            if read > 0 && read.saturating_add(shard.held()) > entries_max {
+            let s = snapshot.next_shard;
+            let shard = &self.shards[s];
+            let size = shard.held() + snapshot.removed[s].len();
+            if read > 0 && read.saturating_add(size) > entries_max {
                 break;
             }
-            read += shard.held();
+            read += size;
             for e in shard.entries().filter(|e| e.id != 0) {
                 if snapshot.inserted.is_empty() || !snapshot.inserted.contains(&e.id) {
                     emit(e);
                 }
+            }
+            for e in std::mem::take(&mut snapshot.removed[s]) {
+                emit(&e);
             }
             snapshot.next_shard += 1;
         }
         Some(snapshot.next_shard == SHARDS)
     }
 
-    /// Ends the snapshot: returns the entries it held that were removed
-    /// before their shard was read (in no particular order), which with
-    /// those [`FarIndex::read_snapshot`] gave are exactly the live entries
-    /// at [`FarIndex::begin_snapshot`]. Shards not read yet are read into
-    /// the result first. Empty without a snapshot.
+    /// Ends the snapshot: returns the entries of the shards not read yet
+    /// (none once [`FarIndex::read_snapshot`] has returned `Some(true)`),
+    /// so that with those `read_snapshot` gave they are exactly the live
+    /// entries at [`FarIndex::begin_snapshot`]. Empty without a snapshot.
     pub fn end_snapshot(&mut self) -> Vec<FarEntry> {
         let mut out = Vec::new();
         self.read_snapshot(usize::MAX, |e| out.push(*e));
-        if let Some(snapshot) = self.snapshot.take() {
-            out.extend(snapshot.removed.into_values());
-        }
+        self.snapshot = None;
         out
     }
 

@@ -480,7 +480,7 @@ impl Shared {
                 dead_ms: now_ms,
                 error: error.as_bytes().into(),
             };
-            core.dead.insert(id.0, dead);
+            core.insert_dead(id.0, dead);
             self.forget_task(core, slot);
             if let Some(cause) = unreadable {
                 self.poison_locked(core, cause);
@@ -762,7 +762,7 @@ impl Shared {
                 Record::Purge { id }
             })
             .map_err(|cause| crate::CancelError::Poisoned { cause })?;
-        core.dead.remove(&id.0);
+        core.remove_dead(id.0);
         drop(core);
         self.wait_durable(ticket)
             .map_err(|cause| crate::CancelError::Poisoned { cause })?;

@@ -229,8 +229,12 @@ struct Core {
     ready_count: usize,
     /// Tasks in state `Leased` or `Abandoned`.
     in_flight_count: usize,
-    /// Dead letters by task id.
+    /// Dead letters by task id. Changed through [`Core::insert_dead`] and
+    /// [`Core::remove_dead`] once open (a checkpoint's snapshot of them).
     dead: HashMap<u64, DeadTask>,
+    /// The dead letters as they were at a checkpoint's LSN, while it reads
+    /// them ([`Core::begin_dead_snapshot`]).
+    dead_snapshot: Option<Box<DeadSnapshot>>,
     next_id: u64,
     wal: Option<Arc<Wal>>,
     sleep: DriverSleep,
@@ -314,6 +318,76 @@ impl Core {
         let tasks = &self.tasks;
         self.index
             .find(tag, |slot| tasks.get(slot).is_some_and(|t| t.key() == key))
+    }
+
+    /// Adds a dead letter.
+    fn insert_dead(&mut self, id: u64, task: DeadTask) {
+        if let Some(snapshot) = &mut self.dead_snapshot {
+            snapshot.inserted.insert(id);
+        }
+        self.dead.insert(id, task);
+    }
+
+    /// Removes a dead letter (requeued or purged); whether there was one.
+    fn remove_dead(&mut self, id: u64) -> bool {
+        let Some(task) = self.dead.remove(&id) else {
+            return false;
+        };
+        if let Some(snapshot) = &mut self.dead_snapshot {
+            if !snapshot.inserted.remove(&id) {
+                // Live at the snapshot: kept for it, as it was.
+                snapshot.removed.insert(id, task);
+            }
+        }
+        true
+    }
+
+    /// Starts a snapshot of the dead letters: their ids now (8 bytes each);
+    /// until it ends, one removed is kept as it was and one added is noted.
+    fn begin_dead_snapshot(&mut self) {
+        let mut ids: Vec<u64> = self.dead.keys().copied().collect();
+        ids.sort_unstable();
+        self.dead_snapshot = Some(Box::new(DeadSnapshot {
+            ids,
+            next: 0,
+            removed: HashMap::new(),
+            inserted: HashSet::new(),
+        }));
+    }
+
+    /// Reads the next `max` dead letters of the snapshot (at least one), in
+    /// id order, passing each to `emit`, and stops early after one for
+    /// which `emit` returns false (a budget of bytes). Whether all have
+    /// been read (the snapshot then ends), or `None` if none is under way.
+    fn read_dead_snapshot(
+        &mut self,
+        max: usize,
+        mut emit: impl FnMut(u64, &DeadTask) -> bool,
+    ) -> Option<bool> {
+        let snapshot = self.dead_snapshot.as_mut()?;
+        let end = snapshot
+            .next
+            .saturating_add(max.max(1))
+            .min(snapshot.ids.len());
+        while snapshot.next < end {
+            let id = snapshot.ids[snapshot.next];
+            snapshot.next += 1;
+            let go_on = if let Some(task) = snapshot.removed.remove(&id) {
+                emit(id, &task)
+            } else if snapshot.inserted.contains(&id) {
+                true
+            } else {
+                self.dead.get(&id).is_none_or(|task| emit(id, task))
+            };
+            if !go_on {
+                break;
+            }
+        }
+        let done = snapshot.next == snapshot.ids.len();
+        if done {
+            self.dead_snapshot = None;
+        }
+        Some(done)
     }
 
     /// Stores `task`, whose key's tag is `tag`, in the slab and the index;
@@ -503,6 +577,20 @@ pub(crate) struct Shared {
     /// (the lock is free), to change far tasks under its feet.
     #[cfg(test)]
     far_hold_hook: Mutex<Option<FarHoldHook>>,
+}
+
+/// The dead letters at a checkpoint's LSN while it reads them (see
+/// [`Core::begin_dead_snapshot`]).
+#[derive(Debug)]
+struct DeadSnapshot {
+    /// Their ids, ascending.
+    ids: Vec<u64>,
+    /// `ids[..next]` have been read.
+    next: usize,
+    /// Removed since, as they were.
+    removed: HashMap<u64, DeadTask>,
+    /// Added since (not part of the snapshot).
+    inserted: HashSet<u64>,
 }
 
 /// See `Shared::far_hold_hook`.
@@ -835,6 +923,7 @@ impl Engine {
             ready_count: 0,
             in_flight_count: 0,
             dead: HashMap::new(),
+            dead_snapshot: None,
             next_id: replay.max_id().saturating_add(1),
             wal: wal.map(Arc::new),
             sleep: DriverSleep::Busy,
@@ -1155,8 +1244,9 @@ impl Engine {
     /// hold of the engine's lock, the file written and synced without it,
     /// then applied a batch per hold (O(live tasks + bytes moved) in all, in
     /// short holds). Then the state is encoded from snapshots of the tasks
-    /// in memory and of the far tasks taken in one short hold, at most
-    /// 65 536 tasks per hold (calls go on in between; the file still holds
+    /// in memory, the far tasks and the dead letters taken in one short
+    /// hold, about 65 536 tasks per hold (far tasks a shard at a time, 1/256
+    /// of them, when that is more; calls go on in between; the file still holds
     /// the state of one log LSN; a task changed before it is encoded is
     /// copied first, so memory grows with what changes meanwhile), and
     /// written to a temporary file in 8 MiB pieces between the holds; the
@@ -1937,7 +2027,7 @@ impl Shared {
             .append_locked(&mut core, &batch.records())
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         core.next_id += 1;
-        core.dead.remove(&dead_id.0);
+        core.remove_dead(dead_id.0);
         if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
