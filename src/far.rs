@@ -166,7 +166,7 @@ struct Snapshot {
     /// then: not part of it, so skipped when their shard is read. (The
     /// engine inserts only when it moves tasks out of memory, which a
     /// checkpoint does before its snapshot, never during it.)
-    inserted: std::collections::HashSet<u64>,
+    inserted: std::collections::HashSet<u64, foldhash::fast::RandomState>,
 }
 
 impl Default for Snapshot {
@@ -174,7 +174,7 @@ impl Default for Snapshot {
         Snapshot {
             next_shard: 0,
             removed: (0..SHARDS).map(|_| Vec::new()).collect(),
-            inserted: std::collections::HashSet::new(),
+            inserted: Default::default(),
         }
     }
 }
@@ -694,7 +694,7 @@ impl FarIndex {
     /// bytes, in a vector per shard) and every insert into one notes the
     /// task id (a hash set): memory grows with the changes, not with the
     /// index. A snapshot already under way is dropped.
-    pub fn begin_snapshot(&mut self) {
+    pub(crate) fn begin_snapshot(&mut self) {
         self.snapshot = Some(Box::default());
     }
 
@@ -705,7 +705,7 @@ impl FarIndex {
     /// has been read (then [`FarIndex::end_snapshot`] ends it), or `None`
     /// if no snapshot is under way. O(entries read): one shard is 1/256 of
     /// the index, more than `entries_max` in a large one.
-    pub fn read_snapshot(
+    pub(crate) fn read_snapshot(
         &mut self,
         entries_max: usize,
         mut emit: impl FnMut(&FarEntry),
@@ -737,7 +737,7 @@ impl FarIndex {
     /// (none once [`FarIndex::read_snapshot`] has returned `Some(true)`),
     /// so that with those `read_snapshot` gave they are exactly the live
     /// entries at [`FarIndex::begin_snapshot`]. Empty without a snapshot.
-    pub fn end_snapshot(&mut self) -> Vec<FarEntry> {
+    pub(crate) fn end_snapshot(&mut self) -> Vec<FarEntry> {
         let mut out = Vec::new();
         self.read_snapshot(usize::MAX, |e| out.push(*e));
         self.snapshot = None;
@@ -745,12 +745,13 @@ impl FarIndex {
     }
 
     /// Drops the snapshot under way, if any (a checkpoint that failed).
-    pub fn abort_snapshot(&mut self) {
+    pub(crate) fn abort_snapshot(&mut self) {
         self.snapshot = None;
     }
 
     /// Whether a snapshot is under way.
-    pub fn snapshot_active(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn snapshot_active(&self) -> bool {
         self.snapshot.is_some()
     }
 

@@ -340,7 +340,7 @@ struct SlabSnapshot {
     slots_at_begin: u32,
     /// Slots changed since the snapshot, not read yet: what they held then
     /// (`None`: vacant).
-    saved: std::collections::HashMap<u32, Option<Task>>,
+    saved: std::collections::HashMap<u32, Option<Task>, foldhash::fast::RandomState>,
 }
 
 #[derive(Debug)]
@@ -402,7 +402,7 @@ impl TaskSlab {
         self.snapshot = Some(Box::new(SlabSnapshot {
             next_slot: 0,
             slots_at_begin: self.slots_len(),
-            saved: std::collections::HashMap::new(),
+            saved: Default::default(),
         }));
     }
 
@@ -423,7 +423,12 @@ impl TaskSlab {
             .min(snapshot.slots_at_begin);
         let mut slot = snapshot.next_slot;
         while slot < end {
-            let go_on = match snapshot.saved.remove(&slot) {
+            let saved = if snapshot.saved.is_empty() {
+                None
+            } else {
+                snapshot.saved.remove(&slot)
+            };
+            let go_on = match saved {
                 Some(saved) => saved.is_none_or(|t| emit(&t)),
                 None => match self.slots.get(slot as usize) {
                     Some(Slot::Occupied(t)) => emit(t),

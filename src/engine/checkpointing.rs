@@ -46,8 +46,8 @@ use std::time::{Duration, Instant};
 
 /// Memory a task takes in the wheel besides its key and payload, as
 /// measured (BENCHMARKS.md: 112 bytes per wheel task with a 24-byte key and
-/// no payload — then a 72-byte slab entry holding those 24 bytes, now 64, a
-/// 24-byte wheel node, the index): what each far task waiting to leave the wheel
+/// no payload with a 72-byte slab entry holding those 24 bytes, ~104 since
+/// the entry is 64 bytes; a 24-byte wheel node; the index): what each far task waiting to leave the wheel
 /// counts toward [`crate::Config::relocate_far_bytes`] with its key and
 /// payload.
 pub(crate) const WHEEL_TASK_BYTES: u64 = 96;
@@ -181,9 +181,9 @@ impl Shared {
         }
         // The checkpoint is written to `next.ckpt.tmp` as it is encoded,
         // then named after `L` once the log is durable up to it. The state
-        // must be the one at `L`: the tasks in the slab are encoded in the
-        // hold that reads `L`, the far tasks from a snapshot of the far
-        // index begun in it and read a piece per hold.
+        // must be the one at `L`: the slab, the far index and the dead
+        // letters are encoded from snapshots begun in the hold that reads
+        // `L` and read a piece per hold.
         let dir = disk.checkpoint_dir();
         create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
         let mut out = PieceFile::create(disk.storage.as_ref(), &dir, NEXT_CHECKPOINT_NAME)?;
@@ -212,7 +212,9 @@ impl Shared {
             core.begin_dead_snapshot();
             snapshot.begun = true;
             #[cfg(test)]
-            STATE_AT_L.with(|f| *f.borrow_mut() = Some(tests::state_of(&core)));
+            if self.hold_hook.lock().is_some() {
+                STATE_AT_L.with(|f| *f.borrow_mut() = Some(tests::state_of(&core)));
+            }
             (CheckpointEncoder::new(&header), header, wal, named)
         };
         let mut at = 0u64;
@@ -283,7 +285,7 @@ impl Shared {
                 break;
             }
             #[cfg(test)]
-            if let Some(hook) = self.far_hold_hook.lock().as_mut() {
+            if let Some(hook) = self.hold_hook.lock().as_mut() {
                 hook(self);
             }
         }
@@ -2411,7 +2413,7 @@ mod tests {
         let at_lsn: Arc<parking_lot::Mutex<Option<State>>> = Arc::default();
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (counter, seen) = (Arc::clone(&calls), Arc::clone(&at_lsn));
-        *engine.shared.far_hold_hook.lock() = Some(Box::new(move |shared: &Shared| {
+        *engine.shared.hold_hook.lock() = Some(Box::new(move |shared: &Shared| {
             let k = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if k == 0 {
                 // Nothing changed since `L` yet: the state to expect.
@@ -2465,7 +2467,7 @@ mod tests {
                 .expect("schedule");
         }));
         let report = engine.checkpoint().expect("second checkpoint");
-        *engine.shared.far_hold_hook.lock() = None;
+        *engine.shared.hold_hook.lock() = None;
         let calls = calls.load(std::sync::atomic::Ordering::Relaxed);
         // 16 slots per hold, then one shard per hold, in unit tests.
         assert!(calls > n_res / 16 + 255, "{calls} calls");
@@ -2601,7 +2603,7 @@ mod tests {
         engine.checkpoint().expect("first checkpoint");
         assert_eq!(engine.stats().far, threads * per_thread);
         // Let the other threads run between the holds.
-        *engine.shared.far_hold_hook.lock() = Some(Box::new(|_: &Shared| {
+        *engine.shared.hold_hook.lock() = Some(Box::new(|_: &Shared| {
             std::thread::sleep(Duration::from_micros(100));
         }));
         let stop = AtomicBool::new(false);
@@ -2731,7 +2733,7 @@ mod tests {
         }
     }
 
-    /// Dead letters requeued, purged and made between the holds in which a
+    /// Dead letters requeued and purged between the holds in which a
     /// checkpoint encodes them (two per hold in unit tests): the file holds
     /// those of its LSN, each as it was.
     #[test]
@@ -2758,7 +2760,7 @@ mod tests {
                     .schedule(
                         format!("{prefix}{i}").as_bytes(),
                         at(clock.wall_ms() + 1),
-                        b"d",
+                        format!("p{i}").as_bytes(),
                     )
                     .expect("schedule");
             }
@@ -2779,7 +2781,7 @@ mod tests {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = Arc::clone(&calls);
         let ids = at_lsn.clone();
-        *engine.shared.far_hold_hook.lock() = Some(Box::new(move |shared: &Shared| {
+        *engine.shared.hold_hook.lock() = Some(Box::new(move |shared: &Shared| {
             let k = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // From the end: dead letters not read yet.
             if let Some(&id) = ids.get(ids.len().wrapping_sub(1 + 2 * k)) {
@@ -2792,7 +2794,7 @@ mod tests {
             }
         }));
         let report = engine.checkpoint().expect("checkpoint");
-        *engine.shared.far_hold_hook.lock() = None;
+        *engine.shared.hold_hook.lock() = None;
         assert!(calls.load(std::sync::atomic::Ordering::Relaxed) > n / 2);
         assert!(engine.shared.core.lock().dead_snapshot.is_none());
         assert!(engine.dead_letters().is_empty(), "all purged or requeued");
@@ -2806,7 +2808,11 @@ mod tests {
             got, at_lsn,
             "the dead letters at the checkpoint's LSN, in id order"
         );
-        assert!(written.dead.iter().all(|(_, d)| &*d.payload == b"d"));
+        let mut payloads: Vec<&[u8]> = written.dead.iter().map(|(_, d)| &*d.payload).collect();
+        payloads.sort_unstable();
+        let mut want: Vec<Vec<u8>> = (0..n).map(|i| format!("p{i}").into_bytes()).collect();
+        want.sort_unstable();
+        assert!(payloads.iter().eq(want.iter()), "each as it was");
         drop(engine);
         let engine = far_engine(&sim, &clock);
         assert!(engine.dead_letters().is_empty());
@@ -2834,7 +2840,7 @@ mod tests {
         engine
             .schedule(b"x", at(START_MS + 60_000), b"")
             .expect("schedule");
-        *engine.shared.far_hold_hook.lock() = Some(Box::new(|shared: &Shared| {
+        *engine.shared.hold_hook.lock() = Some(Box::new(|shared: &Shared| {
             shared.poison("test: stopped".into());
         }));
         assert!(matches!(
@@ -2843,6 +2849,7 @@ mod tests {
         ));
         let core = engine.shared.core.lock();
         assert!(!core.far.snapshot_active() && !core.tasks.snapshot_active());
+        assert!(core.dead_snapshot.is_none());
     }
 
     #[test]

@@ -321,6 +321,12 @@ impl Shared {
             return Ok(());
         }
         let now = self.now_tick();
+        // The keys' index tags, hashed before the lock is taken.
+        let tags: smallvec::SmallVec<[u32; 1]> = deliveries
+            .iter()
+            .filter(|d| !d.at_most_once)
+            .map(|d| self.index_probe.tag(d.key()))
+            .collect();
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_ack_error)?;
         let mut seen: Option<HashSet<u32>> = (deliveries.len() > 1).then(HashSet::new);
@@ -347,8 +353,8 @@ impl Shared {
             })
             .map_err(|cause| AckError::Poisoned { cause })?
         };
-        for d in deliveries.iter().filter(|d| !d.at_most_once) {
-            self.forget_task(&mut core, d.slot);
+        for (d, &tag) in deliveries.iter().filter(|d| !d.at_most_once).zip(&tags) {
+            self.forget_task_tagged(&mut core, d.slot, Some(tag));
         }
         drop(core);
         self.wait_durable(ticket)
@@ -687,15 +693,21 @@ pub(super) fn driver_loop(shared: &Shared) {
         handouts.clear();
         batch.clear();
         for &(slot, id) in &due {
-            let Some(task) = core.tasks.get_mut(slot).filter(|t| t.id == id) else {
-                continue; // cancelled meanwhile
-            };
-            // Entries from the wheel had their timer cleared above; an
-            // overdue or backlog entry whose task has a timer again (it was
-            // rescheduled, or leased) is stale.
-            if task.timer.is_some() {
+            // Cancelled meanwhile, or stale: entries from the wheel had their
+            // timer cleared above; an overdue or backlog entry whose task has
+            // a timer again (it was rescheduled, or leased) is stale. Read
+            // first: `get_mut` would copy the task for a checkpoint's
+            // snapshot.
+            if !core
+                .tasks
+                .get(slot)
+                .is_some_and(|t| t.id == id && t.timer.is_none())
+            {
                 continue;
             }
+            let Some(task) = core.tasks.get_mut(slot) else {
+                continue;
+            };
             match task.state {
                 TaskState::Scheduled => {
                     task.state = TaskState::Ready;

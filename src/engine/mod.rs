@@ -334,24 +334,27 @@ impl Core {
             return false;
         };
         if let Some(snapshot) = &mut self.dead_snapshot {
-            if !snapshot.inserted.remove(&id) {
-                // Live at the snapshot: kept for it, as it was.
+            let unread = snapshot.ids[snapshot.next..].binary_search(&id).is_ok();
+            if !snapshot.inserted.remove(&id) && unread {
+                // Live at the snapshot and not read yet: kept for it, as
+                // it was.
                 snapshot.removed.insert(id, task);
             }
         }
         true
     }
 
-    /// Starts a snapshot of the dead letters: their ids now (8 bytes each);
-    /// until it ends, one removed is kept as it was and one added is noted.
+    /// Starts a snapshot of the dead letters: their ids now, sorted (8 bytes
+    /// each, O(D log D) in the caller's hold); until it ends, one removed
+    /// before it is read is kept as it was and one added is noted.
     fn begin_dead_snapshot(&mut self) {
         let mut ids: Vec<u64> = self.dead.keys().copied().collect();
         ids.sort_unstable();
         self.dead_snapshot = Some(Box::new(DeadSnapshot {
             ids,
             next: 0,
-            removed: HashMap::new(),
-            inserted: HashSet::new(),
+            removed: HashMap::default(),
+            inserted: HashSet::default(),
         }));
     }
 
@@ -573,10 +576,10 @@ pub(crate) struct Shared {
     /// its id. A move out of memory that sees this unchanged since it began
     /// copying applies its moves without reading its file back.
     payload_replacements: std::sync::atomic::AtomicU64,
-    /// Tests: run between two holds of a checkpoint's far-task encoding
-    /// (the lock is free), to change far tasks under its feet.
+    /// Tests: run between two holds of a checkpoint's encoding (the lock
+    /// is free), to change the state under its feet.
     #[cfg(test)]
-    far_hold_hook: Mutex<Option<FarHoldHook>>,
+    hold_hook: Mutex<Option<HoldHook>>,
 }
 
 /// The dead letters at a checkpoint's LSN while it reads them (see
@@ -587,15 +590,15 @@ struct DeadSnapshot {
     ids: Vec<u64>,
     /// `ids[..next]` have been read.
     next: usize,
-    /// Removed since, as they were.
-    removed: HashMap<u64, DeadTask>,
+    /// Removed since, before they were read, as they were.
+    removed: HashMap<u64, DeadTask, foldhash::fast::RandomState>,
     /// Added since (not part of the snapshot).
-    inserted: HashSet<u64>,
+    inserted: HashSet<u64, foldhash::fast::RandomState>,
 }
 
-/// See `Shared::far_hold_hook`.
+/// See `Shared::hold_hook`.
 #[cfg(test)]
-type FarHoldHook = Box<dyn FnMut(&Shared) + Send>;
+type HoldHook = Box<dyn FnMut(&Shared) + Send>;
 
 /// The store id in the log's `META` file; `Ok(None)` if its bytes do not
 /// decode (the log's own open reports that damage).
@@ -973,7 +976,7 @@ impl Engine {
             far_backlog: std::sync::atomic::AtomicBool::new(false),
             payload_replacements: std::sync::atomic::AtomicU64::new(0),
             #[cfg(test)]
-            far_hold_hook: Mutex::new(None),
+            hold_hook: Mutex::new(None),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
@@ -2325,7 +2328,7 @@ impl Shared {
     /// `tag`.
     fn apply_cancel(&self, core: &mut Core, slot: u32, tag: u32, outright: bool) {
         if outright {
-            self.forget_task_tagged(core, slot, tag);
+            self.forget_task_tagged(core, slot, Some(tag));
         } else if let Some(t) = core.tasks.get_mut(slot) {
             // The holder may still ack or nack; nothing follows either way.
             t.state = TaskState::Abandoned;
@@ -2482,15 +2485,20 @@ impl Shared {
     /// Removes a task from every structure and frees its memory.
     fn forget_task(&self, core: &mut Core, slot: u32) {
         // The index entry is found by the key's tag, not kept in the task
-        // (whose entry stays at 64 bytes, one cache line).
-        let Some(tag) = core.tasks.get(slot).map(|t| core.index.tag(t.key())) else {
+        // (whose entry stays at 64 bytes); an abandoned task has none.
+        let Some(tag) = core
+            .tasks
+            .get(slot)
+            .map(|t| (t.state != TaskState::Abandoned).then(|| core.index.tag(t.key())))
+        else {
             return;
         };
         self.forget_task_tagged(core, slot, tag);
     }
 
-    /// [`Shared::forget_task`] when the key's tag is known.
-    fn forget_task_tagged(&self, core: &mut Core, slot: u32, tag: u32) {
+    /// [`Shared::forget_task`] when the key's tag is known (`None`: only
+    /// for a task without an index entry, an abandoned one).
+    fn forget_task_tagged(&self, core: &mut Core, slot: u32, tag: Option<u32>) {
         if let Some(task) = core.tasks.remove(slot) {
             if let Some(timer) = task.timer {
                 core.wheel.remove(timer);
@@ -2501,7 +2509,9 @@ impl Shared {
                 TaskState::Leased | TaskState::Abandoned => core.in_flight_count -= 1,
             }
             // Absent already for an abandoned task.
-            core.index.remove(tag, slot);
+            if let Some(tag) = tag {
+                core.index.remove(tag, slot);
+            }
             core.payloads.release(task.bytes);
             // Overdue, backlog and ready entries, if any, are skipped by
             // their id and state checks.
