@@ -1248,7 +1248,7 @@ impl Engine {
     /// then applied a batch per hold (O(live tasks + bytes moved) in all, in
     /// short holds). Then the state is encoded from snapshots of the tasks
     /// in memory, the far tasks and the dead letters taken in one short
-    /// hold, about 65 536 tasks per hold (far tasks a shard at a time, 1/256
+    /// hold (it sorts the dead letters' ids), about 65 536 tasks per hold (far tasks a shard at a time, 1/256
     /// of them, when that is more; calls go on in between; the file still holds
     /// the state of one log LSN; a task changed before it is encoded is
     /// copied first, so memory grows with what changes meanwhile), and
