@@ -289,22 +289,8 @@ impl Shared {
                 hook(self);
             }
         }
-        let plan = Plan {
-            tasks: enc.tasks() + enc.far_tasks(),
-            dead: enc.dead_letters(),
-            rest: (at, enc.finish()),
-            header,
-            wal,
-            named,
-        };
-        let Plan {
-            rest: (at, rest),
-            header,
-            tasks,
-            dead: dead_letters,
-            wal,
-            named,
-        } = plan;
+        let (tasks, dead_letters) = (enc.tasks() + enc.far_tasks(), enc.dead_letters());
+        let rest = enc.finish();
         let bytes = at + rest.len() as u64;
         out.write(&rest, at)?;
         drop(rest);
@@ -708,17 +694,6 @@ impl Holds {
             }),
         }
     }
-}
-
-struct Plan {
-    /// The checkpoint's last bytes and their offset.
-    rest: (u64, Vec<u8>),
-    header: CheckpointHeader,
-    tasks: u64,
-    dead: u64,
-    wal: Arc<Wal>,
-    /// Overflow files the checkpoint refers to.
-    named: HashSet<u32>,
 }
 
 /// A task's key and payload in memory chosen for the new overflow file.
