@@ -289,7 +289,8 @@ impl PayloadStore {
 
 /// One live task: a small fixed entry (64 bytes) plus the reference to its
 /// key and payload. Its key's index tag is not kept: removing the index
-/// entry hashes the key again, except on a cancel, which has just hashed it.
+/// entry hashes the key again, except on a cancel or an ack, which hash it
+/// before taking the engine's lock.
 /// (Cloned only by a slab snapshot, [`TaskSlab::begin_snapshot`].)
 #[derive(Debug, Clone)]
 pub(crate) struct Task {
