@@ -230,7 +230,7 @@ impl Shared {
                         enc.buffered() < WRITE_PIECE_BYTES
                     })
                 } else if far_phase {
-                    let mut push = |e: &crate::far::FarEntry| {
+                    let push = |e: &crate::far::FarEntry| {
                         let (file, offset) = crate::far::unpack_loc(e.loc);
                         enc.push_far(&checkpoint::FarTask {
                             id: e.id,
@@ -239,15 +239,12 @@ impl Shared {
                             offset,
                         });
                     };
-                    let read = core.far.read_snapshot(FAR_ENTRIES_PER_HOLD, &mut push);
-                    if read == Some(true) {
-                        // Nothing left to read; ends it.
-                        for e in core.far.end_snapshot() {
-                            push(&e);
-                        }
-                        dead_phase = true;
-                    }
-                    read.map(|_| false)
+                    core.far
+                        .read_snapshot(FAR_ENTRIES_PER_HOLD, push)
+                        .map(|done| {
+                            dead_phase = done;
+                            false
+                        })
                 } else {
                     core.tasks
                         .read_snapshot(SLOTS_PER_ENCODE_HOLD, |t| {
