@@ -3,7 +3,7 @@
 //! The directory may be damaged or written by an untrusted party. The log is
 //! read through `kairos_wal::scan` (read-only, lengths checked before
 //! allocating, no memory maps); every record body is then decoded with
-//! [`kairos::record::Record::decode`] and replayed against the same rules the
+//! `kairos::record::Record::decode` and replayed against the same rules the
 //! engine applies when it opens the directory, so a directory that verifies
 //! also opens.
 
