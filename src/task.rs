@@ -86,6 +86,35 @@ pub enum PayloadRef {
 }
 
 impl PayloadRef {
+    /// `key` and `payload` in memory: in the entry itself when they fit
+    /// ([`PayloadRef::Small`]), else in one allocation. Touches no engine
+    /// state: a new task's bytes are made before the engine's lock is taken
+    /// and counted under it ([`PayloadStore::adopt`]). Keys longer than
+    /// `u32::MAX` bytes are refused by config validation (`key_bytes_max`)
+    /// long before they get here.
+    pub fn in_memory(key: &[u8], payload: &[u8]) -> PayloadRef {
+        if let Some(small) = small(key, payload) {
+            return small;
+        }
+        let key_len = u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
+        let mut bytes = Vec::with_capacity(key.len() + payload.len());
+        bytes.extend_from_slice(key);
+        bytes.extend_from_slice(payload);
+        PayloadRef::Inline {
+            bytes: bytes.into_boxed_slice(),
+            key_len,
+        }
+    }
+
+    /// Payload bytes held in memory: 0 when the payload is on disk.
+    pub(crate) fn payload_len_in_memory(&self) -> usize {
+        match self {
+            PayloadRef::Small { len, key_len, .. } => usize::from(*len - *key_len),
+            PayloadRef::Inline { bytes, key_len } => bytes.len() - *key_len as usize,
+            PayloadRef::OnDisk { .. } => 0,
+        }
+    }
+
     /// The task's key (always in memory).
     pub fn key(&self) -> &[u8] {
         match self {
@@ -155,18 +184,17 @@ impl PayloadStore {
     /// Keys longer than `u32::MAX` bytes are refused by config validation
     /// (`key_bytes_max`) long before they get here.
     pub fn put(&mut self, key: &[u8], payload: &[u8]) -> PayloadRef {
-        self.bytes_in_memory += payload.len();
-        if let Some(small) = small(key, payload) {
-            return small;
-        }
-        let key_len = u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
-        let mut bytes = Vec::with_capacity(key.len() + payload.len());
-        bytes.extend_from_slice(key);
-        bytes.extend_from_slice(payload);
-        PayloadRef::Inline {
-            bytes: bytes.into_boxed_slice(),
-            key_len,
-        }
+        self.adopt(PayloadRef::in_memory(key, payload))
+    }
+
+    /// Takes over `bytes`, made by [`PayloadRef::in_memory`] (possibly
+    /// before the engine's lock was taken, so that the allocation and the
+    /// copy happen outside it), for a new task: [`PayloadStore::put`] in two
+    /// steps.
+    pub fn adopt(&mut self, bytes: PayloadRef) -> PayloadRef {
+        debug_assert!(bytes.on_disk().is_none(), "adopt takes bytes in memory");
+        self.bytes_in_memory += bytes.payload_len_in_memory();
+        bytes
     }
 
     /// [`PayloadStore::put`] for a replayed task's key: a long key's

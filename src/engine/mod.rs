@@ -43,7 +43,7 @@ use crate::index::TaskIndex;
 use crate::prefetch::prefetch;
 use crate::record::{Record, ID_ONLY_BYTES, RECORD_CANCEL, RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES};
 use crate::replay::{DeadTask, LiveTask, Replay};
-use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
+use crate::task::{PayloadRef, PayloadStore, Task, TaskId, TaskSlab, TaskState};
 use crate::wheel::{InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
 use kairos_wal::format::{FRAME_BODY_BYTES_MAX, RECORD_HEADER_BYTES};
 use kairos_wal::storage::LockGuard;
@@ -1844,6 +1844,9 @@ impl Shared {
         let due_ms = self.validate_due(t.due, now.wall_ns)?;
         let due_tick = self.due_tick(due_ms, now);
         check_frame_bytes(std::slice::from_ref(t))?;
+        // Allocated and copied before the lock: shorter holds, and more of
+        // the bucket's load hidden. Dropped unused if the schedule fails.
+        let bytes = PayloadRef::in_memory(t.key, t.payload);
 
         self.await_relocation();
         let (mut core, reads, far_match) = self
@@ -1862,7 +1865,7 @@ impl Shared {
         let id = TaskId(core.next_id);
         let ticket = self.log_schedules(&mut core, std::slice::from_ref(t), &[due_ms], id.0)?;
         core.next_id += 1;
-        if self.place_task(&mut core, id, t, tag, due_ms, due_tick) {
+        if self.place_task(&mut core, id, bytes, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
         drop(core);
@@ -1916,7 +1919,8 @@ impl Shared {
             let ticket =
                 self.log_schedules(&mut core, std::slice::from_ref(&new), &[due_ms], id.0)?;
             core.next_id += 1;
-            if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
+            let bytes = PayloadRef::in_memory(new.key, new.payload);
+            if self.place_task(&mut core, id, bytes, tag, due_ms, due_tick) {
                 self.driver_cv.notify_all();
             }
             drop(core);
@@ -2034,7 +2038,8 @@ impl Shared {
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         core.next_id += 1;
         core.remove_dead(dead_id.0);
-        if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
+        let bytes = PayloadRef::in_memory(new.key, new.payload);
+        if self.place_task(&mut core, id, bytes, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
         drop(core);
@@ -2099,7 +2104,10 @@ impl Shared {
         let mut wake_driver = false;
         for (i, t) in new.iter().enumerate() {
             let id = TaskId(first_id + i as u64);
-            wake_driver |= self.place_task(&mut core, id, t, tags[i], due_ms[i], due_ticks[i]);
+            // Made under the lock here: a batch's misses already overlap
+            // (prefetch ahead), and a vector of them cost more than it saved.
+            let bytes = PayloadRef::in_memory(t.key, t.payload);
+            wake_driver |= self.place_task(&mut core, id, bytes, tags[i], due_ms[i], due_ticks[i]);
         }
         if wake_driver {
             self.driver_cv.notify_all();
@@ -2173,12 +2181,13 @@ impl Shared {
     }
 
     /// Stores a validated, logged task in the slab, the index and the wheel
-    /// (or the overdue queue). Returns whether the driver must be woken.
+    /// (or the overdue queue), with `bytes` (its key and payload, made by
+    /// [`PayloadRef::in_memory`]). Returns whether the driver must be woken.
     fn place_task(
         &self,
         core: &mut Core,
         id: TaskId,
-        t: &NewTask<'_>,
+        bytes: PayloadRef,
         key_tag: u32,
         due_ms: u64,
         due_tick: Tick,
@@ -2190,9 +2199,10 @@ impl Shared {
         // The wheel entry first, so the task is written once, complete, and
         // never read back (at a million tasks that read is a cache miss).
         let placed = core.wheel.insert(due_tick, slot);
+        let task_bytes = bytes.key().len() + bytes.payload_len_in_memory();
         let task = Task {
             id,
-            bytes: core.payloads.put(t.key, t.payload),
+            bytes: core.payloads.adopt(bytes),
             due_ms,
             state: TaskState::Scheduled,
             deliveries: 0,
@@ -2200,7 +2210,7 @@ impl Shared {
         };
         let stored = core.insert_task(task, key_tag);
         debug_assert_eq!(stored, Some(slot));
-        self.count_far_scheduled(core, due_tick, t.key.len() + t.payload.len());
+        self.count_far_scheduled(core, due_tick, task_bytes);
         match placed {
             Ok(_) => match core.sleep {
                 DriverSleep::Busy => false,
