@@ -48,8 +48,15 @@ pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Default [`Config::horizon`]: 18 days.
 pub const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * 24 * 3600);
 
-/// Default [`Config::resident_window`]: 10 minutes.
-pub const RESIDENT_WINDOW_DEFAULT: Duration = Duration::from_secs(600);
+/// Default [`Config::resident_window`]: 1 minute, the same as
+/// [`PAYLOAD_WINDOW_DEFAULT`]: a task due later than that keeps no payload in
+/// memory, so it might as well keep no wheel entry either (24 bytes instead
+/// of about 112). Sessions up to 14 used 10 minutes: with the DESIGN.md delay
+/// mix about 15 % of the tasks were then due within the window and cost
+/// their payload besides; `kairos bench --tasks 20000000 --payload-bytes 200`
+/// measured 68 B of RAM per wheel task while scheduling with 10 minutes,
+/// 54 B with 1 minute (BENCHMARKS.md, session 15).
+pub const RESIDENT_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
 
 /// Default [`Config::relocate_far_tasks`]: 2^20 (about a million).
 pub const RELOCATE_FAR_TASKS_DEFAULT: u64 = 1 << 20;
@@ -238,13 +245,13 @@ pub struct Config {
     /// And while out of the wheel such a task follows wall-clock steps (its
     /// due time is converted again when it is promoted), where one in the
     /// wheel follows the monotonic clock: with the default, that is most
-    /// first attempts due more than ten minutes out, once a move has taken
+    /// first attempts due more than a minute out, once a move has taken
     /// them out (README, "Time").
     /// `None`: the whole horizon stays in memory. Used only when the
     /// horizon is set, and only where shorter than it; a window shorter
     /// than `payload_window` counts as `payload_window` (a task whose
     /// payload is kept in memory stays in the wheel).
-    /// Default [`RESIDENT_WINDOW_DEFAULT`] (10 minutes). Ignored in memory.
+    /// Default [`RESIDENT_WINDOW_DEFAULT`] (1 minute). Ignored in memory.
     pub resident_window: Option<Duration>,
     /// Also take far tasks out of the wheel between checkpoints, in the
     /// background, once this many first attempts due beyond the far span ([`Config::far_span`])

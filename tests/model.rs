@@ -213,7 +213,7 @@ impl Setup {
         config.checkpoint_interval = None;
         config.payload_prefetch = false;
         // The whole 18-day horizon resident, as before the resident window
-        // existed: with a 10-minute span, wall steps back make checkpoints
+        // existed: with a 1-minute span, wall steps back make checkpoints
         // compact tasks into far ones in ways this model does not follow
         // (which overflow file a payload is in, and which files a
         // checkpoint compacts). tests/resident_window.rs, tests/far*.rs and

@@ -1,4 +1,4 @@
-//! The resident window (`Config::resident_window`, default 10 minutes):
+//! The resident window (`Config::resident_window`, default 1 minute):
 //! with the default configuration, waiting first attempts due within the
 //! 18-day horizon but later than the window leave memory like far tasks
 //! (24 bytes each, key and payload in an overflow file), come back into the
@@ -38,9 +38,10 @@ fn at(ms: u64) -> Due {
     Due::At(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
-/// The tasks: (key, due after the start in ms, payload). Due in 1 s and
-/// 5 min: within the resident window. 30 min, 7 days and 17 days: within
-/// the horizon, beyond the window. 30 days: beyond the horizon.
+/// The tasks: (key, due after the start in ms, payload). Due in 1 s: within
+/// the default resident window. 5 min, 30 min, 7 days and 17 days: within
+/// the horizon, beyond the default window (5 min is within a 10-minute
+/// one). 30 days: beyond the horizon.
 fn tasks() -> Vec<(Vec<u8>, u64, Vec<u8>)> {
     [
         ("one-second", SECOND_MS),
@@ -105,17 +106,17 @@ fn tasks_beyond_the_resident_window_leave_memory_and_fire_on_their_tick() -> Tes
         }
         h.engine().checkpoint()?;
         let stats = h.engine().stats();
-        // Six beyond the window, five of them within the horizon; the two
-        // within it stay in the wheel.
-        assert_eq!((stats.far, stats.pending), (6, 8), "seed {seed}");
+        // Seven beyond the window, six of them within the horizon; the one
+        // within it stays in the wheel.
+        assert_eq!((stats.far, stats.pending), (7, 8), "seed {seed}");
         if let Some(stop) = stop {
             h.restart(stop)?;
             let stats = h.engine().stats();
-            assert_eq!((stats.far, stats.pending), (6, 8), "{stop:?}");
+            assert_eq!((stats.far, stats.pending), (7, 8), "{stop:?}");
         }
         assert_eq!(fire(&h, &model)?, model, "seed {seed}");
         let stats = h.engine().stats();
-        assert_eq!((stats.far, stats.far_promoted, stats.pending), (0, 6, 0));
+        assert_eq!((stats.far, stats.far_promoted, stats.pending), (0, 7, 0));
     }
     Ok(())
 }
@@ -129,7 +130,7 @@ fn cancel_reschedule_and_duplicates_find_them_by_key_across_a_crash() -> TestRes
         model.insert(key, (due, payload));
     }
     h.engine().checkpoint()?;
-    assert_eq!(h.engine().stats().far, 6);
+    assert_eq!(h.engine().stats().far, 7);
     let e = h.engine();
     assert!(matches!(
         e.schedule_after(b"week", Duration::from_secs(60), b"x"),
@@ -143,7 +144,7 @@ fn cancel_reschedule_and_duplicates_find_them_by_key_across_a_crash() -> TestRes
     model.remove(b"week".as_slice());
     // Sooner, into the resident window, its (non-empty) payload kept from
     // disk.
-    let sooner = START_MS + 8 * MINUTE_MS;
+    let sooner = START_MS + 40 * SECOND_MS;
     assert!(matches!(
         e.reschedule(b"week-b", at(sooner), None)?,
         RescheduleOutcome::Rescheduled(_)
@@ -172,7 +173,10 @@ fn the_window_is_bounded_by_the_payload_window_and_the_horizon() -> TestResult {
     // far tasks of the eight after a checkpoint at the start.
     let minutes = |m: u64| Some(Duration::from_secs(60 * m));
     for (horizon, resident, payload_window, span, far) in [
-        // The default: beyond 10 min.
+        // The default: beyond 1 min.
+        (Some(HORIZON_DEFAULT), minutes(1), minutes(1), minutes(1), 7),
+        // A 10-minute window (the default up to session 14) keeps the
+        // 5-minute task.
         (
             Some(HORIZON_DEFAULT),
             minutes(10),

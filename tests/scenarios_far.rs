@@ -2,7 +2,7 @@
 //! each a named regression test on a manual clock. CI runs them at a reduced size with the
 //! same shape; `KAIROS_TEST_SCALE` raises it.
 //!
-//! Both run with the default horizon (18 days), resident window (10 minutes) and payload window
+//! Both run with the default horizon (18 days), resident window (1 minute) and payload window
 //! (1 minute): at a checkpoint,
 //! tasks due beyond the far span leave the wheel for an overflow file (24 bytes of memory each,
 //! `Stats::far`), payloads of the others due later than the window go to disk too, and both

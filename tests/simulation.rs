@@ -811,7 +811,7 @@ impl Setup {
             c.delivery = DeliveryGuarantee::AtMostOnce;
         }
         // The model's far tasks are those beyond `horizon` below; by default
-        // (a 10-minute resident window) tasks would go far without it.
+        // (a 1-minute resident window) tasks would go far without it.
         c.resident_window = None;
         if let Some((window, horizon)) = self.window_and_horizon_ms {
             c.payload_window = Some(Duration::from_millis(window));

@@ -61,7 +61,7 @@ days); with --far-fraction F, each task is due beyond the horizon (uniformly bet
 1 year) with probability F, otherwise uniformly between 1 hour and 18 days. The horizon is 18 \
 days. Tasks due within it (wheel tasks) are scheduled first, then the tasks due beyond it \
 (overflow tasks), whatever the engine does with them: with the default --resident-window \
-(10m, Config::resident_window) every task due later than 10 minutes leaves the wheel's \
+(1m, Config::resident_window) every task due later than a minute leaves the wheel's \
 memory like an overflow task, wheel task or not. Every task with an odd index is \
 cancelled.
 
@@ -140,7 +140,7 @@ pub struct BenchArgs {
     /// Tasks due within this window stay whole in the wheel's memory
     /// (`Config::resident_window`); later ones within the horizon leave it
     /// like far tasks. `off`: the whole horizon stays in memory.
-    #[arg(long, value_name = "D|off", default_value = "10m", value_parser = parse_window)]
+    #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window)]
     resident_window: ResidentWindow,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
@@ -637,7 +637,7 @@ pub struct ReopenArgs {
     #[arg(long, value_name = "N")]
     pending_tasks_max: usize,
     /// `Config::resident_window`, as `kairos bench` takes it.
-    #[arg(long, value_name = "D|off", default_value = "10m", value_parser = parse_window)]
+    #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window)]
     resident_window: ResidentWindow,
 }
 
