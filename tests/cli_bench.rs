@@ -107,6 +107,7 @@ fn small_run_with_far_tasks_and_payloads_reports_every_field() {
     // Every task is due an hour or more out: beyond the default 1-minute
     // resident window, all are far after the checkpoint.
     assert_eq!(r["resident_window_ms"], 60_000);
+    assert_eq!(r["relocate_far_bytes"], 64 << 20);
     assert_eq!(r["far_tasks_after_recovery"], 1000, "{r}");
     if cfg!(target_os = "linux") {
         // Both kinds were scheduled: each has a figure (its sign and size
@@ -198,6 +199,8 @@ fn bad_arguments_are_usage_errors() {
         &["bench"],
         &["bench", "--tasks", "100", "--durability", "eventually"],
         &["bench", "--tasks", "100", "--resident-window", "soon"],
+        &["bench", "--tasks", "100", "--relocate-far-bytes", "0"],
+        &["bench", "--tasks", "100", "--relocate-far-bytes", "-1"],
     ] {
         let out = kairos(args);
         assert_eq!(
@@ -207,6 +210,16 @@ fn bad_arguments_are_usage_errors() {
             text(&out.stderr)
         );
     }
+}
+
+/// `--relocate-far-bytes`: with moves every 4 KiB of far tasks (dozens of
+/// small overflow files), every task not cancelled still comes back, far.
+#[test]
+fn small_far_moves_lose_nothing() {
+    let r = small_bench(&["--far-fraction", "1", "--relocate-far-bytes", "4096"]);
+    assert_eq!(r["relocate_far_bytes"], 4096);
+    assert_eq!(r["recovered_pending"], 1000, "{r}");
+    assert_eq!(r["far_tasks_after_recovery"], 1000, "{r}");
 }
 
 /// `--log-tail`: records after the checkpoint are replayed by the reopen, and the

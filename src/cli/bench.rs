@@ -8,7 +8,9 @@ use super::demo::workload::{self, Workload};
 use super::{DurabilityArgs, DurabilityMode, Verdict};
 use anyhow::{bail, Context as _};
 use clap::Args;
-use kairos::config::{BATCH_TASKS_MAX, PAYLOAD_BYTES_MAX_DEFAULT, PENDING_TASKS_LIMIT};
+use kairos::config::{
+    BATCH_TASKS_MAX, PAYLOAD_BYTES_MAX_DEFAULT, PENDING_TASKS_LIMIT, RELOCATE_FAR_BYTES_DEFAULT,
+};
 use kairos::{CancelOutcome, CheckpointReport, Config, Due, Engine, NewTask};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -142,6 +144,12 @@ pub struct BenchArgs {
     /// like far tasks. `off`: the whole horizon stays in memory.
     #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window)]
     resident_window: ResidentWindow,
+    /// `Config::relocate_far_bytes`: far tasks leave the wheel in the
+    /// background once those scheduled since the last move take this much
+    /// memory (a producer waits at twice this), for a side-by-side run.
+    #[arg(long, value_name = "B", default_value_t = RELOCATE_FAR_BYTES_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    relocate_far_bytes: u64,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -183,6 +191,8 @@ struct Report {
     horizon_days: u64,
     /// `--resident-window`, ms; null for `off`.
     resident_window_ms: Option<u64>,
+    /// `--relocate-far-bytes`.
+    relocate_far_bytes: u64,
     /// Payload of every task, bytes.
     payload_bytes: u32,
     /// Key of every task, bytes.
@@ -513,6 +523,7 @@ fn config(args: &BenchArgs) -> Config {
     let mut config = Config::default();
     config.durability = args.durability.durability();
     config.resident_window = args.resident_window.0;
+    config.relocate_far_bytes = args.relocate_far_bytes;
     config.pending_tasks_max = config
         .pending_tasks_max
         .max(args.tasks as usize + args.log_tail as usize + 1);
@@ -833,6 +844,7 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         overflow_tasks: m.overflow_tasks,
         horizon_days: HORIZON_DEFAULT.as_secs() / DAY_S,
         resident_window_ms: args.resident_window.0.map(|d| d.as_millis() as u64),
+        relocate_far_bytes: args.relocate_far_bytes,
         payload_bytes: args.payload_bytes,
         key_bytes: KEY_BYTES,
         durability: format!("{:?}", args.durability.mode).to_lowercase(),
@@ -947,6 +959,13 @@ fn print_table(r: &Report) {
             ),
             None => "off: the whole horizon stays in the wheel's memory".into(),
         },
+    );
+    row(
+        "far moves",
+        format!(
+            "every {} MiB of far tasks in memory (relocate_far_bytes)",
+            r.relocate_far_bytes as f64 / (1 << 20) as f64
+        ),
     );
     row(
         "schedule",
