@@ -17,6 +17,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = args.get(1).map_or(Ok(100_000), |s| s.parse())?;
+    if n == 0 {
+        return Err("N must be at least 1".into());
+    }
     let from_s: u64 = args.get(2).map_or(Ok(70), |s| s.parse())?;
     let to_s: u64 = args.get(3).map_or(Ok(130), |s| s.parse())?;
     let mut config = Config::default();

@@ -200,7 +200,7 @@ fn bad_arguments_are_usage_errors() {
         &["bench", "--tasks", "100", "--durability", "eventually"],
         &["bench", "--tasks", "100", "--resident-window", "soon"],
         &["bench", "--tasks", "100", "--relocate-far-bytes", "0"],
-        &["bench", "--tasks", "100", "--relocate-far-bytes", "-1"],
+        &["bench", "--tasks", "100", "--relocate-far-bytes", "lots"],
     ] {
         let out = kairos(args);
         assert_eq!(
@@ -212,13 +212,21 @@ fn bad_arguments_are_usage_errors() {
     }
 }
 
-/// `--relocate-far-bytes`: with moves every 4 KiB of far tasks (dozens of
-/// small overflow files), every task not cancelled still comes back, far.
+/// `--relocate-far-bytes`: with moves every 4 KiB of far tasks, background
+/// moves take tasks out of the wheel before the explicit checkpoint (a
+/// producer waits once two moves' worth is in memory, so every batch but
+/// the last is out); with the default (64 MiB, 2^20 tasks) none does at this
+/// size. Every task not cancelled still comes back, far.
 #[test]
-fn small_far_moves_lose_nothing() {
+fn small_far_moves_take_tasks_out_before_the_checkpoint_and_lose_nothing() {
     let r = small_bench(&["--far-fraction", "1", "--relocate-far-bytes", "4096"]);
     assert_eq!(r["relocate_far_bytes"], 4096);
+    let before = r["far_tasks_before_checkpoint"].as_u64().unwrap();
+    assert!(before > 0, "{r}");
     assert_eq!(r["recovered_pending"], 1000, "{r}");
+    assert_eq!(r["far_tasks_after_recovery"], 1000, "{r}");
+    let r = small_bench(&["--far-fraction", "1"]);
+    assert_eq!(r["far_tasks_before_checkpoint"], 0, "{r}");
     assert_eq!(r["far_tasks_after_recovery"], 1000, "{r}");
 }
 

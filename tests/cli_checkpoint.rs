@@ -79,7 +79,7 @@ fn checkpoint_offline_then_reopen() -> TestResult {
         (Value::from(true), Value::from(300))
     );
     // The offline checkpoint runs with the default configuration: due in
-    // an hour, beyond the ten-minute resident window, every task is far.
+    // an hour, beyond the one-minute resident window, every task is far.
     assert_eq!(
         (
             v["checkpoint"]["tasks"].clone(),

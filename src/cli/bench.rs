@@ -93,6 +93,8 @@ tasks out of the wheel, encoding the state); checkpoint_longest_hold_ms the long
 hold: the longest a producer or the driver waited on it; checkpoint_hold_max_ms the same over \
 every checkpoint of the run, the background ones while scheduling and cancelling included.
   close_ms  the shutdown. recovery_ms  the reopen (Engine::open, replaying the log).
+  far_tasks_before_checkpoint  tasks the background moves had taken out of the wheel before the \
+explicit checkpoint (after the cancels).
   far_tasks_after_recovery  tasks out of the wheel after the reopen (due beyond the far span — \
 the resident window within the horizon, Config::far_span — when the checkpoint was taken: 24 \
 bytes of memory each). The growth per task while scheduling counts \
@@ -242,6 +244,9 @@ struct Report {
     payloads_on_disk: u64,
     /// After the reopen: payload bytes held in memory.
     payload_bytes_in_memory: u64,
+    /// Before the explicit checkpoint, after the cancels: far tasks the
+    /// background moves had taken out of the wheel (`Stats::far`).
+    far_tasks_before_checkpoint: u64,
     /// After the reopen: far tasks — due beyond the far span, out of the
     /// wheel (`Stats::far`).
     far_tasks_after_recovery: u64,
@@ -393,6 +398,7 @@ struct Measured {
     payloads_on_disk: u64,
     payload_bytes_in_memory: u64,
     far_tasks: u64,
+    far_before_checkpoint: u64,
     log_tail_cancelled: u64,
 }
 
@@ -430,6 +436,9 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
     progress.restart(cancels, "cancelling every task with an odd index");
     let (cancelled, cancel_busy) = cancel_odd(&engine, args.tasks, batch, &mut keys, &progress)?;
 
+    // Far tasks the background moves took out of the wheel before the
+    // explicit checkpoint (the cancelled ones no longer counted).
+    let far_before_checkpoint = engine.stats().far as u64;
     progress.phase("checkpoint");
     let (checkpoint, report) = take_checkpoint(&engine)?;
     let log_tail_cancelled = if args.log_tail > 0 {
@@ -479,6 +488,7 @@ fn measure(args: &BenchArgs, dir: &Path) -> anyhow::Result<Measured> {
         payloads_on_disk: reopened.payloads_on_disk,
         payload_bytes_in_memory: reopened.payload_bytes_in_memory,
         far_tasks: reopened.far,
+        far_before_checkpoint,
         log_tail_cancelled,
     })
 }
@@ -650,6 +660,10 @@ pub struct ReopenArgs {
     /// `Config::resident_window`, as `kairos bench` takes it.
     #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window)]
     resident_window: ResidentWindow,
+    /// `Config::relocate_far_bytes`, as `kairos bench` takes it.
+    #[arg(long, value_name = "B", default_value_t = RELOCATE_FAR_BYTES_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    relocate_far_bytes: u64,
 }
 
 /// What a reopen cost, measured in a fresh process.
@@ -671,6 +685,7 @@ pub fn run_reopen(args: &ReopenArgs) -> anyhow::Result<Verdict> {
     config.durability = args.durability.durability();
     config.pending_tasks_max = args.pending_tasks_max;
     config.resident_window = args.resident_window.0;
+    config.relocate_far_bytes = args.relocate_far_bytes;
     let rss_before = rss_bytes("VmRSS:");
     let started = Instant::now();
     let engine = Engine::open(&args.dir, config)
@@ -711,7 +726,9 @@ fn reopen_in_child(args: &BenchArgs, dir: &Path) -> anyhow::Result<Reopened> {
         .arg(match args.resident_window.0 {
             Some(d) => format!("{}ms", d.as_millis()),
             None => "off".into(),
-        });
+        })
+        .arg("--relocate-far-bytes")
+        .arg(args.relocate_far_bytes.to_string());
     let out = cmd.output().context("cannot run kairos bench-reopen")?;
     if !out.status.success() {
         bail!(
@@ -874,6 +891,7 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         payloads_moved: m.payloads_moved,
         payloads_on_disk: m.payloads_on_disk,
         payload_bytes_in_memory: m.payload_bytes_in_memory,
+        far_tasks_before_checkpoint: m.far_before_checkpoint,
         far_tasks_after_recovery: m.far_tasks,
         ram_bytes_per_task_after_recovery: growth_per_task(
             m.rss_before_reopen,
@@ -963,8 +981,12 @@ fn print_table(r: &Report) {
     row(
         "far moves",
         format!(
-            "every {} MiB of far tasks in memory (relocate_far_bytes)",
-            r.relocate_far_bytes as f64 / (1 << 20) as f64
+            "every {} of far tasks in memory (relocate_far_bytes)",
+            if r.relocate_far_bytes.is_multiple_of(1 << 20) {
+                format!("{} MiB", r.relocate_far_bytes >> 20)
+            } else {
+                format!("{} bytes", r.relocate_far_bytes)
+            }
         ),
     );
     row(
@@ -1030,6 +1052,13 @@ fn print_table(r: &Report) {
     }
     row("close", format!("{:.1} ms", r.close_ms));
     row("recovery (reopen)", format!("{:.1} ms", r.recovery_ms));
+    row(
+        "far before checkpoint",
+        format!(
+            "{} tasks out of the wheel by background moves",
+            r.far_tasks_before_checkpoint
+        ),
+    );
     row(
         "after the reopen",
         format!(
