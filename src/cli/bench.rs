@@ -141,17 +141,8 @@ pub struct BenchArgs {
     /// most half of --tasks (rounded up).
     #[arg(long, value_name = "N", default_value_t = 0)]
     log_tail: u32,
-    /// Tasks due within this window stay whole in the wheel's memory
-    /// (`Config::resident_window`); later ones within the horizon leave it
-    /// like far tasks. `off`: the whole horizon stays in memory.
-    #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window)]
-    resident_window: ResidentWindow,
-    /// `Config::relocate_far_bytes`: far tasks leave the wheel in the
-    /// background once those scheduled since the last move take this much
-    /// memory (a producer waits at twice this), for a side-by-side run.
-    #[arg(long, value_name = "B", default_value_t = RELOCATE_FAR_BYTES_DEFAULT,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    relocate_far_bytes: u64,
+    #[command(flatten)]
+    tuning: Tuning,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -532,8 +523,7 @@ fn log_tail(
 fn config(args: &BenchArgs) -> Config {
     let mut config = Config::default();
     config.durability = args.durability.durability();
-    config.resident_window = args.resident_window.0;
-    config.relocate_far_bytes = args.relocate_far_bytes;
+    args.tuning.apply(&mut config);
     config.pending_tasks_max = config
         .pending_tasks_max
         .max(args.tasks as usize + args.log_tail as usize + 1);
@@ -657,13 +647,46 @@ pub struct ReopenArgs {
     /// `Config::pending_tasks_max`.
     #[arg(long, value_name = "N")]
     pending_tasks_max: usize,
-    /// `Config::resident_window`, as `kairos bench` takes it.
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+/// The engine settings `kairos bench` takes for side-by-side runs, and
+/// passes on to the reopen in a child process.
+#[derive(Args, Debug, Clone)]
+struct Tuning {
+    /// Tasks due within this window stay whole in the wheel's memory
+    /// (`Config::resident_window`); later ones within the horizon leave it
+    /// like far tasks. `off`: the whole horizon stays in memory.
     #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window)]
     resident_window: ResidentWindow,
-    /// `Config::relocate_far_bytes`, as `kairos bench` takes it.
+    /// `Config::relocate_far_bytes`: far tasks leave the wheel in the
+    /// background once those scheduled since the last move take this much
+    /// memory (a producer waits at twice this), for a side-by-side run.
     #[arg(long, value_name = "B", default_value_t = RELOCATE_FAR_BYTES_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..))]
     relocate_far_bytes: u64,
+}
+
+impl Tuning {
+    /// Sets these fields of `config`.
+    fn apply(&self, config: &mut Config) {
+        config.resident_window = self.resident_window.0;
+        config.relocate_far_bytes = self.relocate_far_bytes;
+    }
+
+    /// The same settings as command-line arguments, for the child process.
+    fn to_args(&self) -> [String; 4] {
+        [
+            "--resident-window".into(),
+            match self.resident_window.0 {
+                Some(d) => format!("{}ms", d.as_millis()),
+                None => "off".into(),
+            },
+            "--relocate-far-bytes".into(),
+            self.relocate_far_bytes.to_string(),
+        ]
+    }
 }
 
 /// What a reopen cost, measured in a fresh process.
@@ -684,8 +707,7 @@ pub fn run_reopen(args: &ReopenArgs) -> anyhow::Result<Verdict> {
     let mut config = Config::default();
     config.durability = args.durability.durability();
     config.pending_tasks_max = args.pending_tasks_max;
-    config.resident_window = args.resident_window.0;
-    config.relocate_far_bytes = args.relocate_far_bytes;
+    args.tuning.apply(&mut config);
     let rss_before = rss_bytes("VmRSS:");
     let started = Instant::now();
     let engine = Engine::open(&args.dir, config)
@@ -722,13 +744,7 @@ fn reopen_in_child(args: &BenchArgs, dir: &Path) -> anyhow::Result<Reopened> {
         .arg(format!("{:?}", args.durability.mode).to_lowercase())
         .arg("--interval-ms")
         .arg(args.durability.interval_ms.to_string())
-        .arg("--resident-window")
-        .arg(match args.resident_window.0 {
-            Some(d) => format!("{}ms", d.as_millis()),
-            None => "off".into(),
-        })
-        .arg("--relocate-far-bytes")
-        .arg(args.relocate_far_bytes.to_string());
+        .args(args.tuning.to_args());
     let out = cmd.output().context("cannot run kairos bench-reopen")?;
     if !out.status.success() {
         bail!(
@@ -860,8 +876,8 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         wheel_tasks: m.wheel_tasks,
         overflow_tasks: m.overflow_tasks,
         horizon_days: HORIZON_DEFAULT.as_secs() / DAY_S,
-        resident_window_ms: args.resident_window.0.map(|d| d.as_millis() as u64),
-        relocate_far_bytes: args.relocate_far_bytes,
+        resident_window_ms: args.tuning.resident_window.0.map(|d| d.as_millis() as u64),
+        relocate_far_bytes: args.tuning.relocate_far_bytes,
         payload_bytes: args.payload_bytes,
         key_bytes: KEY_BYTES,
         durability: format!("{:?}", args.durability.mode).to_lowercase(),
