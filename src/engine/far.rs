@@ -20,13 +20,29 @@ const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
 /// due: with the 32 files a checkpoint keeps, ~96 k entries at worst). A
 /// pass reads each file up to its share;
 /// the tasks of all files up to the earliest (due, id) where a file stopped
-/// with more due are put in the wheel under one hold of the lock, in (due,
-/// id) order; the entries read after it wait for the next pass (kept, not
+/// with more due are put in the wheel in (due, id) order, in holds of the
+/// lock of about [`PROMOTE_HOLD_MAX`]; the entries read after it wait for the next pass (kept, not
 /// read again, unless a checkpoint moved the file's cursor meanwhile).
 /// Without it, every far task coming within the far span was read whole
 /// (key and payload) and put in the wheel under one hold: all of a million
 /// due at the same moment. (100 in unit tests.)
 const PROMOTE_ENTRIES_MAX: usize = if cfg!(test) { 100 } else { 65_536 };
+
+/// How long the promotion holds the core lock at most while putting the
+/// tasks of one pass in the wheel (each costs ~0.5-1 us, mostly cache
+/// misses, so 65 536 held it 27-51 ms): it then yields the lock to a waiting
+/// thread (the driver, a caller) and goes on. The tail of firing after a
+/// burst of tasks came back from far follows it (`examples/burst.rs`).
+/// (Zero in unit tests: the lock is yielded after every task.)
+const PROMOTE_HOLD_MAX: std::time::Duration = if cfg!(test) {
+    std::time::Duration::ZERO
+} else {
+    std::time::Duration::from_millis(1)
+};
+
+/// Entries put in the wheel between two looks at the clock for
+/// [`PROMOTE_HOLD_MAX`]. (1 in unit tests.)
+const PROMOTE_HOLD_CHECK_ENTRIES: usize = if cfg!(test) { 1 } else { 256 };
 
 /// Entries one pass reads from each file at least, however many files are
 /// due (each gets an equal share of [`PROMOTE_ENTRIES_MAX`]). (10 in unit
@@ -558,7 +574,8 @@ impl Shared {
     /// Promotes every far task due within the far span from now into the
     /// wheel: reads each overflow file holding far tasks sequentially from
     /// where it stopped, up to the first entry beyond the far span, without
-    /// the lock; then, under it, moves the tasks still far (not cancelled or
+    /// the lock; then, under it (yielded to waiting threads about every
+    /// [`PROMOTE_HOLD_MAX`]), moves the tasks still far (not cancelled or
     /// rescheduled meanwhile) into the wheel in (due time, id) order across
     /// files — the order an open would place them in. Takes and returns the
     /// core lock. A read failure poisons the engine: far tasks that cannot
@@ -589,6 +606,7 @@ impl Shared {
             if due.is_empty() {
                 return core;
             }
+            let generation = core.far_generation;
             drop(core);
             // A checkpoint may have moved a cursor meanwhile: what was read
             // from where it was is read again from where it is.
@@ -695,6 +713,7 @@ impl Shared {
             }
             entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
             core = self.core.lock();
+            let mut held_since = std::time::Instant::now();
             if let Some((file, start, cause)) = failed {
                 // A checkpoint may have compacted the file meanwhile (its far
                 // tasks moved to the new file, their cursor dropped or reset)
@@ -710,7 +729,42 @@ impl Shared {
                     return core;
                 }
             }
+            let mut now = now;
+            // A checkpoint that moved far tasks due by `until` to another
+            // file (or place) since this pass read them (here, or while the
+            // lock was yielded below) ends the pass: its tasks would
+            // otherwise go in the wheel after the other files' due at the
+            // same time, out of (due, id) order. The cursors then stay where
+            // this pass began: the tasks promoted already are no longer far,
+            // and the next pass reads again and skips them.
+            let mut interrupted =
+                core.far_generation != generation && moved_under_foot(&core, &due, until);
+            let mut unchecked = 0;
             for (file, offset, entry) in entries {
+                if interrupted {
+                    break;
+                }
+                unchecked += 1;
+                if unchecked == PROMOTE_HOLD_CHECK_ENTRIES {
+                    unchecked = 0;
+                }
+                if unchecked == 0 && held_since.elapsed() >= PROMOTE_HOLD_MAX {
+                    // Let the driver hand out what fell due, and callers
+                    // schedule and cancel, before putting in the rest (a
+                    // cancel meanwhile makes its task's `find` fail below).
+                    note_hold(&mut core, held_since);
+                    MutexGuard::bump(&mut core);
+                    if core.stop || core.check_open().is_err() {
+                        // As when interrupted: the cursors stay.
+                        return core;
+                    }
+                    now = self.now();
+                    held_since = std::time::Instant::now();
+                    if core.far_generation != generation && moved_under_foot(&core, &due, until) {
+                        interrupted = true;
+                        break;
+                    }
+                }
                 let Some(loc) = pack_loc(file, offset) else {
                     continue;
                 };
@@ -718,6 +772,10 @@ impl Shared {
                 if let Some(pos) = core.far.find(hash, loc, entry.task_id) {
                     self.unfar(&mut core, pos, entry, now);
                 }
+            }
+            if interrupted {
+                note_hold(&mut core, held_since);
+                continue;
             }
             // A checkpoint may have moved a file's far tasks meanwhile (and
             // reset or removed its cursor): only a cursor still where this
@@ -746,8 +804,29 @@ impl Shared {
                 self.poison_locked(&mut core, cause);
                 return core;
             }
+            note_hold(&mut core, held_since);
         }
     }
+}
+
+/// Whether a checkpoint moved far tasks due by `until` since a promotion
+/// pass took its cursors (`due`, each where it then was): a cursor due by
+/// then that is not among them at the same place (a new file, or a file's
+/// cursor reset to take new entries). A cursor removed (its file has no far
+/// task left) moves nothing.
+fn moved_under_foot(core: &Core, due: &[(u32, FarCursor)], until: u64) -> bool {
+    core.far_cursors.iter().any(|(f, c)| {
+        c.next_due_ms <= until
+            && !due
+                .iter()
+                .any(|(file, start)| file == f && start.same_place(c))
+    })
+}
+
+/// Counts a hold of the engine's lock by the promotion, taken at `since`,
+/// in [`crate::Stats::promotion_hold_max`].
+fn note_hold(core: &mut Core, since: std::time::Instant) {
+    core.promotion_hold_max = core.promotion_hold_max.max(since.elapsed());
 }
 
 /// Why `left` far tasks of overflow file `file` cannot be promoted: the file
@@ -883,5 +962,75 @@ mod tests {
             error.contains("out of") && error.contains(name.as_str()),
             "{error}"
         );
+    }
+
+    /// A promotion yields the lock after every task it puts in the wheel
+    /// here (`PROMOTE_HOLD_MAX` is zero in unit tests) while another thread
+    /// cancels far tasks and takes checkpoints, which rewrite the overflow
+    /// files and move their cursors under the promotion's feet. Every task
+    /// cancelled is never delivered; every other fires exactly once, at its
+    /// due time, in (due, schedule) order.
+    #[test]
+    fn a_promotion_that_yields_the_lock_loses_and_repeats_nothing() {
+        let sim = kairos_wal::SimStorage::new(9);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine(&sim, &clock);
+        let mut scheduled = Vec::new();
+        for prefix in ["a", "b", "c"] {
+            one_file(&engine, prefix, 300, &mut scheduled);
+        }
+        assert_eq!(engine.stats().far, 900, "{:?}", engine.stats());
+        let barrier = std::sync::Barrier::new(2);
+        let cancelled: Vec<String> = std::thread::scope(|s| {
+            s.spawn(|| {
+                barrier.wait();
+                // Within the horizon of the first tasks, not yet due.
+                clock.advance(Duration::from_secs(3600 + 1800));
+                engine.run_until_idle();
+            });
+            barrier.wait();
+            let mut cancelled = Vec::new();
+            // Most of each file cancelled: checkpoints compact the files.
+            for (n, (_, key)) in scheduled.iter().enumerate().filter(|(n, _)| n % 7 != 3) {
+                let outcome = engine.cancel(key.as_bytes()).unwrap();
+                assert_eq!(
+                    outcome,
+                    crate::CancelOutcome::Cancelled { deliveries: 0 },
+                    "{key}"
+                );
+                cancelled.push(key.clone());
+                if n % 20 == 0 {
+                    engine.checkpoint().unwrap();
+                }
+            }
+            cancelled
+        });
+        engine.run_until_idle();
+        assert_eq!(engine.stats().far, 0, "{:?}", engine.stats());
+        let mut expected: Vec<(u64, String)> = scheduled
+            .into_iter()
+            .filter(|(_, key)| !cancelled.contains(key))
+            .collect();
+        expected.sort_by_key(|(due, _)| *due);
+        let consumer = engine.consumer();
+        let mut fired = Vec::new();
+        while clock.wall_ms() < FIRST_DUE + 60_000 {
+            clock.advance(Duration::from_secs(60));
+            engine.run_until_idle();
+            while let Ok(d) = consumer.try_recv() {
+                assert!(d.fired_ms() >= d.due_ms());
+                assert_eq!(d.payload(), d.key());
+                fired.push((d.due_ms(), String::from_utf8_lossy(d.key()).into_owned()));
+                consumer.ack(&d).unwrap();
+            }
+        }
+        assert_eq!(fired, expected);
+        // A task cancelled after its promotion counts as promoted.
+        let promoted = engine.stats().far_promoted;
+        assert!(
+            (expected.len() as u64..=900).contains(&promoted),
+            "{promoted}"
+        );
+        engine.shutdown().unwrap();
     }
 }

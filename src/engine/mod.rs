@@ -186,6 +186,11 @@ pub struct Stats {
     /// on one.
     /// See [`CheckpointReport::longest_hold`].
     pub checkpoint_hold_max: Duration,
+    /// The longest the promotion of far tasks into the wheel held the
+    /// engine's lock at once since open (it yields the lock to waiting
+    /// callers and the driver after about a millisecond; reading the
+    /// overflow files happens outside it).
+    pub promotion_hold_max: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,6 +277,8 @@ struct Core {
     far_promoted: u64,
     /// The longest single hold of this lock by a checkpoint since open.
     checkpoint_hold_max: Duration,
+    /// See [`Stats::promotion_hold_max`].
+    promotion_hold_max: Duration,
     /// First attempts due beyond the far span scheduled since far tasks were
     /// last taken out of the wheel ([`Config::relocate_far_tasks`]).
     far_scheduled: u64,
@@ -948,6 +955,7 @@ impl Engine {
             far_cursors: std::collections::BTreeMap::new(),
             far_promoted: 0,
             checkpoint_hold_max: Duration::ZERO,
+            promotion_hold_max: Duration::ZERO,
             far_scheduled: 0,
             far_scheduled_bytes: 0,
             moving: (0, 0),
@@ -1210,6 +1218,7 @@ impl Engine {
             far: core.far.len(),
             far_promoted: core.far_promoted,
             checkpoint_hold_max: core.checkpoint_hold_max,
+            promotion_hold_max: core.promotion_hold_max,
         }
     }
 
