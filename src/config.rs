@@ -242,11 +242,12 @@ pub struct Config {
     /// behind a small entry). The price: a cancel or reschedule of such a
     /// task reads its entry from disk (the page cache, mostly),
     /// scheduling it costs a write to an overflow file besides the log, and
-    /// bringing it back puts it in the wheel in batches under the engine's
-    /// lock, which the driver waits for: a few milliseconds more at the
-    /// tail of firing lateness while many are promoted (BENCHMARKS.md,
-    /// session 15: 500 000 due over a minute, p99.9 12 ms with the default
-    /// window, 4 ms with 10 minutes).
+    /// bringing it back puts it in the wheel under the engine's lock, in
+    /// holds of about a millisecond that the driver may wait for: a few
+    /// milliseconds more at the tail of firing lateness while many are
+    /// promoted (BENCHMARKS.md, sessions 15 and 16: 500 000 due over a
+    /// minute, p99.9 8 ms and max 19 ms with the default window, 4 ms and
+    /// 22 ms with 10 minutes).
     /// And while out of the wheel such a task follows wall-clock steps (its
     /// due time is converted again when it is promoted), where one in the
     /// wheel follows the monotonic clock: with the default, that is most
