@@ -1942,6 +1942,7 @@ fn reset_far_cursors(core: &mut Core, earliest: Earliest) {
         return;
     }
     for (file, (due, offset)) in earliest {
+        core.far_reset_due_min = core.far_reset_due_min.min(due);
         let (offset, next_due_ms) = match core.far_cursors.get(&file) {
             Some(c) => (c.offset.min(offset), c.next_due_ms.min(due)),
             None => (offset, due),

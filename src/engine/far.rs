@@ -606,7 +606,9 @@ impl Shared {
             if due.is_empty() {
                 return core;
             }
-            let generation = core.far_generation;
+            // Lowered by every checkpoint that makes tasks far (or moves
+            // far ones) from now on; only this thread resets it.
+            core.far_reset_due_min = u64::MAX;
             drop(core);
             // A checkpoint may have moved a cursor meanwhile: what was read
             // from where it was is read again from where it is.
@@ -730,41 +732,49 @@ impl Shared {
                 }
             }
             let mut now = now;
-            // A checkpoint that moved far tasks due by `until` to another
-            // file (or place) since this pass read them (here, or while the
-            // lock was yielded below) ends the pass: its tasks would
-            // otherwise go in the wheel after the other files' due at the
-            // same time, out of (due, id) order. The cursors then stay where
-            // this pass began: the tasks promoted already are no longer far,
-            // and the next pass reads again and skips them.
-            let mut interrupted =
-                core.far_generation != generation && moved_under_foot(&core, &due, until);
+            // A checkpoint that made far tasks due by `until` (a compaction
+            // moving a file's far tasks to a new file, mostly) since this
+            // pass took its cursors — while it read, or while the lock was
+            // yielded below — ends the pass: those tasks would otherwise go
+            // in the wheel after the other files' tasks due at the same
+            // time, out of (due, id) order. Tasks made far due later (a
+            // relocation's, beyond the far span) do not concern it.
+            let mut interrupted = core.far_reset_due_min <= until;
+            let mut pending = entries.into_iter();
             let mut unchecked = 0;
-            for (file, offset, entry) in entries {
-                if interrupted {
-                    break;
-                }
+            while !interrupted {
                 unchecked += 1;
                 if unchecked == PROMOTE_HOLD_CHECK_ENTRIES {
                     unchecked = 0;
                 }
                 if unchecked == 0 && held_since.elapsed() >= PROMOTE_HOLD_MAX {
-                    // Let the driver hand out what fell due, and callers
-                    // schedule and cancel, before putting in the rest (a
-                    // cancel meanwhile makes its task's `find` fail below).
+                    // Let waiting threads in before putting in the rest:
+                    // callers scheduling, cancelling (which makes its task's
+                    // `find` fail below), acking, and the driver handing out
+                    // what fell due when this is the prefetch thread (when
+                    // it is the driver, hand-outs wait for the whole pass).
                     note_hold(&mut core, held_since);
+                    #[cfg(test)]
+                    if let Some(hook) = self.promote_yield_hook.lock().as_mut() {
+                        MutexGuard::unlocked(&mut core, || hook(self));
+                    }
                     MutexGuard::bump(&mut core);
                     if core.stop || core.check_open().is_err() {
-                        // As when interrupted: the cursors stay.
+                        // The cursors stay where this pass began: the tasks
+                        // promoted already are no longer far, and a later
+                        // read skips them.
                         return core;
                     }
                     now = self.now();
                     held_since = std::time::Instant::now();
-                    if core.far_generation != generation && moved_under_foot(&core, &due, until) {
-                        interrupted = true;
+                    interrupted = core.far_reset_due_min <= until;
+                    if interrupted {
                         break;
                     }
                 }
+                let Some((file, offset, entry)) = pending.next() else {
+                    break;
+                };
                 let Some(loc) = pack_loc(file, offset) else {
                     continue;
                 };
@@ -774,6 +784,26 @@ impl Shared {
                 }
             }
             if interrupted {
+                // The cursors stay where this pass began; what it read and
+                // did not put in the wheel is kept for the next pass, which
+                // reads again only the files whose cursor the checkpoint
+                // moved (those promoted already are no longer far: the next
+                // pass skips them).
+                #[cfg(test)]
+                {
+                    core.promote_interrupts += 1;
+                }
+                let rest: Vec<_> = pending.collect();
+                for (file, offset, entry) in rest.into_iter().rev() {
+                    if let Some(c) = carried.get_mut(&file) {
+                        c.entries.push_front((offset, entry));
+                    }
+                }
+                for (file, start) in &due {
+                    if let Some(c) = carried.get_mut(file) {
+                        c.at = *start;
+                    }
+                }
                 note_hold(&mut core, held_since);
                 continue;
             }
@@ -807,20 +837,6 @@ impl Shared {
             note_hold(&mut core, held_since);
         }
     }
-}
-
-/// Whether a checkpoint moved far tasks due by `until` since a promotion
-/// pass took its cursors (`due`, each where it then was): a cursor due by
-/// then that is not among them at the same place (a new file, or a file's
-/// cursor reset to take new entries). A cursor removed (its file has no far
-/// task left) moves nothing.
-fn moved_under_foot(core: &Core, due: &[(u32, FarCursor)], until: u64) -> bool {
-    core.far_cursors.iter().any(|(f, c)| {
-        c.next_due_ms <= until
-            && !due
-                .iter()
-                .any(|(file, start)| file == f && start.same_place(c))
-    })
 }
 
 /// Counts a hold of the engine's lock by the promotion, taken at `since`,
@@ -1032,5 +1048,73 @@ mod tests {
             "{promoted}"
         );
         engine.shutdown().unwrap();
+    }
+
+    /// The checkpoint that ends a promotion pass, at a chosen yield: at the
+    /// `k`-th yield of the lock (every task here), most of file `a`'s tasks
+    /// are cancelled and a checkpoint compacts the file, moving its far
+    /// tasks not yet promoted to a new file. The pass stops and the next
+    /// reads again; every task left fires once, in (due, schedule) order —
+    /// `a`'s tasks due at a millisecond before `b`'s and `c`'s.
+    #[test]
+    fn a_pass_overtaken_by_a_compaction_stops_and_keeps_the_order() {
+        let mut interrupts = 0;
+        for k in [0usize, 1, 7, 40, 99, 150, 300, 500] {
+            let sim = kairos_wal::SimStorage::new(10 + k as u64);
+            let clock = ManualClock::new(START_MS);
+            let engine = engine(&sim, &clock);
+            let mut scheduled = Vec::new();
+            for prefix in ["a", "b", "c"] {
+                one_file(&engine, prefix, 300, &mut scheduled);
+            }
+            let doomed: Vec<String> = scheduled
+                .iter()
+                .enumerate()
+                .filter(|(n, (_, key))| key.starts_with('a') && n % 7 != 3)
+                .map(|(_, (_, key))| key.clone())
+                .collect();
+            let yields = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let cancelled = Arc::new(parking_lot::Mutex::new(Vec::new()));
+            let (seen, cancels, keys) = (Arc::clone(&yields), Arc::clone(&cancelled), doomed);
+            *engine.shared.promote_yield_hook.lock() = Some(Box::new(move |shared| {
+                if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) != k {
+                    return;
+                }
+                for key in &keys {
+                    // Promoted already or not, it is cancelled.
+                    let outcome = shared.cancel_one(key.as_bytes()).unwrap();
+                    assert_eq!(outcome, crate::CancelOutcome::Cancelled { deliveries: 0 });
+                    cancels.lock().push(key.clone());
+                }
+                shared.checkpoint().unwrap();
+            }));
+            clock.advance(Duration::from_secs(3600 + 1800));
+            engine.run_until_idle();
+            *engine.shared.promote_yield_hook.lock() = None;
+            assert_eq!(engine.stats().far, 0, "k {k}: {:?}", engine.stats());
+            interrupts += engine.shared.core.lock().promote_interrupts;
+            let cancelled = cancelled.lock().clone();
+            let mut expected: Vec<(u64, String)> = scheduled
+                .into_iter()
+                .filter(|(_, key)| !cancelled.contains(key))
+                .collect();
+            expected.sort_by_key(|(due, _)| *due);
+            let consumer = engine.consumer();
+            let mut fired = Vec::new();
+            while clock.wall_ms() < FIRST_DUE + 60_000 {
+                clock.advance(Duration::from_secs(60));
+                engine.run_until_idle();
+                while let Ok(d) = consumer.try_recv() {
+                    assert!(d.fired_ms() >= d.due_ms());
+                    fired.push((d.due_ms(), String::from_utf8_lossy(d.key()).into_owned()));
+                    consumer.ack(&d).unwrap();
+                }
+            }
+            assert_eq!(fired, expected, "k {k}");
+            engine.shutdown().unwrap();
+        }
+        // The checkpoints of the early yields compacted file `a` while
+        // some of its tasks were still far.
+        assert!(interrupts > 0, "no pass stopped");
     }
 }

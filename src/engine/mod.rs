@@ -187,9 +187,11 @@ pub struct Stats {
     /// See [`CheckpointReport::longest_hold`].
     pub checkpoint_hold_max: Duration,
     /// The longest the promotion of far tasks into the wheel held the
-    /// engine's lock at once since open (it yields the lock to waiting
-    /// callers and the driver after about a millisecond; reading the
-    /// overflow files happens outside it).
+    /// engine's lock without a chance for a waiting thread to take it,
+    /// since open: it offers the lock to waiting callers (and to the driver,
+    /// when the prefetch thread promotes) after about a millisecond;
+    /// reading the overflow files happens outside it. Above a millisecond
+    /// when a single task's insertion grows a table.
     pub promotion_hold_max: Duration,
 }
 
@@ -302,6 +304,13 @@ struct Core {
     checkpointer_gone: bool,
     /// Raised by each reset of a promotion cursor (`far::FarCursor`).
     far_generation: u32,
+    /// The earliest due time of the tasks checkpoints made far (or moved
+    /// while far) since the promotion last set it to `u64::MAX`: a pass
+    /// that sees it within its span stops ([`Shared::promote_far`]).
+    far_reset_due_min: u64,
+    /// Tests: promotion passes that stopped for it.
+    #[cfg(test)]
+    promote_interrupts: u64,
 }
 
 /// One ready-queue entry; stale (skipped) unless the slot still holds task
@@ -591,6 +600,10 @@ pub(crate) struct Shared {
     /// is free), to change the state under its feet.
     #[cfg(test)]
     hold_hook: Mutex<Option<HoldHook>>,
+    /// Tests: run where the promotion yields the lock (unlocked), to change
+    /// the state under its feet.
+    #[cfg(test)]
+    promote_yield_hook: Mutex<Option<HoldHook>>,
 }
 
 /// The dead letters at a checkpoint's LSN while it reads them (see
@@ -964,6 +977,9 @@ impl Engine {
             relocation_failed: false,
             checkpointer_gone: false,
             far_generation: 0,
+            far_reset_due_min: u64::MAX,
+            #[cfg(test)]
+            promote_interrupts: 0,
         };
         let index_probe = core.index.probe();
         let shared = Arc::new(Shared {
@@ -989,6 +1005,8 @@ impl Engine {
             payload_replacements: std::sync::atomic::AtomicU64::new(0),
             #[cfg(test)]
             hold_hook: Mutex::new(None),
+            #[cfg(test)]
+            promote_yield_hook: Mutex::new(None),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
