@@ -901,23 +901,39 @@ mod tests {
         engine.checkpoint().unwrap();
     }
 
-    /// Three overflow files of far tasks due at the same 30 milliseconds,
-    /// the ids rising file by file, each far beyond its share of what the
-    /// promotion holds (`PROMOTE_ENTRIES_MAX`, 100 here): every task fires
-    /// once, and all of them in (due, schedule order), the order they
-    /// would have had in one pass, across the files and the passes.
-    #[test]
-    fn a_promotion_in_passes_keeps_due_then_id_order_across_files() {
-        let sim = kairos_wal::SimStorage::new(7);
+    /// An engine (`engine`) on a new simulated storage seeded `seed`, with
+    /// three overflow files of `n` far tasks each (`one_file`, prefixes
+    /// `a`, `b`, `c`): the clock, the engine, and (due, key) of every task
+    /// in schedule order.
+    fn three_files(seed: u64, n: u64) -> (ManualClock, Engine, Vec<(u64, String)>) {
+        let sim = kairos_wal::SimStorage::new(seed);
         let clock = ManualClock::new(START_MS);
         let engine = engine(&sim, &clock);
         let mut scheduled = Vec::new();
         for prefix in ["a", "b", "c"] {
-            one_file(&engine, prefix, 400, &mut scheduled);
+            one_file(&engine, prefix, n, &mut scheduled);
         }
-        assert_eq!(engine.stats().far, 1200, "{:?}", engine.stats());
-        // Stable: equal due times keep the schedule order (the id order).
-        scheduled.sort_by_key(|(due, _)| *due);
+        (clock, engine, scheduled)
+    }
+
+    /// `scheduled` without the keys in `cancelled`, sorted by due time
+    /// (stably: equal due times keep the schedule order).
+    fn uncancelled_by_due(
+        scheduled: Vec<(u64, String)>,
+        cancelled: &[String],
+    ) -> Vec<(u64, String)> {
+        let mut left: Vec<(u64, String)> = scheduled
+            .into_iter()
+            .filter(|(_, key)| !cancelled.contains(key))
+            .collect();
+        left.sort_by_key(|(due, _)| *due);
+        left
+    }
+
+    /// Advances the clock a minute at a time to a minute past the last
+    /// due time, receiving and acking every task as it fires (none early,
+    /// each payload its key): (due, key) of each, in firing order.
+    fn fire_all(engine: &Engine, clock: &ManualClock) -> Vec<(u64, String)> {
         let consumer = engine.consumer();
         let mut fired = Vec::new();
         while clock.wall_ms() < FIRST_DUE + 60_000 {
@@ -930,6 +946,21 @@ mod tests {
                 consumer.ack(&d).unwrap();
             }
         }
+        fired
+    }
+
+    /// Three overflow files of far tasks due at the same 30 milliseconds,
+    /// the ids rising file by file, each far beyond its share of what the
+    /// promotion holds (`PROMOTE_ENTRIES_MAX`, 100 here): every task fires
+    /// once, and all of them in (due, schedule order), the order they
+    /// would have had in one pass, across the files and the passes.
+    #[test]
+    fn a_promotion_in_passes_keeps_due_then_id_order_across_files() {
+        let (clock, engine, mut scheduled) = three_files(7, 400);
+        assert_eq!(engine.stats().far, 1200, "{:?}", engine.stats());
+        // Stable: equal due times keep the schedule order (the id order).
+        scheduled.sort_by_key(|(due, _)| *due);
+        let fired = fire_all(&engine, &clock);
         assert_eq!(fired, scheduled);
         assert_eq!(engine.stats().far_promoted, 1200);
         engine.shutdown().unwrap();
@@ -988,13 +1019,7 @@ mod tests {
     /// due time, in (due, schedule) order.
     #[test]
     fn a_promotion_that_yields_the_lock_loses_and_repeats_nothing() {
-        let sim = kairos_wal::SimStorage::new(9);
-        let clock = ManualClock::new(START_MS);
-        let engine = engine(&sim, &clock);
-        let mut scheduled = Vec::new();
-        for prefix in ["a", "b", "c"] {
-            one_file(&engine, prefix, 300, &mut scheduled);
-        }
+        let (clock, engine, scheduled) = three_files(9, 300);
         assert_eq!(engine.stats().far, 900, "{:?}", engine.stats());
         let barrier = std::sync::Barrier::new(2);
         let cancelled: Vec<String> = std::thread::scope(|s| {
@@ -1023,23 +1048,8 @@ mod tests {
         });
         engine.run_until_idle();
         assert_eq!(engine.stats().far, 0, "{:?}", engine.stats());
-        let mut expected: Vec<(u64, String)> = scheduled
-            .into_iter()
-            .filter(|(_, key)| !cancelled.contains(key))
-            .collect();
-        expected.sort_by_key(|(due, _)| *due);
-        let consumer = engine.consumer();
-        let mut fired = Vec::new();
-        while clock.wall_ms() < FIRST_DUE + 60_000 {
-            clock.advance(Duration::from_secs(60));
-            engine.run_until_idle();
-            while let Ok(d) = consumer.try_recv() {
-                assert!(d.fired_ms() >= d.due_ms());
-                assert_eq!(d.payload(), d.key());
-                fired.push((d.due_ms(), String::from_utf8_lossy(d.key()).into_owned()));
-                consumer.ack(&d).unwrap();
-            }
-        }
+        let expected = uncancelled_by_due(scheduled, &cancelled);
+        let fired = fire_all(&engine, &clock);
         assert_eq!(fired, expected);
         // A task cancelled after its promotion counts as promoted.
         let promoted = engine.stats().far_promoted;
@@ -1060,13 +1070,7 @@ mod tests {
     fn a_pass_overtaken_by_a_compaction_stops_and_keeps_the_order() {
         let mut interrupts = 0;
         for k in [0usize, 1, 7, 40, 99, 150, 300, 500] {
-            let sim = kairos_wal::SimStorage::new(10 + k as u64);
-            let clock = ManualClock::new(START_MS);
-            let engine = engine(&sim, &clock);
-            let mut scheduled = Vec::new();
-            for prefix in ["a", "b", "c"] {
-                one_file(&engine, prefix, 300, &mut scheduled);
-            }
+            let (clock, engine, scheduled) = three_files(10 + k as u64, 300);
             let doomed: Vec<String> = scheduled
                 .iter()
                 .enumerate()
@@ -1094,22 +1098,8 @@ mod tests {
             assert_eq!(engine.stats().far, 0, "k {k}: {:?}", engine.stats());
             interrupts += engine.shared.core.lock().promote_interrupts;
             let cancelled = cancelled.lock().clone();
-            let mut expected: Vec<(u64, String)> = scheduled
-                .into_iter()
-                .filter(|(_, key)| !cancelled.contains(key))
-                .collect();
-            expected.sort_by_key(|(due, _)| *due);
-            let consumer = engine.consumer();
-            let mut fired = Vec::new();
-            while clock.wall_ms() < FIRST_DUE + 60_000 {
-                clock.advance(Duration::from_secs(60));
-                engine.run_until_idle();
-                while let Ok(d) = consumer.try_recv() {
-                    assert!(d.fired_ms() >= d.due_ms());
-                    fired.push((d.due_ms(), String::from_utf8_lossy(d.key()).into_owned()));
-                    consumer.ack(&d).unwrap();
-                }
-            }
+            let expected = uncancelled_by_due(scheduled, &cancelled);
+            let fired = fire_all(&engine, &clock);
             assert_eq!(fired, expected, "k {k}");
             engine.shutdown().unwrap();
         }
