@@ -21,8 +21,9 @@ const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
 /// pass reads each file up to its share;
 /// the tasks of all files up to the earliest (due, id) where a file stopped
 /// with more due are put in the wheel in (due, id) order, in holds of the
-/// lock of about [`PROMOTE_HOLD_MAX`]; the entries read after it wait for the next pass (kept, not
-/// read again, unless a checkpoint moved the file's cursor meanwhile).
+/// lock of about [`PROMOTE_HOLD_MAX`]; the entries read after it wait for
+/// the next pass (kept, not read again, unless a checkpoint moved the
+/// file's cursor meanwhile).
 /// Without it, every far task coming within the far span was read whole
 /// (key and payload) and put in the wheel under one hold: all of a million
 /// due at the same moment. (100 in unit tests.)
