@@ -289,6 +289,18 @@ pub struct Config {
     /// wait on disk. Default true; deterministic tests turn it off (payloads
     /// are then read when a consumer receives the task).
     pub payload_prefetch: bool,
+    /// How long the log stays idle after an fdatasync before it records the
+    /// synced position in its `SYNCED` file (two more syncs, once per idle
+    /// period), so that a restart after a crash or power cut refuses a log
+    /// whose synced records were cut off or deleted by outside damage
+    /// instead of reading the gap as an unsynced torn tail
+    /// (`kairos_wal::WalOptions::synced_mark_delay`; `wal/FORMAT.md`,
+    /// "Known limits"). `None`: never. Default
+    /// [`kairos_wal::SYNCED_MARK_DELAY_DEFAULT`] (10 ms), at most
+    /// [`kairos_wal::SYNCED_MARK_DELAY_MAX`]. Not written under
+    /// [`Durability::Buffered`] nor on simulated storage unless it allows
+    /// timed I/O. Ignored in memory.
+    pub synced_mark_delay: Option<Duration>,
 }
 
 impl Default for Config {
@@ -313,6 +325,7 @@ impl Default for Config {
             relocate_far_tasks: Some(RELOCATE_FAR_TASKS_DEFAULT),
             relocate_far_bytes: RELOCATE_FAR_BYTES_DEFAULT,
             payload_prefetch: true,
+            synced_mark_delay: Some(kairos_wal::SYNCED_MARK_DELAY_DEFAULT),
         }
     }
 }
@@ -433,6 +446,14 @@ impl Config {
                 kairos_wal::SEGMENT_BYTES_MIN,
                 self.segment_bytes
             ));
+        }
+        if let Some(delay) = self.synced_mark_delay {
+            if delay > kairos_wal::SYNCED_MARK_DELAY_MAX {
+                return Err(format!(
+                    "synced_mark_delay must be ≤ {:?} (or None), got {delay:?}",
+                    kairos_wal::SYNCED_MARK_DELAY_MAX
+                ));
+            }
         }
         Ok(())
     }

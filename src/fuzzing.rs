@@ -31,8 +31,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kairos_wal::format::{
-    self, Closed, StoreId, Trim, FRAME_CRC_OFFSET, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES,
-    SEG_HEADER_CRC_OFFSET, SEG_PREV_LAST_LSN_OFFSET, SEG_SEQ_OFFSET, SEG_STORE_ID_OFFSET,
+    self, Closed, StoreId, Synced, Trim, FRAME_CRC_OFFSET, FRAME_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES, SEG_HEADER_CRC_OFFSET, SEG_PREV_LAST_LSN_OFFSET, SEG_SEQ_OFFSET,
+    SEG_STORE_ID_OFFSET,
 };
 use kairos_wal::{
     Durability, Lsn, RecordView, RecoveryReport, ScanReport, SimStorage, Wal, WalError, WalOptions,
@@ -194,12 +195,14 @@ pub mod segment_flags {
     pub const TMP_FILE: u8 = 0x10;
     /// Name segment `i` with `seq = i + 1` instead of the `seq` its header claims.
     pub const NAME_BY_POSITION: u8 = 0x20;
+    /// Write a valid `SYNCED` with the `seq` and `lsn` that follow (after `CLOSED`'s, if any).
+    pub const SYNCED: u8 = 0x40;
 }
 
 /// The decoded input of [`wal_segment`]: the files of one log directory.
 ///
 /// Layout: a flags byte ([`segment_flags`]); a byte choosing `record_bytes_max` (0: the
-/// default 16 MiB, `n`: `64 × n` bytes); `TRIM`'s then `CLOSED`'s `seq` and `lsn` (two
+/// default 16 MiB, `n`: `64 × n` bytes); `TRIM`'s, `CLOSED`'s then `SYNCED`'s `seq` and `lsn` (two
 /// little-endian u64 each, only if their flag is set); then the segment files' contents,
 /// separated by [`SEGMENT_SEPARATOR`]. Each segment is named after the `seq` and
 /// `prev_last_lsn + 1` its own header claims (or after its position, see the flags), so a
@@ -215,6 +218,8 @@ pub struct SegmentImage {
     pub trim: Option<(u64, u64)>,
     /// `CLOSED`'s `(seq, lsn)`, if written.
     pub closed: Option<(u64, u64)>,
+    /// `SYNCED`'s `(seq, lsn)`, if written.
+    pub synced: Option<(u64, u64)>,
     /// The segment files' bytes, oldest first.
     pub segments: Vec<Vec<u8>>,
 }
@@ -234,6 +239,7 @@ impl SegmentImage {
         };
         let trim = (flags & segment_flags::TRIM != 0).then(&mut take_pair);
         let closed = (flags & segment_flags::CLOSED != 0).then(&mut take_pair);
+        let synced = (flags & segment_flags::SYNCED != 0).then(&mut take_pair);
         let segments = split_at_separator(rest, SEGMENT_SEPARATOR, SEGMENTS_MAX)
             .into_iter()
             .map(<[u8]>::to_vec)
@@ -243,15 +249,21 @@ impl SegmentImage {
             record_limit,
             trim,
             closed,
+            synced,
             segments,
         }
     }
 
-    /// The input that decodes to this image (for writing seed corpora). `trim` and `closed`
-    /// must agree with the flags, and no segment may contain [`SEGMENT_SEPARATOR`].
+    /// The input that decodes to this image (for writing seed corpora). `trim`, `closed` and
+    /// `synced` must agree with the flags, and no segment may contain [`SEGMENT_SEPARATOR`].
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![self.flags, self.record_limit];
-        for (seq, lsn) in self.trim.iter().chain(self.closed.iter()) {
+        for (seq, lsn) in self
+            .trim
+            .iter()
+            .chain(self.closed.iter())
+            .chain(self.synced.iter())
+        {
             out.extend_from_slice(&seq.to_le_bytes());
             out.extend_from_slice(&lsn.to_le_bytes());
         }
@@ -302,6 +314,14 @@ impl SegmentImage {
                 last_lsn: Lsn(lsn),
             };
             sim.write_file(&dir.join(format::CLOSED_FILE_NAME), &closed.encode());
+        }
+        if let Some((seq, lsn)) = self.synced {
+            let synced = Synced {
+                store_id,
+                seq,
+                synced_lsn: Lsn(lsn),
+            };
+            sim.write_file(&dir.join(format::SYNCED_FILE_NAME), &synced.encode());
         }
         if self.flags & segment_flags::TMP_FILE != 0 {
             sim.write_file(
@@ -810,7 +830,7 @@ pub fn overflow_file(data: &[u8]) {
 // ---------------------------------------------------------------------------------------------
 // verify_dir
 
-/// How a [`DirImage`] file is named, from its first byte (`% 8`).
+/// How a [`DirImage`] file is named, from its first byte (`% 8`, except 8 itself: `SYNCED`).
 pub mod file_kinds {
     /// `META`.
     pub const META: u8 = 0;
@@ -829,6 +849,8 @@ pub mod file_kinds {
     /// An arbitrary name: the next byte is its length (at most 24), then the name's bytes
     /// (mapped onto `[a-z0-9.-]`).
     pub const ARBITRARY: u8 = 7;
+    /// `SYNCED` (only the byte 8 itself; other kinds are taken modulo 8).
+    pub const SYNCED: u8 = 8;
 }
 
 /// One file of a [`DirImage`].
@@ -870,7 +892,14 @@ impl DirImage {
             let Some((&kind, mut bytes)) = piece.split_first() else {
                 continue;
             };
-            let name = match kind % 8 {
+            // Kind 8 was `META` (8 % 8) before `SYNCED` joined; every other kind keeps its
+            // meaning, so the committed corpus mostly decodes as it did.
+            let name = match if kind == file_kinds::SYNCED {
+                kind
+            } else {
+                kind % 8
+            } {
+                file_kinds::SYNCED => format::SYNCED_FILE_NAME.to_owned(),
                 file_kinds::META => format::META_FILE_NAME.to_owned(),
                 file_kinds::TRIM => format::TRIM_FILE_NAME.to_owned(),
                 file_kinds::CLOSED => format::CLOSED_FILE_NAME.to_owned(),

@@ -325,6 +325,7 @@ fn single_segment_input(seq: u64, prev_last: u64, sealed: bool) -> Vec<u8> {
         record_limit: 0,
         trim: Some((seq, first)),
         closed: None,
+        synced: None,
         segments: vec![segment],
     }
     .encode()
@@ -434,6 +435,7 @@ fn one_schedule_dir_input(id: u64) -> Vec<u8> {
             let kind = match name.as_str() {
                 "META" => file_kinds::META,
                 "CLOSED" => file_kinds::CLOSED,
+                "SYNCED" => file_kinds::SYNCED,
                 _ => file_kinds::SEGMENT,
             };
             (kind, sim.read_file(&dir.join(name)).expect("file"))

@@ -758,6 +758,7 @@ impl Engine {
         let options = WalOptions {
             segment_bytes: config.segment_bytes,
             durability: config.durability,
+            synced_mark_delay: config.synced_mark_delay,
             ..WalOptions::default()
         };
         let loaded = checkpointing::load(storage.as_ref(), &dir)?;

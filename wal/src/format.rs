@@ -35,6 +35,10 @@ pub const TRIM_FILE_NAME: &str = "TRIM";
 /// File name of the high-water mark: the newest segment and last LSN at the last clean close.
 /// Absent: no clean close recorded (nothing is checked).
 pub const CLOSED_FILE_NAME: &str = "CLOSED";
+/// File name of the idle high-water mark: the newest segment and the highest LSN fdatasynced
+/// when the writer last went idle (written `WalOptions::synced_mark_delay` after a sync that
+/// nothing followed). Absent: none recorded (nothing is checked).
+pub const SYNCED_FILE_NAME: &str = "SYNCED";
 
 // ---------------------------------------------------------------------------------------------
 // META: 32 bytes.
@@ -129,12 +133,14 @@ pub const RECORD_BYTES_MAX_LIMIT: u32 = FRAME_BODY_BYTES_MAX - RECORD_HEADER_BYT
 const _: () = assert!(crate::RECORD_BYTES_MAX_DEFAULT <= RECORD_BYTES_MAX_LIMIT);
 
 // ---------------------------------------------------------------------------------------------
-// Bound files (`TRIM`, `CLOSED`): 48 bytes, one layout, told apart by the magic.
+// Bound files (`TRIM`, `CLOSED`, `SYNCED`): 48 bytes, one layout, told apart by the magic.
 
 /// Magic at the start of `TRIM`.
 pub const TRIM_MAGIC: [u8; 8] = *b"KAIROSTR";
 /// Magic at the start of `CLOSED`.
 pub const CLOSED_MAGIC: [u8; 8] = *b"KAIROSCL";
+/// Magic at the start of `SYNCED`.
+pub const SYNCED_MAGIC: [u8; 8] = *b"KAIROSSY";
 /// Bound file offset of the magic (8 bytes).
 pub const BOUND_MAGIC_OFFSET: usize = 0;
 /// Bound file offset of `format_version` (u16).
@@ -146,7 +152,8 @@ pub const BOUND_STORE_ID_OFFSET: usize = BOUND_FLAGS_OFFSET + 2;
 /// Bound file offset of `seq` (u64, at least 1).
 pub const BOUND_SEQ_OFFSET: usize = BOUND_STORE_ID_OFFSET + 16;
 /// Bound file offset of `lsn` (u64): `TRIM` — first LSN of segment `seq` (at least 1);
-/// `CLOSED` — last LSN of the log at the clean close (0 if it held none).
+/// `CLOSED` — last LSN of the log at the clean close (0 if it held none); `SYNCED` — highest
+/// LSN fdatasynced when it was written.
 pub const BOUND_LSN_OFFSET: usize = BOUND_SEQ_OFFSET + 8;
 /// Bound file offset of `crc` (u32, CRC-32 of bytes `0..BOUND_CRC_OFFSET`).
 pub const BOUND_CRC_OFFSET: usize = BOUND_LSN_OFFSET + 8;
@@ -154,6 +161,7 @@ pub const BOUND_CRC_OFFSET: usize = BOUND_LSN_OFFSET + 8;
 pub const BOUND_FILE_BYTES: usize = BOUND_CRC_OFFSET + 4;
 const _: () = assert!(BOUND_FILE_BYTES == 48);
 const _: () = assert!(CLOSED_MAGIC.len() == TRIM_MAGIC.len());
+const _: () = assert!(SYNCED_MAGIC.len() == TRIM_MAGIC.len());
 
 /// The contents of `TRIM`: segment `seq`, whose first record has LSN `first_lsn`, is the
 /// oldest segment that must exist; older ones are leftovers of a removal.
@@ -177,6 +185,21 @@ pub struct Closed {
     pub seq: u64,
     /// Last LSN of the log at the close (0 if it held no record).
     pub last_lsn: Lsn,
+}
+
+/// The contents of `SYNCED`: when the writer last went idle after a sync, the newest segment
+/// was `seq` and every LSN up to `synced_lsn` was fdatasynced. Like [`Closed`], a high-water
+/// mark the log only grows past; unlike it, written while the log runs (by the writer, a
+/// configurable delay after a sync that no append followed), so that damage to synced records
+/// is recognisable after an unclean shutdown too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Synced {
+    /// Identity of the log directory (equal to META's).
+    pub store_id: StoreId,
+    /// Sequence number of the newest segment when it was written (at least 1).
+    pub seq: u64,
+    /// Highest LSN fdatasynced when it was written.
+    pub synced_lsn: Lsn,
 }
 
 fn encode_bound(magic: &[u8; 8], store_id: &StoreId, seq: u64, lsn: u64) -> [u8; BOUND_FILE_BYTES] {
@@ -264,6 +287,27 @@ impl Closed {
             store_id,
             seq,
             last_lsn: Lsn(last_lsn),
+        })
+    }
+}
+
+impl Synced {
+    /// Encodes the 48-byte `SYNCED` file.
+    pub fn encode(&self) -> [u8; BOUND_FILE_BYTES] {
+        encode_bound(&SYNCED_MAGIC, &self.store_id, self.seq, self.synced_lsn.0)
+    }
+
+    /// Decodes and checks a `SYNCED` file (exactly [`BOUND_FILE_BYTES`] bytes).
+    ///
+    /// # Errors
+    /// [`HeaderError`]: wrong size or magic, unsupported version, checksum mismatch, non-zero
+    /// flags or `seq` 0.
+    pub fn decode(bytes: &[u8]) -> Result<Synced, HeaderError> {
+        let (store_id, seq, synced_lsn) = decode_bound(&SYNCED_MAGIC, bytes)?;
+        Ok(Synced {
+            store_id,
+            seq,
+            synced_lsn: Lsn(synced_lsn),
         })
     }
 }

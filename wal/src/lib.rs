@@ -119,6 +119,13 @@ pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 pub const SEGMENT_BYTES_MIN: u64 = 4 * 1024;
 /// Default largest record body: 16 MiB.
 pub const RECORD_BYTES_MAX_DEFAULT: u32 = 16 * 1024 * 1024;
+/// Default delay of the idle high-water mark ([`WalOptions::synced_mark_delay`]): 10 ms. Long
+/// next to a group commit's gathering (100 µs) and the gaps between a busy producer's appends,
+/// so a steady stream of appends never pays for it; short enough that an unclean shutdown
+/// rarely comes within it of the last sync.
+pub const SYNCED_MARK_DELAY_DEFAULT: std::time::Duration = std::time::Duration::from_millis(10);
+/// Largest accepted [`WalOptions::synced_mark_delay`]: one hour.
+pub const SYNCED_MARK_DELAY_MAX: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Largest record type a caller may use; `0` and `0xF0..=0xFF` are reserved.
 pub const RECORD_TYPE_USER_MAX: u8 = 0xEF;
 
@@ -153,6 +160,17 @@ pub struct WalOptions {
     /// holding a larger record is reported as corrupt, never truncated). Default
     /// [`RECORD_BYTES_MAX_DEFAULT`], at most [`format::RECORD_BYTES_MAX_LIMIT`].
     pub record_bytes_max: u32,
+    /// The idle high-water mark: when this long has passed since the last fdatasync and nothing
+    /// was appended since, the writer records the segment and the highest synced LSN in the
+    /// file `SYNCED` (tmp, fdatasync, rename, directory fsync: two syncs, once per idle
+    /// period). Recovery then refuses — `Corrupt` or `MissingSegment` naming `SYNCED` — a log
+    /// whose synced records were cut off or deleted after an unclean shutdown, damage it could
+    /// otherwise not tell from a torn write (`wal/FORMAT.md`, "Known limits"). `None`: never
+    /// written. Not written under [`Durability::Buffered`], nor on a storage that does not
+    /// allow timed I/O ([`Storage::allows_timed_io`]). Default
+    /// [`SYNCED_MARK_DELAY_DEFAULT`], at most [`SYNCED_MARK_DELAY_MAX`]. An append that arrives
+    /// while the mark is being written waits for it (at most the two syncs).
+    pub synced_mark_delay: Option<std::time::Duration>,
 }
 
 impl Default for WalOptions {
@@ -161,6 +179,7 @@ impl Default for WalOptions {
             segment_bytes: SEGMENT_BYTES_DEFAULT,
             durability: Durability::Sync,
             record_bytes_max: RECORD_BYTES_MAX_DEFAULT,
+            synced_mark_delay: Some(SYNCED_MARK_DELAY_DEFAULT),
         }
     }
 }

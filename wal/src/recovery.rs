@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::format::{
-    self, Closed, FrameHeader, FrameKind, HeaderError, SegmentHeader, StoreId, Trim,
+    self, Closed, FrameHeader, FrameKind, HeaderError, SegmentHeader, StoreId, Synced, Trim,
     BOUND_FILE_BYTES, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES, META_BYTES, RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
 };
@@ -114,6 +114,8 @@ pub(crate) struct Analysis {
     pub tail: Option<Tail>,
     /// Segments below the `TRIM` mark (ignored; open removes them).
     pub leftovers: Vec<PathBuf>,
+    /// Highest LSN a high-water mark (`CLOSED` or `SYNCED`) records as durable; 0 if none.
+    pub high_water_lsn: Lsn,
 }
 
 /// The newest segment and what open must do with it.
@@ -310,8 +312,75 @@ pub(crate) fn read_closed(
     Ok(Some(closed))
 }
 
-/// For a directory without `META`: a new log unless a segment, `TRIM` or `CLOSED` says one
-/// existed.
+/// Reads `SYNCED` of `dir` (the idle high-water mark): `Ok(None)` if it does not exist.
+///
+/// # Errors
+/// As [`read_trim`].
+pub(crate) fn read_synced(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: &StoreId,
+) -> Result<Option<Synced>, WalError> {
+    let name = format::SYNCED_FILE_NAME;
+    let mut bytes = [0u8; BOUND_FILE_BYTES];
+    if !read_fixed(storage, dir, name, &mut bytes)? {
+        return Ok(None);
+    }
+    let synced = Synced::decode(&bytes).map_err(|e| header_error(dir, name, e))?;
+    check_bound_store_id(dir, name, &synced.store_id, store_id)?;
+    Ok(Some(synced))
+}
+
+/// A high-water mark on record: segment `seq` existed and every LSN up to `lsn` was durable
+/// when `file` was written; the log only grows past both.
+#[derive(Clone, Copy, Debug)]
+struct HighWater {
+    /// `CLOSED` or `SYNCED`.
+    file: &'static str,
+    seq: u64,
+    lsn: u64,
+    /// Who wrote it, for messages.
+    what: &'static str,
+}
+
+impl HighWater {
+    /// "the last clean close recorded segment seq 3 and LSN 17 in CLOSED".
+    fn recorded(&self) -> String {
+        format!(
+            "{} recorded segment seq {} and LSN {} in {}",
+            self.what, self.seq, self.lsn, self.file
+        )
+    }
+}
+
+/// Both high-water marks of `dir`, those that exist.
+fn read_high_water(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: &StoreId,
+) -> Result<Vec<HighWater>, WalError> {
+    let mut marks = Vec::with_capacity(2);
+    if let Some(closed) = read_closed(storage, dir, store_id)? {
+        marks.push(HighWater {
+            file: format::CLOSED_FILE_NAME,
+            seq: closed.seq,
+            lsn: closed.last_lsn.0,
+            what: "the last clean close",
+        });
+    }
+    if let Some(synced) = read_synced(storage, dir, store_id)? {
+        marks.push(HighWater {
+            file: format::SYNCED_FILE_NAME,
+            seq: synced.seq,
+            lsn: synced.synced_lsn.0,
+            what: "the last idle sync",
+        });
+    }
+    Ok(marks)
+}
+
+/// For a directory without `META`: a new log unless a segment, `TRIM`, `CLOSED` or `SYNCED`
+/// says one existed.
 ///
 /// # Errors
 /// [`WalError::Corrupt`] naming `META` if such a file exists; I/O errors.
@@ -322,7 +391,11 @@ pub(crate) fn check_meta_absent(
 ) -> Result<(), WalError> {
     let meta = dir.join(format::META_FILE_NAME);
     let mut found = segments.first().map(|s| s.path.clone());
-    for name in [format::TRIM_FILE_NAME, format::CLOSED_FILE_NAME] {
+    for name in [
+        format::TRIM_FILE_NAME,
+        format::CLOSED_FILE_NAME,
+        format::SYNCED_FILE_NAME,
+    ] {
         let path = dir.join(name);
         if found.is_none()
             && storage
@@ -809,7 +882,7 @@ pub(crate) fn analyze(
     // anything, so a segment missing from this listing is below whatever TRIM says next.
     let (files, _) = list_dir(storage, dir)?;
     let trim = read_trim(storage, dir, store_id)?;
-    let closed = read_closed(storage, dir, store_id)?;
+    let marks = read_high_water(storage, dir, store_id)?;
     let floor = Floor::new(trim.as_ref());
     let (leftovers, files): (Vec<SegmentFile>, Vec<SegmentFile>) =
         files.into_iter().partition(|f| f.seq < floor.seq);
@@ -831,37 +904,37 @@ pub(crate) fn analyze(
                 ),
             });
         }
-        if let Some(closed) = &closed {
+        if let Some(mark) = marks.first() {
             return Err(WalError::MissingSegment {
-                file: dir.join(format::CLOSED_FILE_NAME),
-                reason: format!(
-                    "no segment exists, but the log was cleanly closed with segment seq {} at LSN {}",
-                    closed.seq, closed.last_lsn.0
-                ),
+                file: dir.join(mark.file),
+                reason: format!("no segment exists, but {}", mark.recorded()),
             });
         }
     }
     let checked = check_headers(storage, store_id, files, &floor)?;
-    // The high-water mark of the last clean close: segment `seq` existed and every LSN up to
-    // `last_lsn` was durable; the log only grows past both.
-    let closed_lsn = closed.map_or(0, |c| c.last_lsn.0);
-    if let (Some(closed), Some(newest)) = (&closed, checked.last()) {
-        if newest.file.seq < closed.seq {
-            return Err(WalError::MissingSegment {
-                file: dir.join(format::CLOSED_FILE_NAME),
-                reason: format!(
-                    "the newest segment is seq {}, but the log was cleanly closed with segment seq {} at LSN {}: seq {}..={} missing",
-                    newest.file.seq,
-                    closed.seq,
-                    closed.last_lsn.0,
-                    newest.file.seq + 1,
-                    closed.seq
-                ),
-            });
+    // The high-water marks of the last clean close and the last idle sync: segment `seq`
+    // existed and every LSN up to `lsn` was durable; the log only grows past both.
+    if let Some(newest) = checked.last() {
+        for mark in &marks {
+            if newest.file.seq < mark.seq {
+                return Err(WalError::MissingSegment {
+                    file: dir.join(mark.file),
+                    reason: format!(
+                        "the newest segment is seq {}, but {}: seq {}..={} missing",
+                        newest.file.seq,
+                        mark.recorded(),
+                        newest.file.seq + 1,
+                        mark.seq
+                    ),
+                });
+            }
         }
     }
+    let high_water = marks.iter().copied().max_by_key(|m| m.lsn);
+    let high_water_lsn = high_water.map_or(0, |m| m.lsn);
     let mut analysis = Analysis {
         leftovers: leftovers.into_iter().map(|f| f.path).collect(),
+        high_water_lsn: Lsn(high_water_lsn),
         ..Analysis::default()
     };
     let count = checked.len();
@@ -875,13 +948,13 @@ pub(crate) fn analyze(
             // An unwritten newest segment: its name is all we know.
             let first = segment.file.first_lsn.0;
             check_lsn_continuity(path, previous_last, first - 1)?;
-            if closed_lsn >= first {
+            if high_water_lsn >= first {
                 return Err(corrupt(
                     path,
                     0,
                     format!(
-                        "the newest segment has no valid header, but LSN {first} in it was durable (the last clean close recorded LSN {closed_lsn} in {})",
-                        format::CLOSED_FILE_NAME
+                        "the newest segment has no valid header, but LSN {first} in it was durable ({})",
+                        high_water.map(|m| m.recorded()).unwrap_or_default()
                     ),
                 ));
             }
@@ -965,16 +1038,15 @@ pub(crate) fn analyze(
                     ),
                 ));
             }
-            if closed_lsn >= scan.next_lsn {
+            if high_water_lsn >= scan.next_lsn {
                 return Err(corrupt(
                     path,
                     damage.offset,
                     format!(
-                        "{}; LSN {} was already durable (the last clean close recorded LSN {} in {})",
+                        "{}; LSN {} was already durable ({})",
                         damage.reason,
                         scan.next_lsn,
-                        closed_lsn,
-                        format::CLOSED_FILE_NAME
+                        high_water.map(|m| m.recorded()).unwrap_or_default()
                     ),
                 ));
             }
@@ -994,15 +1066,14 @@ pub(crate) fn analyze(
             });
             valid_end = damage.offset;
         }
-        if is_last && scan.next_lsn - 1 < closed_lsn {
+        if is_last && scan.next_lsn - 1 < high_water_lsn {
             return Err(corrupt(
                 path,
                 scan.end,
                 format!(
-                    "the log ends at LSN {}, but the last clean close recorded LSN {} in {}: durable records are missing",
+                    "the log ends at LSN {}, but {}: durable records are missing",
                     scan.next_lsn - 1,
-                    closed_lsn,
-                    format::CLOSED_FILE_NAME
+                    high_water.map(|m| m.recorded()).unwrap_or_default()
                 ),
             ));
         }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::format::{
-    self, Closed, FrameKind, SegmentHeader, StoreId, Trim, FRAME_BODY_BYTES_MAX,
+    self, Closed, FrameKind, SegmentHeader, StoreId, Synced, Trim, FRAME_BODY_BYTES_MAX,
     FRAME_HEADER_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
 };
 use crate::recovery::{self, Analysis};
@@ -198,6 +198,16 @@ fn check_options(options: &WalOptions) -> Result<(), WalError> {
             "record_bytes_max {} is above the limit {}",
             options.record_bytes_max,
             format::RECORD_BYTES_MAX_LIMIT
+        )));
+    }
+    if options
+        .synced_mark_delay
+        .is_some_and(|d| d > crate::SYNCED_MARK_DELAY_MAX)
+    {
+        return Err(invalid_options(format!(
+            "synced_mark_delay {:?} is above the limit {:?}",
+            options.synced_mark_delay,
+            crate::SYNCED_MARK_DELAY_MAX
         )));
     }
     if options.durability == Durability::Interval(Duration::ZERO) {
@@ -540,6 +550,10 @@ impl Wal {
             buf_last_lsn: last,
             last_sync: Instant::now(),
             last_batch_frames: 0,
+            synced_mark_delay: options.synced_mark_delay.filter(|_| {
+                options.durability != Durability::Buffered && storage.allows_timed_io()
+            }),
+            marked: analysis.high_water_lsn.0,
         };
         let handle = std::thread::Builder::new()
             .name("kairos-wal-writer".to_owned())
@@ -866,6 +880,9 @@ struct Work {
     sync_wanted: u64,
     stop: Stop,
     interval_due: bool,
+    /// The idle high-water mark is due: nothing was appended for `synced_mark_delay` after
+    /// the last sync.
+    mark_due: bool,
     poisoned: bool,
 }
 
@@ -909,6 +926,11 @@ struct Writer {
     last_sync: Instant,
     /// Frames in the last batch written (for group-commit gathering).
     last_batch_frames: usize,
+    /// `WalOptions::synced_mark_delay`, or `None` where the mark is not written (Buffered, or
+    /// a storage that does not allow timed I/O).
+    synced_mark_delay: Option<Duration>,
+    /// Highest LSN recorded as synced in `SYNCED` or `CLOSED`.
+    marked: u64,
 }
 
 impl Writer {
@@ -955,6 +977,7 @@ impl Writer {
                         sync_wanted: 0,
                         stop: state.stop,
                         interval_due: false,
+                        mark_due: false,
                         poisoned: true,
                     };
                 }
@@ -981,17 +1004,40 @@ impl Writer {
                     sync_wanted: state.sync_wanted,
                     stop: state.stop,
                     interval_due,
+                    mark_due: false,
                     poisoned: false,
                 };
             }
-            match interval {
-                Some(d) if self.written > self.synced => {
-                    let deadline = self.last_sync + d;
+            // Idle. The interval sync comes first; the mark only once everything is synced.
+            let deadline = match interval {
+                Some(d) if self.written > self.synced => Some(self.last_sync + d),
+                _ => self.mark_deadline(),
+            };
+            match deadline {
+                Some(deadline) if Instant::now() >= deadline && self.written == self.synced => {
+                    return Work {
+                        batch: Vec::new(),
+                        sync_wanted: 0,
+                        stop: Stop::Running,
+                        interval_due: false,
+                        mark_due: true,
+                        poisoned: false,
+                    };
+                }
+                Some(deadline) => {
                     self.shared.writer_wake.wait_until(&mut state, deadline);
                 }
-                _ => self.shared.writer_wake.wait(&mut state),
+                None => self.shared.writer_wake.wait(&mut state),
             }
         }
+    }
+
+    /// When the idle high-water mark falls due, if one is wanted: `synced_mark_delay` after
+    /// the last sync, once every written LSN is synced and some synced LSN is not in `SYNCED`
+    /// (or `CLOSED`) yet.
+    fn mark_deadline(&self) -> Option<Instant> {
+        let delay = self.synced_mark_delay?;
+        (self.written == self.synced && self.synced > self.marked).then(|| self.last_sync + delay)
     }
 
     /// Group commit, gathering: under `Sync`, when the last batch held more
@@ -1042,6 +1088,31 @@ impl Writer {
                 )
             }
             Stop::Drop => Ok(()),
+            Stop::Running if work.mark_due => {
+                // Nothing was appended since (next_work checked under the queue's lock, and
+                // anything appended since waits behind this): record the sync in SYNCED, so
+                // that recovery after an unclean shutdown knows these LSNs were durable even
+                // if the frames proving it are cut off or their segment is gone.
+                if self.written == self.synced && self.synced > self.marked {
+                    let synced = Synced {
+                        store_id: self.store_id,
+                        seq: self.active.seq,
+                        synced_lsn: Lsn(self.synced),
+                    };
+                    write_file_atomically(
+                        self.storage.as_ref(),
+                        &self.dir,
+                        format::SYNCED_FILE_NAME,
+                        &synced.encode(),
+                    )?;
+                    self.marked = self.synced;
+                    tracing::trace!(
+                        synced_lsn = self.synced,
+                        "recorded the idle high-water mark"
+                    );
+                }
+                Ok(())
+            }
             Stop::Running => {
                 // Put the sync on record while idle, so that damage to the batch just synced
                 // is recognisable as corruption after a process crash.

@@ -114,6 +114,16 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         Ok(id)
     }
 
+    /// Whether the log's writer may do I/O on a timer of its own: the idle high-water mark
+    /// (`SYNCED`, written `WalOptions::synced_mark_delay` after a sync that nothing followed).
+    /// The default says yes. [`SimStorage`] says no unless [`SimStorage::set_timed_io`] turned
+    /// it on: its fault plans count operations and its runs must replay from a seed, and a
+    /// write that depends on how long a test step took would break both. Interval durability's
+    /// background syncs are not affected (they are what the caller asked for).
+    fn allows_timed_io(&self) -> bool {
+        true
+    }
+
     /// Wall-clock time in milliseconds since the Unix epoch, recorded in segment headers for
     /// humans only (never used for decisions). The default reads `SystemTime`;
     /// [`SimStorage`] returns a constant so its images are reproducible.

@@ -188,6 +188,8 @@ struct SimState {
     sync_latency: std::time::Duration,
     /// [`SimStorage::set_stale_history`].
     stale_history: bool,
+    /// [`SimStorage::set_timed_io`].
+    timed_io: bool,
 }
 
 fn os_error(code: i32) -> io::Error {
@@ -396,6 +398,7 @@ impl SimStorage {
             sync_count: 0,
             sync_latency: std::time::Duration::ZERO,
             stale_history: false,
+            timed_io: false,
         };
         SimStorage {
             inner: Arc::new(Mutex::new(state)),
@@ -533,9 +536,21 @@ impl SimStorage {
     pub fn set_stale_history(&self, on: bool) {
         self.inner.lock().stale_history = on;
     }
+
+    /// Lets the log's writer do timed I/O on this storage (off by default; see
+    /// [`Storage::allows_timed_io`]): with `on`, the writer records its idle high-water mark
+    /// (`SYNCED`) as it does on a real disk, at the cost of I/O whose timing depends on the
+    /// wall clock.
+    pub fn set_timed_io(&self, on: bool) {
+        self.inner.lock().timed_io = on;
+    }
 }
 
 impl Storage for SimStorage {
+    fn allows_timed_io(&self) -> bool {
+        self.inner.lock().timed_io
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut state = self.inner.lock();
         state.check(OpClass::Other)?;

@@ -47,6 +47,18 @@ pub struct Image {
     pub synced: u64,
     /// The log was closed cleanly (`CLOSED` written).
     pub clean: bool,
+    /// `SYNCED` records every synced LSN (the writer went idle after the last sync and wrote
+    /// its idle high-water mark before the crash).
+    pub marked: bool,
+}
+
+impl Image {
+    /// Whether damage that cuts off the last synced frames (or the newest segment) of this
+    /// image cannot be told from a torn write: FORMAT.md's "Known limits" — an unclean
+    /// shutdown with no high-water mark covering the synced records.
+    pub fn blind_to_cut_synced_tail(&self) -> bool {
+        !self.clean && !self.marked
+    }
 }
 
 const EPOCH_MS: u64 = 1_700_000_000_000;
@@ -160,6 +172,7 @@ pub fn closed_image(seed: u64, n: u64) -> Result<Image, WalError> {
         records,
         synced: n,
         clean: true,
+        marked: false,
     })
 }
 
@@ -168,20 +181,59 @@ pub fn closed_image(seed: u64, n: u64) -> Result<Image, WalError> {
 /// segments: no roll, no sync), records up to `n` appended, crashed again. Only
 /// 1..=synced are known durable; the newest segment holds both kinds.
 pub fn crashed_image(seed: u64, synced: u64, n: u64) -> Result<Image, WalError> {
+    crashed(seed, synced, n, false)
+}
+
+/// As [`crashed_image`], but the writer went idle after record `synced` and wrote its idle
+/// high-water mark (`SYNCED`) before the first crash: the damage `crashed_image` cannot tell
+/// from a torn write is refused here.
+pub fn crashed_marked_image(seed: u64, synced: u64, n: u64) -> Result<Image, WalError> {
+    crashed(seed, synced, n, true)
+}
+
+fn crashed(seed: u64, synced: u64, n: u64, marked: bool) -> Result<Image, WalError> {
     let sim = SimStorage::new(seed);
+    sim.set_timed_io(marked);
     let wal = open(&sim, Durability::Sync, 4096)?;
     let mut records = append_records(&wal, 1..=synced)?;
+    if marked {
+        wait_for_synced_mark(&sim, dir(), synced);
+    }
     drop(wal);
+    sim.set_timed_io(false);
     let wal = open(&sim, Durability::Buffered, 1 << 20)?;
     records.extend(append_records(&wal, synced + 1..=n)?);
     drop(wal);
     Ok(Image {
-        name: "crashed",
+        name: if marked { "crashed-marked" } else { "crashed" },
         files: files_of(&sim),
         records,
         synced,
         clean: false,
+        marked,
     })
+}
+
+/// Waits (polling, at most 30 s) until the writer of the log in `dir` on `sim` has recorded
+/// LSN `lsn` as synced in `SYNCED`; panics if it does not. The writer does so
+/// `synced_mark_delay` (default 10 ms) after its last sync, on its own thread.
+pub fn wait_for_synced_mark(sim: &SimStorage, dir: &Path, lsn: u64) {
+    let path = dir.join(kairos_wal::format::SYNCED_FILE_NAME);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let recorded = sim
+            .read_file(&path)
+            .and_then(|bytes| kairos_wal::format::Synced::decode(&bytes).ok())
+            .map(|synced| synced.synced_lsn.0);
+        if recorded == Some(lsn) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SYNCED still records {recorded:?}, not LSN {lsn}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 impl Image {
@@ -315,7 +367,7 @@ pub fn for_each_truncation(image: &Image, mut f: impl FnMut(Case)) {
             }
             let name = format!("{} cut to {cut} bytes", path.display());
             let mut c = case(image, name, files, Some((path.clone(), cut as u64)));
-            if !image.clean && Some(path) == newest.as_ref() {
+            if image.blind_to_cut_synced_tail() && Some(path) == newest.as_ref() {
                 let kept = records_before(&spans, path, cut as u64);
                 if kept < c.must_keep {
                     c.must_keep = kept;
@@ -408,8 +460,8 @@ pub fn segment_cases(image: &Image, foreign: &Image) -> Vec<(Case, Expect)> {
         files.remove(seg);
         let is_newest = i + 1 == segs.len();
         // Between two others or the oldest: the seq chain or the floor shows the gap; the
-        // newest after a clean close: CLOSED does.
-        let (expect, limit) = if !is_newest || image.clean {
+        // newest after a clean close: CLOSED does; after an idle sync: SYNCED does.
+        let (expect, limit) = if !is_newest || !image.blind_to_cut_synced_tail() {
             (Expect::Refused("MissingSegment"), None)
         } else {
             // Known limit: after an unclean shutdown, a deleted newest segment looks like a
@@ -500,12 +552,12 @@ pub fn segment_cases(image: &Image, foreign: &Image) -> Vec<(Case, Expect)> {
         );
     }
     {
-        // The newest segment emptied (0 bytes): an unwritten segment. With CLOSED it held
-        // durable records: corrupt. Without, it is the known limit (looks like a crash
-        // while it was being created).
+        // The newest segment emptied (0 bytes): an unwritten segment. With CLOSED or SYNCED
+        // it held durable records: corrupt. Without, it is the known limit (looks like a
+        // crash while it was being created).
         let mut files = image.files.clone();
         files.insert(newest.clone(), Vec::new());
-        if image.clean {
+        if !image.blind_to_cut_synced_tail() {
             push(
                 "newest segment emptied".to_owned(),
                 files,
@@ -525,7 +577,7 @@ pub fn segment_cases(image: &Image, foreign: &Image) -> Vec<(Case, Expect)> {
         if let Some(bytes) = files.get_mut(&newest) {
             bytes.truncate(SEGMENT_HEADER_BYTES);
         }
-        if image.clean {
+        if !image.blind_to_cut_synced_tail() {
             push(
                 "newest segment cut to its header".to_owned(),
                 files,

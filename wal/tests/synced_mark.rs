@@ -1,0 +1,229 @@
+//! The idle high-water mark (`SYNCED`, `WalOptions::synced_mark_delay`): written once the
+//! writer has been idle for the delay after a sync, it lets recovery refuse damage to synced
+//! records that an unclean shutdown would otherwise leave indistinguishable from a torn write
+//! (`wal/FORMAT.md`, "Known limits") — and writing it never costs a record.
+
+mod common;
+mod matrix_images;
+
+use std::time::Duration;
+
+use common::*;
+use kairos_wal::format::{Synced, SEGMENT_HEADER_BYTES, SYNCED_FILE_NAME};
+use kairos_wal::{
+    Durability, FaultKind, FaultOp, FaultPlan, SimStorage, Storage, WalError, WalOptions,
+};
+use matrix_images::wait_for_synced_mark;
+
+fn marked(durability: Durability, segment_bytes: u64, delay: Option<Duration>) -> WalOptions {
+    WalOptions {
+        synced_mark_delay: delay,
+        ..options(durability, segment_bytes)
+    }
+}
+
+fn synced_file(sim: &SimStorage) -> Option<Synced> {
+    sim.read_file(&dir().join(SYNCED_FILE_NAME))
+        .map(|bytes| Synced::decode(&bytes).expect("SYNCED decodes"))
+}
+
+/// `(seq, first LSN)` of the newest segment file.
+fn newest_segment(sim: &SimStorage) -> (std::path::PathBuf, u64, u64) {
+    let newest = segments(sim, dir()).pop().expect("a segment");
+    let name = newest.file_name().expect("a name").to_string_lossy();
+    let (seq, first) = kairos_wal::format::parse_segment_file_name(&name).expect("segment name");
+    (newest.clone(), seq, first.0)
+}
+
+#[test]
+fn an_idle_log_records_how_far_it_synced_in_its_newest_segment() -> TestResult {
+    let sim = SimStorage::new(1);
+    sim.set_timed_io(true);
+    let options = marked(Durability::Sync, 4096, Some(Duration::from_millis(1)));
+    let (wal, _, _) = open(&sim, options.clone())?;
+    for i in 1..=5 {
+        append_one(&wal, i)?;
+    }
+    wait_for_synced_mark(&sim, dir(), 5);
+    let (_, seq, _) = newest_segment(&sim);
+    assert_eq!(synced_file(&sim).map(|s| s.seq), Some(seq));
+    // More appends roll the log; the mark follows the newest segment.
+    for i in 6..=80 {
+        append_one(&wal, i)?;
+    }
+    wait_for_synced_mark(&sim, dir(), 80);
+    let (_, newest_seq, _) = newest_segment(&sim);
+    assert!(newest_seq > seq, "80 appends did not roll 4 KiB segments");
+    assert_eq!(synced_file(&sim).map(|s| s.seq), Some(newest_seq));
+    wal.close()?;
+    let (_wal, report, replayed) = open(&sim, options)?;
+    assert!(report.clean_shutdown);
+    assert_eq!(replayed, expected(80));
+    Ok(())
+}
+
+/// A log that synced records 1..=40 in 4 KiB segments, went idle long enough to write its
+/// mark, and then lost power. Returns the disk and the newest segment (path, first LSN).
+fn idle_then_power_cut(seed: u64) -> Result<(SimStorage, std::path::PathBuf, u64), WalError> {
+    let sim = SimStorage::new(seed);
+    sim.set_timed_io(true);
+    let (wal, _, _) = open(
+        &sim,
+        marked(Durability::Sync, 4096, Some(Duration::from_millis(1))),
+    )?;
+    for i in 1..=40 {
+        append_one(&wal, i)?;
+    }
+    wait_for_synced_mark(&sim, dir(), 40);
+    drop(wal);
+    sim.set_timed_io(false);
+    sim.power_cut();
+    let (newest, _, first) = newest_segment(&sim);
+    assert!(first <= 40, "the newest segment holds no synced record");
+    Ok((sim, newest, first))
+}
+
+#[test]
+fn after_an_idle_sync_synced_frames_cut_off_are_corruption_not_a_torn_tail() -> TestResult {
+    let (sim, newest, _) = idle_then_power_cut(2)?;
+    // Outside damage after the crash: the newest segment loses its end, from inside its
+    // first frame (synced records) on.
+    let bytes = sim.read_file(&newest).ok_or("newest segment")?;
+    let cut = SEGMENT_HEADER_BYTES + 10;
+    assert!(bytes.len() > cut);
+    sim.write_file(&newest, &bytes[..cut]);
+    let pristine = snapshot(&sim, dir());
+    for result in [
+        kairos_wal::scan(&sim, dir(), 1 << 20, &mut |_| {}).map(|_| ()),
+        open(&sim, WalOptions::default()).map(|_| ()),
+    ] {
+        match result {
+            Err(WalError::Corrupt { file, reason, .. }) => {
+                assert_eq!(file, newest);
+                assert!(reason.contains("SYNCED"), "{reason}");
+            }
+            other => panic!("synced records cut off were not refused: {other:?}"),
+        }
+    }
+    // Open refused without writing anything.
+    assert_eq!(snapshot(&sim, dir()), pristine);
+    // Without the mark, the same damage is the documented blind spot: a torn tail.
+    sim.remove_file(&dir().join(SYNCED_FILE_NAME))?;
+    let (_wal, report, replayed) = open(&sim, WalOptions::default())?;
+    assert!(report.torn_tail.is_some());
+    assert!((replayed.len() as u64) < 40);
+    Ok(())
+}
+
+#[test]
+fn after_an_idle_sync_a_deleted_newest_segment_is_a_missing_segment() -> TestResult {
+    let (sim, newest, _) = idle_then_power_cut(3)?;
+    sim.remove_file(&newest)?;
+    match open(&sim, WalOptions::default()) {
+        Err(WalError::MissingSegment { file, reason }) => {
+            assert_eq!(file, dir().join(SYNCED_FILE_NAME));
+            assert!(reason.contains("the last idle sync"), "{reason}");
+        }
+        other => panic!("a deleted newest segment was not refused: {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn after_an_idle_sync_a_power_cut_loses_nothing_and_reopens() -> TestResult {
+    let (sim, _, _) = idle_then_power_cut(4)?;
+    let (_wal, report, replayed) = open(&sim, WalOptions::default())?;
+    assert_eq!(replayed, expected(40));
+    assert!(!report.clean_shutdown);
+    Ok(())
+}
+
+#[test]
+fn no_mark_without_timed_io_under_buffered_or_when_turned_off() -> TestResult {
+    let cases = [
+        // (timed I/O allowed, durability, delay)
+        (false, Durability::Sync, Some(Duration::from_millis(1))),
+        (true, Durability::Buffered, Some(Duration::from_millis(1))),
+        (true, Durability::Sync, None),
+    ];
+    for (timed, durability, delay) in cases {
+        let sim = SimStorage::new(5);
+        sim.set_timed_io(timed);
+        let (wal, _, _) = open(&sim, marked(durability, 4096, delay))?;
+        for i in 1..=5 {
+            append_one(&wal, i)?;
+        }
+        wal.sync()?;
+        // Real time: the writer would have written the mark 1 ms after the sync.
+        std::thread::sleep(Duration::from_millis(50));
+        let names = sim.list(dir())?;
+        assert!(
+            !names.iter().any(|n| n.starts_with(SYNCED_FILE_NAME)),
+            "{timed} {durability:?} {delay:?}: {names:?}"
+        );
+        drop(wal);
+    }
+    Ok(())
+}
+
+#[test]
+fn options_reject_a_delay_over_the_limit() {
+    let sim = SimStorage::new(6);
+    let options = marked(
+        Durability::Sync,
+        4096,
+        Some(kairos_wal::SYNCED_MARK_DELAY_MAX + Duration::from_millis(1)),
+    );
+    assert!(matches!(
+        open(&sim, options),
+        Err(WalError::InvalidOptions { .. })
+    ));
+}
+
+#[test]
+fn a_failure_at_each_step_of_writing_the_mark_poisons_and_loses_nothing() -> TestResult {
+    // The mark's steps: stat and create SYNCED.tmp, write, fdatasync, rename, fsync the
+    // directory. Fail the k-th operation after the last acknowledged append, for every k
+    // (the first may hit the MARK frame written right after the sync instead: the outcome
+    // must be the same), then lose power.
+    for k in 0..6 {
+        for kind in [FaultKind::Eio, FaultKind::ShortWrite, FaultKind::Enospc] {
+            let sim = SimStorage::new(100 + k);
+            sim.set_timed_io(true);
+            let (wal, _, _) = open(
+                &sim,
+                marked(Durability::Sync, 4096, Some(Duration::from_millis(20))),
+            )?;
+            for i in 1..=10 {
+                append_one(&wal, i)?;
+            }
+            sim.inject(FaultPlan {
+                after: k,
+                op: FaultOp::Any,
+                kind,
+            });
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while wal.poisoned().is_none() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "fault {k} {kind:?} did not poison the log"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(matches!(
+                append_one(&wal, 11),
+                Err(WalError::Poisoned { .. })
+            ));
+            drop(wal);
+            sim.set_timed_io(false);
+            sim.power_cut();
+            let (_wal, _, replayed) = open(&sim, WalOptions::default())
+                .map_err(|e| format!("fault {k} {kind:?}: reopen failed: {e}"))?;
+            assert_eq!(replayed, expected(10), "fault {k} {kind:?}");
+            if let Some(synced) = synced_file(&sim) {
+                assert!(synced.synced_lsn.0 <= 10);
+            }
+        }
+    }
+    Ok(())
+}
