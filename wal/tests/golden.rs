@@ -3,7 +3,7 @@
 
 use kairos_wal::format::{
     decode_meta, encode_frame, encode_meta, encode_record, frame_crc, Closed, FrameHeader,
-    FrameKind, HeaderError, SegmentHeader, Trim, BOUND_FILE_BYTES, FORMAT_VERSION,
+    FrameKind, HeaderError, SegmentHeader, Synced, Trim, BOUND_FILE_BYTES, FORMAT_VERSION,
     FRAME_HEADER_BYTES, META_BYTES, SEGMENT_HEADER_BYTES,
 };
 use kairos_wal::{Lsn, RECORD_BYTES_MAX_DEFAULT};
@@ -175,4 +175,25 @@ fn bound_files_reject_damage_and_forbidden_values() {
     assert_eq!(Closed::decode(&empty.encode()), Ok(empty));
     let zero_seq = Closed { seq: 0, ..empty };
     assert!(Closed::decode(&zero_seq.encode()).is_err());
+}
+
+#[test]
+fn synced_matches_format_md() {
+    let synced = Synced {
+        store_id: store_id(),
+        seq: 9,
+        synced_lsn: Lsn(300),
+    };
+    let bytes = golden("synced");
+    assert_eq!(bytes.len(), BOUND_FILE_BYTES);
+    assert_eq!(synced.encode().as_slice(), bytes.as_slice());
+    assert_eq!(Synced::decode(&bytes), Ok(synced));
+    assert_eq!(&bytes[..8], b"KAIROSSY");
+    // The three bound files are told apart by their magic.
+    assert_eq!(Closed::decode(&bytes), Err(HeaderError::BadMagic));
+    assert_eq!(Trim::decode(&bytes), Err(HeaderError::BadMagic));
+    assert_eq!(
+        Synced::decode(&golden("closed")),
+        Err(HeaderError::BadMagic)
+    );
 }
