@@ -837,7 +837,9 @@ fn write_engine_model_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
 mod seeds {
     use super::matrix_images::*;
     use kairos::fuzzing::{file_kinds, segment_flags, DirImage, SegmentImage, SEGMENT_SEPARATOR};
-    use kairos_wal::format::{self, Closed, Trim, FRAME_HEADER_BYTES, FRAME_RESERVED_OFFSET};
+    use kairos_wal::format::{
+        self, Closed, Synced, Trim, FRAME_HEADER_BYTES, FRAME_RESERVED_OFFSET,
+    };
     use kairos_wal::{Durability, SimStorage, Wal, WalOptions};
     use std::path::Path;
     use std::sync::Arc;
@@ -862,6 +864,12 @@ mod seeds {
             if let Ok(closed) = Closed::decode(bytes) {
                 flags |= segment_flags::CLOSED;
                 image.closed = Some((closed.seq, closed.last_lsn.0));
+            }
+        }
+        if let Some(bytes) = files.get(&dir().join(format::SYNCED_FILE_NAME)) {
+            if let Ok(synced) = Synced::decode(bytes) {
+                flags |= segment_flags::SYNCED;
+                image.synced = Some((synced.seq, synced.synced_lsn.0));
             }
         }
         image.flags = flags;
@@ -890,6 +898,7 @@ mod seeds {
                 format::META_FILE_NAME => file_kinds::META,
                 format::TRIM_FILE_NAME => file_kinds::TRIM,
                 format::CLOSED_FILE_NAME => file_kinds::CLOSED,
+                format::SYNCED_FILE_NAME => file_kinds::SYNCED,
                 format::LOCK_FILE_NAME => file_kinds::LOCK,
                 _ => file_kinds::SEGMENT,
             };
@@ -981,6 +990,9 @@ fn write_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
 
     let closed = closed_image(31, 110)?;
     let crashed = crashed_image(32, 90, 110)?;
+    let marked = crashed_marked_image(33, 90, 110)?;
+    let marked_segs = marked.segments();
+    let marked_newest = marked_segs[marked_segs.len() - 1].clone();
     let trimmed = trimmed_files();
     let closed_segs = closed.segments();
     let crashed_segs = crashed.segments();
@@ -1042,6 +1054,12 @@ fn write_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
             segment_input(&cut(&crashed.files, &crashed_segs[0], 64), 0),
         ),
     ];
+    segment_seeds.push(("crashed-marked", segment_input(&marked.files, 0)));
+    segment_seeds.push((
+        // SYNCED records synced LSNs this cut removes: refused, not a torn tail.
+        "marked-cut",
+        segment_input(&cut(&marked.files, &marked_newest, 100), 0),
+    ));
     segment_seeds.push((
         "tmp-and-no-meta",
         segment_input(
@@ -1064,6 +1082,7 @@ fn write_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
             dir_input(&closed.files, 0, &[(file_kinds::LOCK, b"")]),
         ),
         ("crashed", dir_input(&crashed.files, 0, &[])),
+        ("crashed-marked", dir_input(&marked.files, 0, &[])),
         ("trimmed", dir_input(&trimmed, 0, &[])),
         ("bad-payload-fixed-crc", dir_input(&bad_payload, 1, &[])),
         (

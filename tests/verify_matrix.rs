@@ -116,7 +116,10 @@ fn every_bit_flip_verifies_as_the_log_reads_it() -> TestResult {
 #[test]
 fn every_cut_and_zeroed_sector_verifies_as_the_log_reads_it() -> TestResult {
     let (closed, crashed) = images()?;
-    for image in [&closed, &crashed] {
+    // The crashed log again, with its idle high-water mark (SYNCED): cuts into synced
+    // records are damage to `verify` too.
+    let marked = crashed_marked_image(14, 90, 110)?;
+    for image in [&closed, &crashed, &marked] {
         for_each_truncation(image, |case| {
             verify_case(image, &case);
         });
@@ -130,8 +133,9 @@ fn every_cut_and_zeroed_sector_verifies_as_the_log_reads_it() -> TestResult {
 #[test]
 fn segment_damage_verifies_as_the_log_reads_it() -> TestResult {
     let (closed, crashed) = images()?;
+    let marked = crashed_marked_image(14, 90, 110)?;
     let foreign = closed_image(13, 110)?;
-    for image in [&closed, &crashed] {
+    for image in [&closed, &crashed, &marked] {
         for (case, expected) in segment_cases(image, &foreign) {
             let outcome = verify_case(image, &case);
             let log = judge(image, &case, scan_case(&case, false));
