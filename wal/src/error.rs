@@ -51,11 +51,12 @@ pub enum WalError {
     },
     /// A segment is missing: between two others (sequence numbers or LSNs jump), below the
     /// oldest present one (it is not the one `TRIM` names, or not segment 1 when there is no
-    /// `TRIM`), or above the newest (the last clean close, recorded in `CLOSED`, saw it).
+    /// `TRIM`), or above the newest (the last clean close or idle sync, recorded in `CLOSED`
+    /// or `SYNCED`, saw it).
     #[error("missing segment (detected at {}): {reason}", file.display())]
     MissingSegment {
         /// The segment right after the gap; if no segment follows it, the file that proves
-        /// the missing one existed (`TRIM` or `CLOSED`).
+        /// the missing one existed (`TRIM`, `CLOSED` or `SYNCED`).
         file: PathBuf,
         /// Which sequence numbers or LSNs are missing.
         reason: String,

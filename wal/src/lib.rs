@@ -32,8 +32,10 @@
 //! and codecs. Segments roll at [`WalOptions::segment_bytes`]; once a checkpoint covers their
 //! records, [`Wal::remove_segments_before`] deletes them after recording the new oldest
 //! segment in `DIR/TRIM`. A clean close records the newest segment and last LSN in
-//! `DIR/CLOSED`. So a deleted segment is reported ([`WalError::MissingSegment`]) whether it was
-//! between two others, the oldest, or — after a clean close — the newest.
+//! `DIR/CLOSED`; the writer records the same in `DIR/SYNCED` once appends pause for
+//! [`WalOptions::synced_mark_delay`] after a sync. So a deleted segment is reported
+//! ([`WalError::MissingSegment`]) whether it was between two others, the oldest, or — after a
+//! clean close, or a crash more than the delay after the last sync — the newest.
 //!
 //! ## Durability
 //!
@@ -167,7 +169,9 @@ pub struct WalOptions {
     /// whose synced records were cut off or deleted after an unclean shutdown, damage it could
     /// otherwise not tell from a torn write (`wal/FORMAT.md`, "Known limits"). `None`: never
     /// written. Not written under [`Durability::Buffered`], nor on a storage that does not
-    /// allow timed I/O ([`Storage::allows_timed_io`]). Default
+    /// allow timed I/O ([`Storage::allows_timed_io`], asked once, at open). `Some(0)`: whenever
+    /// the writer goes idle after a sync. A failure writing it poisons the log like any other
+    /// failed write or sync (nothing acknowledged is at risk; reopen to go on). Default
     /// [`SYNCED_MARK_DELAY_DEFAULT`], at most [`SYNCED_MARK_DELAY_MAX`]. An append that arrives
     /// while the mark is being written waits for it (at most the two syncs).
     pub synced_mark_delay: Option<std::time::Duration>,

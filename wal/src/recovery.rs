@@ -878,11 +878,15 @@ pub(crate) fn analyze(
     record_bytes_max: u32,
     visit: &mut Visit<'_>,
 ) -> Result<Analysis, WalError> {
-    // The directory is listed before TRIM is read: a removal writes TRIM before it deletes
-    // anything, so a segment missing from this listing is below whatever TRIM says next.
+    // The high-water marks are read before the directory is listed, and TRIM after it: a mark
+    // only ever names a segment that already exists durably and LSNs already written, and the
+    // log only grows past it, so everything a mark read now names is in the listing even
+    // when a live writer (an unlocked `scan`) rolls and records a newer mark meanwhile; a
+    // removal writes TRIM before it deletes anything, so a segment missing from the listing
+    // is below whatever TRIM says next.
+    let marks = read_high_water(storage, dir, store_id)?;
     let (files, _) = list_dir(storage, dir)?;
     let trim = read_trim(storage, dir, store_id)?;
-    let marks = read_high_water(storage, dir, store_id)?;
     let floor = Floor::new(trim.as_ref());
     let (leftovers, files): (Vec<SegmentFile>, Vec<SegmentFile>) =
         files.into_iter().partition(|f| f.seq < floor.seq);
@@ -1183,7 +1187,9 @@ fn check_lsn_continuity(
 /// Read-only check of a log directory that may be untrusted: no writes, no mmap, every length
 /// checked against limits and the bytes remaining before anything is allocated. The directory
 /// lock is taken for the duration if `dir/LOCK` exists and is free; otherwise the scan runs
-/// unlocked (a live log may then show its in-flight tail as torn).
+/// unlocked (a live log may then show its in-flight tail as torn; the high-water marks are
+/// read before the directory is listed, so a roll and a newer `SYNCED` meanwhile cannot make
+/// a healthy live log look damaged).
 ///
 /// `record_bytes_max` is the largest record body accepted (clamped to
 /// [`RECORD_BYTES_MAX_LIMIT`](crate::format::RECORD_BYTES_MAX_LIMIT)); `visit` sees every

@@ -424,7 +424,7 @@ impl Wal {
     /// store id, first segment), and recovers it.
     ///
     /// Steps: create `dir` (mode 0700) and fsync its parent if it was missing; take `dir/LOCK`;
-    /// remove leftover `*.tmp` files; read or create `META`; read `TRIM` and `CLOSED`; read
+    /// remove leftover `*.tmp` files; read or create `META`; read `CLOSED`, `SYNCED` and `TRIM`; read
     /// every segment from the one `TRIM` names (segment 1 without it) in order, calling
     /// `replay` once per surviving record in LSN order; remove segments below the `TRIM` mark
     /// (left over by an interrupted [`Wal::remove_segments_before`]); truncate an unsynced torn

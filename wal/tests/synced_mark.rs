@@ -183,25 +183,30 @@ fn options_reject_a_delay_over_the_limit() {
 #[test]
 fn a_failure_at_each_step_of_writing_the_mark_poisons_and_loses_nothing() -> TestResult {
     // The mark's steps: stat and create SYNCED.tmp, write, fdatasync, rename, fsync the
-    // directory. Fail the k-th operation after the last acknowledged append, for every k
-    // (the first may hit the MARK frame written right after the sync instead: the outcome
-    // must be the same), then lose power.
+    // directory. The fault is armed before the last append, whose own operations come first
+    // and are fixed (its frame's write and fdatasync, then the MARK frame's write); so
+    // failing operation 3 + k fails the mark's step k, for every k. Then the power goes.
+    const LAST_APPEND_OPS: u64 = 3;
     for k in 0..6 {
         for kind in [FaultKind::Eio, FaultKind::ShortWrite, FaultKind::Enospc] {
             let sim = SimStorage::new(100 + k);
             sim.set_timed_io(true);
+            // Long enough that no mark falls due between the appends, however slow the
+            // machine is.
             let (wal, _, _) = open(
                 &sim,
-                marked(Durability::Sync, 4096, Some(Duration::from_millis(20))),
+                marked(Durability::Sync, 4096, Some(Duration::from_millis(300))),
             )?;
-            for i in 1..=10 {
+            for i in 1..=9 {
                 append_one(&wal, i)?;
             }
             sim.inject(FaultPlan {
-                after: k,
+                after: LAST_APPEND_OPS + k,
                 op: FaultOp::Any,
                 kind,
             });
+            append_one(&wal, 10)
+                .map_err(|e| format!("fault {k} {kind:?} hit the append itself: {e}"))?;
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             while wal.poisoned().is_none() {
                 assert!(
@@ -225,5 +230,78 @@ fn a_failure_at_each_step_of_writing_the_mark_poisons_and_loses_nothing() -> Tes
             }
         }
     }
+    Ok(())
+}
+
+/// A simulated disk whose `list` pauses after reading the directory, as a descheduled
+/// reader would.
+#[derive(Debug)]
+struct SlowList {
+    inner: SimStorage,
+}
+
+impl Storage for SlowList {
+    fn create_dir_all(&self, p: &std::path::Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(p)
+    }
+    fn open(
+        &self,
+        p: &std::path::Path,
+        m: kairos_wal::OpenMode,
+    ) -> std::io::Result<Box<dyn kairos_wal::StorageFile>> {
+        self.inner.open(p, m)
+    }
+    fn list(&self, d: &std::path::Path) -> std::io::Result<Vec<String>> {
+        let names = self.inner.list(d)?;
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(names)
+    }
+    fn exists(&self, p: &std::path::Path) -> std::io::Result<bool> {
+        self.inner.exists(p)
+    }
+    fn rename(&self, f: &std::path::Path, t: &std::path::Path) -> std::io::Result<()> {
+        self.inner.rename(f, t)
+    }
+    fn remove_file(&self, p: &std::path::Path) -> std::io::Result<()> {
+        self.inner.remove_file(p)
+    }
+    fn sync_dir(&self, p: &std::path::Path) -> std::io::Result<()> {
+        self.inner.sync_dir(p)
+    }
+    fn lock(&self, p: &std::path::Path) -> std::io::Result<Box<dyn kairos_wal::LockGuard>> {
+        self.inner.lock(p)
+    }
+}
+
+#[test]
+fn a_scan_of_a_live_log_that_rolls_and_marks_meanwhile_finds_no_damage() -> TestResult {
+    // Found in review: scan listed the directory, then read SYNCED — written meanwhile by
+    // the live writer after a roll, naming a segment the listing lacked: MissingSegment on
+    // a healthy log. The marks are now read before the listing.
+    let sim = SimStorage::new(7);
+    sim.set_timed_io(true);
+    let (wal, _, _) = open(
+        &sim,
+        marked(Durability::Sync, 4096, Some(Duration::from_millis(1))),
+    )?;
+    for i in 1..=5 {
+        append_one(&wal, i)?;
+    }
+    wait_for_synced_mark(&sim, dir(), 5);
+    let slow = SlowList { inner: sim.clone() };
+    let scanner = std::thread::spawn(move || {
+        kairos_wal::scan(&slow, dir(), 1 << 20, &mut |_| {}).map(|r| r.last_lsn)
+    });
+    // While the scan (unlocked: the log holds the lock) waits between listing and reading:
+    std::thread::sleep(Duration::from_millis(50));
+    for i in 6..=80 {
+        append_one(&wal, i)?; // rolls 4 KiB segments
+    }
+    wait_for_synced_mark(&sim, dir(), 80);
+    let scanned = scanner.join().map_err(|_| "scan panicked")?;
+    assert!(
+        matches!(scanned, Ok(last) if last.0 >= 5),
+        "a healthy live log was refused: {scanned:?}"
+    );
     Ok(())
 }

@@ -540,7 +540,8 @@ impl SimStorage {
     /// Lets the log's writer do timed I/O on this storage (off by default; see
     /// [`Storage::allows_timed_io`]): with `on`, the writer records its idle high-water mark
     /// (`SYNCED`) as it does on a real disk, at the cost of I/O whose timing depends on the
-    /// wall clock.
+    /// wall clock. A log asks once, when it opens: turning it off does not stop a log already
+    /// open from writing its mark.
     pub fn set_timed_io(&self, on: bool) {
         self.inner.lock().timed_io = on;
     }
