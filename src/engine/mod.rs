@@ -604,6 +604,10 @@ pub(crate) struct Shared {
     /// the state under its feet.
     #[cfg(test)]
     promote_yield_hook: Mutex<Option<HoldHook>>,
+    /// Tests: run where a checkpoint yields the lock in the middle of a
+    /// hold (unlocked), to change the state under its feet.
+    #[cfg(test)]
+    checkpoint_yield_hook: Mutex<Option<HoldHook>>,
 }
 
 /// The dead letters at a checkpoint's LSN while it reads them (see
@@ -1008,6 +1012,8 @@ impl Engine {
             hold_hook: Mutex::new(None),
             #[cfg(test)]
             promote_yield_hook: Mutex::new(None),
+            #[cfg(test)]
+            checkpoint_yield_hook: Mutex::new(None),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
