@@ -383,6 +383,22 @@ fn regression_checkpoint_file_id_bitmap_beyond_the_file() {
     regression("checkpoint_file", name, &input, fuzzing::checkpoint_file);
 }
 
+/// `wal_segment` (CI's bounded run, session 17) found `scan` and `Wal::open` naming different
+/// damage in a directory with two segment files of one seq and a `CLOSED` whose seq is 0:
+/// recovery had just been changed to read the high-water marks (`CLOSED`, `SYNCED`) before
+/// listing the directory (so that a live writer's roll and new `SYNCED` cannot make a healthy
+/// log look damaged to an unlocked scan), and scan reported the bad `CLOSED` first, while
+/// open, which lists the directory before recovery proper, reported the duplicate seq. The
+/// marks are still read first, but their errors are now reported after the listing's and
+/// `TRIM`'s, in the order the files are checked.
+#[test]
+fn regression_wal_segment_scan_names_the_listing_before_the_marks() {
+    let name = "regression-scan-names-the-listing-before-the-marks";
+    let path = fuzz_dir().join("corpus").join("wal_segment").join(name);
+    let input = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    regression("wal_segment", name, &input, fuzzing::wal_segment);
+}
+
 /// `wal_segment` found that `scan` (and so `kairos verify`) accepted a log whose newest
 /// segment is sealed with seq u64::MAX while `Wal::open` refused it: open must roll past
 /// it and cannot. Fixed in `wal/src/recovery.rs` (the shared analysis refuses it, so scan

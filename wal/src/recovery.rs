@@ -883,10 +883,13 @@ pub(crate) fn analyze(
     // log only grows past it, so everything a mark read now names is in the listing even
     // when a live writer (an unlocked `scan`) rolls and records a newer mark meanwhile; a
     // removal writes TRIM before it deletes anything, so a segment missing from the listing
-    // is below whatever TRIM says next.
-    let marks = read_high_water(storage, dir, store_id)?;
+    // is below whatever TRIM says next. (Their errors are reported in the order the files are
+    // checked — listing, TRIM, marks — so that `scan` names the same damage `open` does,
+    // which lists the directory before it gets here.)
+    let marks = read_high_water(storage, dir, store_id);
     let (files, _) = list_dir(storage, dir)?;
     let trim = read_trim(storage, dir, store_id)?;
+    let marks = marks?;
     let floor = Floor::new(trim.as_ref());
     let (leftovers, files): (Vec<SegmentFile>, Vec<SegmentFile>) =
         files.into_iter().partition(|f| f.seq < floor.seq);
