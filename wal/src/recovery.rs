@@ -272,63 +272,69 @@ fn check_bound_store_id(
     }
 }
 
-/// Reads `TRIM` of `dir` (the low-water mark): `Ok(None)` if it does not exist.
+/// Reads the bound file `dir/name` (`TRIM`, `CLOSED` or `SYNCED`) with `decode`: `Ok(None)`
+/// if it does not exist.
 ///
 /// # Errors
 /// I/O errors; [`WalError::Corrupt`] (naming the file) for a damaged file or one of another
 /// log; [`WalError::UnsupportedVersion`].
+fn read_bound<T>(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    store_id: &StoreId,
+    decode: fn(&[u8]) -> Result<T, HeaderError>,
+    store_id_of: fn(&T) -> &StoreId,
+) -> Result<Option<T>, WalError> {
+    let mut bytes = [0u8; BOUND_FILE_BYTES];
+    if !read_fixed(storage, dir, name, &mut bytes)? {
+        return Ok(None);
+    }
+    let bound = decode(&bytes).map_err(|e| header_error(dir, name, e))?;
+    check_bound_store_id(dir, name, store_id_of(&bound), store_id)?;
+    Ok(Some(bound))
+}
+
+/// Reads `TRIM` of `dir` (the low-water mark): `Ok(None)` if it does not exist.
+///
+/// # Errors
+/// As [`read_bound`].
 pub(crate) fn read_trim(
     storage: &dyn Storage,
     dir: &Path,
     store_id: &StoreId,
 ) -> Result<Option<Trim>, WalError> {
     let name = format::TRIM_FILE_NAME;
-    let mut bytes = [0u8; BOUND_FILE_BYTES];
-    if !read_fixed(storage, dir, name, &mut bytes)? {
-        return Ok(None);
-    }
-    let trim = Trim::decode(&bytes).map_err(|e| header_error(dir, name, e))?;
-    check_bound_store_id(dir, name, &trim.store_id, store_id)?;
-    Ok(Some(trim))
+    read_bound(storage, dir, name, store_id, Trim::decode, |t| &t.store_id)
 }
 
-/// Reads `CLOSED` of `dir` (the high-water mark of the last clean close): `Ok(None)` if it
-/// does not exist.
+/// Reads `CLOSED` (the high-water mark of the last clean close) and `SYNCED` (the idle
+/// high-water mark) of `dir`, each `None` if it does not exist.
 ///
 /// # Errors
-/// As [`read_trim`].
-pub(crate) fn read_closed(
+/// As [`read_bound`].
+fn read_closed_and_synced(
     storage: &dyn Storage,
     dir: &Path,
     store_id: &StoreId,
-) -> Result<Option<Closed>, WalError> {
-    let name = format::CLOSED_FILE_NAME;
-    let mut bytes = [0u8; BOUND_FILE_BYTES];
-    if !read_fixed(storage, dir, name, &mut bytes)? {
-        return Ok(None);
-    }
-    let closed = Closed::decode(&bytes).map_err(|e| header_error(dir, name, e))?;
-    check_bound_store_id(dir, name, &closed.store_id, store_id)?;
-    Ok(Some(closed))
-}
-
-/// Reads `SYNCED` of `dir` (the idle high-water mark): `Ok(None)` if it does not exist.
-///
-/// # Errors
-/// As [`read_trim`].
-pub(crate) fn read_synced(
-    storage: &dyn Storage,
-    dir: &Path,
-    store_id: &StoreId,
-) -> Result<Option<Synced>, WalError> {
-    let name = format::SYNCED_FILE_NAME;
-    let mut bytes = [0u8; BOUND_FILE_BYTES];
-    if !read_fixed(storage, dir, name, &mut bytes)? {
-        return Ok(None);
-    }
-    let synced = Synced::decode(&bytes).map_err(|e| header_error(dir, name, e))?;
-    check_bound_store_id(dir, name, &synced.store_id, store_id)?;
-    Ok(Some(synced))
+) -> Result<(Option<Closed>, Option<Synced>), WalError> {
+    let closed = read_bound(
+        storage,
+        dir,
+        format::CLOSED_FILE_NAME,
+        store_id,
+        Closed::decode,
+        |c| &c.store_id,
+    )?;
+    let synced = read_bound(
+        storage,
+        dir,
+        format::SYNCED_FILE_NAME,
+        store_id,
+        Synced::decode,
+        |s| &s.store_id,
+    )?;
+    Ok((closed, synced))
 }
 
 /// A high-water mark on record: segment `seq` existed and every LSN up to `lsn` was durable
@@ -360,7 +366,8 @@ fn read_high_water(
     store_id: &StoreId,
 ) -> Result<Vec<HighWater>, WalError> {
     let mut marks = Vec::with_capacity(2);
-    if let Some(closed) = read_closed(storage, dir, store_id)? {
+    let (closed, synced) = read_closed_and_synced(storage, dir, store_id)?;
+    if let Some(closed) = closed {
         marks.push(HighWater {
             file: format::CLOSED_FILE_NAME,
             seq: closed.seq,
@@ -368,7 +375,7 @@ fn read_high_water(
             what: "the last clean close",
         });
     }
-    if let Some(synced) = read_synced(storage, dir, store_id)? {
+    if let Some(synced) = synced {
         marks.push(HighWater {
             file: format::SYNCED_FILE_NAME,
             seq: synced.seq,
