@@ -424,6 +424,9 @@ fn inspect_counts_what_the_engine_said() -> TestResult {
     assert_eq!(v["first_lsn"], 1);
     assert_eq!(v["last_lsn"], report.last_lsn.0);
     assert_eq!(v["clean_shutdown"], true);
+    // Closed cleanly: CLOSED records every LSN as durable.
+    assert_eq!(v["durable_lsn"], report.last_lsn.0);
+    assert_eq!(report.high_water_lsn, report.last_lsn);
     assert!(v["torn_tail"].is_null());
     assert!(v["checkpoint"].is_null(), "{v}");
     // No overflow file (`overflow/a/b.bin` is not one), and nothing refers to one.
@@ -681,6 +684,13 @@ fn damaged_and_torn_directories() -> TestResult {
     check_damaged(&torn, false)?;
     let (inspect, _) = run(&["inspect", path(&torn)], 0);
     assert!(inspect.contains("clean shutdown  no"), "{inspect}");
+    // CLOSED still records the close before the cut: the cut CLOSE frame is above it.
+    let durable = scan(&torn.join("wal")).0?.high_water_lsn.0;
+    assert!(durable > 0);
+    assert!(
+        inspect.contains(&format!("known durable   up to LSN {durable} ")),
+        "{inspect}"
+    );
     Ok(())
 }
 

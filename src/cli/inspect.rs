@@ -60,8 +60,10 @@ leftover *.tmp files. The records above its LSN are replayed on its state; \
 those at or below it are only counted (the engine skips them);
 - the log's segments: name, size in bytes, records, first and last LSN, sealed or active, and \
 their live fraction;
-- whether the last shutdown was clean, and a torn tail if there is one (an unsynced write cut \
-short by a crash, which the next open truncates: reported, not damage);
+- whether the last shutdown was clean, up to which LSN the log is known durable (its \
+high-water marks: CLOSED at a clean close, SYNCED when appends paused; damage at or below it \
+is corruption), and a torn tail if there is one (an unsynced write cut short by a crash, \
+which the next open truncates: reported, not damage);
 - the pending tasks by state, replayed with the engine's own rules: waiting (for their first \
 delivery or their next attempt), in flight (delivered, not yet acked, retried, dead-lettered, \
 released or cancelled), and dead letters; of the waiting, those far (beyond the far span: key, \
@@ -142,6 +144,9 @@ pub(crate) struct Inspection {
     last_lsn: u64,
     /// Whether the log ends with a clean-close marker (false if the scan failed).
     clean_shutdown: bool,
+    /// The highest LSN the log's high-water marks (`CLOSED`, `SYNCED`) record as durable: damage
+    /// at or below it is corruption, never a torn tail (0: none recorded, or the scan failed).
+    durable_lsn: u64,
     /// An unsynced torn tail the next open would truncate.
     torn_tail: Option<Torn>,
     /// Pending tasks by state, at `last_lsn` (`None`: unknown, no checkpoint reads).
@@ -980,6 +985,7 @@ impl Reader {
             first_lsn,
             last_lsn,
             clean_shutdown: report.as_ref().is_some_and(|r| r.clean_shutdown),
+            durable_lsn: report.as_ref().map_or(0, |r| r.high_water_lsn.0),
             torn_tail: report
                 .as_ref()
                 .and_then(|r| r.torn_tail.as_ref())
@@ -1262,6 +1268,10 @@ impl Inspection {
         println!(
             "clean shutdown  {}",
             if self.clean_shutdown { "yes" } else { "no" }
+        );
+        println!(
+            "known durable   up to LSN {} (CLOSED or SYNCED: damage at or below it is corruption)",
+            self.durable_lsn
         );
         match &self.torn_tail {
             None => println!("torn tail       none"),

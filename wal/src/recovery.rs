@@ -71,6 +71,10 @@ pub struct ScanReport {
     pub last_lsn: Lsn,
     /// Whether the log ends with a close marker and nothing after it.
     pub clean_shutdown: bool,
+    /// The highest LSN a high-water mark records as durable — `CLOSED` (the last clean close)
+    /// or `SYNCED` (the last idle sync), whichever is higher; `Lsn(0)` without either.
+    /// Damage at or below it is corruption, never a torn tail.
+    pub high_water_lsn: Lsn,
     /// The unsynced torn tail [`Wal::open`](crate::Wal::open) would truncate, if any.
     pub torn_tail: Option<TornTail>,
     /// Segments older than the low-water mark in `TRIM`: leftovers of a
@@ -1305,6 +1309,7 @@ fn scan_with(
         records: analysis.records,
         last_lsn: analysis.last_lsn,
         clean_shutdown: analysis.clean_shutdown,
+        high_water_lsn: analysis.high_water_lsn,
         torn_tail: analysis.torn_tail,
         leftover_segments: analysis.leftovers,
     })
