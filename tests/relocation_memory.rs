@@ -37,6 +37,9 @@ static ALLOCATOR: LargestAllocation = LargestAllocation;
 struct Restart(GateStorage);
 
 impl Storage for Restart {
+    fn allows_timed_io(&self) -> bool {
+        self.0.allows_timed_io()
+    }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.0.create_dir_all(path)
     }

@@ -124,6 +124,9 @@ pub struct GateStorage {
 }
 
 impl Storage for GateStorage {
+    fn allows_timed_io(&self) -> bool {
+        self.inner.allows_timed_io()
+    }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.inner.create_dir_all(path)
     }

@@ -142,10 +142,14 @@ pub enum Durability {
     Sync,
     /// After the frame is written to the OS; fdatasynced in the background every interval
     /// (must be non-zero). Survives a process crash; a power cut loses at most the last
-    /// interval or so.
+    /// interval or so. Written back as it goes, like `Buffered`.
     Interval(std::time::Duration),
     /// After the frame is written to the OS; synced only at segment roll, [`Wal::sync`] and
     /// [`Wal::close`]. Survives a process crash; a power cut may lose anything unsynced.
+    /// Every 4 MiB written, a thread of the log fdatasyncs the active segment while appends go
+    /// on (write-back: the syncs appends must wait for — a roll's — then find little left to
+    /// write; these syncs acknowledge nothing, and a failed one poisons the log). Not on a
+    /// storage that does not allow background I/O ([`Storage::allows_timed_io`]).
     Buffered,
 }
 

@@ -554,6 +554,9 @@ impl Wal {
                 options.durability != Durability::Buffered && storage.allows_timed_io()
             }),
             marked: analysis.high_water_lsn.0,
+            writeback: None,
+            writes_back: options.durability != Durability::Sync && storage.allows_timed_io(),
+            writeback_from: 0,
         };
         let handle = std::thread::Builder::new()
             .name("kairos-wal-writer".to_owned())
@@ -897,6 +900,98 @@ impl Drop for DoneGuard {
     }
 }
 
+/// Bytes written to the active segment under `Buffered` or `Interval` between two write-backs
+/// handed to the write-back thread (RocksDB's `bytes_per_sync`, done with an fdatasync on a
+/// thread of its own, since the standard library offers no `sync_file_range`): the OS then
+/// holds at most about this much unwritten log when the writer itself must sync — at a roll,
+/// an interval sync, a checkpoint's `Wal::sync` — so that sync, which appends wait behind, is
+/// short. Under `Sync` every batch is synced anyway.
+pub(crate) const WRITEBACK_BYTES: u64 = 4 << 20;
+
+/// The write-back thread's mailbox: the segment to fdatasync next (the newest request wins).
+#[derive(Default)]
+struct WritebackState {
+    request: Option<PathBuf>,
+    stop: bool,
+}
+
+/// The write-back thread of a `Buffered` or `Interval` log ([`WRITEBACK_BYTES`]): it
+/// fdatasyncs the segment the writer names while the writer goes on writing. Its syncs make
+/// nothing acknowledged or recorded (`synced_lsn` does not move); a failed one poisons the log
+/// like any failed fdatasync.
+struct Writeback {
+    state: Mutex<WritebackState>,
+    wake: Condvar,
+}
+
+impl Writeback {
+    /// Starts the thread for the log of `shared` on `storage`.
+    fn spawn(
+        shared: Arc<Shared>,
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+    ) -> Result<(Arc<Writeback>, JoinHandle<()>), WalError> {
+        let writeback = Arc::new(Writeback {
+            state: Mutex::new(WritebackState::default()),
+            wake: Condvar::new(),
+        });
+        let mailbox = Arc::clone(&writeback);
+        let handle = std::thread::Builder::new()
+            .name("kairos-wal-writeback".to_owned())
+            .spawn(move || mailbox.run(&shared, storage.as_ref()))
+            .map_err(|e| io_error("spawn write-back thread", dir, e))?;
+        Ok((writeback, handle))
+    }
+
+    fn request(&self, path: &Path) {
+        let mut state = self.state.lock();
+        state.request = Some(path.to_path_buf());
+        self.wake.notify_one();
+    }
+
+    fn stop(&self) {
+        self.state.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    fn run(&self, shared: &Shared, storage: &dyn Storage) {
+        loop {
+            let path = {
+                let mut state = self.state.lock();
+                loop {
+                    if state.stop {
+                        return;
+                    }
+                    if let Some(path) = state.request.take() {
+                        break path;
+                    }
+                    self.wake.wait(&mut state);
+                }
+            };
+            let synced = storage
+                .open(&path, OpenMode::Read)
+                .and_then(|file| file.sync_data());
+            match synced {
+                Ok(()) => {}
+                // A sealed segment removed after a checkpoint meanwhile: nothing to write back.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    let error = io_error("fdatasync (write-back)", &path, e);
+                    tracing::error!(error = %error, "log poisoned");
+                    let mut state = shared.state.lock();
+                    if state.poison.is_none() {
+                        state.poison = Some(Poison::from_error(&error));
+                    }
+                    state.queue.clear();
+                    shared.progress.notify_all();
+                    shared.writer_wake.notify_all();
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Longest a `Sync` writer waits for the appenders released by its last
 /// fdatasync to append again, so that they share the next one. Small next to
 /// one fdatasync here (0.1–2.5 ms).
@@ -931,11 +1026,29 @@ struct Writer {
     synced_mark_delay: Option<Duration>,
     /// Highest LSN recorded as synced in `SYNCED` or `CLOSED`.
     marked: u64,
+    /// The write-back thread (`Buffered` and `Interval`, on a storage that allows timed and
+    /// background I/O), started with the first write-back; `None` where there is none.
+    writeback: Option<(Arc<Writeback>, JoinHandle<()>)>,
+    /// Whether this log writes back ([`WRITEBACK_BYTES`]).
+    writes_back: bool,
+    /// Offset in the active segment up to which write-back was requested.
+    writeback_from: u64,
 }
 
 impl Writer {
     fn run(mut self) -> Result<(), WalError> {
         let _done = DoneGuard(Arc::clone(&self.shared));
+        let result = self.run_loop();
+        if let Some((writeback, handle)) = self.writeback.take() {
+            writeback.stop();
+            if handle.join().is_err() {
+                tracing::error!("the log's write-back thread panicked");
+            }
+        }
+        result
+    }
+
+    fn run_loop(&mut self) -> Result<(), WalError> {
         loop {
             let work = self.next_work();
             if work.poisoned {
@@ -1129,6 +1242,10 @@ impl Writer {
 
     fn publish(&self) {
         let mut state = self.shared.state.lock();
+        if state.poison.is_some() {
+            // A failed write-back sync poisoned the log meanwhile: acknowledge nothing more.
+            return;
+        }
         state.written_lsn = self.written;
         state.synced_lsn = self.synced;
         self.shared.progress.notify_all();
@@ -1181,6 +1298,26 @@ impl Writer {
         }
         self.written = self.buf_last_lsn;
         self.recorded_synced = self.recorded_synced.max(self.synced);
+        self.write_back()
+    }
+
+    /// Hands the active segment to the write-back thread once [`WRITEBACK_BYTES`] more were
+    /// written to it (starting the thread the first time).
+    fn write_back(&mut self) -> Result<(), WalError> {
+        if !self.writes_back || self.active.len < self.writeback_from + WRITEBACK_BYTES {
+            return Ok(());
+        }
+        if self.writeback.is_none() {
+            self.writeback = Some(Writeback::spawn(
+                Arc::clone(&self.shared),
+                Arc::clone(&self.storage),
+                &self.dir,
+            )?);
+        }
+        if let Some((writeback, _)) = &self.writeback {
+            writeback.request(&self.active.path);
+        }
+        self.writeback_from = self.active.len;
         Ok(())
     }
 
@@ -1237,6 +1374,7 @@ impl Writer {
         });
         tracing::debug!(sealed = %self.active.path.display(), last_lsn = self.written, "rolled segment");
         self.active = next;
+        self.writeback_from = 0;
         Ok(())
     }
 }

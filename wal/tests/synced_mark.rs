@@ -241,6 +241,9 @@ struct SlowList {
 }
 
 impl Storage for SlowList {
+    fn allows_timed_io(&self) -> bool {
+        self.inner.allows_timed_io()
+    }
     fn create_dir_all(&self, p: &std::path::Path) -> std::io::Result<()> {
         self.inner.create_dir_all(p)
     }

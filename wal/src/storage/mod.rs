@@ -114,12 +114,15 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         Ok(id)
     }
 
-    /// Whether the log's writer may do I/O on a timer of its own: the idle high-water mark
-    /// (`SYNCED`, written `WalOptions::synced_mark_delay` after a sync that nothing followed).
-    /// The default says yes. [`SimStorage`] says no unless [`SimStorage::set_timed_io`] turned
-    /// it on: its fault plans count operations and its runs must replay from a seed, and a
-    /// write that depends on how long a test step took would break both. Interval durability's
-    /// background syncs are not affected (they are what the caller asked for).
+    /// Whether the log may do I/O of its own accord, on a timer or on a thread beside the
+    /// writer: the idle high-water mark (`SYNCED`, written `WalOptions::synced_mark_delay` after
+    /// a sync that nothing followed) and the write-back of `Buffered` and `Interval` logs (an
+    /// fdatasync of the active segment every few MiB on a thread of its own). The default says
+    /// yes. [`SimStorage`] says no unless [`SimStorage::set_timed_io`] turned it on: its fault
+    /// plans count operations and its runs must replay from a seed, and I/O whose timing
+    /// depends on how long a test step took, or on thread scheduling, would break both.
+    /// Interval durability's own syncs are not affected (they are what the caller asked for).
+    /// A storage that wraps another should answer as the one it wraps does.
     fn allows_timed_io(&self) -> bool {
         true
     }

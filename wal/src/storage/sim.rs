@@ -537,10 +537,10 @@ impl SimStorage {
         self.inner.lock().stale_history = on;
     }
 
-    /// Lets the log's writer do timed I/O on this storage (off by default; see
+    /// Lets the log do timed and background I/O on this storage (off by default; see
     /// [`Storage::allows_timed_io`]): with `on`, the writer records its idle high-water mark
-    /// (`SYNCED`) as it does on a real disk, at the cost of I/O whose timing depends on the
-    /// wall clock. A log asks once, when it opens: turning it off does not stop a log already
+    /// (`SYNCED`) and a `Buffered` or `Interval` log writes back as on a real disk, at the cost
+    /// of I/O whose timing depends on the wall clock and on thread scheduling. A log asks once, when it opens: turning it off does not stop a log already
     /// open from writing its mark.
     pub fn set_timed_io(&self, on: bool) {
         self.inner.lock().timed_io = on;
