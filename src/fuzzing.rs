@@ -33,7 +33,7 @@ use std::sync::Arc;
 use kairos_wal::format::{
     self, Closed, StoreId, Synced, Trim, FRAME_CRC_OFFSET, FRAME_HEADER_BYTES,
     SEGMENT_HEADER_BYTES, SEG_HEADER_CRC_OFFSET, SEG_PREV_LAST_LSN_OFFSET, SEG_SEQ_OFFSET,
-    SEG_STORE_ID_OFFSET,
+    SEG_STORE_ID_OFFSET, SEG_VERSION_OFFSET,
 };
 use kairos_wal::{
     Durability, Lsn, RecordView, RecoveryReport, ScanReport, SimStorage, Wal, WalError, WalOptions,
@@ -135,7 +135,25 @@ fn fix_segment_checksums(segment: &mut [u8]) {
     }
     let crc = crc32(&segment[..SEG_HEADER_CRC_OFFSET]);
     segment[SEG_HEADER_CRC_OFFSET..SEG_HEADER_CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+    let version =
+        u16::from_le_bytes([segment[SEG_VERSION_OFFSET], segment[SEG_VERSION_OFFSET + 1]]);
     let mut position = SEGMENT_HEADER_BYTES;
+    if version >= 2 {
+        // A version-2 segment: the mark slots (those not all zero) get valid checksums too.
+        if segment.len() < format::SEGMENT_FRAMES_OFFSET {
+            return;
+        }
+        for index in 0..format::MARK_SLOT_COUNT {
+            let at = format::MARK_SLOTS_OFFSET + index * format::MARK_SLOT_BYTES;
+            let slot = &mut segment[at..at + format::MARK_SLOT_BYTES];
+            if slot.iter().any(|&b| b != 0) {
+                let crc = crc32(&slot[..format::SLOT_CRC_OFFSET]);
+                slot[format::SLOT_CRC_OFFSET..format::SLOT_CRC_OFFSET + 4]
+                    .copy_from_slice(&crc.to_le_bytes());
+            }
+        }
+        position = format::SEGMENT_FRAMES_OFFSET;
+    }
     while segment.len() - position >= FRAME_HEADER_BYTES {
         let mut len = [0u8; 4];
         len.copy_from_slice(&segment[position..position + 4]);

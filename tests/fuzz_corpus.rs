@@ -306,6 +306,7 @@ fn single_segment_input(seq: u64, prev_last: u64, sealed: bool) -> Vec<u8> {
     use kairos::fuzzing::{segment_flags, SegmentImage};
     use kairos_wal::format::{encode_frame, encode_record, FrameKind, SegmentHeader};
     let mut segment = SegmentHeader {
+        format_version: 1,
         store_id: [7; 16],
         seq,
         prev_last_lsn: prev_last,

@@ -88,7 +88,7 @@ use kairos::{
     Delivery, DeliveryGuarantee, Due, Durability, Engine, ManualClock, NackOutcome, NewTask,
     OpenError, RecvError, RescheduleOutcome, RetryPolicy, ScheduleError,
 };
-use kairos_wal::format::{FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use kairos_wal::format::{FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_FRAMES_OFFSET};
 use kairos_wal::storage::{
     FaultKind, FaultOp, FaultPlan, LockGuard, OpenMode, Storage, StorageFile,
 };
@@ -505,7 +505,7 @@ impl StorageFile for ProbeFile {
             }
             return r;
         }
-        let frames = if offset >= SEGMENT_HEADER_BYTES as u64 {
+        let frames = if offset >= SEGMENT_FRAMES_OFFSET as u64 {
             scan_frames(buf)
         } else {
             Vec::new()

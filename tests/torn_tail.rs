@@ -13,7 +13,9 @@ use common::{
     TestResult, FRAME_KIND_DATA, START_MS,
 };
 use kairos::{Durability, Engine, ManualClock, OpenError, TornTail};
-use kairos_wal::format::{FRAME_FIRST_LSN_OFFSET, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use kairos_wal::format::{
+    FRAME_FIRST_LSN_OFFSET, FRAME_HEADER_BYTES, SEGMENT_FRAMES_OFFSET, SEGMENT_HEADER_BYTES,
+};
 use kairos_wal::{Lsn, Storage, WalError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -460,11 +462,15 @@ fn corrupt_sealed_segment_on_real_disk_is_refused_and_left_untouched() -> TestRe
 #[test]
 fn newest_segment_without_a_header_after_a_crash_is_recovered() -> TestResult {
     type Damage = fn(&[u8]) -> Vec<u8>;
-    let cases: [(&str, Damage); 4] = [
+    let cases: [(&str, Damage); 5] = [
         ("empty", |_| Vec::new()),
         ("half a header", |b| b[..30].to_vec()),
         ("zeroed header", |_| vec![0; SEGMENT_HEADER_BYTES]),
         ("header only", |b| b[..SEGMENT_HEADER_BYTES].to_vec()),
+        // Header and (empty: no sync since the roll) mark slots, no frame.
+        ("header and mark slots only", |b| {
+            b[..SEGMENT_FRAMES_OFFSET].to_vec()
+        }),
     ];
     for (case, (name, damage)) in cases.into_iter().enumerate() {
         let mut h = SimHarness::new(300 + case as u64, config(Durability::Buffered))?;

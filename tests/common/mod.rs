@@ -14,7 +14,7 @@ pub mod gate;
 use kairos::{
     CheckpointError, Config, Delivery, Durability, Engine, ManualClock, OpenError, RecvError,
 };
-use kairos_wal::format::{FrameHeader, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX};
+use kairos_wal::format::{FrameHeader, FRAME_HEADER_BYTES, SEGMENT_FRAMES_OFFSET, SEGMENT_SUFFIX};
 use kairos_wal::{SimStorage, Storage};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -327,7 +327,7 @@ pub const FRAME_KIND_DATA: u8 = 1;
 /// not fit. No CRC checks: the tests use it on images they have just read from a healthy log.
 pub fn frames(segment: &[u8]) -> Vec<FrameAt> {
     let mut out = Vec::new();
-    let mut at = SEGMENT_HEADER_BYTES;
+    let mut at = SEGMENT_FRAMES_OFFSET;
     while at + FRAME_HEADER_BYTES <= segment.len() {
         let h = FrameHeader::parse(&segment[at..]);
         let bytes = FRAME_HEADER_BYTES + h.body_bytes as usize;

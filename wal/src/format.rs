@@ -14,8 +14,17 @@
 
 use crate::Lsn;
 
-/// Version of this format, written in `META` and every segment header. Version 1 is the first.
+/// Version of `META`, `TRIM`, `CLOSED` and `SYNCED`: 1, the first (their layout has not
+/// changed since).
 pub const FORMAT_VERSION: u16 = 1;
+
+/// Version of the segment header written by this build: 2 adds the two mark slots after the
+/// 64-byte header (frames start at [`SEGMENT_FRAMES_OFFSET`]). Version 1 segments (no slots,
+/// frames from offset 64) are still read, and appended to until they roll.
+pub const SEGMENT_FORMAT_VERSION: u16 = 2;
+
+/// The oldest segment header version this build reads.
+pub const SEGMENT_FORMAT_VERSION_MIN: u16 = 1;
 
 /// A random identity of one log directory, chosen at creation and written in `META` and every
 /// segment header, so a segment copied from another directory is refused.
@@ -68,7 +77,8 @@ pub const SEGMENT_MAGIC: [u8; 8] = *b"KAIROSWL";
 pub const SEG_MAGIC_OFFSET: usize = 0;
 /// Segment header offset of `format_version` (u16).
 pub const SEG_VERSION_OFFSET: usize = SEG_MAGIC_OFFSET + SEGMENT_MAGIC.len();
-/// Segment header offset of `header_bytes` (u16, = [`SEGMENT_HEADER_BYTES`]).
+/// Segment header offset of `header_bytes` (u16: where the first frame starts — 64 in version 1,
+/// [`SEGMENT_FRAMES_OFFSET`] in version 2).
 pub const SEG_HEADER_BYTES_OFFSET: usize = SEG_VERSION_OFFSET + 2;
 /// Segment header offset of `flags` (u32, must be 0).
 pub const SEG_FLAGS_OFFSET: usize = SEG_HEADER_BYTES_OFFSET + 2;
@@ -85,9 +95,36 @@ pub const SEG_CREATED_MS_OFFSET: usize = SEG_PREV_LAST_LSN_OFFSET + 8;
 pub const SEG_HEADER_CRC_OFFSET: usize = SEG_CREATED_MS_OFFSET + 8;
 /// Segment header offset of `reserved` (u32, must be 0).
 pub const SEG_RESERVED_OFFSET: usize = SEG_HEADER_CRC_OFFSET + 4;
-/// Size of a segment header in bytes; the first frame starts here.
+/// Size of the fixed segment header in bytes (the first frame of a version-1 segment starts
+/// here; a version-2 segment has its mark slots here).
 pub const SEGMENT_HEADER_BYTES: usize = SEG_RESERVED_OFFSET + 4;
 const _: () = assert!(SEGMENT_HEADER_BYTES == 64);
+
+// ---------------------------------------------------------------------------------------------
+// Mark slots (segment version 2): two 32-byte slots after the header, rewritten in place.
+
+/// Offset of the first mark slot in a version-2 segment.
+pub const MARK_SLOTS_OFFSET: usize = SEGMENT_HEADER_BYTES;
+/// Number of mark slots; the writer alternates between them, so a torn slot write leaves the
+/// other slot readable.
+pub const MARK_SLOT_COUNT: usize = 2;
+/// Mark slot offset of `synced_lsn` (u64: every LSN up to it was fdatasynced).
+pub const SLOT_SYNCED_LSN_OFFSET: usize = 0;
+/// Mark slot offset of `seq` (u64: the segment's own `seq`, binding the slot to its file).
+pub const SLOT_SEQ_OFFSET: usize = SLOT_SYNCED_LSN_OFFSET + 8;
+/// Mark slot offset of `reserved` (8 bytes, 0).
+pub const SLOT_RESERVED_OFFSET: usize = SLOT_SEQ_OFFSET + 8;
+/// Mark slot offset of `slot_crc` (u32, CRC-32 of slot bytes `0..SLOT_CRC_OFFSET`).
+pub const SLOT_CRC_OFFSET: usize = SLOT_RESERVED_OFFSET + 8;
+/// Mark slot offset of the trailing `reserved` (u32, 0).
+pub const SLOT_RESERVED2_OFFSET: usize = SLOT_CRC_OFFSET + 4;
+/// Size of one mark slot.
+pub const MARK_SLOT_BYTES: usize = SLOT_RESERVED2_OFFSET + 4;
+const _: () = assert!(MARK_SLOT_BYTES == 32);
+/// Where the first frame of a version-2 segment starts (its `header_bytes`): the header and
+/// both slots.
+pub const SEGMENT_FRAMES_OFFSET: usize = MARK_SLOTS_OFFSET + MARK_SLOT_COUNT * MARK_SLOT_BYTES;
+const _: () = assert!(SEGMENT_FRAMES_OFFSET == 128);
 
 // ---------------------------------------------------------------------------------------------
 // Frame header: 32 bytes, then `body_bytes` of body.
@@ -425,6 +462,9 @@ pub fn decode_meta(bytes: &[u8]) -> Result<StoreId, HeaderError> {
 /// The fields of a segment header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentHeader {
+    /// Header version: [`SEGMENT_FORMAT_VERSION`] for segments this build creates, 1 for older
+    /// ones (no mark slots).
+    pub format_version: u16,
     /// Identity of the log directory the segment belongs to.
     pub store_id: StoreId,
     /// Segment sequence number: 1 for the first segment, +1 per roll.
@@ -441,14 +481,30 @@ impl SegmentHeader {
         Lsn(self.prev_last_lsn.saturating_add(1))
     }
 
-    /// Encodes the 64-byte header.
+    /// Where this segment's first frame starts: 64 for version 1, [`SEGMENT_FRAMES_OFFSET`]
+    /// (header and mark slots) for version 2.
+    pub fn frames_offset(&self) -> u64 {
+        if self.has_mark_slots() {
+            SEGMENT_FRAMES_OFFSET as u64
+        } else {
+            SEGMENT_HEADER_BYTES as u64
+        }
+    }
+
+    /// Whether the segment has mark slots (version 2 and later).
+    pub fn has_mark_slots(&self) -> bool {
+        self.format_version >= 2
+    }
+
+    /// Encodes the 64-byte header (`header_bytes` is [`SegmentHeader::frames_offset`]; a
+    /// version-2 segment's file continues with its two mark slots, zeroed at creation).
     pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
         let mut b = [0u8; SEGMENT_HEADER_BYTES];
         b[SEG_MAGIC_OFFSET..SEG_VERSION_OFFSET].copy_from_slice(&SEGMENT_MAGIC);
         b[SEG_VERSION_OFFSET..SEG_HEADER_BYTES_OFFSET]
-            .copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+            .copy_from_slice(&self.format_version.to_le_bytes());
         b[SEG_HEADER_BYTES_OFFSET..SEG_FLAGS_OFFSET]
-            .copy_from_slice(&(SEGMENT_HEADER_BYTES as u16).to_le_bytes());
+            .copy_from_slice(&(self.frames_offset() as u16).to_le_bytes());
         b[SEG_FLAGS_OFFSET..SEG_STORE_ID_OFFSET].copy_from_slice(&0u32.to_le_bytes());
         b[SEG_STORE_ID_OFFSET..SEG_SEQ_OFFSET].copy_from_slice(&self.store_id);
         b[SEG_SEQ_OFFSET..SEG_PREV_LAST_LSN_OFFSET].copy_from_slice(&self.seq.to_le_bytes());
@@ -475,14 +531,18 @@ impl SegmentHeader {
             return Err(HeaderError::BadMagic);
         }
         let version = u16_at(bytes, SEG_VERSION_OFFSET);
-        if version != FORMAT_VERSION {
+        if !(SEGMENT_FORMAT_VERSION_MIN..=SEGMENT_FORMAT_VERSION).contains(&version) {
             return Err(HeaderError::UnsupportedVersion(version));
         }
         if crc32(&bytes[..SEG_HEADER_CRC_OFFSET]) != u32_at(bytes, SEG_HEADER_CRC_OFFSET) {
             return Err(HeaderError::BadCrc);
         }
-        if usize::from(u16_at(bytes, SEG_HEADER_BYTES_OFFSET)) != SEGMENT_HEADER_BYTES {
-            return Err(HeaderError::Invalid("header_bytes is not 64"));
+        let header_bytes = usize::from(u16_at(bytes, SEG_HEADER_BYTES_OFFSET));
+        if version == 1 && header_bytes != SEGMENT_HEADER_BYTES {
+            return Err(HeaderError::Invalid("header_bytes is not 64 (version 1)"));
+        }
+        if version >= 2 && header_bytes != SEGMENT_FRAMES_OFFSET {
+            return Err(HeaderError::Invalid("header_bytes is not 128 (version 2)"));
         }
         if u32_at(bytes, SEG_FLAGS_OFFSET) != 0 {
             return Err(HeaderError::Invalid("flags are not 0"));
@@ -493,6 +553,7 @@ impl SegmentHeader {
         let mut store_id = [0u8; 16];
         store_id.copy_from_slice(&bytes[SEG_STORE_ID_OFFSET..SEG_SEQ_OFFSET]);
         let header = SegmentHeader {
+            format_version: version,
             store_id,
             seq: u64_at(bytes, SEG_SEQ_OFFSET),
             prev_last_lsn: u64_at(bytes, SEG_PREV_LAST_LSN_OFFSET),
@@ -505,6 +566,64 @@ impl SegmentHeader {
             return Err(HeaderError::Invalid("prev_last_lsn is u64::MAX"));
         }
         Ok(header)
+    }
+}
+
+/// A mark slot of a version-2 segment, as read.
+///
+/// The writer records, in one slot, the highest LSN that was fdatasynced *before* the sync it
+/// is about to issue, and alternates between the two slots; so after that sync the slot is
+/// durable, and a slot never claims an LSN that was not already durable when it was written.
+/// Recovery takes the highest valid slot as a lower bound of what the segment held durably —
+/// evidence that survives a cut of the segment's tail, where the `synced_lsn` of later frames
+/// does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkSlot {
+    /// All 32 bytes zero: never written.
+    Empty,
+    /// A slot whose checksum matches.
+    Mark {
+        /// Every LSN up to this one was fdatasynced before the slot was written.
+        synced_lsn: u64,
+        /// The `seq` of the segment the slot was written in.
+        seq: u64,
+    },
+    /// Neither zero nor a matching checksum: torn while being written (or damaged).
+    Torn,
+}
+
+impl MarkSlot {
+    /// Encodes a slot recording `synced_lsn` in segment `seq`.
+    pub fn encode(seq: u64, synced_lsn: u64) -> [u8; MARK_SLOT_BYTES] {
+        let mut b = [0u8; MARK_SLOT_BYTES];
+        b[SLOT_SYNCED_LSN_OFFSET..SLOT_SEQ_OFFSET].copy_from_slice(&synced_lsn.to_le_bytes());
+        b[SLOT_SEQ_OFFSET..SLOT_RESERVED_OFFSET].copy_from_slice(&seq.to_le_bytes());
+        let crc = crc32(&b[..SLOT_CRC_OFFSET]);
+        b[SLOT_CRC_OFFSET..SLOT_RESERVED2_OFFSET].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Reads a slot from the first [`MARK_SLOT_BYTES`] of `bytes` (fewer bytes: `Torn`).
+    /// Field rules (reserved bytes zero) are part of validity: a slot that breaks them with a
+    /// matching checksum is reported as `Torn` too — the caller decides what a bad slot means.
+    pub fn decode(bytes: &[u8]) -> MarkSlot {
+        let Some(b) = bytes.get(..MARK_SLOT_BYTES) else {
+            return MarkSlot::Torn;
+        };
+        if b.iter().all(|&x| x == 0) {
+            return MarkSlot::Empty;
+        }
+        let reserved_zero = b[SLOT_RESERVED_OFFSET..SLOT_CRC_OFFSET]
+            .iter()
+            .all(|&x| x == 0)
+            && b[SLOT_RESERVED2_OFFSET..].iter().all(|&x| x == 0);
+        if !reserved_zero || crc32(&b[..SLOT_CRC_OFFSET]) != u32_at(b, SLOT_CRC_OFFSET) {
+            return MarkSlot::Torn;
+        }
+        MarkSlot::Mark {
+            synced_lsn: u64_at(b, SLOT_SYNCED_LSN_OFFSET),
+            seq: u64_at(b, SLOT_SEQ_OFFSET),
+        }
     }
 }
 
@@ -784,6 +903,7 @@ mod tests {
     #[test]
     fn header_checks_version_before_crc_and_rejects_flags() {
         let header = SegmentHeader {
+            format_version: SEGMENT_FORMAT_VERSION,
             store_id: [7; 16],
             seq: 3,
             prev_last_lsn: 10,
@@ -792,15 +912,41 @@ mod tests {
         let mut bytes = header.encode();
         assert_eq!(SegmentHeader::decode(&bytes), Ok(header));
         assert_eq!(header.first_lsn(), Lsn(11));
-        bytes[SEG_VERSION_OFFSET] = 2;
+        bytes[SEG_VERSION_OFFSET] = 3;
         assert_eq!(
             SegmentHeader::decode(&bytes),
-            Err(HeaderError::UnsupportedVersion(2))
+            Err(HeaderError::UnsupportedVersion(3))
         );
+        let v1 = SegmentHeader {
+            format_version: 1,
+            ..header
+        };
+        assert_eq!(SegmentHeader::decode(&v1.encode()), Ok(v1));
+        assert_eq!(v1.frames_offset(), 64);
+        assert_eq!(header.frames_offset(), 128);
         let mut bytes = header.encode();
         bytes[SEG_SEQ_OFFSET] ^= 1;
         assert_eq!(SegmentHeader::decode(&bytes), Err(HeaderError::BadCrc));
         assert_eq!(SegmentHeader::decode(&bytes[..63]), Err(HeaderError::Short));
+    }
+
+    #[test]
+    fn mark_slots_round_trip_and_tell_empty_from_torn() {
+        let slot = MarkSlot::encode(3, 17);
+        assert_eq!(
+            MarkSlot::decode(&slot),
+            MarkSlot::Mark {
+                synced_lsn: 17,
+                seq: 3
+            }
+        );
+        assert_eq!(MarkSlot::decode(&[0; MARK_SLOT_BYTES]), MarkSlot::Empty);
+        assert_eq!(MarkSlot::decode(&slot[..31]), MarkSlot::Torn);
+        for byte in 0..MARK_SLOT_BYTES {
+            let mut bad = slot;
+            bad[byte] ^= 0x10;
+            assert_eq!(MarkSlot::decode(&bad), MarkSlot::Torn, "byte {byte}");
+        }
     }
 
     #[test]

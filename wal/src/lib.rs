@@ -132,7 +132,7 @@ pub const SYNCED_MARK_DELAY_MAX: std::time::Duration = std::time::Duration::from
 pub const RECORD_TYPE_USER_MAX: u8 = 0xEF;
 
 const _: () = assert!(SEGMENT_BYTES_MIN <= SEGMENT_BYTES_DEFAULT);
-const _: () = assert!(SEGMENT_BYTES_MIN > format::SEGMENT_HEADER_BYTES as u64 * 2);
+const _: () = assert!(SEGMENT_BYTES_MIN > format::SEGMENT_FRAMES_OFFSET as u64 * 2);
 
 /// When an appended frame counts as done ([`AppendTicket::wait`] returns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

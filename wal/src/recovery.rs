@@ -13,8 +13,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::format::{
-    self, Closed, FrameHeader, FrameKind, HeaderError, SegmentHeader, StoreId, Synced, Trim,
-    BOUND_FILE_BYTES, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES, META_BYTES, RECORD_HEADER_BYTES,
+    self, Closed, FrameHeader, FrameKind, HeaderError, MarkSlot, SegmentHeader, StoreId, Synced,
+    Trim, BOUND_FILE_BYTES, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES, MARK_SLOTS_OFFSET,
+    MARK_SLOT_BYTES, MARK_SLOT_COUNT, META_BYTES, RECORD_HEADER_BYTES, SEGMENT_FRAMES_OFFSET,
     SEGMENT_HEADER_BYTES,
 };
 use crate::storage::OpenMode;
@@ -71,8 +72,9 @@ pub struct ScanReport {
     pub last_lsn: Lsn,
     /// Whether the log ends with a close marker and nothing after it.
     pub clean_shutdown: bool,
-    /// The highest LSN a high-water mark records as durable — `CLOSED` (the last clean close)
-    /// or `SYNCED` (the last idle sync), whichever is higher; `Lsn(0)` without either.
+    /// The highest LSN a high-water mark records as durable — `CLOSED` (the last clean close),
+    /// `SYNCED` (the last idle sync) or the newest segment's mark slots (the sync before the
+    /// last), whichever is highest; `Lsn(0)` without any.
     /// Damage at or below it is corruption, never a torn tail.
     pub high_water_lsn: Lsn,
     /// The unsynced torn tail [`Wal::open`](crate::Wal::open) would truncate, if any.
@@ -118,7 +120,8 @@ pub(crate) struct Analysis {
     pub tail: Option<Tail>,
     /// Segments below the `TRIM` mark (ignored; open removes them).
     pub leftovers: Vec<PathBuf>,
-    /// Highest LSN a high-water mark (`CLOSED` or `SYNCED`) records as durable; 0 if none.
+    /// Highest LSN a high-water mark (`CLOSED`, `SYNCED` or the newest segment's mark slots)
+    /// records as durable; 0 if none.
     pub high_water_lsn: Lsn,
 }
 
@@ -137,6 +140,8 @@ pub(crate) struct Tail {
     pub sealed: bool,
     /// The header was never completely written: open must replace the file.
     pub unwritten: bool,
+    /// The mark slots of a version-2 segment as found (one may be torn: open rewrites it).
+    pub slots: Option<[MarkSlot; MARK_SLOT_COUNT]>,
 }
 
 fn io_error(op: &'static str, path: &Path, source: io::Error) -> WalError {
@@ -592,13 +597,14 @@ struct Damage {
 
 fn scan_frames(
     reader: &mut SegmentReader<'_>,
+    frames_offset: u64,
     first_lsn: u64,
     record_bytes_max: u32,
     visit: &mut Visit<'_>,
 ) -> Result<FrameScan, WalError> {
     let path = reader.path;
     let mut scan = FrameScan {
-        end: SEGMENT_HEADER_BYTES as u64,
+        end: frames_offset,
         next_lsn: first_lsn,
         records: 0,
         last_kind: None,
@@ -739,6 +745,86 @@ struct Checked {
     /// `None` for an unwritten newest segment.
     header: Option<SegmentHeader>,
     len: u64,
+    /// The mark slots of a version-2 segment (`None`: version 1, or unwritten).
+    slots: Option<[MarkSlot; MARK_SLOT_COUNT]>,
+}
+
+/// The highest LSN the mark slots record as synced (0 if none).
+pub(crate) fn slots_mark(slots: &[MarkSlot; MARK_SLOT_COUNT]) -> u64 {
+    slots
+        .iter()
+        .map(|slot| match slot {
+            MarkSlot::Mark { synced_lsn, .. } => *synced_lsn,
+            MarkSlot::Empty | MarkSlot::Torn => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Reads and checks the two mark slots of a version-2 segment (FORMAT.md, "Mark slots").
+/// A crash can tear only the slot being written, and only in the newest segment: a torn slot
+/// anywhere else, both slots torn, or a slot whose checksum matches but that names another
+/// segment or an LSN the segment cannot have synced, is `Corrupt` at that slot.
+fn read_mark_slots(
+    file: &dyn StorageFile,
+    path: &Path,
+    header: &SegmentHeader,
+    is_last: bool,
+) -> Result<[MarkSlot; MARK_SLOT_COUNT], WalError> {
+    let mut bytes = [0u8; MARK_SLOT_COUNT * MARK_SLOT_BYTES];
+    read_exact_at(file, &mut bytes, MARK_SLOTS_OFFSET as u64)
+        .map_err(|e| io_error("read", path, e))?;
+    let mut slots = [MarkSlot::Empty; MARK_SLOT_COUNT];
+    for (index, slot) in slots.iter_mut().enumerate() {
+        let at = index * MARK_SLOT_BYTES;
+        let offset = (MARK_SLOTS_OFFSET + at) as u64;
+        *slot = MarkSlot::decode(&bytes[at..at + MARK_SLOT_BYTES]);
+        if let MarkSlot::Mark { synced_lsn, seq } = *slot {
+            if seq != header.seq {
+                return Err(corrupt(
+                    path,
+                    offset,
+                    format!(
+                        "mark slot {index} names segment seq {seq}, but this is seq {}",
+                        header.seq
+                    ),
+                ));
+            }
+            if synced_lsn <= header.prev_last_lsn {
+                return Err(corrupt(
+                    path,
+                    offset,
+                    format!(
+                        "mark slot {index} records synced LSN {synced_lsn}, not after the previous segment's last LSN {}",
+                        header.prev_last_lsn
+                    ),
+                ));
+            }
+        }
+    }
+    let torn: Vec<usize> = (0..MARK_SLOT_COUNT)
+        .filter(|&i| slots[i] == MarkSlot::Torn)
+        .collect();
+    if let Some(&first) = torn.first() {
+        let offset = (MARK_SLOTS_OFFSET + first * MARK_SLOT_BYTES) as u64;
+        if !is_last {
+            return Err(corrupt(
+                path,
+                offset,
+                format!(
+                    "mark slot {first} is damaged in a segment that is not the newest (only the newest segment's slots are written)"
+                ),
+            ));
+        }
+        if torn.len() == MARK_SLOT_COUNT {
+            return Err(corrupt(
+                path,
+                offset,
+                "both mark slots are damaged; a crash can tear only the one being written",
+            ));
+        }
+    }
+    Ok(slots)
 }
 
 /// The oldest segment that must exist: the one `TRIM` names, or segment 1 at LSN 1.
@@ -833,6 +919,7 @@ fn check_headers(
             .map_err(|e| io_error("open", path, e))?;
         let len = file.len().map_err(|e| io_error("stat", path, e))?;
         let header = read_segment_header(file.as_ref(), path, len, is_last)?;
+        let mut slots = None;
         if let Some(header) = &header {
             if header.store_id != *store_id {
                 return Err(WalError::ForeignSegment { file: path.clone() });
@@ -849,6 +936,9 @@ fn check_headers(
                         segment.first_lsn.0
                     ),
                 ));
+            }
+            if header.has_mark_slots() {
+                slots = Some(read_mark_slots(file.as_ref(), path, header, is_last)?);
             }
         } else if segment.first_lsn.0 == 0 {
             return Err(corrupt(path, 0, "segment file name says first LSN 0"));
@@ -874,6 +964,7 @@ fn check_headers(
             file: segment,
             header,
             len,
+            slots,
         });
     }
     Ok(checked)
@@ -1004,6 +1095,7 @@ pub(crate) fn analyze(
                 file_len: len,
                 sealed: false,
                 unwritten: true,
+                slots: None,
             });
             break;
         };
@@ -1013,7 +1105,15 @@ pub(crate) fn analyze(
             .open(path, OpenMode::Read)
             .map_err(|e| io_error("open", path, e))?;
         let mut reader = SegmentReader::new(file.as_ref(), path, len);
-        let scan = scan_frames(&mut reader, first_lsn, record_bytes_max, visit)?;
+        let scan = scan_frames(
+            &mut reader,
+            header.frames_offset(),
+            first_lsn,
+            record_bytes_max,
+            visit,
+        )?;
+        // The mark slots (version 2): every LSN up to `slot_mark` was durable in this segment.
+        let slot_mark = segment.slots.as_ref().map_or(0, slots_mark);
         let sealed = scan.last_kind == Some(FrameKind::Seal);
         if !is_last {
             if let Some(damage) = &scan.damage {
@@ -1068,6 +1168,16 @@ pub(crate) fn analyze(
                     ),
                 ));
             }
+            if slot_mark >= scan.next_lsn {
+                return Err(corrupt(
+                    path,
+                    damage.offset,
+                    format!(
+                        "{}; LSN {} was already durable (the segment's mark slot records synced LSN {})",
+                        damage.reason, scan.next_lsn, slot_mark
+                    ),
+                ));
+            }
             tracing::warn!(
                 file = %path.display(),
                 offset = damage.offset,
@@ -1095,6 +1205,17 @@ pub(crate) fn analyze(
                 ),
             ));
         }
+        if scan.next_lsn - 1 < slot_mark {
+            return Err(corrupt(
+                path,
+                scan.end,
+                format!(
+                    "the segment ends at LSN {}, but its mark slot records LSN {} as synced: durable records are missing",
+                    scan.next_lsn - 1,
+                    slot_mark
+                ),
+            ));
+        }
         if analysis.segments.is_empty() {
             analysis.first_lsn = Lsn(first_lsn);
         }
@@ -1112,6 +1233,7 @@ pub(crate) fn analyze(
         analysis.clean_shutdown = scan.damage.is_none() && scan.last_kind == Some(FrameKind::Close);
         previous_last = Some(scan.next_lsn - 1);
         if is_last {
+            analysis.high_water_lsn = analysis.high_water_lsn.max(Lsn(slot_mark));
             analysis.tail = Some(Tail {
                 path: path.clone(),
                 seq: header.seq,
@@ -1120,6 +1242,7 @@ pub(crate) fn analyze(
                 file_len: len,
                 sealed,
                 unwritten: false,
+                slots: segment.slots,
             });
         }
     }
@@ -1138,7 +1261,9 @@ fn read_segment_header(
     len: u64,
     is_last: bool,
 ) -> Result<Option<SegmentHeader>, WalError> {
-    let unwritten_allowed = is_last && len <= SEGMENT_HEADER_BYTES as u64;
+    // A version-2 header is followed by its mark slots; the creation protocol syncs both
+    // before the segment gets its name, so only the newest segment can be found shorter.
+    let unwritten_allowed = is_last && len <= SEGMENT_FRAMES_OFFSET as u64;
     if len < SEGMENT_HEADER_BYTES as u64 {
         if unwritten_allowed {
             return Ok(None);
@@ -1154,6 +1279,19 @@ fn read_segment_header(
     let mut bytes = [0u8; SEGMENT_HEADER_BYTES];
     read_exact_at(file, &mut bytes, 0).map_err(|e| io_error("read", path, e))?;
     match SegmentHeader::decode(&bytes) {
+        Ok(header) if len < header.frames_offset() => {
+            if unwritten_allowed {
+                return Ok(None);
+            }
+            Err(corrupt(
+                path,
+                len,
+                format!(
+                    "segment of {len} bytes is shorter than its {}-byte header and mark slots",
+                    header.frames_offset()
+                ),
+            ))
+        }
         Ok(header) => Ok(Some(header)),
         Err(HeaderError::UnsupportedVersion(version)) => Err(WalError::UnsupportedVersion {
             file: path.to_path_buf(),

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::format::{
-    self, Closed, FrameKind, SegmentHeader, StoreId, Synced, Trim, FRAME_BODY_BYTES_MAX,
-    FRAME_HEADER_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES,
+    self, Closed, FrameKind, MarkSlot, SegmentHeader, StoreId, Synced, Trim, FRAME_BODY_BYTES_MAX,
+    FRAME_HEADER_BYTES, MARK_SLOTS_OFFSET, MARK_SLOT_BYTES, MARK_SLOT_COUNT, RECORD_HEADER_BYTES,
+    SEGMENT_FORMAT_VERSION, SEGMENT_FRAMES_OFFSET,
 };
 use crate::recovery::{self, Analysis};
 use crate::storage::{LockGuard, OpenMode};
@@ -226,6 +227,34 @@ struct Active {
     seq: u64,
     /// Bytes in the file (the offset of the next frame).
     len: u64,
+    /// Where the segment's first frame starts (64 in a version-1 segment, 128 with slots).
+    frames_offset: u64,
+    /// The writer's place in the mark slots; `None` in a version-1 segment (no slots).
+    slots: Option<SlotCursor>,
+}
+
+/// Where the next mark of a version-2 segment goes (FORMAT.md, "Mark slots").
+#[derive(Clone, Copy, Debug)]
+struct SlotCursor {
+    /// The slot the next mark is written to: never the one holding `mark`, so a torn write
+    /// leaves the highest durable mark readable.
+    next: usize,
+    /// The highest LSN written to a slot (the segment's `prev_last_lsn` before any).
+    mark: u64,
+}
+
+impl SlotCursor {
+    /// The cursor for slots as recovery found them (a torn one already rewritten as empty).
+    fn resume(slots: &[MarkSlot; MARK_SLOT_COUNT], prev_last_lsn: u64) -> SlotCursor {
+        let mark = recovery::slots_mark(slots).max(prev_last_lsn);
+        let holder = slots.iter().position(
+            |slot| matches!(slot, MarkSlot::Mark { synced_lsn, .. } if *synced_lsn == mark),
+        );
+        SlotCursor {
+            next: holder.map_or(0, |h| (h + 1) % MARK_SLOT_COUNT),
+            mark,
+        }
+    }
 }
 
 /// Creates segment `seq` following LSN `prev_last_lsn`: header into `NAME.tmp`, fdatasync,
@@ -242,6 +271,7 @@ fn create_segment(
     let path = dir.join(&name);
     let tmp = dir.join(format!("{name}{}", format::TMP_SUFFIX));
     let header = SegmentHeader {
+        format_version: SEGMENT_FORMAT_VERSION,
         store_id: *store_id,
         seq,
         prev_last_lsn,
@@ -250,7 +280,10 @@ fn create_segment(
     let file = storage
         .open(&tmp, OpenMode::CreateNew)
         .map_err(|e| io_error("create", &tmp, e))?;
-    file.write_all_at(&header.encode(), 0)
+    // The header, then both mark slots, empty (zeros).
+    let mut bytes = [0u8; SEGMENT_FRAMES_OFFSET];
+    bytes[..format::SEGMENT_HEADER_BYTES].copy_from_slice(&header.encode());
+    file.write_all_at(&bytes, 0)
         .map_err(|e| io_error("write", &tmp, e))?;
     file.sync_data()
         .map_err(|e| io_error("fdatasync", &tmp, e))?;
@@ -265,7 +298,12 @@ fn create_segment(
         file,
         path,
         seq,
-        len: SEGMENT_HEADER_BYTES as u64,
+        len: header.frames_offset(),
+        frames_offset: header.frames_offset(),
+        slots: Some(SlotCursor {
+            next: 0,
+            mark: prev_last_lsn,
+        }),
     })
 }
 
@@ -403,6 +441,19 @@ fn prepare_active(
         file.set_len(tail.valid_end)
             .map_err(|e| io_error("truncate", path, e))?;
     }
+    // A mark slot torn by the crash is rewritten empty, so that the segment, once sealed,
+    // has no damaged slot (recovery refuses one in any segment but the newest).
+    let mut slots = tail.slots;
+    if let Some(found) = &mut slots {
+        for (index, slot) in found.iter_mut().enumerate() {
+            if *slot == MarkSlot::Torn {
+                let offset = (MARK_SLOTS_OFFSET + index * MARK_SLOT_BYTES) as u64;
+                file.write_all_at(&[0u8; MARK_SLOT_BYTES], offset)
+                    .map_err(|e| io_error("write", path, e))?;
+                *slot = MarkSlot::Empty;
+            }
+        }
+    }
     // Whatever was replayed becomes durable before any later frame can claim it is.
     file.sync_data()
         .map_err(|e| io_error("fdatasync", path, e))?;
@@ -415,6 +466,12 @@ fn prepare_active(
         path: path.clone(),
         seq: tail.seq,
         len: tail.valid_end,
+        frames_offset: if slots.is_some() {
+            SEGMENT_FRAMES_OFFSET as u64
+        } else {
+            format::SEGMENT_HEADER_BYTES as u64
+        },
+        slots: slots.map(|found| SlotCursor::resume(&found, tail.prev_last_lsn)),
     };
     Ok((active, false))
 }
@@ -1257,7 +1314,7 @@ impl Writer {
         for frame in batch {
             let frame_bytes = (FRAME_HEADER_BYTES + frame.body.len()) as u64;
             let end = self.active.len + self.buf.len() as u64;
-            if end > SEGMENT_HEADER_BYTES as u64 && end + frame_bytes > self.segment_bytes {
+            if end > self.active.frames_offset && end + frame_bytes > self.segment_bytes {
                 self.flush()?;
                 self.roll()?;
             }
@@ -1330,9 +1387,32 @@ impl Writer {
         Ok(())
     }
 
+    /// Syncs everything written. The same fdatasync makes durable a mark slot recording the
+    /// previous sync's LSN (FORMAT.md, "Mark slots"), so the segment's header area says how far
+    /// it was durable, one group commit behind, without a sync of its own.
     fn sync(&mut self) -> Result<(), WalError> {
+        self.write_mark_slot()?;
         self.sync_file()?;
         self.synced = self.written;
+        Ok(())
+    }
+
+    /// Writes `synced` (already durable) into the active segment's next mark slot, if it is
+    /// above what the slots hold. Not synced here: the sync that follows carries it.
+    fn write_mark_slot(&mut self) -> Result<(), WalError> {
+        let Some(cursor) = &mut self.active.slots else {
+            return Ok(());
+        };
+        if self.synced <= cursor.mark {
+            return Ok(());
+        }
+        let offset = (MARK_SLOTS_OFFSET + cursor.next * MARK_SLOT_BYTES) as u64;
+        self.active
+            .file
+            .write_all_at(&MarkSlot::encode(self.active.seq, self.synced), offset)
+            .map_err(|e| io_error("write", &self.active.path, e))?;
+        cursor.mark = self.synced;
+        cursor.next = (cursor.next + 1) % MARK_SLOT_COUNT;
         Ok(())
     }
 

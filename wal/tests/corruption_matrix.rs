@@ -187,8 +187,10 @@ fn header_only_newest_segment_after_a_seal_opens_with_everything() -> TestResult
         .map(|f| f.first + f.records - 1)
         .max()
         .unwrap_or(0);
-    let header = &closed.files[&segs[1]][..kairos_wal::format::SEGMENT_HEADER_BYTES];
-    files.insert(segs[1].clone(), header.to_vec());
+    // The header as the roll wrote it: both mark slots still empty.
+    let mut header = closed.files[&segs[1]][..kairos_wal::format::SEGMENT_HEADER_BYTES].to_vec();
+    header.resize(kairos_wal::format::SEGMENT_FRAMES_OFFSET, 0);
+    files.insert(segs[1].clone(), header);
     let case = Case {
         name: "header-only newest segment".into(),
         files,
@@ -217,6 +219,7 @@ fn last_seq_image(seq: u64, sealed: bool) -> Files {
     };
     let store_id = [7; 16];
     let mut segment = SegmentHeader {
+        format_version: 1,
         store_id,
         seq,
         prev_last_lsn: 0,

@@ -3,8 +3,9 @@
 
 use kairos_wal::format::{
     decode_meta, encode_frame, encode_meta, encode_record, frame_crc, Closed, FrameHeader,
-    FrameKind, HeaderError, SegmentHeader, Synced, Trim, BOUND_FILE_BYTES, FORMAT_VERSION,
-    FRAME_HEADER_BYTES, META_BYTES, SEGMENT_HEADER_BYTES,
+    FrameKind, HeaderError, MarkSlot, SegmentHeader, Synced, Trim, BOUND_FILE_BYTES,
+    FORMAT_VERSION, FRAME_HEADER_BYTES, MARK_SLOT_BYTES, META_BYTES, SEGMENT_FORMAT_VERSION,
+    SEGMENT_HEADER_BYTES,
 };
 use kairos_wal::{Lsn, RECORD_BYTES_MAX_DEFAULT};
 
@@ -43,6 +44,7 @@ fn meta_matches_format_md() {
 #[test]
 fn segment_header_matches_format_md() {
     let header = SegmentHeader {
+        format_version: SEGMENT_FORMAT_VERSION,
         store_id: store_id(),
         seq: 1,
         prev_last_lsn: 0,
@@ -52,7 +54,32 @@ fn segment_header_matches_format_md() {
     assert_eq!(bytes.len(), SEGMENT_HEADER_BYTES);
     assert_eq!(header.encode().as_slice(), bytes.as_slice());
     assert_eq!(SegmentHeader::decode(&bytes), Ok(header));
-    assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), FORMAT_VERSION);
+    assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 2);
+    assert_eq!(header.frames_offset(), 128);
+
+    // Version 1 (no mark slots) is still read, and encodes as it always did.
+    let v1 = SegmentHeader {
+        format_version: 1,
+        ..header
+    };
+    let bytes = golden("segment-header-v1");
+    assert_eq!(v1.encode().as_slice(), bytes.as_slice());
+    assert_eq!(SegmentHeader::decode(&bytes), Ok(v1));
+    assert_eq!(v1.frames_offset(), 64);
+}
+
+#[test]
+fn mark_slot_matches_format_md() {
+    let bytes = golden("mark-slot");
+    assert_eq!(bytes.len(), MARK_SLOT_BYTES);
+    assert_eq!(MarkSlot::encode(1, 17).as_slice(), bytes.as_slice());
+    assert_eq!(
+        MarkSlot::decode(&bytes),
+        MarkSlot::Mark {
+            synced_lsn: 17,
+            seq: 1
+        }
+    );
 }
 
 #[test]

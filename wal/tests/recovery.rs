@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use kairos_wal::format::{FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use kairos_wal::format::{FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_FRAMES_OFFSET};
 use kairos_wal::{
     scan, scan_located, Durability, FsStorage, Lsn, SimStorage, Storage, TornTail, WalError,
     WalOptions,
@@ -136,7 +136,7 @@ fn bit_flip_in_a_sealed_segment_is_corrupt_and_nothing_is_truncated() -> TestRes
     let segs = segments(&sim, dir());
     assert!(segs.len() >= 3);
     // Flip a bit inside the body of the first frame of the first (sealed) segment.
-    let first_frame = SEGMENT_HEADER_BYTES as u64;
+    let first_frame = SEGMENT_FRAMES_OFFSET as u64;
     flip_bit(
         &sim,
         &segs[0],
@@ -301,11 +301,11 @@ fn huge_length_in_a_sealed_segment_is_corrupt() -> TestResult {
     let sim = closed_log(30, 200)?;
     let seg = segments(&sim, dir())[0].clone();
     let mut bytes = sim.read_file(&seg).ok_or("no segment")?;
-    bytes[SEGMENT_HEADER_BYTES..SEGMENT_HEADER_BYTES + 4]
+    bytes[SEGMENT_FRAMES_OFFSET..SEGMENT_FRAMES_OFFSET + 4]
         .copy_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
     sim.write_file(&seg, &bytes);
     let (file, offset, reason) = expect_corrupt(open(&sim, WalOptions::default()));
-    assert_eq!((file, offset), (seg, SEGMENT_HEADER_BYTES as u64));
+    assert_eq!((file, offset), (seg, SEGMENT_FRAMES_OFFSET as u64));
     assert!(reason.contains("exceeds"), "{reason}");
     Ok(())
 }
@@ -472,11 +472,11 @@ fn scan_of_a_corrupt_directory_names_file_and_offset() -> TestResult {
     let (_tmp, wal_dir) = fs_log(150)?;
     let first = segments(&FsStorage, &wal_dir)[0].clone();
     let mut bytes = std::fs::read(&first)?;
-    bytes[SEGMENT_HEADER_BYTES + FRAME_HEADER_BYTES] ^= 0x01;
+    bytes[SEGMENT_FRAMES_OFFSET + FRAME_HEADER_BYTES] ^= 0x01;
     std::fs::write(&first, &bytes)?;
     let (report, seen) = scan_records(&wal_dir);
     let (file, offset, _) = expect_corrupt(report);
-    assert_eq!((file, offset), (first, SEGMENT_HEADER_BYTES as u64));
+    assert_eq!((file, offset), (first, SEGMENT_FRAMES_OFFSET as u64));
     assert!(seen.is_empty());
     Ok(())
 }

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use kairos_wal::format::{self, FrameHeader, FrameKind, SEGMENT_HEADER_BYTES};
+use kairos_wal::format::{self, FrameHeader, FrameKind, SEGMENT_FRAMES_OFFSET};
 use kairos_wal::{
     Durability, FsStorage, Lsn, Record, ReplayError, SimStorage, Storage, Wal, WalError,
     WalOptions, RECORD_TYPE_USER_MAX,
@@ -84,10 +84,10 @@ fn segment_layout_is_exactly_as_specified() -> TestResult {
     let bytes = sim.read_file(&segs[0]).ok_or("segment missing")?;
     // header, DATA(1), CLOSE — Buffered mode writes no MARK.
     let data = data_frame_bytes(body(1).len());
-    assert_eq!(bytes.len() as u64, SEGMENT_HEADER_BYTES as u64 + data + 32);
+    assert_eq!(bytes.len() as u64, SEGMENT_FRAMES_OFFSET as u64 + data + 32);
     let header = format::SegmentHeader::decode(&bytes)?;
     assert_eq!((header.seq, header.prev_last_lsn), (1, 0));
-    let close = FrameHeader::parse(&bytes[SEGMENT_HEADER_BYTES + data as usize..]);
+    let close = FrameHeader::parse(&bytes[SEGMENT_FRAMES_OFFSET + data as usize..]);
     assert_eq!(close.check_fields(), Ok(FrameKind::Close));
     assert_eq!((close.first_lsn, close.synced_lsn), (2, 1));
     Ok(())

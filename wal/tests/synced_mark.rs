@@ -9,7 +9,7 @@ mod matrix_images;
 use std::time::Duration;
 
 use common::*;
-use kairos_wal::format::{Synced, SEGMENT_HEADER_BYTES, SYNCED_FILE_NAME};
+use kairos_wal::format::{Synced, MARK_SLOTS_OFFSET, SEGMENT_FRAMES_OFFSET, SYNCED_FILE_NAME};
 use kairos_wal::{
     Durability, FaultKind, FaultOp, FaultPlan, SimStorage, Storage, WalError, WalOptions,
 };
@@ -89,7 +89,7 @@ fn after_an_idle_sync_synced_frames_cut_off_are_corruption_not_a_torn_tail() -> 
     // Outside damage after the crash: the newest segment loses its end, from inside its
     // first frame (synced records) on.
     let bytes = sim.read_file(&newest).ok_or("newest segment")?;
-    let cut = SEGMENT_HEADER_BYTES + 10;
+    let cut = SEGMENT_FRAMES_OFFSET + 10;
     assert!(bytes.len() > cut);
     sim.write_file(&newest, &bytes[..cut]);
     let pristine = snapshot(&sim, dir());
@@ -107,8 +107,13 @@ fn after_an_idle_sync_synced_frames_cut_off_are_corruption_not_a_torn_tail() -> 
     }
     // Open refused without writing anything.
     assert_eq!(snapshot(&sim, dir()), pristine);
-    // Without the mark, the same damage is the documented blind spot: a torn tail.
+    // Without SYNCED, and with the newest segment's mark slots emptied too (they prove the
+    // records synced before the last sync: `tests/mark_slots.rs`), the same damage is the
+    // documented blind spot: a torn tail.
     sim.remove_file(&dir().join(SYNCED_FILE_NAME))?;
+    let mut cut_bytes = bytes[..cut].to_vec();
+    cut_bytes[MARK_SLOTS_OFFSET..SEGMENT_FRAMES_OFFSET].fill(0);
+    sim.write_file(&newest, &cut_bytes);
     let (_wal, report, replayed) = open(&sim, WalOptions::default())?;
     assert!(report.torn_tail.is_some());
     assert!((replayed.len() as u64) < 40);
@@ -184,9 +189,10 @@ fn options_reject_a_delay_over_the_limit() {
 fn a_failure_at_each_step_of_writing_the_mark_poisons_and_loses_nothing() -> TestResult {
     // The mark's steps: stat and create SYNCED.tmp, write, fdatasync, rename, fsync the
     // directory. The fault is armed before the last append, whose own operations come first
-    // and are fixed (its frame's write and fdatasync, then the MARK frame's write); so
-    // failing operation 3 + k fails the mark's step k, for every k. Then the power goes.
-    const LAST_APPEND_OPS: u64 = 3;
+    // and are fixed (its frame's write, the mark slot's write and the fdatasync, then the
+    // MARK frame's write); so failing operation 4 + k fails the mark's step k, for every k.
+    // Then the power goes.
+    const LAST_APPEND_OPS: u64 = 4;
     for k in 0..6 {
         for kind in [FaultKind::Eio, FaultKind::ShortWrite, FaultKind::Enospc] {
             let sim = SimStorage::new(100 + k);

@@ -545,7 +545,8 @@ fn emptied_or_cut_newest_segment_after_a_clean_close_is_corrupt() -> TestResult 
     let last_frame = frames[frames.len() - 1];
     let cases: Vec<(&str, Vec<u8>, u64)> = vec![
         ("emptied", Vec::new(), 0),
-        ("header only", original[..64].to_vec(), 64),
+        ("header only", original[..64].to_vec(), 0),
+        ("header and mark slots only", original[..128].to_vec(), 128),
         (
             "cut at the last data frame",
             original[..last_frame as usize].to_vec(),
@@ -578,7 +579,7 @@ fn emptied_or_cut_newest_segment_after_a_clean_close_is_corrupt() -> TestResult 
 /// Offsets of the DATA frames of a segment image.
 fn data_frame_offsets(image: &[u8]) -> Vec<u64> {
     let mut offsets = Vec::new();
-    let mut at = format::SEGMENT_HEADER_BYTES;
+    let mut at = format::SEGMENT_FRAMES_OFFSET;
     while at + format::FRAME_HEADER_BYTES <= image.len() {
         let header = format::FrameHeader::parse(&image[at..]);
         if header.kind == format::FrameKind::Data as u8 {

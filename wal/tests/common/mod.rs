@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kairos_wal::format::{
-    FRAME_HEADER_BYTES, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX,
+    FRAME_HEADER_BYTES, RECORD_HEADER_BYTES, SEGMENT_FRAMES_OFFSET, SEGMENT_SUFFIX,
 };
 use kairos_wal::{
     Durability, Record, RecoveryReport, SimStorage, Storage, Wal, WalError, WalOptions,
@@ -89,7 +89,7 @@ pub fn data_frame_bytes(body_len: usize) -> u64 {
 /// Offset of the frame of record `i` in the first segment of a log written only by
 /// `append_one(wal, 1..)` without syncs (Buffered mode, no MARK frames).
 pub fn buffered_frame_offset(i: u64) -> u64 {
-    SEGMENT_HEADER_BYTES as u64 + (1..i).map(|k| data_frame_bytes(body(k).len())).sum::<u64>()
+    SEGMENT_FRAMES_OFFSET as u64 + (1..i).map(|k| data_frame_bytes(body(k).len())).sum::<u64>()
 }
 
 /// Segment files of the log, oldest first.

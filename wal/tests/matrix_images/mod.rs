@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kairos_wal::format::{
-    FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_SUFFIX,
+    FrameHeader, FrameKind, MarkSlot, FRAME_HEADER_BYTES, MARK_SLOTS_OFFSET, MARK_SLOT_BYTES,
+    MARK_SLOT_COUNT, SEGMENT_FRAMES_OFFSET, SEGMENT_SUFFIX,
 };
 use kairos_wal::{Durability, Lsn, Record, SimStorage, TornTail, Wal, WalError, WalOptions};
 
@@ -58,6 +59,29 @@ impl Image {
     /// shutdown with no high-water mark covering the synced records.
     pub fn blind_to_cut_synced_tail(&self) -> bool {
         !self.clean && !self.marked
+    }
+
+    /// The highest LSN the newest segment's mark slots record as synced, if its first `len`
+    /// bytes survive (0 when the slots are cut off: the segment then reads as unwritten).
+    /// FORMAT.md, "Mark slots": a cut of synced frames below it is corruption, not a torn tail.
+    pub fn newest_slot_mark(&self, len: usize) -> u64 {
+        let Some(newest) = self.segments().last().cloned() else {
+            return 0;
+        };
+        let bytes = &self.files[&newest];
+        if len < SEGMENT_FRAMES_OFFSET || bytes.len() < SEGMENT_FRAMES_OFFSET {
+            return 0;
+        }
+        (0..MARK_SLOT_COUNT)
+            .map(|i| {
+                let at = MARK_SLOTS_OFFSET + i * MARK_SLOT_BYTES;
+                match MarkSlot::decode(&bytes[at..at + MARK_SLOT_BYTES]) {
+                    MarkSlot::Mark { synced_lsn, .. } => synced_lsn,
+                    MarkSlot::Empty | MarkSlot::Torn => 0,
+                }
+            })
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -276,7 +300,7 @@ pub fn frames(image: &Image) -> Vec<FrameSpan> {
     let mut spans = Vec::new();
     for file in image.segments() {
         let bytes = &image.files[&file];
-        let mut offset = SEGMENT_HEADER_BYTES;
+        let mut offset = SEGMENT_FRAMES_OFFSET;
         while offset + FRAME_HEADER_BYTES <= bytes.len() {
             let header = FrameHeader::parse(&bytes[offset..]);
             let end = offset + FRAME_HEADER_BYTES + header.body_bytes as usize;
@@ -353,9 +377,11 @@ pub fn for_each_bit_flip(image: &Image, bits: &[u8], mut f: impl FnMut(Case)) {
 /// Every file cut at every length shorter than it.
 ///
 /// Known limit (FORMAT.md, "Missing files"): after an unclean shutdown, cutting the newest
-/// segment removes the frames that would prove its records synced, so a cut inside synced
-/// frames opens with the records before the cut; those cases keep `must_keep` at the
-/// records wholly before the cut and are marked `known_limit`.
+/// segment removes the frames that would prove its records synced; its mark slots (if the cut
+/// keeps them) still prove every LSN up to the sync before the last. So a cut inside the
+/// frames of the last sync opens with the records before the cut; those cases keep
+/// `must_keep` at the records wholly before the cut (or the slot mark, if higher) and are
+/// marked `known_limit`.
 pub fn for_each_truncation(image: &Image, mut f: impl FnMut(Case)) {
     let spans = frames(image);
     let newest = image.segments().last().cloned();
@@ -368,7 +394,8 @@ pub fn for_each_truncation(image: &Image, mut f: impl FnMut(Case)) {
             let name = format!("{} cut to {cut} bytes", path.display());
             let mut c = case(image, name, files, Some((path.clone(), cut as u64)));
             if image.blind_to_cut_synced_tail() && Some(path) == newest.as_ref() {
-                let kept = records_before(&spans, path, cut as u64);
+                let kept =
+                    records_before(&spans, path, cut as u64).max(image.newest_slot_mark(cut));
                 if kept < c.must_keep {
                     c.must_keep = kept;
                     c.known_limit = true;
@@ -572,12 +599,15 @@ pub fn segment_cases(image: &Image, foreign: &Image) -> Vec<(Case, Expect)> {
                 Some(newest_first - 1),
             );
         }
-        // The newest segment cut to its header: its records are gone.
+        // The newest segment cut to its header and mark slots: its records are gone. Without
+        // CLOSED or SYNCED, the slots still show those up to the sync before the last.
         let mut files = image.files.clone();
         if let Some(bytes) = files.get_mut(&newest) {
-            bytes.truncate(SEGMENT_HEADER_BYTES);
+            bytes.truncate(SEGMENT_FRAMES_OFFSET);
         }
-        if !image.blind_to_cut_synced_tail() {
+        if !image.blind_to_cut_synced_tail()
+            || image.newest_slot_mark(SEGMENT_FRAMES_OFFSET) >= newest_first
+        {
             push(
                 "newest segment cut to its header".to_owned(),
                 files,

@@ -1,0 +1,276 @@
+//! The mark slots of a version-2 segment (`wal/FORMAT.md`, "Mark slots"): each sync makes
+//! durable a slot recording the sync before it, so after an unclean shutdown under a steady
+//! load — no idle pause, so no `SYNCED` — outside damage that cuts synced frames off the
+//! newest segment is still refused, except within the frames of the last sync (the documented
+//! limit, pinned here). A torn slot write is survived, and version-1 segments (no slots) are
+//! still read and appended to.
+
+mod common;
+
+use common::*;
+use kairos_wal::format::{
+    self, encode_frame, encode_meta, encode_record, FrameKind, MarkSlot, SegmentHeader,
+    MARK_SLOTS_OFFSET, MARK_SLOT_BYTES, SEGMENT_FRAMES_OFFSET,
+};
+use kairos_wal::{Durability, FaultKind, FaultOp, FaultPlan, SimStorage, WalError, WalOptions};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Sync, 1 MiB segments, no idle high-water mark: only the slots can tell.
+fn steady() -> WalOptions {
+    WalOptions {
+        synced_mark_delay: None,
+        ..options(Durability::Sync, 1 << 20)
+    }
+}
+
+fn slots_of(bytes: &[u8]) -> [MarkSlot; 2] {
+    core::array::from_fn(|i| {
+        let at = MARK_SLOTS_OFFSET + i * MARK_SLOT_BYTES;
+        MarkSlot::decode(&bytes[at..at + MARK_SLOT_BYTES])
+    })
+}
+
+fn mark(synced_lsn: u64, seq: u64) -> MarkSlot {
+    MarkSlot::Mark { synced_lsn, seq }
+}
+
+/// Offsets of the frames of a segment image, with the first LSN of each DATA frame.
+fn data_frames(bytes: &[u8]) -> Vec<(usize, u64)> {
+    let mut out = Vec::new();
+    let mut at = SEGMENT_FRAMES_OFFSET;
+    while at + format::FRAME_HEADER_BYTES <= bytes.len() {
+        let header = format::FrameHeader::parse(&bytes[at..]);
+        if header.kind == FrameKind::Data as u8 {
+            out.push((at, header.first_lsn));
+        }
+        at += format::FRAME_HEADER_BYTES + header.body_bytes as usize;
+    }
+    out
+}
+
+#[test]
+fn each_sync_records_the_sync_before_it_alternating_slots() -> TestResult {
+    let sim = SimStorage::new(1);
+    let (wal, _, _) = open(&sim, steady())?;
+    let seg = segments(&sim, dir())[0].clone();
+    let slots = || slots_of(&sim.read_file(&seg).unwrap_or_default());
+    assert_eq!(slots(), [MarkSlot::Empty, MarkSlot::Empty]);
+    append_one(&wal, 1)?;
+    // Nothing was synced before the first sync: no slot written.
+    assert_eq!(slots(), [MarkSlot::Empty, MarkSlot::Empty]);
+    append_one(&wal, 2)?;
+    assert_eq!(slots(), [mark(1, 1), MarkSlot::Empty]);
+    append_one(&wal, 3)?;
+    assert_eq!(slots(), [mark(1, 1), mark(2, 1)]);
+    append_one(&wal, 4)?;
+    assert_eq!(slots(), [mark(3, 1), mark(2, 1)]);
+    // A scan reports the slots' mark as how far the log is known durable.
+    let report = kairos_wal::scan(&sim, dir(), 1 << 20, &mut |_| {})?;
+    assert_eq!(report.high_water_lsn.0, 3);
+    drop(wal);
+    Ok(())
+}
+
+/// 60 records appended one sync each (no pause: no SYNCED), then the power goes.
+fn steady_then_power_cut(seed: u64) -> Result<(SimStorage, std::path::PathBuf), WalError> {
+    let sim = SimStorage::new(seed);
+    let (wal, _, _) = open(&sim, steady())?;
+    for i in 1..=60 {
+        append_one(&wal, i)?;
+    }
+    drop(wal);
+    sim.power_cut();
+    let newest = segments(&sim, dir()).pop().expect("a segment");
+    Ok((sim, newest))
+}
+
+#[test]
+fn under_steady_load_synced_frames_cut_off_are_corruption_except_the_last_sync() -> TestResult {
+    let (sim, newest) = steady_then_power_cut(2)?;
+    let bytes = sim.read_file(&newest).ok_or("newest segment")?;
+    assert_eq!(slots_of(&bytes), [mark(59, 1), mark(58, 1)]);
+    let frames = data_frames(&bytes);
+    assert_eq!(frames.len(), 60);
+    let pristine_dir = snapshot(&sim, dir());
+    // Outside damage after the crash: every cut inside or at the start of frames 1..=59 (all
+    // synced before the last sync) is refused, naming the slot's record.
+    for &(offset, lsn) in &frames[..59] {
+        for cut in [offset, offset + 20] {
+            sim.write_file(&newest, &bytes[..cut]);
+            let before = snapshot(&sim, dir());
+            match open(&sim, steady()) {
+                Err(WalError::Corrupt {
+                    file,
+                    reason,
+                    offset: at,
+                }) => {
+                    assert_eq!(file, newest);
+                    assert!(reason.contains("mark slot"), "cut {cut}: {reason}");
+                    assert_eq!(at, offset as u64, "cut {cut} (LSN {lsn})");
+                }
+                other => panic!("cut at {cut} (LSN {lsn}) was not refused: {other:?}"),
+            }
+            assert_eq!(snapshot(&sim, dir()), before, "open wrote after refusing");
+        }
+    }
+    // The documented limit: a cut inside the frame of the last sync (LSN 60) cannot be told
+    // from a torn write, and is truncated as one.
+    let (last_offset, _) = frames[59];
+    sim.write_file(&newest, &bytes[..last_offset + 20]);
+    let (wal, report, replayed) = open(&sim, steady())?;
+    assert_eq!(replayed, expected(59));
+    assert_eq!(
+        report.torn_tail.map(|t| (t.offset, t.first_lost_lsn.0)),
+        Some((last_offset as u64, 60))
+    );
+    drop(wal);
+    // Undamaged, everything is there.
+    for (path, file_bytes) in &pristine_dir {
+        sim.write_file(path, file_bytes);
+    }
+    let (_wal, _, replayed) = open(&sim, steady())?;
+    assert_eq!(replayed, expected(60));
+    Ok(())
+}
+
+#[test]
+fn a_slot_torn_by_a_crash_is_survived_and_rewritten() -> TestResult {
+    // The slot write comes right before the fdatasync that would make it durable; failing
+    // that fdatasync and cutting the power leaves the slot new, old, zeroed, garbage or torn.
+    let mut torn_seen = 0;
+    for seed in 0..64 {
+        let sim = SimStorage::new(1000 + seed);
+        let (wal, _, _) = open(&sim, steady())?;
+        for i in 1..=9 {
+            append_one(&wal, i)?;
+        }
+        sim.inject(FaultPlan {
+            after: 0,
+            op: FaultOp::Sync,
+            kind: FaultKind::Eio,
+        });
+        assert!(append_one(&wal, 10).is_err());
+        drop(wal);
+        sim.clear_faults();
+        sim.power_cut();
+        let seg = segments(&sim, dir())[0].clone();
+        let found = slots_of(&sim.read_file(&seg).ok_or("segment")?);
+        // Record 9's sync wrote 8 into slot 1; record 10's would have written 9 into slot 0.
+        assert_eq!(found[1], mark(8, 1), "seed {seed}");
+        if found[0] == MarkSlot::Torn {
+            torn_seen += 1;
+        }
+        let (wal, _, replayed) =
+            open(&sim, steady()).map_err(|e| format!("seed {seed}: reopen failed: {e}"))?;
+        assert!(replayed.len() >= 9, "seed {seed}");
+        assert_eq!(replayed, expected(replayed.len() as u64), "seed {seed}");
+        // Open rewrote a torn slot as empty, durably.
+        let after = slots_of(&sim.read_file(&seg).ok_or("segment")?);
+        assert_ne!(after[0], MarkSlot::Torn, "seed {seed}");
+        // The log goes on; once sealed, the segment reads back with no damaged slot.
+        let n = replayed.len() as u64;
+        for i in n + 1..=n + 3 {
+            append_one(&wal, i)?;
+        }
+        wal.close()?;
+        let (_wal, report, replayed) = open(&sim, steady())?;
+        assert!(report.clean_shutdown);
+        assert_eq!(replayed, expected(n + 3));
+    }
+    assert!(torn_seen > 0, "no seed tore the slot");
+    Ok(())
+}
+
+#[test]
+fn a_damaged_slot_outside_the_newest_segment_or_both_slots_damaged_is_corruption() -> TestResult {
+    let sim = SimStorage::new(3);
+    let (wal, _, _) = open(&sim, options(Durability::Sync, 4096))?;
+    for i in 1..=200 {
+        append_one(&wal, i)?;
+    }
+    wal.close()?;
+    let segs = segments(&sim, dir());
+    assert!(segs.len() >= 3);
+    let pristine = snapshot(&sim, dir());
+    // One slot of a sealed segment: only the newest segment's slots are ever being written.
+    flip_bit(&sim, &segs[0], MARK_SLOTS_OFFSET as u64 + 3, 0);
+    match open(&sim, WalOptions::default()) {
+        Err(WalError::Corrupt { file, offset, .. }) => {
+            assert_eq!((file, offset), (segs[0].clone(), MARK_SLOTS_OFFSET as u64));
+        }
+        other => panic!("a damaged sealed slot was not refused: {other:?}"),
+    }
+    sim.write_file(&segs[0], &pristine[&segs[0]]);
+    // Both slots of the newest segment: a crash tears at most one.
+    let newest = segs[segs.len() - 1].clone();
+    flip_bit(&sim, &newest, MARK_SLOTS_OFFSET as u64, 1);
+    flip_bit(
+        &sim,
+        &newest,
+        (MARK_SLOTS_OFFSET + MARK_SLOT_BYTES) as u64,
+        1,
+    );
+    match kairos_wal::scan(&sim, dir(), 1 << 20, &mut |_| {}) {
+        Err(WalError::Corrupt { file, offset, .. }) => {
+            assert_eq!((file, offset), (newest.clone(), MARK_SLOTS_OFFSET as u64));
+        }
+        other => panic!("two damaged slots were not refused: {other:?}"),
+    }
+    // A slot with a valid checksum that names another segment: not a torn write.
+    let mut bytes = pristine[&newest].clone();
+    bytes[MARK_SLOTS_OFFSET..MARK_SLOTS_OFFSET + MARK_SLOT_BYTES]
+        .copy_from_slice(&MarkSlot::encode(99, 1));
+    sim.write_file(&newest, &bytes);
+    match kairos_wal::scan(&sim, dir(), 1 << 20, &mut |_| {}) {
+        Err(WalError::Corrupt { reason, .. }) => assert!(reason.contains("seq 99"), "{reason}"),
+        other => panic!("a foreign slot was not refused: {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_version_1_log_is_read_appended_to_and_rolls_into_version_2() -> TestResult {
+    // A log as version 1 wrote it: META and one segment of 5 records, no slots, no CLOSE.
+    let sim = SimStorage::new(4);
+    let store_id = [9; 16];
+    let mut segment = SegmentHeader {
+        format_version: 1,
+        store_id,
+        seq: 1,
+        prev_last_lsn: 0,
+        created_ms: 0,
+    }
+    .encode()
+    .to_vec();
+    for i in 1..=5u64 {
+        let mut body = Vec::new();
+        encode_record(&mut body, record_type(i), &common::body(i));
+        segment.extend(encode_frame(FrameKind::Data, 1, i, i - 1, &body));
+    }
+    let seg1 = dir().join(format::segment_file_name(1, kairos_wal::Lsn(1)));
+    sim.write_file(&dir().join("META"), &encode_meta(&store_id));
+    sim.write_file(&seg1, &segment);
+    let (wal, report, replayed) = open(&sim, options(Durability::Sync, 4096))?;
+    assert_eq!(replayed, expected(5));
+    assert!(report.torn_tail.is_none());
+    // Appends continue in the version-1 segment (frames right after its 64-byte header,
+    // no slot written), then roll into version-2 segments.
+    append_one(&wal, 6)?;
+    let bytes = sim.read_file(&seg1).ok_or("segment 1")?;
+    assert_eq!(&bytes[..segment.len()], segment.as_slice());
+    for i in 7..=200 {
+        append_one(&wal, i)?;
+    }
+    wal.close()?;
+    let segs = segments(&sim, dir());
+    assert!(segs.len() >= 3);
+    for (index, seg) in segs.iter().enumerate() {
+        let header = SegmentHeader::decode(&sim.read_file(seg).ok_or("segment")?)?;
+        assert_eq!(header.format_version, if index == 0 { 1 } else { 2 });
+    }
+    let (_wal, report, replayed) = open(&sim, WalOptions::default())?;
+    assert!(report.clean_shutdown);
+    assert_eq!(replayed, expected(200));
+    Ok(())
+}
