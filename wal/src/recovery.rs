@@ -123,6 +123,8 @@ pub(crate) struct Analysis {
     /// Highest LSN a high-water mark (`CLOSED`, `SYNCED` or the newest segment's mark slots)
     /// records as durable; 0 if none.
     pub high_water_lsn: Lsn,
+    /// Highest LSN `CLOSED` or `SYNCED` records as durable (the files alone); 0 if none.
+    pub marked_lsn: Lsn,
 }
 
 /// The newest segment and what open must do with it.
@@ -1044,6 +1046,7 @@ pub(crate) fn analyze(
     let mut analysis = Analysis {
         leftovers: leftovers.into_iter().map(|f| f.path).collect(),
         high_water_lsn: Lsn(high_water_lsn),
+        marked_lsn: Lsn(high_water_lsn),
         ..Analysis::default()
     };
     let count = checked.len();

@@ -610,7 +610,9 @@ impl Wal {
             synced_mark_delay: options.synced_mark_delay.filter(|_| {
                 options.durability != Durability::Buffered && storage.allows_timed_io()
             }),
-            marked: analysis.high_water_lsn.0,
+            marked: analysis.marked_lsn.0,
+            marks_rolls: options.synced_mark_delay.is_some()
+                && options.durability != Durability::Buffered,
             writeback: None,
             writes_back: options.durability != Durability::Sync && storage.allows_timed_io(),
             writeback_from: 0,
@@ -1083,6 +1085,9 @@ struct Writer {
     synced_mark_delay: Option<Duration>,
     /// Highest LSN recorded as synced in `SYNCED` or `CLOSED`.
     marked: u64,
+    /// Whether each roll records the new segment in `SYNCED` (`synced_mark_delay` set and not
+    /// `Buffered`; unlike the idle mark, not a timed write: it is part of the roll).
+    marks_rolls: bool,
     /// The write-back thread (`Buffered` and `Interval`, on a storage that allows timed and
     /// background I/O), started with the first write-back; `None` where there is none.
     writeback: Option<(Arc<Writeback>, JoinHandle<()>)>,
@@ -1264,18 +1269,7 @@ impl Writer {
                 // that recovery after an unclean shutdown knows these LSNs were durable even
                 // if the frames proving it are cut off or their segment is gone.
                 if self.written == self.synced && self.synced > self.marked {
-                    let synced = Synced {
-                        store_id: self.store_id,
-                        seq: self.active.seq,
-                        synced_lsn: Lsn(self.synced),
-                    };
-                    write_file_atomically(
-                        self.storage.as_ref(),
-                        &self.dir,
-                        format::SYNCED_FILE_NAME,
-                        &synced.encode(),
-                    )?;
-                    self.marked = self.synced;
+                    self.write_synced_file()?;
                     tracing::trace!(
                         synced_lsn = self.synced,
                         "recorded the idle high-water mark"
@@ -1416,6 +1410,24 @@ impl Writer {
         Ok(())
     }
 
+    /// Records the active segment and the highest synced LSN in `SYNCED` (replace protocol:
+    /// two syncs and a rename). Only valid when that LSN is durable.
+    fn write_synced_file(&mut self) -> Result<(), WalError> {
+        let synced = Synced {
+            store_id: self.store_id,
+            seq: self.active.seq,
+            synced_lsn: Lsn(self.synced),
+        };
+        write_file_atomically(
+            self.storage.as_ref(),
+            &self.dir,
+            format::SYNCED_FILE_NAME,
+            &synced.encode(),
+        )?;
+        self.marked = self.synced;
+        Ok(())
+    }
+
     /// Writes a SEAL, CLOSE or MARK frame; only valid when everything written is synced.
     fn write_control(&mut self, kind: FrameKind) -> Result<(), WalError> {
         debug_assert_eq!(self.synced, self.written, "{kind:?} needs a synced log");
@@ -1455,6 +1467,11 @@ impl Writer {
         tracing::debug!(sealed = %self.active.path.display(), last_lsn = self.written, "rolled segment");
         self.active = next;
         self.writeback_from = 0;
+        if self.marks_rolls {
+            // The new segment on record: deleting it (and with it every record synced into it
+            // later) is then a missing segment, not a crash during this roll.
+            self.write_synced_file()?;
+        }
         Ok(())
     }
 }

@@ -88,6 +88,11 @@ fn power_cut_under_sync_keeps_every_waited_append() -> TestResult {
         let stop = AtomicBool::new(false);
         let acked = std::thread::scope(|scope| {
             let cutter = scope.spawn(|| {
+                // After the first acknowledgement (a loaded machine may take longer than the
+                // sleep to get one), then a while into the appends.
+                while wal.synced_lsn().0 == 0 {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
                 std::thread::sleep(Duration::from_millis(5 + seed));
                 sim.power_cut();
                 stop.store(true, Ordering::SeqCst);

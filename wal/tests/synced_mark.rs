@@ -314,3 +314,51 @@ fn a_scan_of_a_live_log_that_rolls_and_marks_meanwhile_finds_no_damage() -> Test
     );
     Ok(())
 }
+
+#[test]
+fn each_roll_records_the_new_segment_so_deleting_it_after_a_crash_is_missing() -> TestResult {
+    // A steady load (no idle pause, and no timed I/O at all on this disk): only the rolls
+    // write SYNCED. Then the power goes, and the newest segment is deleted.
+    for (delay, durability, refused) in [
+        (Some(Duration::from_millis(10)), Durability::Sync, true),
+        (
+            Some(Duration::from_millis(10)),
+            Durability::Interval(Duration::from_millis(5)),
+            true,
+        ),
+        // The known limit, where no mark is written: a crash during the roll, as it looks.
+        (None, Durability::Sync, false),
+        (Some(Duration::from_millis(10)), Durability::Buffered, false),
+    ] {
+        let sim = SimStorage::new(7);
+        let (wal, _, _) = open(&sim, marked(durability, 4096, delay))?;
+        for i in 1..=120 {
+            append_one(&wal, i)?;
+        }
+        wal.sync()?;
+        let (newest, seq, first) = newest_segment(&sim);
+        assert!(
+            seq >= 3,
+            "{durability:?}: 120 appends did not roll 4 KiB segments"
+        );
+        assert_eq!(
+            synced_file(&sim).map(|s| (s.seq, s.synced_lsn.0)),
+            refused.then_some((seq, first - 1)),
+            "{durability:?} {delay:?}"
+        );
+        drop(wal);
+        sim.power_cut();
+        sim.remove_file(&newest)?;
+        match open(&sim, WalOptions::default()) {
+            Err(WalError::MissingSegment { file, reason }) if refused => {
+                assert_eq!(file, dir().join(SYNCED_FILE_NAME));
+                assert!(reason.contains(&format!("seq {seq}")), "{reason}");
+            }
+            Ok((_wal, _, replayed)) if !refused => {
+                assert_eq!(replayed, expected(first - 1), "{durability:?} {delay:?}");
+            }
+            other => panic!("{durability:?} {delay:?}: {other:?}"),
+        }
+    }
+    Ok(())
+}

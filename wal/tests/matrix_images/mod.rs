@@ -61,6 +61,22 @@ impl Image {
         !self.clean && !self.marked
     }
 
+    /// Whether `SYNCED` names the newest segment (a roll or an idle sync recorded it there), so
+    /// that deleting that segment is a missing segment, not a crash during its roll.
+    pub fn synced_names_newest(&self) -> bool {
+        let Some(newest) = self.segments().last().cloned() else {
+            return false;
+        };
+        let name = newest.file_name().map(|n| n.to_string_lossy().into_owned());
+        let newest_seq = name
+            .and_then(|n| kairos_wal::format::parse_segment_file_name(&n))
+            .map(|(seq, _)| seq);
+        self.files
+            .get(&dir().join("SYNCED"))
+            .and_then(|bytes| kairos_wal::format::Synced::decode(bytes).ok())
+            .is_some_and(|synced| Some(synced.seq) == newest_seq)
+    }
+
     /// The highest LSN the newest segment's mark slots record as synced, if its first `len`
     /// bytes survive (0 when the slots are cut off: the segment then reads as unwritten).
     /// FORMAT.md, "Mark slots": a cut of synced frames below it is corruption, not a torn tail.
@@ -487,14 +503,15 @@ pub fn segment_cases(image: &Image, foreign: &Image) -> Vec<(Case, Expect)> {
         files.remove(seg);
         let is_newest = i + 1 == segs.len();
         // Between two others or the oldest: the seq chain or the floor shows the gap; the
-        // newest after a clean close: CLOSED does; after an idle sync: SYNCED does.
-        let (expect, limit) = if !is_newest || !image.blind_to_cut_synced_tail() {
-            (Expect::Refused("MissingSegment"), None)
-        } else {
-            // Known limit: after an unclean shutdown, a deleted newest segment looks like a
-            // crash during the roll that would have created it.
-            (Expect::Opens, Some(newest_first - 1))
-        };
+        // newest after a clean close: CLOSED does; after an idle sync or its roll: SYNCED does.
+        let (expect, limit) =
+            if !is_newest || !image.blind_to_cut_synced_tail() || image.synced_names_newest() {
+                (Expect::Refused("MissingSegment"), None)
+            } else {
+                // Known limit: after an unclean shutdown, a deleted newest segment that no mark
+                // names looks like a crash during the roll that would have created it.
+                (Expect::Opens, Some(newest_first - 1))
+            };
         push(
             format!("segment {} deleted", seg.display()),
             files,
