@@ -299,7 +299,8 @@ pub struct Config {
     /// [`kairos_wal::SYNCED_MARK_DELAY_DEFAULT`] (10 ms), at most
     /// [`kairos_wal::SYNCED_MARK_DELAY_MAX`]. Not written under
     /// [`Durability::Buffered`] nor on simulated storage unless it allows
-    /// timed I/O. Ignored in memory.
+    /// timed I/O. With a delay set, each segment roll also records the new
+    /// segment there (not under `Buffered`). Ignored in memory.
     pub synced_mark_delay: Option<Duration>,
 }
 

@@ -174,10 +174,13 @@ pub struct WalOptions {
     /// otherwise not tell from a torn write (`wal/FORMAT.md`, "Known limits"). `None`: never
     /// written. Not written under [`Durability::Buffered`], nor on a storage that does not
     /// allow timed I/O ([`Storage::allows_timed_io`], asked once, at open). `Some(0)`: whenever
-    /// the writer goes idle after a sync. A failure writing it poisons the log like any other
-    /// failed write or sync (nothing acknowledged is at risk; reopen to go on). Default
-    /// [`SYNCED_MARK_DELAY_DEFAULT`], at most [`SYNCED_MARK_DELAY_MAX`]. An append that arrives
-    /// while the mark is being written waits for it (at most the two syncs).
+    /// the writer goes idle after a sync. With a delay set (and not under `Buffered`), each
+    /// segment roll also records the new segment in `SYNCED` (two more syncs per roll, on any
+    /// storage), so a deleted newest segment is a `MissingSegment`. A failure writing it
+    /// poisons the log like any other failed write or sync (nothing acknowledged is at risk;
+    /// reopen to go on). Default [`SYNCED_MARK_DELAY_DEFAULT`], at most
+    /// [`SYNCED_MARK_DELAY_MAX`]. An append that arrives while the mark is being written waits
+    /// for it (at most the two syncs).
     pub synced_mark_delay: Option<std::time::Duration>,
 }
 
