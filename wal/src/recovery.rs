@@ -1070,6 +1070,18 @@ pub(crate) fn analyze(
                     ),
                 ));
             }
+            // A mark is written only after the segment it names was created completely
+            // (header and slots synced, then renamed): that header was durable.
+            if let Some(mark) = marks.iter().find(|m| m.seq == segment.file.seq) {
+                return Err(corrupt(
+                    path,
+                    0,
+                    format!(
+                        "the newest segment has no valid header, but it was durable: {}",
+                        mark.recorded()
+                    ),
+                ));
+            }
             analysis.torn_tail = Some(TornTail {
                 file: path.clone(),
                 offset: 0,

@@ -317,7 +317,12 @@ fn leftover_tmp_files_are_removed_at_open() -> TestResult {
 #[test]
 fn zero_byte_newest_segment_is_an_unwritten_roll() -> TestResult {
     let sim = SimStorage::new(10);
-    let opts = options(Durability::Sync, 4096);
+    // No marks: with them, each roll records its new segment in SYNCED once created, and an
+    // emptied segment SYNCED names is corruption (below).
+    let opts = WalOptions {
+        synced_mark_delay: None,
+        ..options(Durability::Sync, 4096)
+    };
     let (wal, _, _) = open(&sim, opts.clone())?;
     for i in 1..=120 {
         append_one(&wal, i)?;
@@ -346,6 +351,35 @@ fn zero_byte_newest_segment_is_an_unwritten_roll() -> TestResult {
         format::SegmentHeader::decode(&bytes)?.seq,
         segs.len() as u64
     );
+    Ok(())
+}
+
+#[test]
+fn zero_byte_newest_segment_that_synced_names_is_corruption() -> TestResult {
+    let sim = SimStorage::new(11);
+    let opts = options(Durability::Sync, 4096);
+    let (wal, _, _) = open(&sim, opts.clone())?;
+    for i in 1..=120 {
+        append_one(&wal, i)?;
+    }
+    drop(wal);
+    // The roll that created the newest segment completed and recorded it in SYNCED: its
+    // header was durable, so an empty file is outside damage, not a crash during the roll.
+    let newest = segments(&sim, dir()).pop().ok_or("no segment")?;
+    sim.write_file(&newest, b"");
+    let before = snapshot(&sim, dir());
+    match open(&sim, opts) {
+        Err(WalError::Corrupt {
+            file,
+            offset,
+            reason,
+        }) => {
+            assert_eq!((file, offset), (newest, 0));
+            assert!(reason.contains("SYNCED"), "{reason}");
+        }
+        other => panic!("an emptied segment SYNCED names was not refused: {other:?}"),
+    }
+    assert_eq!(snapshot(&sim, dir()), before);
     Ok(())
 }
 

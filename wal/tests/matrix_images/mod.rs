@@ -597,11 +597,12 @@ pub fn segment_cases(image: &Image, foreign: &Image) -> Vec<(Case, Expect)> {
     }
     {
         // The newest segment emptied (0 bytes): an unwritten segment. With CLOSED or SYNCED
-        // it held durable records: corrupt. Without, it is the known limit (looks like a
-        // crash while it was being created).
+        // covering its records, or SYNCED naming it (its roll completed, so its header was
+        // durable): corrupt. Without, it is the known limit (looks like a crash while it was
+        // being created).
         let mut files = image.files.clone();
         files.insert(newest.clone(), Vec::new());
-        if !image.blind_to_cut_synced_tail() {
+        if !image.blind_to_cut_synced_tail() || image.synced_names_newest() {
             push(
                 "newest segment emptied".to_owned(),
                 files,
