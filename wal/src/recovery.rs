@@ -73,7 +73,7 @@ pub struct ScanReport {
     /// Whether the log ends with a close marker and nothing after it.
     pub clean_shutdown: bool,
     /// The highest LSN a high-water mark records as durable — `CLOSED` (the last clean close),
-    /// `SYNCED` (the last idle sync) or the newest segment's mark slots (the sync before the
+    /// `SYNCED` (the last roll or idle sync) or the newest segment's mark slots (the sync before the
     /// last), whichever is highest; `Lsn(0)` without any.
     /// Damage at or below it is corruption, never a torn tail.
     pub high_water_lsn: Lsn,
@@ -391,7 +391,7 @@ fn read_high_water(
             file: format::SYNCED_FILE_NAME,
             seq: synced.seq,
             lsn: synced.synced_lsn.0,
-            what: "the last idle sync",
+            what: "the last roll or idle sync",
         });
     }
     Ok(marks)
@@ -1023,7 +1023,7 @@ pub(crate) fn analyze(
         }
     }
     let checked = check_headers(storage, store_id, files, &floor)?;
-    // The high-water marks of the last clean close and the last idle sync: segment `seq`
+    // The high-water marks of the last clean close and the last roll or idle sync: segment `seq`
     // existed and every LSN up to `lsn` was durable; the log only grows past both.
     if let Some(newest) = checked.last() {
         for mark in &marks {
@@ -1119,6 +1119,11 @@ pub(crate) fn analyze(
         let file = storage
             .open(path, OpenMode::Read)
             .map_err(|e| io_error("open", path, e))?;
+        // Measured again, after the mark slots were read: on a live log (an unlocked `scan`)
+        // the writer may have synced and slotted more since the first measure, and a slot's
+        // frames are always written before the slot — so every frame a slot read earlier
+        // vouches for lies within this length. (Under open's lock nothing changes.)
+        let len = file.len().map_err(|e| io_error("stat", path, e))?.max(len);
         let mut reader = SegmentReader::new(file.as_ref(), path, len);
         let scan = scan_frames(
             &mut reader,
@@ -1277,8 +1282,23 @@ fn read_segment_header(
     is_last: bool,
 ) -> Result<Option<SegmentHeader>, WalError> {
     // A version-2 header is followed by its mark slots; the creation protocol syncs both
-    // before the segment gets its name, so only the newest segment can be found shorter.
-    let unwritten_allowed = is_last && len <= SEGMENT_FRAMES_OFFSET as u64;
+    // before the segment gets its name, so only the newest segment can be found shorter. A
+    // file without a valid header counts as unwritten only if it holds no more than a
+    // version-2 creation writes: at most 64 bytes, or at most 128 whose bytes past 64 are
+    // zero (empty slots) — a version-1 segment of up to 128 bytes can hold frames.
+    let mut unwritten_allowed = is_last && len <= SEGMENT_FRAMES_OFFSET as u64;
+    if unwritten_allowed && len > SEGMENT_HEADER_BYTES as u64 {
+        let mut tail = [0u8; SEGMENT_FRAMES_OFFSET - SEGMENT_HEADER_BYTES];
+        let tail = &mut tail[..(len as usize - SEGMENT_HEADER_BYTES)];
+        read_exact_at(file, tail, SEGMENT_HEADER_BYTES as u64)
+            .map_err(|e| io_error("read", path, e))?;
+        let header_is_valid = {
+            let mut head = [0u8; SEGMENT_HEADER_BYTES];
+            read_exact_at(file, &mut head, 0).map_err(|e| io_error("read", path, e))?;
+            SegmentHeader::decode(&head).is_ok()
+        };
+        unwritten_allowed = header_is_valid || tail.iter().all(|&b| b == 0);
+    }
     if len < SEGMENT_HEADER_BYTES as u64 {
         if unwritten_allowed {
             return Ok(None);

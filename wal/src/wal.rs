@@ -558,6 +558,29 @@ impl Wal {
             .sync_dir(dir)
             .map_err(|e| io_error("fsync dir", dir, e))?;
         let last = analysis.last_lsn.0;
+        let marks_rolls =
+            options.synced_mark_delay.is_some() && options.durability != Durability::Buffered;
+        if marks_rolls
+            && analysis
+                .tail
+                .as_ref()
+                .is_some_and(|t| t.sealed || t.unwritten)
+        {
+            // Open finished a roll (the newest segment was sealed) or replaced an unwritten
+            // segment: record the new segment as a roll does, so that deleting it later is a
+            // missing segment.
+            let synced = Synced {
+                store_id,
+                seq: active.seq,
+                synced_lsn: Lsn(last),
+            };
+            write_file_atomically(
+                storage.as_ref(),
+                dir,
+                format::SYNCED_FILE_NAME,
+                &synced.encode(),
+            )?;
+        }
         let sealed: Vec<SealedSegment> = analysis
             .segments
             .iter()
@@ -611,8 +634,7 @@ impl Wal {
                 options.durability != Durability::Buffered && storage.allows_timed_io()
             }),
             marked: analysis.marked_lsn.0,
-            marks_rolls: options.synced_mark_delay.is_some()
-                && options.durability != Durability::Buffered,
+            marks_rolls,
             writeback: None,
             writes_back: options.durability != Durability::Sync && storage.allows_timed_io(),
             writeback_from: 0,

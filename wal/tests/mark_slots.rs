@@ -274,3 +274,201 @@ fn a_version_1_log_is_read_appended_to_and_rolls_into_version_2() -> TestResult 
     assert_eq!(replayed, expected(200));
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Regressions found by review (session 18).
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// Delegates to a SimStorage; the first `len()` of a segment file runs `hook` right after
+/// measuring — a reader descheduled at that point while the writer goes on.
+#[derive(Clone)]
+struct HookStorage {
+    inner: SimStorage,
+    hook: std::sync::Arc<std::sync::Mutex<Option<Hook>>>,
+}
+
+impl std::fmt::Debug for HookStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookStorage")
+    }
+}
+
+struct HookFile {
+    inner: Box<dyn kairos_wal::StorageFile>,
+    hook: Option<std::sync::Arc<std::sync::Mutex<Option<Hook>>>>,
+}
+
+impl std::fmt::Debug for HookFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookFile")
+    }
+}
+
+impl kairos_wal::StorageFile for HookFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        let len = self.inner.len()?;
+        let hook = self
+            .hook
+            .as_ref()
+            .and_then(|h| h.lock().ok().and_then(|mut h| h.take()));
+        if let Some(hook) = hook {
+            hook();
+        }
+        Ok(len)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.inner.sync_data()
+    }
+}
+
+impl kairos_wal::Storage for HookStorage {
+    fn allows_timed_io(&self) -> bool {
+        self.inner.allows_timed_io()
+    }
+    fn create_dir_all(&self, p: &std::path::Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(p)
+    }
+    fn open(
+        &self,
+        p: &std::path::Path,
+        mode: kairos_wal::storage::OpenMode,
+    ) -> std::io::Result<Box<dyn kairos_wal::StorageFile>> {
+        let inner = self.inner.open(p, mode)?;
+        let segment = p.to_string_lossy().ends_with(format::SEGMENT_SUFFIX);
+        Ok(Box::new(HookFile {
+            inner,
+            hook: segment.then(|| std::sync::Arc::clone(&self.hook)),
+        }))
+    }
+    fn list(&self, d: &std::path::Path) -> std::io::Result<Vec<String>> {
+        self.inner.list(d)
+    }
+    fn exists(&self, p: &std::path::Path) -> std::io::Result<bool> {
+        self.inner.exists(p)
+    }
+    fn rename(&self, a: &std::path::Path, b: &std::path::Path) -> std::io::Result<()> {
+        self.inner.rename(a, b)
+    }
+    fn remove_file(&self, p: &std::path::Path) -> std::io::Result<()> {
+        self.inner.remove_file(p)
+    }
+    fn sync_dir(&self, p: &std::path::Path) -> std::io::Result<()> {
+        self.inner.sync_dir(p)
+    }
+    fn lock(&self, p: &std::path::Path) -> std::io::Result<Box<dyn kairos_wal::LockGuard>> {
+        self.inner.lock(p)
+    }
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+}
+
+#[test]
+fn regression_an_unlocked_scan_of_a_live_log_is_not_misled_by_a_newer_slot() -> TestResult {
+    // The segment's length was measured before its slots were read; two syncs in between put
+    // a slot mark past that length, and the scan called a healthy log corrupt.
+    let sim = SimStorage::new(21);
+    let (wal, _, _) = open(&sim, steady())?;
+    for i in 1..=3 {
+        append_one(&wal, i)?;
+    }
+    let wal = std::sync::Arc::new(wal);
+    let writer = std::sync::Arc::clone(&wal);
+    let storage = HookStorage {
+        inner: sim.clone(),
+        hook: std::sync::Arc::new(std::sync::Mutex::new(Some(Box::new(move || {
+            for i in 4..=5 {
+                append_one(&writer, i).expect("append while the scan reads");
+            }
+        })))),
+    };
+    let report = kairos_wal::scan(&storage, dir(), 1 << 20, &mut |_| {})?;
+    assert!(report.last_lsn.0 >= 3);
+    assert_eq!(
+        kairos_wal::scan(&sim, dir(), 1 << 20, &mut |_| {})?
+            .last_lsn
+            .0,
+        5
+    );
+    Ok(())
+}
+
+#[test]
+fn regression_a_small_version_1_segment_with_a_damaged_header_is_corruption() -> TestResult {
+    // A version-1 segment of up to 128 bytes can hold a record; without a valid header it
+    // was taken for an unwritten segment and removed.
+    let sim = SimStorage::new(22);
+    let store_id = [9; 16];
+    let mut segment = SegmentHeader {
+        format_version: 1,
+        store_id,
+        seq: 1,
+        prev_last_lsn: 0,
+        created_ms: 0,
+    }
+    .encode()
+    .to_vec();
+    let mut body = Vec::new();
+    encode_record(&mut body, 1, b"precious");
+    segment.extend(encode_frame(FrameKind::Data, 1, 1, 0, &body));
+    assert!(segment.len() <= SEGMENT_FRAMES_OFFSET);
+    segment[40] ^= 1;
+    let seg1 = dir().join(format::segment_file_name(1, kairos_wal::Lsn(1)));
+    sim.write_file(&dir().join("META"), &encode_meta(&store_id));
+    sim.write_file(&seg1, &segment);
+    match open(&sim, steady()) {
+        Err(WalError::Corrupt { file, offset, .. }) => assert_eq!((file, offset), (seg1, 0)),
+        other => panic!("a damaged version-1 header was not refused: {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn regression_the_segment_open_creates_past_a_sealed_one_is_on_record() -> TestResult {
+    // A roll cut short after its SEAL (the new segment's rename failed): the next open rolls
+    // and must record the new segment in SYNCED as a roll does, or deleting it after a later
+    // crash loses acknowledged records silently.
+    let sim = SimStorage::new(23);
+    let opts = || options(Durability::Sync, 4096);
+    let (wal, _, _) = open(&sim, opts())?;
+    sim.inject(FaultPlan {
+        after: 0,
+        op: FaultOp::Rename,
+        kind: FaultKind::Eio,
+    });
+    let mut i = 1;
+    while append_one(&wal, i).is_ok() {
+        i += 1;
+        assert!(i < 500, "the roll never came");
+    }
+    drop(wal);
+    sim.clear_faults();
+    sim.crash_process();
+    let (wal, report, _) = open(&sim, opts())?;
+    let sealed_last = report.last_lsn.0;
+    assert_eq!(segments(&sim, dir()).len(), 2);
+    for k in 1..=20 {
+        append_one(&wal, sealed_last + k)?;
+    }
+    drop(wal);
+    sim.crash_process();
+    let newest = segments(&sim, dir()).pop().ok_or("no segment")?;
+    kairos_wal::Storage::remove_file(&sim, &newest)?;
+    match open(&sim, opts()) {
+        Err(WalError::MissingSegment { file, .. }) => {
+            assert_eq!(file, dir().join(format::SYNCED_FILE_NAME));
+        }
+        other => panic!("the deleted segment went unnoticed: {other:?}"),
+    }
+    Ok(())
+}
