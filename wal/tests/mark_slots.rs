@@ -229,11 +229,9 @@ fn a_damaged_slot_outside_the_newest_segment_or_both_slots_damaged_is_corruption
     Ok(())
 }
 
-#[test]
-fn a_version_1_log_is_read_appended_to_and_rolls_into_version_2() -> TestResult {
-    // A log as version 1 wrote it: META and one segment of 5 records, no slots, no CLOSE.
-    let sim = SimStorage::new(4);
-    let store_id = [9; 16];
+/// A version-1 segment (no slots) of store `store_id`, seq 1, holding one DATA frame per
+/// record, each synced on its own (`synced_lsn` = the LSN before it).
+fn version_1_segment(store_id: [u8; 16], records: &[(u8, Vec<u8>)]) -> Vec<u8> {
     let mut segment = SegmentHeader {
         format_version: 1,
         store_id,
@@ -243,11 +241,21 @@ fn a_version_1_log_is_read_appended_to_and_rolls_into_version_2() -> TestResult 
     }
     .encode()
     .to_vec();
-    for i in 1..=5u64 {
-        let mut body = Vec::new();
-        encode_record(&mut body, record_type(i), &common::body(i));
-        segment.extend(encode_frame(FrameKind::Data, 1, i, i - 1, &body));
+    for (lsn, (record_type, body)) in (1u64..).zip(records) {
+        let mut frame_body = Vec::new();
+        encode_record(&mut frame_body, *record_type, body);
+        segment.extend(encode_frame(FrameKind::Data, 1, lsn, lsn - 1, &frame_body));
     }
+    segment
+}
+
+#[test]
+fn a_version_1_log_is_read_appended_to_and_rolls_into_version_2() -> TestResult {
+    // A log as version 1 wrote it: META and one segment of 5 records, no slots, no CLOSE.
+    let sim = SimStorage::new(4);
+    let store_id = [9; 16];
+    let records: Vec<(u8, Vec<u8>)> = (1..=5).map(|i| (record_type(i), body(i))).collect();
+    let segment = version_1_segment(store_id, &records);
     let seg1 = dir().join(format::segment_file_name(1, kairos_wal::Lsn(1)));
     sim.write_file(&dir().join("META"), &encode_meta(&store_id));
     sim.write_file(&seg1, &segment);
@@ -409,18 +417,7 @@ fn regression_a_small_version_1_segment_with_a_damaged_header_is_corruption() ->
     // was taken for an unwritten segment and removed.
     let sim = SimStorage::new(22);
     let store_id = [9; 16];
-    let mut segment = SegmentHeader {
-        format_version: 1,
-        store_id,
-        seq: 1,
-        prev_last_lsn: 0,
-        created_ms: 0,
-    }
-    .encode()
-    .to_vec();
-    let mut body = Vec::new();
-    encode_record(&mut body, 1, b"precious");
-    segment.extend(encode_frame(FrameKind::Data, 1, 1, 0, &body));
+    let mut segment = version_1_segment(store_id, &[(1, b"precious".to_vec())]);
     assert!(segment.len() <= SEGMENT_FRAMES_OFFSET);
     segment[40] ^= 1;
     let seg1 = dir().join(format::segment_file_name(1, kairos_wal::Lsn(1)));
