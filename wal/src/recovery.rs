@@ -319,35 +319,6 @@ pub(crate) fn read_trim(
     read_bound(storage, dir, name, store_id, Trim::decode, |t| &t.store_id)
 }
 
-/// Reads `CLOSED` (the high-water mark of the last clean close) and `SYNCED` (the idle
-/// high-water mark) of `dir`, each `None` if it does not exist.
-///
-/// # Errors
-/// As [`read_bound`].
-fn read_closed_and_synced(
-    storage: &dyn Storage,
-    dir: &Path,
-    store_id: &StoreId,
-) -> Result<(Option<Closed>, Option<Synced>), WalError> {
-    let closed = read_bound(
-        storage,
-        dir,
-        format::CLOSED_FILE_NAME,
-        store_id,
-        Closed::decode,
-        |c| &c.store_id,
-    )?;
-    let synced = read_bound(
-        storage,
-        dir,
-        format::SYNCED_FILE_NAME,
-        store_id,
-        Synced::decode,
-        |s| &s.store_id,
-    )?;
-    Ok((closed, synced))
-}
-
 /// A high-water mark on record: segment `seq` existed and every LSN up to `lsn` was durable
 /// when `file` was written; the log only grows past both.
 #[derive(Clone, Copy, Debug)]
@@ -370,14 +341,25 @@ impl HighWater {
     }
 }
 
-/// Both high-water marks of `dir`, those that exist.
+/// Both high-water marks of `dir` — `CLOSED` (the last clean close) and `SYNCED` (the last
+/// roll or idle sync) — those that exist.
+///
+/// # Errors
+/// As [`read_bound`].
 fn read_high_water(
     storage: &dyn Storage,
     dir: &Path,
     store_id: &StoreId,
 ) -> Result<Vec<HighWater>, WalError> {
     let mut marks = Vec::with_capacity(2);
-    let (closed, synced) = read_closed_and_synced(storage, dir, store_id)?;
+    let closed = read_bound(
+        storage,
+        dir,
+        format::CLOSED_FILE_NAME,
+        store_id,
+        Closed::decode,
+        |c| &c.store_id,
+    )?;
     if let Some(closed) = closed {
         marks.push(HighWater {
             file: format::CLOSED_FILE_NAME,
@@ -386,6 +368,14 @@ fn read_high_water(
             what: "the last clean close",
         });
     }
+    let synced = read_bound(
+        storage,
+        dir,
+        format::SYNCED_FILE_NAME,
+        store_id,
+        Synced::decode,
+        |s| &s.store_id,
+    )?;
     if let Some(synced) = synced {
         marks.push(HighWater {
             file: format::SYNCED_FILE_NAME,

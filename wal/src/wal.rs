@@ -343,6 +343,23 @@ fn write_file_atomically(
 }
 
 /// Writes `META` for a new log: tmp, fdatasync, rename, fsync the directory.
+/// Records in `SYNCED` that segment `seq` exists and every LSN up to `synced_lsn` is durable
+/// (replace protocol: two syncs and a rename). Only valid when both are true.
+fn write_synced(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: &StoreId,
+    seq: u64,
+    synced_lsn: u64,
+) -> Result<(), WalError> {
+    let synced = Synced {
+        store_id: *store_id,
+        seq,
+        synced_lsn: Lsn(synced_lsn),
+    };
+    write_file_atomically(storage, dir, format::SYNCED_FILE_NAME, &synced.encode())
+}
+
 fn create_meta(storage: &dyn Storage, dir: &Path) -> Result<StoreId, WalError> {
     let store_id = storage
         .random_id()
@@ -569,17 +586,7 @@ impl Wal {
             // Open finished a roll (the newest segment was sealed) or replaced an unwritten
             // segment: record the new segment as a roll does, so that deleting it later is a
             // missing segment.
-            let synced = Synced {
-                store_id,
-                seq: active.seq,
-                synced_lsn: Lsn(last),
-            };
-            write_file_atomically(
-                storage.as_ref(),
-                dir,
-                format::SYNCED_FILE_NAME,
-                &synced.encode(),
-            )?;
+            write_synced(storage.as_ref(), dir, &store_id, active.seq, last)?;
         }
         let sealed: Vec<SealedSegment> = analysis
             .segments
@@ -1435,16 +1442,12 @@ impl Writer {
     /// Records the active segment and the highest synced LSN in `SYNCED` (replace protocol:
     /// two syncs and a rename). Only valid when that LSN is durable.
     fn write_synced_file(&mut self) -> Result<(), WalError> {
-        let synced = Synced {
-            store_id: self.store_id,
-            seq: self.active.seq,
-            synced_lsn: Lsn(self.synced),
-        };
-        write_file_atomically(
+        write_synced(
             self.storage.as_ref(),
             &self.dir,
-            format::SYNCED_FILE_NAME,
-            &synced.encode(),
+            &self.store_id,
+            self.active.seq,
+            self.synced,
         )?;
         self.marked = self.synced;
         Ok(())

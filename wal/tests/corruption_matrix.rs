@@ -191,21 +191,37 @@ fn header_only_newest_segment_after_a_seal_opens_with_everything() -> TestResult
     let mut header = closed.files[&segs[1]][..kairos_wal::format::SEGMENT_HEADER_BYTES].to_vec();
     header.resize(kairos_wal::format::SEGMENT_FRAMES_OFFSET, 0);
     files.insert(segs[1].clone(), header);
-    let case = Case {
-        name: "header-only newest segment".into(),
-        files,
-        damage: None,
-        must_keep: sealed_last,
-        known_limit: false,
+    // SYNCED as that roll left it: not yet rewritten (the crash came first; the image's own
+    // may name a later segment, so it goes), or naming the new segment and the sealed LSNs.
+    let synced_path = dir().join(kairos_wal::format::SYNCED_FILE_NAME);
+    files.remove(&synced_path);
+    let store_id = kairos_wal::format::decode_meta(&files[&dir().join("META")])?;
+    let rolled = kairos_wal::format::Synced {
+        store_id,
+        seq: 2,
+        synced_lsn: kairos_wal::Lsn(sealed_last),
     };
-    let outcome = judge(&closed, &case, scan_case(&case, true));
-    assert_eq!(
-        outcome,
-        Outcome::Opened {
-            survivors: sealed_last,
-            torn: None
+    for synced in [None, Some(rolled.encode().to_vec())] {
+        let mut files = files.clone();
+        if let Some(bytes) = synced {
+            files.insert(synced_path.clone(), bytes);
         }
-    );
+        let case = Case {
+            name: "header-only newest segment".into(),
+            files,
+            damage: None,
+            must_keep: sealed_last,
+            known_limit: false,
+        };
+        let outcome = judge(&closed, &case, scan_case(&case, true));
+        assert_eq!(
+            outcome,
+            Outcome::Opened {
+                survivors: sealed_last,
+                torn: None
+            }
+        );
+    }
     Ok(())
 }
 
