@@ -1272,25 +1272,10 @@ fn read_segment_header(
     is_last: bool,
 ) -> Result<Option<SegmentHeader>, WalError> {
     // A version-2 header is followed by its mark slots; the creation protocol syncs both
-    // before the segment gets its name, so only the newest segment can be found shorter. A
-    // file without a valid header counts as unwritten only if it holds no more than a
-    // version-2 creation writes: at most 64 bytes, or at most 128 whose bytes past 64 are
-    // zero (empty slots) — a version-1 segment of up to 128 bytes can hold frames.
-    let mut unwritten_allowed = is_last && len <= SEGMENT_FRAMES_OFFSET as u64;
-    if unwritten_allowed && len > SEGMENT_HEADER_BYTES as u64 {
-        let mut tail = [0u8; SEGMENT_FRAMES_OFFSET - SEGMENT_HEADER_BYTES];
-        let tail = &mut tail[..(len as usize - SEGMENT_HEADER_BYTES)];
-        read_exact_at(file, tail, SEGMENT_HEADER_BYTES as u64)
-            .map_err(|e| io_error("read", path, e))?;
-        let header_is_valid = {
-            let mut head = [0u8; SEGMENT_HEADER_BYTES];
-            read_exact_at(file, &mut head, 0).map_err(|e| io_error("read", path, e))?;
-            SegmentHeader::decode(&head).is_ok()
-        };
-        unwritten_allowed = header_is_valid || tail.iter().all(|&b| b == 0);
-    }
+    // before the segment gets its name, so only the newest segment can be found shorter.
+    let short_newest = is_last && len <= SEGMENT_FRAMES_OFFSET as u64;
     if len < SEGMENT_HEADER_BYTES as u64 {
-        if unwritten_allowed {
+        if short_newest {
             return Ok(None);
         }
         return Err(corrupt(
@@ -1301,11 +1286,16 @@ fn read_segment_header(
             ),
         ));
     }
-    let mut bytes = [0u8; SEGMENT_HEADER_BYTES];
-    read_exact_at(file, &mut bytes, 0).map_err(|e| io_error("read", path, e))?;
-    match SegmentHeader::decode(&bytes) {
+    let mut bytes = [0u8; SEGMENT_FRAMES_OFFSET];
+    let head = &mut bytes[..len.min(SEGMENT_FRAMES_OFFSET as u64) as usize];
+    read_exact_at(file, head, 0).map_err(|e| io_error("read", path, e))?;
+    // Without a valid header, a short newest file is unwritten only if it holds no more than
+    // a version-2 creation writes (zeros past the header: empty slots) — a version-1 segment
+    // of up to 128 bytes can hold frames.
+    let unwritten_if_invalid = short_newest && head[SEGMENT_HEADER_BYTES..].iter().all(|&b| b == 0);
+    match SegmentHeader::decode(head) {
         Ok(header) if len < header.frames_offset() => {
-            if unwritten_allowed {
+            if short_newest {
                 return Ok(None);
             }
             Err(corrupt(
@@ -1323,7 +1313,7 @@ fn read_segment_header(
             version,
         }),
         Err(HeaderError::BadMagic | HeaderError::BadCrc | HeaderError::Short)
-            if unwritten_allowed =>
+            if unwritten_if_invalid =>
         {
             Ok(None)
         }
