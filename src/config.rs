@@ -302,6 +302,20 @@ pub struct Config {
     /// timed I/O. With a delay set, each segment roll also records the new
     /// segment there (not under `Buffered`). Ignored in memory.
     pub synced_mark_delay: Option<Duration>,
+    /// Proof before acknowledgement: under [`Durability::Sync`] a call returns
+    /// only once a durable mark in the log that no cut of its tail can remove
+    /// covers its record (and so does every sync of the log a checkpoint
+    /// waits for, in any mode), so after an unclean shutdown, outside damage that would drop an
+    /// acknowledged task — the last group commit's included — is refused as
+    /// corruption instead of being truncated as a torn write
+    /// (`kairos_wal::WalOptions::proof_before_ack`; `wal/FORMAT.md`, "Proof
+    /// before acknowledgement"). The mark rides on the next group commit's
+    /// fdatasync when calls keep coming; a lone caller pays a second
+    /// fdatasync (BENCHMARKS.md, "Proof before acknowledgement"). Each segment
+    /// roll also records the new segment in `SYNCED`. Default `true`; `false`
+    /// acknowledges at the fdatasync itself and leaves the limit README
+    /// describes. Ignored in memory.
+    pub proof_before_ack: bool,
 }
 
 impl Default for Config {
@@ -327,6 +341,7 @@ impl Default for Config {
             relocate_far_bytes: RELOCATE_FAR_BYTES_DEFAULT,
             payload_prefetch: true,
             synced_mark_delay: Some(kairos_wal::SYNCED_MARK_DELAY_DEFAULT),
+            proof_before_ack: true,
         }
     }
 }

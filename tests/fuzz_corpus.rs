@@ -428,8 +428,11 @@ fn one_schedule_dir_input(id: u64) -> Vec<u8> {
     body.extend_from_slice(b"kp");
     let sim = SimStorage::new(41);
     let dir = Path::new(LOG_DIR);
+    // Without proof before acknowledgement, as the log wrote it when the input was committed
+    // (with it, the image would also hold SYNCED and a filled mark slot).
     let options = WalOptions {
         durability: Durability::Buffered,
+        proof_before_ack: false,
         ..WalOptions::default()
     };
     let (wal, _) = Wal::open(std::sync::Arc::new(sim.clone()), dir, options, &mut |_| {

@@ -763,6 +763,7 @@ impl Engine {
             segment_bytes: config.segment_bytes,
             durability: config.durability,
             synced_mark_delay: config.synced_mark_delay,
+            proof_before_ack: config.proof_before_ack,
             ..WalOptions::default()
         };
         let loaded = checkpointing::load(storage.as_ref(), &dir)?;

@@ -182,6 +182,21 @@ pub struct WalOptions {
     /// [`SYNCED_MARK_DELAY_MAX`]. An append that arrives while the mark is being written waits
     /// for it (at most the two syncs).
     pub synced_mark_delay: Option<std::time::Duration>,
+    /// Proof before acknowledgement: an append's [`AppendTicket::wait`] under
+    /// [`Durability::Sync`], and every [`Wal::sync`], return only once a durable mark that no
+    /// cut of the segment's tail can remove records the append's LSN as synced — a mark slot in
+    /// the segment's header area (FORMAT.md, "Mark slots"), or `SYNCED` in a version-1 segment.
+    /// So after any unclean shutdown, damage that drops an acknowledged record — a cut, zeroed
+    /// or flipped tail, a newest segment deleted or emptied — is refused as corruption instead
+    /// of being read as a torn write (FORMAT.md, "Known limits", lists what `false` leaves
+    /// exposed). The mark for one group commit rides on the next one's fdatasync when appends
+    /// keep coming; when the writer would otherwise go idle it pays a second fdatasync of its
+    /// own (a 32-byte slot write). The cost falls on a lone appender under `Sync`, whose every
+    /// append then waits for two fdatasyncs (BENCHMARKS.md, "Proof before acknowledgement").
+    /// With it, each segment roll (and the creation of a log's first segment) also records the
+    /// new segment in `SYNCED`, as `synced_mark_delay` does. Default `true`, the contract the
+    /// README states; `false` acknowledges at the fdatasync itself.
+    pub proof_before_ack: bool,
 }
 
 impl Default for WalOptions {
@@ -191,6 +206,7 @@ impl Default for WalOptions {
             durability: Durability::Sync,
             record_bytes_max: RECORD_BYTES_MAX_DEFAULT,
             synced_mark_delay: Some(SYNCED_MARK_DELAY_DEFAULT),
+            proof_before_ack: true,
         }
     }
 }

@@ -110,6 +110,9 @@ struct State {
     written_lsn: u64,
     /// Highest LSN fdatasynced.
     synced_lsn: u64,
+    /// Highest LSN acknowledged as durable (`AppendTicket::wait` under Sync, `Wal::sync`): with
+    /// `proof_before_ack`, the highest a durable mark proves; else `synced_lsn`.
+    acked_lsn: u64,
     /// Highest LSN a `Wal::sync` caller wants synced.
     sync_wanted: u64,
     poison: Option<Poison>,
@@ -231,6 +234,32 @@ struct Active {
     frames_offset: u64,
     /// The writer's place in the mark slots; `None` in a version-1 segment (no slots).
     slots: Option<SlotCursor>,
+}
+
+impl Active {
+    /// Writes `synced_lsn` (already durable) into the segment's next mark slot, if it has
+    /// slots and the LSN is above what they hold; not synced here. Returns whether it wrote.
+    fn write_mark_slot(&mut self, synced_lsn: u64) -> Result<bool, WalError> {
+        let Some(cursor) = &mut self.slots else {
+            return Ok(false);
+        };
+        if synced_lsn <= cursor.mark {
+            return Ok(false);
+        }
+        let offset = (MARK_SLOTS_OFFSET + cursor.next * MARK_SLOT_BYTES) as u64;
+        self.file
+            .write_all_at(&MarkSlot::encode(self.seq, synced_lsn), offset)
+            .map_err(|e| io_error("write", &self.path, e))?;
+        cursor.mark = synced_lsn;
+        cursor.next = (cursor.next + 1) % MARK_SLOT_COUNT;
+        Ok(true)
+    }
+
+    /// The highest LSN the slots hold once the last slot write is durable (`None`: a
+    /// version-1 segment, which has none).
+    fn slots_mark(&self) -> Option<u64> {
+        self.slots.map(|cursor| cursor.mark)
+    }
 }
 
 /// Where the next mark of a version-2 segment goes (FORMAT.md, "Mark slots").
@@ -565,7 +594,7 @@ impl Wal {
                 .sync_dir(dir)
                 .map_err(|e| io_error("fsync dir", dir, e))?;
         }
-        let (active, created) = prepare_active(storage.as_ref(), dir, &store_id, &analysis)?;
+        let (mut active, created) = prepare_active(storage.as_ref(), dir, &store_id, &analysis)?;
         // Every segment file recovery adopted must have a durable directory entry before a
         // record is acknowledged in it: a roll whose directory fsync failed (the log was then
         // poisoned) left its new segment's rename in the page cache only, and after a process
@@ -575,18 +604,35 @@ impl Wal {
             .sync_dir(dir)
             .map_err(|e| io_error("fsync dir", dir, e))?;
         let last = analysis.last_lsn.0;
-        let marks_rolls =
-            options.synced_mark_delay.is_some() && options.durability != Durability::Buffered;
-        if marks_rolls
-            && analysis
-                .tail
-                .as_ref()
-                .is_some_and(|t| t.sealed || t.unwritten)
+        let marks_rolls = options.proof_before_ack
+            || (options.synced_mark_delay.is_some() && options.durability != Durability::Buffered);
+        let mut marked = analysis.marked_lsn.0;
+        let first_of_log = options.proof_before_ack && analysis.tail.is_none();
+        if first_of_log
+            || (marks_rolls
+                && analysis
+                    .tail
+                    .as_ref()
+                    .is_some_and(|t| t.sealed || t.unwritten))
         {
-            // Open finished a roll (the newest segment was sealed) or replaced an unwritten
-            // segment: record the new segment as a roll does, so that deleting it later is a
-            // missing segment.
+            // Open finished a roll (the newest segment was sealed), replaced an unwritten
+            // segment or created a log's first segment: record the new segment as a roll does,
+            // so that deleting it later is a missing segment.
             write_synced(storage.as_ref(), dir, &store_id, active.seq, last)?;
+            marked = marked.max(last);
+        }
+        if options.proof_before_ack {
+            // The replayed records are durable (`prepare_active` synced them); make them
+            // provable too before anything new is acknowledged after them.
+            if active.write_mark_slot(last)? {
+                active
+                    .file
+                    .sync_data()
+                    .map_err(|e| io_error("fdatasync", &active.path, e))?;
+            } else if active.slots.is_none() && marked < last {
+                write_synced(storage.as_ref(), dir, &store_id, active.seq, last)?;
+                marked = last;
+            }
         }
         let sealed: Vec<SealedSegment> = analysis
             .segments
@@ -612,6 +658,7 @@ impl Wal {
                 queue: Vec::new(),
                 written_lsn: last,
                 synced_lsn: last,
+                acked_lsn: last,
                 sync_wanted: 0,
                 poison: None,
                 stop: Stop::Running,
@@ -632,6 +679,8 @@ impl Wal {
             active,
             written: last,
             synced: last,
+            proven: last,
+            proof: options.proof_before_ack,
             recorded_synced: last,
             buf: Vec::new(),
             buf_last_lsn: last,
@@ -640,7 +689,7 @@ impl Wal {
             synced_mark_delay: options.synced_mark_delay.filter(|_| {
                 options.durability != Durability::Buffered && storage.allows_timed_io()
             }),
-            marked: analysis.marked_lsn.0,
+            marked,
             marks_rolls,
             writeback: None,
             writes_back: options.durability != Durability::Sync && storage.allows_timed_io(),
@@ -773,7 +822,9 @@ impl Wal {
         Lsn(self.shared.state.lock().next_lsn - 1)
     }
 
-    /// The last LSN known to be fdatasynced.
+    /// The last LSN known to be fdatasynced (with `proof_before_ack`, possibly not yet
+    /// proven, so not yet acknowledged: what [`AppendTicket::wait`] and [`Wal::sync`] wait for
+    /// can lag it by one group commit).
     pub fn synced_lsn(&self) -> Lsn {
         Lsn(self.shared.state.lock().synced_lsn)
     }
@@ -796,7 +847,8 @@ impl Wal {
     }
 
     /// Forces an fdatasync of everything appended so far and waits for it, in any durability
-    /// mode (shares the writer's group commit). Returns at once if everything is synced.
+    /// mode (shares the writer's group commit) — with `proof_before_ack` (the default), until a
+    /// durable mark proves it too. Returns at once if everything already is.
     ///
     /// # Errors
     /// [`WalError::Io`] if the sync (or a write before it) failed — the log is then poisoned;
@@ -812,13 +864,13 @@ impl Wal {
             return Err(WalError::Closed);
         }
         let target = state.next_lsn - 1;
-        if state.synced_lsn >= target {
+        if state.acked_lsn >= target {
             return Ok(());
         }
         state.sync_wanted = state.sync_wanted.max(target);
         self.shared.writer_wake.notify_one();
         loop {
-            if state.synced_lsn >= target {
+            if state.acked_lsn >= target {
                 return Ok(());
             }
             if let Some(poison) = &state.poison {
@@ -936,8 +988,11 @@ impl AppendTicket {
     }
 
     /// Blocks until the append has the log's durability: [`Durability::Sync`] — fdatasynced
-    /// (concurrent appenders share one fdatasync); `Interval`/`Buffered` — written to the OS
-    /// (survives a process crash, not necessarily a power cut).
+    /// (concurrent appenders share one fdatasync) and, with
+    /// [`WalOptions::proof_before_ack`](crate::WalOptions::proof_before_ack) (the default),
+    /// proven by a durable mark that no cut of the tail removes (the next group commit's
+    /// fdatasync carries it, or a second one when none follows); `Interval`/`Buffered` —
+    /// written to the OS (survives a process crash, not necessarily a power cut).
     ///
     /// # Errors
     /// [`WalError::Io`] with the original failure if the write or sync of this append (or one
@@ -948,7 +1003,7 @@ impl AppendTicket {
         let mut state = shared.state.lock();
         loop {
             let done = match shared.durability {
-                Durability::Sync => state.synced_lsn,
+                Durability::Sync => state.acked_lsn,
                 Durability::Interval(_) | Durability::Buffered => state.written_lsn,
             };
             if done >= self.last_lsn.0 {
@@ -1100,6 +1155,11 @@ struct Writer {
     written: u64,
     /// Highest LSN fdatasynced.
     synced: u64,
+    /// Highest LSN a durable mark proves synced (a mark slot, a sealed segment, `SYNCED`):
+    /// no damage to the tail can drop it unnoticed.
+    proven: u64,
+    /// [`WalOptions::proof_before_ack`](crate::WalOptions::proof_before_ack).
+    proof: bool,
     /// Highest `synced_lsn` recorded in a frame on disk.
     recorded_synced: u64,
     /// Frames encoded but not yet written.
@@ -1114,8 +1174,9 @@ struct Writer {
     synced_mark_delay: Option<Duration>,
     /// Highest LSN recorded as synced in `SYNCED` or `CLOSED`.
     marked: u64,
-    /// Whether each roll records the new segment in `SYNCED` (`synced_mark_delay` set and not
-    /// `Buffered`; unlike the idle mark, not a timed write: it is part of the roll).
+    /// Whether each roll records the new segment in `SYNCED` (`proof_before_ack`, or
+    /// `synced_mark_delay` set and not `Buffered`; unlike the idle mark, not a timed write: it
+    /// is part of the roll).
     marks_rolls: bool,
     /// The write-back thread (`Buffered` and `Interval`, on a storage that allows timed and
     /// background I/O), started with the first write-back; `None` where there is none.
@@ -1191,7 +1252,7 @@ impl Writer {
             let interval_due = interval
                 .is_some_and(|d| self.written > self.synced && self.last_sync.elapsed() >= d);
             if !state.queue.is_empty()
-                || state.sync_wanted > self.synced
+                || state.sync_wanted > self.acked()
                 || state.stop != Stop::Running
                 || interval_due
             {
@@ -1253,7 +1314,7 @@ impl Writer {
     fn should_gather(&self, state: &State) -> bool {
         self.shared.durability == Durability::Sync
             && state.stop == Stop::Running
-            && state.sync_wanted <= self.synced
+            && state.sync_wanted <= self.acked()
             && !state.queue.is_empty()
             && state.queue.len() < self.last_batch_frames
     }
@@ -1272,6 +1333,20 @@ impl Writer {
             || work.stop == Stop::Close;
         if need_sync && self.written > self.synced {
             self.sync()?;
+        }
+        if self.proof && self.synced > self.proven {
+            let sync_mode = self.shared.durability == Durability::Sync;
+            // Someone waits for these LSNs: an appender under Sync, a `Wal::sync` caller, a close.
+            let awaited = (had_batch && sync_mode)
+                || work.sync_wanted > self.proven
+                || work.stop != Stop::Running;
+            // Under Sync, a queued batch's fdatasync is about to carry the mark at no extra cost.
+            let carried = sync_mode
+                && work.stop == Stop::Running
+                && !self.shared.state.lock().queue.is_empty();
+            if awaited && !carried {
+                self.prove()?;
+            }
         }
         self.publish();
         match work.stop {
@@ -1328,6 +1403,7 @@ impl Writer {
         }
         state.written_lsn = self.written;
         state.synced_lsn = self.synced;
+        state.acked_lsn = self.acked();
         self.shared.progress.notify_all();
     }
 
@@ -1416,6 +1492,10 @@ impl Writer {
     fn sync(&mut self) -> Result<(), WalError> {
         self.write_mark_slot()?;
         self.sync_file()?;
+        // The slot written above is durable now: it proves the previous sync's LSNs.
+        if let Some(mark) = self.active.slots_mark() {
+            self.proven = self.proven.max(mark);
+        }
         self.synced = self.written;
         Ok(())
     }
@@ -1423,19 +1503,28 @@ impl Writer {
     /// Writes `synced` (already durable) into the active segment's next mark slot, if it is
     /// above what the slots hold. Not synced here: the sync that follows carries it.
     fn write_mark_slot(&mut self) -> Result<(), WalError> {
-        let Some(cursor) = &mut self.active.slots else {
-            return Ok(());
-        };
-        if self.synced <= cursor.mark {
-            return Ok(());
+        self.active.write_mark_slot(self.synced).map(|_| ())
+    }
+
+    /// The highest LSN acknowledged as durable: `proven` with
+    /// [`WalOptions::proof_before_ack`](crate::WalOptions::proof_before_ack), else `synced`.
+    fn acked(&self) -> u64 {
+        if self.proof {
+            self.proven
+        } else {
+            self.synced
         }
-        let offset = (MARK_SLOTS_OFFSET + cursor.next * MARK_SLOT_BYTES) as u64;
-        self.active
-            .file
-            .write_all_at(&MarkSlot::encode(self.active.seq, self.synced), offset)
-            .map_err(|e| io_error("write", &self.active.path, e))?;
-        cursor.mark = self.synced;
-        cursor.next = (cursor.next + 1) % MARK_SLOT_COUNT;
+    }
+
+    /// Makes every synced LSN provable after any later damage to the tail: a mark slot naming
+    /// `synced`, then an fdatasync (a version-1 segment has no slots: `SYNCED` instead).
+    fn prove(&mut self) -> Result<(), WalError> {
+        if self.active.write_mark_slot(self.synced)? {
+            self.sync_file()?;
+        } else if self.active.slots.is_none() && self.marked < self.synced {
+            self.write_synced_file()?;
+        }
+        self.proven = self.synced;
         Ok(())
     }
 
@@ -1497,6 +1586,9 @@ impl Writer {
             // later) is then a missing segment, not a crash during this roll.
             self.write_synced_file()?;
         }
+        // A sealed segment with a durable successor is durable to its end: no cut of the
+        // newest segment's tail reaches its records.
+        self.proven = self.written;
         Ok(())
     }
 }

@@ -79,19 +79,21 @@ fn images() -> Result<(Image, Image), kairos_wal::WalError> {
     Ok((closed, crashed))
 }
 
-/// The crashed log again, with its idle high-water mark (`SYNCED`) on disk.
-fn marked() -> Result<Image, kairos_wal::WalError> {
+/// The crashed log again, acknowledged without proof (`proof_before_ack: false`): with and
+/// without its idle high-water mark (`SYNCED`) on disk.
+fn unproven() -> Result<[Image; 2], kairos_wal::WalError> {
+    let unproven = crashed_unproven_image(15, 90, 110)?;
     let marked = crashed_marked_image(14, 90, 110)?;
-    assert!(marked.segments().len() >= 2);
+    assert!(unproven.segments().len() >= 2 && marked.segments().len() >= 2);
     assert!(marked.files.contains_key(&dir().join("SYNCED")));
-    Ok(marked)
+    Ok([unproven, marked])
 }
 
 #[test]
 fn every_bit_of_every_byte_flipped() -> TestResult {
     let (closed, crashed) = images()?;
-    let marked = marked()?;
-    for image in [&closed, &crashed, &marked] {
+    let [unproven, marked] = unproven()?;
+    for image in [&closed, &crashed, &unproven, &marked] {
         let mut tally = Tally::default();
         for_each_bit_flip(image, &[0, 1, 2, 3, 4, 5, 6, 7], |case| {
             tally.run(image, &case);
@@ -108,8 +110,8 @@ fn every_bit_of_every_byte_flipped() -> TestResult {
 #[test]
 fn every_file_cut_at_every_length() -> TestResult {
     let (closed, crashed) = images()?;
-    let marked = marked()?;
-    for image in [&closed, &crashed, &marked] {
+    let [unproven, marked] = unproven()?;
+    for image in [&closed, &crashed, &unproven, &marked] {
         let mut tally = Tally::default();
         for_each_truncation(image, |case| {
             let outcome = tally.run(image, &case);
@@ -139,8 +141,8 @@ fn every_file_cut_at_every_length() -> TestResult {
 #[test]
 fn every_sector_zeroed() -> TestResult {
     let (closed, crashed) = images()?;
-    let marked = marked()?;
-    for image in [&closed, &crashed, &marked] {
+    let [unproven, marked] = unproven()?;
+    for image in [&closed, &crashed, &unproven, &marked] {
         let mut tally = Tally::default();
         for_each_zeroed_sector(image, |case| {
             tally.run(image, &case);
@@ -154,9 +156,9 @@ fn every_sector_zeroed() -> TestResult {
 #[test]
 fn segments_deleted_duplicated_reordered_foreign_or_empty() -> TestResult {
     let (closed, crashed) = images()?;
-    let marked = marked()?;
+    let [unproven, marked] = unproven()?;
     let foreign = closed_image(13, 110)?;
-    for image in [&closed, &crashed, &marked] {
+    for image in [&closed, &crashed, &unproven, &marked] {
         let mut tally = Tally::default();
         for (case, expected) in segment_cases(image, &foreign) {
             let outcome = judge(image, &case, scan_case(&case, true));

@@ -16,10 +16,13 @@ use kairos_wal::{Durability, FaultKind, FaultOp, FaultPlan, SimStorage, WalError
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// Sync, 1 MiB segments, no idle high-water mark: only the slots can tell.
+/// Sync, 1 MiB segments, no idle high-water mark and no proof before acknowledgement (its
+/// second sync would write a slot of its own: `wal/tests/proof.rs`): only the slots, one sync
+/// behind, can tell.
 fn steady() -> WalOptions {
     WalOptions {
         synced_mark_delay: None,
+        proof_before_ack: false,
         ..options(Durability::Sync, 1 << 20)
     }
 }

@@ -309,7 +309,13 @@ fn leftover_tmp_files_are_removed_at_open() -> TestResult {
     assert_eq!(replayed, expected(1));
     assert_eq!(
         sim.list(dir())?,
-        vec!["0000000000000001-0000000000000001.seg", "CLOSED", "META"]
+        // SYNCED: the first segment on record (`proof_before_ack`).
+        vec![
+            "0000000000000001-0000000000000001.seg",
+            "CLOSED",
+            "META",
+            "SYNCED"
+        ]
     );
     Ok(())
 }
@@ -317,10 +323,12 @@ fn leftover_tmp_files_are_removed_at_open() -> TestResult {
 #[test]
 fn zero_byte_newest_segment_is_an_unwritten_roll() -> TestResult {
     let sim = SimStorage::new(10);
-    // No marks: with them, each roll records its new segment in SYNCED once created, and an
-    // emptied segment SYNCED names is corruption (below).
+    // No marks: with them (or with proof before acknowledgement), each roll records its new
+    // segment in SYNCED once created, and an emptied segment SYNCED names is corruption
+    // (below).
     let opts = WalOptions {
         synced_mark_delay: None,
+        proof_before_ack: false,
         ..options(Durability::Sync, 4096)
     };
     let (wal, _, _) = open(&sim, opts.clone())?;

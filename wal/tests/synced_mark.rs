@@ -15,9 +15,12 @@ use kairos_wal::{
 };
 use matrix_images::wait_for_synced_mark;
 
+/// The idle mark alone: without `proof_before_ack`, which also records every roll (and the
+/// first segment) in `SYNCED` (its own tests: `wal/tests/proof.rs`).
 fn marked(durability: Durability, segment_bytes: u64, delay: Option<Duration>) -> WalOptions {
     WalOptions {
         synced_mark_delay: delay,
+        proof_before_ack: false,
         ..options(durability, segment_bytes)
     }
 }

@@ -67,9 +67,10 @@ fn no_write_back_under_sync_or_without_background_io() -> TestResult {
     for (timed, durability) in [(false, Durability::Buffered), (true, Durability::Sync)] {
         let sim = SimStorage::new(2);
         sim.set_timed_io(timed);
-        // (No idle mark either: its sync would be counted.)
+        // (No idle mark nor proof either: their syncs would be counted.)
         let options = kairos_wal::WalOptions {
             synced_mark_delay: None,
+            proof_before_ack: false,
             ..options(durability, 64 << 20)
         };
         let (wal, _, _) = open(&sim, options)?;

@@ -51,14 +51,18 @@ pub struct Image {
     /// `SYNCED` records every synced LSN (the writer went idle after the last sync and wrote
     /// its idle high-water mark before the crash).
     pub marked: bool,
+    /// The synced records were acknowledged with `WalOptions::proof_before_ack` (the
+    /// default): a mark slot or `SYNCED` proves each of them, and names the newest segment.
+    pub proven: bool,
 }
 
 impl Image {
     /// Whether damage that cuts off the last synced frames (or the newest segment) of this
     /// image cannot be told from a torn write: FORMAT.md's "Known limits" — an unclean
-    /// shutdown with no high-water mark covering the synced records.
+    /// shutdown with no high-water mark covering the synced records, which only a log opened
+    /// without `proof_before_ack` leaves.
     pub fn blind_to_cut_synced_tail(&self) -> bool {
-        !self.clean && !self.marked
+        !self.clean && !self.marked && !self.proven
     }
 
     /// Whether `SYNCED` names the newest segment (a roll or an idle sync recorded it there), so
@@ -179,9 +183,19 @@ fn append_records(wal: &Wal, range: std::ops::RangeInclusive<u64>) -> Result<Vec
 }
 
 fn open(sim: &SimStorage, durability: Durability, segment_bytes: u64) -> Result<Wal, WalError> {
+    open_with(sim, durability, segment_bytes, true)
+}
+
+fn open_with(
+    sim: &SimStorage,
+    durability: Durability,
+    segment_bytes: u64,
+    proof_before_ack: bool,
+) -> Result<Wal, WalError> {
     let options = WalOptions {
         durability,
         segment_bytes,
+        proof_before_ack,
         ..WalOptions::default()
     };
     Ok(Wal::open(Arc::new(sim.clone()), dir(), options, &mut |_| Ok(()))?.0)
@@ -213,44 +227,71 @@ pub fn closed_image(seed: u64, n: u64) -> Result<Image, WalError> {
         synced: n,
         clean: true,
         marked: false,
+        proven: true,
     })
 }
 
 /// A log that crashed: records 1..=synced appended under `Sync` in 4 KiB segments (so the
-/// older segments are sealed), the process crashed; reopened under `Buffered` (1 MiB
-/// segments: no roll, no sync), records up to `n` appended, crashed again. Only
-/// 1..=synced are known durable; the newest segment holds both kinds.
+/// older segments are sealed) and acknowledged with proof (the default options), the process
+/// crashed; reopened under `Buffered` (1 MiB segments: no roll, no sync), records up to `n`
+/// appended, crashed again. Only 1..=synced are known durable; the newest segment holds both
+/// kinds.
 pub fn crashed_image(seed: u64, synced: u64, n: u64) -> Result<Image, WalError> {
-    crashed(seed, synced, n, false)
+    crashed(seed, synced, n, Marks::Proof)
 }
 
-/// As [`crashed_image`], but the writer went idle after record `synced` and wrote its idle
-/// high-water mark (`SYNCED`) before the first crash: the damage `crashed_image` cannot tell
-/// from a torn write is refused here.
+/// As [`crashed_image`], but acknowledged without proof (`proof_before_ack: false`) and
+/// crashed before any idle high-water mark: FORMAT.md's "Known limits", the damage this
+/// opt-out cannot tell from a torn write.
+pub fn crashed_unproven_image(seed: u64, synced: u64, n: u64) -> Result<Image, WalError> {
+    crashed(seed, synced, n, Marks::None)
+}
+
+/// As [`crashed_unproven_image`], but the writer went idle after record `synced` and wrote
+/// its idle high-water mark (`SYNCED`) before the first crash: the damage
+/// `crashed_unproven_image` cannot tell from a torn write is refused here.
 pub fn crashed_marked_image(seed: u64, synced: u64, n: u64) -> Result<Image, WalError> {
-    crashed(seed, synced, n, true)
+    crashed(seed, synced, n, Marks::Idle)
 }
 
-fn crashed(seed: u64, synced: u64, n: u64, marked: bool) -> Result<Image, WalError> {
+/// What records the synced LSNs of a crashed image.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Marks {
+    /// `proof_before_ack`: every acknowledged LSN is proven.
+    Proof,
+    /// Neither proof nor the idle mark: only the slots, one sync behind.
+    None,
+    /// No proof; the idle high-water mark `SYNCED` written before the crash.
+    Idle,
+}
+
+fn crashed(seed: u64, synced: u64, n: u64, marks: Marks) -> Result<Image, WalError> {
     let sim = SimStorage::new(seed);
+    let marked = marks == Marks::Idle;
+    let proven = marks == Marks::Proof;
     sim.set_timed_io(marked);
-    let wal = open(&sim, Durability::Sync, 4096)?;
+    let wal = open_with(&sim, Durability::Sync, 4096, proven)?;
     let mut records = append_records(&wal, 1..=synced)?;
     if marked {
         wait_for_synced_mark(&sim, dir(), synced);
     }
     drop(wal);
     sim.set_timed_io(false);
-    let wal = open(&sim, Durability::Buffered, 1 << 20)?;
+    let wal = open_with(&sim, Durability::Buffered, 1 << 20, proven)?;
     records.extend(append_records(&wal, synced + 1..=n)?);
     drop(wal);
     Ok(Image {
-        name: if marked { "crashed-marked" } else { "crashed" },
+        name: match marks {
+            Marks::Proof => "crashed",
+            Marks::None => "crashed-unproven",
+            Marks::Idle => "crashed-marked",
+        },
         files: files_of(&sim),
         records,
         synced,
         clean: false,
         marked,
+        proven,
     })
 }
 
