@@ -594,7 +594,7 @@ impl Wal {
                 .sync_dir(dir)
                 .map_err(|e| io_error("fsync dir", dir, e))?;
         }
-        let (mut active, created) = prepare_active(storage.as_ref(), dir, &store_id, &analysis)?;
+        let (active, created) = prepare_active(storage.as_ref(), dir, &store_id, &analysis)?;
         // Every segment file recovery adopted must have a durable directory entry before a
         // record is acknowledged in it: a roll whose directory fsync failed (the log was then
         // poisoned) left its new segment's rename in the page cache only, and after a process
@@ -607,32 +607,22 @@ impl Wal {
         let marks_rolls = options.proof_before_ack
             || (options.synced_mark_delay.is_some() && options.durability != Durability::Buffered);
         let mut marked = analysis.marked_lsn.0;
-        let first_of_log = options.proof_before_ack && analysis.tail.is_none();
-        if first_of_log
+        if options.proof_before_ack
             || (marks_rolls
                 && analysis
                     .tail
                     .as_ref()
                     .is_some_and(|t| t.sealed || t.unwritten))
         {
-            // Open finished a roll (the newest segment was sealed), replaced an unwritten
-            // segment or created a log's first segment: record the new segment as a roll does,
-            // so that deleting it later is a missing segment.
+            // Record the active segment, and every replayed LSN (durable: `prepare_active`
+            // synced them), in SYNCED before anything is acknowledged in it, so that deleting
+            // or emptying it later is refused. Without proof, only where open finished a roll
+            // (the newest segment was sealed) or replaced an unwritten segment, as a roll does.
+            // With proof, always: the segment may be one whose roll, or an earlier open, was
+            // cut short before its SYNCED, or one written without proof; a version-1 segment
+            // has no slots, and SYNCED proves its replayed records instead.
             write_synced(storage.as_ref(), dir, &store_id, active.seq, last)?;
             marked = marked.max(last);
-        }
-        if options.proof_before_ack {
-            // The replayed records are durable (`prepare_active` synced them); make them
-            // provable too before anything new is acknowledged after them.
-            if active.write_mark_slot(last)? {
-                active
-                    .file
-                    .sync_data()
-                    .map_err(|e| io_error("fdatasync", &active.path, e))?;
-            } else if active.slots.is_none() && marked < last {
-                write_synced(storage.as_ref(), dir, &store_id, active.seq, last)?;
-                marked = last;
-            }
         }
         let sealed: Vec<SealedSegment> = analysis
             .segments
@@ -966,9 +956,9 @@ impl Wal {
 }
 
 impl Drop for Wal {
-    /// Stops the writer after it has written — and synced only as its mode requires — what was
-    /// queued, then releases the lock: like a process crash for anything not durable. Never
-    /// panics.
+    /// Stops the writer after it has written — and synced as its mode requires (and, with
+    /// `proof_before_ack`, proven, for whoever still waits) — what was queued, then releases
+    /// the lock: like a process crash for anything not durable. Never panics.
     fn drop(&mut self) {
         if let Err(e) = self.stop_writer(Stop::Drop) {
             tracing::debug!(error = %e, "log dropped after an error");
@@ -996,8 +986,9 @@ impl AppendTicket {
     ///
     /// # Errors
     /// [`WalError::Io`] with the original failure if the write or sync of this append (or one
-    /// before it) failed — the log is then poisoned and the append may or may not survive a
-    /// reopen; [`WalError::Closed`] if the writer stopped without completing it.
+    /// before it) failed, or — with `proof_before_ack`, until its proof is durable — of a later
+    /// one whose sync was to carry that proof: the log is then poisoned and the append may or
+    /// may not survive a reopen; [`WalError::Closed`] if the writer stopped without completing it.
     pub fn wait(self) -> Result<(), WalError> {
         let shared = &self.shared;
         let mut state = shared.state.lock();
@@ -1336,14 +1327,16 @@ impl Writer {
         }
         if self.proof && self.synced > self.proven {
             let sync_mode = self.shared.durability == Durability::Sync;
-            // Someone waits for these LSNs: an appender under Sync, a `Wal::sync` caller, a close.
-            let awaited = (had_batch && sync_mode)
-                || work.sync_wanted > self.proven
-                || work.stop != Stop::Running;
-            // Under Sync, a queued batch's fdatasync is about to carry the mark at no extra cost.
-            let carried = sync_mode
+            // Someone waits for these LSNs: an appender under Sync, a `Wal::sync` caller.
+            let awaited = (had_batch && sync_mode) || work.sync_wanted > self.proven;
+            // Under Sync, a queued batch's fdatasync is about to carry the mark at no extra cost
+            // (in a segment with slots: a version-1 segment's syncs record none); a clean close
+            // proves everything with CLOSED below.
+            let carried = (sync_mode
+                && self.active.slots.is_some()
                 && work.stop == Stop::Running
-                && !self.shared.state.lock().queue.is_empty();
+                && !self.shared.state.lock().queue.is_empty())
+                || work.stop == Stop::Close;
             if awaited && !carried {
                 self.prove()?;
             }
@@ -1364,7 +1357,11 @@ impl Writer {
                     &self.dir,
                     format::CLOSED_FILE_NAME,
                     &closed.encode(),
-                )
+                )?;
+                // CLOSED proves every LSN: release whoever waits for a proof.
+                self.proven = self.written;
+                self.publish();
+                Ok(())
             }
             Stop::Drop => Ok(()),
             Stop::Running if work.mark_due => {
