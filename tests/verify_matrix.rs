@@ -116,10 +116,12 @@ fn every_bit_flip_verifies_as_the_log_reads_it() -> TestResult {
 #[test]
 fn every_cut_and_zeroed_sector_verifies_as_the_log_reads_it() -> TestResult {
     let (closed, crashed) = images()?;
-    // The crashed log again, with its idle high-water mark (SYNCED): cuts into synced
-    // records are damage to `verify` too.
+    // The crashed log again, acknowledged without proof: with its idle high-water mark
+    // (SYNCED), cuts into synced records are damage to `verify` too; without, the opt-out's
+    // documented limit reads the same to `verify` as to the log.
     let marked = crashed_marked_image(14, 90, 110)?;
-    for image in [&closed, &crashed, &marked] {
+    let unproven = crashed_unproven_image(15, 90, 110)?;
+    for image in [&closed, &crashed, &marked, &unproven] {
         for_each_truncation(image, |case| {
             verify_case(image, &case);
         });
@@ -134,8 +136,9 @@ fn every_cut_and_zeroed_sector_verifies_as_the_log_reads_it() -> TestResult {
 fn segment_damage_verifies_as_the_log_reads_it() -> TestResult {
     let (closed, crashed) = images()?;
     let marked = crashed_marked_image(14, 90, 110)?;
+    let unproven = crashed_unproven_image(15, 90, 110)?;
     let foreign = closed_image(13, 110)?;
-    for image in [&closed, &crashed, &marked] {
+    for image in [&closed, &crashed, &marked, &unproven] {
         for (case, expected) in segment_cases(image, &foreign) {
             let outcome = verify_case(image, &case);
             let log = judge(image, &case, scan_case(&case, false));
