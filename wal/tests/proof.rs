@@ -72,7 +72,8 @@ fn every_acknowledged_append_is_on_record_in_a_mark_slot_when_its_wait_returns()
     let seg = segments(&sim, dir())[0].clone();
     for i in 1..=20 {
         append_one(&wal, i)?;
-        let bytes = sim.read_file(&seg).ok_or("segment")?;
+        // Durable, not just written, when the wait returned.
+        let bytes = sim.read_durable_file(&seg).ok_or("segment")?;
         assert_eq!(slots_mark(&bytes), i, "append {i}");
         assert_eq!(wal.synced_lsn().0, i);
     }
@@ -257,7 +258,10 @@ fn wal_sync_is_proven_under_interval_and_buffered() -> TestResult {
         }
         wal.sync()?;
         let seg = segments(&sim, dir())[0].clone();
-        assert_eq!(slots_mark(&sim.read_file(&seg).ok_or("segment")?), 10);
+        assert_eq!(
+            slots_mark(&sim.read_durable_file(&seg).ok_or("segment")?),
+            10
+        );
         drop(wal);
         sim.power_cut();
         let bytes = sim.read_file(&seg).ok_or("segment")?;
@@ -296,7 +300,7 @@ fn concurrent_appenders_are_each_acknowledged_proven() -> TestResult {
                     ticket.wait().expect("wait");
                     // Acknowledged: a mark slot covers it now (slots only grow; no roll in a
                     // 1 MiB segment).
-                    let bytes = sim.read_file(seg).expect("segment");
+                    let bytes = sim.read_durable_file(seg).expect("segment");
                     assert!(
                         slots_mark(&bytes) >= lsn.0,
                         "LSN {lsn:?} acknowledged unproven"

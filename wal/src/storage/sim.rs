@@ -493,6 +493,15 @@ impl SimStorage {
         state.inodes.get(ino).map(|inode| inode.current.clone())
     }
 
+    /// The durable bytes (what a power cut cannot take) of the file now named `path`, or
+    /// `None` if no such file exists: what its last completed fdatasync made durable, whatever
+    /// was written since. Not counted as an operation.
+    pub fn read_durable_file(&self, path: &Path) -> Option<Vec<u8>> {
+        let state = self.inner.lock();
+        let ino = state.names.get(&normalize(path))?;
+        state.inodes.get(ino).map(|inode| inode.durable.clone())
+    }
+
     /// Test tampering: replaces the file at `path` (creating it and its parent directories if
     /// needed) with `bytes`, durable at once. Not counted as an operation.
     pub fn write_file(&self, path: &Path, bytes: &[u8]) {
