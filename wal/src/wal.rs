@@ -1487,7 +1487,7 @@ impl Writer {
     /// previous sync's LSN (FORMAT.md, "Mark slots"), so the segment's header area says how far
     /// it was durable, one group commit behind, without a sync of its own.
     fn sync(&mut self) -> Result<(), WalError> {
-        self.write_mark_slot()?;
+        self.active.write_mark_slot(self.synced)?;
         self.sync_file()?;
         // The slot written above is durable now: it proves the previous sync's LSNs.
         if let Some(mark) = self.active.slots_mark() {
@@ -1495,12 +1495,6 @@ impl Writer {
         }
         self.synced = self.written;
         Ok(())
-    }
-
-    /// Writes `synced` (already durable) into the active segment's next mark slot, if it is
-    /// above what the slots hold. Not synced here: the sync that follows carries it.
-    fn write_mark_slot(&mut self) -> Result<(), WalError> {
-        self.active.write_mark_slot(self.synced).map(|_| ())
     }
 
     /// The highest LSN acknowledged as durable: `proven` with
