@@ -9,8 +9,8 @@ mod common;
 
 use common::*;
 use kairos_wal::format::{
-    self, encode_frame, encode_meta, encode_record, FrameKind, MarkSlot, SegmentHeader,
-    MARK_SLOTS_OFFSET, MARK_SLOT_BYTES, SEGMENT_FRAMES_OFFSET,
+    self, encode_meta, MarkSlot, SegmentHeader, MARK_SLOTS_OFFSET, MARK_SLOT_BYTES,
+    SEGMENT_FRAMES_OFFSET,
 };
 use kairos_wal::{Durability, FaultKind, FaultOp, FaultPlan, SimStorage, WalError, WalOptions};
 
@@ -27,29 +27,8 @@ fn steady() -> WalOptions {
     }
 }
 
-fn slots_of(bytes: &[u8]) -> [MarkSlot; 2] {
-    core::array::from_fn(|i| {
-        let at = MARK_SLOTS_OFFSET + i * MARK_SLOT_BYTES;
-        MarkSlot::decode(&bytes[at..at + MARK_SLOT_BYTES])
-    })
-}
-
 fn mark(synced_lsn: u64, seq: u64) -> MarkSlot {
     MarkSlot::Mark { synced_lsn, seq }
-}
-
-/// Offsets of the frames of a segment image, with the first LSN of each DATA frame.
-fn data_frames(bytes: &[u8]) -> Vec<(usize, u64)> {
-    let mut out = Vec::new();
-    let mut at = SEGMENT_FRAMES_OFFSET;
-    while at + format::FRAME_HEADER_BYTES <= bytes.len() {
-        let header = format::FrameHeader::parse(&bytes[at..]);
-        if header.kind == FrameKind::Data as u8 {
-            out.push((at, header.first_lsn));
-        }
-        at += format::FRAME_HEADER_BYTES + header.body_bytes as usize;
-    }
-    out
 }
 
 #[test]
@@ -230,26 +209,6 @@ fn a_damaged_slot_outside_the_newest_segment_or_both_slots_damaged_is_corruption
         other => panic!("a foreign slot was not refused: {other:?}"),
     }
     Ok(())
-}
-
-/// A version-1 segment (no slots) of store `store_id`, seq 1, holding one DATA frame per
-/// record, each synced on its own (`synced_lsn` = the LSN before it).
-fn version_1_segment(store_id: [u8; 16], records: &[(u8, Vec<u8>)]) -> Vec<u8> {
-    let mut segment = SegmentHeader {
-        format_version: 1,
-        store_id,
-        seq: 1,
-        prev_last_lsn: 0,
-        created_ms: 0,
-    }
-    .encode()
-    .to_vec();
-    for (lsn, (record_type, body)) in (1u64..).zip(records) {
-        let mut frame_body = Vec::new();
-        encode_record(&mut frame_body, *record_type, body);
-        segment.extend(encode_frame(FrameKind::Data, 1, lsn, lsn - 1, &frame_body));
-    }
-    segment
 }
 
 #[test]

@@ -8,10 +8,7 @@
 mod common;
 
 use common::*;
-use kairos_wal::format::{
-    self, encode_meta, encode_record, FrameKind, MarkSlot, SegmentHeader, Synced,
-    MARK_SLOTS_OFFSET, MARK_SLOT_BYTES, SEGMENT_FRAMES_OFFSET, SYNCED_FILE_NAME,
-};
+use kairos_wal::format::{self, encode_meta, Synced, SEGMENT_FRAMES_OFFSET, SYNCED_FILE_NAME};
 use kairos_wal::{
     Durability, FaultKind, FaultOp, FaultPlan, SimStorage, Storage, WalError, WalOptions,
 };
@@ -26,38 +23,6 @@ fn proven(durability: Durability, segment_bytes: u64) -> WalOptions {
         synced_mark_delay: None,
         ..options(durability, segment_bytes)
     }
-}
-
-/// The highest LSN the mark slots of the segment image `bytes` record.
-fn slots_mark(bytes: &[u8]) -> u64 {
-    (0..2)
-        .map(|i| {
-            let at = MARK_SLOTS_OFFSET + i * MARK_SLOT_BYTES;
-            match MarkSlot::decode(&bytes[at..at + MARK_SLOT_BYTES]) {
-                MarkSlot::Mark { synced_lsn, .. } => synced_lsn,
-                MarkSlot::Empty | MarkSlot::Torn => 0,
-            }
-        })
-        .max()
-        .unwrap_or(0)
-}
-
-/// Offsets of the DATA frames of a (version-2) segment image, with the first LSN of each.
-fn data_frames(bytes: &[u8]) -> Vec<(usize, u64)> {
-    data_frames_from(bytes, SEGMENT_FRAMES_OFFSET)
-}
-
-/// [`data_frames`] of a segment whose frames start at `at`.
-fn data_frames_from(bytes: &[u8], mut at: usize) -> Vec<(usize, u64)> {
-    let mut out = Vec::new();
-    while at + format::FRAME_HEADER_BYTES <= bytes.len() {
-        let header = format::FrameHeader::parse(&bytes[at..]);
-        if header.kind == FrameKind::Data as u8 {
-            out.push((at, header.first_lsn));
-        }
-        at += format::FRAME_HEADER_BYTES + header.body_bytes as usize;
-    }
-    out
 }
 
 fn synced_file(sim: &SimStorage) -> Option<Synced> {
@@ -361,32 +326,6 @@ fn a_failed_proof_sync_poisons_and_acknowledges_nothing() -> TestResult {
     Ok(())
 }
 
-/// A version-1 segment (no slots) of store `store_id`, seq 1, holding one DATA frame per
-/// record, each synced on its own.
-fn version_1_segment(store_id: [u8; 16], records: u64) -> Vec<u8> {
-    let mut segment = SegmentHeader {
-        format_version: 1,
-        store_id,
-        seq: 1,
-        prev_last_lsn: 0,
-        created_ms: 0,
-    }
-    .encode()
-    .to_vec();
-    for lsn in 1..=records {
-        let mut frame_body = Vec::new();
-        encode_record(&mut frame_body, record_type(lsn), &body(lsn));
-        segment.extend(format::encode_frame(
-            FrameKind::Data,
-            1,
-            lsn,
-            lsn - 1,
-            &frame_body,
-        ));
-    }
-    segment
-}
-
 #[test]
 fn appends_to_a_version_1_segment_are_proven_through_synced() -> TestResult {
     // A version-1 segment has no slots: each acknowledgement records it in SYNCED instead.
@@ -394,7 +333,8 @@ fn appends_to_a_version_1_segment_are_proven_through_synced() -> TestResult {
     let store_id = [5; 16];
     let seg1 = dir().join(format::segment_file_name(1, kairos_wal::Lsn(1)));
     sim.write_file(&dir().join("META"), &encode_meta(&store_id));
-    sim.write_file(&seg1, &version_1_segment(store_id, 3));
+    let records: Vec<(u8, Vec<u8>)> = (1..=3).map(|i| (record_type(i), body(i))).collect();
+    sim.write_file(&seg1, &version_1_segment(store_id, &records));
     let (wal, _, replayed) = open(&sim, proven(Durability::Sync, 1 << 20))?;
     assert_eq!(replayed, expected(3));
     // Open put the replayed records on record.

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kairos_wal::format::{
-    FRAME_HEADER_BYTES, RECORD_HEADER_BYTES, SEGMENT_FRAMES_OFFSET, SEGMENT_SUFFIX,
+    self, FrameKind, MarkSlot, SegmentHeader, FRAME_HEADER_BYTES, MARK_SLOTS_OFFSET,
+    MARK_SLOT_BYTES, RECORD_HEADER_BYTES, SEGMENT_FRAMES_OFFSET, SEGMENT_SUFFIX,
 };
 use kairos_wal::{
     Durability, Record, RecoveryReport, SimStorage, Storage, Wal, WalError, WalOptions,
@@ -147,4 +148,68 @@ pub fn closed_log(seed: u64, n: u64, durability: Durability) -> Result<SimStorag
     }
     wal.close()?;
     Ok(sim)
+}
+
+/// The two mark slots of a version-2 segment image.
+pub fn slots_of(bytes: &[u8]) -> [MarkSlot; 2] {
+    core::array::from_fn(|i| {
+        let at = MARK_SLOTS_OFFSET + i * MARK_SLOT_BYTES;
+        MarkSlot::decode(&bytes[at..at + MARK_SLOT_BYTES])
+    })
+}
+
+/// The highest LSN the mark slots of a version-2 segment image record (0 if none).
+pub fn slots_mark(bytes: &[u8]) -> u64 {
+    slots_of(bytes)
+        .iter()
+        .map(|slot| match slot {
+            MarkSlot::Mark { synced_lsn, .. } => *synced_lsn,
+            MarkSlot::Empty | MarkSlot::Torn => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Offsets of the DATA frames of a version-2 segment image, with the first LSN of each.
+pub fn data_frames(bytes: &[u8]) -> Vec<(usize, u64)> {
+    data_frames_from(bytes, SEGMENT_FRAMES_OFFSET)
+}
+
+/// [`data_frames`] of a segment whose frames start at `at` (64 in a version-1 segment).
+pub fn data_frames_from(bytes: &[u8], mut at: usize) -> Vec<(usize, u64)> {
+    let mut out = Vec::new();
+    while at + FRAME_HEADER_BYTES <= bytes.len() {
+        let header = format::FrameHeader::parse(&bytes[at..]);
+        if header.kind == FrameKind::Data as u8 {
+            out.push((at, header.first_lsn));
+        }
+        at += FRAME_HEADER_BYTES + header.body_bytes as usize;
+    }
+    out
+}
+
+/// A version-1 segment (no slots) of store `store_id`, seq 1, holding one DATA frame per
+/// record, each synced on its own (`synced_lsn` = the LSN before it).
+pub fn version_1_segment(store_id: [u8; 16], records: &[(u8, Vec<u8>)]) -> Vec<u8> {
+    let mut segment = SegmentHeader {
+        format_version: 1,
+        store_id,
+        seq: 1,
+        prev_last_lsn: 0,
+        created_ms: 0,
+    }
+    .encode()
+    .to_vec();
+    for (lsn, (record_type, body)) in (1u64..).zip(records) {
+        let mut frame_body = Vec::new();
+        format::encode_record(&mut frame_body, *record_type, body);
+        segment.extend(format::encode_frame(
+            FrameKind::Data,
+            1,
+            lsn,
+            lsn - 1,
+            &frame_body,
+        ));
+    }
+    segment
 }
