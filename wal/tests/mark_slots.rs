@@ -77,25 +77,7 @@ fn under_steady_load_synced_frames_cut_off_are_corruption_except_the_last_sync()
     let pristine_dir = snapshot(&sim, dir());
     // Outside damage after the crash: every cut inside or at the start of frames 1..=59 (all
     // synced before the last sync) is refused, naming the slot's record.
-    for &(offset, lsn) in &frames[..59] {
-        for cut in [offset, offset + 20] {
-            sim.write_file(&newest, &bytes[..cut]);
-            let before = snapshot(&sim, dir());
-            match open(&sim, steady()) {
-                Err(WalError::Corrupt {
-                    file,
-                    reason,
-                    offset: at,
-                }) => {
-                    assert_eq!(file, newest);
-                    assert!(reason.contains("mark slot"), "cut {cut}: {reason}");
-                    assert_eq!(at, offset as u64, "cut {cut} (LSN {lsn})");
-                }
-                other => panic!("cut at {cut} (LSN {lsn}) was not refused: {other:?}"),
-            }
-            assert_eq!(snapshot(&sim, dir()), before, "open wrote after refusing");
-        }
-    }
+    assert_frame_cuts_refused(&sim, &newest, &bytes, &frames[..59], &steady());
     // The documented limit: a cut inside the frame of the last sync (LSN 60) cannot be told
     // from a torn write, and is truncated as one.
     let (last_offset, _) = frames[59];

@@ -83,25 +83,13 @@ fn any_cut_of_acknowledged_frames_after_a_crash_is_corruption_the_last_sync_incl
     let pristine = snapshot(&sim, dir());
     // Every cut at the start of, or inside, any acknowledged frame — the last one too, which
     // without proof reads as a torn write (`mark_slots.rs`) — is refused, naming the frame.
-    for &(offset, lsn) in &frames {
-        for cut in [offset, offset + 20] {
-            sim.write_file(&newest, &bytes[..cut]);
-            let before = snapshot(&sim, dir());
-            match open(&sim, proven(Durability::Sync, 1 << 20)) {
-                Err(WalError::Corrupt {
-                    file,
-                    reason,
-                    offset: at,
-                }) => {
-                    assert_eq!(file, newest);
-                    assert!(reason.contains("mark slot"), "cut {cut}: {reason}");
-                    assert_eq!(at, offset as u64, "cut {cut} (LSN {lsn})");
-                }
-                other => panic!("cut at {cut} (LSN {lsn}) was not refused: {other:?}"),
-            }
-            assert_eq!(snapshot(&sim, dir()), before, "open wrote after refusing");
-        }
-    }
+    assert_frame_cuts_refused(
+        &sim,
+        &newest,
+        &bytes,
+        &frames,
+        &proven(Durability::Sync, 1 << 20),
+    );
     for (path, file_bytes) in &pristine {
         sim.write_file(path, file_bytes);
     }

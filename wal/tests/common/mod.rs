@@ -213,3 +213,35 @@ pub fn version_1_segment(store_id: [u8; 16], records: &[(u8, Vec<u8>)]) -> Vec<u
     }
     segment
 }
+
+/// Cuts the segment `newest` (whose intact bytes are `bytes`) at the start of, and 20 bytes
+/// into, each DATA frame of `frames`, and asserts that each cut is refused as corruption at
+/// that frame, named by the mark slot that proves it, with no file changed by the refused
+/// open. Leaves the last cut in place.
+pub fn assert_frame_cuts_refused(
+    sim: &SimStorage,
+    newest: &Path,
+    bytes: &[u8],
+    frames: &[(usize, u64)],
+    options: &WalOptions,
+) {
+    for &(offset, lsn) in frames {
+        for cut in [offset, offset + 20] {
+            sim.write_file(newest, &bytes[..cut]);
+            let before = snapshot(sim, dir());
+            match open(sim, options.clone()) {
+                Err(WalError::Corrupt {
+                    file,
+                    reason,
+                    offset: at,
+                }) => {
+                    assert_eq!(file, newest);
+                    assert!(reason.contains("mark slot"), "cut {cut}: {reason}");
+                    assert_eq!(at, offset as u64, "cut {cut} (LSN {lsn})");
+                }
+                other => panic!("cut at {cut} (LSN {lsn}) was not refused: {other:?}"),
+            }
+            assert_eq!(snapshot(sim, dir()), before, "open wrote after refusing");
+        }
+    }
+}
