@@ -35,6 +35,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod arena;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;

@@ -1,6 +1,7 @@
 //! Tasks as the engine holds them: ids, the one state enum, the per-task
 //! entry, and the component that decides where payload bytes live.
 
+use crate::arena::{ArenaSlot, ByteArena};
 use crate::replay::TaskKey;
 use crate::wheel::TimerKey;
 
@@ -59,10 +60,22 @@ pub enum PayloadRef {
         /// Key bytes followed by payload bytes, then unused zeros.
         bytes: [u8; SMALL_BYTES],
     },
-    /// Key and payload in memory, in one allocation: the key's `key_len`
-    /// bytes, then the payload. One allocation per task instead of two halves
-    /// the allocator work on schedule and cancel, and a key comparison warms
-    /// the cache line the payload starts in.
+    /// Key and payload in memory, in one entry of the payload store's
+    /// arena (`crate::arena`), when together they take at most
+    /// `ARENA_BYTES_MAX` (1 024) bytes: the key's `key_len` bytes, then
+    /// the payload. Read and freed through the [`PayloadStore`] that made
+    /// it; a clone names the same entry (valid while the original is).
+    Pooled {
+        /// The arena entry.
+        at: ArenaSlot,
+        /// Bytes of the entry: key and payload.
+        len: u32,
+        /// Length of the key prefix.
+        key_len: u32,
+    },
+    /// Key and payload in memory, in one allocation of their own (longer
+    /// than the arena holds, or a replayed key's allocation kept): the key's
+    /// `key_len` bytes, then the payload.
     Inline {
         /// Key bytes followed by payload bytes.
         bytes: Box<[u8]>,
@@ -86,44 +99,6 @@ pub enum PayloadRef {
 }
 
 impl PayloadRef {
-    /// `key` and `payload` in memory: in the entry itself when they fit
-    /// ([`PayloadRef::Small`]), else in one allocation. Touches no engine
-    /// state: a new task's bytes are made before the engine's lock is taken
-    /// and counted under it ([`PayloadStore::adopt`]). Keys longer than
-    /// `u32::MAX` bytes are refused by config validation (`key_bytes_max`)
-    /// long before they get here.
-    pub fn in_memory(key: &[u8], payload: &[u8]) -> PayloadRef {
-        if let Some(small) = small(key, payload) {
-            return small;
-        }
-        let key_len = u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
-        let mut bytes = Vec::with_capacity(key.len() + payload.len());
-        bytes.extend_from_slice(key);
-        bytes.extend_from_slice(payload);
-        PayloadRef::Inline {
-            bytes: bytes.into_boxed_slice(),
-            key_len,
-        }
-    }
-
-    /// Payload bytes held in memory: 0 when the payload is on disk.
-    pub(crate) fn payload_len_in_memory(&self) -> usize {
-        match self {
-            PayloadRef::Small { len, key_len, .. } => usize::from(*len - *key_len),
-            PayloadRef::Inline { bytes, key_len } => bytes.len() - *key_len as usize,
-            PayloadRef::OnDisk { .. } => 0,
-        }
-    }
-
-    /// The task's key (always in memory).
-    pub fn key(&self) -> &[u8] {
-        match self {
-            PayloadRef::Small { bytes, key_len, .. } => &bytes[..usize::from(*key_len)],
-            PayloadRef::Inline { bytes, key_len } => &bytes[..*key_len as usize],
-            PayloadRef::OnDisk { key, .. } => key,
-        }
-    }
-
     /// Where the payload is on disk, if it is there and that entry's due
     /// time is the task's.
     pub fn on_disk_current(&self) -> Option<(u32, u64)> {
@@ -148,7 +123,9 @@ impl PayloadRef {
     /// Where the payload is on disk, if it is not in memory.
     pub fn on_disk(&self) -> Option<(u32, u64)> {
         match self {
-            PayloadRef::Small { .. } | PayloadRef::Inline { .. } => None,
+            PayloadRef::Small { .. } | PayloadRef::Pooled { .. } | PayloadRef::Inline { .. } => {
+                None
+            }
             PayloadRef::OnDisk { file, offset, .. } => Some((*file, *offset)),
         }
     }
@@ -172,29 +149,51 @@ fn small(key: &[u8], payload: &[u8]) -> Option<PayloadRef> {
 }
 
 /// Decides where payload bytes live and reads them back.
+///
+/// In memory a task's key and payload are one entry: in the task's own
+/// entry when they fit ([`SMALL_BYTES`]), else in the store's arena
+/// (`crate::arena`: no allocator call per task, each entry its length
+/// rounded up to 8 bytes), else (over 1 KiB together) one allocation.
+/// While a slab snapshot is read ([`PayloadStore::begin_snapshot`]), freed
+/// arena entries are kept until it ends, so that the tasks it saved as they
+/// were (clones naming the same entries) still read their bytes.
 #[derive(Debug, Default)]
 pub struct PayloadStore {
     bytes_in_memory: usize,
     /// Live tasks whose payload is in each overflow file, by file number.
     on_disk: std::collections::HashMap<u32, u64>,
+    /// Entries of [`PayloadRef::Pooled`].
+    arena: ByteArena,
+    /// While a snapshot is read: the arena entries released meanwhile
+    /// (entry, length), freed when it ends.
+    freed_during_snapshot: Option<Vec<(ArenaSlot, u32)>>,
 }
 
 impl PayloadStore {
     /// Stores `key` and `payload` for a new task and returns where they went.
-    /// Keys longer than `u32::MAX` bytes are refused by config validation
-    /// (`key_bytes_max`) long before they get here.
+    /// O(1). Keys longer than `u32::MAX` bytes are refused by config
+    /// validation (`key_bytes_max`) long before they get here.
     pub fn put(&mut self, key: &[u8], payload: &[u8]) -> PayloadRef {
-        self.adopt(PayloadRef::in_memory(key, payload))
-    }
-
-    /// Takes over `bytes`, made by [`PayloadRef::in_memory`] (possibly
-    /// before the engine's lock was taken, so that the allocation and the
-    /// copy happen outside it), for a new task: [`PayloadStore::put`] in two
-    /// steps.
-    pub fn adopt(&mut self, bytes: PayloadRef) -> PayloadRef {
-        debug_assert!(bytes.on_disk().is_none(), "adopt takes bytes in memory");
-        self.bytes_in_memory += bytes.payload_len_in_memory();
-        bytes
+        self.bytes_in_memory += payload.len();
+        if let Some(small) = small(key, payload) {
+            return small;
+        }
+        let key_len = u32::try_from(key.len()).expect("key length fits u32 (key_bytes_max)");
+        if let Some(at) = self.arena.store(key, payload) {
+            return PayloadRef::Pooled {
+                at,
+                // At most ARENA_BYTES_MAX.
+                len: (key.len() + payload.len()) as u32,
+                key_len,
+            };
+        }
+        let mut bytes = Vec::with_capacity(key.len() + payload.len());
+        bytes.extend_from_slice(key);
+        bytes.extend_from_slice(payload);
+        PayloadRef::Inline {
+            bytes: bytes.into_boxed_slice(),
+            key_len,
+        }
     }
 
     /// [`PayloadStore::put`] for a replayed task's key: a long key's
@@ -216,6 +215,67 @@ impl PayloadStore {
             }
             Err(inline) => self.put(&inline, payload),
         }
+    }
+
+    /// The task's key (always in memory). O(1).
+    pub fn key<'a>(&'a self, at: &'a PayloadRef) -> &'a [u8] {
+        match at {
+            PayloadRef::Small { bytes, key_len, .. } => &bytes[..usize::from(*key_len)],
+            PayloadRef::Pooled { at, len, key_len } => {
+                let bytes = self.arena.get(*at, *len as usize);
+                &bytes[..(*key_len as usize).min(bytes.len())]
+            }
+            PayloadRef::Inline { bytes, key_len } => &bytes[..*key_len as usize],
+            PayloadRef::OnDisk { key, .. } => key,
+        }
+    }
+
+    /// The payload if it is in memory (`None`: on disk, see
+    /// [`PayloadRef::on_disk`]). O(1).
+    pub fn get<'a>(&'a self, at: &'a PayloadRef) -> Option<&'a [u8]> {
+        match at {
+            PayloadRef::Small {
+                bytes,
+                len,
+                key_len,
+                ..
+            } => Some(&bytes[usize::from(*key_len)..usize::from(*len)]),
+            PayloadRef::Pooled { at, len, key_len } => {
+                let bytes = self.arena.get(*at, *len as usize);
+                Some(&bytes[(*key_len as usize).min(bytes.len())..])
+            }
+            PayloadRef::Inline { bytes, key_len } => Some(&bytes[*key_len as usize..]),
+            PayloadRef::OnDisk { .. } => None,
+        }
+    }
+
+    /// Starts keeping released arena entries until
+    /// [`PayloadStore::end_snapshot`]: taken with the slab's snapshot
+    /// ([`TaskSlab::begin_snapshot`]), whose saved tasks name entries their
+    /// live selves may release meanwhile. A snapshot already under way goes
+    /// on. Memory grows with the entries released meanwhile, as the slab's
+    /// saved tasks do with the slots changed.
+    pub fn begin_snapshot(&mut self) {
+        self.freed_during_snapshot.get_or_insert_with(Vec::new);
+    }
+
+    /// Frees the arena entries released since
+    /// [`PayloadStore::begin_snapshot`]: the slab's snapshot has been read or
+    /// dropped. O(entries released meanwhile).
+    pub fn end_snapshot(&mut self) {
+        for (at, len) in self.freed_during_snapshot.take().unwrap_or_default() {
+            self.arena.free(at, len as usize);
+        }
+    }
+
+    /// Arena entries released while a snapshot is read, kept till its end.
+    pub(crate) fn entries_kept_for_snapshot(&self) -> usize {
+        self.freed_during_snapshot.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Entries, pages and bytes of the arena (for stats and tests).
+    pub(crate) fn arena_stats(&self) -> crate::arena::ArenaStats {
+        self.arena.stats()
     }
 
     /// [`PayloadStore::put_on_disk`] taking the key's allocation.
@@ -253,32 +313,22 @@ impl PayloadStore {
         }
     }
 
-    /// The payload if it is in memory (`None`: on disk, see
-    /// [`PayloadRef::on_disk`]).
-    pub fn get<'a>(&self, at: &'a PayloadRef) -> Option<&'a [u8]> {
-        Self::in_memory(at)
-    }
-
-    /// [`PayloadStore::get`] without a store at hand.
-    pub fn in_memory(at: &PayloadRef) -> Option<&[u8]> {
-        match at {
-            PayloadRef::Small {
-                bytes,
-                len,
-                key_len,
-                ..
-            } => Some(&bytes[usize::from(*key_len)..usize::from(*len)]),
-            PayloadRef::Inline { bytes, key_len } => Some(&bytes[*key_len as usize..]),
-            PayloadRef::OnDisk { .. } => None,
-        }
-    }
-
-    /// Forgets a task's bytes: their memory is freed at once (an overflow
-    /// entry just stops counting as live).
+    /// Forgets a task's bytes: their memory is freed at once (an arena
+    /// entry is reused by the next task of its size; one released while a
+    /// snapshot is read waits for its end) and an overflow entry just stops
+    /// counting as live. Every `PayloadRef` the store made must come back
+    /// here: dropping one instead leaks its arena entry.
     pub fn release(&mut self, at: PayloadRef) {
         match &at {
             PayloadRef::Small { len, key_len, .. } => {
                 self.bytes_in_memory -= usize::from(*len - *key_len);
+            }
+            PayloadRef::Pooled { at, len, key_len } => {
+                self.bytes_in_memory -= (*len - *key_len) as usize;
+                match &mut self.freed_during_snapshot {
+                    Some(kept) => kept.push((*at, *len)),
+                    None => self.arena.free(*at, *len as usize),
+                }
             }
             PayloadRef::Inline { bytes, key_len } => {
                 self.bytes_in_memory -= bytes.len() - *key_len as usize;
@@ -340,12 +390,6 @@ pub(crate) struct Task {
 const _: () = assert!(std::mem::size_of::<PayloadRef>() <= 32);
 const _: () = assert!(std::mem::size_of::<Task>() == 64);
 const _: () = assert!(std::mem::size_of::<Slot>() == 64);
-
-impl Task {
-    pub fn key(&self) -> &[u8] {
-        self.bytes.key()
-    }
-}
 
 /// A slab: tasks addressed by a dense `u32` slot, with a free list so a
 /// cancelled task's slot is reused at once.
@@ -425,8 +469,11 @@ impl TaskSlab {
     /// changing, each range in a short hold of the caller's lock. Until it
     /// ends, the first change to a slot not read yet (`get_mut`, `remove`,
     /// `insert` into a freed slot) saves what the slot held (a clone of its
-    /// task, key and payload included): memory grows with the slots changed,
-    /// not with the slab. A snapshot already under way is dropped. O(1).
+    /// task: a key and payload in the entry or in an allocation of their own
+    /// are copied, an arena entry is named, and stays valid because the
+    /// caller begins [`PayloadStore::begin_snapshot`] with it): memory grows
+    /// with the slots changed, not with the slab. A snapshot already under
+    /// way is dropped. O(1).
     pub fn begin_snapshot(&mut self) {
         self.snapshot = Some(Box::new(SlabSnapshot {
             next_slot: 0,
@@ -739,28 +786,35 @@ mod tests {
     }
 
     #[test]
-    fn small_bytes_live_in_the_entry_and_larger_ones_in_an_allocation() {
+    fn small_bytes_live_in_the_entry_larger_ones_in_the_arena_the_largest_apart() {
         let mut p = PayloadStore::default();
         let key = [b'k'; 20];
-        for payload_len in [0, 10, 11, 100] {
+        for payload_len in [0, 6, 7, 100, 1004, 1005, 5000] {
             let payload = vec![b'p'; payload_len];
             let r = p.put(&key, &payload);
-            let small = key.len() + payload_len <= SMALL_BYTES;
+            let len = key.len() + payload_len;
+            let (small, pooled) = (len <= SMALL_BYTES, len > SMALL_BYTES && len <= 1024);
             assert_eq!(
                 matches!(r, PayloadRef::Small { .. }),
                 small,
                 "{payload_len}"
             );
-            assert_eq!(r.key(), key);
+            assert_eq!(
+                matches!(r, PayloadRef::Pooled { .. }),
+                pooled,
+                "{payload_len}"
+            );
+            assert_eq!(p.key(&r), key);
             assert_eq!(p.get(&r), Some(&payload[..]));
-            assert_eq!(PayloadStore::in_memory(&r), Some(&payload[..]));
             assert_eq!(r.on_disk(), None);
             assert_eq!(p.bytes_in_memory(), payload_len);
+            assert_eq!(p.arena_stats().entries, usize::from(pooled));
             p.release(r);
             assert_eq!(p.bytes_in_memory(), 0);
+            assert_eq!(p.arena_stats().entries, 0);
             let owned = p.put_owned(key.as_slice().into(), &payload);
             assert_eq!(matches!(owned, PayloadRef::Small { .. }), small);
-            assert_eq!(owned.key(), key);
+            assert_eq!(p.key(&owned), key);
             assert_eq!(p.get(&owned), Some(&payload[..]));
             p.release(owned);
             assert_eq!(p.bytes_in_memory(), 0);
@@ -771,20 +825,47 @@ mod tests {
         let ptr = long.as_ptr();
         let owned = p.put_owned(TaskKey::from(long), b"");
         assert!(matches!(&owned, PayloadRef::Inline { bytes, .. } if bytes.as_ptr() == ptr));
-        assert_eq!(owned.key(), &[b'k'; 40][..]);
+        assert_eq!(p.key(&owned), &[b'k'; 40][..]);
         p.release(owned);
-        // A key alone longer than the entry holds takes an allocation.
+        // A key alone longer than the entry holds goes to the arena.
         let long = [b'k'; SMALL_BYTES + 1];
         let r = p.put(&long, b"");
-        assert!(matches!(r, PayloadRef::Inline { .. }));
-        assert_eq!(r.key(), long);
+        assert!(matches!(r, PayloadRef::Pooled { .. }));
+        assert_eq!(p.key(&r), long);
+        p.release(r);
+    }
+
+    /// Entries released while a snapshot is read keep their bytes (a saved
+    /// task names them) and are freed when it ends.
+    #[test]
+    fn arena_entries_released_during_a_snapshot_wait_for_its_end() {
+        let mut p = PayloadStore::default();
+        let a = p.put(&[b'a'; 30], b"payload-a");
+        let saved = a.clone();
+        p.begin_snapshot();
+        p.release(a);
+        let b = p.put(&[b'b'; 30], b"payload-b");
+        assert_eq!(p.key(&saved), [b'a'; 30]);
+        assert_eq!(p.get(&saved), Some(&b"payload-a"[..]));
+        assert_eq!(p.arena_stats().entries, 2);
+        p.end_snapshot();
+        assert_eq!(p.arena_stats().entries, 1);
+        // The freed entry is reused.
+        let c = p.put(&[b'c'; 30], b"payload-c");
+        assert!(
+            matches!((&c, &saved), (PayloadRef::Pooled { at: x, .. }, PayloadRef::Pooled { at: y, .. }) if x == y)
+        );
+        assert_eq!(p.key(&b), [b'b'; 30]);
+        p.release(b);
+        p.release(c);
+        assert_eq!(p.arena_stats().entries, 0);
     }
 
     #[test]
     fn payload_store_counts_bytes() {
         let mut p = PayloadStore::default();
         let r = p.put(b"key", b"hello");
-        assert_eq!(r.key(), b"key");
+        assert_eq!(p.key(&r), b"key");
         assert_eq!(p.get(&r), Some(&b"hello"[..]));
         assert_eq!(p.bytes_in_memory(), 5);
         p.release(r);

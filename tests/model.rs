@@ -1124,6 +1124,12 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
             check("deliveries at open", &got, &model.reopen(&overdue_keys)).map_err(at)?;
             ds.add(got);
         }
+        let (entries, named) = h.engine().arena_entries_accounted();
+        if entries != named {
+            return Err(at(format!(
+                "{entries} payload arena entries in use, {named} named by tasks: a leak"
+            )));
+        }
         let stats = h.engine().stats();
         if stats.scheduled != model.scheduled()
             || stats.in_flight != model.in_flight()

@@ -208,6 +208,8 @@ impl Shared {
             // The overflow files the state at `L` refers to.
             let named: HashSet<u32> = core.far.files().chain(core.payloads.files()).collect();
             core.tasks.begin_snapshot();
+            // The slab's saved tasks name arena entries: kept till it ends.
+            core.payloads.begin_snapshot();
             core.far.begin_snapshot();
             core.begin_dead_snapshot();
             snapshot.begun = true;
@@ -246,17 +248,20 @@ impl Shared {
                             false
                         })
                 } else {
-                    core.tasks
-                        .read_snapshot(SLOTS_PER_ENCODE_HOLD, |t| {
-                            push_task(&mut enc, t);
-                            // Keys and payloads copied: a hold also ends at
-                            // a piece's worth of bytes.
-                            enc.buffered() < WRITE_PIECE_BYTES
-                        })
-                        .map(|done| {
-                            far_phase = done;
-                            false
-                        })
+                    let c = &mut *core;
+                    let payloads = &c.payloads;
+                    let read = c.tasks.read_snapshot(SLOTS_PER_ENCODE_HOLD, |t| {
+                        push_task(&mut enc, t, payloads);
+                        // Keys and payloads copied: a hold also ends at
+                        // a piece's worth of bytes.
+                        enc.buffered() < WRITE_PIECE_BYTES
+                    });
+                    if read == Some(true) {
+                        // No saved task names an arena entry any more.
+                        c.payloads.end_snapshot();
+                        far_phase = true;
+                    }
+                    read.map(|_| false)
                 };
                 let Some(done) = read else {
                     // Nothing else begins or drops one: a bug. The file
@@ -1215,7 +1220,11 @@ impl Shared {
                         far_after.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
                     match core.payloads.get(&task.bytes) {
                         Some(payload) if far || !payload.is_empty() => {
-                            let len = task.key().len().saturating_add(payload.len());
+                            let len = core
+                                .payloads
+                                .key(&task.bytes)
+                                .len()
+                                .saturating_add(payload.len());
                             moves.push(Move {
                                 due_ms: task.due_ms,
                                 id: task.id.0,
@@ -1239,7 +1248,7 @@ impl Shared {
                                 (far, victim_files.contains(&file), loc)
                             {
                                 let (id, due_ms) = (task.id.0, task.due_ms);
-                                let hash = hasher.hash(task.key());
+                                let hash = hasher.hash(core.payloads.key(&task.bytes));
                                 self.forget_task(&mut core, slot);
                                 core.far.insert(crate::far::FarEntry { hash, loc, id });
                                 note_earliest(&mut earliest, file, due_ms, offset);
@@ -1372,7 +1381,7 @@ impl Shared {
                         let Some(payload) = core.payloads.get(&task.bytes) else {
                             continue;
                         };
-                        (task.key(), payload)
+                        (core.payloads.key(&task.bytes), payload)
                     }
                     _ => continue,
                 };
@@ -1547,7 +1556,8 @@ impl Shared {
                     if let Some(payload) = core.payloads.get(&task.bytes) {
                         crate::prefetch::prefetch_bytes(&payload[..payload.len().min(1)]);
                     }
-                    crate::prefetch::prefetch_bytes(&task.key()[..task.key().len().min(1)]);
+                    let key = core.payloads.key(&task.bytes);
+                    crate::prefetch::prefetch_bytes(&key[..key.len().min(1)]);
                 }
                 let Some(offset) = m.written() else {
                     continue;
@@ -1825,7 +1835,7 @@ fn apply_move(
     let task = core.tasks.get_checked(m.slot, TaskId(m.id))?;
     // A task that fell due meanwhile keeps its payload where it is.
     if task.state != TaskState::Scheduled
-        || task.key() != key
+        || core.payloads.key(&task.bytes) != key
         || core.payloads.get(&task.bytes) != Some(payload)
     {
         return None;
@@ -1876,7 +1886,7 @@ fn prefetch_ahead(core: &Core, order: &[Source], moves: &[Move], i: usize) {
     }
     if let Some(&Source::Memory(j)) = order.get(i + PREFETCH_TASKS_AHEAD / 2) {
         if let Some(task) = core.tasks.get(moves[j].slot) {
-            let key = task.key();
+            let key = core.payloads.key(&task.bytes);
             crate::prefetch::prefetch_bytes(key);
             if let Some(payload) = core.payloads.get(&task.bytes) {
                 crate::prefetch::prefetch_bytes(payload);
@@ -1918,7 +1928,7 @@ fn apply_written_move(
             true,
         );
     }
-    let key: Box<[u8]> = task.key().into();
+    let key: Box<[u8]> = core.payloads.key(&task.bytes).into();
     relink(
         shared,
         core,
@@ -1954,8 +1964,8 @@ fn relink(
         core.far.insert(crate::far::FarEntry { hash, loc, id });
         return Some(true);
     }
-    let new_ref = core.payloads.put_on_disk(key, file, offset, due_current);
     let task = core.tasks.get_mut(slot)?;
+    let new_ref = core.payloads.put_on_disk(key, file, offset, due_current);
     let old = std::mem::replace(&mut task.bytes, new_ref);
     core.payloads.release(old);
     Some(false)
@@ -2048,13 +2058,13 @@ fn reset_far_cursors(core: &mut Core, earliest: Earliest) {
 /// (`Abandoned`) are finished as far as the log is concerned (their CANCEL
 /// is logged), so they are left out; `Ready` and `Leased` tasks are in
 /// flight.
-fn push_task(enc: &mut CheckpointEncoder, task: &crate::task::Task) {
+fn push_task(enc: &mut CheckpointEncoder, task: &crate::task::Task, payloads: &PayloadStore) {
     let in_flight = match task.state {
         TaskState::Scheduled => false,
         TaskState::Ready | TaskState::Leased => true,
         TaskState::Abandoned => return,
     };
-    let payload = match (PayloadStore::in_memory(&task.bytes), task.bytes.on_disk()) {
+    let payload = match (payloads.get(&task.bytes), task.bytes.on_disk()) {
         (Some(p), _) => PayloadAt::Inline(p),
         (None, Some((file, offset))) => PayloadAt::Overflow { file, offset },
         (None, None) => PayloadAt::Inline(&[]),
@@ -2064,7 +2074,7 @@ fn push_task(enc: &mut CheckpointEncoder, task: &crate::task::Task) {
         task.due_ms,
         task.deliveries,
         in_flight,
-        task.key(),
+        payloads.key(&task.bytes),
         payload,
     );
 }
@@ -2104,6 +2114,7 @@ impl Drop for Snapshots<'_> {
         if self.begun {
             let mut core = self.shared.core.lock();
             core.tasks.abort_snapshot();
+            core.payloads.end_snapshot();
             core.far.abort_snapshot();
             core.dead_snapshot = None;
         }
@@ -2437,6 +2448,82 @@ mod tests {
         let mut ids: Vec<u64> = engine.shared.core.lock().far.iter().map(|e| e.id).collect();
         ids.sort_unstable();
         ids
+    }
+
+    /// Keys and payloads in the payload arena, released between the holds
+    /// in which a checkpoint encodes the slab (cancelled, rescheduled with a
+    /// new payload) and their entries taken at once by new tasks of the
+    /// same size: the file holds each task's key and payload as they were
+    /// at its LSN, not the bytes that took their place.
+    #[test]
+    fn arena_entries_freed_during_a_checkpoint_keep_the_bytes_it_writes() {
+        let sim = kairos_wal::SimStorage::new(5);
+        let clock = crate::ManualClock::new(START_MS);
+        let engine = far_engine(&sim, &clock);
+        let n = 1_000usize;
+        // 24-byte keys and 40-byte payloads: 64 bytes, one arena class.
+        let key = |tag: &str, i: usize| format!("{tag}{i:0>23}").into_bytes();
+        let payload = |tag: &str, i: usize| format!("{tag}{i:0>39}").into_bytes();
+        let due = |i: usize| at(START_MS + 30_000 + i as u64);
+        for i in 0..n {
+            engine
+                .schedule(&key("a", i), due(i), &payload("a", i))
+                .expect("schedule");
+        }
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&calls);
+        *engine.shared.hold_hook.lock() = Some(Box::new(move |shared: &Shared| {
+            let k = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // From the end of the slab: slots not read yet.
+            let (gone, changed) = (n - 1 - 2 * k, n - 2 - 2 * k);
+            if changed < 2 * k + 32 {
+                return;
+            }
+            assert!(matches!(
+                shared.cancel_one(&key("a", gone)).expect("cancel"),
+                crate::CancelOutcome::Cancelled { .. }
+            ));
+            shared
+                .reschedule(
+                    &key("a", changed),
+                    due(changed),
+                    Some(&payload("c", changed)),
+                )
+                .expect("reschedule");
+            // Two new tasks of the same size take the entries just freed.
+            for tag in ["x", "y"] {
+                shared
+                    .schedule_one(&crate::NewTask {
+                        key: &key(tag, k),
+                        due: due(k),
+                        payload: &payload(tag, k),
+                    })
+                    .expect("schedule");
+            }
+        }));
+        let report = engine.checkpoint().expect("checkpoint");
+        *engine.shared.hold_hook.lock() = None;
+        let changed_calls = calls.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(changed_calls > 10, "{changed_calls} holds");
+        assert_eq!(
+            engine.arena_entries_accounted().1,
+            engine.arena_entries_accounted().0
+        );
+        let written = crate::checkpoint::read(
+            &sim,
+            &Path::new("/k/checkpoint").join(crate::checkpoint::file_name(report.lsn)),
+        )
+        .expect("read the checkpoint");
+        let mut got: Vec<(Vec<u8>, Vec<u8>)> = written
+            .tasks
+            .iter()
+            .map(|(_, t)| (t.key.to_vec(), t.payload.to_vec()))
+            .collect();
+        got.sort();
+        let want: Vec<(Vec<u8>, Vec<u8>)> =
+            (0..n).map(|i| (key("a", i), payload("a", i))).collect();
+        assert_eq!(got.len(), n);
+        assert!(got == want, "the keys and payloads at the checkpoint's LSN");
     }
 
     /// Tasks cancelled, rescheduled and scheduled anew — resident ones and

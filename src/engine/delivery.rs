@@ -130,7 +130,7 @@ impl Shared {
                 if let Some(at) = task.bytes.on_disk() {
                     // Its payload is still on disk (the prefetcher did not get
                     // to it): read it without holding the engine's lock.
-                    let key: Box<[u8]> = task.key().into();
+                    let key: Box<[u8]> = core.payloads.key(&task.bytes).into();
                     let (slot, id) = (entry.slot, entry.id);
                     drop(core);
                     let read = self.read_payload_at(at.0, at.1, id.0, &key);
@@ -158,8 +158,8 @@ impl Shared {
                         _ => continue,
                     }
                     if c.tasks.get(slot).and_then(|t| t.bytes.on_disk()) == Some(at) {
-                        let new_ref = c.payloads.put(&key, &payload);
                         if let Some(t) = c.tasks.get_mut(slot) {
+                            let new_ref = c.payloads.put(&key, &payload);
                             let old = std::mem::replace(&mut t.bytes, new_ref);
                             c.payloads.release(old);
                             c.payloads_read_back += 1;
@@ -211,7 +211,7 @@ impl Shared {
             engine_id: self.engine_id,
             task_id: entry.id,
             slot: entry.slot,
-            key: task.key().into(),
+            key: c.payloads.key(&task.bytes).into(),
             payload: c.payloads.get(&task.bytes).unwrap_or_default().to_vec(),
             due_ms: task.due_ms,
             fired_ms: entry.fired_ms,
@@ -468,12 +468,12 @@ impl Shared {
                 error: error.as_bytes(),
             });
             let dead = DeadTask {
-                key: task.key().into(),
+                key: core.payloads.key(&task.bytes).into(),
                 // Delivered, so its payload was read into memory then; if
                 // not, it is read now, and an unreadable one poisons.
                 payload: match core.payloads.get(&task.bytes) {
                     Some(p) => p.into(),
-                    None => match self.read_payload(task) {
+                    None => match self.read_payload(task, core.payloads.key(&task.bytes)) {
                         Ok(p) => p,
                         Err(cause) => {
                             unreadable = Some(cause);

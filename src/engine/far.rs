@@ -434,6 +434,7 @@ impl Shared {
         now: Now,
     ) {
         let Some(slot) = core.tasks.vacant_slot() else {
+            core.payloads.release(bytes);
             return;
         };
         // Mapped by the clocks of now, but not rounded to "due at once" when

@@ -43,7 +43,7 @@ use crate::index::TaskIndex;
 use crate::prefetch::prefetch;
 use crate::record::{Record, ID_ONLY_BYTES, RECORD_CANCEL, RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES};
 use crate::replay::{DeadTask, LiveTask, Replay};
-use crate::task::{PayloadRef, PayloadStore, Task, TaskId, TaskSlab, TaskState};
+use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
 use crate::wheel::{InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
 use kairos_wal::format::{FRAME_BODY_BYTES_MAX, RECORD_HEADER_BYTES};
 use kairos_wal::storage::LockGuard;
@@ -193,6 +193,13 @@ pub struct Stats {
     /// reading the overflow files happens outside it. Above a millisecond
     /// when a single task's insertion grows a table.
     pub promotion_hold_max: Duration,
+    /// Bytes of the pages holding live tasks' keys and payloads in memory
+    /// when together they take 27 bytes to 1 KiB (shorter ones live in the
+    /// task's entry, longer ones in an allocation of their own): 64 KiB
+    /// pages, each of one entry size (multiples of 8 bytes). A page is
+    /// given back once its last entry is freed, except the one page of its
+    /// size kept with room.
+    pub arena_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -331,9 +338,12 @@ impl Core {
 
     /// The slot of the live task with `key` (whose tag is `tag`), if any.
     fn find_slot(&self, tag: u32, key: &[u8]) -> Option<u32> {
-        let tasks = &self.tasks;
-        self.index
-            .find(tag, |slot| tasks.get(slot).is_some_and(|t| t.key() == key))
+        let (tasks, payloads) = (&self.tasks, &self.payloads);
+        self.index.find(tag, |slot| {
+            tasks
+                .get(slot)
+                .is_some_and(|t| payloads.key(&t.bytes) == key)
+        })
     }
 
     /// Adds a dead letter.
@@ -1245,7 +1255,24 @@ impl Engine {
             far_promoted: core.far_promoted,
             checkpoint_hold_max: core.checkpoint_hold_max,
             promotion_hold_max: core.promotion_hold_max,
+            arena_bytes: core.payloads.arena_stats().bytes_reserved,
         }
+    }
+
+    /// For tests and fuzzing: the payload arena's entries in use, and how
+    /// many of them the engine can name — live tasks' keys and payloads
+    /// there, and entries released while a checkpoint reads its snapshot.
+    /// Equal unless an entry leaked. O(live tasks).
+    #[doc(hidden)]
+    pub fn arena_entries_accounted(&self) -> (usize, usize) {
+        let core = self.shared.core.lock();
+        let named = core
+            .tasks
+            .iter()
+            .filter(|t| matches!(t.bytes, crate::task::PayloadRef::Pooled { .. }))
+            .count()
+            + core.payloads.entries_kept_for_snapshot();
+        (core.payloads.arena_stats().entries, named)
     }
 
     /// The dead letters, oldest id first. O(dead letters) with their
@@ -1797,7 +1824,7 @@ impl Shared {
                 let mut filed: Vec<(u32, u32)> = c
                     .tasks
                     .iter_slots()
-                    .map(|(slot, t)| (c.index.tag(t.key()), slot))
+                    .map(|(slot, t)| (c.index.tag(c.payloads.key(&t.bytes)), slot))
                     .collect();
                 let mut index = c.index.empty_like();
                 let pairs = index.insert_batch_unchecked(&mut filed);
@@ -1806,8 +1833,8 @@ impl Shared {
         };
         c.index = index;
         c.index.publish();
-        let tasks = &c.tasks;
-        let key_of = |slot: u32| tasks.get(slot).map(Task::key);
+        let (tasks, payloads) = (&c.tasks, &c.payloads);
+        let key_of = |slot: u32| tasks.get(slot).map(|t| payloads.key(&t.bytes));
         // `pairs` holds (first slot of a run under one tag, other slot of
         // that run), runs one after the other: compare keys within each run.
         let mut twice = None;
@@ -1880,9 +1907,6 @@ impl Shared {
         let due_ms = self.validate_due(t.due, now.wall_ns)?;
         let due_tick = self.due_tick(due_ms, now);
         check_frame_bytes(std::slice::from_ref(t))?;
-        // Allocated and copied before the lock: shorter holds, and more of
-        // the bucket's load hidden. Dropped unused if the schedule fails.
-        let bytes = PayloadRef::in_memory(t.key, t.payload);
 
         self.await_relocation();
         let (mut core, reads, far_match) = self
@@ -1901,7 +1925,7 @@ impl Shared {
         let id = TaskId(core.next_id);
         let ticket = self.log_schedules(&mut core, std::slice::from_ref(t), &[due_ms], id.0)?;
         core.next_id += 1;
-        if self.place_task(&mut core, id, bytes, tag, due_ms, due_tick) {
+        if self.place_task(&mut core, id, t, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
         drop(core);
@@ -1955,8 +1979,7 @@ impl Shared {
             let ticket =
                 self.log_schedules(&mut core, std::slice::from_ref(&new), &[due_ms], id.0)?;
             core.next_id += 1;
-            let bytes = PayloadRef::in_memory(new.key, new.payload);
-            if self.place_task(&mut core, id, bytes, tag, due_ms, due_tick) {
+            if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
                 self.driver_cv.notify_all();
             }
             drop(core);
@@ -2074,8 +2097,7 @@ impl Shared {
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         core.next_id += 1;
         core.remove_dead(dead_id.0);
-        let bytes = PayloadRef::in_memory(new.key, new.payload);
-        if self.place_task(&mut core, id, bytes, tag, due_ms, due_tick) {
+        if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
         drop(core);
@@ -2140,10 +2162,7 @@ impl Shared {
         let mut wake_driver = false;
         for (i, t) in new.iter().enumerate() {
             let id = TaskId(first_id + i as u64);
-            // Made under the lock here: a batch's misses already overlap
-            // (prefetch ahead), and a vector of them cost more than it saved.
-            let bytes = PayloadRef::in_memory(t.key, t.payload);
-            wake_driver |= self.place_task(&mut core, id, bytes, tags[i], due_ms[i], due_ticks[i]);
+            wake_driver |= self.place_task(&mut core, id, t, tags[i], due_ms[i], due_ticks[i]);
         }
         if wake_driver {
             self.driver_cv.notify_all();
@@ -2217,13 +2236,13 @@ impl Shared {
     }
 
     /// Stores a validated, logged task in the slab, the index and the wheel
-    /// (or the overdue queue), with `bytes` (its key and payload, made by
-    /// [`PayloadRef::in_memory`]). Returns whether the driver must be woken.
+    /// (or the overdue queue), with the key and payload of `new` in the
+    /// payload store. Returns whether the driver must be woken.
     fn place_task(
         &self,
         core: &mut Core,
         id: TaskId,
-        bytes: PayloadRef,
+        new: &NewTask<'_>,
         key_tag: u32,
         due_ms: u64,
         due_tick: Tick,
@@ -2235,10 +2254,10 @@ impl Shared {
         // The wheel entry first, so the task is written once, complete, and
         // never read back (at a million tasks that read is a cache miss).
         let placed = core.wheel.insert(due_tick, slot);
-        let task_bytes = bytes.key().len() + bytes.payload_len_in_memory();
+        let task_bytes = new.key.len() + new.payload.len();
         let task = Task {
             id,
-            bytes: core.payloads.adopt(bytes),
+            bytes: core.payloads.put(new.key, new.payload),
             due_ms,
             state: TaskState::Scheduled,
             deliveries: 0,
@@ -2535,11 +2554,9 @@ impl Shared {
     fn forget_task(&self, core: &mut Core, slot: u32) {
         // The index entry is found by the key's tag, not kept in the task
         // (whose entry stays at 64 bytes); an abandoned task has none.
-        let Some(tag) = core
-            .tasks
-            .get(slot)
-            .map(|t| (t.state != TaskState::Abandoned).then(|| core.index.tag(t.key())))
-        else {
+        let Some(tag) = core.tasks.get(slot).map(|t| {
+            (t.state != TaskState::Abandoned).then(|| core.index.tag(core.payloads.key(&t.bytes)))
+        }) else {
             return;
         };
         self.forget_task_tagged(core, slot, tag);

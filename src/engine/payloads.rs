@@ -7,25 +7,17 @@ use crate::overflow;
 use crate::task::Task;
 
 impl Shared {
-    /// The payload of `task`, read from its overflow file if it is not in
-    /// memory. `Err` describes a read failure or damage (file and offset).
-    pub(super) fn read_payload(&self, task: &Task) -> Result<Box<[u8]>, String> {
-        if let Some(p) = self.core_payload_in_memory(task) {
-            return Ok(p);
-        }
+    /// The payload of `task` (key `key`), whose payload is not in memory,
+    /// read from its overflow file. `Err` describes a read failure or
+    /// damage (file and offset).
+    pub(super) fn read_payload(&self, task: &Task, key: &[u8]) -> Result<Box<[u8]>, String> {
         let (Some(disk), Some((file, offset))) = (&self.disk, task.bytes.on_disk()) else {
             return Ok(Box::default());
         };
         let path = disk.overflow_dir().join(overflow::file_name(file));
-        overflow::read_entry(
-            disk.storage.as_ref(),
-            &path,
-            offset,
-            task.id.0,
-            Some(task.key()),
-        )
-        .map(|e| e.payload)
-        .map_err(|e| format!("cannot read the payload of task {}: {e}", task.id.0))
+        overflow::read_entry(disk.storage.as_ref(), &path, offset, task.id.0, Some(key))
+            .map(|e| e.payload)
+            .map_err(|e| format!("cannot read the payload of task {}: {e}", task.id.0))
     }
 
     /// Reads the payload of task `id` (key `key`) from overflow file `file`
@@ -46,10 +38,6 @@ impl Shared {
             .map_err(|e| format!("cannot read the payload of task {id}: {e}"))
     }
 
-    fn core_payload_in_memory(&self, task: &Task) -> Option<Box<[u8]>> {
-        crate::task::PayloadStore::in_memory(&task.bytes).map(Box::from)
-    }
-
     /// Brings the payload of the task in `slot` into memory if it is on
     /// disk (one read). `Err`: the read failed or the entry is damaged —
     /// durable data is unreadable, and the caller poisons the engine.
@@ -60,10 +48,10 @@ impl Shared {
         if task.bytes.on_disk().is_none() {
             return Ok(());
         }
-        let payload = self.read_payload(task)?;
-        let key: Box<[u8]> = task.key().into();
-        let new_ref = core.payloads.put(&key, &payload);
+        let key: Box<[u8]> = core.payloads.key(&task.bytes).into();
+        let payload = self.read_payload(task, &key)?;
         if let Some(task) = core.tasks.get_mut(slot) {
+            let new_ref = core.payloads.put(&key, &payload);
             let old = std::mem::replace(&mut task.bytes, new_ref);
             core.payloads.release(old);
             core.payloads_read_back += 1;
@@ -164,8 +152,8 @@ impl Shared {
             if task.id.0 != entry.task_id || task.bytes.on_disk() != Some((file, offset)) {
                 continue;
             }
-            let new_ref = c.payloads.put(&entry.key, &entry.payload);
             if let Some(task) = c.tasks.get_mut(slot) {
+                let new_ref = c.payloads.put(&entry.key, &entry.payload);
                 let old = std::mem::replace(&mut task.bytes, new_ref);
                 c.payloads.release(old);
                 c.payloads_read_back += 1;

@@ -1282,6 +1282,12 @@ fn check_refusal<T: fmt::Debug>(at: &At<'_>, got: &Result<T, AckError>, expected
 }
 
 fn check_stats(at: &At<'_>, engine: &Engine, model: &Model) {
+    let (entries, named) = engine.arena_entries_accounted();
+    if entries != named {
+        at.fail(format_args!(
+            "{entries} payload arena entries in use, {named} named by tasks: a leak"
+        ));
+    }
     let s = engine.stats();
     let expected = (
         model.scheduled(),
