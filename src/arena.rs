@@ -11,16 +11,19 @@
 //! mimalloc's pages (Leijen et al., *Mimalloc: Free List Sharding in
 //! Action*, 2019), reduced to one owner behind the engine's lock.
 //!
-//! Memory follows the live entries: a page whose last entry is freed is
-//! given back to the allocator at once, unless it is the only page of its
-//! class with room (kept so that one task scheduled and cancelled over and
-//! over does not allocate a page each time). At most one partly used page
-//! per class and the unused tail of each page are overhead:
-//! [`ArenaStats::bytes_reserved`] tells.
+//! Memory follows the live entries page by page: a page whose last entry is
+//! freed is given back to the allocator at once, unless it is the only
+//! page of its class with room (kept so that one task scheduled and
+//! cancelled over and over does not allocate a page each time). There is
+//! no compaction: a page stays held while any one of its entries is live,
+//! so after most tasks of a class are gone at random the pages left can
+//! be mostly free (their free entries are reused first, by the next tasks
+//! of that class). [`ArenaStats::bytes_reserved`] tells what is held.
 //!
-//! Nothing here panics on a handle it did not issue or one already freed
-//! (a bug elsewhere): reads give an empty slice and frees are ignored, both
-//! `debug_assert`ed.
+//! Nothing here panics on a handle it did not issue, one already freed or
+//! one given with the wrong length (a bug elsewhere): each page keeps a
+//! bitmap of its entries in use, so a read of a free entry gives an empty
+//! slice and a second free is ignored, both `debug_assert`ed.
 
 /// Longest entry (key and payload together, in bytes) the arena holds;
 /// longer ones get an allocation of their own.
@@ -46,7 +49,7 @@ const _: () = assert!(STRIDE_ALIGN >= 4);
 
 /// Where one entry is: its page and its index in the page. Meaningful only
 /// to the arena that issued it, with the length it was stored with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct ArenaSlot {
     page: u32,
     index: u32,
@@ -68,6 +71,9 @@ struct Page {
     bump: u32,
     /// Head of the list of freed entries (linked through their first bytes).
     free_head: u32,
+    /// One bit per entry, set while it is in use: frees and reads of an
+    /// entry not in use are refused.
+    in_use: Vec<u64>,
     /// Entries in use.
     live: u32,
     /// Position in its class's `with_room` list, or [`NIL`] when full.
@@ -78,6 +84,24 @@ impl Page {
     fn is_full(&self) -> bool {
         self.free_head == NIL && self.bump == self.capacity
     }
+
+    /// Whether entry `index` is in use (false past the page's entries).
+    fn is_in_use(&self, index: u32) -> bool {
+        self.in_use
+            .get(index as usize / 64)
+            .is_some_and(|w| w & (1 << (index % 64)) != 0)
+    }
+
+    /// Marks entry `index` (below `capacity`) in use or free.
+    fn set_in_use(&mut self, index: u32, in_use: bool) {
+        if let Some(w) = self.in_use.get_mut(index as usize / 64) {
+            if in_use {
+                *w |= 1 << (index % 64);
+            } else {
+                *w &= !(1 << (index % 64));
+            }
+        }
+    }
 }
 
 /// Figures of an arena, for stats and tests.
@@ -87,7 +111,10 @@ pub(crate) struct ArenaStats {
     pub entries: usize,
     /// Pages held.
     pub pages: usize,
-    /// Bytes of the pages held.
+    /// Bytes of the pages held (64 KiB each, of which up to a stride's
+    /// worth at the end is unused), counted whether or not their entries
+    /// have been touched yet: address space, an upper bound on resident
+    /// memory.
     pub bytes_reserved: usize,
 }
 
@@ -160,6 +187,7 @@ impl ByteArena {
             page.bump += 1;
             page.bump - 1
         };
+        page.set_in_use(index, true);
         page.live += 1;
         if page.is_full() {
             page.room_at = NIL;
@@ -176,7 +204,9 @@ impl ByteArena {
     /// [`ByteArena::store`]). O(1).
     pub fn get(&self, at: ArenaSlot, len: usize) -> &[u8] {
         let bytes = self.pages.get(at.page as usize).and_then(|page| {
-            debug_assert!(len <= page.stride as usize && at.index < page.bump);
+            if len > page.stride as usize || !page.is_in_use(at.index) {
+                return None;
+            }
             let start = at.index as usize * page.stride as usize;
             page.bytes.get(start..start + len)
         });
@@ -188,19 +218,23 @@ impl ByteArena {
     /// the next entry of its class, and its page is given back if that was
     /// its last entry (see the module documentation). O(1).
     pub fn free(&mut self, at: ArenaSlot, len: usize) {
-        let class = class_of(len.clamp(1, ARENA_BYTES_MAX));
         let Some(page) = self.pages.get_mut(at.page as usize) else {
             debug_assert!(false, "free of {at:?}: no such page");
             return;
         };
+        if len > page.stride as usize || !page.is_in_use(at.index) {
+            debug_assert!(false, "free of {at:?} ({len} bytes): not an entry in use");
+            return;
+        }
+        let class = class_of(page.stride as usize);
         let start = at.index as usize * page.stride as usize;
         let Some(link) = page.bytes.get_mut(start..start + 4) else {
             debug_assert!(false, "free of {at:?}: no such entry");
             return;
         };
-        debug_assert!(page.live > 0 && class_of(page.stride as usize) == class);
         link.copy_from_slice(&page.free_head.to_le_bytes());
         page.free_head = at.index;
+        page.set_in_use(at.index, false);
         page.live -= 1;
         self.entries -= 1;
         let with_room = &mut self.with_room[class];
@@ -233,6 +267,7 @@ impl ByteArena {
             capacity,
             bump: 0,
             free_head: NIL,
+            in_use: vec![0; (capacity as usize).div_ceil(64)],
             live: 0,
             room_at: with_room.len() as u32,
         };
@@ -262,6 +297,7 @@ impl ByteArena {
         }
         let page = &mut self.pages[number as usize];
         page.bytes = Vec::new();
+        page.in_use = Vec::new();
         page.room_at = NIL;
         page.bump = 0;
         page.free_head = NIL;
@@ -372,6 +408,34 @@ mod tests {
         }
         assert_eq!(arena.get(at, 6), b"abcdef");
         assert_eq!(arena.stats().entries, 1);
+    }
+
+    /// A second free of an entry, a free with a length past its class and
+    /// a read of a freed entry change nothing: the next two entries are
+    /// distinct and the counts stay exact (in debug builds each asserts).
+    #[test]
+    fn double_frees_and_wrong_lengths_change_nothing() {
+        let mut arena = ByteArena::default();
+        let a = arena.store(b"abcd", b"efgh").expect("stored");
+        let b = arena.store(b"ijkl", b"mnop").expect("stored");
+        arena.free(a, 8);
+        let quietly = |f: &mut dyn FnMut()| {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            assert_eq!(r.is_err(), cfg!(debug_assertions));
+        };
+        quietly(&mut || arena.free(a, 8));
+        quietly(&mut || arena.free(b, 9));
+        quietly(&mut || assert!(arena.get(a, 8).is_empty()));
+        assert_eq!(arena.stats().entries, 1);
+        let c = arena.store(b"qrst", b"uvwx").expect("stored");
+        let d = arena.store(b"yz01", b"2345").expect("stored");
+        assert_ne!(c, d);
+        assert_eq!(c, a, "the freed entry is reused once");
+        assert_eq!(
+            [arena.get(b, 8), arena.get(c, 8), arena.get(d, 8)],
+            [&b"ijklmnop"[..], b"qrstuvwx", b"yz012345"]
+        );
+        assert_eq!(arena.stats().entries, 3);
     }
 
     #[derive(Debug, Clone)]

@@ -154,9 +154,10 @@ fn small(key: &[u8], payload: &[u8]) -> Option<PayloadRef> {
 /// entry when they fit ([`SMALL_BYTES`]), else in the store's arena
 /// (`crate::arena`: no allocator call per task, each entry its length
 /// rounded up to 8 bytes), else (over 1 KiB together) one allocation.
-/// While a slab snapshot is read ([`PayloadStore::begin_snapshot`]), freed
-/// arena entries are kept until it ends, so that the tasks it saved as they
-/// were (clones naming the same entries) still read their bytes.
+/// While a slab snapshot is read, an arena entry that a task the snapshot
+/// saved as it was (a clone naming the same entry) still needs is kept when
+/// its live task releases it ([`PayloadStore::release_kept`]) and freed once
+/// the snapshot has read that clone ([`PayloadStore::unpin`]).
 #[derive(Debug, Default)]
 pub struct PayloadStore {
     bytes_in_memory: usize,
@@ -164,9 +165,9 @@ pub struct PayloadStore {
     on_disk: std::collections::HashMap<u32, u64>,
     /// Entries of [`PayloadRef::Pooled`].
     arena: ByteArena,
-    /// While a snapshot is read: the arena entries released meanwhile
-    /// (entry, length), freed when it ends.
-    freed_during_snapshot: Option<Vec<(ArenaSlot, u32)>>,
+    /// Arena entries released while a snapshot's saved task still names
+    /// them, with their lengths: freed when it has been read.
+    kept: std::collections::HashMap<ArenaSlot, u32, foldhash::fast::RandomState>,
 }
 
 impl PayloadStore {
@@ -194,6 +195,36 @@ impl PayloadStore {
             bytes: bytes.into_boxed_slice(),
             key_len,
         }
+    }
+
+    /// The bytes of a task whose key and payload together are too long for
+    /// the arena (over 1 KiB), built without the store (before the engine's
+    /// lock is taken: the copy of a large payload is not made under it);
+    /// `None` for shorter ones, which [`PayloadStore::put`] places. Hand the
+    /// result to [`PayloadStore::adopt`] (dropping it instead is harmless:
+    /// it is one allocation, not counted yet).
+    pub fn prebuild(key: &[u8], payload: &[u8]) -> Option<PayloadRef> {
+        if key.len() + payload.len() <= crate::arena::ARENA_BYTES_MAX {
+            return None;
+        }
+        let key_len = u32::try_from(key.len()).ok()?;
+        let mut bytes = Vec::with_capacity(key.len() + payload.len());
+        bytes.extend_from_slice(key);
+        bytes.extend_from_slice(payload);
+        Some(PayloadRef::Inline {
+            bytes: bytes.into_boxed_slice(),
+            key_len,
+        })
+    }
+
+    /// Takes bytes made by [`PayloadStore::prebuild`] as a new task's. O(1).
+    pub fn adopt(&mut self, built: PayloadRef) -> PayloadRef {
+        if let PayloadRef::Inline { bytes, key_len } = &built {
+            self.bytes_in_memory += bytes.len() - *key_len as usize;
+        } else {
+            debug_assert!(false, "only prebuilt bytes are adopted");
+        }
+        built
     }
 
     /// [`PayloadStore::put`] for a replayed task's key: a long key's
@@ -249,28 +280,32 @@ impl PayloadStore {
         }
     }
 
-    /// Starts keeping released arena entries until
-    /// [`PayloadStore::end_snapshot`]: taken with the slab's snapshot
-    /// ([`TaskSlab::begin_snapshot`]), whose saved tasks name entries their
-    /// live selves may release meanwhile. A snapshot already under way goes
-    /// on. Memory grows with the entries released meanwhile, as the slab's
-    /// saved tasks do with the slots changed.
-    pub fn begin_snapshot(&mut self) {
-        self.freed_during_snapshot.get_or_insert_with(Vec::new);
+    /// Frees the kept entries among `read` (entries named by saved tasks
+    /// the slab's snapshot has just read: [`TaskSlab::drain_unpinned`]);
+    /// the others are still their live tasks'. O(entries given).
+    pub fn unpin(&mut self, read: impl IntoIterator<Item = ArenaSlot>) {
+        if self.kept.is_empty() {
+            return;
+        }
+        for at in read {
+            if let Some(len) = self.kept.remove(&at) {
+                self.arena.free(at, len as usize);
+            }
+        }
     }
 
-    /// Frees the arena entries released since
-    /// [`PayloadStore::begin_snapshot`]: the slab's snapshot has been read or
-    /// dropped. O(entries released meanwhile).
+    /// Frees every kept entry: the slab's snapshot has ended or been
+    /// dropped, and no saved task names one. O(entries kept), at most the
+    /// snapshot's saved tasks.
     pub fn end_snapshot(&mut self) {
-        for (at, len) in self.freed_during_snapshot.take().unwrap_or_default() {
+        for (at, len) in std::mem::take(&mut self.kept) {
             self.arena.free(at, len as usize);
         }
     }
 
-    /// Arena entries released while a snapshot is read, kept till its end.
+    /// Arena entries released while a saved task of a snapshot names them.
     pub(crate) fn entries_kept_for_snapshot(&self) -> usize {
-        self.freed_during_snapshot.as_ref().map_or(0, Vec::len)
+        self.kept.len()
     }
 
     /// Entries, pages and bytes of the arena (for stats and tests).
@@ -314,20 +349,33 @@ impl PayloadStore {
     }
 
     /// Forgets a task's bytes: their memory is freed at once (an arena
-    /// entry is reused by the next task of its size; one released while a
-    /// snapshot is read waits for its end) and an overflow entry just stops
-    /// counting as live. Every `PayloadRef` the store made must come back
-    /// here: dropping one instead leaks its arena entry.
+    /// entry is reused by the next task of its size) and an overflow entry
+    /// just stops counting as live. Every `PayloadRef` the store made must
+    /// come back here or to [`PayloadStore::release_kept`]: dropping one
+    /// instead leaks its arena entry.
     pub fn release(&mut self, at: PayloadRef) {
+        self.release_inner(at, false);
+    }
+
+    /// [`PayloadStore::release`] for bytes a snapshot's saved task still
+    /// names ([`TaskSlab::snapshot_names`]): an arena entry is kept, not
+    /// freed, until [`PayloadStore::unpin`] or
+    /// [`PayloadStore::end_snapshot`].
+    pub fn release_kept(&mut self, at: PayloadRef) {
+        self.release_inner(at, true);
+    }
+
+    fn release_inner(&mut self, at: PayloadRef, keep: bool) {
         match &at {
             PayloadRef::Small { len, key_len, .. } => {
                 self.bytes_in_memory -= usize::from(*len - *key_len);
             }
             PayloadRef::Pooled { at, len, key_len } => {
                 self.bytes_in_memory -= (*len - *key_len) as usize;
-                match &mut self.freed_during_snapshot {
-                    Some(kept) => kept.push((*at, *len)),
-                    None => self.arena.free(*at, *len as usize),
+                if keep {
+                    self.kept.insert(*at, *len);
+                } else {
+                    self.arena.free(*at, *len as usize);
                 }
             }
             PayloadRef::Inline { bytes, key_len } => {
@@ -400,6 +448,9 @@ pub(crate) struct TaskSlab {
     len: usize,
     /// The snapshot being read, if any ([`TaskSlab::begin_snapshot`]).
     snapshot: Option<Box<SlabSnapshot>>,
+    /// Arena entries named by saved tasks the snapshot has read since the
+    /// last [`TaskSlab::drain_unpinned`].
+    unpinned: Vec<ArenaSlot>,
 }
 
 /// What a [`TaskSlab`] snapshot needs to give the slots as they were when
@@ -470,11 +521,13 @@ impl TaskSlab {
     /// ends, the first change to a slot not read yet (`get_mut`, `remove`,
     /// `insert` into a freed slot) saves what the slot held (a clone of its
     /// task: a key and payload in the entry or in an allocation of their own
-    /// are copied, an arena entry is named, and stays valid because the
-    /// caller begins [`PayloadStore::begin_snapshot`] with it): memory grows
-    /// with the slots changed, not with the slab. A snapshot already under
-    /// way is dropped. O(1).
+    /// are copied, an arena entry is named, and the caller keeps it valid:
+    /// its release by the live task goes to [`PayloadStore::release_kept`]
+    /// while [`TaskSlab::snapshot_names`] says so): memory grows with the
+    /// slots changed, not with the slab. A snapshot already under way is
+    /// dropped. O(1).
     pub fn begin_snapshot(&mut self) {
+        self.unpinned.clear();
         self.snapshot = Some(Box::new(SlabSnapshot {
             next_slot: 0,
             slots_at_begin: self.slots_len(),
@@ -505,7 +558,12 @@ impl TaskSlab {
                 snapshot.saved.remove(&slot)
             };
             let go_on = match saved {
-                Some(saved) => saved.is_none_or(|t| emit(&t)),
+                Some(saved) => saved.is_none_or(|t| {
+                    if let PayloadRef::Pooled { at, .. } = t.bytes {
+                        self.unpinned.push(at);
+                    }
+                    emit(&t)
+                }),
                 None => match self.slots.get(slot as usize) {
                     Some(Slot::Occupied(t)) => emit(t),
                     _ => true,
@@ -527,6 +585,26 @@ impl TaskSlab {
     /// Drops the snapshot under way, if any (a checkpoint that failed).
     pub fn abort_snapshot(&mut self) {
         self.snapshot = None;
+        self.unpinned.clear();
+    }
+
+    /// Whether `bytes`, released by the live task in `slot`, are still
+    /// named by the task the snapshot under way saved for that slot (an
+    /// arena entry to keep: [`PayloadStore::release_kept`]). O(1).
+    pub fn snapshot_names(&self, slot: u32, bytes: &PayloadRef) -> bool {
+        let (Some(snapshot), PayloadRef::Pooled { at, .. }) = (&self.snapshot, bytes) else {
+            return false;
+        };
+        matches!(
+            snapshot.saved.get(&slot),
+            Some(Some(t)) if matches!(t.bytes, PayloadRef::Pooled { at: named, .. } if named == *at)
+        )
+    }
+
+    /// The arena entries named by saved tasks read since the last call (for
+    /// [`PayloadStore::unpin`]).
+    pub fn drain_unpinned(&mut self) -> std::vec::Drain<'_, ArenaSlot> {
+        self.unpinned.drain(..)
     }
 
     /// Whether a snapshot is under way.
@@ -835,29 +913,80 @@ mod tests {
         p.release(r);
     }
 
-    /// Entries released while a snapshot is read keep their bytes (a saved
-    /// task names them) and are freed when it ends.
+    /// While a slab snapshot is read, an arena entry is kept only while a
+    /// saved task names it: released by its live task, it keeps its bytes
+    /// until the snapshot reads that task, then is freed; entries no saved
+    /// task names (a task placed after the snapshot began, or in a slot
+    /// already read) are freed at once.
     #[test]
-    fn arena_entries_released_during_a_snapshot_wait_for_its_end() {
+    fn arena_entries_are_kept_only_while_a_saved_task_names_them() {
         let mut p = PayloadStore::default();
-        let a = p.put(&[b'a'; 30], b"payload-a");
-        let saved = a.clone();
-        p.begin_snapshot();
-        p.release(a);
-        let b = p.put(&[b'b'; 30], b"payload-b");
-        assert_eq!(p.key(&saved), [b'a'; 30]);
-        assert_eq!(p.get(&saved), Some(&b"payload-a"[..]));
-        assert_eq!(p.arena_stats().entries, 2);
-        p.end_snapshot();
-        assert_eq!(p.arena_stats().entries, 1);
-        // The freed entry is reused.
-        let c = p.put(&[b'c'; 30], b"payload-c");
-        assert!(
-            matches!((&c, &saved), (PayloadRef::Pooled { at: x, .. }, PayloadRef::Pooled { at: y, .. }) if x == y)
+        let mut slab = TaskSlab::default();
+        let with = |p: &mut PayloadStore, id: u64, fill: u8| Task {
+            bytes: p.put(&[fill; 30], &[fill; 9]),
+            ..task(id)
+        };
+        // Tasks take the freed slot last made, so slots 0, 1, 2 in order.
+        for (id, fill) in [(1, b'a'), (2, b'b'), (3, b'c')] {
+            let t = with(&mut p, id, fill);
+            slab.insert(t);
+        }
+        slab.begin_snapshot();
+        let release = |slab: &mut TaskSlab, p: &mut PayloadStore, slot: u32| {
+            let t = slab.remove(slot).expect("occupied");
+            if slab.snapshot_names(slot, &t.bytes) {
+                p.release_kept(t.bytes);
+            } else {
+                p.release(t.bytes);
+            }
+        };
+        // Slot 1's task is saved and its entry kept.
+        release(&mut slab, &mut p, 1);
+        assert_eq!(p.entries_kept_for_snapshot(), 1);
+        // A task placed since (into slot 1) is freed at once.
+        let t = with(&mut p, 4, b'd');
+        assert_eq!(slab.insert(t), Some(1));
+        release(&mut slab, &mut p, 1);
+        assert_eq!(
+            (p.entries_kept_for_snapshot(), p.arena_stats().entries),
+            (1, 3)
         );
-        assert_eq!(p.key(&b), [b'b'; 30]);
-        p.release(b);
-        p.release(c);
+        // New tasks do not reuse the kept entry.
+        let t = with(&mut p, 5, b'e');
+        assert_eq!(slab.insert(t), Some(1));
+        let mut read = Vec::new();
+        let emit = |read: &mut Vec<Vec<u8>>, p: &PayloadStore, t: &Task| {
+            read.push([p.key(&t.bytes), p.get(&t.bytes).unwrap_or_default()].concat());
+            true
+        };
+        assert_eq!(
+            slab.read_snapshot(1, |t| emit(&mut read, &p, t)),
+            Some(false)
+        );
+        assert_eq!(
+            slab.read_snapshot(1, |t| emit(&mut read, &p, t)),
+            Some(false)
+        );
+        // Slot 1's saved task read: its entry is freed, no sooner.
+        assert_eq!(p.entries_kept_for_snapshot(), 1);
+        p.unpin(slab.drain_unpinned());
+        assert_eq!(
+            (p.entries_kept_for_snapshot(), p.arena_stats().entries),
+            (0, 3)
+        );
+        // Slot 0, already read, is released at once.
+        release(&mut slab, &mut p, 0);
+        assert_eq!(p.entries_kept_for_snapshot(), 0);
+        assert_eq!(
+            slab.read_snapshot(1, |t| emit(&mut read, &p, t)),
+            Some(true)
+        );
+        p.end_snapshot();
+        let expected: Vec<Vec<u8>> = [b'a', b'b', b'c'].map(|f| vec![f; 39]).to_vec();
+        assert_eq!(read, expected);
+        for slot in [1, 2] {
+            release(&mut slab, &mut p, slot);
+        }
         assert_eq!(p.arena_stats().entries, 0);
     }
 

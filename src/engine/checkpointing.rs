@@ -208,8 +208,6 @@ impl Shared {
             // The overflow files the state at `L` refers to.
             let named: HashSet<u32> = core.far.files().chain(core.payloads.files()).collect();
             core.tasks.begin_snapshot();
-            // The slab's saved tasks name arena entries: kept till it ends.
-            core.payloads.begin_snapshot();
             core.far.begin_snapshot();
             core.begin_dead_snapshot();
             snapshot.begun = true;
@@ -256,6 +254,8 @@ impl Shared {
                         // a piece's worth of bytes.
                         enc.buffered() < WRITE_PIECE_BYTES
                     });
+                    // Arena entries of the saved tasks just read.
+                    c.payloads.unpin(c.tasks.drain_unpinned());
                     if read == Some(true) {
                         // No saved task names an arena entry any more.
                         c.payloads.end_snapshot();
@@ -1967,7 +1967,7 @@ fn relink(
     let task = core.tasks.get_mut(slot)?;
     let new_ref = core.payloads.put_on_disk(key, file, offset, due_current);
     let old = std::mem::replace(&mut task.bytes, new_ref);
-    core.payloads.release(old);
+    core.release_bytes(slot, old);
     Some(false)
 }
 
@@ -2472,6 +2472,8 @@ mod tests {
         }
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = Arc::clone(&calls);
+        let most_kept = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let kept_seen = Arc::clone(&most_kept);
         *engine.shared.hold_hook.lock() = Some(Box::new(move |shared: &Shared| {
             let k = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // From the end of the slab: slots not read yet.
@@ -2500,11 +2502,37 @@ mod tests {
                     })
                     .expect("schedule");
             }
+            // The saved tasks' entries are kept; a task scheduled and
+            // cancelled meanwhile (no saved task names its entry) is freed
+            // at once.
+            let kept = || shared.core.lock().payloads.entries_kept_for_snapshot();
+            let before = kept();
+            most_kept.fetch_max(before, std::sync::atomic::Ordering::Relaxed);
+            shared
+                .schedule_one(&crate::NewTask {
+                    key: &key("z", k),
+                    due: due(k),
+                    payload: &payload("z", k),
+                })
+                .expect("schedule");
+            shared.cancel_one(&key("z", k)).expect("cancel");
+            assert_eq!(kept(), before, "hold {k}");
         }));
         let report = engine.checkpoint().expect("checkpoint");
         *engine.shared.hold_hook.lock() = None;
         let changed_calls = calls.load(std::sync::atomic::Ordering::Relaxed);
         assert!(changed_calls > 10, "{changed_calls} holds");
+        // The cancelled tasks' entries were kept, and all freed by the end.
+        assert!(kept_seen.load(std::sync::atomic::Ordering::Relaxed) > 0);
+        assert_eq!(
+            engine
+                .shared
+                .core
+                .lock()
+                .payloads
+                .entries_kept_for_snapshot(),
+            0
+        );
         assert_eq!(
             engine.arena_entries_accounted().1,
             engine.arena_entries_accounted().0

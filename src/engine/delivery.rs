@@ -161,7 +161,7 @@ impl Shared {
                         if let Some(t) = c.tasks.get_mut(slot) {
                             let new_ref = c.payloads.put(&key, &payload);
                             let old = std::mem::replace(&mut t.bytes, new_ref);
-                            c.payloads.release(old);
+                            c.release_bytes(slot, old);
                             c.payloads_read_back += 1;
                         }
                     }

@@ -198,7 +198,11 @@ pub struct Stats {
     /// task's entry, longer ones in an allocation of their own): 64 KiB
     /// pages, each of one entry size (multiples of 8 bytes). A page is
     /// given back once its last entry is freed, except the one page of its
-    /// size kept with room.
+    /// size kept with room; a page stays while any entry in it is live (or
+    /// kept for a checkpoint reading it), so after many tasks are gone the
+    /// pages can be partly free (reused first by new tasks). Address space
+    /// reserved, an upper bound on the resident bytes (a page's tail is
+    /// touched only when used).
     pub arena_bytes: usize,
 }
 
@@ -425,6 +429,18 @@ impl Core {
         let slot = self.tasks.insert(task)?;
         self.index.insert(tag, slot);
         Some(slot)
+    }
+
+    /// Gives back the bytes the task in `slot` held (just removed or
+    /// replaced): freed at once, unless the checkpoint snapshot under way
+    /// saved that task as it was and still names them (then kept until it
+    /// has read it).
+    fn release_bytes(&mut self, slot: u32, bytes: crate::task::PayloadRef) {
+        if self.tasks.snapshot_names(slot, &bytes) {
+            self.payloads.release_kept(bytes);
+        } else {
+            self.payloads.release(bytes);
+        }
     }
 
     fn check_open(&self) -> Result<(), Status> {
@@ -1895,8 +1911,9 @@ impl Shared {
 
     /// Schedules one task: [`Shared::schedule_batch`] without the batch's
     /// bookkeeping (duplicate check, per-task vectors), so an in-memory
-    /// schedule makes at most one allocation: the task's key and payload,
-    /// when together they take more than `SMALL_BYTES` (26).
+    /// schedule makes no allocation of its own but the task's key and
+    /// payload when together they take more than 1 KiB (made before the
+    /// lock; shorter ones go in the task's entry or the payload arena).
     fn schedule_one(&self, t: &NewTask<'_>) -> Result<TaskId, ScheduleError> {
         // `prepare`, with the key's index bucket loading meanwhile (and
         // while the lock is taken) once the key's length is known to be valid.
@@ -1907,6 +1924,8 @@ impl Shared {
         let due_ms = self.validate_due(t.due, now.wall_ns)?;
         let due_tick = self.due_tick(due_ms, now);
         check_frame_bytes(std::slice::from_ref(t))?;
+        // Over 1 KiB: allocated and copied before the lock.
+        let prebuilt = PayloadStore::prebuild(t.key, t.payload);
 
         self.await_relocation();
         let (mut core, reads, far_match) = self
@@ -1925,7 +1944,7 @@ impl Shared {
         let id = TaskId(core.next_id);
         let ticket = self.log_schedules(&mut core, std::slice::from_ref(t), &[due_ms], id.0)?;
         core.next_id += 1;
-        if self.place_task(&mut core, id, t, tag, due_ms, due_tick) {
+        if self.place_task(&mut core, id, t, prebuilt, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
         drop(core);
@@ -1979,7 +1998,7 @@ impl Shared {
             let ticket =
                 self.log_schedules(&mut core, std::slice::from_ref(&new), &[due_ms], id.0)?;
             core.next_id += 1;
-            if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
+            if self.place_task(&mut core, id, &new, None, tag, due_ms, due_tick) {
                 self.driver_cv.notify_all();
             }
             drop(core);
@@ -2028,7 +2047,7 @@ impl Shared {
             if let Some(payload) = payload {
                 let bytes = c.payloads.put(key, payload);
                 let old = std::mem::replace(&mut task.bytes, bytes);
-                c.payloads.release(old);
+                c.release_bytes(slot, old);
                 self.payload_replacements
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             } else {
@@ -2097,7 +2116,7 @@ impl Shared {
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         core.next_id += 1;
         core.remove_dead(dead_id.0);
-        if self.place_task(&mut core, id, &new, tag, due_ms, due_tick) {
+        if self.place_task(&mut core, id, &new, None, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
         drop(core);
@@ -2131,6 +2150,18 @@ impl Shared {
             });
         }
         check_frame_bytes(new)?;
+        // Keys and payloads over 1 KiB together: allocated and copied
+        // before the lock (no vector at all when there are none).
+        let mut prebuilt: Vec<Option<crate::task::PayloadRef>> = Vec::new();
+        if new
+            .iter()
+            .any(|t| t.key.len() + t.payload.len() > crate::arena::ARENA_BYTES_MAX)
+        {
+            prebuilt = new
+                .iter()
+                .map(|t| PayloadStore::prebuild(t.key, t.payload))
+                .collect();
+        }
 
         self.await_relocation();
         let (mut core, reads, far_match) = self
@@ -2162,7 +2193,9 @@ impl Shared {
         let mut wake_driver = false;
         for (i, t) in new.iter().enumerate() {
             let id = TaskId(first_id + i as u64);
-            wake_driver |= self.place_task(&mut core, id, t, tags[i], due_ms[i], due_ticks[i]);
+            let built = prebuilt.get_mut(i).and_then(Option::take);
+            wake_driver |=
+                self.place_task(&mut core, id, t, built, tags[i], due_ms[i], due_ticks[i]);
         }
         if wake_driver {
             self.driver_cv.notify_all();
@@ -2237,12 +2270,15 @@ impl Shared {
 
     /// Stores a validated, logged task in the slab, the index and the wheel
     /// (or the overdue queue), with the key and payload of `new` in the
-    /// payload store. Returns whether the driver must be woken.
+    /// payload store (`prebuilt`: made by [`PayloadStore::prebuild`] for
+    /// `new` before the lock). Returns whether the driver must be woken.
+    #[allow(clippy::too_many_arguments)]
     fn place_task(
         &self,
         core: &mut Core,
         id: TaskId,
         new: &NewTask<'_>,
+        prebuilt: Option<crate::task::PayloadRef>,
         key_tag: u32,
         due_ms: u64,
         due_tick: Tick,
@@ -2257,7 +2293,10 @@ impl Shared {
         let task_bytes = new.key.len() + new.payload.len();
         let task = Task {
             id,
-            bytes: core.payloads.put(new.key, new.payload),
+            bytes: match prebuilt {
+                Some(built) => core.payloads.adopt(built),
+                None => core.payloads.put(new.key, new.payload),
+            },
             due_ms,
             state: TaskState::Scheduled,
             deliveries: 0,
@@ -2578,7 +2617,7 @@ impl Shared {
             if let Some(tag) = tag {
                 core.index.remove(tag, slot);
             }
-            core.payloads.release(task.bytes);
+            core.release_bytes(slot, task.bytes);
             // Overdue, backlog and ready entries, if any, are skipped by
             // their id and state checks.
         }

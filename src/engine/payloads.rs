@@ -53,7 +53,7 @@ impl Shared {
         if let Some(task) = core.tasks.get_mut(slot) {
             let new_ref = core.payloads.put(&key, &payload);
             let old = std::mem::replace(&mut task.bytes, new_ref);
-            core.payloads.release(old);
+            core.release_bytes(slot, old);
             core.payloads_read_back += 1;
         }
         Ok(())
@@ -155,7 +155,7 @@ impl Shared {
             if let Some(task) = c.tasks.get_mut(slot) {
                 let new_ref = c.payloads.put(&entry.key, &entry.payload);
                 let old = std::mem::replace(&mut task.bytes, new_ref);
-                c.payloads.release(old);
+                c.release_bytes(slot, old);
                 c.payloads_read_back += 1;
             }
         }
