@@ -613,6 +613,12 @@ impl TaskSlab {
         self.snapshot.is_some()
     }
 
+    /// The first slot the snapshot under way has not read yet.
+    #[cfg(test)]
+    fn snapshot_next_slot(&self) -> Option<u32> {
+        self.snapshot.as_ref().map(|s| s.next_slot)
+    }
+
     /// Stores `task`, returning its slot. `None` if 2^32 slots are in use.
     pub fn insert(&mut self, task: Task) -> Option<u32> {
         if let Some(slot) = self.free_head {
@@ -735,75 +741,136 @@ mod tests {
         ]
     }
 
-    /// The snapshot gives the (id, due) of every task as it was when it
-    /// began, in slot order, whatever changed in between; the slab itself
-    /// ends as a model says.
+    /// The snapshot gives the (id, due, key and payload) of every task as
+    /// it was when it began, in slot order, whatever changed in between
+    /// (tasks removed, their payloads replaced, their arena entries freed
+    /// and taken by new tasks); the slab itself ends as a model says, and
+    /// no arena entry is kept or leaked once it has been read.
     fn run_slab_snapshot(initial: usize, ops: Vec<SlabOp>, before: usize) {
         let mut slab = TaskSlab::default();
+        let mut store = PayloadStore::default();
         let mut next_id = 1u64;
-        // slot -> (id, due)
-        let mut model: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
-        let mut insert =
-            |slab: &mut TaskSlab, model: &mut std::collections::BTreeMap<u32, (u64, u64)>| {
-                let t = task(next_id);
-                let slot = slab.insert(t).expect("room");
-                model.insert(slot, (next_id, 0));
-                next_id += 1;
+        // The bytes of task `id` at `version`: 30-byte key, 2–49-byte payload
+        // (arena entries of a few classes).
+        let bytes_of = |id: u64, version: u64| {
+            let key = format!("{id:0>30}").into_bytes();
+            let payload = vec![(id + version) as u8; 2 + ((id * 7 + version * 13) % 48) as usize];
+            (key, payload)
+        };
+        // slot -> (id, due, version)
+        type Model = std::collections::BTreeMap<u32, (u64, u64, u64)>;
+        let mut model: Model = Default::default();
+        let mut insert = |slab: &mut TaskSlab, store: &mut PayloadStore, model: &mut Model| {
+            let (key, payload) = bytes_of(next_id, 0);
+            let t = Task {
+                bytes: store.put(&key, &payload),
+                ..task(next_id)
             };
+            let slot = slab.insert(t).expect("room");
+            model.insert(slot, (next_id, 0, 0));
+            next_id += 1;
+        };
+        // Slots whose saved task's entry is kept (released by the live task).
+        let mut kept_slots = std::collections::BTreeSet::new();
+        let release = |slab: &TaskSlab,
+                       store: &mut PayloadStore,
+                       kept_slots: &mut std::collections::BTreeSet<u32>,
+                       slot: u32,
+                       b: PayloadRef| {
+            if slab.snapshot_names(slot, &b) {
+                assert!(kept_slots.insert(slot), "an entry kept twice");
+                store.release_kept(b);
+            } else {
+                store.release(b);
+            }
+        };
         for _ in 0..initial {
-            insert(&mut slab, &mut model);
+            insert(&mut slab, &mut store, &mut model);
         }
+        let entry = |(id, due, version): (u64, u64, u64)| {
+            let (key, payload) = bytes_of(id, version);
+            (id, due, [key, payload].concat())
+        };
         let mut expected = None;
-        let mut got: Vec<(u64, u64)> = Vec::new();
+        let mut got: Vec<(u64, u64, Vec<u8>)> = Vec::new();
         let begin_at = before.min(ops.len());
         for (i, op) in ops.into_iter().enumerate() {
             if i == begin_at {
                 slab.begin_snapshot();
-                expected = Some(model.values().copied().collect::<Vec<_>>());
+                expected = Some(model.values().copied().map(entry).collect::<Vec<_>>());
             }
             match op {
-                SlabOp::Insert => insert(&mut slab, &mut model),
+                SlabOp::Insert => insert(&mut slab, &mut store, &mut model),
                 SlabOp::Remove(n) if !model.is_empty() => {
                     let slot = *model.keys().nth(n % model.len()).unwrap();
-                    let (id, _) = model.remove(&slot).unwrap();
-                    assert_eq!(slab.remove(slot).map(|t| t.id.0), Some(id));
+                    let (id, _, _) = model.remove(&slot).unwrap();
+                    let t = slab.remove(slot).expect("occupied");
+                    assert_eq!(t.id.0, id);
+                    release(&slab, &mut store, &mut kept_slots, slot, t.bytes);
                 }
                 SlabOp::Change(n) if !model.is_empty() => {
                     let slot = *model.keys().nth(n % model.len()).unwrap();
+                    let m = model.get_mut(&slot).unwrap();
+                    m.2 += 1;
+                    let (key, payload) = bytes_of(m.0, m.2);
+                    let new = store.put(&key, &payload);
                     let t = slab.get_mut(slot).expect("occupied");
                     t.due_ms += 7;
-                    model.get_mut(&slot).unwrap().1 = t.due_ms;
+                    m.1 = t.due_ms;
+                    let old = std::mem::replace(&mut t.bytes, new);
+                    release(&slab, &mut store, &mut kept_slots, slot, old);
                 }
                 SlabOp::Remove(_) | SlabOp::Change(_) => {}
                 SlabOp::Read(n) => {
                     if slab.snapshot_active() {
-                        slab.read_snapshot(n, |t| {
-                            got.push((t.id.0, t.due_ms));
+                        let done = slab.read_snapshot(n, |t| {
+                            let bytes = [store.key(&t.bytes), store.get(&t.bytes).unwrap()];
+                            got.push((t.id.0, t.due_ms, bytes.concat()));
                             t.id.0 % 5 != 0
                         });
+                        store.unpin(slab.drain_unpinned());
+                        if done == Some(true) {
+                            store.end_snapshot();
+                        }
+                        // Kept only while their saved tasks are unread.
+                        let read_to = slab.snapshot_next_slot().unwrap_or(u32::MAX);
+                        kept_slots.retain(|&s| s >= read_to);
+                        assert_eq!(store.entries_kept_for_snapshot(), kept_slots.len());
                     }
                 }
             }
         }
         if expected.is_none() {
             slab.begin_snapshot();
-            expected = Some(model.values().copied().collect());
+            expected = Some(model.values().copied().map(entry).collect());
         }
         while slab.snapshot_active() {
             let read = slab.read_snapshot(3, |t| {
-                got.push((t.id.0, t.due_ms));
+                let bytes = [store.key(&t.bytes), store.get(&t.bytes).unwrap()];
+                got.push((t.id.0, t.due_ms, bytes.concat()));
                 true
             });
             assert!(read.is_some());
+            store.unpin(slab.drain_unpinned());
         }
+        store.end_snapshot();
         assert_eq!(
             Some(got),
             expected,
             "the snapshot is the slab as it began, in slot order"
         );
-        let now: Vec<(u64, u64)> = slab.iter_slots().map(|(_, t)| (t.id.0, t.due_ms)).collect();
-        assert_eq!(now, model.values().copied().collect::<Vec<_>>());
+        let now: Vec<_> = slab
+            .iter_slots()
+            .map(|(_, t)| {
+                let bytes = [store.key(&t.bytes), store.get(&t.bytes).unwrap()];
+                (t.id.0, t.due_ms, bytes.concat())
+            })
+            .collect();
+        assert_eq!(now, model.values().copied().map(entry).collect::<Vec<_>>());
         assert_eq!(slab.read_snapshot(1, |_| panic!("no snapshot")), None);
+        // Every entry is a live task's: none kept, none leaked.
+        assert_eq!(store.entries_kept_for_snapshot(), 0);
+        assert_eq!(store.arena_stats().entries, model.len());
     }
 
     #[test]
