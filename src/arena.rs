@@ -23,7 +23,9 @@
 //! Nothing here panics on a handle it did not issue, one already freed or
 //! one given with the wrong length (a bug elsewhere): each page keeps a
 //! bitmap of its entries in use, so a read of a free entry gives an empty
-//! slice and a second free is ignored, both `debug_assert`ed.
+//! slice and a second free of an entry not reused since is ignored, both
+//! `debug_assert`ed. (A stale handle to an entry reused since names the
+//! new entry: no arena can tell; the engine's model tests count entries.)
 
 /// Longest entry (key and payload together, in bytes) the arena holds;
 /// longer ones get an allocation of their own.

@@ -1981,6 +1981,8 @@ impl Shared {
         let now = self.now();
         let (due_ms, due_tick) = self.prepare(&new, now)?;
         check_frame_bytes(std::slice::from_ref(&new))?;
+        // Over 1 KiB: allocated and copied before the lock.
+        let mut prebuilt = PayloadStore::prebuild(key, new.payload);
         self.await_relocation();
         let (mut core, reads, _) = self
             .lock_reading_far(std::iter::once(key))
@@ -1998,7 +2000,7 @@ impl Shared {
             let ticket =
                 self.log_schedules(&mut core, std::slice::from_ref(&new), &[due_ms], id.0)?;
             core.next_id += 1;
-            if self.place_task(&mut core, id, &new, None, tag, due_ms, due_tick) {
+            if self.place_task(&mut core, id, &new, prebuilt, tag, due_ms, due_tick) {
                 self.driver_cv.notify_all();
             }
             drop(core);
@@ -2045,7 +2047,10 @@ impl Shared {
             }
             task.due_ms = due_ms;
             if let Some(payload) = payload {
-                let bytes = c.payloads.put(key, payload);
+                let bytes = match prebuilt.take() {
+                    Some(built) => c.payloads.adopt(built),
+                    None => c.payloads.put(key, payload),
+                };
                 let old = std::mem::replace(&mut task.bytes, bytes);
                 c.release_bytes(slot, old);
                 self.payload_replacements
