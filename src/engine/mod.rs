@@ -1277,8 +1277,8 @@ impl Engine {
 
     /// For tests and fuzzing: the payload arena's entries in use, and how
     /// many of them the engine can name — live tasks' keys and payloads
-    /// there, and entries released while a checkpoint reads its snapshot.
-    /// Equal unless an entry leaked. O(live tasks).
+    /// there, and entries kept for the tasks a checkpoint's snapshot saved
+    /// and has not read yet. Equal unless an entry leaked. O(live tasks).
     #[doc(hidden)]
     pub fn arena_entries_accounted(&self) -> (usize, usize) {
         let core = self.shared.core.lock();
