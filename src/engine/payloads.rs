@@ -11,13 +11,10 @@ impl Shared {
     /// read from its overflow file. `Err` describes a read failure or
     /// damage (file and offset).
     pub(super) fn read_payload(&self, task: &Task, key: &[u8]) -> Result<Box<[u8]>, String> {
-        let (Some(disk), Some((file, offset))) = (&self.disk, task.bytes.on_disk()) else {
-            return Ok(Box::default());
-        };
-        let path = disk.overflow_dir().join(overflow::file_name(file));
-        overflow::read_entry(disk.storage.as_ref(), &path, offset, task.id.0, Some(key))
-            .map(|e| e.payload)
-            .map_err(|e| format!("cannot read the payload of task {}: {e}", task.id.0))
+        match task.bytes.on_disk() {
+            Some((file, offset)) => self.read_payload_at(file, offset, task.id.0, key),
+            None => Ok(Box::default()),
+        }
     }
 
     /// Reads the payload of task `id` (key `key`) from overflow file `file`
