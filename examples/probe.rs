@@ -1,6 +1,8 @@
-//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many N`
+//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds N`
 //! (`warm`: schedule, cancel all, then time scheduling them again into grown memory;
-//! `many`: batches of 1 000 through `schedule_many` and `cancel_many`).
+//! `many`: batches of 1 000 through `schedule_many` and `cancel_many`;
+//! `holds`: every single `schedule` call timed, the longest ones printed — where the
+//! engine's structures grow).
 //! Pair with `perf stat -e instructions` or `valgrind --tool=callgrind`.
 use kairos::{Config, Engine, ManualClock};
 use std::sync::Arc;
@@ -24,6 +26,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let payload = [7u8; 64];
     if what == "many" {
         return many(&engine, &keys, &payload);
+    }
+    if what == "holds" {
+        return holds(&engine, &keys, &payload);
     }
     let rss_before = rss_bytes();
     let t = Instant::now();
@@ -116,6 +121,42 @@ fn many(
         "schedule_many {:.0} ns/op; cancel_many {:.0} ns/op (batches of 1 000)",
         schedule.as_nanos() as f64 / n as f64,
         t.elapsed().as_nanos() as f64 / n as f64
+    );
+    Ok(())
+}
+
+/// `probe holds N`: times each of N single `schedule` calls into the fresh
+/// engine and prints the calls over 1 ms (call number, duration) and the
+/// longest: the engine's lock is held throughout a call, so these are also
+/// the longest waits a concurrent producer or the driver could see.
+fn holds(
+    engine: &Engine,
+    keys: &[Vec<u8>],
+    payload: &[u8],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut over_1ms = Vec::new();
+    let mut longest = Duration::ZERO;
+    let t = Instant::now();
+    for (i, k) in keys.iter().enumerate() {
+        let delay =
+            Duration::from_millis((i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1);
+        let call = Instant::now();
+        engine.schedule_after(k, delay, payload)?;
+        let took = call.elapsed();
+        longest = longest.max(took);
+        if took > Duration::from_millis(1) {
+            over_1ms.push((i, took));
+        }
+    }
+    for (i, took) in &over_1ms {
+        println!("call {i}: {:.1} ms", took.as_secs_f64() * 1e3);
+    }
+    println!(
+        "{} calls in {:.2} s; {} over 1 ms; longest {:.1} ms",
+        keys.len(),
+        t.elapsed().as_secs_f64(),
+        over_1ms.len(),
+        longest.as_secs_f64() * 1e3
     );
     Ok(())
 }

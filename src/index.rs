@@ -19,7 +19,11 @@
 //! the first bucket with none, and a removal needs no tombstones: it lowers
 //! the counts along the removed entry's probe. After the F14 hash table's
 //! chunks (Facebook's folly, `F14Table.h`: "outbound overflow count").
-//! The table doubles at 3/4 full and never shrinks, like `hashbrown`.
+//! The table doubles at 3/4 full and never shrinks, like `hashbrown`, but
+//! not all at once: the entries move to the doubled table a few buckets per
+//! insert or removal (incremental rehashing, as Redis's `dict` does), while
+//! lookups read both tables, so no single call pays for moving them all (at
+//! 11 M entries that was one 0.75-second hold of the engine's lock).
 
 use std::hash::BuildHasher;
 
@@ -42,6 +46,15 @@ const LOAD_NUMERATOR: usize = 3;
 const LOAD_DENOMINATOR: usize = 4;
 /// Buckets of a table's first allocation.
 const MIN_BUCKETS: usize = 4;
+/// Buckets of the old table moved to the new one by each insert or
+/// removal while the table grows: at most `4 × WAYS` entries per call. Any
+/// number from one up ends the move before the new table fills: it holds
+/// twice the old table's entries, and the move takes fewer calls than the
+/// old table has entries.
+const MIGRATE_BUCKETS: usize = 4;
+/// An old table of at least this many bytes is freed on a thread of its
+/// own ([`TaskIndex::drop_old`]).
+const FREE_ELSEWHERE_BYTES: usize = 8 << 20;
 
 /// Seven entries in one cache line.
 #[derive(Clone, Copy, Debug)]
@@ -58,7 +71,8 @@ struct Bucket {
 const _: () = assert!(std::mem::size_of::<Bucket>() == 64);
 
 impl Bucket {
-    /// An empty bucket.
+    /// An empty bucket (what a [`Table::zeroed`] is made of).
+    #[cfg(test)]
     const EMPTY: Bucket = Bucket {
         tags: [0; WAYS],
         meta: 0,
@@ -112,12 +126,25 @@ impl Bucket {
 /// Key → slot map over keys stored elsewhere (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct TaskIndex {
-    /// A power of two of buckets, or none before the first insert.
-    buckets: Vec<Bucket>,
-    /// Entries held.
+    /// A power of two of buckets, or none before the first insert: the
+    /// table new entries go to.
+    buckets: Table,
+    /// Entries held, in both tables.
     len: usize,
     /// 64 − log2(buckets), for [`home_of`]; 0 (unused) with no buckets.
     shift: u32,
+    /// While the table grows, the table before the doubling, whose entries
+    /// are moving to `buckets` ([`TaskIndex::migrate`]); empty otherwise.
+    /// It takes no inserts. Its overflow counts are not lowered as entries
+    /// leave, so they may count entries gone (a longer probe, never a
+    /// missed entry).
+    old: Table,
+    /// `old`'s [`home_of`] shift.
+    old_shift: u32,
+    /// Entries still in `old`.
+    old_len: usize,
+    /// Buckets of `old` below it have been emptied into `buckets`.
+    migrated: usize,
     /// Shared with callers that prefetch without the engine's lock.
     probe: std::sync::Arc<IndexProbe>,
 }
@@ -175,6 +202,200 @@ fn capacity_of(buckets: usize) -> usize {
     buckets * WAYS / LOAD_DENOMINATOR * LOAD_NUMERATOR
 }
 
+/// A table of buckets: a slice of [`Bucket`]s, 64-byte aligned, in an
+/// allocation that starts zeroed.
+///
+/// Why not a `Vec<Bucket>`: a new table must cost nothing until used, and
+/// the global allocator gives memory that is zeroed without being written
+/// (`calloc`, which for a large block maps fresh pages from the kernel)
+/// only at the allocator's own alignment (16 bytes), while a `Bucket` wants
+/// 64 (`alloc_zeroed` at 64 allocates, then writes every byte: at 11 M
+/// entries, a 256 MiB pass with its page faults, 0.15–0.6 s under the
+/// engine's lock when the table doubled). So the table over-allocates one
+/// bucket at 16-byte alignment and starts at the first 64-byte boundary in
+/// it.
+struct Table {
+    /// The first bucket (dangling, aligned, when `len` is 0).
+    first: std::ptr::NonNull<Bucket>,
+    /// Buckets in the table.
+    len: usize,
+    /// The allocation and its layout; `None` for an empty table.
+    allocation: Option<(std::ptr::NonNull<u8>, std::alloc::Layout)>,
+}
+
+// SAFETY: a `Table` owns its buckets (plain integers) exclusively, as a
+// `Vec<Bucket>` would: no shared state, nothing tied to a thread.
+#[allow(unsafe_code)]
+unsafe impl Send for Table {}
+// SAFETY: shared access only reads the buckets (`Deref`); writes need
+// `&mut Table`.
+#[allow(unsafe_code)]
+unsafe impl Sync for Table {}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            first: std::ptr::NonNull::dangling(),
+            len: 0,
+            allocation: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("buckets", &self.len).finish()
+    }
+}
+
+impl Table {
+    /// A table of `n` empty buckets, zeroed by the allocator (not written
+    /// here). Panics (as `vec!` does) if the size overflows `isize`; aborts
+    /// through [`std::alloc::handle_alloc_error`] if memory runs out.
+    #[allow(unsafe_code)]
+    fn zeroed(n: usize) -> Table {
+        if n == 0 {
+            return Table::default();
+        }
+        let align = std::mem::align_of::<Bucket>();
+        let layout = n
+            .checked_add(1)
+            .and_then(|b| b.checked_mul(std::mem::size_of::<Bucket>()))
+            .and_then(|size| std::alloc::Layout::from_size_align(size, 16).ok());
+        let Some(layout) = layout else {
+            panic!("capacity overflow: {n} index buckets");
+        };
+        // SAFETY: `layout` has a non-zero size (at least one bucket).
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(base) = std::ptr::NonNull::new(base) else {
+            std::alloc::handle_alloc_error(layout);
+        };
+        let offset = base.as_ptr().align_offset(align);
+        // `base` is 16-aligned, so the offset is below 64 and the `n`
+        // buckets after it end within the `n + 1` allocated.
+        debug_assert!(offset < align && offset % 16 == 0);
+        // SAFETY: `offset` < 64 bytes, within the allocation (size ≥ 64);
+        // the result is non-null and 64-aligned.
+        let first = unsafe { base.add(offset) }.cast::<Bucket>();
+        Table {
+            first,
+            len: n,
+            allocation: Some((base, layout)),
+        }
+    }
+}
+
+impl std::ops::Deref for Table {
+    type Target = [Bucket];
+    #[allow(unsafe_code)]
+    fn deref(&self) -> &[Bucket] {
+        // SAFETY: `first` is 64-aligned and non-null, and, when `len` > 0,
+        // points at `len` buckets inside the live allocation this table
+        // owns, all initialised (zeroed bytes are a valid, empty `Bucket`:
+        // `repr(C)` integers only; `zeroed_table_is_all_empty_buckets`).
+        // With `len` 0 a dangling aligned pointer is allowed.
+        unsafe { std::slice::from_raw_parts(self.first.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Table {
+    #[allow(unsafe_code)]
+    fn deref_mut(&mut self) -> &mut [Bucket] {
+        // SAFETY: as for `deref`; `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.first.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Table {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        if let Some((base, layout)) = self.allocation.take() {
+            // SAFETY: `base` was returned by `alloc_zeroed(layout)` in
+            // `Table::zeroed` and is freed once (taken out of the table).
+            unsafe { std::alloc::dealloc(base.as_ptr(), layout) };
+        }
+    }
+}
+
+/// [`TaskIndex::find`] in one table (`shift` its [`home_of`] shift).
+#[inline(always)]
+fn find_in(
+    buckets: &[Bucket],
+    shift: u32,
+    tag: u32,
+    is_key: &mut impl FnMut(u32) -> bool,
+) -> Option<u32> {
+    if buckets.is_empty() {
+        return None;
+    }
+    let mask = buckets.len() - 1;
+    let mut at = home_of(tag, shift);
+    // A probe never needs more than every bucket once (the bound only
+    // matters with saturated overflow counts).
+    for _ in 0..buckets.len() {
+        let bucket = &buckets[at];
+        let mut ways = bucket.matches(tag);
+        while ways != 0 {
+            let slot = bucket.slots[ways.trailing_zeros() as usize];
+            if is_key(slot) {
+                return Some(slot);
+            }
+            ways &= ways - 1;
+        }
+        if bucket.overflow() == 0 {
+            return None;
+        }
+        at = (at + 1) & mask;
+    }
+    None
+}
+
+/// Adds an entry to a table with room (below its load limit, so some
+/// bucket has a free way and the probe ends).
+#[inline]
+fn insert_in(buckets: &mut [Bucket], shift: u32, tag: u32, slot: u32) {
+    let mask = buckets.len() - 1;
+    let mut at = home_of(tag, shift);
+    while !buckets[at].put(tag, slot) {
+        buckets[at].add_overflow();
+        at = (at + 1) & mask;
+    }
+}
+
+/// Removes the entry of `slot` under `tag` from one table, lowering the
+/// overflow counts its probe passed; whether it was there.
+#[inline]
+fn remove_in(buckets: &mut [Bucket], shift: u32, tag: u32, slot: u32) -> bool {
+    if buckets.is_empty() {
+        return false;
+    }
+    let mask = buckets.len() - 1;
+    let home = home_of(tag, shift);
+    let mut at = home;
+    for _ in 0..buckets.len() {
+        let bucket = &mut buckets[at];
+        let mut ways = bucket.matches(tag);
+        while ways != 0 {
+            let way = ways.trailing_zeros() as usize;
+            if bucket.slots[way] == slot {
+                bucket.meta &= !(1 << way);
+                let mut passed = home;
+                while passed != at {
+                    buckets[passed].sub_overflow();
+                    passed = (passed + 1) & mask;
+                }
+                return true;
+            }
+            ways &= ways - 1;
+        }
+        if bucket.overflow() == 0 {
+            return false;
+        }
+        at = (at + 1) & mask;
+    }
+    false
+}
+
 impl TaskIndex {
     /// The key's tag: this index's (per-engine random) hasher folded to 32 bits.
     pub fn tag(&self, key: &[u8]) -> u32 {
@@ -196,64 +417,137 @@ impl TaskIndex {
     /// cache (a hint: nothing else changes), for a loop over many keys to
     /// issue a few lookups ahead. Only the home bucket: a probe that
     /// overflows into the next bucket reads that one unprefetched.
+    /// While the table grows, the bucket of the old table too, unless the
+    /// move has emptied it.
     #[inline]
     pub fn prefetch(&self, tag: u32) {
         if self.buckets.is_empty() {
             return;
         }
         crate::prefetch::prefetch(&self.buckets[self.home(tag)]);
+        if !self.old.is_empty() {
+            let at = home_of(tag, self.old_shift);
+            if at >= self.migrated {
+                crate::prefetch::prefetch(&self.old[at]);
+            }
+        }
     }
 
     /// The slot whose entry has `tag` and for which `is_key(slot)` holds.
-    /// O(1) expected (one cache line, unless the home bucket overflowed);
-    /// `is_key` runs only on tag matches.
+    /// O(1) expected (one cache line, unless the home bucket overflowed;
+    /// while the table grows, a line of each table for a key not in the new
+    /// one); `is_key` runs only on tag matches.
     pub fn find(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
-        if self.buckets.is_empty() {
-            return None;
+        let found = find_in(&self.buckets, self.shift, tag, &mut is_key);
+        if found.is_some() || self.old_len == 0 {
+            return found;
         }
-        let mask = self.buckets.len() - 1;
-        let mut at = self.home(tag);
-        // A probe never needs more than every bucket once (the bound only
-        // matters with saturated overflow counts).
-        for _ in 0..self.buckets.len() {
-            let bucket = &self.buckets[at];
-            let mut ways = bucket.matches(tag);
-            while ways != 0 {
-                let slot = bucket.slots[ways.trailing_zeros() as usize];
-                if is_key(slot) {
-                    return Some(slot);
-                }
-                ways &= ways - 1;
-            }
-            if bucket.overflow() == 0 {
-                return None;
-            }
-            at = (at + 1) & mask;
-        }
-        None
+        self.find_old(tag, is_key)
+    }
+
+    /// [`TaskIndex::find`] in the old table, while the table grows.
+    #[cold]
+    #[inline(never)]
+    fn find_old(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
+        find_in(&self.old, self.old_shift, tag, &mut is_key)
     }
 
     /// Adds `slot` under `tag`. The caller has checked that the key is absent.
-    /// O(1) amortized; doubling rehashes tags alone.
+    /// O(1): at its load limit the table starts doubling (a zeroed
+    /// allocation, not written here), and while it grows each insert first
+    /// moves [`MIGRATE_BUCKETS`] buckets of entries to the new table.
     pub fn insert(&mut self, tag: u32, slot: u32) {
-        self.reserve(1);
+        if self.old_len > 0 {
+            self.migrate(MIGRATE_BUCKETS);
+        }
+        if self.len >= capacity_of(self.buckets.len()) {
+            self.start_growth();
+        }
         self.insert_no_grow(tag, slot);
     }
 
-    /// [`TaskIndex::insert`] into a table with room (below its load limit,
-    /// so some bucket has a free way and the probe ends).
+    /// [`TaskIndex::insert`] into the new table, which has room (below its
+    /// load limit, so some bucket has a free way and the probe ends).
     fn insert_no_grow(&mut self, tag: u32, slot: u32) {
-        let mask = self.buckets.len() - 1;
-        let mut at = self.home(tag);
-        while !self.buckets[at].put(tag, slot) {
-            self.buckets[at].add_overflow();
-            at = (at + 1) & mask;
-        }
+        insert_in(&mut self.buckets, self.shift, tag, slot);
         self.len += 1;
     }
 
-    /// Makes room for `additional` more entries without another doubling.
+    /// Starts the doubling of a table at its load limit: the entries stay
+    /// where they are (the old table) and move a few buckets per call. A
+    /// doubling still under way is finished first (not reached in use: a
+    /// move ends in fewer calls than a doubling's worth of inserts).
+    fn start_growth(&mut self) {
+        self.finish_growth();
+        let buckets = (self.buckets.len() * 2).max(MIN_BUCKETS);
+        let old = std::mem::replace(&mut self.buckets, Table::zeroed(buckets));
+        let old_shift = std::mem::replace(&mut self.shift, 64 - buckets.trailing_zeros());
+        self.publish();
+        if self.len > 0 {
+            self.old = old;
+            self.old_shift = old_shift;
+            self.old_len = self.len;
+            self.migrated = 0;
+        }
+    }
+
+    /// Moves the entries of the next `buckets` buckets of the old table to
+    /// the new one, old buckets in order, so their entries land in (nearly)
+    /// ascending new buckets (doubling sends bucket `b`'s entries to `2b`
+    /// and `2b + 1`): a sequential write rather than a random one. Frees the
+    /// old table once it is empty.
+    #[inline(never)]
+    fn migrate(&mut self, buckets: usize) {
+        let end = self.migrated.saturating_add(buckets).min(self.old.len());
+        for at in self.migrated..end {
+            let bucket = &mut self.old[at];
+            let mut ways = bucket.meta & OCCUPIED_MASK;
+            // Emptied, overflow count kept: probes of entries filed further
+            // on still pass it.
+            bucket.meta &= !OCCUPIED_MASK;
+            let (tags, slots) = (bucket.tags, bucket.slots);
+            while ways != 0 {
+                let way = ways.trailing_zeros() as usize;
+                insert_in(&mut self.buckets, self.shift, tags[way], slots[way]);
+                self.old_len -= 1;
+                ways &= ways - 1;
+            }
+        }
+        self.migrated = end;
+        if self.old_len == 0 || self.migrated == self.old.len() {
+            debug_assert_eq!(self.old_len, 0, "entries left in a moved table");
+            self.drop_old();
+        }
+    }
+
+    /// Frees the old table (emptied): on a short-lived thread of its own
+    /// when it is large, since giving back a table of 128 MiB took 20 ms
+    /// (the kernel unmapping its pages), a hold of the engine's lock
+    /// otherwise; here when it is small or no thread can be started.
+    fn drop_old(&mut self) {
+        let old = std::mem::take(&mut self.old);
+        self.old_len = 0;
+        self.migrated = 0;
+        if old.len() * std::mem::size_of::<Bucket>() >= FREE_ELSEWHERE_BYTES {
+            // On failure the closure, and the table with it, is dropped here.
+            let _ = std::thread::Builder::new()
+                .name("kairos-index-free".into())
+                .spawn(move || drop(old));
+        }
+    }
+
+    /// Moves every entry still in the old table to the new one.
+    fn finish_growth(&mut self) {
+        if self.old_len > 0 || !self.old.is_empty() {
+            self.migrate(usize::MAX);
+        }
+    }
+
+    /// Makes room for `additional` more entries without another doubling,
+    /// at once (every entry moved now): for bulk loads, not the schedule
+    /// path.
     fn reserve(&mut self, additional: usize) {
+        self.finish_growth();
         let needed = self.len.saturating_add(additional);
         if needed <= capacity_of(self.buckets.len()) {
             return;
@@ -262,17 +556,21 @@ impl TaskIndex {
         while capacity_of(buckets) < needed {
             buckets *= 2;
         }
-        let old = std::mem::replace(&mut self.buckets, vec![Bucket::EMPTY; buckets]);
+        let old = std::mem::replace(&mut self.buckets, Table::zeroed(buckets));
         self.shift = 64 - buckets.trailing_zeros();
         self.publish();
-        self.len = 0;
         // Old buckets in order: their entries land in (nearly) ascending
         // new buckets, a sequential write rather than a random one.
-        for bucket in &old {
+        for bucket in old.iter() {
             let mut ways = bucket.meta & OCCUPIED_MASK;
             while ways != 0 {
                 let way = ways.trailing_zeros() as usize;
-                self.insert_no_grow(bucket.tags[way], bucket.slots[way]);
+                insert_in(
+                    &mut self.buckets,
+                    self.shift,
+                    bucket.tags[way],
+                    bucket.slots[way],
+                );
                 ways &= ways - 1;
             }
         }
@@ -296,10 +594,8 @@ impl TaskIndex {
     /// match), to be filled on another thread and swapped in.
     pub fn empty_like(&self) -> TaskIndex {
         TaskIndex {
-            buckets: Vec::new(),
-            len: 0,
-            shift: 0,
             probe: self.probe.clone(),
+            ..TaskIndex::default()
         }
     }
 
@@ -346,37 +642,34 @@ impl TaskIndex {
 
     /// Removes the entry of `slot` (filed under `tag`); false if absent.
     /// O(1) expected: the probe of [`TaskIndex::find`], then the overflow
-    /// counts of the buckets it passed are lowered.
+    /// counts of the buckets it passed are lowered. While the table grows,
+    /// first moves [`MIGRATE_BUCKETS`] buckets of entries, as an insert
+    /// does, so a doubling ends even when inserts stop.
     pub fn remove(&mut self, tag: u32, slot: u32) -> bool {
-        if self.buckets.is_empty() {
-            return false;
+        if self.old_len > 0 {
+            return self.remove_growing(tag, slot);
         }
-        let mask = self.buckets.len() - 1;
-        let home = self.home(tag);
-        let mut at = home;
-        for _ in 0..self.buckets.len() {
-            let bucket = &mut self.buckets[at];
-            let mut ways = bucket.matches(tag);
-            while ways != 0 {
-                let way = ways.trailing_zeros() as usize;
-                if bucket.slots[way] == slot {
-                    bucket.meta &= !(1 << way);
-                    self.len -= 1;
-                    let mut passed = home;
-                    while passed != at {
-                        self.buckets[passed].sub_overflow();
-                        passed = (passed + 1) & mask;
-                    }
-                    return true;
-                }
-                ways &= ways - 1;
-            }
-            if bucket.overflow() == 0 {
-                return false;
-            }
-            at = (at + 1) & mask;
+        let removed = remove_in(&mut self.buckets, self.shift, tag, slot);
+        self.len -= usize::from(removed);
+        removed
+    }
+
+    /// [`TaskIndex::remove`] while the table grows.
+    #[cold]
+    #[inline(never)]
+    fn remove_growing(&mut self, tag: u32, slot: u32) -> bool {
+        self.migrate(MIGRATE_BUCKETS);
+        let removed = remove_in(&mut self.buckets, self.shift, tag, slot)
+            || self.old_len > 0 && {
+                let found = remove_in(&mut self.old, self.old_shift, tag, slot);
+                self.old_len -= usize::from(found);
+                found
+            };
+        self.len -= usize::from(removed);
+        if self.old_len == 0 && !self.old.is_empty() {
+            self.drop_old();
         }
-        false
+        removed
     }
 
     /// Number of entries.
@@ -509,10 +802,126 @@ mod tests {
                 ways &= ways - 1;
             }
         }
-        assert_eq!(entries, index.len);
+        assert_eq!(entries, index.len - index.old_len);
         for (at, bucket) in index.buckets.iter().enumerate() {
             assert_eq!(bucket.overflow(), passed[at], "bucket {at} of {n}");
         }
+        // The old table, while the table grows: its entries only in buckets
+        // not moved yet, its overflow counts never below the entries whose
+        // probe passes (they may count entries gone).
+        let n = index.old.len();
+        let mut passed = vec![0u32; n];
+        let mut entries = 0;
+        for (at, bucket) in index.old.iter().enumerate() {
+            let mut ways = bucket.meta & OCCUPIED_MASK;
+            assert!(
+                ways == 0 || at >= index.migrated,
+                "entry in moved bucket {at}"
+            );
+            while ways != 0 {
+                let way = ways.trailing_zeros() as usize;
+                entries += 1;
+                let mut b = home_of(bucket.tags[way], index.old_shift);
+                while b != at {
+                    passed[b] += 1;
+                    b = (b + 1) & (n - 1);
+                }
+                ways &= ways - 1;
+            }
+        }
+        assert_eq!(entries, index.old_len);
+        for (at, bucket) in index.old.iter().enumerate() {
+            assert!(bucket.overflow() >= passed[at], "old bucket {at} of {n}");
+        }
+    }
+
+    #[test]
+    fn zeroed_table_is_all_empty_buckets() {
+        // 4 MiB: a block the allocator maps fresh from the kernel (too slow
+        // under Miri, which checks the smaller ones).
+        let sizes: &[usize] = if cfg!(miri) {
+            &[1, 3, 4, 1024]
+        } else {
+            &[1, 3, 4, 1024, 1 << 16]
+        };
+        for &n in sizes {
+            let mut table = Table::zeroed(n);
+            assert_eq!(table.len(), n);
+            assert_eq!(table.as_ptr() as usize % 64, 0, "cache-line aligned");
+            let empty = Bucket::EMPTY;
+            for b in table.iter() {
+                assert_eq!(
+                    (b.tags, b.meta, b.slots, b._pad),
+                    (empty.tags, 0, empty.slots, 0)
+                );
+            }
+            // Every bucket writable, the last included (within the allocation).
+            for b in table.iter_mut() {
+                assert!(b.put(7, 9));
+            }
+            assert!(table.iter().all(|b| b.matches(7) == 1));
+        }
+        let empty = Table::zeroed(0);
+        assert!(empty.is_empty());
+        assert!(Table::default().is_empty());
+    }
+
+    /// A doubling moves the entries a few buckets per call, never all at
+    /// once, and every entry is found, and can be removed, in whichever
+    /// table it is meanwhile.
+    #[test]
+    fn growth_moves_a_few_buckets_per_call() {
+        let mut index = TaskIndex::default();
+        let tag_of = |slot: u32| slot.wrapping_mul(0x9E37_79B9) ^ 0x5bd1_e995;
+        let mut slot = 0u32;
+        // Fill to the load limit of a 4 096-bucket table.
+        while index.len < capacity_of(4096) {
+            index.insert(tag_of(slot), slot);
+            slot += 1;
+        }
+        index.finish_growth();
+        assert_eq!((index.buckets.len(), index.old_len), (4096, 0));
+        // The next insert starts the doubling and moves one step only.
+        index.insert(tag_of(slot), slot);
+        slot += 1;
+        assert_eq!(index.buckets.len(), 8192);
+        let in_old = index.old_len;
+        assert!(
+            in_old >= capacity_of(4096) - MIGRATE_BUCKETS * WAYS,
+            "{in_old} still to move"
+        );
+        check_invariants(&index);
+        let mut removed = std::collections::HashSet::new();
+        let mut calls = 0;
+        while index.old_len > 0 {
+            let before = index.old_len;
+            // Alternate: an insert, a removal of an entry (in either table),
+            // then every 97th entry (a different set each time) looked up.
+            if calls % 2 == 0 {
+                index.insert(tag_of(slot), slot);
+                slot += 1;
+            } else {
+                let victim = calls * 7 % slot;
+                if removed.insert(victim) {
+                    assert!(index.remove(tag_of(victim), victim), "slot {victim}");
+                }
+            }
+            assert!(before - index.old_len <= MIGRATE_BUCKETS * WAYS + 1);
+            calls += 1;
+            for s in (calls % 97..slot).step_by(97) {
+                let want = (!removed.contains(&s)).then_some(s);
+                assert_eq!(index.find(tag_of(s), |x| x == s), want, "slot {s}");
+            }
+        }
+        // One call per four old buckets, at most.
+        assert!(calls as usize <= 4096 / MIGRATE_BUCKETS, "{calls} calls");
+        assert!(index.old.is_empty(), "old table freed");
+        check_invariants(&index);
+        for s in 0..slot {
+            let want = (!removed.contains(&s)).then_some(s);
+            assert_eq!(index.find(tag_of(s), |x| x == s), want, "slot {s}");
+        }
+        assert_eq!(index.len, slot as usize - removed.len());
     }
 
     #[test]
@@ -669,6 +1078,7 @@ mod tests {
                         proptest::prop_assert_eq!(index.find(tag, |s| s == slot), expected);
                     }
                 }
+                check_invariants(&index);
             }
             check_invariants(&index);
             for (&slot, &tag) in &model {

@@ -29,9 +29,11 @@
 //! See `README.md` for the durability contract of each [`Durability`] mode
 //! and `ARCHITECTURE.md` for a map of the code.
 
-// One audited exception, with its SAFETY comment and tests: the cache
-// prefetch hint (`prefetch::prefetch_address`), used by recovery, moves out
-// of memory, and the index lookups of schedule and cancel.
+// Two audited exceptions, each block with its SAFETY comment, and tests: the
+// cache prefetch hint (`prefetch::prefetch_address`), used by recovery, moves
+// out of memory, and the index lookups of schedule and cancel; and the
+// index's bucket table (`index::Table`: a zeroed, cache-line-aligned
+// allocation, so a doubling of the index writes nothing up front).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -6,7 +6,8 @@
 pub(crate) const CACHE_LINE_BYTES: usize = 64;
 
 /// Starts loading the cache line holding `address` (any address: a
-/// prefetch never faults). The crate's one `unsafe` block.
+/// prefetch never faults). One of the crate's two `unsafe` places (the other:
+/// `index::Table`).
 #[inline(always)]
 #[allow(unsafe_code)]
 pub(crate) fn prefetch_address(address: usize) {
