@@ -52,9 +52,6 @@ const MIN_BUCKETS: usize = 4;
 /// twice the old table's entries, and the move takes fewer calls than the
 /// old table has entries.
 const MIGRATE_BUCKETS: usize = 4;
-/// An old table of at least this many bytes is freed on a thread of its
-/// own ([`TaskIndex::drop_old`]).
-const FREE_ELSEWHERE_BYTES: usize = 8 << 20;
 
 /// Seven entries in one cache line.
 #[derive(Clone, Copy, Debug)]
@@ -520,20 +517,15 @@ impl TaskIndex {
         }
     }
 
-    /// Frees the old table (emptied): on a short-lived thread of its own
-    /// when it is large, since giving back a table of 128 MiB took 20 ms
-    /// (the kernel unmapping its pages), a hold of the engine's lock
-    /// otherwise; here when it is small or no thread can be started.
+    /// Frees the old table (emptied). Here, under the caller's lock: giving
+    /// back a table of 128 MiB took 8–11 ms (the kernel unmapping its
+    /// pages); freeing it on a thread of its own was tried and measured
+    /// worse (20–26 ms for the call that coincided), the unmapping still
+    /// holding up this thread's page faults.
     fn drop_old(&mut self) {
-        let old = std::mem::take(&mut self.old);
+        self.old = Table::default();
         self.old_len = 0;
         self.migrated = 0;
-        if old.len() * std::mem::size_of::<Bucket>() >= FREE_ELSEWHERE_BYTES {
-            // On failure the closure, and the table with it, is dropped here.
-            let _ = std::thread::Builder::new()
-                .name("kairos-index-free".into())
-                .spawn(move || drop(old));
-        }
     }
 
     /// Moves every entry still in the old table to the new one.
