@@ -48,8 +48,8 @@ const LOAD_DENOMINATOR: usize = 4;
 const MIN_BUCKETS: usize = 4;
 /// Buckets of the old table moved to the new one by each insert or
 /// removal while the table grows: at most `4 × WAYS` entries per call. Any
-/// number from one up ends the move before the new table fills: it holds
-/// twice the old table's entries, and the move takes fewer calls than the
+/// number from one up ends the move before the new table fills: its load
+/// limit is twice the old table's, and the move takes fewer calls than the
 /// old table has entries.
 const MIGRATE_BUCKETS: usize = 4;
 
@@ -132,9 +132,9 @@ pub(crate) struct TaskIndex {
     shift: u32,
     /// While the table grows, the table before the doubling, whose entries
     /// are moving to `buckets` ([`TaskIndex::migrate`]); empty otherwise.
-    /// It takes no inserts. Its overflow counts are not lowered as entries
-    /// leave, so they may count entries gone (a longer probe, never a
-    /// missed entry).
+    /// It takes no inserts. Its overflow counts are not lowered as buckets
+    /// are moved (a removal from it lowers them as ever), so they may count
+    /// entries gone (a longer probe, never a missed entry).
     old: Table,
     /// `old`'s [`home_of`] shift.
     old_shift: u32,
@@ -202,15 +202,18 @@ fn capacity_of(buckets: usize) -> usize {
 /// A table of buckets: a slice of [`Bucket`]s, 64-byte aligned, in an
 /// allocation that starts zeroed.
 ///
-/// Why not a `Vec<Bucket>`: a new table must cost nothing until used, and
-/// the global allocator gives memory that is zeroed without being written
-/// (`calloc`, which for a large block maps fresh pages from the kernel)
-/// only at the allocator's own alignment (16 bytes), while a `Bucket` wants
-/// 64 (`alloc_zeroed` at 64 allocates, then writes every byte: at 11 M
-/// entries, a 256 MiB pass with its page faults, 0.15–0.6 s under the
-/// engine's lock when the table doubled). So the table over-allocates one
-/// bucket at 16-byte alignment and starts at the first 64-byte boundary in
-/// it.
+/// Why not a `Vec<Bucket>`: a new table should cost nothing until used,
+/// and std's default allocator on 64-bit Unix gives memory that is zeroed
+/// without being written (`calloc`, which for a block it maps fresh from
+/// the kernel — glibc: at or above its mmap threshold, 128 KiB rising to
+/// 32 MiB — writes nothing) only at its own alignment (16 bytes), while a
+/// `Bucket` wants 64 (`alloc_zeroed` at 64 allocates, then writes every
+/// byte: at 11 M entries, a 256 MiB pass with its page faults, 0.15–0.6 s
+/// under the engine's lock when the table doubled). So the table
+/// over-allocates one bucket at 16-byte alignment and starts at the first
+/// 64-byte boundary in it. (Elsewhere — a smaller block, another global
+/// allocator, a 32-bit target — the allocator may write the zeros itself:
+/// slower, never wrong.)
 struct Table {
     /// The first bucket (dangling, aligned, when `len` is 0).
     first: std::ptr::NonNull<Bucket>,
@@ -267,10 +270,15 @@ impl Table {
         let Some(base) = std::ptr::NonNull::new(base) else {
             std::alloc::handle_alloc_error(layout);
         };
-        let offset = base.as_ptr().align_offset(align);
-        // `base` is 16-aligned, so the offset is below 64 and the `n`
-        // buckets after it end within the `n + 1` allocated.
-        debug_assert!(offset < align && offset % 16 == 0);
+        let offset = (align - base.as_ptr() as usize % align) % align;
+        // `base` is 16-aligned (the layout asks for it), so the offset is 0,
+        // 16, 32 or 48 and the `n` buckets after it end within the `n + 1`
+        // allocated. Checked in release builds too: the bound is what makes
+        // the slice below stay inside the allocation.
+        assert!(
+            offset.is_multiple_of(16)
+                && offset + n * std::mem::size_of::<Bucket>() <= layout.size()
+        );
         // SAFETY: `offset` < 64 bytes, within the allocation (size ≥ 64);
         // the result is non-null and 64-aligned.
         let first = unsafe { base.add(offset) }.cast::<Bucket>();
@@ -475,6 +483,7 @@ impl TaskIndex {
     /// doubling still under way is finished first (not reached in use: a
     /// move ends in fewer calls than a doubling's worth of inserts).
     fn start_growth(&mut self) {
+        debug_assert_eq!(self.old_len, 0, "a doubling started before the last ended");
         self.finish_growth();
         let buckets = (self.buckets.len() * 2).max(MIN_BUCKETS);
         let old = std::mem::replace(&mut self.buckets, Table::zeroed(buckets));
@@ -827,6 +836,87 @@ mod tests {
         }
     }
 
+    /// Entries that wrapped round the end of the old table (filed in its
+    /// first buckets, their home in its last) are found and removed while
+    /// the doubling is under way, before and after their buckets move.
+    #[test]
+    fn entries_wrapped_round_the_old_table_are_found_during_growth() {
+        let mut index = TaskIndex::default();
+        // A 64-bucket table (capacity 336): 40 tags whose home there is the
+        // last bucket, so 33 of them wrap round to buckets 0.., then other
+        // tags up to the load limit.
+        index.reserve(capacity_of(64));
+        assert_eq!(index.buckets.len(), 64);
+        let last: Vec<u32> = (1u32..).filter(|&t| index.home(t) == 63).take(40).collect();
+        let others: Vec<u32> = (1u32..)
+            .filter(|&t| index.home(t) != 63)
+            .take(capacity_of(64) - last.len())
+            .collect();
+        let tags: Vec<u32> = last.iter().chain(&others).copied().collect();
+        for (slot, &tag) in tags.iter().enumerate() {
+            index.insert(tag, slot as u32);
+        }
+        assert_eq!((index.buckets.len(), index.old_len), (64, 0));
+        // Starts the doubling: every entry is still in the old table.
+        let extra = (1u32..).find(|t| !tags.contains(t)).unwrap_or(0);
+        index.insert(extra, tags.len() as u32);
+        assert_eq!((index.buckets.len(), index.old_len), (128, tags.len()));
+        check_invariants(&index);
+        for (slot, &tag) in tags.iter().enumerate() {
+            assert_eq!(
+                index.find(tag, |s| s == slot as u32),
+                Some(slot as u32),
+                "slot {slot}"
+            );
+        }
+        // A wrapped entry removed from the old table before any move.
+        let wrapped = 39u32;
+        assert!(index.remove(last[39], wrapped));
+        assert_eq!(index.find(last[39], |s| s == wrapped), None);
+        check_invariants(&index);
+        // The rest found after every step of the move.
+        while index.old_len > 0 {
+            index.migrate(1);
+            check_invariants(&index);
+            for (slot, &tag) in tags.iter().enumerate().filter(|&(s, _)| s != 39) {
+                assert_eq!(
+                    index.find(tag, |s| s == slot as u32),
+                    Some(slot as u32),
+                    "slot {slot}"
+                );
+            }
+        }
+        assert_eq!(index.len, tags.len());
+    }
+
+    /// A bulk `reserve` (recovery's batches) in the middle of a doubling
+    /// finishes it first and keeps every entry.
+    #[test]
+    fn reserve_during_growth_keeps_every_entry() {
+        let mut index = TaskIndex::default();
+        let mut slot = 0u32;
+        while index.buckets.len() < 1024 || index.old_len == 0 {
+            index.insert(slot.wrapping_mul(0x9E37_79B9), slot);
+            slot += 1;
+        }
+        assert!(index.old_len > 0, "a doubling under way");
+        let mut batch: Vec<(u32, u32)> = (slot..slot + 10_000)
+            .map(|s| (s.wrapping_mul(0x9E37_79B9), s))
+            .collect();
+        let pairs = index.insert_batch_unchecked(&mut batch);
+        assert!(pairs.is_empty());
+        assert_eq!(index.old_len, 0);
+        assert!(index.old.is_empty());
+        check_invariants(&index);
+        for s in 0..slot + 10_000 {
+            assert_eq!(
+                index.find(s.wrapping_mul(0x9E37_79B9), |x| x == s),
+                Some(s),
+                "slot {s}"
+            );
+        }
+    }
+
     #[test]
     fn zeroed_table_is_all_empty_buckets() {
         // 4 MiB: a block the allocator maps fresh from the kernel (too slow
@@ -873,15 +963,12 @@ mod tests {
         }
         index.finish_growth();
         assert_eq!((index.buckets.len(), index.old_len), (4096, 0));
-        // The next insert starts the doubling and moves one step only.
+        // The next insert starts the doubling and moves nothing yet (the
+        // step runs before the doubling starts).
         index.insert(tag_of(slot), slot);
         slot += 1;
         assert_eq!(index.buckets.len(), 8192);
-        let in_old = index.old_len;
-        assert!(
-            in_old >= capacity_of(4096) - MIGRATE_BUCKETS * WAYS,
-            "{in_old} still to move"
-        );
+        assert_eq!(index.old_len, capacity_of(4096));
         check_invariants(&index);
         let mut removed = std::collections::HashSet::new();
         let mut calls = 0;
