@@ -627,6 +627,20 @@ impl MarkSlot {
     }
 }
 
+/// The highest LSN the mark slots `slots` (a segment's, as read) record as synced; 0 if
+/// none does (empty or torn slots record nothing). Recovery's proof of durability from the
+/// slots (FORMAT.md, "Mark slots").
+pub fn slots_mark(slots: &[MarkSlot]) -> u64 {
+    slots
+        .iter()
+        .map(|slot| match slot {
+            MarkSlot::Mark { synced_lsn, .. } => *synced_lsn,
+            MarkSlot::Empty | MarkSlot::Torn => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// The fields of a frame header (the CRC is computed, not stored here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {

@@ -741,18 +741,6 @@ struct Checked {
     slots: Option<[MarkSlot; MARK_SLOT_COUNT]>,
 }
 
-/// The highest LSN the mark slots record as synced (0 if none).
-pub(crate) fn slots_mark(slots: &[MarkSlot; MARK_SLOT_COUNT]) -> u64 {
-    slots
-        .iter()
-        .map(|slot| match slot {
-            MarkSlot::Mark { synced_lsn, .. } => *synced_lsn,
-            MarkSlot::Empty | MarkSlot::Torn => 0,
-        })
-        .max()
-        .unwrap_or(0)
-}
-
 /// Reads and checks the two mark slots of a version-2 segment (FORMAT.md, "Mark slots").
 /// A crash can tear only the slot being written, and only in the newest segment: a torn slot
 /// anywhere else, both slots torn, or a slot whose checksum matches but that names another
@@ -1123,7 +1111,10 @@ pub(crate) fn analyze(
             visit,
         )?;
         // The mark slots (version 2): every LSN up to `slot_mark` was durable in this segment.
-        let slot_mark = segment.slots.as_ref().map_or(0, slots_mark);
+        let slot_mark = segment
+            .slots
+            .as_ref()
+            .map_or(0, |slots| format::slots_mark(slots));
         let sealed = scan.last_kind == Some(FrameKind::Seal);
         if !is_last {
             if let Some(damage) = &scan.damage {

@@ -275,7 +275,7 @@ struct SlotCursor {
 impl SlotCursor {
     /// The cursor for slots as recovery found them (a torn one already rewritten as empty).
     fn resume(slots: &[MarkSlot; MARK_SLOT_COUNT], prev_last_lsn: u64) -> SlotCursor {
-        let mark = recovery::slots_mark(slots).max(prev_last_lsn);
+        let mark = format::slots_mark(slots).max(prev_last_lsn);
         let holder = slots.iter().position(
             |slot| matches!(slot, MarkSlot::Mark { synced_lsn, .. } if *synced_lsn == mark),
         );

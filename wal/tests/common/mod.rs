@@ -160,14 +160,7 @@ pub fn slots_of(bytes: &[u8]) -> [MarkSlot; 2] {
 
 /// The highest LSN the mark slots of a version-2 segment image record (0 if none).
 pub fn slots_mark(bytes: &[u8]) -> u64 {
-    slots_of(bytes)
-        .iter()
-        .map(|slot| match slot {
-            MarkSlot::Mark { synced_lsn, .. } => *synced_lsn,
-            MarkSlot::Empty | MarkSlot::Torn => 0,
-        })
-        .max()
-        .unwrap_or(0)
+    kairos_wal::format::slots_mark(&slots_of(bytes))
 }
 
 /// Offsets of the DATA frames of a version-2 segment image, with the first LSN of each.

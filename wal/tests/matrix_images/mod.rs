@@ -92,16 +92,13 @@ impl Image {
         if len < SEGMENT_FRAMES_OFFSET || bytes.len() < SEGMENT_FRAMES_OFFSET {
             return 0;
         }
-        (0..MARK_SLOT_COUNT)
+        let slots: Vec<MarkSlot> = (0..MARK_SLOT_COUNT)
             .map(|i| {
                 let at = MARK_SLOTS_OFFSET + i * MARK_SLOT_BYTES;
-                match MarkSlot::decode(&bytes[at..at + MARK_SLOT_BYTES]) {
-                    MarkSlot::Mark { synced_lsn, .. } => synced_lsn,
-                    MarkSlot::Empty | MarkSlot::Torn => 0,
-                }
+                MarkSlot::decode(&bytes[at..at + MARK_SLOT_BYTES])
             })
-            .max()
-            .unwrap_or(0)
+            .collect();
+        kairos_wal::format::slots_mark(&slots)
     }
 }
 
