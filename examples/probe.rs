@@ -33,9 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rss_before = rss_bytes();
     let t = Instant::now();
     for (i, k) in keys.iter().enumerate() {
-        let delay =
-            Duration::from_millis((i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1);
-        engine.schedule_after(k, delay, &payload)?;
+        engine.schedule_after(k, delay(i), &payload)?;
     }
     let schedule = t.elapsed();
     let rss_per_task = rss_bytes().saturating_sub(rss_before) / n as u64;
@@ -54,10 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let t = Instant::now();
             for (i, k) in keys.iter().enumerate() {
-                let delay = Duration::from_millis(
-                    (i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1,
-                );
-                engine.schedule_after(k, delay, &payload)?;
+                engine.schedule_after(k, delay(i), &payload)?;
             }
             println!(
                 "warm schedule {:.0} ns/op",
@@ -93,11 +88,7 @@ fn many(
     payload: &[u8],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let n = keys.len();
-    let delays: Vec<Duration> = (0..n)
-        .map(|i| {
-            Duration::from_millis((i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1)
-        })
-        .collect();
+    let delays: Vec<Duration> = (0..n).map(delay).collect();
     let t = Instant::now();
     for (ks, ds) in keys.chunks(1000).zip(delays.chunks(1000)) {
         let batch: Vec<kairos::NewTask<'_>> = ks
@@ -138,8 +129,7 @@ fn holds(
     let mut longest = Duration::ZERO;
     let t = Instant::now();
     for (i, k) in keys.iter().enumerate() {
-        let delay =
-            Duration::from_millis((i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1);
+        let delay = delay(i);
         let call = Instant::now();
         engine.schedule_after(k, delay, payload)?;
         let took = call.elapsed();
@@ -206,4 +196,9 @@ fn rss_bytes() -> u64 {
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+/// The delay of task `i`: spread over 1 ms – 30 days by a multiplicative hash.
+fn delay(i: usize) -> Duration {
+    Duration::from_millis((i as u64).wrapping_mul(2_654_435_761) % (30 * 86_400_000) + 1)
 }

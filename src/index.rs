@@ -484,8 +484,15 @@ impl TaskIndex {
     /// move ends in fewer calls than a doubling's worth of inserts).
     fn start_growth(&mut self) {
         debug_assert_eq!(self.old_len, 0, "a doubling started before the last ended");
+        self.move_to((self.buckets.len() * 2).max(MIN_BUCKETS));
+    }
+
+    /// Makes a zeroed table of `buckets` (a power of two, holding every
+    /// entry below its load limit) the one new entries go to, and the
+    /// current one the old table, its entries to move ([`TaskIndex::migrate`]);
+    /// a move still under way is finished first.
+    fn move_to(&mut self, buckets: usize) {
         self.finish_growth();
-        let buckets = (self.buckets.len() * 2).max(MIN_BUCKETS);
         let old = std::mem::replace(&mut self.buckets, Table::zeroed(buckets));
         let old_shift = std::mem::replace(&mut self.shift, 64 - buckets.trailing_zeros());
         self.publish();
@@ -537,9 +544,11 @@ impl TaskIndex {
         self.migrated = 0;
     }
 
-    /// Moves every entry still in the old table to the new one.
+    /// Moves every entry still in the old table to the new one (the old
+    /// table is empty exactly when `old_len` is 0: it is freed as its last
+    /// entry leaves).
     fn finish_growth(&mut self) {
-        if self.old_len > 0 || !self.old.is_empty() {
+        if self.old_len > 0 {
             self.migrate(usize::MAX);
         }
     }
@@ -557,24 +566,8 @@ impl TaskIndex {
         while capacity_of(buckets) < needed {
             buckets *= 2;
         }
-        let old = std::mem::replace(&mut self.buckets, Table::zeroed(buckets));
-        self.shift = 64 - buckets.trailing_zeros();
-        self.publish();
-        // Old buckets in order: their entries land in (nearly) ascending
-        // new buckets, a sequential write rather than a random one.
-        for bucket in old.iter() {
-            let mut ways = bucket.meta & OCCUPIED_MASK;
-            while ways != 0 {
-                let way = ways.trailing_zeros() as usize;
-                insert_in(
-                    &mut self.buckets,
-                    self.shift,
-                    bucket.tags[way],
-                    bucket.slots[way],
-                );
-                ways &= ways - 1;
-            }
-        }
+        self.move_to(buckets);
+        self.finish_growth();
     }
 
     /// Points the shared [`IndexProbe`] at this index's table. Done when the
@@ -667,7 +660,7 @@ impl TaskIndex {
                 found
             };
         self.len -= usize::from(removed);
-        if self.old_len == 0 && !self.old.is_empty() {
+        if self.old_len == 0 {
             self.drop_old();
         }
         removed
