@@ -525,10 +525,16 @@ impl Shared {
     /// after a move failed (until one succeeds), or once the checkpointer
     /// thread has ended. Schedules, upserting reschedules and dead-letter
     /// requeues wait here; cancels, acks and receives never do.
+    #[inline]
     pub(super) fn await_relocation(&self) {
-        if !self.far_backlog.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
+        if self.far_backlog.load(std::sync::atomic::Ordering::Relaxed) {
+            self.await_relocation_slow();
         }
+    }
+
+    /// [`Shared::await_relocation`] once the backlog flag is up.
+    #[cold]
+    fn await_relocation_slow(&self) {
         let mut core = self.core.lock();
         loop {
             let behind = self.far_backlog_full(&core);

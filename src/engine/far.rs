@@ -240,10 +240,10 @@ impl Shared {
         &self,
         keys: impl Iterator<Item = &'k [u8]>,
     ) -> Result<(MutexGuard<'_, Core>, FarReads, bool), String> {
-        let mut reads = FarReads::default();
-        let core = self.lock_with(&reads)?;
+        // Nothing read yet: no failed read to check on this first hold.
+        let core = self.core.lock();
         if core.far.is_empty() || self.disk.is_none() {
-            return Ok((core, reads, false));
+            return Ok((core, FarReads::default(), false));
         }
         let mut wanted: Vec<(u64, u64)> = Vec::new();
         for key in keys {
@@ -254,9 +254,10 @@ impl Shared {
             }));
         }
         if wanted.is_empty() {
-            return Ok((core, reads, false));
+            return Ok((core, FarReads::default(), false));
         }
         drop(core);
+        let mut reads = FarReads::default();
         self.read_far_entries(&mut reads, wanted);
         Ok((self.lock_with(&reads)?, reads, true))
     }

@@ -1533,8 +1533,17 @@ impl Shared {
 
     /// Waits for a log ticket; a failure poisons the engine and is returned
     /// as its cause.
+    #[inline]
     fn wait_durable(&self, ticket: Option<AppendTicket>) -> Result<(), String> {
-        let Some(ticket) = ticket else { return Ok(()) };
+        match ticket {
+            // An in-memory engine's calls, and calls that logged nothing.
+            None => Ok(()),
+            Some(ticket) => self.wait_ticket(ticket),
+        }
+    }
+
+    /// [`Shared::wait_durable`] for a call that appended.
+    fn wait_ticket(&self, ticket: AppendTicket) -> Result<(), String> {
         ticket.wait().map_err(|e| {
             let cause = e.to_string();
             self.poison(cause.clone());
