@@ -578,10 +578,62 @@ impl Shared {
     }
 }
 
-/// The driver: advances the wheel by the clock, logs deliveries and failed
-/// leases, hands due tasks to the ready queue, sleeps until the next
-/// deadline. Never blocks on consumers: the ready queue is unbounded.
+/// One driver pass's deliveries on their way to the ready queue: they join
+/// it once every ticket is durable.
+struct Handout {
+    tickets: Vec<AppendTicket>,
+    entries: Vec<ReadyEntry>,
+}
+
+/// The driver thread's body: [`drive`], with a hand-out thread beside it
+/// that waits for each pass's records to be durable and then puts its
+/// deliveries in the ready queue, so that the driver goes on to the next
+/// pass meanwhile (a task falling due while a pass's fdatasync — and under
+/// `Config::proof_before_ack` the one proving it — is under way is logged
+/// at once and rides the next group commit, instead of waiting for both
+/// before its own). Passes are handed out in order. The hand-out thread
+/// ends when the driver does, after the last pass is handed out: a clean
+/// shutdown finds every delivery logged in the ready queue. If that thread
+/// cannot be started, the driver waits for each pass itself.
 pub(super) fn driver_loop(shared: &Shared) {
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel::<Handout>();
+        let started = std::thread::Builder::new()
+            .name("kairos-handout".into())
+            .spawn_scoped(scope, move || handout_loop(shared, rx));
+        drive(shared, started.is_ok().then_some(tx));
+        // The sender is gone: the hand-out thread finishes and is joined.
+    });
+    shared.idle_cv.notify_all();
+    shared.ready_cv.notify_all();
+}
+
+/// Waits for each pass's tickets in order, then hands its deliveries out.
+/// A failed wait has poisoned the engine: that pass's deliveries are not
+/// handed out (nor any later pass's: the log is poisoned).
+fn handout_loop(shared: &Shared, rx: std::sync::mpsc::Receiver<Handout>) {
+    for handout in rx {
+        let durable = handout
+            .tickets
+            .into_iter()
+            .all(|ticket| shared.wait_durable(Some(ticket)).is_ok());
+        let mut core = shared.core.lock();
+        core.handouts_pending -= 1;
+        if durable && !handout.entries.is_empty() {
+            core.ready.extend(handout.entries);
+            shared.ready_cv.notify_all();
+        }
+        drop(core);
+        shared.idle_cv.notify_all();
+    }
+}
+
+/// The driver: advances the wheel by the clock, logs deliveries and failed
+/// leases, hands due tasks to the ready queue once their records are
+/// durable (through `handouts` when there is a hand-out thread), sleeps
+/// until the next deadline. Never blocks on consumers: the ready queue is
+/// unbounded.
+fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Handout>>) {
     let mut expired: Vec<Expired> = Vec::new();
     let mut due: Vec<(u32, TaskId)> = Vec::new();
     let mut handouts: Vec<ReadyEntry> = Vec::new();
@@ -733,7 +785,8 @@ pub(super) fn driver_loop(shared: &Shared) {
             let to = (from + PASS_CHUNK_RECORDS).min(batch.len());
             let records = batch.records_from(from);
             match shared.append_locked(&mut core, &records[..to - from]) {
-                Ok(ticket) => tickets.push(ticket),
+                // `None`: an engine without a log.
+                Ok(ticket) => tickets.extend(ticket),
                 Err(cause) => {
                     shared.poison_locked(&mut core, cause);
                     return;
@@ -742,12 +795,32 @@ pub(super) fn driver_loop(shared: &Shared) {
             from = to;
         }
         if !tickets.is_empty() {
+            let handout = Handout {
+                tickets,
+                entries: std::mem::take(&mut handouts),
+            };
+            // Durable later: the hand-out thread waits (the lock is not held).
+            let unsent = match &handouts_tx {
+                Some(tx) => {
+                    core.handouts_pending += 1;
+                    tx.send(handout).err().map(|e| {
+                        core.handouts_pending -= 1;
+                        e.0
+                    })
+                }
+                None => Some(handout),
+            };
+            let Some(handout) = unsent else {
+                continue;
+            };
+            // No hand-out thread: wait here.
             drop(core);
-            for ticket in tickets {
-                if shared.wait_durable(ticket).is_err() {
+            for ticket in handout.tickets {
+                if shared.wait_durable(Some(ticket)).is_err() {
                     return;
                 }
             }
+            handouts = handout.entries;
             core = shared.core.lock();
         }
         // Durable: consumers may take them now (those cancelled or
@@ -757,8 +830,6 @@ pub(super) fn driver_loop(shared: &Shared) {
             shared.ready_cv.notify_all();
         }
     }
-    shared.idle_cv.notify_all();
-    shared.ready_cv.notify_all();
 }
 
 impl Shared {

@@ -245,6 +245,10 @@ struct Core {
     ready: VecDeque<ReadyEntry>,
     /// Tasks in state `Ready`.
     ready_count: usize,
+    /// Driver passes whose deliveries wait, on the hand-out thread, for
+    /// their records to be durable before they join `ready`
+    /// (`delivery::handout_loop`).
+    handouts_pending: usize,
     /// Tasks in state `Leased` or `Abandoned`.
     in_flight_count: usize,
     /// Dead letters by task id. Changed through [`Core::insert_dead`] and
@@ -979,6 +983,7 @@ impl Engine {
             backlog: VecDeque::new(),
             backlog_taken: 0,
             ready: VecDeque::new(),
+            handouts_pending: 0,
             ready_count: 0,
             in_flight_count: 0,
             dead: HashMap::new(),
@@ -2704,6 +2709,7 @@ impl Shared {
                 && core.processed_wall_ns >= target.wall_ns
                 && core.overdue.is_empty()
                 && core.sleep != DriverSleep::Busy
+                && core.handouts_pending == 0
             {
                 return;
             }
