@@ -1541,6 +1541,32 @@ fn the_driver_logs_the_next_pass_while_the_last_one_syncs() -> TestResult {
     Ok(())
 }
 
+/// Rescheduling a task whose pass is still syncing (logged as delivered, not yet in the ready
+/// queue) drops that pass's entry for it too: when the task falls due again, a consumer gets
+/// it once, from its new hand-out — not through the old entry, with the old hand-out time.
+#[test]
+fn reschedule_of_a_task_whose_pass_is_syncing_drops_its_entry() -> TestResult {
+    let h = SimHarness::new(910, cfg(60_000, 3, 0))?;
+    let e = h.engine();
+    e.schedule_after(b"k", ms(1), b"")?;
+    h.sim.set_sync_latency(ms(500));
+    h.clock.advance(ms(1));
+    eventually("k logged as delivered", || e.stats().ready == 1)?;
+    // Returns once its own records are durable, after the pass's.
+    e.reschedule(b"k", Due::After(ms(4)), None)?;
+    h.clock.advance(ms(4));
+    eventually("k logged as delivered again", || e.stats().ready == 1)?;
+    h.sim.set_sync_latency(Duration::ZERO);
+    let d = one(drain(e)?)?;
+    assert_eq!(
+        (d.key(), d.fired_ms(), d.attempt()),
+        (&b"k"[..], START_MS + 5, 1)
+    );
+    h.clock.advance(ms(1_000));
+    assert!(drain(e)?.is_empty(), "delivered once");
+    Ok(())
+}
+
 /// A clean shutdown while several passes wait for their records to be durable: every task
 /// they logged as delivered reaches the ready queue first and is released, so after reopen
 /// each is delivered again as its first attempt (not as one in flight at a crash).

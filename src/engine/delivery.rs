@@ -578,13 +578,6 @@ impl Shared {
     }
 }
 
-/// One driver pass's deliveries on their way to the ready queue: they join
-/// it once every ticket is durable.
-struct Handout {
-    tickets: Vec<AppendTicket>,
-    entries: Vec<ReadyEntry>,
-}
-
 /// The driver thread's body: [`drive`], with a hand-out thread beside it
 /// that waits for each pass's records to be durable and then puts its
 /// deliveries in the ready queue, so that the driver goes on to the next
@@ -597,7 +590,7 @@ struct Handout {
 /// cannot be started, the driver waits for each pass itself.
 pub(super) fn driver_loop(shared: &Shared) {
     std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::channel::<Handout>();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<AppendTicket>>();
         let started = std::thread::Builder::new()
             .name("kairos-handout".into())
             .spawn_scoped(scope, move || handout_loop(shared, rx));
@@ -608,23 +601,33 @@ pub(super) fn driver_loop(shared: &Shared) {
     shared.ready_cv.notify_all();
 }
 
-/// Waits for each pass's tickets in order, then hands its deliveries out.
-/// A failed wait has poisoned the engine: that pass's deliveries are not
-/// handed out (nor any later pass's: the log is poisoned).
-fn handout_loop(shared: &Shared, rx: std::sync::mpsc::Receiver<Handout>) {
-    for handout in rx {
-        let durable = handout
-            .tickets
+/// Waits for each pass's tickets in order, then hands out that pass's
+/// deliveries (the oldest of `Core::handouts_pending`). A failed wait has
+/// poisoned the engine: that pass's deliveries are not handed out (nor any
+/// later pass's: the log is poisoned).
+fn handout_loop(shared: &Shared, rx: std::sync::mpsc::Receiver<Vec<AppendTicket>>) {
+    for tickets in rx {
+        let durable = tickets
             .into_iter()
             .all(|ticket| shared.wait_durable(Some(ticket)).is_ok());
         let mut core = shared.core.lock();
-        core.handouts_pending -= 1;
-        if durable && !handout.entries.is_empty() {
-            core.ready.extend(handout.entries);
-            shared.ready_cv.notify_all();
-        }
+        shared.hand_out_oldest_pass(&mut core, durable);
         drop(core);
         shared.idle_cv.notify_all();
+    }
+}
+
+impl Shared {
+    /// Takes the oldest pass of `Core::handouts_pending` and, if its records
+    /// are `durable`, puts its deliveries in the ready queue (those
+    /// cancelled or rescheduled meanwhile are skipped when popped).
+    fn hand_out_oldest_pass(&self, core: &mut Core, durable: bool) {
+        let entries = core.handouts_pending.pop_front();
+        debug_assert!(entries.is_some(), "a pass handed out twice");
+        if let Some(entries) = entries.filter(|e| durable && !e.is_empty()) {
+            core.ready.extend(entries);
+            self.ready_cv.notify_all();
+        }
     }
 }
 
@@ -633,7 +636,7 @@ fn handout_loop(shared: &Shared, rx: std::sync::mpsc::Receiver<Handout>) {
 /// durable (through `handouts` when there is a hand-out thread), sleeps
 /// until the next deadline. Never blocks on consumers: the ready queue is
 /// unbounded.
-fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Handout>>) {
+fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<AppendTicket>>>) {
     let mut expired: Vec<Expired> = Vec::new();
     let mut due: Vec<(u32, TaskId)> = Vec::new();
     let mut handouts: Vec<ReadyEntry> = Vec::new();
@@ -794,40 +797,34 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Handout>>)
             }
             from = to;
         }
-        if !tickets.is_empty() {
-            let handout = Handout {
-                tickets,
-                entries: std::mem::take(&mut handouts),
-            };
-            // Durable later: the hand-out thread waits (the lock is not held).
-            let unsent = match &handouts_tx {
-                Some(tx) => {
-                    core.handouts_pending += 1;
-                    tx.send(handout).err().map(|e| {
-                        core.handouts_pending -= 1;
-                        e.0
-                    })
-                }
-                None => Some(handout),
-            };
-            let Some(handout) = unsent else {
-                continue;
-            };
+        if tickets.is_empty() {
+            // No log: consumers may take them now.
+            if !handouts.is_empty() {
+                core.ready.extend(handouts.drain(..));
+                shared.ready_cv.notify_all();
+            }
+            continue;
+        }
+        // Handed out once durable; meanwhile in the core, where a
+        // reschedule finds (and drops) a task's entry.
+        core.handouts_pending
+            .push_back(std::mem::take(&mut handouts));
+        // Sent under the lock: the hand-out thread takes passes in order.
+        let unsent = match &handouts_tx {
+            Some(tx) => tx.send(tickets).err().map(|e| e.0),
+            None => Some(tickets),
+        };
+        if let Some(tickets) = unsent {
             // No hand-out thread: wait here.
             drop(core);
-            for ticket in handout.tickets {
-                if shared.wait_durable(Some(ticket)).is_err() {
-                    return;
-                }
-            }
-            handouts = handout.entries;
+            let durable = tickets
+                .into_iter()
+                .all(|ticket| shared.wait_durable(Some(ticket)).is_ok());
             core = shared.core.lock();
-        }
-        // Durable: consumers may take them now (those cancelled or
-        // rescheduled meanwhile are skipped when popped).
-        if !handouts.is_empty() {
-            core.ready.extend(handouts.drain(..));
-            shared.ready_cv.notify_all();
+            shared.hand_out_oldest_pass(&mut core, durable);
+            if !durable {
+                return;
+            }
         }
     }
 }

@@ -245,10 +245,11 @@ struct Core {
     ready: VecDeque<ReadyEntry>,
     /// Tasks in state `Ready`.
     ready_count: usize,
-    /// Driver passes whose deliveries wait, on the hand-out thread, for
-    /// their records to be durable before they join `ready`
-    /// (`delivery::handout_loop`).
-    handouts_pending: usize,
+    /// The deliveries of driver passes whose records are not durable yet,
+    /// oldest pass first: each joins `ready` once they are
+    /// (`delivery::handout_loop`). Kept here, not with the hand-out thread,
+    /// so that a reschedule drops a task's entry wherever it waits.
+    handouts_pending: VecDeque<Vec<ReadyEntry>>,
     /// Tasks in state `Leased` or `Abandoned`.
     in_flight_count: usize,
     /// Dead letters by task id. Changed through [`Core::insert_dead`] and
@@ -983,7 +984,7 @@ impl Engine {
             backlog: VecDeque::new(),
             backlog_taken: 0,
             ready: VecDeque::new(),
-            handouts_pending: 0,
+            handouts_pending: VecDeque::new(),
             ready_count: 0,
             in_flight_count: 0,
             dead: HashMap::new(),
@@ -2054,7 +2055,12 @@ impl Shared {
                 // Its queue entry would pass for the next hand-out of the same task (same
                 // id, state `Ready` again) with a stale hand-out time and place in line.
                 // O(ready queue); rescheduling a task due but not received is rare.
-                c.ready.retain(|e| !(e.slot == slot && e.id == id));
+                // Passes not yet durable hold entries too.
+                let other = |e: &ReadyEntry| !(e.slot == slot && e.id == id);
+                c.ready.retain(other);
+                for pass in &mut c.handouts_pending {
+                    pass.retain(other);
+                }
             }
             if let Some(timer) = task.timer.take() {
                 c.wheel.remove(timer);
@@ -2709,7 +2715,7 @@ impl Shared {
                 && core.processed_wall_ns >= target.wall_ns
                 && core.overdue.is_empty()
                 && core.sleep != DriverSleep::Busy
-                && core.handouts_pending == 0
+                && core.handouts_pending.is_empty()
             {
                 return;
             }
