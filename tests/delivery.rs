@@ -1524,12 +1524,13 @@ fn the_driver_logs_the_next_pass_while_the_last_one_syncs() -> TestResult {
     e.schedule_after(b"a", ms(1), b"")?;
     e.schedule_after(b"b", ms(2), b"")?;
     let consumer = e.consumer();
-    h.sim.set_sync_latency(ms(1_000));
+    h.sim.set_sync_latency(ms(2_000));
     h.clock.advance(ms(1));
     eventually("a logged as delivered", || e.stats().ready == 1)?;
     h.clock.advance(ms(1));
     eventually("b logged as delivered", || e.stats().ready == 2)?;
-    // a's sync (and the one proving it) takes seconds: it is not handed out yet.
+    // a's sync (and the one proving it) takes 4 s: it is not handed out yet (this thread
+    // would have to stall that long between the two checks for it to be).
     assert_matches!(consumer.try_recv(), Err(RecvError::Empty));
     h.sim.set_sync_latency(Duration::ZERO);
     let got = drain(e)?;

@@ -19,8 +19,10 @@
 //!   unsynced. EIO and ENOSPC on writes, fsyncs, opens and renames, and short writes, are
 //!   injected into the running engine and into recovery itself (a crash while opening, then
 //!   another crash or power cut, then another open).
-//! * **Determinism.** The engine has two threads of its own (the driver and the log writer).
-//!   The harness makes their work a function of the seed: every due time lies at least a tick
+//! * **Determinism.** The engine's threads that do I/O or read the clock are the driver and
+//!   the log writer (the driver's hand-out thread only waits for durability and moves
+//!   deliveries to the ready queue, and `run_until_idle` waits for it). The harness makes
+//!   their work a function of the seed: every due time lies at least a tick
 //!   ahead (so the driver appends only after a clock move or at open, never alongside a
 //!   caller), every call is followed by `run_until_idle` and by waiting until the writer has
 //!   written the MARK frame that follows each fdatasync, and the driver's clock reads wait for

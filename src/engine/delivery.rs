@@ -1,9 +1,9 @@
 //! The delivery side of the engine: the driver thread, the ready queue,
 //! leases, acks, nacks, retries with backoff, dead letters.
 //!
-//! A task's path (states in [`TaskState`]): the driver finds it due, logs its
-//! DELIVER record and — once that is durable — puts it in the ready queue
-//! (`Ready`). A consumer takes it under the core lock: at least once, the
+//! A task's path (states in [`TaskState`]): the driver finds it due and logs
+//! its DELIVER record (`Ready`); once that is durable, the driver's hand-out
+//! thread puts it in the ready queue. A consumer takes it under the core lock: at least once, the
 //! task becomes `Leased` and its lease expiry is a timer in the wheel; at most
 //! once, its ACK is logged (and waited for) before the consumer gets it. An
 //! ack finishes a leased task; a nack or a lease expiry is a failed attempt:
@@ -611,22 +611,29 @@ fn handout_loop(shared: &Shared, rx: std::sync::mpsc::Receiver<Vec<AppendTicket>
             .into_iter()
             .all(|ticket| shared.wait_durable(Some(ticket)).is_ok());
         let mut core = shared.core.lock();
-        shared.hand_out_oldest_pass(&mut core, durable);
+        shared.hand_out_passes(&mut core, 1, durable);
         drop(core);
         shared.idle_cv.notify_all();
     }
 }
 
 impl Shared {
-    /// Takes the oldest pass of `Core::handouts_pending` and, if its records
-    /// are `durable`, puts its deliveries in the ready queue (those
-    /// cancelled or rescheduled meanwhile are skipped when popped).
-    fn hand_out_oldest_pass(&self, core: &mut Core, durable: bool) {
-        let entries = core.handouts_pending.pop_front();
-        debug_assert!(entries.is_some(), "a pass handed out twice");
-        if let Some(entries) = entries.filter(|e| durable && !e.is_empty()) {
-            core.ready.extend(entries);
-            self.ready_cv.notify_all();
+    /// Takes the `passes` oldest passes of `Core::handouts_pending` and, if
+    /// their records are `durable`, puts their deliveries in the ready queue
+    /// (those cancelled or rescheduled meanwhile are skipped when popped).
+    fn hand_out_passes(&self, core: &mut Core, passes: usize, durable: bool) {
+        debug_assert!(
+            passes <= core.handouts_pending.len(),
+            "a pass handed out twice"
+        );
+        for _ in 0..passes {
+            let Some(entries) = core.handouts_pending.pop_front() else {
+                break;
+            };
+            if durable && !entries.is_empty() {
+                core.ready.extend(entries);
+                self.ready_cv.notify_all();
+            }
         }
     }
 }
@@ -815,13 +822,17 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             None => Some(tickets),
         };
         if let Some(tickets) = unsent {
-            // No hand-out thread: wait here.
+            // No hand-out thread (it could not start, or it ended: passes it
+            // was sent are lost with it): wait here. The log syncs a prefix,
+            // so these records durable means every earlier pass's are too.
             drop(core);
             let durable = tickets
                 .into_iter()
                 .all(|ticket| shared.wait_durable(Some(ticket)).is_ok());
             core = shared.core.lock();
-            shared.hand_out_oldest_pass(&mut core, durable);
+            let passes = core.handouts_pending.len();
+            shared.hand_out_passes(&mut core, passes, durable);
+            shared.idle_cv.notify_all();
             if !durable {
                 return;
             }

@@ -12,8 +12,8 @@
 //! * `cancel` returns `Cancelled` only after its cancel record is durable
 //!   (under `Sync`), and the task left memory before any consumer could
 //!   receive it;
-//! * the driver puts a task in the ready queue only after its deliver record
-//!   is durable, and a consumer takes it from there under the lock, so a task
+//! * the driver's hand-out thread puts a task in the ready queue only after
+//!   its deliver record is durable, and a consumer takes it from there under the lock, so a task
 //!   a consumer received answers cancel with `AlreadyDelivered`.
 //!
 //! So for a task never delivered, exactly one of "cancel returned
