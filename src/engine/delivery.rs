@@ -591,14 +591,56 @@ impl Shared {
 pub(super) fn driver_loop(shared: &Shared) {
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::channel::<Vec<AppendTicket>>();
-        let started = std::thread::Builder::new()
-            .name("kairos-handout".into())
-            .spawn_scoped(scope, move || handout_loop(shared, rx));
+        let started = if handout_thread_refused() {
+            Err(std::io::Error::other("refused by a test"))
+        } else {
+            std::thread::Builder::new()
+                .name("kairos-handout".into())
+                .spawn_scoped(scope, move || handout_loop(shared, rx))
+        };
+        #[cfg(test)]
+        shared.handout_thread.store(
+            if started.is_ok() {
+                HANDOUT_THREAD_STARTED
+            } else {
+                HANDOUT_THREAD_REFUSED
+            },
+            std::sync::atomic::Ordering::SeqCst,
+        );
         drive(shared, started.is_ok().then_some(tx));
         // The sender is gone: the hand-out thread finishes and is joined.
     });
     shared.idle_cv.notify_all();
     shared.ready_cv.notify_all();
+}
+
+/// Tests: while above 0 (tests refusing at the moment), a driver starting
+/// up does not start its hand-out thread, as if the spawn had failed, so
+/// that the driver's own wait runs.
+#[cfg(test)]
+pub(super) static REFUSE_HANDOUT_THREAD: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// `Shared::handout_thread` before the driver has decided.
+#[cfg(test)]
+pub(super) const HANDOUT_THREAD_UNKNOWN: u8 = 0;
+/// `Shared::handout_thread`: the driver has a hand-out thread.
+#[cfg(test)]
+pub(super) const HANDOUT_THREAD_STARTED: u8 = 1;
+/// `Shared::handout_thread`: it has none (refused by a test).
+#[cfg(test)]
+pub(super) const HANDOUT_THREAD_REFUSED: u8 = 2;
+
+/// Whether a test refuses the hand-out thread.
+#[cfg(test)]
+fn handout_thread_refused() -> bool {
+    REFUSE_HANDOUT_THREAD.load(std::sync::atomic::Ordering::SeqCst) > 0
+}
+
+/// Never outside unit tests.
+#[cfg(not(test))]
+fn handout_thread_refused() -> bool {
+    false
 }
 
 /// Waits for each pass's tickets in order, then hands out that pass's
@@ -864,6 +906,121 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{CancelOutcome, Config, Due, Engine, ManualClock};
+    use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
+    use kairos_wal::SimStorage;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    const START_MS: u64 = 1_700_000_000_000;
+
+    /// Opens an engine on `sim` whose driver has no hand-out thread (the
+    /// spawn refused, as if it had failed), and checks that it has none.
+    /// Engines other tests open meanwhile may go without one too: the same
+    /// contract holds either way.
+    fn engine_without_handout_thread(sim: &SimStorage, clock: &ManualClock) -> Engine {
+        struct Refusal;
+        impl Drop for Refusal {
+            fn drop(&mut self) {
+                REFUSE_HANDOUT_THREAD.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        REFUSE_HANDOUT_THREAD.fetch_add(1, Ordering::SeqCst);
+        let refusal = Refusal;
+        let engine = Engine::open_with(
+            "/k",
+            Config::default(),
+            Arc::new(sim.clone()),
+            Arc::new(clock.clone()),
+        )
+        .expect("open");
+        // The driver decides when it starts: wait for it before lifting the refusal.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let decided = loop {
+            let state = engine.shared.handout_thread.load(Ordering::SeqCst);
+            if state != HANDOUT_THREAD_UNKNOWN || Instant::now() > deadline {
+                break state;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        drop(refusal);
+        assert_eq!(decided, HANDOUT_THREAD_REFUSED);
+        engine
+    }
+
+    fn at(offset_ms: u64) -> Due {
+        Due::At(ms_to_system_time(START_MS + offset_ms))
+    }
+
+    /// The driver's own wait: each pass is handed out once its records are
+    /// durable, in due order, and nothing cancelled or not yet due is.
+    #[test]
+    fn without_a_hand_out_thread_the_driver_hands_out_each_pass_itself() {
+        let sim = SimStorage::new(11);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine_without_handout_thread(&sim, &clock);
+        let consumer = engine.consumer();
+        for (key, due_ms) in [("a", 1_000), ("b", 2_000), ("c", 2_000), ("d", 3_000)] {
+            engine
+                .schedule(key.as_bytes(), at(due_ms), key.as_bytes())
+                .expect("schedule");
+        }
+        assert_eq!(
+            engine.cancel(b"c").expect("cancel"),
+            CancelOutcome::Cancelled { deliveries: 0 }
+        );
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(1));
+            engine.run_until_idle();
+            let mut pass = Vec::new();
+            while let Ok(d) = consumer.try_recv() {
+                assert_eq!(d.key(), d.payload());
+                pass.push(String::from_utf8_lossy(d.key()).into_owned());
+                consumer.ack(&d).expect("ack");
+            }
+            got.push(pass);
+        }
+        assert_eq!(got, [vec!["a"], vec!["b"], vec!["d"]]);
+        assert_eq!(engine.stats().pending, 0);
+        assert_eq!(
+            engine.cancel(b"a").expect("cancel"),
+            CancelOutcome::NotFound,
+            "acked tasks are gone"
+        );
+        engine.shutdown().expect("shutdown");
+    }
+
+    /// A pass whose fdatasync fails is not handed out: the engine is
+    /// poisoned, `run_until_idle` still returns, and no consumer gets it.
+    #[test]
+    fn without_a_hand_out_thread_a_failed_sync_hands_nothing_out() {
+        let sim = SimStorage::new(12);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine_without_handout_thread(&sim, &clock);
+        let consumer = engine.consumer();
+        engine.schedule(b"x", at(1_000), b"x").expect("schedule");
+        sim.inject(FaultPlan {
+            after: 0,
+            op: FaultOp::Sync,
+            kind: FaultKind::Eio,
+        });
+        clock.advance(Duration::from_secs(1));
+        engine.run_until_idle();
+        {
+            let core = engine.shared.core.lock();
+            assert!(
+                core.ready.is_empty(),
+                "the delivery whose record did not sync is not handed out"
+            );
+            assert!(core.handouts_pending.is_empty());
+        }
+        assert!(matches!(
+            consumer.try_recv(),
+            Err(RecvError::Poisoned { .. })
+        ));
+        assert!(engine.schedule(b"y", at(5_000), b"y").is_err());
+    }
 
     #[test]
     fn error_texts_are_clipped_at_a_character_boundary() {

@@ -639,6 +639,10 @@ pub(crate) struct Shared {
     /// hold (unlocked), to change the state under its feet.
     #[cfg(test)]
     checkpoint_yield_hook: Mutex<Option<HoldHook>>,
+    /// Tests: whether the driver started its hand-out thread
+    /// (`delivery::HANDOUT_THREAD_*`).
+    #[cfg(test)]
+    handout_thread: std::sync::atomic::AtomicU8,
 }
 
 /// The dead letters at a checkpoint's LSN while it reads them (see
@@ -1047,6 +1051,8 @@ impl Engine {
             promote_yield_hook: Mutex::new(None),
             #[cfg(test)]
             checkpoint_yield_hook: Mutex::new(None),
+            #[cfg(test)]
+            handout_thread: std::sync::atomic::AtomicU8::new(delivery::HANDOUT_THREAD_UNKNOWN),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
