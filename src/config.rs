@@ -370,6 +370,18 @@ impl Config {
         u64::try_from(self.tick.as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// Checks every field against its limits, as [`crate::Engine::open`]
+    /// does before it touches the directory: lets a caller refuse a
+    /// configuration before acting on it. O(1).
+    ///
+    /// # Errors
+    /// [`crate::OpenError::InvalidConfig`] naming the first bad field and
+    /// its limit.
+    pub fn check(&self) -> Result<(), crate::OpenError> {
+        self.validate()
+            .map_err(|reason| crate::OpenError::InvalidConfig { reason })
+    }
+
     /// Checks every field; the error names the first bad one.
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.tick < Duration::from_millis(1)

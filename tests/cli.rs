@@ -286,6 +286,78 @@ fn demo_refuses_to_remove_a_directory_that_is_not_a_data_directory() {
 }
 
 #[test]
+fn demo_refuses_to_remove_a_data_directory_holding_files_of_someone_elses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &[]);
+    let dir_arg = dir.to_str().unwrap();
+    // Beside the log, and inside it: neither directory is removed.
+    for precious in [dir.join("notes.txt"), dir.join("wal").join("mine.txt")] {
+        std::fs::write(&precious, b"keep me").unwrap();
+        let out = kairos(&["demo", "--dir", dir_arg, "--tasks", "10"]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("refusing to remove"));
+        assert!(precious.exists());
+        assert!(!segments(&dir).is_empty(), "the log is still there");
+        std::fs::remove_file(&precious).unwrap();
+    }
+    // Only the demo's own files: removed, and the demo runs afresh.
+    let report = small_demo(&dir, &[]);
+    assert_eq!(report["ok"], Value::Bool(true), "{report}");
+    assert_eq!(count(&report, "scheduled"), 2000);
+}
+
+#[test]
+fn demo_with_a_bad_segment_size_leaves_the_last_run_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &[]);
+    let before = segments(&dir);
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--segment-bytes",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--segment-bytes"));
+    assert_eq!(segments(&dir), before);
+}
+
+#[test]
+fn demo_into_a_closed_pipe_ends_without_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    for format in [None, Some("--json")] {
+        let mut args = vec![
+            "demo",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--tasks",
+            "1000",
+            "--time-scale",
+            "2000000",
+            "--max-p99-ms",
+            "600000",
+        ];
+        args.extend(format);
+        let mut child = Command::new(KAIROS)
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the kairos binary runs");
+        // The reader goes away before the demo has written anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("the demo ends");
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+    }
+}
+
+#[test]
 fn demo_refuses_to_remove_a_directory_open_in_an_engine() {
     let tmp = tempfile::tempdir().unwrap();
     let engine = kairos::Engine::open(tmp.path(), kairos::Config::default()).unwrap();

@@ -28,6 +28,7 @@ use kairos::Config;
 use kairos_wal::{FsStorage, Storage as _};
 use report::{Lateness, Report};
 use session::{Findings, Settings};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use workload::Workload;
@@ -66,8 +67,9 @@ payloads read back. Without --horizon the engine's defaults apply — a one-minu
 checkpoints every 10 minutes or 256 MiB of log — so a default run moves little or nothing to \
 disk.
 
-If DIR exists it is removed first, so every run starts fresh; a directory that is not empty and \
-holds neither `wal/` nor `LOCK` is refused rather than removed.
+If DIR exists it is removed first, so every run starts fresh; a directory holding anything a \
+Kairos data directory does not (a file other than LOCK, wal/, checkpoint/ and overflow/ with \
+their own files) is refused rather than removed, as is one an engine has open.
 
 Exit status 1 if an invariant breaks: a task lost (neither cancelled, acked nor dead-lettered); \
 a duplicate (an attempt number delivered twice, or a delivery after a successful ack — a \
@@ -92,7 +94,8 @@ pub struct DemoArgs {
     /// Log segment roll size, bytes (at least 4096). The demo's default, 8 MiB,
     /// is smaller than the engine's (64 MiB) so that a default run rolls and
     /// seals a few segments (~38 MB of log for 100 000 tasks).
-    #[arg(long, value_name = "B", default_value_t = DEMO_SEGMENT_BYTES)]
+    #[arg(long, value_name = "B", default_value_t = DEMO_SEGMENT_BYTES,
+          value_parser = clap::value_parser!(u64).range(kairos_wal::SEGMENT_BYTES_MIN..))]
     segment_bytes: u64,
     #[command(flatten)]
     durability: DurabilityArgs,
@@ -181,11 +184,16 @@ const DEFAULT_MAX_P99_MS: f64 = 10.0;
 /// broke.
 pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     let settings = settings(args);
+    // A configuration the engine would refuse leaves the last run's directory alone.
+    settings.config.check()?;
     if fresh_dir(&settings.dir)? && !args.json {
-        println!(
-            "removed the previous data directory {}",
-            settings.dir.display()
-        );
+        to_stdout(|out| {
+            writeln!(
+                out,
+                "removed the previous data directory {}",
+                settings.dir.display()
+            )
+        })?;
     }
     let findings = session::run(&settings)?;
     if let Some(path) = &args.samples_csv {
@@ -193,9 +201,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     }
     let report = report(args, &settings, &findings);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let json = serde_json::to_string_pretty(&report)?;
+        to_stdout(|out| writeln!(out, "{json}"))?;
     } else {
-        report.print_summary();
+        to_stdout(|out| report.write_summary(out))?;
     }
     for violation in &report.violations {
         eprintln!("kairos demo: invariant broken: {violation}");
@@ -278,6 +287,19 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Writes to stdout with `write`. A closed pipe (`kairos demo | head`) is
+/// not an error: the rest of the output is dropped and the run's verdict
+/// still sets the exit status.
+fn to_stdout(
+    write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match write(&mut out).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => result.context("cannot write to stdout"),
+    }
+}
+
 /// Removes `dir` if it exists, refusing anything that does not look like a
 /// Kairos data directory. Returns whether something was removed.
 fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
@@ -291,8 +313,9 @@ fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
     }
     ensure!(
         looks_like_data_dir(dir)?,
-        "refusing to remove {}: it is not empty and holds neither wal/ nor LOCK, so it does not \
-         look like a Kairos data directory; choose another --dir",
+        "refusing to remove {}: it holds files a Kairos data directory does not (only LOCK, \
+         wal/, checkpoint/ and overflow/ with their own files), so it may not be one; choose \
+         another --dir",
         dir.display()
     );
     // Never delete a directory an engine holds open (here or in another
@@ -318,19 +341,79 @@ fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// Empty, or holding a `wal` directory or a `LOCK` file.
+/// Empty, or holding nothing but what a Kairos data directory holds — a
+/// `LOCK` file; `wal/` with the log's own files (segments, `META`, `LOCK`,
+/// `CLOSED`, `SYNCED`, `TRIM`, temporary files); `checkpoint/` and
+/// `overflow/` with theirs — and at least `wal/` or `LOCK`. One file of
+/// anyone else's, and the directory is not removed.
 fn looks_like_data_dir(dir: &Path) -> anyhow::Result<bool> {
-    let mut entries =
-        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
-    if entries.next().is_none() {
+    use kairos::{checkpoint, overflow};
+    use kairos_wal::format as wal;
+    let top = entries(dir)?;
+    if top.is_empty() {
         return Ok(true);
     }
-    Ok(dir.join("wal").is_dir() || dir.join("LOCK").is_file())
+    let mut marked = false;
+    for (name, is_dir) in &top {
+        let path = dir.join(name);
+        let ours = match (name.as_str(), is_dir) {
+            (wal::LOCK_FILE_NAME, false) => {
+                marked = true;
+                true
+            }
+            ("wal", true) => {
+                marked = true;
+                only_files_named(&path, |n| {
+                    [
+                        wal::META_FILE_NAME,
+                        wal::LOCK_FILE_NAME,
+                        wal::CLOSED_FILE_NAME,
+                        wal::SYNCED_FILE_NAME,
+                        wal::TRIM_FILE_NAME,
+                    ]
+                    .contains(&n)
+                        || n.ends_with(wal::SEGMENT_SUFFIX)
+                        || n.ends_with(wal::TMP_SUFFIX)
+                })?
+            }
+            (checkpoint::CHECKPOINT_DIR_NAME, true) => only_files_named(&path, |n| {
+                n.ends_with(checkpoint::CHECKPOINT_SUFFIX) || n.ends_with(checkpoint::TMP_SUFFIX)
+            })?,
+            (overflow::OVERFLOW_DIR_NAME, true) => only_files_named(&path, |n| {
+                n.ends_with(overflow::OVERFLOW_SUFFIX) || n.ends_with(checkpoint::TMP_SUFFIX)
+            })?,
+            _ => false,
+        };
+        if !ours {
+            return Ok(false);
+        }
+    }
+    Ok(marked)
+}
+
+/// The names of `dir`'s entries, each with whether it is a directory (a
+/// symbolic link is not).
+fn entries(dir: &Path) -> anyhow::Result<Vec<(String, bool)>> {
+    let list = || format!("cannot list {}", dir.display());
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(list)? {
+        let entry = entry.with_context(list)?;
+        let is_dir = entry.file_type().with_context(list)?.is_dir();
+        names.push((entry.file_name().to_string_lossy().into_owned(), is_dir));
+    }
+    Ok(names)
+}
+
+/// Whether every entry of `dir` is a file (not a directory) whose name
+/// `ours` accepts.
+fn only_files_named(dir: &Path, ours: impl Fn(&str) -> bool) -> anyhow::Result<bool> {
+    Ok(entries(dir)?
+        .iter()
+        .all(|(name, is_dir)| !is_dir && ours(name)))
 }
 
 /// Writes the receipts as CSV with a header line.
 fn write_samples(path: &Path, samples: &[consumers::Sample]) -> anyhow::Result<()> {
-    use std::io::Write as _;
     let file =
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut out = std::io::BufWriter::new(file);

@@ -339,10 +339,11 @@ impl Report {
         self.violations = v;
     }
 
-    /// The readable summary, for a terminal.
-    pub fn print_summary(&self) {
+    /// Writes the readable summary, for a terminal.
+    pub fn write_summary(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         let secs = |ms: u64| ms as f64 / 1000.0;
-        println!(
+        writeln!(
+            out,
             "Kairos demo: {} order timeouts, time scale {}x (30 days -> {:.1} s), durability {}{}",
             self.tasks,
             self.time_scale,
@@ -350,12 +351,14 @@ impl Report {
             self.durability,
             self.interval_ms
                 .map_or(String::new(), |ms| format!(" ({ms} ms)")),
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  data directory   {} (segments of {} bytes, seed {})",
             self.dir, self.segment_bytes, self.seed
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  scheduled        {} in {:.2} s, {} producers in batches of {}{}: {:.0} tasks/s while scheduling",
             self.scheduled,
             secs(self.schedule_ms),
@@ -363,20 +366,23 @@ impl Report {
             self.batch,
             self.rate.map_or(String::new(), |r| format!(", arriving at {r:.0}/s")),
             self.schedule_per_sec,
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  paid (cancelled) {} of {} planned; {} too late ({} in a consumer's hands, {} already finished)",
             self.cancelled,
             self.cancel_planned,
             self.cancel_too_late,
             self.cancel_in_flight,
             self.cancel_not_found
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  delivered        {} tasks, {} acked, {} dead-lettered, {} abandoned (cancelled in a consumer's hands)",
             self.delivered, self.acked, self.dead_lettered, self.abandoned
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  retries          {} nacks ({} retried); {} deliveries with attempt > 1: {} after a nack, {} after a lease expiry, {} after the restart",
             self.nacked,
             self.retried,
@@ -384,25 +390,29 @@ impl Report {
             self.redelivered_after_nack,
             self.redelivered_after_lease,
             self.redelivered_after_restart
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  leases           {} ms; {} expired; a consumer crashed holding {}",
             self.lease_ms, self.lease_expired, self.crashed_holding
-        );
+        )?;
         if self.dead_letters_kept > 0 {
-            println!(
+            writeln!(
+                out,
                 "  dead letters     {} kept: kairos dead-letters list {}",
                 self.dead_letters_kept, self.dir
-            );
+            )?;
         }
-        self.print_restart();
-        self.print_overflow();
+        self.write_restart(out)?;
+        self.write_overflow(out)?;
         let l = &self.lateness_ms;
-        println!(
+        writeln!(
+            out,
             "  lateness         p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms ({} deliveries; {} due during the restart or redelivered, not counted)",
             l.p50, l.p99, l.p999, l.max, l.samples, l.excluded
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  invariants       lost {}, unacked {}, duplicates {}, attempt gaps {}, cancelled-then-delivered {}, early {}",
             self.lost,
             self.unacked,
@@ -410,13 +420,14 @@ impl Report {
             self.attempt_gaps,
             self.cancelled_then_delivered,
             self.early
-        );
-        println!("  elapsed          {:.1} s", secs(self.elapsed_ms));
-        self.print_verdict();
+        )?;
+        writeln!(out, "  elapsed          {:.1} s", secs(self.elapsed_ms))?;
+        self.write_verdict(out)
     }
 
-    fn print_restart(&self) {
-        println!(
+    fn write_restart(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        writeln!(
+            out,
             "  restart          at {:.1} s: shutdown {} ms, down {} ms, reopen {} ms ({} records replayed, clean shutdown: {})",
             self.restart_at_ms as f64 / 1000.0,
             self.shutdown_ms,
@@ -424,8 +435,9 @@ impl Report {
             self.reopen_ms,
             self.recovered_records,
             if self.recovered_clean_shutdown { "yes" } else { "no" }
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "                   {} pending at shutdown ({} abandoned), {} recovered ({} overdue, {} in flight: redelivered), {} dead-lettered at the reopen",
             self.pending_at_shutdown,
             self.abandoned_at_shutdown,
@@ -433,10 +445,10 @@ impl Report {
             self.recovered_overdue,
             self.recovered_redelivered,
             self.recovered_dead_lettered
-        );
+        )
     }
 
-    fn print_overflow(&self) {
+    fn write_overflow(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         let secs = |ms: u64| ms as f64 / 1000.0;
         let window = match (self.horizon_ms, self.payload_window_ms) {
             (Some(ms), _) => format!("horizon {} s", secs(ms)),
@@ -451,23 +463,26 @@ impl Report {
                 self.payloads_moved
             )
         });
-        println!(
+        writeln!(
+            out,
             "  overflow         {window}{checkpoints}; at most {} on disk at once, {} read back",
             self.payloads_on_disk_max, self.overflow_promoted
-        );
+        )
     }
 
-    fn print_verdict(&self) {
+    fn write_verdict(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         if self.ok {
-            println!(
+            writeln!(
+                out,
                 "OK: every task was cancelled, acked or dead-lettered; no attempt delivered twice, none early"
-            );
+            )?;
         } else {
-            println!("FAILED:");
+            writeln!(out, "FAILED:")?;
             for v in &self.violations {
-                println!("  - {v}");
+                writeln!(out, "  - {v}")?;
             }
         }
+        Ok(())
     }
 }
 
