@@ -57,8 +57,8 @@ Measure the engine under a load on a real data directory: schedule --tasks tasks
 the engine (shutdown), reopen it and check that it recovered exactly the tasks left.
 
 Keys are 24 bytes (order:0000000042:timeout), payloads --payload-bytes bytes (default 0). Due \
-times are drawn per task from --seed: by default with the delay mix of DESIGN.md as the demo \
-draws it, without its time scale (45 % within 30 minutes, 35 % within 7 days, 20 % within 30 \
+times are drawn per task from --seed: by default with the demo's order-timeout delay mix, \
+without its time scale (45 % within 30 minutes, 35 % within 7 days, 20 % within 30 \
 days); with --far-fraction F, each task is due beyond the horizon (uniformly between 19 days and \
 1 year) with probability F, otherwise uniformly between 1 hour and 18 days. The horizon is 18 \
 days. Tasks due within it (wheel tasks) are scheduled first, then the tasks due beyond it \
@@ -120,7 +120,7 @@ pub struct BenchArgs {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(TASKS_MAX)))]
     tasks: u32,
     /// Share of the tasks due beyond the 18-day horizon, 0..=1 [default: the
-    /// DESIGN.md delay mix instead].
+    /// demo's order-timeout delay mix instead].
     #[arg(long, value_name = "F", value_parser = parse_fraction)]
     far_fraction: Option<f64>,
     /// Payload of every task, bytes.
@@ -174,7 +174,7 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 struct Report {
     /// Tasks scheduled.
     tasks: u32,
-    /// `--far-fraction`, or null for the DESIGN.md delay mix.
+    /// `--far-fraction`, or null for the order-timeout delay mix.
     far_fraction: Option<f64>,
     /// Tasks due within the horizon, scheduled first.
     wheel_tasks: u64,
@@ -949,7 +949,9 @@ fn rate_text(per_sec: f64) -> String {
 /// The readable report, for a terminal.
 fn print_table(r: &Report) {
     let delays = match r.far_fraction {
-        None => "the DESIGN.md delay mix (45 % <= 30 min, 35 % <= 7 d, 20 % <= 30 d)".to_string(),
+        None => {
+            "the order-timeout delay mix (45 % <= 30 min, 35 % <= 7 d, 20 % <= 30 d)".to_string()
+        }
         Some(f) => format!("{f} of them due beyond the horizon (19 d - 1 y), the rest 1 h - 18 d"),
     };
     let bytes_per_task = |x: Option<f64>, n: u64| match x {

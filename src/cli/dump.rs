@@ -14,7 +14,7 @@
 //! for the key's tasks where their history reaches its LSN.
 
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
-use super::verify::{log_dir, start_from_checkpoint, CheckpointStart, Failure, FarReader, Torn};
+use super::verify::{dirs, start_from_checkpoint, CheckpointStart, Failure, FarReader, Torn};
 use super::Verdict;
 use anyhow::Context as _;
 use clap::Args;
@@ -40,11 +40,12 @@ const PAYLOAD_SHOWN_BYTES: usize = 64;
 Print every record of a data directory's log, one per line, in LSN order. Offline and \
 read-only.
 
-DIR is an engine data directory (its log is DIR/wal) or a log directory itself. Each line has \
+DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
+directory's wal/ given alone is read with the checkpoint beside it). Each line has \
 the record's LSN, its segment file and byte offset, its type (SCHEDULE, CANCEL, DELIVER, ACK, \
 RETRY, DEAD, PURGE, RESCHEDULE, RELEASE, or UNKNOWN(n)), its task id and the fields of its body:
 
-  1 0000000000000001-0000000000000001.seg:96 SCHEDULE task=1 due=2030-01-02T03:04:05.678Z \
+  1 0000000000000001-0000000000000001.seg:160 SCHEDULE task=1 due=2030-01-02T03:04:05.678Z \
 key=\"order:1\" payload=\"cancel order 1\" payload_bytes=14
 
 Times (due, fired, dead) are RFC 3339 in UTC with milliseconds; one past the year 9999 is \
@@ -123,12 +124,12 @@ pub struct DumpArgs {
 
 /// Runs the dump: records to stdout as they are read, the summary to stderr.
 pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
-    let log_dir = log_dir(&args.dir)?;
+    let (data_dir, log_dir) = dirs(&args.dir, "dump")?;
     // As `verify` does: a log directory given by itself is read without a checkpoint.
-    let start = if log_dir == args.dir {
+    let start = if log_dir == data_dir {
         Ok(None)
     } else {
-        start_from_checkpoint(&FsStorage, &args.dir.join(ckpt::CHECKPOINT_DIR_NAME))
+        start_from_checkpoint(&FsStorage, &data_dir.join(ckpt::CHECKPOINT_DIR_NAME))
     };
     let stdout = io::stdout().lock();
     let mut dumper = Dumper::new(args, BufWriter::new(stdout));

@@ -22,7 +22,7 @@
 
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
-    check_overflow_entries, log_dir, start_from_checkpoint_deferring_overflow, CheckpointStart,
+    check_overflow_entries, dirs, start_from_checkpoint_deferring_overflow, CheckpointStart,
     EntryKey, Failure, FarReader, OverflowRef, Torn,
 };
 use super::Verdict;
@@ -49,7 +49,8 @@ const FILES_LISTED: usize = 50;
 #[command(long_about = "\
 Summarize a data directory, offline and read-only.
 
-DIR is an engine data directory (its log is DIR/wal) or a log directory itself. Prints:
+DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
+directory's wal/ given alone is read with the checkpoint beside it). Prints:
 
 - the checkpoint the engine's open would start from — the newest file in DIR/checkpoint that \
 reads back whole: its file, LSN, creation time, size in bytes, the live tasks (and of those, \
@@ -398,8 +399,8 @@ struct FileUsage {
 
 /// Runs the inspection and prints it.
 pub fn run(args: &InspectArgs) -> anyhow::Result<Verdict> {
-    let log_dir = log_dir(&args.dir)?;
-    let inspection = inspect(&args.dir, log_dir, args.record_bytes_max);
+    let (data_dir, log_dir) = dirs(&args.dir, "inspect")?;
+    let inspection = inspect(&data_dir, log_dir, args.record_bytes_max);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&inspection)?);
     } else {

@@ -25,7 +25,8 @@ const BAD_RECORDS_SHOWN: usize = 10;
 #[command(long_about = "\
 Check every record of a data directory, offline and read-only.
 
-DIR is an engine data directory (its log is DIR/wal) or a log directory itself. Every segment \
+DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
+directory's wal/ given alone is read with the checkpoint beside it). Every segment \
 header, record frame and CRC-32 is checked by kairos_wal::scan; every record body is decoded and \
 replayed with the rules the engine applies at open (a cancel, delivery or ack must follow its \
 task's schedule, ids must increase, a key may be live only once).
@@ -283,9 +284,9 @@ struct BadRecord {
 
 /// Runs the check and prints the finding.
 pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
-    let log_dir = log_dir(&args.dir)?;
+    let (data_dir, log_dir) = dirs(&args.dir, "verify")?;
     let checkpoint_dir =
-        (log_dir != args.dir).then(|| args.dir.join(checkpoint::CHECKPOINT_DIR_NAME));
+        (log_dir != data_dir).then(|| data_dir.join(checkpoint::CHECKPOINT_DIR_NAME));
     let v = check(&FsStorage, log_dir, checkpoint_dir, args.record_bytes_max);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -621,14 +622,54 @@ impl CheckpointStart {
     }
 }
 
-/// `DIR/wal` if it is a directory, else `DIR` itself (also used by `dump` and `inspect`).
-pub(crate) fn log_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+/// Whether `dir` lists a checkpoint file (read or not, damaged or not).
+fn has_checkpoint_file(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .ends_with(checkpoint::CHECKPOINT_SUFFIX)
+        })
+    })
+}
+
+/// The data directory and the log directory to read for `dir` (also used by `dump` and
+/// `inspect`): `DIR` and `DIR/wal` if that is a directory. A data directory's `wal/` given by
+/// itself, beside a `checkpoint/` directory holding a checkpoint file, is read with its data
+/// directory (a note on stderr says so, naming `command`): without the checkpoint, every
+/// record about a task the checkpoint holds would look orphaned. Otherwise `DIR` is a lone log directory, read
+/// without a checkpoint; both paths returned are then `DIR`.
+pub(crate) fn dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     if !meta.is_dir() {
         bail!("{} is not a directory", dir.display());
     }
     let wal = dir.join("wal");
-    Ok(if wal.is_dir() { wal } else { dir.to_path_buf() })
+    if wal.is_dir() {
+        return Ok((dir.to_path_buf(), wal));
+    }
+    let parent = dir
+        .file_name()
+        .filter(|name| *name == "wal")
+        .and_then(|_| dir.parent())
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
+        .filter(|p| has_checkpoint_file(&p.join(checkpoint::CHECKPOINT_DIR_NAME)));
+    if let Some(data_dir) = parent {
+        eprintln!(
+            "kairos {command}: note: {} is the log of the data directory {}, which has a \
+             checkpoint: reading them together",
+            dir.display(),
+            data_dir.display()
+        );
+        return Ok((data_dir.to_path_buf(), dir.to_path_buf()));
+    }
+    Ok((dir.to_path_buf(), dir.to_path_buf()))
 }
 
 /// Replays record bodies with the engine's own rules ([`Replay`]), counting
@@ -781,18 +822,31 @@ impl Verification {
         if !self.segments.is_empty() {
             println!("segments        {}", self.segments.len());
         }
+        // The four every log has, then the others present.
+        let counts = [
+            ("schedule", t.schedule, true),
+            ("cancel", t.cancel, true),
+            ("deliver", t.deliver, true),
+            ("ack", t.ack, true),
+            ("retry", t.retry, false),
+            ("dead", t.dead, false),
+            ("purge", t.purge, false),
+            ("reschedule", t.reschedule, false),
+            ("release", t.release, false),
+        ]
+        .iter()
+        .filter(|(_, n, always)| *always || *n > 0)
+        .map(|(name, n, _)| format!("{name} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
         println!(
-            "records         {}{} (schedule {}, cancel {}, deliver {}, ack {})",
+            "records         {}{} ({counts})",
             self.records,
             if self.error.is_some() {
                 " read before the damage"
             } else {
                 ""
             },
-            t.schedule,
-            t.cancel,
-            t.deliver,
-            t.ack
         );
         if self.error.is_some() || self.segments.is_empty() {
             return;
