@@ -30,7 +30,11 @@ Each command opens the engine on DIR as an application would (recovering the log
 work and shuts the engine down cleanly. It takes the directory's lock: a directory that an \
 engine has open — a running service — is refused; stop it first. Opening settles deliveries \
 that were in flight when the engine last crashed, as every open does: they are retried, or \
-dead-lettered if they had used --max-attempts attempts.
+dead-lettered if they had used --max-attempts attempts. It also hands out the tasks already \
+due, and its clean shutdown takes them back without counting an attempt: two log records (DELIVER, \
+RELEASE) per task due, so even `list` writes to the log. (Killed before that shutdown, those \
+deliveries count as attempts at the next open, as after any crash.) To look without writing, \
+use `kairos inspect DIR` (counts) or `kairos dump DIR` (every record, DEAD ones included).
 
 Exit status 0 on success; 1 if an id given is not a dead letter, a requeue or purge fails \
 (each failure is reported), or the directory cannot be opened; 2 on bad usage.")]
