@@ -341,6 +341,27 @@ fn demo_with_a_bad_segment_size_leaves_the_last_run_alone() {
 }
 
 #[test]
+fn demo_bad_arguments_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let dir = dir.to_str().unwrap();
+    for bad in [
+        &["--time-scale", "0"][..],
+        &["--time-scale", "1e308"],
+        &["--time-scale", "NaN"],
+        &["--segment-bytes", "4095"],
+        &["--tasks", "0"],
+        &["--durability", "eventually"],
+    ] {
+        let mut args = vec!["demo", "--dir", dir];
+        args.extend_from_slice(bad);
+        let out = kairos(&args);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out.stderr));
+    }
+    assert!(!tmp.path().join("data").exists(), "nothing was created");
+}
+
+#[test]
 fn demo_into_a_closed_pipe_ends_without_a_panic() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("data");
