@@ -377,6 +377,7 @@ impl Config {
     /// # Errors
     /// [`crate::OpenError::InvalidConfig`] naming the first bad field and
     /// its limit.
+    #[doc(alias = "validate")]
     pub fn check(&self) -> Result<(), crate::OpenError> {
         self.validate()
             .map_err(|reason| crate::OpenError::InvalidConfig { reason })
@@ -490,6 +491,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `check` accepts the defaults and names the first bad field, as
+    /// `Engine::open` reports it.
+    #[test]
+    fn check_accepts_the_defaults_and_names_a_bad_field() {
+        assert!(Config::default().check().is_ok());
+        let bad = Config {
+            segment_bytes: 10,
+            ..Config::default()
+        };
+        match bad.check() {
+            Err(crate::OpenError::InvalidConfig { reason }) => {
+                assert!(reason.contains("segment_bytes"), "{reason}");
+            }
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap_without_jitter() {

@@ -263,10 +263,27 @@ fn demo_with_a_horizon_reads_payloads_back_from_overflow_files() {
         .iter()
         .all(|s| !s.ends_with("0000000000000001-0000000000000001.seg")));
     let wal = dir.join("wal");
+    let link = tmp.path().join("log-link");
+    std::os::unix::fs::symlink(&wal, &link).unwrap();
     for command in ["verify", "inspect", "dump"] {
         let out = kairos(&[command, wal.to_str().unwrap()]);
         let stderr = text(&out.stderr);
         assert!(out.status.success(), "{command}: {stderr}");
+        assert!(
+            stderr.contains("reading them together"),
+            "{command}: {stderr}"
+        );
+        // The same log named as `.` from inside it, and through a symbolic link.
+        let out = Command::new(KAIROS)
+            .args([command, "."])
+            .current_dir(&wal)
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{command} .: {stderr}");
+        let out = kairos(&[command, link.to_str().unwrap()]);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{command} via a link: {stderr}");
         assert!(
             stderr.contains("reading them together"),
             "{command}: {stderr}"
@@ -352,6 +369,7 @@ fn demo_bad_arguments_are_usage_errors() {
         &["--segment-bytes", "4095"],
         &["--tasks", "0"],
         &["--durability", "eventually"],
+        &["--horizon", "30d"],
     ] {
         let mut args = vec!["demo", "--dir", dir];
         args.extend_from_slice(bad);
@@ -359,6 +377,59 @@ fn demo_bad_arguments_are_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out.stderr));
     }
     assert!(!tmp.path().join("data").exists(), "nothing was created");
+    // Samples written inside the directory the next run removes: refused up front.
+    let samples = tmp.path().join("data").join("samples.csv");
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        dir,
+        "--samples-csv",
+        samples.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("inside --dir"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!tmp.path().join("data").exists(), "nothing was created");
+}
+
+/// Runs `kairos ARGS` with stdout a pipe whose reader is already gone, so
+/// that every write fails (EPIPE).
+fn kairos_into_a_closed_pipe(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    Command::new(KAIROS)
+        .args(args)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("the kairos binary runs")
+}
+
+#[test]
+fn commands_into_a_closed_pipe_end_without_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &["--horizon", "200ms"]);
+    let dir = dir.to_str().unwrap();
+    for (args, code) in [
+        (&["verify", dir][..], 0),
+        (&["verify", "--json", dir], 0),
+        (&["inspect", dir], 0),
+        (&["dump", dir], 0),
+        (&["dead-letters", "list", dir], 0),
+        (&["checkpoint", dir], 0),
+    ] {
+        let out = kairos_into_a_closed_pipe(args);
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+    }
+    // The verdict still sets the exit status: a directory with no log fails.
+    let out = kairos_into_a_closed_pipe(&["verify", tmp.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -378,15 +449,7 @@ fn demo_into_a_closed_pipe_ends_without_a_panic() {
             "600000",
         ];
         args.extend(format);
-        let mut child = Command::new(KAIROS)
-            .args(&args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("the kairos binary runs");
-        // The reader goes away before the demo has written anything.
-        drop(child.stdout.take());
-        let out = child.wait_with_output().expect("the demo ends");
+        let out = kairos_into_a_closed_pipe(&args);
         let stderr = text(&out.stderr);
         assert!(!stderr.contains("panicked"), "{stderr}");
         assert_eq!(out.status.code(), Some(0), "{stderr}");

@@ -277,7 +277,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Verdict> {
     drop(dir);
     let report = report(args, &measured);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_table(&report);
     }
@@ -727,7 +727,7 @@ pub fn run_reopen(args: &ReopenArgs) -> anyhow::Result<Verdict> {
     engine
         .shutdown()
         .context("shutdown of the reopened engine failed")?;
-    println!("{}", serde_json::to_string(&out)?);
+    outln!("{}", serde_json::to_string(&out)?);
     Ok(Verdict::Pass)
 }
 
@@ -959,7 +959,7 @@ fn print_table(r: &Report) {
         None if n == 0 => "n/a (no such task)".to_string(),
         None => "n/a (no /proc/self/status)".to_string(),
     };
-    println!(
+    outln!(
         "kairos bench: {} tasks, {delays}; {}-byte keys, {}-byte payloads; durability {}{}; \
          batches of {}; seed {}; {} cores",
         r.tasks,
@@ -972,7 +972,7 @@ fn print_table(r: &Report) {
         r.seed,
         r.cores,
     );
-    let row = |label: &str, value: String| println!("  {label:<24} {value}");
+    let row = |label: &str, value: String| outln!("  {label:<24} {value}");
     row(
         "data directory",
         r.dir

@@ -80,9 +80,9 @@ pub fn run(args: &CheckpointArgs) -> anyhow::Result<Verdict> {
         elapsed_ms: report.elapsed.as_secs_f64() * 1e3,
     };
     if target.json {
-        println!("{}", serde_json::to_string_pretty(&outcome)?);
+        outln!("{}", serde_json::to_string_pretty(&outcome)?);
     } else if outcome.written {
-        println!(
+        outln!(
             "checkpoint of {} at LSN {}: {} live tasks, {} dead letters, {} bytes, {} log segments deleted, {} payloads moved to an overflow file, {} overflow files deleted, {:.1} ms",
             outcome.dir.display(),
             outcome.lsn,
@@ -95,7 +95,7 @@ pub fn run(args: &CheckpointArgs) -> anyhow::Result<Verdict> {
             outcome.elapsed_ms
         );
     } else {
-        println!(
+        outln!(
             "{}: the checkpoint at LSN {} already covers the whole log; {} log segments deleted",
             outcome.dir.display(),
             outcome.lsn,

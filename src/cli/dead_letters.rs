@@ -260,7 +260,7 @@ fn list(engine: &Engine, target: &Target) -> anyhow::Result<Verdict> {
             dir: target.dir.clone(),
             dead_letters: letters,
         };
-        println!("{}", serde_json::to_string_pretty(&listing)?);
+        outln!("{}", serde_json::to_string_pretty(&listing)?);
     } else {
         print_table(&target.dir, &letters);
     }
@@ -272,11 +272,11 @@ fn list(engine: &Engine, target: &Target) -> anyhow::Result<Verdict> {
 fn print_table(dir: &Path, letters: &[Letter]) {
     match letters.len() {
         0 => {
-            println!("no dead letters in {}", dir.display());
+            outln!("no dead letters in {}", dir.display());
             return;
         }
-        1 => println!("1 dead letter in {}", dir.display()),
-        n => println!("{n} dead letters in {}", dir.display()),
+        1 => outln!("1 dead letter in {}", dir.display()),
+        n => outln!("{n} dead letters in {}", dir.display()),
     }
     let rows: Vec<[String; 7]> = letters
         .iter()
@@ -316,7 +316,7 @@ fn print_table(dir: &Path, letters: &[Letter]) {
                 out.push_str(&format!("{cell:<w$}  "));
             }
         }
-        println!("{out}");
+        outln!("{out}");
     };
     line(header);
     for row in &rows {
@@ -354,9 +354,11 @@ fn requeue(engine: &Engine, args: &RequeueArgs) -> anyhow::Result<Verdict> {
     }
     if !args.target.json {
         for r in &done {
-            println!(
+            outln!(
                 "requeued dead letter {} (key {:?}) as task {}",
-                r.task_id, r.key, r.new_task_id
+                r.task_id,
+                r.key,
+                r.new_task_id
             );
         }
     }
@@ -390,7 +392,7 @@ fn purge(engine: &Engine, args: &PurgeArgs) -> anyhow::Result<Verdict> {
     }
     if !args.target.json {
         for id in &done {
-            println!("purged dead letter {id}");
+            outln!("purged dead letter {id}");
         }
     }
     let purged = done.len();
@@ -408,7 +410,7 @@ fn finish(
     verb: &str,
 ) -> anyhow::Result<Verdict> {
     if target.json {
-        println!("{}", serde_json::to_string_pretty(changes)?);
+        outln!("{}", serde_json::to_string_pretty(changes)?);
     }
     for f in &changes.failed {
         eprintln!(
@@ -419,9 +421,9 @@ fn finish(
     if !target.json {
         let asked = done + changes.failed.len();
         if asked == 0 && which.all {
-            println!("no dead letters in {}", target.dir.display());
+            outln!("no dead letters in {}", target.dir.display());
         } else {
-            println!("{verb} {done} of {asked} dead letters");
+            outln!("{verb} {done} of {asked} dead letters");
         }
     }
     Ok(if changes.failed.is_empty() {

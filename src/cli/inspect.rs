@@ -402,7 +402,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<Verdict> {
     let (data_dir, log_dir) = dirs(&args.dir, "inspect")?;
     let inspection = inspect(&data_dir, log_dir, args.record_bytes_max);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&inspection)?);
+        outln!("{}", serde_json::to_string_pretty(&inspection)?);
     } else {
         inspection.print();
     }
@@ -1140,13 +1140,13 @@ impl Part {
 
 impl Inspection {
     fn print(&self) {
-        println!("data directory  {}", self.dir.display());
-        println!("log directory   {}", self.log_dir.display());
+        outln!("data directory  {}", self.dir.display());
+        outln!("log directory   {}", self.log_dir.display());
         self.print_checkpoint();
         if self.tasks.is_some() {
             self.print_log();
         } else {
-            println!("log             not read: replay starts from a checkpoint, and none reads");
+            outln!("log             not read: replay starts from a checkpoint, and none reads");
         }
         self.print_tasks();
         self.print_overflow();
@@ -1156,7 +1156,7 @@ impl Inspection {
 
     fn print_checkpoint(&self) {
         match &self.checkpoint {
-            Some(c) => println!(
+            Some(c) => outln!(
                 "checkpoint      {} at LSN {}, created {}, {} bytes: {}, {} (largest task id \
                  {}); the log is replayed above LSN {}",
                 file_name(&c.file),
@@ -1176,12 +1176,12 @@ impl Inspection {
                 c.lsn
             ),
             None if self.tasks.is_none() => {
-                println!("checkpoint      none reads (see below)");
+                outln!("checkpoint      none reads (see below)");
             }
             None if self.dir == self.log_dir => {
-                println!("checkpoint      not looked for (a log directory was given)");
+                outln!("checkpoint      not looked for (a log directory was given)");
             }
-            None => println!("checkpoint      none: the whole log is replayed"),
+            None => outln!("checkpoint      none: the whole log is replayed"),
         }
         let show = |bytes: Option<u64>| {
             bytes.map_or_else(|| "unreadable".into(), |b| format!("{b} bytes"))
@@ -1192,7 +1192,7 @@ impl Inspection {
                 .iter()
                 .map(|f| format!("{} (LSN {}, {})", file_name(&f.file), f.lsn, show(f.bytes)))
                 .collect();
-            println!("  files         {}", files.join(", "));
+            outln!("  files         {}", files.join(", "));
         }
         if !self.checkpoint_tmp_files.is_empty() {
             let files: Vec<String> = self
@@ -1200,7 +1200,7 @@ impl Inspection {
                 .iter()
                 .map(|f| format!("{} {}", file_name(&f.file), show(f.bytes)))
                 .collect();
-            println!(
+            outln!(
                 "  leftovers     {} (a checkpoint being written when the engine stopped; the \
                  next open removes them)",
                 files.join(", ")
@@ -1210,7 +1210,7 @@ impl Inspection {
 
     fn print_log(&self) {
         let bytes: u64 = self.segments.iter().map(|s| s.bytes).sum();
-        println!(
+        outln!(
             "segments        {} ({bytes} bytes){}",
             self.segments.len(),
             if self.log_stopped && !self.segments.is_empty() {
@@ -1221,7 +1221,7 @@ impl Inspection {
         );
         let damaged = self.error.as_ref().and_then(|e| e.file.as_ref());
         for s in &self.segments {
-            println!(
+            outln!(
                 "  {}  {} bytes, {}, LSN {}..{}, {}, live {:.1}%",
                 file_name(&s.file),
                 s.bytes,
@@ -1238,7 +1238,7 @@ impl Inspection {
             );
         }
         if !self.leftover_segments.is_empty() {
-            println!(
+            outln!(
                 "leftovers       {} segments below the TRIM mark (not read; the next open removes them)",
                 self.leftover_segments.len()
             );
@@ -1248,7 +1248,7 @@ impl Inspection {
             .iter()
             .map(|t| format!("{} {}", t.type_name, t.count))
             .collect();
-        println!(
+        outln!(
             "records         {}{}{}",
             self.records,
             if types.is_empty() {
@@ -1262,21 +1262,21 @@ impl Inspection {
                 ""
             }
         );
-        println!("LSNs            {}..{}", self.first_lsn, self.last_lsn);
+        outln!("LSNs            {}..{}", self.first_lsn, self.last_lsn);
         if self.log_stopped {
             return;
         }
-        println!(
+        outln!(
             "clean shutdown  {}",
             if self.clean_shutdown { "yes" } else { "no" }
         );
-        println!(
+        outln!(
             "known durable   up to LSN {} (CLOSED or SYNCED: damage at or below it is corruption)",
             self.durable_lsn
         );
         match &self.torn_tail {
-            None => println!("torn tail       none"),
-            Some(t) => println!(
+            None => outln!("torn tail       none"),
+            Some(t) => outln!(
                 "torn tail       yes: {} bytes at {}:{}, from LSN {} (an unsynced write cut \
                  short; the next open truncates it; not damage)",
                 t.bytes_truncated,
@@ -1289,10 +1289,10 @@ impl Inspection {
 
     fn print_tasks(&self) {
         let Some(t) = &self.tasks else {
-            println!("tasks           unknown: no checkpoint to replay the log on");
+            outln!("tasks           unknown: no checkpoint to replay the log on");
             return;
         };
-        println!(
+        outln!(
             "tasks           {} live: {} waiting, {} in flight (delivered, unsettled); {}{}",
             t.live,
             t.waiting,
@@ -1304,15 +1304,16 @@ impl Inspection {
                 String::new()
             }
         );
-        println!(
+        outln!(
             "far             {} of the waiting (beyond the far span: not in memory; key, due time \
              and payload in overflow files)",
             t.far
         );
-        println!(
+        outln!(
             "payloads        {} in memory (in the checkpoint or logged after it), {} in overflow \
              files",
-            t.payload_in_memory, t.payload_in_overflow
+            t.payload_in_memory,
+            t.payload_in_overflow
         );
     }
 
@@ -1342,9 +1343,9 @@ impl Inspection {
             }
         };
         if t.files == 0 {
-            println!("overflow        no files");
+            outln!("overflow        no files");
         } else {
-            println!(
+            outln!(
                 "overflow        {}{}, {} bytes: {}{}{}",
                 count(t.files as u64, "file", "files"),
                 if t.damaged_files > 0 {
@@ -1388,7 +1389,7 @@ impl Inspection {
                     None => format!("; DAMAGED: {}", d.message),
                 });
             }
-            println!("{line}");
+            outln!("{line}");
         }
         if !o.tmp_files.is_empty() {
             let files: Vec<String> = o
@@ -1401,13 +1402,13 @@ impl Inspection {
                     format!("{} {bytes}", file_name(&f.file))
                 })
                 .collect();
-            println!(
+            outln!(
                 "  leftovers     {} (an overflow file being written when the engine stopped; \
                  the next open removes them)",
                 files.join(", ")
             );
         }
-        println!(
+        outln!(
             "  payload window  unknown here: an engine setting (Config::payload_window), not \
              stored in the directory"
         );
@@ -1415,7 +1416,7 @@ impl Inspection {
 
     fn print_disk(&self) {
         let d = &self.disk;
-        println!(
+        outln!(
             "disk            {} bytes in {}; log segments {} bytes in {}",
             d.total_bytes,
             count(d.total_files, "file", "files"),
@@ -1438,7 +1439,7 @@ impl Inspection {
             if unlisted > 0 {
                 items.push(count(unlisted, "more file", "more files"));
             }
-            println!(
+            outln!(
                 "  {:<14}{} bytes in {}{}{}",
                 part.name,
                 part.bytes,
@@ -1448,7 +1449,7 @@ impl Inspection {
             );
         }
         for u in &d.unreadable {
-            println!("  unreadable    {u}");
+            outln!("  unreadable    {u}");
         }
     }
 
@@ -1456,7 +1457,7 @@ impl Inspection {
         for w in &self.warnings {
             w.print("WARNING");
             if let Some(c) = &self.checkpoint {
-                println!(
+                outln!(
                     "  the engine opens from the older checkpoint {} (the log holds every record \
                      after it), as this summary does",
                     file_name(&c.file)
@@ -1467,7 +1468,7 @@ impl Inspection {
             e.print("FAILED");
         }
         for b in &self.bad_record_details {
-            println!(
+            outln!(
                 "BAD RECORD: LSN {} ({}) in {}: {}",
                 b.lsn,
                 b.type_name,
@@ -1476,10 +1477,10 @@ impl Inspection {
             );
         }
         if self.bad_records > self.bad_record_details.len() as u64 {
-            println!("  … {} bad records in all", self.bad_records);
+            outln!("  … {} bad records in all", self.bad_records);
         }
         if self.ok {
-            println!("OK");
+            outln!("OK");
         }
     }
 }

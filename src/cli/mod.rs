@@ -4,6 +4,19 @@
 //! invariant of the demo broke, `verify`, `dump` or `inspect` found damage) or
 //! failed (I/O error, bad directory); 2 — bad command-line usage (from clap).
 
+/// `println!` for a command's output on stdout, through [`write_out`]: a
+/// closed pipe (`kairos verify DIR | head`) drops the rest of the output
+/// instead of panicking. (Also defined, the same, in the library's stand-in
+/// for this module, `fuzzing::cli`, which compiles `verify.rs` too.)
+macro_rules! outln {
+    () => {
+        super::write_out(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        super::write_out(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod checkpoint;
 mod dead_letters;
@@ -23,7 +36,32 @@ use kairos::record::Record;
 use kairos::replay;
 use kairos::replay::Replay;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// Set once a write to stdout has failed: the rest of the output is dropped.
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+/// Set when that failure was not a closed pipe: the exit status is then 1.
+static STDOUT_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Writes one line of a command's output to stdout (see `outln!`). A closed
+/// pipe ends the output quietly, as it ends other Unix tools' (the command's
+/// verdict still sets the exit status); any other write error is reported
+/// once on stderr and makes the exit status 1.
+pub(crate) fn write_out(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n")) {
+        STDOUT_GONE.store(true, Ordering::Relaxed);
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("kairos: error: cannot write to stdout: {e}");
+            STDOUT_FAILED.store(true, Ordering::Relaxed);
+        }
+    }
+}
 
 /// Kairos — an embeddable, durable delayed-task engine.
 ///
@@ -71,14 +109,18 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args),
         Command::DeadLetters(args) => dead_letters::run(&args),
     };
-    match outcome {
+    let code = match outcome {
         Ok(Verdict::Pass) => ExitCode::SUCCESS,
         Ok(Verdict::Fail) => ExitCode::FAILURE,
         Err(error) => {
             eprintln!("kairos: error: {error:#}");
             ExitCode::FAILURE
         }
+    };
+    if STDOUT_FAILED.load(Ordering::Relaxed) {
+        return ExitCode::FAILURE;
     }
+    code
 }
 
 /// What a command concluded about the thing it checked. Commands print

@@ -289,7 +289,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
         (log_dir != data_dir).then(|| data_dir.join(checkpoint::CHECKPOINT_DIR_NAME));
     let v = check(&FsStorage, log_dir, checkpoint_dir, args.record_bytes_max);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         v.print();
     }
@@ -637,8 +637,8 @@ fn has_checkpoint_file(dir: &Path) -> bool {
 /// `inspect`): `DIR` and `DIR/wal` if that is a directory. A data directory's `wal/` given by
 /// itself, beside a `checkpoint/` directory holding a checkpoint file, is read with its data
 /// directory (a note on stderr says so, naming `command`): without the checkpoint, every
-/// record about a task the checkpoint holds would look orphaned. Otherwise `DIR` is a lone log directory, read
-/// without a checkpoint; both paths returned are then `DIR`.
+/// record about a task the checkpoint holds would look orphaned. Otherwise `DIR` is a lone
+/// log directory, read without a checkpoint; both paths returned are then `DIR`.
 pub(crate) fn dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     if !meta.is_dir() {
@@ -648,17 +648,12 @@ pub(crate) fn dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBu
     if wal.is_dir() {
         return Ok((dir.to_path_buf(), wal));
     }
-    let parent = dir
+    // `.`, `..` or a symbolic link may name a `wal/`: look at the real path.
+    let real = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let parent = real
         .file_name()
         .filter(|name| *name == "wal")
-        .and_then(|_| dir.parent())
-        .map(|p| {
-            if p.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                p
-            }
-        })
+        .and_then(|_| real.parent())
         .filter(|p| has_checkpoint_file(&p.join(checkpoint::CHECKPOINT_DIR_NAME)));
     if let Some(data_dir) = parent {
         eprintln!(
@@ -790,9 +785,9 @@ impl Verification {
     }
 
     fn print(&self) {
-        println!("log directory   {}", self.log_dir.display());
+        outln!("log directory   {}", self.log_dir.display());
         if let Some(c) = &self.checkpoint {
-            println!(
+            outln!(
                 "checkpoint      {} at LSN {}: {}; records above it replayed",
                 c.file.display(),
                 c.lsn,
@@ -800,7 +795,7 @@ impl Verification {
             );
         }
         for s in &self.segments {
-            println!(
+            outln!(
                 "  segment {}  {} bytes, {} records, LSN {}..{}{}",
                 s.file.display(),
                 s.bytes,
@@ -820,7 +815,7 @@ impl Verification {
             return;
         }
         if !self.segments.is_empty() {
-            println!("segments        {}", self.segments.len());
+            outln!("segments        {}", self.segments.len());
         }
         // The four every log has, then the others present.
         let counts = [
@@ -839,7 +834,7 @@ impl Verification {
         .map(|(name, n, _)| format!("{name} {n}"))
         .collect::<Vec<_>>()
         .join(", ");
-        println!(
+        outln!(
             "records         {}{} ({counts})",
             self.records,
             if self.error.is_some() {
@@ -851,14 +846,14 @@ impl Verification {
         if self.error.is_some() || self.segments.is_empty() {
             return;
         }
-        println!("last LSN        {}", self.last_lsn);
-        println!(
+        outln!("last LSN        {}", self.last_lsn);
+        outln!(
             "clean shutdown  {}",
             if self.clean_shutdown { "yes" } else { "no" }
         );
         match &self.torn_tail {
-            None => println!("torn tail       none"),
-            Some(t) => println!(
+            None => outln!("torn tail       none"),
+            Some(t) => outln!(
                 "torn tail       yes (unsynced; open would truncate {} bytes at {}:{}, from LSN {})",
                 t.bytes_truncated,
                 t.file.display(),
@@ -871,9 +866,11 @@ impl Verification {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "live tasks      {} ({} delivered, not acked{far}); {} dead letters",
-            self.live_tasks, self.live_delivered, self.dead_letters
+            self.live_tasks,
+            self.live_delivered,
+            self.dead_letters
         );
     }
 
@@ -889,14 +886,14 @@ impl Verification {
                 .file
                 .as_ref()
                 .map_or(String::new(), |f| format!(" in {}", f.display()));
-            println!("FAILED: bad record at LSN {}{file}: {}", b.lsn, b.reason);
+            outln!("FAILED: bad record at LSN {}{file}: {}", b.lsn, b.reason);
         }
         if self.bad_records > self.bad_record_details.len() as u64 {
-            println!("  … {} bad records in all", self.bad_records);
+            outln!("  … {} bad records in all", self.bad_records);
         }
         match (self.ok, &self.torn_tail) {
-            (true, None) => println!("OK: every record checks"),
-            (true, Some(_)) => println!(
+            (true, None) => outln!("OK: every record checks"),
+            (true, Some(_)) => outln!(
                 "OK: every record checks; the torn tail is an unsynced write cut short, not damage"
             ),
             (false, _) => {}
@@ -965,7 +962,7 @@ impl Failure {
     /// Prints `LABEL: message` on stdout, then the file and the byte offset on lines of
     /// their own.
     pub(crate) fn print(&self, label: &str) {
-        print!("{}", self.describe(label));
+        outln!("{}", self.describe(label).trim_end_matches('\n'));
     }
 
     /// What [`Failure::print`] prints (each line ends with a newline).

@@ -771,9 +771,7 @@ impl Engine {
         storage: Arc<dyn Storage>,
         clock: Arc<dyn Clock>,
     ) -> Result<Engine, OpenError> {
-        config
-            .validate()
-            .map_err(|reason| OpenError::InvalidConfig { reason })?;
+        config.check()?;
         let dir = dir.as_ref().to_path_buf();
         storage
             .create_dir_all(&dir)
@@ -941,9 +939,7 @@ impl Engine {
     /// # Errors
     /// [`OpenError::InvalidConfig`].
     pub fn in_memory(config: Config, clock: Arc<dyn Clock>) -> Result<Engine, OpenError> {
-        config
-            .validate()
-            .map_err(|reason| OpenError::InvalidConfig { reason })?;
+        config.check()?;
         Self::start(
             config,
             clock,

@@ -21,5 +21,21 @@ pub enum Verdict {
     Fail,
 }
 
+/// The binary's `outln!`, for `verify.rs` (its printing is unused here).
+macro_rules! outln {
+    () => {
+        super::write_out(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        super::write_out(format_args!($($arg)*))
+    };
+}
+
+/// The binary's `cli::write_out`: one line to stdout, errors ignored.
+pub(crate) fn write_out(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
 #[path = "../cli/verify.rs"]
 pub(crate) mod verify;

@@ -148,7 +148,8 @@ pub struct DemoArgs {
     #[arg(long, value_name = "MS", default_value_t = 200)]
     downtime_ms: u64,
     /// Also write every receipt to FILE as CSV (due_ms, received_us, attempt,
-    /// generation), for plotting lateness over time.
+    /// generation), for plotting lateness over time. FILE must be outside
+    /// DIR, which each run replaces.
     #[arg(long, value_name = "FILE")]
     samples_csv: Option<PathBuf>,
     /// Largest acceptable p99 lateness, ms. Given, a p99 above it fails the
@@ -186,6 +187,15 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     let settings = settings(args);
     // A configuration the engine would refuse leaves the last run's directory alone.
     settings.config.check()?;
+    if let Some(path) = &args.samples_csv {
+        let inside = std::path::absolute(path)?.starts_with(std::path::absolute(&settings.dir)?);
+        ensure!(
+            !inside,
+            "--samples-csv {} is inside --dir {}, which the next run removes: write it elsewhere",
+            path.display(),
+            settings.dir.display()
+        );
+    }
     if fresh_dir(&settings.dir)? && !args.json {
         to_stdout(|out| {
             writeln!(
@@ -250,10 +260,16 @@ fn settings(args: &DemoArgs) -> Settings {
     }
 }
 
-/// A horizon: a positive duration (see [`parse_duration`]).
+/// A horizon: a positive duration (see [`parse_duration`]) up to the
+/// engine's horizon ([`kairos::config::HORIZON_DEFAULT`], 18 days), which
+/// the payload window it sets must not exceed.
 fn parse_horizon(s: &str) -> Result<Duration, String> {
     match parse_duration(s)? {
         Duration::ZERO => Err("must be positive, e.g. 2s or 500ms".into()),
+        horizon if horizon > kairos::config::HORIZON_DEFAULT => Err(format!(
+            "must be at most the engine's horizon, {} days",
+            kairos::config::HORIZON_DEFAULT.as_secs() / 86_400
+        )),
         horizon => Ok(horizon),
     }
 }
