@@ -324,7 +324,11 @@ fn demo_refuses_to_remove_a_data_directory_holding_files_of_someone_elses() {
     small_demo(&dir, &[]);
     let dir_arg = dir.to_str().unwrap();
     // Beside the log, and inside it: neither directory is removed.
-    for precious in [dir.join("notes.txt"), dir.join("wal").join("mine.txt")] {
+    for precious in [
+        dir.join("notes.txt"),
+        dir.join("wal").join("mine.txt"),
+        dir.join("wal").join("backup.seg"),
+    ] {
         std::fs::write(&precious, b"keep me").unwrap();
         let out = kairos(&["demo", "--dir", dir_arg, "--tasks", "10"]);
         assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
@@ -333,7 +337,17 @@ fn demo_refuses_to_remove_a_data_directory_holding_files_of_someone_elses() {
         assert!(!segments(&dir).is_empty(), "the log is still there");
         std::fs::remove_file(&precious).unwrap();
     }
-    // Only the demo's own files: removed, and the demo runs afresh.
+    // Only the engine's own files, leftovers of a crash included: removed, and the demo
+    // runs afresh.
+    std::fs::create_dir_all(dir.join("checkpoint")).unwrap();
+    std::fs::create_dir_all(dir.join("overflow")).unwrap();
+    for leftover in [
+        "checkpoint/next.ckpt.tmp",
+        "overflow/00000000000000ff.ovf.tmp",
+        "wal/SYNCED.tmp",
+    ] {
+        std::fs::write(dir.join(leftover), b"").unwrap();
+    }
     let report = small_demo(&dir, &[]);
     assert_eq!(report["ok"], Value::Bool(true), "{report}");
     assert_eq!(count(&report, "scheduled"), 2000);

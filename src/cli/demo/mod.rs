@@ -364,9 +364,10 @@ fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
 
 /// Empty, or holding nothing but what a Kairos data directory holds — a
 /// `LOCK` file; `wal/` with the log's own files (segments, `META`, `LOCK`,
-/// `CLOSED`, `SYNCED`, `TRIM`, temporary files); `checkpoint/` and
-/// `overflow/` with theirs — and at least `wal/` or `LOCK`. One file of
-/// anyone else's, and the directory is not removed.
+/// `CLOSED`, `SYNCED`, `TRIM`, and those names with `.tmp`); `checkpoint/`
+/// and `overflow/` with theirs, each name parsed as the engine writes it —
+/// and at least `wal/` or `LOCK`. One file of anyone else's (a `backup.seg`
+/// included), and the directory is not removed.
 fn looks_like_data_dir(dir: &Path) -> anyhow::Result<bool> {
     use kairos::{checkpoint, overflow};
     use kairos_wal::format as wal;
@@ -385,6 +386,7 @@ fn looks_like_data_dir(dir: &Path) -> anyhow::Result<bool> {
             ("wal", true) => {
                 marked = true;
                 only_files_named(&path, |n| {
+                    let n = n.strip_suffix(wal::TMP_SUFFIX).unwrap_or(n);
                     [
                         wal::META_FILE_NAME,
                         wal::LOCK_FILE_NAME,
@@ -393,15 +395,18 @@ fn looks_like_data_dir(dir: &Path) -> anyhow::Result<bool> {
                         wal::TRIM_FILE_NAME,
                     ]
                     .contains(&n)
-                        || n.ends_with(wal::SEGMENT_SUFFIX)
-                        || n.ends_with(wal::TMP_SUFFIX)
+                        || wal::parse_segment_file_name(n).is_some()
                 })?
             }
             (checkpoint::CHECKPOINT_DIR_NAME, true) => only_files_named(&path, |n| {
-                n.ends_with(checkpoint::CHECKPOINT_SUFFIX) || n.ends_with(checkpoint::TMP_SUFFIX)
+                checkpoint::parse_file_name(n).is_some()
+                    || n.strip_suffix(checkpoint::TMP_SUFFIX)
+                        .is_some_and(|n| n.ends_with(checkpoint::CHECKPOINT_SUFFIX))
             })?,
+            // Overflow files are written as NAME.tmp too (checkpoint::TMP_SUFFIX).
             (overflow::OVERFLOW_DIR_NAME, true) => only_files_named(&path, |n| {
-                n.ends_with(overflow::OVERFLOW_SUFFIX) || n.ends_with(checkpoint::TMP_SUFFIX)
+                overflow::parse_file_name(n.strip_suffix(checkpoint::TMP_SUFFIX).unwrap_or(n))
+                    .is_some()
             })?,
             _ => false,
         };
