@@ -51,8 +51,9 @@ pub const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * 24 * 3600);
 /// Default [`Config::resident_window`]: 1 minute, the same as
 /// [`PAYLOAD_WINDOW_DEFAULT`]: a task due later than that keeps no payload in
 /// memory, so it might as well keep no wheel entry either (24 bytes instead
-/// of about 112). Sessions up to 14 used 10 minutes: with the DESIGN.md delay
-/// mix about 15 % of the tasks were then due within the window and cost
+/// of about 112). Sessions up to 14 used 10 minutes: with the order-timeout
+/// delay mix (45 % within 30 minutes, 35 % within 7 days, 20 % within 30
+/// days) about 15 % of the tasks were then due within the window and cost
 /// their payload besides; `kairos bench --tasks 20000000 --payload-bytes 200`
 /// measured 68 B of RAM per wheel task while scheduling with 10 minutes,
 /// 54 B with 1 minute (BENCHMARKS.md, session 15).
@@ -237,9 +238,9 @@ pub struct Config {
     /// file, 24 bytes of memory each — and are promoted back into the wheel
     /// once due within this window from now. A task in the wheel's memory
     /// costs about 112 bytes plus its key and payload beyond 26 bytes; one
-    /// kept out of it about 25, whatever its key and payload (the tiered
-    /// design of `DESIGN.md`: a hot window in memory, the rest on disk
-    /// behind a small entry). The price: a cancel or reschedule of such a
+    /// kept out of it about 25, whatever its key and payload (a tiered
+    /// design: a hot window in memory, the rest on disk behind a small
+    /// entry). The price: a cancel or reschedule of such a
     /// task reads its entry from disk (the page cache, mostly),
     /// scheduling it costs a write to an overflow file besides the log, and
     /// bringing it back puts it in the wheel under the engine's lock, in
