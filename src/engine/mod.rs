@@ -2243,6 +2243,7 @@ impl Shared {
 
     /// Refuses `adding` more tasks if that would pass `pending_tasks_max`,
     /// or if the engine is not open.
+    #[inline]
     fn check_room(&self, core: &Core, adding: usize) -> Result<(), ScheduleError> {
         core.check_open().map_err(status_to_schedule_error)?;
         let live = core.tasks.len() + core.far.len();
@@ -2271,6 +2272,7 @@ impl Shared {
 
     /// Appends the schedule records of `new` (if the engine has a log), under
     /// the core lock so log order is apply order.
+    #[inline]
     fn log_schedules(
         &self,
         core: &mut Core,
@@ -2281,6 +2283,17 @@ impl Shared {
         if core.wal.is_none() {
             return Ok(None);
         }
+        self.log_schedules_to_wal(core, new, due_ms, first_id)
+    }
+
+    /// [`Shared::log_schedules`] with a log.
+    fn log_schedules_to_wal(
+        &self,
+        core: &mut Core,
+        new: &[NewTask<'_>],
+        due_ms: &[u64],
+        first_id: u64,
+    ) -> Result<Option<AppendTicket>, ScheduleError> {
         let (bodies, ends) = encode_schedules(new, due_ms, first_id);
         let mut records = Vec::with_capacity(new.len());
         let mut start = 0;
@@ -2599,6 +2612,7 @@ impl Shared {
     /// Appends one id-only record (`record(id)`, of type `record_type`) per
     /// id in one log write, under the core lock. Encodes nothing without a
     /// log.
+    #[inline]
     fn log_ids(
         &self,
         core: &mut Core,
@@ -2609,6 +2623,17 @@ impl Shared {
         if core.wal.is_none() {
             return Ok(None);
         }
+        self.log_ids_to_wal(core, record_type, ids, record)
+    }
+
+    /// [`Shared::log_ids`] with a log.
+    fn log_ids_to_wal(
+        &self,
+        core: &mut Core,
+        record_type: u8,
+        ids: impl IntoIterator<Item = TaskId>,
+        record: impl Fn(TaskId) -> Record<'static>,
+    ) -> Result<Option<AppendTicket>, String> {
         let mut bodies = Vec::new();
         for id in ids {
             record(id).encode_into(&mut bodies);
