@@ -649,9 +649,7 @@ fn handout_thread_refused() -> bool {
 /// later pass's: the log is poisoned).
 fn handout_loop(shared: &Shared, rx: std::sync::mpsc::Receiver<Vec<AppendTicket>>) {
     for tickets in rx {
-        let durable = tickets
-            .into_iter()
-            .all(|ticket| shared.wait_durable(Some(ticket)).is_ok());
+        let durable = shared.all_durable(tickets);
         let mut core = shared.core.lock();
         shared.hand_out_passes(&mut core, 1, durable);
         drop(core);
@@ -660,6 +658,14 @@ fn handout_loop(shared: &Shared, rx: std::sync::mpsc::Receiver<Vec<AppendTicket>
 }
 
 impl Shared {
+    /// Waits until each of `tickets` is durable; false as soon as one
+    /// fails (the engine is then poisoned).
+    fn all_durable(&self, tickets: Vec<AppendTicket>) -> bool {
+        tickets
+            .into_iter()
+            .all(|ticket| self.wait_durable(Some(ticket)).is_ok())
+    }
+
     /// Takes the `passes` oldest passes of `Core::handouts_pending` and, if
     /// their records are `durable`, puts their deliveries in the ready queue
     /// (those cancelled or rescheduled meanwhile are skipped when popped).
@@ -868,9 +874,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             // was sent are lost with it): wait here. The log syncs a prefix,
             // so these records durable means every earlier pass's are too.
             drop(core);
-            let durable = tickets
-                .into_iter()
-                .all(|ticket| shared.wait_durable(Some(ticket)).is_ok());
+            let durable = shared.all_durable(tickets);
             core = shared.core.lock();
             let passes = core.handouts_pending.len();
             shared.hand_out_passes(&mut core, passes, durable);
@@ -935,21 +939,25 @@ mod tests {
         )
         .expect("open");
         // The driver decides when it starts: wait for it before lifting the refusal.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let decided = loop {
-            let state = engine.shared.handout_thread.load(Ordering::SeqCst);
-            if state != HANDOUT_THREAD_UNKNOWN || Instant::now() > deadline {
-                break state;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        let decided = || engine.shared.handout_thread.load(Ordering::SeqCst);
+        wait_until("the driver started", || decided() != HANDOUT_THREAD_UNKNOWN);
         drop(refusal);
-        assert_eq!(decided, HANDOUT_THREAD_REFUSED);
+        assert_eq!(decided(), HANDOUT_THREAD_REFUSED);
         engine
     }
 
     fn at(offset_ms: u64) -> Due {
         Due::At(ms_to_system_time(START_MS + offset_ms))
+    }
+
+    /// Polls `done` every millisecond until it holds; panics naming `what`
+    /// after 30 s.
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// The driver's own wait: each pass is handed out once its records are
@@ -1009,23 +1017,13 @@ mod tests {
         engine.run_until_idle();
         // The failed wait poisons the engine (run_until_idle returns at once) before the
         // driver takes its pass out of the pending ones: wait for that, then look.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let core = engine.shared.core.lock();
-            if core.handouts_pending.is_empty() {
-                assert!(
-                    core.ready.is_empty(),
-                    "the delivery whose record did not sync is not handed out"
-                );
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the failed pass is never settled"
-            );
-            drop(core);
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until("the failed pass settled", || {
+            engine.shared.core.lock().handouts_pending.is_empty()
+        });
+        assert!(
+            engine.shared.core.lock().ready.is_empty(),
+            "the delivery whose record did not sync is not handed out"
+        );
         assert!(matches!(
             consumer.try_recv(),
             Err(RecvError::Poisoned { .. })

@@ -2612,7 +2612,6 @@ impl Shared {
     /// Appends one id-only record (`record(id)`, of type `record_type`) per
     /// id in one log write, under the core lock. Encodes nothing without a
     /// log.
-    #[inline]
     fn log_ids(
         &self,
         core: &mut Core,
@@ -2623,17 +2622,6 @@ impl Shared {
         if core.wal.is_none() {
             return Ok(None);
         }
-        self.log_ids_to_wal(core, record_type, ids, record)
-    }
-
-    /// [`Shared::log_ids`] with a log.
-    fn log_ids_to_wal(
-        &self,
-        core: &mut Core,
-        record_type: u8,
-        ids: impl IntoIterator<Item = TaskId>,
-        record: impl Fn(TaskId) -> Record<'static>,
-    ) -> Result<Option<AppendTicket>, String> {
         let mut bodies = Vec::new();
         for id in ids {
             record(id).encode_into(&mut bodies);

@@ -197,13 +197,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
         );
     }
     if fresh_dir(&settings.dir)? && !args.json {
-        to_stdout(|out| {
-            writeln!(
-                out,
-                "removed the previous data directory {}",
-                settings.dir.display()
-            )
-        })?;
+        outln!(
+            "removed the previous data directory {}",
+            settings.dir.display()
+        );
     }
     let findings = session::run(&settings)?;
     if let Some(path) = &args.samples_csv {
@@ -211,10 +208,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     }
     let report = report(args, &settings, &findings);
     if args.json {
-        let json = serde_json::to_string_pretty(&report)?;
-        to_stdout(|out| writeln!(out, "{json}"))?;
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        to_stdout(|out| report.write_summary(out))?;
+        outln!("{}", report.summary().trim_end());
     }
     for violation in &report.violations {
         eprintln!("kairos demo: invariant broken: {violation}");
@@ -305,19 +301,6 @@ fn parse_rate(s: &str) -> Result<f64, String> {
         Ok(x)
     } else {
         Err("must be a number ≥ 0".into())
-    }
-}
-
-/// Writes to stdout with `write`. A closed pipe (`kairos demo | head`) is
-/// not an error: the rest of the output is dropped and the run's verdict
-/// still sets the exit status.
-fn to_stdout(
-    write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>,
-) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    match write(&mut out).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        result => result.context("cannot write to stdout"),
     }
 }
 

@@ -339,8 +339,16 @@ impl Report {
         self.violations = v;
     }
 
-    /// Writes the readable summary, for a terminal.
-    pub fn write_summary(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    /// The readable summary, for a terminal (lines ending in newlines).
+    pub fn summary(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = self.write_summary(&mut text);
+        text
+    }
+
+    /// Writes [`Report::summary`] to `out`.
+    fn write_summary(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         let secs = |ms: u64| ms as f64 / 1000.0;
         writeln!(
             out,
@@ -425,7 +433,7 @@ impl Report {
         self.write_verdict(out)
     }
 
-    fn write_restart(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    fn write_restart(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         writeln!(
             out,
             "  restart          at {:.1} s: shutdown {} ms, down {} ms, reopen {} ms ({} records replayed, clean shutdown: {})",
@@ -448,7 +456,7 @@ impl Report {
         )
     }
 
-    fn write_overflow(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    fn write_overflow(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         let secs = |ms: u64| ms as f64 / 1000.0;
         let window = match (self.horizon_ms, self.payload_window_ms) {
             (Some(ms), _) => format!("horizon {} s", secs(ms)),
@@ -470,7 +478,7 @@ impl Report {
         )
     }
 
-    fn write_verdict(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    fn write_verdict(&self, out: &mut impl std::fmt::Write) -> std::fmt::Result {
         if self.ok {
             writeln!(
                 out,
