@@ -624,13 +624,7 @@ impl CheckpointStart {
 
 /// Whether `dir` lists a checkpoint file (read or not, damaged or not).
 fn has_checkpoint_file(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries.flatten().any(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .ends_with(checkpoint::CHECKPOINT_SUFFIX)
-        })
-    })
+    checkpoint::list(&FsStorage, dir).is_ok_and(|(files, _)| !files.is_empty())
 }
 
 /// The data directory and the log directory to read for `dir` (also used by `dump` and
