@@ -164,8 +164,9 @@ struct Snapshot {
     removed: Box<[Vec<FarEntry>]>,
     /// Ids of entries inserted since the snapshot into a shard not read
     /// then: not part of it, so skipped when their shard is read. (The
-    /// engine inserts only when it moves tasks out of memory, which a
-    /// checkpoint does before its snapshot, never during it.)
+    /// engine inserts when it moves far tasks out of memory: a checkpoint
+    /// does before its snapshot, and also while it encodes one, for the far
+    /// tasks scheduled meanwhile; the slab's snapshot encodes those.)
     inserted: std::collections::HashSet<u64, foldhash::fast::RandomState>,
 }
 

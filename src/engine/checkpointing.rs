@@ -16,7 +16,11 @@
 //! from the snapshots a piece per hold (`TaskSlab::read_snapshot`,
 //! `FarIndex::read_snapshot`, `Core::read_dead_snapshot`: what changed
 //! since `L` in a part not read yet was saved or noted as it changed), writing it all
-//! to `checkpoint/next.ckpt.tmp` a piece at a time between the holds;
+//! to `checkpoint/next.ckpt.tmp` a piece at a time between the holds — and,
+//! between two holds, moving far tasks scheduled meanwhile out of memory
+//! when enough wait (`Config::relocate_far_bytes`), as the background
+//! thread would between checkpoints (a move changes where tasks live, not
+//! the state at `L`; its file is not named by the checkpoint);
 //! fdatasync the log up to `L` (so no LSN up to `L` can be lost
 //! and reused after a crash); fdatasync the file, rename it to
 //! `checkpoint/{L}.ckpt`, fsync the directory; remove older checkpoint files and overflow
@@ -222,8 +226,10 @@ impl Shared {
         // they were at `L`, a piece per hold.
         let (mut far_phase, mut dead_phase) = (false, false);
         loop {
+            let move_wanted;
             let done = {
                 let mut core = holds.lock(self)?;
+                move_wanted = core.relocation_wanted;
                 let read = if dead_phase {
                     core.read_dead_snapshot(DEAD_LETTERS_PER_HOLD, |id, t| {
                         enc.push_dead(id, t);
@@ -285,6 +291,19 @@ impl Shared {
             }
             if done {
                 break;
+            }
+            if move_wanted {
+                // Far tasks scheduled since the checkpoint began leave
+                // memory now, as they would between checkpoints, rather
+                // than once it ends: producers held back until they do
+                // (`Shared::await_relocation`) are not held for the whole
+                // encoding. The move changes the state under the
+                // snapshots' feet as a cancel (a task leaves the slab, its
+                // saved copy is encoded) and a far insert (skipped by a
+                // far shard not read yet) do; the file it writes is not
+                // named by this checkpoint, and is deleted after it only
+                // once no live task is in it.
+                self.relocate(disk, Vec::new(), &mut holds)?;
             }
             #[cfg(test)]
             if let Some(hook) = self.hold_hook.lock().as_mut() {
@@ -2430,12 +2449,26 @@ mod tests {
     /// far at a checkpoint, and nothing runs a checkpoint or a move but
     /// the test.
     fn far_engine(sim: &kairos_wal::SimStorage, clock: &crate::ManualClock) -> crate::Engine {
+        relocating_far_engine(sim, clock, None)
+    }
+
+    /// [`far_engine`], and with `relocate_far_bytes` set, far tasks also
+    /// leave the wheel between checkpoints once that many bytes of them
+    /// wait (the background checkpointer thread's moves, and those a
+    /// checkpoint makes while it encodes).
+    fn relocating_far_engine(
+        sim: &kairos_wal::SimStorage,
+        clock: &crate::ManualClock,
+        relocate_far_bytes: Option<u64>,
+    ) -> crate::Engine {
         let c = crate::Config {
             horizon: Some(Duration::from_secs(3600)),
             resident_window: None,
             payload_window: Some(Duration::from_secs(60)),
             payload_prefetch: false,
-            relocate_far_tasks: None,
+            relocate_far_tasks: relocate_far_bytes.map(|_| 1 << 20),
+            relocate_far_bytes: relocate_far_bytes
+                .unwrap_or(crate::config::RELOCATE_FAR_BYTES_DEFAULT),
             checkpoint_interval: None,
             checkpoint_log_bytes: None,
             ..crate::Config::default()
@@ -2715,6 +2748,127 @@ mod tests {
         assert_eq!(fired.get("r1999"), Some(&(res_due(1999), b"r".to_vec())));
     }
 
+    /// Far tasks scheduled while a checkpoint encodes leave the wheel
+    /// before it ends (the checkpoint makes the move the background
+    /// thread, waiting for the checkpoint, cannot), some are cancelled
+    /// while it still runs, and the file still holds exactly the state at
+    /// its LSN; after a crash and a reopen every live task fires once, at
+    /// its due time with its payload, and no cancelled one does.
+    #[test]
+    fn a_checkpoint_moves_far_tasks_scheduled_while_it_encodes() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let sim = kairos_wal::SimStorage::new(23);
+        let clock = crate::ManualClock::new(START_MS);
+        // A move once ~10 tasks (~103 bytes each, as counted) wait.
+        let engine = relocating_far_engine(&sim, &clock, Some(1_000));
+        let far_due = |i: u64| START_MS + 2 * 3_600_000 + 1_000 * i;
+        let (n_far, n_res, calls_scheduling, per_call) = (200u64, 100u64, 30usize, 10usize);
+        for i in 0..n_far {
+            engine
+                .schedule(format!("f{i}").as_bytes(), at(far_due(i)), b"p")
+                .expect("schedule");
+        }
+        engine.checkpoint().expect("first checkpoint");
+        assert_eq!(engine.stats().far, n_far as usize);
+        for i in 0..n_res {
+            engine
+                .schedule(format!("r{i}").as_bytes(), at(START_MS + 30_000 + i), b"r")
+                .expect("schedule");
+        }
+        let calls = Arc::new(AtomicUsize::new(0));
+        let far_max = Arc::new(AtomicUsize::new(0));
+        let (counter, seen) = (Arc::clone(&calls), Arc::clone(&far_max));
+        let m_due = move |k: usize, j: usize| far_due(1_000 + (k * per_call + j) as u64);
+        *engine.shared.hold_hook.lock() = Some(Box::new(move |shared: &Shared| {
+            let k = counter.fetch_add(1, Ordering::Relaxed);
+            // Far tasks grow only by moves, and the checkpointer thread
+            // cannot make one while this checkpoint runs.
+            seen.fetch_max(shared.core.lock().far.len(), Ordering::Relaxed);
+            if k >= calls_scheduling {
+                return;
+            }
+            for j in 0..per_call {
+                shared
+                    .schedule_one(&crate::NewTask {
+                        key: format!("m{k}-{j}").as_bytes(),
+                        due: at(m_due(k, j)),
+                        payload: format!("m{k}").as_bytes(),
+                    })
+                    .expect("schedule");
+            }
+            if k >= 2 {
+                // Scheduled two holds ago: moved by now.
+                assert_eq!(
+                    shared
+                        .cancel_one(format!("m{}-0", k - 2).as_bytes())
+                        .expect("cancel"),
+                    crate::CancelOutcome::Cancelled { deliveries: 0 }
+                );
+            }
+        }));
+        STATE_AT_L.with(|f| *f.borrow_mut() = None);
+        let report = engine.checkpoint().expect("second checkpoint");
+        *engine.shared.hold_hook.lock() = None;
+        assert!(calls.load(Ordering::Relaxed) > calls_scheduling);
+        let far_max = far_max.load(Ordering::Relaxed);
+        assert!(
+            far_max >= n_far as usize + (calls_scheduling - 2) * per_call / 2,
+            "far tasks moved during the checkpoint: {far_max} far at most"
+        );
+        let at_lsn = STATE_AT_L
+            .with(|f| f.borrow_mut().take())
+            .expect("captured");
+        let written = crate::checkpoint::read(
+            &sim,
+            &Path::new("/k/checkpoint").join(crate::checkpoint::file_name(report.lsn)),
+        )
+        .expect("read the checkpoint");
+        assert_eq!(
+            state_in(&written),
+            at_lsn,
+            "the state at the checkpoint's LSN"
+        );
+        {
+            let core = engine.shared.core.lock();
+            assert!(!core.far.snapshot_active() && !core.tasks.snapshot_active());
+        }
+        drop(engine);
+        sim.crash_process();
+        let engine = relocating_far_engine(&sim, &clock, Some(1_000));
+        let cancelled = calls_scheduling - 2;
+        let live = n_far as usize + n_res as usize + calls_scheduling * per_call - cancelled;
+        assert_eq!(engine.stats().pending, live);
+        let consumer = engine.consumer();
+        clock.advance(Duration::from_secs(4 * 3600));
+        engine.run_until_idle();
+        let mut fired = std::collections::BTreeMap::new();
+        while let Ok(d) = consumer.try_recv() {
+            let key = String::from_utf8_lossy(d.key()).into_owned();
+            let got = (d.due_ms(), d.payload().to_vec());
+            assert!(fired.insert(key, got).is_none(), "fired twice");
+            consumer.ack(&d).expect("ack");
+        }
+        let mut want = std::collections::BTreeMap::new();
+        for i in 0..n_far {
+            want.insert(format!("f{i}"), (far_due(i), b"p".to_vec()));
+        }
+        for i in 0..n_res {
+            want.insert(format!("r{i}"), (START_MS + 30_000 + i, b"r".to_vec()));
+        }
+        for k in 0..calls_scheduling {
+            for j in 0..per_call {
+                if j == 0 && k < cancelled {
+                    continue;
+                }
+                want.insert(
+                    format!("m{k}-{j}"),
+                    (m_due(k, j), format!("m{k}").into_bytes()),
+                );
+            }
+        }
+        assert_eq!(fired, want);
+    }
+
     /// Tasks (id, due) and far tasks (id, hash, file, offset), sorted.
     pub(super) type State = (Vec<(u64, u64)>, Vec<(u64, u64, u32, u64)>);
 
@@ -2761,11 +2915,24 @@ mod tests {
     /// `>` for `>=` in `Snapshot::note_remove` fails it.)
     #[test]
     fn checkpoints_under_concurrent_calls_and_promotion_hold_the_state_at_their_lsn() {
+        checkpoints_under_concurrent_calls(None);
+    }
+
+    /// The same with far tasks leaving the wheel in moves of a few dozen
+    /// between checkpoints and during them (a checkpoint moves those
+    /// scheduled while it encodes): each checkpoint still holds the state
+    /// at its LSN, and the reopened engine the model's tasks.
+    #[test]
+    fn checkpoints_moving_far_tasks_while_they_encode_hold_the_state_at_their_lsn() {
+        checkpoints_under_concurrent_calls(Some(4_000));
+    }
+
+    fn checkpoints_under_concurrent_calls(relocate_far_bytes: Option<u64>) {
         use rand::{Rng, SeedableRng};
         use std::sync::atomic::{AtomicBool, Ordering};
         let sim = kairos_wal::SimStorage::new(11);
         let clock = crate::ManualClock::new(START_MS);
-        let engine = far_engine(&sim, &clock);
+        let engine = relocating_far_engine(&sim, &clock, relocate_far_bytes);
         let per_thread = 2_000usize;
         let threads = 2usize;
         let base = START_MS + 2 * 3_600_000;
@@ -2899,7 +3066,7 @@ mod tests {
         assert_eq!(stats.pending, expected);
         drop(engine);
         sim.crash_process();
-        let engine = far_engine(&sim, &clock);
+        let engine = relocating_far_engine(&sim, &clock, relocate_far_bytes);
         assert_eq!(engine.stats().pending, expected);
         // Every live task fires once, with the payload it was last given;
         // no cancelled one fires.
