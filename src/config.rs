@@ -62,9 +62,14 @@ pub const RESIDENT_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
 /// Default [`Config::relocate_far_tasks`]: 2^20 (about a million).
 pub const RELOCATE_FAR_TASKS_DEFAULT: u64 = 1 << 20;
 
-/// Default [`Config::relocate_far_bytes`]: 64 MiB (so at most about 128 MiB
-/// of far tasks wait whole in memory).
-pub const RELOCATE_FAR_BYTES_DEFAULT: u64 = 64 << 20;
+/// Default [`Config::relocate_far_bytes`]: 16 MiB (so at most about 32 MiB
+/// of far tasks wait whole in memory: ~280 k tasks of a 24-byte key and no
+/// payload). Measured against 64 MiB on a 20 M-task burst, 80 % far
+/// (BENCHMARKS.md, session 24): RAM per wheel task while scheduling
+/// 68–72 → 44–45 B (0-byte payloads) and 79 → 56 B (200 B); the schedule
+/// rate the same or higher, since a checkpoint moves far tasks while it
+/// encodes.
+pub const RELOCATE_FAR_BYTES_DEFAULT: u64 = 16 << 20;
 
 /// Default [`Config::payload_window`]: 1 minute.
 pub const PAYLOAD_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
@@ -283,7 +288,7 @@ pub struct Config {
     /// alone would let gigabytes wait in memory. A producer waits once twice
     /// this is in memory — scheduled since the last move started, or being
     /// taken out by it — until a move starts or ends. Default
-    /// [`RELOCATE_FAR_BYTES_DEFAULT`] (64 MiB); at least 1.
+    /// [`RELOCATE_FAR_BYTES_DEFAULT`] (16 MiB); at least 1.
     pub relocate_far_bytes: u64,
     /// Run a background thread that reads payloads coming due (within
     /// `payload_window`) back into memory, so that receiving a task does not

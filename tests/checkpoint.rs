@@ -526,10 +526,11 @@ fn disk_use_follows_live_data_not_history() -> TestResult {
         let ratio = bytes as f64 / (report.bytes + live_payloads + 4 * segment_bytes) as f64;
         worst_ratio = worst_ratio.max(ratio);
         // META, TRIM, CLOSED, LOCK ×2, a few segments, one checkpoint, at
-        // most OVERFLOW_FILES_MAX (32) overflow files. Each round's
-        // checkpoint writes a file of still-live tasks, so from round 32 on
-        // only merging keeps the count within this.
-        assert!(files <= 32 + 12, "round {round}: {files} files");
+        // most OVERFLOW_FILES_MAX (128) overflow files. Each round's
+        // checkpoint writes a file of still-live tasks, so from round 128 on
+        // (KAIROS_TEST_SCALE 4 and up) only merging keeps the count within
+        // this (tests/overflow_file_count.rs reaches it at any scale).
+        assert!(files <= 128 + 12, "round {round}: {files} files");
     }
     eprintln!("worst disk use: {worst_ratio:.2}× (live data + 4 segments)");
     assert!(

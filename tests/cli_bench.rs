@@ -107,7 +107,7 @@ fn small_run_with_far_tasks_and_payloads_reports_every_field() {
     // Every task is due an hour or more out: beyond the default 1-minute
     // resident window, all are far after the checkpoint.
     assert_eq!(r["resident_window_ms"], 60_000);
-    assert_eq!(r["relocate_far_bytes"], 64 << 20);
+    assert_eq!(r["relocate_far_bytes"], 16 << 20);
     assert_eq!(r["far_tasks_after_recovery"], 1000, "{r}");
     if cfg!(target_os = "linux") {
         // Both kinds were scheduled: each has a figure (its sign and size
@@ -215,7 +215,7 @@ fn bad_arguments_are_usage_errors() {
 /// `--relocate-far-bytes`: with moves every 4 KiB of far tasks, background
 /// moves take tasks out of the wheel before the explicit checkpoint (a
 /// producer waits once two moves' worth is in memory, so every batch but
-/// the last is out); with the default (64 MiB, 2^20 tasks) none does at this
+/// the last is out); with the default (16 MiB, 2^20 tasks) none does at this
 /// size. Every task not cancelled still comes back, far.
 #[test]
 fn small_far_moves_take_tasks_out_before_the_checkpoint_and_lose_nothing() {

@@ -1,12 +1,12 @@
 //! A reviewer's test: the overflow file count stays within
-//! `OVERFLOW_FILES_MAX` (32) when far tasks leave memory between
+//! `OVERFLOW_FILES_MAX` (128) when far tasks leave memory between
 //! checkpoints, one file per move.
 //!
 //! Each move here writes a file of 25 far tasks (by `relocate_far_bytes`,
-//! as the default 64 MiB writes one of ~578 k). Files merged to bring the
+//! as the default 16 MiB writes one of ~140 k). Files merged to bring the
 //! count down must go into one new file whatever their size: before they
 //! did, with `VICTIM_ENTRIES_PER_MOVE` scaled down to 30 in the same
-//! proportion as 578 k : 1 Mi (`sed -i 's/^const VICTIM_ENTRIES_PER_MOVE:
+//! proportion as 578 k : 1 Mi (64 MiB moves then) (`sed -i 's/^const VICTIM_ENTRIES_PER_MOVE:
 //! u64 = 1 << 20;/const VICTIM_ENTRIES_PER_MOVE: u64 = 30;/'
 //! src/engine/checkpointing.rs`), every merged file landed in a group of its
 //! own, each group wrote its own file, and the count grew by the moves
@@ -44,7 +44,8 @@ fn overflow_files_stay_bounded_with_moves_between_checkpoints() -> TestResult {
     };
     let mut i = 0;
     let mut worst = 0;
-    for round in 0..30 {
+    // 50 rounds of 3 moves: 150 files written, beyond the maximum.
+    for round in 0..50 {
         // Three moves between checkpoints.
         for _ in 0..3 {
             for _ in 0..25 {
@@ -60,8 +61,12 @@ fn overflow_files_stay_bounded_with_moves_between_checkpoints() -> TestResult {
     }
     assert_eq!(engine.stats().pending, i);
     assert!(
-        worst <= 32 + 3,
-        "{worst} overflow files (OVERFLOW_FILES_MAX 32)"
+        worst > 100,
+        "{worst}: the test no longer reaches the maximum"
+    );
+    assert!(
+        worst <= 128 + 3,
+        "{worst} overflow files (OVERFLOW_FILES_MAX 128)"
     );
     Ok(())
 }

@@ -65,10 +65,14 @@ const NEXT_CHECKPOINT_NAME: &str = "next.ckpt";
 /// it, a checkpoint merges the smallest into its new file (up to
 /// `MERGED_ENTRIES_MAX` live entries in all, the rest at the next
 /// checkpoints). Far tasks leave memory in moves
-/// of `relocate_far_bytes` (64 MiB: ~600 k tasks), each its own file; at 8
-/// files, a 20 M-task burst had its checkpoints rewrite 13 M still-live
-/// entries to keep the count down, and producers waited for it.
-pub const OVERFLOW_FILES_MAX: usize = 32;
+/// of `relocate_far_bytes` (16 MiB: ~140 k tasks of a 24-byte key and no
+/// payload), each its own file: the maximum is about 18 M such tasks before
+/// any is merged. A smaller one makes a burst's checkpoints rewrite
+/// still-live entries to keep the count down, and producers wait for
+/// them: with 64 MiB moves, 8 files had a 20 M-task burst rewrite 13 M
+/// entries; with 16 MiB moves, 32 files cost a 20 M-task burst (80 % far)
+/// 0.72 → 0.48 M schedules/s (BENCHMARKS.md, session 24).
+pub const OVERFLOW_FILES_MAX: usize = 128;
 
 /// What [`crate::Engine::checkpoint`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

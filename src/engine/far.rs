@@ -10,14 +10,31 @@ use crate::task::{PayloadRef, Task, TaskId, TaskState};
 use crate::wheel::InsertError;
 use parking_lot::MutexGuard;
 
-/// Bytes read from an overflow file at a time by the promotion.
+/// Bytes read from an overflow file at a time by the promotion, at most:
+/// a read wanting `n` entries reads `n` × [`PROMOTE_ENTRY_BYTES_GUESS`]
+/// bytes, at least [`PROMOTE_CHUNK_BYTES_MIN`] (one more read follows if
+/// its entries are larger), so that a pass over many files, each wanting
+/// its share of [`PROMOTE_ENTRIES_MAX`], does not read a whole
+/// mebibyte of each for a few hundred entries.
 const PROMOTE_CHUNK_BYTES: usize = 1024 * 1024;
+/// See [`PROMOTE_CHUNK_BYTES`].
+const PROMOTE_CHUNK_BYTES_MIN: usize = 64 * 1024;
+/// See [`PROMOTE_CHUNK_BYTES`]: an entry's 30 bytes, a 24-byte key and a
+/// payload of about 70 bytes.
+const PROMOTE_ENTRY_BYTES_GUESS: usize = 128;
+
+/// The bytes one read of the promotion asks for when it wants `entries`.
+fn promote_chunk_bytes(entries: usize) -> usize {
+    entries
+        .saturating_mul(PROMOTE_ENTRY_BYTES_GUESS)
+        .clamp(PROMOTE_CHUNK_BYTES_MIN, PROMOTE_CHUNK_BYTES)
+}
 
 /// Entries the promotion holds read but not yet in the wheel, shared
 /// equally among the files with far tasks due, each at least
-/// [`PROMOTE_FILE_ENTRIES_MIN`] (so more in all when over 64 files are due;
+/// [`PROMOTE_FILE_ENTRIES_MIN`] (so more in all when over 128 files are due;
 /// and a file keeps what it read at a larger share while more files fall
-/// due: with the 32 files a checkpoint keeps, ~96 k entries at worst). A
+/// due: with the 128 files a checkpoint keeps, ~96 k entries at worst). A
 /// pass reads each file up to its share;
 /// the tasks of all files up to the earliest (due, id) where a file stopped
 /// with more due are put in the wheel in (due, id) order, in holds of the
@@ -48,7 +65,7 @@ const PROMOTE_HOLD_CHECK_ENTRIES: usize = if cfg!(test) { 1 } else { 256 };
 /// Entries one pass reads from each file at least, however many files are
 /// due (each gets an equal share of [`PROMOTE_ENTRIES_MAX`]). (10 in unit
 /// tests.)
-const PROMOTE_FILE_ENTRIES_MIN: usize = if cfg!(test) { 10 } else { 1024 };
+const PROMOTE_FILE_ENTRIES_MIN: usize = if cfg!(test) { 10 } else { 512 };
 
 /// A file's entries read by [`Shared::promote_far`] but not yet promoted.
 struct Carried {
@@ -636,7 +653,7 @@ impl Shared {
                         &path,
                         c.read_end.offset,
                         until,
-                        PROMOTE_CHUNK_BYTES,
+                        promote_chunk_bytes(per_file - c.entries.len()),
                         per_file - c.entries.len(),
                     )
                     .and_then(|(got, next)| {
