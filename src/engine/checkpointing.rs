@@ -2822,13 +2822,8 @@ mod tests {
         let at_lsn = STATE_AT_L
             .with(|f| f.borrow_mut().take())
             .expect("captured");
-        let written = crate::checkpoint::read(
-            &sim,
-            &Path::new("/k/checkpoint").join(crate::checkpoint::file_name(report.lsn)),
-        )
-        .expect("read the checkpoint");
         assert_eq!(
-            state_in(&written),
+            state_written(&sim, &report),
             at_lsn,
             "the state at the checkpoint's LSN"
         );
@@ -2895,6 +2890,16 @@ mod tests {
             .collect();
         far.sort_unstable();
         (tasks, far)
+    }
+
+    /// The state in the file the checkpoint of `report` wrote under `/k`.
+    fn state_written(sim: &kairos_wal::SimStorage, report: &CheckpointReport) -> State {
+        let written = crate::checkpoint::read(
+            sim,
+            &Path::new("/k/checkpoint").join(crate::checkpoint::file_name(report.lsn)),
+        )
+        .expect("read the checkpoint");
+        state_in(&written)
     }
 
     /// The same of a checkpoint read back.
@@ -3047,12 +3052,7 @@ mod tests {
                 let (tasks, far) = STATE_AT_L
                     .with(|f| f.borrow_mut().take())
                     .expect("captured");
-                let written = crate::checkpoint::read(
-                    &sim,
-                    &Path::new("/k/checkpoint").join(crate::checkpoint::file_name(report.lsn)),
-                )
-                .expect("read the checkpoint");
-                let (got_tasks, got_far) = state_in(&written);
+                let (got_tasks, got_far) = state_written(&sim, &report);
                 assert_eq!(got_tasks, tasks, "TASKS: the slab at L");
                 assert_eq!(got_far, far, "FAR: the far index at L");
                 assert!(!engine.shared.core.lock().far.snapshot_active());
