@@ -66,7 +66,7 @@ pub const RELOCATE_FAR_TASKS_DEFAULT: u64 = 1 << 20;
 /// of far tasks wait whole in memory: ~280 k tasks of a 24-byte key and no
 /// payload). Measured against 64 MiB on a 20 M-task burst, 80 % far
 /// (BENCHMARKS.md, session 24): RAM per wheel task while scheduling
-/// 68–72 → 44–45 B (0-byte payloads) and 79 → 56 B (200 B); the schedule
+/// 66–73 → 44–45 B (0-byte payloads) and 74–85 → 52–59 B (200 B); the schedule
 /// rate the same or higher, since a checkpoint moves far tasks while it
 /// encodes.
 pub const RELOCATE_FAR_BYTES_DEFAULT: u64 = 16 << 20;

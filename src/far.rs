@@ -162,12 +162,14 @@ struct Snapshot {
     /// is removed once (a tombstone is not removed again) unless inserted
     /// again, which `inserted` tells: no entry is noted twice.
     removed: Box<[Vec<FarEntry>]>,
-    /// Ids of entries inserted since the snapshot into a shard not read
-    /// then: not part of it, so skipped when their shard is read. (The
+    /// Per shard not read yet, the ids of entries inserted since the
+    /// snapshot: not part of it, so skipped when the shard is read (and
+    /// the shard's set dropped then, so that a long snapshot under many
+    /// inserts holds only the sets of the shards still to read). (The
     /// engine inserts when it moves far tasks out of memory: a checkpoint
     /// does before its snapshot, and also while it encodes one, for the far
     /// tasks scheduled meanwhile; the slab's snapshot encodes those.)
-    inserted: std::collections::HashSet<u64, foldhash::fast::RandomState>,
+    inserted: Box<[std::collections::HashSet<u64, foldhash::fast::RandomState>]>,
 }
 
 impl Default for Snapshot {
@@ -175,7 +177,7 @@ impl Default for Snapshot {
         Snapshot {
             next_shard: 0,
             removed: (0..SHARDS).map(|_| Vec::new()).collect(),
-            inserted: Default::default(),
+            inserted: (0..SHARDS).map(|_| Default::default()).collect(),
         }
     }
 }
@@ -183,13 +185,13 @@ impl Default for Snapshot {
 impl Snapshot {
     fn note_insert(&mut self, e: &FarEntry) {
         if shard_of(e.hash) >= self.next_shard {
-            self.inserted.insert(e.id);
+            self.inserted[shard_of(e.hash)].insert(e.id);
         }
     }
 
     fn note_remove(&mut self, e: &FarEntry) {
         let s = shard_of(e.hash);
-        if s >= self.next_shard && !self.inserted.remove(&e.id) {
+        if s >= self.next_shard && !self.inserted[s].remove(&e.id) {
             self.removed[s].push(*e);
         }
     }
@@ -721,8 +723,9 @@ impl FarIndex {
                 break;
             }
             read += size;
+            let inserted = std::mem::take(&mut snapshot.inserted[s]);
             for e in shard.entries().filter(|e| e.id != 0) {
-                if snapshot.inserted.is_empty() || !snapshot.inserted.contains(&e.id) {
+                if inserted.is_empty() || !inserted.contains(&e.id) {
                     emit(e);
                 }
             }

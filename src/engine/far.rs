@@ -34,7 +34,7 @@ fn promote_chunk_bytes(entries: usize) -> usize {
 /// equally among the files with far tasks due, each at least
 /// [`PROMOTE_FILE_ENTRIES_MIN`] (so more in all when over 128 files are due;
 /// and a file keeps what it read at a larger share while more files fall
-/// due: with the 128 files a checkpoint keeps, ~96 k entries at worst). A
+/// due: with the 128 files a checkpoint keeps, ~128 k entries at worst). A
 /// pass reads each file up to its share;
 /// the tasks of all files up to the earliest (due, id) where a file stopped
 /// with more due are put in the wheel in (due, id) order, in holds of the
