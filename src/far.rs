@@ -184,8 +184,9 @@ impl Default for Snapshot {
 
 impl Snapshot {
     fn note_insert(&mut self, e: &FarEntry) {
-        if shard_of(e.hash) >= self.next_shard {
-            self.inserted[shard_of(e.hash)].insert(e.id);
+        let s = shard_of(e.hash);
+        if s >= self.next_shard {
+            self.inserted[s].insert(e.id);
         }
     }
 

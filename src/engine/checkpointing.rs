@@ -2509,6 +2509,17 @@ mod tests {
         crate::Due::At(std::time::UNIX_EPOCH + Duration::from_millis(ms))
     }
 
+    /// Due time (UTC ms) of the `i`-th far task of a test: 2 hours on,
+    /// a second apart (beyond the 1-hour horizon of [`far_engine`]).
+    fn far_due(i: u64) -> u64 {
+        START_MS + 2 * 3_600_000 + 1_000 * i
+    }
+
+    /// A 101-byte payload (kept in the arena, not inline in the task entry).
+    fn arena_payload(tag: &str, i: u64) -> Vec<u8> {
+        format!("{tag}{i:0>100}").into_bytes()
+    }
+
     fn far_ids(engine: &crate::Engine) -> Vec<u64> {
         let mut ids: Vec<u64> = engine.shared.core.lock().far.iter().map(|e| e.id).collect();
         ids.sort_unstable();
@@ -2631,7 +2642,7 @@ mod tests {
         let engine = far_engine(&sim, &clock);
         let (n_res, n_far) = (2_000usize, 3_000usize);
         let res_due = |i: usize| START_MS + 30_000 + 10 * i as u64;
-        let far_due = |i: usize| START_MS + 2 * 3_600_000 + 1_000 * i as u64;
+        let far_due = |i: usize| far_due(i as u64);
         for i in 0..n_far {
             engine
                 .schedule(format!("f{i}").as_bytes(), at(far_due(i)), b"p")
@@ -2787,7 +2798,6 @@ mod tests {
         let clock = crate::ManualClock::new(START_MS);
         // A move once ~10 tasks (~103 bytes each, as counted) wait.
         let engine = relocating_far_engine(&sim, &clock, Some(1_000));
-        let far_due = |i: u64| START_MS + 2 * 3_600_000 + 1_000 * i;
         let (n_far, n_res, calls_scheduling, per_call) = (200u64, 100u64, 30usize, 10usize);
         for i in 0..n_far {
             engine
@@ -2903,15 +2913,16 @@ mod tests {
         let sim = kairos_wal::SimStorage::new(29);
         let clock = crate::ManualClock::new(START_MS);
         let engine = relocating_far_engine(&sim, &clock, Some(4_000));
-        let far_due = |i: u64| START_MS + 2 * 3_600_000 + 1_000 * i;
-        // 101 bytes: in the arena, not inline in the task entry.
-        let payload = |tag: &str, i: u64| format!("{tag}{i:0>100}").into_bytes();
         let mut want = std::collections::BTreeMap::new();
         let mut schedule = |tag: &str, i: u64, due: u64| {
             engine
-                .schedule(format!("{tag}{i}").as_bytes(), at(due), &payload(tag, i))
+                .schedule(
+                    format!("{tag}{i}").as_bytes(),
+                    at(due),
+                    &arena_payload(tag, i),
+                )
                 .expect("schedule");
-            want.insert(format!("{tag}{i}"), payload(tag, i));
+            want.insert(format!("{tag}{i}"), arena_payload(tag, i));
         };
         for i in 0..200 {
             schedule("f", i, far_due(i));
@@ -2936,17 +2947,17 @@ mod tests {
                         .schedule_one(&crate::NewTask {
                             key: format!("{tag}{j}").as_bytes(),
                             due: at(due + j),
-                            payload: &payload(tag, j),
+                            payload: &arena_payload(tag, j),
                         })
                         .expect("schedule");
                 }
             }
         }));
         for j in 0..10 {
-            want.insert(format!("w{j}"), payload("w", j));
+            want.insert(format!("w{j}"), arena_payload("w", j));
         }
         for j in 0..25 {
-            want.insert(format!("h{j}"), payload("h", j));
+            want.insert(format!("h{j}"), arena_payload("h", j));
         }
         // Between the holds: tasks of the same size, due within the window.
         let calls = Arc::new(AtomicUsize::new(0));
@@ -2960,13 +2971,13 @@ mod tests {
                     .schedule_one(&crate::NewTask {
                         key: format!("n{k}").as_bytes(),
                         due: at(START_MS + 30_000 + k),
-                        payload: &payload("n", k),
+                        payload: &arena_payload("n", k),
                     })
                     .expect("schedule");
             }
         }));
         for k in 0..20 {
-            want.insert(format!("n{k}"), payload("n", k));
+            want.insert(format!("n{k}"), arena_payload("n", k));
         }
         STATE_AT_L.with(|f| *f.borrow_mut() = None);
         let report = engine.checkpoint().expect("second checkpoint");
@@ -3030,11 +3041,9 @@ mod tests {
         let sim = kairos_wal::SimStorage::new(31);
         let clock = crate::ManualClock::new(START_MS);
         let engine = relocating_far_engine(&sim, &clock, Some(4_000));
-        let far_due = |i: u64| START_MS + 2 * 3_600_000 + 1_000 * i;
-        let payload = |tag: &str, i: u64| format!("{tag}{i:0>100}").into_bytes();
         let mut want = std::collections::BTreeMap::new();
         for i in 0..100 {
-            let (key, p) = (format!("f{i}"), payload("p", i));
+            let (key, p) = (format!("f{i}"), arena_payload("p", i));
             engine
                 .schedule(key.as_bytes(), at(far_due(i)), &p)
                 .expect("schedule");
@@ -3042,7 +3051,7 @@ mod tests {
         }
         engine.checkpoint().expect("first checkpoint");
         for i in 0..50 {
-            let (key, p) = (format!("r{i}"), payload("r", i));
+            let (key, p) = (format!("r{i}"), arena_payload("r", i));
             engine
                 .schedule(key.as_bytes(), at(START_MS + 30_000 + i), &p)
                 .expect("schedule");
@@ -3061,7 +3070,7 @@ mod tests {
                         .schedule_one(&crate::NewTask {
                             key: format!("m{k}-{j}").as_bytes(),
                             due: at(far_due(1_000 + k * 100 + j)),
-                            payload: &payload("m", k * 100 + j),
+                            payload: &arena_payload("m", k * 100 + j),
                         })
                         .expect("schedule");
                 }
@@ -3076,7 +3085,7 @@ mod tests {
         }));
         for k in 0..3 {
             for j in 0..25 {
-                want.insert(format!("m{k}-{j}"), payload("m", k * 100 + j));
+                want.insert(format!("m{k}-{j}"), arena_payload("m", k * 100 + j));
             }
         }
         STATE_AT_L.with(|f| *f.borrow_mut() = None);
