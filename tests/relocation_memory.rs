@@ -85,7 +85,13 @@ fn a_read_back_after_a_replaced_payload_holds_about_a_piece() -> TestResult {
             gate: Arc::clone(&gate),
         });
         let clock = ManualClock::new(START_MS);
-        let engine = Engine::open_with("/kairos", cfg(), Arc::new(storage), Arc::new(clock))?;
+        // No move before the checkpoint's: 48 MiB of far tasks stay under
+        // `relocate_far_bytes` (the 16 MiB default would let the background
+        // thread move them first, and the gate would wait for a rename
+        // that never comes).
+        let mut c = cfg();
+        c.relocate_far_bytes = 64 << 20;
+        let engine = Engine::open_with("/kairos", c, Arc::new(storage), Arc::new(clock))?;
         // 96 far tasks of 512 KiB: 48 MiB in one apply batch.
         let payload = vec![b'p'; 512 << 10];
         for i in 0..96 {
