@@ -1,4 +1,4 @@
-//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds N`
+//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds|far-cancel N`
 //! (`warm`: schedule, cancel all, then time scheduling them again into grown memory;
 //! `many`: batches of 1 000 through `schedule_many` and `cancel_many`;
 //! `holds`: every single `schedule` call timed, the longest ones printed — where the
@@ -12,6 +12,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map_or("schedule", String::as_str);
     let n: usize = args.get(2).map_or(Ok(1_000_000), |s| s.parse())?;
+    if what == "single" {
+        let mode = args.get(3).map_or("buffered", String::as_str);
+        return single_calls(n, mode);
+    }
+    if what == "far-cancel" {
+        return far_cancel(n);
+    }
     if what == "sync" {
         let producers: usize = args.get(3).map_or(Ok(8), |s| s.parse())?;
         return sync_producers(producers, n);
@@ -147,6 +154,88 @@ fn holds(
         t.elapsed().as_secs_f64(),
         over_1ms.len(),
         longest.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// `probe far-cancel N`: schedules N tasks due 200–230 days ahead (beyond
+/// the horizon) on a temporary directory (`Buffered`), checkpoints so that
+/// they all sit in overflow files, then cancels them: single `cancel` calls
+/// for the first half, `cancel_many` in batches of 1 000 for the rest;
+/// prints ns per cancel of each.
+fn far_cancel(n: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let mut config = Config::default();
+    config.durability = kairos::Durability::Buffered;
+    config.pending_tasks_max = n + 1;
+    let engine = Engine::open(dir.path(), config)?;
+    let keys: Vec<Vec<u8>> = (0..n)
+        .map(|i| format!("order:{i:012}:timeout").into_bytes())
+        .collect();
+    for (c, chunk) in keys.chunks(1000).enumerate() {
+        let batch: Vec<kairos::NewTask<'_>> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, k)| kairos::NewTask {
+                key: k,
+                due: kairos::Due::After(Duration::from_secs(200 * 86_400) + delay(c * 1000 + i)),
+                payload: &[],
+            })
+            .collect();
+        engine.schedule_many(&batch)?;
+    }
+    engine.checkpoint()?;
+    let far = engine.stats().far;
+    let half = n / 2;
+    let t = Instant::now();
+    for k in &keys[..half] {
+        engine.cancel(k)?;
+    }
+    let single = t.elapsed();
+    let t = Instant::now();
+    for chunk in keys[half..].chunks(1000) {
+        let batch: Vec<&[u8]> = chunk.iter().map(Vec::as_slice).collect();
+        engine.cancel_many(&batch)?;
+    }
+    let many = t.elapsed();
+    println!(
+        "{far} far tasks; cancel {:.0} ns/op; cancel_many {:.0} ns/op; pending after {}",
+        single.as_nanos() as f64 / half as f64,
+        many.as_nanos() as f64 / (n - half) as f64,
+        engine.stats().pending
+    );
+    Ok(())
+}
+
+/// `probe single N [buffered|interval|sync]`: N single `schedule` calls,
+/// then N single `cancel` calls, from one thread on a temporary directory
+/// with the given durability; prints ns per call of each.
+fn single_calls(n: usize, mode: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let mut config = Config::default();
+    config.durability = match mode {
+        "sync" => kairos::Durability::Sync,
+        "interval" => kairos::Durability::Interval(Duration::from_millis(100)),
+        _ => kairos::Durability::Buffered,
+    };
+    let engine = Engine::open(dir.path(), config)?;
+    let keys: Vec<Vec<u8>> = (0..n)
+        .map(|i| format!("order:{i:012}:timeout").into_bytes())
+        .collect();
+    let payload = [7u8; 64];
+    let t = Instant::now();
+    for (i, k) in keys.iter().enumerate() {
+        engine.schedule_after(k, delay(i), &payload)?;
+    }
+    let schedule = t.elapsed();
+    let t = Instant::now();
+    for k in &keys {
+        engine.cancel(k)?;
+    }
+    println!(
+        "{mode}: schedule {:.0} ns/op; cancel {:.0} ns/op",
+        schedule.as_nanos() as f64 / n as f64,
+        t.elapsed().as_nanos() as f64 / n as f64
     );
     Ok(())
 }

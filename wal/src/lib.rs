@@ -43,10 +43,11 @@
 //!   Group commit: one writer thread drains every queued append, writes them with one
 //!   `write`, syncs once, and wakes all their waiters.
 //! - [`Durability::Interval`]: `wait` returns once the frame is written to the OS (survives a
-//!   process crash); the writer fdatasyncs in the background every interval, so a power cut
-//!   loses at most about one interval.
-//! - [`Durability::Buffered`]: written to the OS, synced by the log only when a segment rolls,
-//!   on [`Wal::sync`] and on [`Wal::close`].
+//!   process crash) — written by the waiting thread itself, with every frame queued before
+//!   it, in one `write`, with no hand-off to the writer thread; the writer fdatasyncs in the
+//!   background every interval, so a power cut loses at most about one interval.
+//! - [`Durability::Buffered`]: written to the OS (as under `Interval`, by the waiting thread),
+//!   synced by the log only when a segment rolls, on [`Wal::sync`] and on [`Wal::close`].
 //!
 //! A failed write or fdatasync *poisons* the log: every waiter gets the error, nothing more is
 //! acknowledged, and only dropping and reopening (which re-reads the disk) recovers. A sync is

@@ -1,11 +1,19 @@
-//! [`Wal`]: the log handle, and the writer thread that owns the active segment.
+//! [`Wal`]: the log handle, the writer state that owns the active segment, and the writer
+//! thread.
 //!
-//! One writer thread does all appending I/O (STYLE: "one owner appends to the log"). Callers
-//! encode and checksum their frame bodies on their own threads, take an LSN range and enqueue
-//! under one short lock, and wait on a shared condition variable. The writer drains *every*
-//! queued frame, writes them with one `write`, makes them durable with one `fdatasync` (in
-//! [`Durability::Sync`]) and wakes all waiters: group commit, as in okaywal, etcd's `Save` and
-//! RocksDB's write groups. A failed write or sync poisons the log for good (PostgreSQL's
+//! One writer at a time appends (STYLE: "one owner appends to the log"): whoever holds the
+//! [`Writer`] behind its mutex. Callers encode and checksum their frame bodies on their own
+//! threads, take an LSN range and enqueue under one short lock, and wait. Whoever writes
+//! drains *every* queued frame, in LSN order, with one `write`. Under [`Durability::Sync`] that
+//! is the writer thread, which then makes them durable with one `fdatasync` and wakes all
+//! waiters: group commit, as in okaywal, etcd's `Save` and RocksDB's write groups. Under
+//! `Interval` and `Buffered` a waiting appender writes the queue itself, taking the writer
+//! state for one `write` (RocksDB's write-group leader writes its group's WAL records;
+//! PostgreSQL backends write WAL themselves, with the WAL writer as a background flusher):
+//! handing each write to the thread cost two thread switches, 10–40 µs per call on this 2-core
+//! VM against ~1.5 µs for the whole call (BENCHMARKS.md, "Single calls under Buffered and
+//! Interval"). The writer thread keeps the syncs (interval, roll, close), the idle marks and
+//! the writes nobody waits for. A failed write or sync poisons the log for good (PostgreSQL's
 //! `data_sync_retry = off`, fjall's `Poisoned`, redb's `PreviousIo`).
 
 use std::io;
@@ -38,6 +46,8 @@ pub struct Wal {
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     store_id: StoreId,
+    /// The writer state, shared with the writer thread and the tickets (see [`Writer`]).
+    writer_state: Arc<Mutex<Writer>>,
     writer: Option<JoinHandle<Result<(), WalError>>>,
     // Dropped after `writer` has been joined (see `Drop`), so no other open can start while
     // the writer may still touch the files.
@@ -60,8 +70,13 @@ impl std::fmt::Debug for Wal {
 #[must_use = "an append is not durable until `wait` returns Ok"]
 pub struct AppendTicket {
     shared: Arc<Shared>,
+    /// Under `Interval` and `Buffered`, [`AppendTicket::wait`] writes what is queued itself.
+    writer: Arc<Mutex<Writer>>,
     first_lsn: Lsn,
     last_lsn: Lsn,
+    /// Whether [`AppendTicket::wait`] returned: a ticket dropped without it asks the writer
+    /// thread to write its frame.
+    settled: bool,
 }
 
 impl std::fmt::Debug for AppendTicket {
@@ -685,9 +700,12 @@ impl Wal {
             writes_back: options.durability != Durability::Sync && storage.allows_timed_io(),
             writeback_from: 0,
         };
+        let writer_state = Arc::new(Mutex::new(writer));
+        let thread_state = Arc::clone(&writer_state);
+        let thread_shared = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name("kairos-wal-writer".to_owned())
-            .spawn(move || writer.run())
+            .spawn(move || run_writer(&thread_state, thread_shared))
             .map_err(|e| io_error("spawn writer thread", dir, e))?;
         tracing::info!(
             dir = %dir.display(),
@@ -702,6 +720,7 @@ impl Wal {
             storage,
             dir: dir.to_path_buf(),
             store_id,
+            writer_state,
             writer: Some(handle),
             _lock: Some(lock),
         };
@@ -712,6 +731,9 @@ impl Wal {
     /// none does. LSNs are assigned densely in call order (calls are totally ordered; hold your
     /// own lock around `append` to make log order equal your apply order). Encodes and
     /// checksums the frame on the calling thread; never blocks on I/O (the queue is unbounded).
+    /// Under `Sync` the writer thread writes and syncs it at once; under `Interval` and
+    /// `Buffered` it is written when the ticket is waited for (by the waiting thread) or
+    /// dropped (by the writer thread), or sooner with a frame appended later.
     ///
     /// # Errors
     /// At once, appending nothing: [`WalError::InvalidRecord`] for an empty batch, a record
@@ -781,12 +803,16 @@ impl Wal {
             body,
             body_crc,
         });
-        self.shared.writer_wake.notify_one();
+        if self.shared.durability == Durability::Sync {
+            self.shared.writer_wake.notify_one();
+        }
         drop(state);
         Ok(AppendTicket {
             shared: Arc::clone(&self.shared),
+            writer: Arc::clone(&self.writer_state),
             first_lsn: Lsn(first_lsn),
             last_lsn: Lsn(first_lsn + last as u64),
+            settled: false,
         })
     }
 
@@ -797,8 +823,10 @@ impl Wal {
         let last = Lsn(self.shared.state.lock().next_lsn - 1);
         AppendTicket {
             shared: Arc::clone(&self.shared),
+            writer: Arc::clone(&self.writer_state),
             first_lsn: last,
             last_lsn: last,
+            settled: false,
         }
     }
 
@@ -817,6 +845,11 @@ impl Wal {
     /// can lag it by one group commit).
     pub fn synced_lsn(&self) -> Lsn {
         Lsn(self.shared.state.lock().synced_lsn)
+    }
+
+    /// The last LSN written to the OS: every record up to it survives a process crash.
+    pub fn written_lsn(&self) -> Lsn {
+        Lsn(self.shared.state.lock().written_lsn)
     }
 
     /// `Some(description of the failed operation)` once the log is poisoned; it stays poisoned
@@ -982,15 +1015,24 @@ impl AppendTicket {
     /// [`WalOptions::proof_before_ack`](crate::WalOptions::proof_before_ack) (the default),
     /// proven by a durable mark that no cut of the tail removes (the next group commit's
     /// fdatasync carries it, or a second one when none follows); `Interval`/`Buffered` —
-    /// written to the OS (survives a process crash, not necessarily a power cut).
+    /// written to the OS (survives a process crash, not necessarily a power cut): this call
+    /// writes every frame queued so far itself, with one `write` (waiting for the writer
+    /// state if another thread holds it), unless its frame is written already.
     ///
     /// # Errors
     /// [`WalError::Io`] with the original failure if the write or sync of this append (or one
     /// before it) failed, or — with `proof_before_ack`, until its proof is durable — of a later
     /// one whose sync was to carry that proof: the log is then poisoned and the append may or
     /// may not survive a reopen; [`WalError::Closed`] if the writer stopped without completing it.
-    pub fn wait(self) -> Result<(), WalError> {
+    pub fn wait(mut self) -> Result<(), WalError> {
+        let result = self.wait_inner();
+        self.settled = true;
+        result
+    }
+
+    fn wait_inner(&self) -> Result<(), WalError> {
         let shared = &self.shared;
+        let writes_itself = shared.durability != Durability::Sync;
         let mut state = shared.state.lock();
         loop {
             let done = match shared.durability {
@@ -1006,7 +1048,32 @@ impl AppendTicket {
             if state.writer_done {
                 return Err(WalError::Closed);
             }
+            if writes_itself && !state.queue.is_empty() {
+                // Write what is queued (this frame among it, unless a writer took it and is
+                // writing it now: then this waits for that write, and writes what came after,
+                // which costs its appenders nothing). No thread hand-off: the frame is in the
+                // OS when this returns, one `write` later.
+                parking_lot::MutexGuard::unlocked(&mut state, || {
+                    self.writer.lock().write_queued();
+                });
+                continue;
+            }
             shared.progress.wait(&mut state);
+        }
+    }
+}
+
+impl Drop for AppendTicket {
+    /// A ticket dropped without [`AppendTicket::wait`] under `Interval` or `Buffered`: the
+    /// writer thread writes its frame (at once, as if it had been waited for), so that
+    /// "written to the OS at once" holds whether or not anyone waits.
+    fn drop(&mut self) {
+        if self.settled || self.shared.durability == Durability::Sync {
+            return;
+        }
+        let state = self.shared.state.lock();
+        if state.written_lsn < self.last_lsn.0 && !state.queue.is_empty() {
+            self.shared.writer_wake.notify_one();
         }
     }
 }
@@ -1134,7 +1201,78 @@ const GROUP_COMMIT_GATHER: Duration = Duration::from_micros(100);
 /// Capacity of the writer's batch buffer kept between batches, in bytes.
 const WRITE_BUFFER_KEEP_BYTES: usize = 4 << 20;
 
-/// The writer thread's state: it alone touches the active segment.
+/// What the writer thread does next: `Work`, or wait (until the instant, if any).
+enum Decision {
+    Work(Work),
+    Wait(Option<Instant>),
+}
+
+/// The writer thread's body: takes work under the writer state and processes it; waits with
+/// the writer state let go.
+fn run_writer(writer: &Mutex<Writer>, shared: Arc<Shared>) -> Result<(), WalError> {
+    let _done = DoneGuard(Arc::clone(&shared));
+    let result = writer_loop(writer, &shared);
+    let writeback = writer.lock().writeback.take();
+    if let Some((writeback, handle)) = writeback {
+        writeback.stop();
+        if handle.join().is_err() {
+            tracing::error!("the log's write-back thread panicked");
+        }
+    }
+    result
+}
+
+fn writer_loop(writer: &Mutex<Writer>, shared: &Shared) -> Result<(), WalError> {
+    loop {
+        // Lock order: the writer state, then the shared state.
+        let mut gather_until: Option<Instant> = None;
+        let (mut w, work) = loop {
+            let w = writer.lock();
+            let mut state = shared.state.lock();
+            match w.decide(&mut state, &mut gather_until) {
+                Decision::Work(work) => {
+                    drop(state);
+                    break (w, work);
+                }
+                Decision::Wait(until) => {
+                    // Let appenders write meanwhile; still under the state lock, so no wake-up
+                    // is missed.
+                    drop(w);
+                    match until {
+                        Some(until) => {
+                            shared.writer_wake.wait_until(&mut state, until);
+                        }
+                        None => shared.writer_wake.wait(&mut state),
+                    }
+                }
+            }
+        };
+        if work.poisoned {
+            let state = shared.state.lock();
+            let cause = state.poison.as_ref().map(Poison::cause).unwrap_or_default();
+            return Err(WalError::Poisoned { cause });
+        }
+        let stop = work.stop;
+        let result = w.process(work);
+        drop(w);
+        if let Err(error) = &result {
+            tracing::error!(error = %error, "log poisoned");
+            let mut state = shared.state.lock();
+            state.poison = Some(Poison::from_error(error));
+            state.queue.clear();
+            shared.progress.notify_all();
+        }
+        match (stop, result) {
+            (Stop::Running, _) => {}
+            (_, Err(e)) => return Err(e),
+            (_, Ok(())) => return Ok(()),
+        }
+    }
+}
+
+/// The writer state: it alone touches the active segment. Behind a mutex shared by the writer
+/// thread and the [`AppendTicket`]s; lock order: this mutex, then [`Shared::state`]. The writer
+/// thread holds it while it decides and works, never while it waits.
 struct Writer {
     shared: Arc<Shared>,
     storage: Arc<dyn Storage>,
@@ -1179,112 +1317,106 @@ struct Writer {
 }
 
 impl Writer {
-    fn run(mut self) -> Result<(), WalError> {
-        let _done = DoneGuard(Arc::clone(&self.shared));
-        let result = self.run_loop();
-        if let Some((writeback, handle)) = self.writeback.take() {
-            writeback.stop();
-            if handle.join().is_err() {
-                tracing::error!("the log's write-back thread panicked");
+    /// Writes every queued frame, if the log is not poisoned, and publishes the new written
+    /// mark — what an appender waiting under `Interval` or `Buffered` does instead of handing
+    /// the write to the writer thread (whoever holds the [`Writer`] writes, one at a time, in
+    /// LSN order: the queue is taken whole under the state lock). A failed write poisons the
+    /// log as the writer thread's would. Under `Interval`, the first write after a sync wakes
+    /// the writer thread, whose interval sync it now owes.
+    fn write_queued(&mut self) {
+        let batch = {
+            let mut state = self.shared.state.lock();
+            if state.poison.is_some() || state.queue.is_empty() {
+                return;
             }
-        }
-        result
-    }
-
-    fn run_loop(&mut self) -> Result<(), WalError> {
-        loop {
-            let work = self.next_work();
-            if work.poisoned {
-                let state = self.shared.state.lock();
-                let cause = state.poison.as_ref().map(Poison::cause).unwrap_or_default();
-                return Err(WalError::Poisoned { cause });
+            std::mem::take(&mut state.queue)
+        };
+        let was_synced = self.written == self.synced;
+        match self.write_batch(batch) {
+            Ok(()) => {
+                self.publish();
+                if matches!(self.shared.durability, Durability::Interval(_))
+                    && was_synced
+                    && self.written > self.synced
+                {
+                    self.shared.writer_wake.notify_one();
+                }
             }
-            let stop = work.stop;
-            let result = self.process(work);
-            if let Err(error) = &result {
+            Err(error) => {
                 tracing::error!(error = %error, "log poisoned");
                 let mut state = self.shared.state.lock();
-                state.poison = Some(Poison::from_error(error));
+                if state.poison.is_none() {
+                    state.poison = Some(Poison::from_error(&error));
+                }
                 state.queue.clear();
                 self.shared.progress.notify_all();
-            }
-            match (stop, result) {
-                (Stop::Running, _) => {}
-                (_, Err(e)) => return Err(e),
-                (_, Ok(())) => return Ok(()),
+                self.shared.writer_wake.notify_all();
             }
         }
     }
 
-    /// Waits for something to do and takes it.
-    fn next_work(&mut self) -> Work {
+    /// Waits for something to do and takes it, holding the writer state only while it
+    /// decides (appenders write while this waits). `gather_until`: the end of the group
+    /// commit's gathering wait under way, if any.
+    fn decide(&self, state: &mut State, gather_until: &mut Option<Instant>) -> Decision {
         let interval = match self.shared.durability {
             Durability::Interval(d) => Some(d),
             Durability::Sync | Durability::Buffered => None,
         };
-        let mut state = self.shared.state.lock();
-        let mut gather_until: Option<Instant> = None;
-        loop {
-            if state.poison.is_some() {
-                state.queue.clear();
-                if state.stop != Stop::Running {
-                    return Work {
-                        batch: Vec::new(),
-                        sync_wanted: 0,
-                        stop: state.stop,
-                        interval_due: false,
-                        mark_due: false,
-                        poisoned: true,
-                    };
-                }
-                self.shared.writer_wake.wait(&mut state);
-                continue;
-            }
-            let interval_due = interval
-                .is_some_and(|d| self.written > self.synced && self.last_sync.elapsed() >= d);
-            if !state.queue.is_empty()
-                || state.sync_wanted > self.acked()
-                || state.stop != Stop::Running
-                || interval_due
-            {
-                if self.should_gather(&state) {
-                    let until =
-                        *gather_until.get_or_insert_with(|| Instant::now() + GROUP_COMMIT_GATHER);
-                    if Instant::now() < until {
-                        self.shared.writer_wake.wait_until(&mut state, until);
-                        continue;
-                    }
-                }
-                return Work {
-                    batch: std::mem::take(&mut state.queue),
-                    sync_wanted: state.sync_wanted,
+        if state.poison.is_some() {
+            state.queue.clear();
+            if state.stop != Stop::Running {
+                return Decision::Work(Work {
+                    batch: Vec::new(),
+                    sync_wanted: 0,
                     stop: state.stop,
-                    interval_due,
+                    interval_due: false,
                     mark_due: false,
+                    poisoned: true,
+                });
+            }
+            return Decision::Wait(None);
+        }
+        let interval_due =
+            interval.is_some_and(|d| self.written > self.synced && self.last_sync.elapsed() >= d);
+        if !state.queue.is_empty()
+            || state.sync_wanted > self.acked()
+            || state.stop != Stop::Running
+            || interval_due
+        {
+            if self.should_gather(state) {
+                let until =
+                    *gather_until.get_or_insert_with(|| Instant::now() + GROUP_COMMIT_GATHER);
+                if Instant::now() < until {
+                    return Decision::Wait(Some(until));
+                }
+            }
+            return Decision::Work(Work {
+                batch: std::mem::take(&mut state.queue),
+                sync_wanted: state.sync_wanted,
+                stop: state.stop,
+                interval_due,
+                mark_due: false,
+                poisoned: false,
+            });
+        }
+        // Idle. The interval sync comes first; the mark only once everything is synced.
+        let deadline = match interval {
+            Some(d) if self.written > self.synced => Some(self.last_sync + d),
+            _ => self.mark_deadline(),
+        };
+        match deadline {
+            Some(deadline) if Instant::now() >= deadline && self.written == self.synced => {
+                Decision::Work(Work {
+                    batch: Vec::new(),
+                    sync_wanted: 0,
+                    stop: Stop::Running,
+                    interval_due: false,
+                    mark_due: true,
                     poisoned: false,
-                };
+                })
             }
-            // Idle. The interval sync comes first; the mark only once everything is synced.
-            let deadline = match interval {
-                Some(d) if self.written > self.synced => Some(self.last_sync + d),
-                _ => self.mark_deadline(),
-            };
-            match deadline {
-                Some(deadline) if Instant::now() >= deadline && self.written == self.synced => {
-                    return Work {
-                        batch: Vec::new(),
-                        sync_wanted: 0,
-                        stop: Stop::Running,
-                        interval_due: false,
-                        mark_due: true,
-                        poisoned: false,
-                    };
-                }
-                Some(deadline) => {
-                    self.shared.writer_wake.wait_until(&mut state, deadline);
-                }
-                None => self.shared.writer_wake.wait(&mut state),
-            }
+            deadline => Decision::Wait(deadline),
         }
     }
 

@@ -10,9 +10,16 @@ use kairos_wal::{
 const EIO: i32 = 5;
 const ENOSPC: i32 = 28;
 
+/// The OS error code of a failed append: its own write's or sync's, or — when the fault hit
+/// an earlier write first — the one that poisoned the log. (Under `Sync` the writer records
+/// each sync in a control frame once idle, after releasing the waiters: a fault armed right
+/// after an acknowledged append can hit that frame before the next append's write.)
 fn io_code(error: &WalError) -> Option<i32> {
     match error {
         WalError::Io { source, .. } => source.raw_os_error(),
+        WalError::Poisoned { cause } => [EIO, ENOSPC]
+            .into_iter()
+            .find(|code| cause.ends_with(&format!("(os error {code})"))),
         _ => None,
     }
 }
