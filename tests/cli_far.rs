@@ -597,3 +597,34 @@ fn dump_prints_far_tasks_and_finds_one_by_key() -> TestResult {
     assert!(stderr.contains("no task had key \"far:9\""), "{stderr}");
     Ok(())
 }
+
+/// A damaged overflow file is reported as such; the checkpoint, which reads fine, is still
+/// the dump's start (its far tasks listed), as the engine would open from it.
+#[test]
+fn dump_keeps_the_checkpoint_when_an_overflow_file_is_damaged() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    build(&dir, &after())?;
+    let file2 = ovf_path(&dir, 2);
+    // Far task 5's entry (offset 64) cut short.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file2)?
+        .set_len(70)?;
+    let (stdout, stderr) = run(&["dump", path(&dir)], 1);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1 + 3 + 7 + AFTER, "{stdout}");
+    assert!(
+        lines[0].starts_with("checkpoint 0000000000000007.ckpt at LSN 7: "),
+        "{stdout}"
+    );
+    assert!(lines[3].starts_with("FAR task=5 "), "{stdout}");
+    assert!(
+        stderr.contains("kairos dump: damaged overflow file")
+            && stderr.contains(&file2.display().to_string()),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("without a checkpoint"), "{stderr}");
+    assert!(!stderr.contains("damaged checkpoint"), "{stderr}");
+    Ok(())
+}

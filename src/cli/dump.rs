@@ -14,7 +14,10 @@
 //! for the key's tasks where their history reaches its LSN.
 
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
-use super::verify::{dirs, start_from_checkpoint, CheckpointStart, Failure, FarReader, Torn};
+use super::verify::{
+    check_deferred_overflow_refs, dirs, start_from_checkpoint_deferring_overflow, CheckpointStart,
+    Failure, FarReader, Torn,
+};
 use super::Verdict;
 use anyhow::Context as _;
 use clap::Args;
@@ -129,7 +132,12 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
     let start = if log_dir == data_dir {
         Ok(None)
     } else {
-        start_from_checkpoint(&FsStorage, &data_dir.join(ckpt::CHECKPOINT_DIR_NAME))
+        // The overflow files are checked apart: a damaged one is reported as such, and the
+        // checkpoint (which reads fine) is still dumped.
+        start_from_checkpoint_deferring_overflow(
+            &FsStorage,
+            &data_dir.join(ckpt::CHECKPOINT_DIR_NAME),
+        )
     };
     let stdout = io::stdout().lock();
     let mut dumper = Dumper::new(args, BufWriter::new(stdout));
@@ -141,6 +149,10 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
         }
     };
     if let Some(c) = checkpoint.as_mut() {
+        if let Err(failure) = check_deferred_overflow_refs(&FsStorage, c) {
+            dumper.overflow_failure = Some(failure);
+        }
+        c.overflow_refs = Vec::new();
         dumper.start_at(c);
     }
     let scan = kairos_wal::scan_located(
@@ -179,6 +191,8 @@ struct Dumper<W: Write> {
     state_shown: usize,
     /// Why no checkpoint could be started from.
     checkpoint_failure: Option<Failure>,
+    /// The first damage found in the overflow files the checkpoint refers to.
+    overflow_failure: Option<Failure>,
     /// With `--key`: why a far task's overflow entry could not be read to compare its key.
     far_failure: Option<Failure>,
     records: u64,
@@ -207,6 +221,7 @@ impl<W: Write> Dumper<W> {
             state: Vec::new(),
             state_shown: 0,
             checkpoint_failure: None,
+            overflow_failure: None,
             far_failure: None,
             records: 0,
             shown: 0,
@@ -473,9 +488,20 @@ impl<W: Write> Dumper<W> {
     ) -> Verdict {
         let mut ok = self.undecodable == 0;
         let mut summary = String::new();
-        if let Some(failure) = &self.far_failure {
+        if let Some(failure) = &self.overflow_failure {
             ok = false;
             summary.push_str(&failure.describe("kairos dump: damaged overflow file"));
+        }
+        if let Some(failure) = &self.far_failure {
+            ok = false;
+            // Once per file: `--key` reads far tasks' entries in a file found damaged above.
+            let same_file = self
+                .overflow_failure
+                .as_ref()
+                .is_some_and(|f| f.file == failure.file);
+            if !same_file {
+                summary.push_str(&failure.describe("kairos dump: damaged overflow file"));
+            }
         }
         if let Some(failure) = &self.checkpoint_failure {
             ok = false;

@@ -539,6 +539,36 @@ fn check_overflow_refs(
     Ok(())
 }
 
+/// Checks the overflow entries a checkpoint started with
+/// [`start_from_checkpoint_deferring_overflow`] refers to (`refs`, sorted by file and offset),
+/// one file at a time, as [`start_from_checkpoint`] does before it accepts the checkpoint —
+/// for a caller that keeps the checkpoint when a file is damaged and reports that file.
+/// Returns the first damage found.
+pub(crate) fn check_deferred_overflow_refs(
+    storage: &dyn Storage,
+    start: &CheckpointStart,
+) -> Result<(), Failure> {
+    let Some(ovf_dir) = &start.overflow_dir else {
+        return Ok(());
+    };
+    let hasher = far::KeyHasher::new(&start.store_id);
+    for refs in start.overflow_refs.chunk_by(|a, b| a.file == b.file) {
+        let Some(file) = refs.first().map(|r| r.file) else {
+            continue;
+        };
+        let path = ovf_dir.join(ovf::file_name(file));
+        let entries = ovf::read_file(storage, &path, Some(&start.store_id), Some(file))
+            .map_err(|e| Failure::overflow(&path, &e))?;
+        check_overflow_entries(
+            &path,
+            &entries,
+            refs.iter().map(|r| (r.offset, r.task_id, r.key.as_deref())),
+            Some(&hasher),
+        )?;
+    }
+    Ok(())
+}
+
 /// The entries of the overflow file at `path` (as [`ovf::read_file`] returns them: by
 /// offset) must hold every entry a checkpoint places there, given as `(offset, task id,
 /// key)`: that task's entry at that offset, with that key — or, for a far task, with a key
