@@ -21,7 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if what == "sync" {
         let producers: usize = args.get(3).map_or(Ok(8), |s| s.parse())?;
-        return sync_producers(producers, n);
+        let mode = args.get(4).map_or("sync", String::as_str);
+        return sync_producers(producers, n, mode);
     }
     let clock = ManualClock::new(1_700_000_000_000);
     let mut config = Config::default();
@@ -213,11 +214,7 @@ fn far_cancel(n: usize) -> Result<(), Box<dyn std::error::Error>> {
 fn single_calls(n: usize, mode: &str) -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let mut config = Config::default();
-    config.durability = match mode {
-        "sync" => kairos::Durability::Sync,
-        "interval" => kairos::Durability::Interval(Duration::from_millis(100)),
-        _ => kairos::Durability::Buffered,
-    };
+    config.durability = durability(mode);
     let engine = Engine::open(dir.path(), config)?;
     let keys: Vec<Vec<u8>> = (0..n)
         .map(|i| format!("order:{i:012}:timeout").into_bytes())
@@ -240,11 +237,18 @@ fn single_calls(n: usize, mode: &str) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
-/// `probe sync N P`: P threads each schedule N single tasks under `Sync` on a
-/// temporary directory; prints tasks/s.
-fn sync_producers(producers: usize, per_producer: usize) -> Result<(), Box<dyn std::error::Error>> {
+/// `probe sync N P [sync|interval|buffered]`: P threads each schedule N single
+/// tasks under the given durability (default `Sync`) on a temporary directory;
+/// prints tasks/s.
+fn sync_producers(
+    producers: usize,
+    per_producer: usize,
+    mode: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let engine = Engine::open(dir.path(), Config::default())?;
+    let mut config = Config::default();
+    config.durability = durability(mode);
+    let engine = Engine::open(dir.path(), config)?;
     let t = Instant::now();
     std::thread::scope(|s| {
         for p in 0..producers {
@@ -268,10 +272,19 @@ fn sync_producers(producers: usize, per_producer: usize) -> Result<(), Box<dyn s
     engine.shutdown()?;
     let total = producers * per_producer;
     println!(
-        "sync: {producers} producers x {per_producer}: {:.0} tasks/s",
+        "{mode}: {producers} producers x {per_producer}: {:.0} tasks/s",
         total as f64 / elapsed.as_secs_f64()
     );
     Ok(())
+}
+
+/// `sync`, `interval` (100 ms) or, for anything else, `buffered`.
+fn durability(mode: &str) -> kairos::Durability {
+    match mode {
+        "sync" => kairos::Durability::Sync,
+        "interval" => kairos::Durability::Interval(Duration::from_millis(100)),
+        _ => kairos::Durability::Buffered,
+    }
 }
 
 /// Resident set size from /proc/self/status (0 where unavailable).
