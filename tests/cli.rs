@@ -492,6 +492,49 @@ fn demo_refuses_to_remove_a_directory_open_in_an_engine() {
     assert_eq!(reopened.recovery().pending, 1);
 }
 
+/// `verify`, `inspect` and `dump` read a directory an engine has open (its files may change
+/// under them) with a warning saying so, and without it once the engine is shut down.
+#[cfg(target_os = "linux")]
+#[test]
+fn readers_warn_when_an_engine_has_the_directory_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let engine = kairos::Engine::open(tmp.path(), kairos::Config::default()).unwrap();
+    engine
+        .schedule_after(b"open", std::time::Duration::from_secs(60), b"")
+        .unwrap();
+    let warning = "is open in a running engine (its LOCK is held)";
+    for command in ["verify", "inspect", "dump"] {
+        let out = kairos(&[command, dir]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{command}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(warning),
+            "{command}: {}",
+            text(&out.stderr)
+        );
+    }
+    engine.shutdown().unwrap();
+    for command in ["verify", "inspect", "dump"] {
+        let out = kairos(&[command, dir]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{command}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            !text(&out.stderr).contains(warning),
+            "{command}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn help_and_version() {
     let out = kairos(&["--version"]);

@@ -663,7 +663,57 @@ fn has_checkpoint_file(dir: &Path) -> bool {
 /// directory (a note on stderr says so, naming `command`): without the checkpoint, every
 /// record about a task the checkpoint holds would look orphaned. Otherwise `DIR` is a lone
 /// log directory, read without a checkpoint; both paths returned are then `DIR`.
+///
+/// If an engine has the log open (its `LOCK` is held), a warning on stderr says that what is
+/// read may change under the reader.
 pub(crate) fn dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let (data_dir, log_dir) = find_dirs(dir, command)?;
+    if lock_is_held(&log_dir.join(kairos_wal::format::LOCK_FILE_NAME)) {
+        eprintln!(
+            "kairos {command}: warning: {} is open in a running engine (its LOCK is held): \
+             files may change while they are read (a checkpoint replaced, segments deleted), \
+             so damage reported may be a change seen half-way; stop the engine for an exact \
+             reading",
+            data_dir.display()
+        );
+    }
+    Ok((data_dir, log_dir))
+}
+
+/// Whether some process holds the lock file at `path` (an `flock`, as the log takes it),
+/// told from `/proc/locks` without taking the lock: taking it, even shared and for an
+/// instant, could make an engine opening at that instant fail with "locked". `false` where
+/// that cannot be told (no such file, not Linux).
+fn lock_is_held(path: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(meta), Ok(locks)) = (
+            std::fs::metadata(path),
+            std::fs::read_to_string("/proc/locks"),
+        ) else {
+            return false;
+        };
+        // `/proc/locks` names a file `MAJOR:MINOR:INODE`, the device numbers in hex (glibc's
+        // `major`/`minor` split of `st_dev`).
+        let dev = meta.dev();
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        let file = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+        locks.lines().any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; a waiter's line has "->".
+            fields.get(1) == Some(&"FLOCK") && fields.get(5) == Some(&file.as_str())
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = path;
+        false
+    }
+}
+
+fn find_dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     if !meta.is_dir() {
         bail!("{} is not a directory", dir.display());
