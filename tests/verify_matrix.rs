@@ -347,6 +347,8 @@ fn the_binary_gives_the_same_verdicts() -> TestResult {
         assert_eq!(out.status.success(), library.ok, "{case}: {stdout}");
         assert_eq!(report["ok"].as_bool(), Some(library.ok), "{case}");
         assert_eq!(report["records"].as_u64(), Some(library.records), "{case}");
+        // Each log starts at LSN 1: the last LSN read (before any damage) is the count.
+        assert_eq!(report["last_lsn"].as_u64(), Some(library.records), "{case}");
         let name = |p: Option<&str>| p.and_then(|p| Path::new(p).file_name().map(|n| n.to_owned()));
         assert_eq!(
             name(report["error"]["file"].as_str()),

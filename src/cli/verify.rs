@@ -71,7 +71,8 @@ pub(crate) struct Verification {
     records: u64,
     /// Records per type.
     record_types: TypeCounts,
-    /// Last LSN of the log (0 if the scan failed).
+    /// Last LSN of the log; if the scan stopped at damage, of the last record read before it
+    /// (0: none).
     last_lsn: u64,
     /// Whether the log ends with a clean-close marker.
     clean_shutdown: bool,
@@ -746,6 +747,8 @@ fn find_dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
 #[derive(Debug)]
 struct Census {
     records: u64,
+    /// LSN of the last record read (0: none).
+    last_read_lsn: u64,
     /// Records at or below this LSN are covered by the checkpoint: counted, not replayed.
     covered: u64,
     /// Records replayed above the checkpoint's LSN.
@@ -760,6 +763,7 @@ impl Default for Census {
     fn default() -> Census {
         Census {
             records: 0,
+            last_read_lsn: 0,
             covered: 0,
             after: 0,
             types: TypeCounts::default(),
@@ -773,6 +777,7 @@ impl Default for Census {
 impl Census {
     fn visit(&mut self, view: RecordView<'_>, far: &FarReader<'_>) {
         self.records += 1;
+        self.last_read_lsn = view.lsn.0;
         if view.lsn.0 <= self.covered {
             // Covered by the checkpoint: counted by type, not replayed (the
             // engine skips them too, so one that does not decode is no damage).
@@ -839,7 +844,9 @@ impl Verification {
             error,
             segments: segments.iter().map(Segment::from).collect(),
             records: census.records,
-            last_lsn: report.as_ref().map_or(0, |r| r.last_lsn.0),
+            last_lsn: report
+                .as_ref()
+                .map_or(census.last_read_lsn, |r| r.last_lsn.0),
             clean_shutdown: report.as_ref().is_some_and(|r| r.clean_shutdown),
             torn_tail: report
                 .as_ref()
