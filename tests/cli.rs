@@ -298,6 +298,25 @@ fn verify_refuses_a_directory_without_a_log() {
     assert_eq!(out.status.code(), Some(1));
     let out = kairos(&["verify", tmp.path().join("missing").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
+    let dir = tmp.path().to_str().unwrap();
+    assert!(text(&kairos(&["verify", dir]).stderr).contains("not a Kairos data or log directory"));
+    // A data directory that lost its log is told apart from a stray directory.
+    std::fs::create_dir(tmp.path().join("checkpoint")).unwrap();
+    let out = kairos(&["verify", dir]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("which has checkpoint/ but no wal/ directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::write(tmp.path().join("wal"), b"").unwrap();
+    let out = kairos(&["verify", dir]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("wal is not a directory"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

@@ -1028,15 +1028,41 @@ impl Failure {
         }
     }
 
-    /// A directory without a single log segment: nothing to verify.
+    /// A directory without a single log segment: nothing to verify. The message says what
+    /// is there instead when `dir` looks like a data directory that lost its log (a `wal`
+    /// that is not a directory; a checkpoint or overflow directory without a `wal/`).
     pub(crate) fn no_log(dir: &Path) -> Failure {
+        let wal = dir.join("wal");
+        let data_parts: Vec<&str> = [checkpoint::CHECKPOINT_DIR_NAME, ovf::OVERFLOW_DIR_NAME]
+            .into_iter()
+            .filter(|name| dir.join(name).is_dir())
+            .collect();
+        let message = if wal.exists() && !wal.is_dir() {
+            format!(
+                "{} is not a directory: the data directory's log is not there",
+                wal.display()
+            )
+        } else if !data_parts.is_empty() {
+            format!(
+                "no log segments in {}, which has {} but no wal/ directory: the data \
+                 directory's log is missing",
+                dir.display(),
+                data_parts
+                    .iter()
+                    .map(|p| format!("{p}/"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            )
+        } else {
+            format!(
+                "no log segments in {}: not a Kairos data or log directory",
+                dir.display()
+            )
+        };
         Failure {
             file: Some(dir.to_path_buf()),
             offset: None,
-            message: format!(
-                "no log segments in {}: not a Kairos data or log directory",
-                dir.display()
-            ),
+            message,
         }
     }
 
