@@ -44,7 +44,8 @@
 //!   `write`, syncs once, and wakes all their waiters.
 //! - [`Durability::Interval`]: `wait` returns once the frame is written to the OS (survives a
 //!   process crash) — written by the waiting thread itself, with every frame queued before
-//!   it, in one `write`, with no hand-off to the writer thread; the writer fdatasyncs in the
+//!   it, in one `write` (more, and the syncs of a roll, when the segment rolls), with no
+//!   hand-off to the writer thread; the writer fdatasyncs in the
 //!   background every interval, so a power cut loses at most about one interval.
 //! - [`Durability::Buffered`]: written to the OS (as under `Interval`, by the waiting thread),
 //!   synced by the log only when a segment rolls, on [`Wal::sync`] and on [`Wal::close`].

@@ -38,8 +38,9 @@ use crate::{
 
 /// A segmented, append-only write-ahead log with group commit.
 ///
-/// `Wal` is `Send + Sync`: share it behind an `Arc` and append from any thread. Inside, one
-/// writer thread owns the active segment file. See the crate documentation for the format and
+/// `Wal` is `Send + Sync`: share it behind an `Arc` and append from any thread. Inside, the
+/// writer state owns the active segment file; one writer at a time holds it (the writer
+/// thread, or under `Interval` and `Buffered` a waiting appender). See the crate documentation for the format and
 /// the durability contract of each [`Durability`] mode.
 pub struct Wal {
     shared: Arc<Shared>,
@@ -1201,6 +1202,41 @@ const GROUP_COMMIT_GATHER: Duration = Duration::from_micros(100);
 /// Capacity of the writer's batch buffer kept between batches, in bytes.
 const WRITE_BUFFER_KEEP_BYTES: usize = 4 << 20;
 
+/// Records `error` as the log's poison (unless one is recorded already), drops the queued
+/// frames and wakes every waiter and the writer thread. Called with the writer state held, so
+/// that nothing is written after the failure.
+fn poison(shared: &Shared, error: &WalError) {
+    tracing::error!(error = %error, "log poisoned");
+    let mut state = shared.state.lock();
+    if state.poison.is_none() {
+        state.poison = Some(Poison::from_error(error));
+    }
+    state.queue.clear();
+    shared.progress.notify_all();
+    shared.writer_wake.notify_all();
+}
+
+/// Poisons the log if dropped armed: a write by an appender that panicked half-way (its
+/// frames taken from the queue, maybe partly written) must not let a later write go on after
+/// them as if they were there.
+struct PoisonOnUnwind<'a> {
+    shared: &'a Shared,
+    armed: bool,
+}
+
+impl Drop for PoisonOnUnwind<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            poison(
+                self.shared,
+                &WalError::Poisoned {
+                    cause: "a thread writing the log panicked".to_owned(),
+                },
+            );
+        }
+    }
+}
+
 /// What the writer thread does next: `Work`, or wait (until the instant, if any).
 enum Decision {
     Work(Work),
@@ -1254,14 +1290,12 @@ fn writer_loop(writer: &Mutex<Writer>, shared: &Shared) -> Result<(), WalError> 
         }
         let stop = work.stop;
         let result = w.process(work);
-        drop(w);
         if let Err(error) = &result {
-            tracing::error!(error = %error, "log poisoned");
-            let mut state = shared.state.lock();
-            state.poison = Some(Poison::from_error(error));
-            state.queue.clear();
-            shared.progress.notify_all();
+            // Before the writer state is let go: an appender waiting for it must find the log
+            // poisoned, not write after the frames this failure lost.
+            poison(shared, error);
         }
+        drop(w);
         match (stop, result) {
             (Stop::Running, _) => {}
             (_, Err(e)) => return Err(e),
@@ -1326,13 +1360,22 @@ impl Writer {
     fn write_queued(&mut self) {
         let batch = {
             let mut state = self.shared.state.lock();
-            if state.poison.is_some() || state.queue.is_empty() {
+            // After the writer thread ended (its last round took the queue), nothing is left
+            // to write, and the directory may be another handle's by now.
+            if state.poison.is_some() || state.writer_done || state.queue.is_empty() {
                 return;
             }
             std::mem::take(&mut state.queue)
         };
+        let shared = Arc::clone(&self.shared);
+        let mut guard = PoisonOnUnwind {
+            shared: &shared,
+            armed: true,
+        };
         let was_synced = self.written == self.synced;
-        match self.write_batch(batch) {
+        let written = self.write_batch(batch);
+        guard.armed = false;
+        match written {
             Ok(()) => {
                 self.publish();
                 if matches!(self.shared.durability, Durability::Interval(_))
@@ -1342,22 +1385,14 @@ impl Writer {
                     self.shared.writer_wake.notify_one();
                 }
             }
-            Err(error) => {
-                tracing::error!(error = %error, "log poisoned");
-                let mut state = self.shared.state.lock();
-                if state.poison.is_none() {
-                    state.poison = Some(Poison::from_error(&error));
-                }
-                state.queue.clear();
-                self.shared.progress.notify_all();
-                self.shared.writer_wake.notify_all();
-            }
+            Err(error) => poison(&self.shared, &error),
         }
     }
 
-    /// Waits for something to do and takes it, holding the writer state only while it
-    /// decides (appenders write while this waits). `gather_until`: the end of the group
-    /// commit's gathering wait under way, if any.
+    /// What the writer thread does next: the work to take now (taken from `state`), or how
+    /// long to wait for more (the caller waits with the writer state let go, so that
+    /// appenders write meanwhile). `gather_until`: the end of the group commit's gathering
+    /// wait under way, if any.
     fn decide(&self, state: &mut State, gather_until: &mut Option<Instant>) -> Decision {
         let interval = match self.shared.durability {
             Durability::Interval(d) => Some(d),
@@ -1497,7 +1532,7 @@ impl Writer {
             }
             Stop::Drop => Ok(()),
             Stop::Running if work.mark_due => {
-                // Nothing was appended since (next_work checked under the queue's lock, and
+                // Nothing was appended since (decide checked under the queue's lock, and
                 // anything appended since waits behind this): record the sync in SYNCED, so
                 // that recovery after an unclean shutdown knows these LSNs were durable even
                 // if the frames proving it are cut off or their segment is gone.
