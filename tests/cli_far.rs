@@ -595,6 +595,11 @@ fn dump_prints_far_tasks_and_finds_one_by_key() -> TestResult {
     let (stdout, stderr) = run(&["dump", "--key", "far:9", path(&dir)], 0);
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(stderr.contains("no task had key \"far:9\""), "{stderr}");
+
+    // An empty key, which no task can have: a usage error.
+    let (stdout, stderr) = run(&["dump", "--key", "", path(&dir)], 2);
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(stderr.contains("a task's key is never empty"), "{stderr}");
     Ok(())
 }
 

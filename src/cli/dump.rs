@@ -20,6 +20,7 @@ use super::verify::{
 };
 use super::Verdict;
 use anyhow::Context as _;
+use clap::builder::TypedValueParser as _;
 use clap::Args;
 use kairos::checkpoint as ckpt;
 use kairos::far::KeyHasher;
@@ -111,8 +112,10 @@ pub struct DumpArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
     dir: PathBuf,
-    /// Only the records of the tasks that ever had this key.
-    #[arg(long, value_name = "K")]
+    /// Only the records of the tasks that ever had this key (not empty: no task has an empty
+    /// key).
+    #[arg(long, value_name = "K",
+          value_parser = clap::builder::OsStringValueParser::new().try_map(non_empty_key))]
     key: Option<OsString>,
     /// Print one JSON object per line (JSON Lines) instead of text.
     #[arg(long)]
@@ -123,6 +126,15 @@ pub struct DumpArgs {
     /// Largest record body accepted, bytes: a longer length field is damage.
     #[arg(long, value_name = "B", default_value_t = kairos_wal::RECORD_BYTES_MAX_DEFAULT)]
     record_bytes_max: u32,
+}
+
+/// `--key`: refuses an empty key (a usage error), which no task can have.
+fn non_empty_key(key: OsString) -> Result<OsString, String> {
+    if key.is_empty() {
+        Err("a task's key is never empty".to_owned())
+    } else {
+        Ok(key)
+    }
 }
 
 /// Runs the dump: records to stdout as they are read, the summary to stderr.
