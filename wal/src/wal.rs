@@ -1289,7 +1289,14 @@ fn writer_loop(writer: &Mutex<Writer>, shared: &Shared) -> Result<(), WalError> 
             return Err(WalError::Poisoned { cause });
         }
         let stop = work.stop;
+        // Dropped before `w` if `process` panics: the poison is recorded while the writer
+        // state is still held, so no appender writes after what the panic lost.
+        let mut unwinding = PoisonOnUnwind {
+            shared,
+            armed: true,
+        };
         let result = w.process(work);
+        unwinding.armed = false;
         if let Err(error) = &result {
             // Before the writer state is let go: an appender waiting for it must find the log
             // poisoned, not write after the frames this failure lost.
@@ -1437,7 +1444,8 @@ impl Writer {
         }
         // Idle. The interval sync comes first; the mark only once everything is synced.
         let deadline = match interval {
-            Some(d) if self.written > self.synced => Some(self.last_sync + d),
+            // An interval too long for an `Instant` (`Duration::MAX`): never due.
+            Some(d) if self.written > self.synced => self.last_sync.checked_add(d),
             _ => self.mark_deadline(),
         };
         match deadline {

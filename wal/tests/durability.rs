@@ -433,3 +433,26 @@ fn interval_sync_follows_appends_written_by_their_waiters() -> TestResult {
     assert_eq!(replayed, expected(20));
     Ok(())
 }
+
+/// An interval too long to add to an `Instant` is accepted and means "never by the clock":
+/// the writer thread must not panic computing its deadline (it did, and every later call got
+/// `Closed`).
+#[test]
+fn an_interval_of_duration_max_never_syncs_by_the_clock() -> TestResult {
+    let sim = SimStorage::new(25);
+    let opts = options(Durability::Interval(Duration::MAX), 1 << 20);
+    let (wal, _, _) = open(&sim, opts.clone())?;
+    for i in 1..=3 {
+        append_one(&wal, i)?;
+        // Let the writer thread decide on its interval deadline.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(wal.synced_lsn(), Lsn(0));
+    wal.sync()?;
+    assert_eq!(append_one(&wal, 4)?, 4);
+    wal.close()?;
+    let (_wal, report, replayed) = open(&sim, opts)?;
+    assert!(report.clean_shutdown);
+    assert_eq!(replayed, expected(4));
+    Ok(())
+}
