@@ -72,6 +72,25 @@ impl StorageFile for FaultyFile {
     }
 }
 
+impl Faulty {
+    fn on(sim: &SimStorage, mode: &Arc<AtomicU8>) -> Faulty {
+        Faulty {
+            sim: sim.clone(),
+            mode: Arc::clone(mode),
+        }
+    }
+}
+
+/// A simulated disk (`seed`), a quiet fault switch for [`Faulty`], and options for `durability`
+/// with no idle mark (so that the writer thread, once idle, waits with no deadline).
+fn faulty(seed: u64, durability: Durability) -> (SimStorage, Arc<AtomicU8>, WalOptions) {
+    let opts = WalOptions {
+        synced_mark_delay: None,
+        ..options(durability, 1 << 20)
+    };
+    (SimStorage::new(seed), Arc::new(AtomicU8::new(QUIET)), opts)
+}
+
 impl Storage for Faulty {
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.sim.create_dir_all(path)
@@ -139,17 +158,8 @@ fn writer_thread_fault_rounds(fault: u8, rounds: u64) -> TestResult {
         } else {
             Durability::Interval(Duration::from_secs(3600))
         };
-        let sim = SimStorage::new(500 + round);
-        let mode = Arc::new(AtomicU8::new(QUIET));
-        let storage = Arc::new(Faulty {
-            sim: sim.clone(),
-            mode: Arc::clone(&mode),
-        });
-        let opts = WalOptions {
-            synced_mark_delay: None,
-            ..options(durability, 1 << 20)
-        };
-        let (wal, _, _) = open_at(storage, dir(), opts.clone())?;
+        let (sim, mode, opts) = faulty(500 + round, durability);
+        let (wal, _, _) = open_at(Arc::new(Faulty::on(&sim, &mode)), dir(), opts.clone())?;
         let acked = Mutex::new(Vec::new());
         let started = Instant::now();
         std::thread::scope(|scope| {
@@ -217,17 +227,8 @@ fn writer_thread_fault_rounds(fault: u8, rounds: u64) -> TestResult {
 /// acknowledged.
 #[test]
 fn a_write_that_panics_poisons_the_log() -> TestResult {
-    let sim = SimStorage::new(600);
-    let mode = Arc::new(AtomicU8::new(QUIET));
-    let storage = Arc::new(Faulty {
-        sim: sim.clone(),
-        mode: Arc::clone(&mode),
-    });
-    let opts = WalOptions {
-        synced_mark_delay: None,
-        ..options(Durability::Buffered, 1 << 20)
-    };
-    let (wal, _, _) = open_at(storage, dir(), opts.clone())?;
+    let (sim, mode, opts) = faulty(600, Durability::Buffered);
+    let (wal, _, _) = open_at(Arc::new(Faulty::on(&sim, &mode)), dir(), opts.clone())?;
     append_one(&wal, 1)?;
     // The writer thread syncs and goes idle (the pause lets it get there), so that it does
     // not write LSN 2 itself.
