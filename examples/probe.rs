@@ -28,9 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config::default();
     config.pending_tasks_max = n + 1;
     let engine = Engine::in_memory(config, Arc::new(clock.clone()))?;
-    let keys: Vec<Vec<u8>> = (0..n)
-        .map(|i| format!("order:{i:012}:timeout").into_bytes())
-        .collect();
+    let keys = keys(n);
     let payload = [7u8; 64];
     if what == "many" {
         return many(&engine, &keys, &payload);
@@ -167,12 +165,10 @@ fn holds(
 fn far_cancel(n: usize) -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let mut config = Config::default();
-    config.durability = kairos::Durability::Buffered;
+    config.durability = durability("buffered");
     config.pending_tasks_max = n + 1;
     let engine = Engine::open(dir.path(), config)?;
-    let keys: Vec<Vec<u8>> = (0..n)
-        .map(|i| format!("order:{i:012}:timeout").into_bytes())
-        .collect();
+    let keys = keys(n);
     for (c, chunk) in keys.chunks(1000).enumerate() {
         let batch: Vec<kairos::NewTask<'_>> = chunk
             .iter()
@@ -216,9 +212,7 @@ fn single_calls(n: usize, mode: &str) -> Result<(), Box<dyn std::error::Error>> 
     let mut config = Config::default();
     config.durability = durability(mode);
     let engine = Engine::open(dir.path(), config)?;
-    let keys: Vec<Vec<u8>> = (0..n)
-        .map(|i| format!("order:{i:012}:timeout").into_bytes())
-        .collect();
+    let keys = keys(n);
     let payload = [7u8; 64];
     let t = Instant::now();
     for (i, k) in keys.iter().enumerate() {
@@ -276,6 +270,13 @@ fn sync_producers(
         total as f64 / elapsed.as_secs_f64()
     );
     Ok(())
+}
+
+/// N 24-byte keys, `order:000000000042:timeout` style.
+fn keys(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!("order:{i:012}:timeout").into_bytes())
+        .collect()
 }
 
 /// `sync`, `interval` (100 ms) or, for anything else, `buffered`.

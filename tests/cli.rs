@@ -299,24 +299,18 @@ fn verify_refuses_a_directory_without_a_log() {
     let out = kairos(&["verify", tmp.path().join("missing").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let dir = tmp.path().to_str().unwrap();
-    assert!(text(&kairos(&["verify", dir]).stderr).contains("not a Kairos data or log directory"));
+    let refused_with = |reason: &str| {
+        let out = kairos(&["verify", dir]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(reason), "{stderr}");
+    };
+    refused_with("not a Kairos data or log directory");
     // A data directory that lost its log is told apart from a stray directory.
     std::fs::create_dir(tmp.path().join("checkpoint")).unwrap();
-    let out = kairos(&["verify", dir]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("which has checkpoint/ but no wal/ directory"),
-        "{}",
-        text(&out.stderr)
-    );
+    refused_with("which has checkpoint/ but no wal/ directory");
     std::fs::write(tmp.path().join("wal"), b"").unwrap();
-    let out = kairos(&["verify", dir]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("wal is not a directory"),
-        "{}",
-        text(&out.stderr)
-    );
+    refused_with("wal is not a directory");
 }
 
 #[test]
