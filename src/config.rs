@@ -322,6 +322,15 @@ pub struct Config {
     /// acknowledges at the fdatasync itself and leaves the limit README
     /// describes. Ignored in memory.
     pub proof_before_ack: bool,
+    /// Open with deliveries paused, as if [`crate::Engine::pause_deliveries`]
+    /// were called before the driver's first pass: no task is handed out and
+    /// no lease expires until [`crate::Engine::resume_deliveries`]. For tools
+    /// that open a data directory to change or read it without delivering —
+    /// `kairos checkpoint` and `kairos dead-letters` do — so that tasks
+    /// already due are not logged as delivered and then taken back at
+    /// shutdown. Deliveries in flight at a crash are still settled by the open
+    /// (retried or dead-lettered). Default `false`.
+    pub deliveries_paused: bool,
 }
 
 impl Default for Config {
@@ -348,6 +357,7 @@ impl Default for Config {
             payload_prefetch: true,
             synced_mark_delay: Some(kairos_wal::SYNCED_MARK_DELAY_DEFAULT),
             proof_before_ack: true,
+            deliveries_paused: false,
         }
     }
 }

@@ -349,3 +349,52 @@ fn bad_usage_and_directories_that_hold_no_log() -> TestResult {
     }
     Ok(())
 }
+
+/// The record types `kairos dump --json DIR` shows, in log order.
+fn record_types(dir: &Path) -> Vec<String> {
+    run(&["dump", "--json", path(dir)], 0)
+        .lines()
+        .map(|line| json(line)["type"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+/// The offline commands open with deliveries paused: a task already due is not handed out
+/// (no DELIVER, no RELEASE at shutdown); an application's next open delivers it, first
+/// attempt.
+#[test]
+fn offline_commands_hand_out_no_due_task() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    let mut config = Config::default();
+    config.deliveries_paused = true;
+    let engine = Engine::open(dir, config.clone())?;
+    let due = SystemTime::now() - Duration::from_secs(3_600);
+    engine.schedule_at(b"overdue", due, b"p")?;
+    engine.shutdown()?;
+    drop(engine);
+    assert_eq!(record_types(dir), ["SCHEDULE"]);
+
+    let v = json(&run(&["dead-letters", "list", "--json", path(dir)], 0));
+    assert_eq!(v["dead_letters"], Value::Array(Vec::new()));
+    let v = json(&run(&["checkpoint", "--json", path(dir)], 0));
+    assert_eq!(v["tasks"], 1);
+    let v = json(&run(
+        &["dead-letters", "purge", "--all", "--json", path(dir)],
+        0,
+    ));
+    assert_eq!(v["purged"], Value::Array(Vec::new()));
+    let types = record_types(dir);
+    assert!(
+        !types.iter().any(|t| t == "DELIVER" || t == "RELEASE"),
+        "an offline command handed a task out: {types:?}"
+    );
+
+    config.deliveries_paused = false;
+    let engine = Engine::open(dir, config)?;
+    engine.run_until_idle();
+    let d = engine.consumer().try_recv()?;
+    assert_eq!((d.key(), d.attempt()), (&b"overdue"[..], 1));
+    engine.ack(&d)?;
+    engine.shutdown()?;
+    Ok(())
+}

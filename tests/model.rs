@@ -4,7 +4,8 @@
 //! Each case runs a random sequence of operations — schedule (after a delay, or at an absolute
 //! time that may be past), batch schedule, reschedule (upsert), cancel, advance the clock
 //! (milliseconds to a year), step the wall clock alone, ack, ack many (some spoiled), nack
-//! (with or without a retry delay), extend a lease, clean reopen, process crash, power cut,
+//! (with or without a retry delay), extend a lease, pause and resume deliveries, clean reopen,
+//! process crash, power cut,
 //! checkpoint (alone, or followed at once by a clean reopen, process crash or power cut) —
 //! on an at-least-once engine with short leases, a small `max_attempts` and a fast backoff,
 //! with `SimStorage` and tiny segments, and checks after every step:
@@ -105,6 +106,10 @@ enum Op {
     Reopen,
     ProcessCrash,
     PowerCut,
+    /// `Engine::pause_deliveries`.
+    Pause,
+    /// `Engine::resume_deliveries`.
+    Resume,
     /// `Engine::checkpoint`, then maybe at once a clean reopen, process crash or power cut.
     Checkpoint {
         then: Option<Restart>,
@@ -156,6 +161,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pick, retry_after_ms)| Op::Nack { pick, retry_after_ms }),
         1 => (any::<usize>(), 1..=200u64).prop_map(|(pick, lease_ms)| Op::ExtendLease { pick, lease_ms }),
         1 => Just(Op::Reopen),
+        1 => Just(Op::Pause),
+        2 => Just(Op::Resume),
         1 => Just(Op::ProcessCrash),
         1 => Just(Op::PowerCut),
         1 => prop_oneof![
@@ -299,6 +306,10 @@ struct Model {
     /// Monotonic ms of the start of the tick the wheel has reached (its
     /// last driver pass): a task placed at or before it is overdue.
     elapsed_mono_ms: u64,
+    /// Deliveries paused: a pass only promotes far tasks (the wheel stands
+    /// still), and a task due at once waits in the overdue queue, which the
+    /// resume hands out before the wheel's.
+    paused: bool,
 }
 
 /// What a delivery must look like: key, payload, due time, attempt, hand-out time.
@@ -348,6 +359,7 @@ impl Model {
             horizon_ms: millis(setup.config().far_span()),
             window_ms: millis(setup.config().payload_window),
             elapsed_mono_ms: 0,
+            paused: false,
         }
     }
 
@@ -417,6 +429,17 @@ impl Model {
         Some(self.origin_ms + due_since_origin.div_ceil(self.tick_ms) * self.tick_ms)
     }
 
+    /// The fire time of a task due at once: now, or while paused 0 — the
+    /// overdue queue is handed out before the wheel, which may hold tasks
+    /// whose time came during the pause.
+    fn overdue_fire_ms(&self) -> u64 {
+        if self.paused {
+            0
+        } else {
+            self.mono_ms
+        }
+    }
+
     /// A lease taken now: its expiry fires `lease_ms` (rounded up to ticks) after the current
     /// tick's start.
     fn lease_now(&mut self, lease_ms: u64) -> Lease {
@@ -440,7 +463,7 @@ impl Model {
             due_ms,
             payload,
             deliveries: 0,
-            fire_mono_ms: fire.unwrap_or(self.mono_ms),
+            fire_mono_ms: fire.unwrap_or(self.overdue_fire_ms()),
             rank,
             lease: None,
             far: false,
@@ -454,7 +477,7 @@ impl Model {
     /// Puts a waiting task back in the wheel at `due_ms` (retry or reschedule).
     fn place(&mut self, key: &[u8], due_ms: u64) {
         let rank = self.rank();
-        let fire = self.fire_time(due_ms).unwrap_or(self.mono_ms);
+        let fire = self.fire_time(due_ms).unwrap_or(self.overdue_fire_ms());
         let t = self.tasks.get_mut(key).expect("placed task is live");
         t.due_ms = due_ms;
         t.fire_mono_ms = fire;
@@ -526,6 +549,9 @@ impl Model {
     /// deadline order, FIFO among equal deadlines) and expires leases whose deadline has come.
     fn pass(&mut self) -> Vec<Expected> {
         self.promote();
+        if self.paused {
+            return Vec::new();
+        }
         let mono = self.mono_ms;
         // A far task is out of the wheel: its fire time is set when it is
         // promoted (a wall step back after it was scheduled can leave an
@@ -569,15 +595,25 @@ impl Model {
             return Held::NotOutstanding;
         }
         let id = d.task_id().0;
+        // A lease past its deadline by the clock is over for its holder even
+        // before the driver processes it (it does not while paused).
+        let lapsed = |l: &Lease| l.fire_mono_ms <= self.mono_ms;
         if let Some(a) = self.abandoned.get(&id) {
-            return if a.attempt == d.attempt() {
-                Held::Abandoned
-            } else {
-                Held::Expired
+            return match a.attempt == d.attempt() {
+                true if lapsed(&a.lease) => Held::NotOutstanding,
+                true => Held::Abandoned,
+                false => Held::Expired,
             };
         }
         match self.tasks.get(d.key()) {
             Some(t) if t.id == id => match t.lease {
+                Some(l) if t.deliveries == d.attempt() && lapsed(&l) => {
+                    if t.deliveries >= self.retry.max_attempts {
+                        Held::NotOutstanding
+                    } else {
+                        Held::Expired
+                    }
+                }
                 Some(_) if t.deliveries == d.attempt() => Held::Live,
                 _ if t.deliveries >= d.attempt() => Held::Expired,
                 _ => Held::NotOutstanding,
@@ -590,6 +626,8 @@ impl Model {
     /// keeps on a wall-clock tick boundary (see `align_for_open`).
     fn open(&mut self) {
         assert_eq!(self.wall_ms % self.tick_ms, 0, "open off a tick boundary");
+        // The engine's config does not open it paused.
+        self.paused = false;
         self.origin_ms = self.mono_ms;
         self.elapsed_mono_ms = self.mono_ms;
     }
@@ -1048,6 +1086,19 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                     t.lease = Some(lease);
                 }
             }
+            Op::Pause => {
+                h.engine().pause_deliveries();
+                model.paused = true;
+                let got = drain(h.engine())?;
+                check("deliveries after a pause", &got, &[]).map_err(at)?;
+            }
+            Op::Resume => {
+                h.engine().resume_deliveries();
+                model.paused = false;
+                let got = drain(h.engine())?;
+                check("deliveries at a resume", &got, &model.pass()).map_err(at)?;
+                ds.add(got);
+            }
             Op::Reopen => restart = Some(Restart::Reopen),
             Op::ProcessCrash => restart = Some(Restart::ProcessCrash),
             Op::PowerCut => restart = Some(Restart::PowerCut),
@@ -1164,6 +1215,13 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
         .collect();
     if dead != model.dead {
         return Err(format!("dead letters {dead:?}, model {:?}", model.dead).into());
+    }
+    if model.paused {
+        h.engine().resume_deliveries();
+        model.paused = false;
+        let got = drain(h.engine())?;
+        check("deliveries at the last resume", &got, &model.pass())?;
+        ds.add(got);
     }
     // Finally, with every held delivery acked, every task still scheduled must come out, in
     // order, once the clock passes it.

@@ -24,9 +24,9 @@ after it, and the log segments before it are deleted. A running engine takes che
 itself (Config::checkpoint_log_bytes, Config::checkpoint_interval); this command is for a \
 directory no engine has open — it takes the directory's lock and refuses one that is open.
 
-Opening settles deliveries that were in flight when the engine last crashed, as every open does, \
-and hands out the tasks already due, which the clean shutdown takes back (see `kairos \
-dead-letters --help`).
+The engine is opened with deliveries paused: tasks already due are not handed out, and stay in \
+the checkpoint as they are. Opening settles deliveries that were in flight when the engine last \
+crashed, as every open does (see `kairos dead-letters --help`).
 
 Exit status 0 on success; 1 if the directory cannot be opened or the checkpoint fails; 2 on bad \
 usage.")]

@@ -1,10 +1,11 @@
 //! `kairos dead-letters list|requeue|purge DIR`: the dead letters of a data
 //! directory, managed offline.
 //!
-//! Each command opens the engine on DIR (taking the directory's lock, so it
-//! refuses a directory an engine has open), does its work through the
-//! engine's own API — `Engine::dead_letters`, `Engine::requeue_dead_letter`,
-//! `Engine::purge_dead_letter` — and shuts the engine down cleanly.
+//! Each command opens the engine on DIR with deliveries paused (taking the
+//! directory's lock, so it refuses a directory an engine has open), does its
+//! work through the engine's own API — `Engine::dead_letters`,
+//! `Engine::requeue_dead_letter`, `Engine::purge_dead_letter` — and shuts the
+//! engine down cleanly.
 
 use super::{DurabilityArgs, Verdict};
 use anyhow::{anyhow, bail, Context as _};
@@ -26,15 +27,14 @@ List, requeue or purge the dead letters of a data directory, offline.
 A dead letter is a task that used up its delivery attempts (RetryPolicy::max_attempts): it is \
 kept, with the error of its last attempt, until it is requeued or purged.
 
-Each command opens the engine on DIR as an application would (recovering the log), does its \
-work and shuts the engine down cleanly. It takes the directory's lock: a directory that an \
-engine has open — a running service — is refused; stop it first. Opening settles deliveries \
-that were in flight when the engine last crashed, as every open does: they are retried, or \
-dead-lettered if they had used --max-attempts attempts. It also hands out the tasks already \
-due, and its clean shutdown takes them back without counting an attempt: two log records (DELIVER, \
-RELEASE) per task due, so even `list` writes to the log. (Killed before that shutdown, those \
-deliveries count as attempts at the next open, as after any crash.) To look without writing, \
-use `kairos inspect DIR` (counts) or `kairos dump DIR` (every record, DEAD ones included).
+Each command opens the engine on DIR as an application would (recovering the log), with \
+deliveries paused (Config::deliveries_paused: no task is handed out, so tasks already due stay \
+as they are), does its work and shuts the engine down cleanly. It takes the directory's lock: a \
+directory that an engine has open — a running service — is refused; stop it first. Opening \
+settles deliveries that were in flight when the engine last crashed, as every open does: they \
+are retried, or dead-lettered if they had used --max-attempts attempts — the only task records \
+`list` can write (it says so on stderr). To look without any write, use `kairos inspect DIR` \
+(counts) or `kairos dump DIR` (every record, DEAD ones included).
 
 Exit status 0 on success; 1 if an id given is not a dead letter, a requeue or purge fails \
 (each failure is reported), or the directory cannot be opened; 2 on bad usage.")]
@@ -238,6 +238,9 @@ fn config(target: &Target) -> Config {
     config.key_bytes_max = KEY_BYTES_MAX_LIMIT;
     config.payload_bytes_max = PAYLOAD_BYTES_MAX_LIMIT;
     config.pending_tasks_max = PENDING_TASKS_LIMIT;
+    // Nobody receives here: hand nothing out (nothing logged as delivered,
+    // nothing taken back at shutdown).
+    config.deliveries_paused = true;
     config
 }
 

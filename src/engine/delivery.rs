@@ -717,14 +717,28 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
         let now = shared.now();
         let now_tick = shared.tick_of(now);
         due.clear();
-        due.extend(core.overdue.drain(..));
+        // Paused: nothing is taken, and the wheel stands still (it catches
+        // up, in due order, at resume).
+        let paused = core.paused;
+        if !paused {
+            // Live entries only, taken before the wheel advances: once it
+            // clears the timers of what it expires, a stale entry of a task
+            // rescheduled into the wheel would pass for live and hand the
+            // task out ahead of tasks due before it.
+            let Core { overdue, tasks, .. } = &mut *core;
+            due.extend(overdue.drain(..).filter(|&(slot, id)| {
+                tasks
+                    .get(slot)
+                    .is_some_and(|t| t.id == id && t.timer.is_none())
+            }));
+        }
         // The catch-up backlog, oldest first, within the rate limit.
         let mut next_token_ns = None;
-        if !core.backlog.is_empty() {
+        if !paused && !core.backlog.is_empty() {
             let allowed = match rate {
                 None => u64::MAX,
                 Some(rate) => {
-                    let since_ns = now.engine_ns.saturating_sub(shared.catch_up_start_ns);
+                    let since_ns = now.engine_ns.saturating_sub(core.catch_up_start_ns);
                     let earned =
                         u64::try_from(since_ns * rate / 1_000_000_000 + 1).unwrap_or(u64::MAX);
                     earned.saturating_sub(core.backlog_taken)
@@ -748,10 +762,10 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             if let (Some(rate), false) = (rate, core.backlog.is_empty()) {
                 // When the next task is earned: taken = rate × t + 1.
                 let at = u128::from(core.backlog_taken) * 1_000_000_000 / rate;
-                next_token_ns = Some(shared.catch_up_start_ns + at + 1);
+                next_token_ns = Some(core.catch_up_start_ns + at + 1);
             }
         }
-        if now_tick > core.wheel.elapsed() {
+        if !paused && now_tick > core.wheel.elapsed() {
             expired.clear();
             core.wheel.advance(now_tick, &mut expired);
             for e in &expired {
@@ -768,6 +782,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             let wheel_ns = core
                 .wheel
                 .next_deadline()
+                .filter(|_| !paused)
                 .map(|d| u128::from(d.0) * shared.tick_ns);
             let promote_ns = if driver_promotes {
                 shared

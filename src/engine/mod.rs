@@ -241,6 +241,13 @@ struct Core {
     backlog: VecDeque<(u32, TaskId)>,
     /// Backlog tasks handed out so far (for the rate limit).
     backlog_taken: u64,
+    /// Engine time, ns, from which the catch-up rate limit counts: the open,
+    /// or the last [`Engine::resume_deliveries`].
+    catch_up_start_ns: u128,
+    /// Deliveries paused ([`Engine::pause_deliveries`]): the driver hands
+    /// nothing out and the wheel stands still (no lease expires); it
+    /// catches up, in due order, at [`Engine::resume_deliveries`].
+    paused: bool,
     /// Due tasks waiting for a consumer, in hand-out order.
     ready: VecDeque<ReadyEntry>,
     /// Tasks in state `Ready`.
@@ -601,8 +608,6 @@ pub(crate) struct Shared {
     idle_cv: Condvar,
     /// Consumers wait here for the ready queue.
     ready_cv: Condvar,
-    /// Engine time at open, ns: the catch-up rate limit counts from here.
-    catch_up_start_ns: u128,
     /// Distinguishes this engine instance (this open) from every other in
     /// the process, so a delivery is only ever acked by the engine that made it.
     engine_id: u64,
@@ -983,6 +988,8 @@ impl Engine {
             overdue: VecDeque::new(),
             backlog: VecDeque::new(),
             backlog_taken: 0,
+            catch_up_start_ns: grid_phase_ns,
+            paused: config.deliveries_paused,
             ready: VecDeque::new(),
             handouts_pending: VecDeque::new(),
             ready_count: 0,
@@ -1032,7 +1039,6 @@ impl Engine {
             driver_cv: Condvar::new(),
             idle_cv: Condvar::new(),
             ready_cv: Condvar::new(),
-            catch_up_start_ns: grid_phase_ns,
             engine_id: NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             disk,
             checkpointing: Mutex::new(checkpointing::CheckpointBook::default()),
@@ -1382,6 +1388,48 @@ impl Engine {
     /// once if the engine is stopped.
     pub fn run_until_idle(&self) {
         self.shared.run_until_idle();
+    }
+
+    /// Pauses deliveries: from the driver's next pass, no task is handed out
+    /// to consumers and the timing wheel stands still, so nothing is logged
+    /// as delivered and no lease's expiry is processed (a holder whose lease
+    /// ran out still cannot ack it; the task's next attempt waits for
+    /// [`Engine::resume_deliveries`]). Everything else goes on: schedule,
+    /// cancel, reschedule, ack and nack, checkpoints, far tasks promoted as
+    /// they come within reach. Tasks already handed out — in the ready
+    /// queue, or logged as delivered by a pass under way — stay receivable.
+    /// A maintenance switch (the `kairos` offline commands open paused:
+    /// [`Config::deliveries_paused`]); not durable: an engine opens paused
+    /// only if its config says so. Idempotent. O(1).
+    pub fn pause_deliveries(&self) {
+        self.shared.core.lock().paused = true;
+        self.shared.driver_cv.notify_all();
+    }
+
+    /// Resumes deliveries paused by [`Engine::pause_deliveries`] or
+    /// [`Config::deliveries_paused`]: the driver catches up at once, as after
+    /// a stall — every task that fell due meanwhile is handed out in due
+    /// order (overdue ones first), leases that ran out are processed. A
+    /// catch-up backlog found at open and not handed out yet goes on at
+    /// [`Config::catch_up_tasks_per_sec`], counted afresh from the resume.
+    /// Idempotent. O(1) here; the catch-up is the driver's.
+    pub fn resume_deliveries(&self) {
+        let now = self.shared.now();
+        let mut core = self.shared.core.lock();
+        if core.paused {
+            core.paused = false;
+            core.catch_up_start_ns = now.engine_ns;
+            core.backlog_taken = 0;
+            // `run_until_idle` waits for a pass after this.
+            core.processed_ns = 0;
+            core.processed_wall_ns = i128::MIN;
+        }
+        self.shared.driver_cv.notify_all();
+    }
+
+    /// Whether deliveries are paused ([`Engine::pause_deliveries`]).
+    pub fn deliveries_paused(&self) -> bool {
+        self.shared.core.lock().paused
     }
 
     /// Stops the engine cleanly: stops the driver, takes back deliveries no
@@ -2728,7 +2776,7 @@ impl Shared {
             }
             if core.processed_ns >= target_ns
                 && core.processed_wall_ns >= target.wall_ns
-                && core.overdue.is_empty()
+                && (core.overdue.is_empty() || core.paused)
                 && core.sleep != DriverSleep::Busy
                 && core.handouts_pending.is_empty()
             {
