@@ -45,8 +45,8 @@ pub struct DeadLettersArgs {
 
 #[derive(Debug, Subcommand)]
 enum Action {
-    /// Print every dead letter: task id, attempts, when it died (UTC), due
-    /// time, payload size, key and last error.
+    /// Print every dead letter: task id, attempts, when it died and the due
+    /// time of its last attempt (UTC), payload size, key and last error.
     List(ListArgs),
     /// Put dead letters back as new tasks (new id, same key and payload,
     /// a fresh attempt count) and print their new ids.
@@ -288,7 +288,7 @@ fn print_table(dir: &Path, letters: &[Letter]) {
                 l.task_id.to_string(),
                 l.attempts.to_string(),
                 l.dead_at.clone(),
-                l.due_ms.to_string(),
+                l.due_at.clone(),
                 l.payload_bytes.to_string(),
                 format!("{:?}", l.key),
                 format!("{:?}", l.error),
@@ -299,7 +299,7 @@ fn print_table(dir: &Path, letters: &[Letter]) {
         "TASK_ID",
         "ATTEMPTS",
         "DEAD_AT (UTC)",
-        "DUE_MS",
+        "DUE_AT (UTC)",
         "PAYLOAD_BYTES",
         "KEY",
         "ERROR",
