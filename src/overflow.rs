@@ -504,6 +504,7 @@ pub fn read_entry(
 /// entry: a batch of cancels of far tasks reads many entries of few files).
 /// The size is taken at open: files are written once, before anything
 /// refers to them.
+#[derive(Debug)]
 pub struct EntryFile {
     file: Box<dyn StorageFile>,
     len: u64,

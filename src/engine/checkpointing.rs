@@ -117,15 +117,106 @@ pub struct CheckpointReport {
 pub(crate) struct Disk {
     pub storage: Arc<dyn Storage>,
     pub dir: PathBuf,
+    /// Overflow files kept open for reads of single entries
+    /// ([`Disk::overflow_file`]).
+    open_files: parking_lot::Mutex<OpenFiles>,
+}
+
+/// At most this many overflow files stay open for reads of single entries
+/// (a cancel or reschedule of a far task, a payload read back at receive):
+/// those reads then cost one `pread`, not an open, a size query, a `pread`
+/// and a close. Few, so that an embedder's descriptors are not used up; the
+/// files read most recently stay (far tasks cancelled soon after they were
+/// scheduled sit in the newest files).
+pub(crate) const OPEN_OVERFLOW_FILES_MAX: usize = 8;
+
+/// The open overflow files, most recently used last, and how many times
+/// files were forgotten (removed) so far: a file opened before a removal is
+/// not kept afterwards, since it may be the removed one (its descriptor would
+/// keep the deleted file's blocks allocated).
+#[derive(Debug, Default)]
+struct OpenFiles {
+    files: Vec<(u32, Arc<overflow::EntryFile>)>,
+    removals: u64,
 }
 
 impl Disk {
+    pub fn new(storage: Arc<dyn Storage>, dir: PathBuf) -> Disk {
+        Disk {
+            storage,
+            dir,
+            open_files: parking_lot::Mutex::new(OpenFiles::default()),
+        }
+    }
+
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.dir.join(CHECKPOINT_DIR_NAME)
     }
 
     pub fn overflow_dir(&self) -> PathBuf {
         self.dir.join(overflow::OVERFLOW_DIR_NAME)
+    }
+
+    /// Overflow file `file`, open for reading entries: kept open from an
+    /// earlier call, or opened now and kept (the least recently used beyond
+    /// [`OPEN_OVERFLOW_FILES_MAX`] is closed). Files are written once before
+    /// anything refers to them, so a kept descriptor reads what a new one
+    /// would. O(`OPEN_OVERFLOW_FILES_MAX`) plus the open.
+    ///
+    /// # Errors
+    /// As [`overflow::EntryFile::open`].
+    pub fn overflow_file(
+        &self,
+        file: u32,
+    ) -> Result<Arc<overflow::EntryFile>, overflow::OverflowReadError> {
+        let removals = {
+            let mut open = self.open_files.lock();
+            if let Some(i) = open.files.iter().position(|&(f, _)| f == file) {
+                let kept = open.files.remove(i);
+                let handle = Arc::clone(&kept.1);
+                open.files.push(kept);
+                return Ok(handle);
+            }
+            open.removals
+        };
+        let path = self.overflow_dir().join(overflow::file_name(file));
+        let handle = Arc::new(overflow::EntryFile::open(self.storage.as_ref(), &path)?);
+        self.keep_open(file, &handle, removals);
+        Ok(handle)
+    }
+
+    /// Keeps `handle` of `file`, opened when `removals` files had been
+    /// forgotten, unless a removal came since or it is kept already; true if
+    /// kept.
+    fn keep_open(&self, file: u32, handle: &Arc<overflow::EntryFile>, removals: u64) -> bool {
+        let mut open = self.open_files.lock();
+        if open.removals != removals || open.files.iter().any(|&(f, _)| f == file) {
+            return false;
+        }
+        if open.files.len() >= OPEN_OVERFLOW_FILES_MAX {
+            open.files.remove(0);
+        }
+        open.files.push((file, Arc::clone(handle)));
+        true
+    }
+
+    /// Closes the kept descriptors of `files`, about to be removed (a
+    /// reader holding one still reads it until it lets go). O(kept files).
+    fn forget_overflow_files(&self, files: &[u32]) {
+        let mut open = self.open_files.lock();
+        open.removals += 1;
+        open.files.retain(|(f, _)| !files.contains(f));
+    }
+
+    /// Overflow files kept open now (tests).
+    #[cfg(test)]
+    pub(crate) fn overflow_files_open(&self) -> Vec<u32> {
+        self.open_files
+            .lock()
+            .files
+            .iter()
+            .map(|&(f, _)| f)
+            .collect()
     }
 }
 
@@ -2176,6 +2267,7 @@ fn remove_overflow_files(disk: &Disk, files: &[u32]) -> Result<usize, Checkpoint
     if files.is_empty() {
         return Ok(0);
     }
+    disk.forget_overflow_files(files);
     let dir = disk.overflow_dir();
     for f in files {
         let path = dir.join(overflow::file_name(*f));
@@ -2470,6 +2562,59 @@ fn fits_log(loaded: &LoadedMeta, wal: &Wal, replayed_after: u64) -> Result<(), O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The overflow files kept open: the most recently read
+    /// [`OPEN_OVERFLOW_FILES_MAX`], least recently used closed first; a
+    /// file that cannot be opened is not kept; a file removed is closed, and
+    /// one opened before a removal is not kept (it may be the removed one).
+    #[test]
+    fn overflow_files_kept_open() {
+        use kairos_wal::storage::{OpenMode, Storage as _};
+        let sim = Arc::new(kairos_wal::SimStorage::new(41));
+        let disk = Disk::new(sim.clone(), PathBuf::from("/d"));
+        let dir = disk.overflow_dir();
+        sim.create_dir_all(&dir).unwrap();
+        let max = OPEN_OVERFLOW_FILES_MAX as u32;
+        for f in 1..=max + 3 {
+            let file = sim
+                .open(&dir.join(overflow::file_name(f)), OpenMode::CreateNew)
+                .unwrap();
+            file.write_all_at(&f.to_le_bytes(), 0).unwrap();
+        }
+        for f in 1..=max + 2 {
+            disk.overflow_file(f).unwrap();
+        }
+        assert_eq!(
+            disk.overflow_files_open(),
+            (3..=max + 2).collect::<Vec<_>>()
+        );
+        // A hit moves the file to the back; a miss evicts the front.
+        disk.overflow_file(3).unwrap();
+        disk.overflow_file(max + 3).unwrap();
+        let mut kept: Vec<u32> = (5..=max + 2).collect();
+        kept.extend([3, max + 3]);
+        assert_eq!(disk.overflow_files_open(), kept);
+        // Missing: an error, nothing kept.
+        assert!(disk.overflow_file(99).is_err());
+        assert_eq!(disk.overflow_files_open(), kept);
+        // Removed: closed, and no longer readable.
+        assert_eq!(remove_overflow_files(&disk, &[3, 6]).unwrap(), 2);
+        kept.retain(|&f| f != 3 && f != 6);
+        assert_eq!(disk.overflow_files_open(), kept);
+        assert!(disk.overflow_file(3).is_err());
+        // A descriptor opened before a removal (of whatever file) is used
+        // once, not kept; one opened after it is.
+        let path = dir.join(overflow::file_name(1));
+        let handle = Arc::new(overflow::EntryFile::open(sim.as_ref(), &path).unwrap());
+        let before = disk.open_files.lock().removals;
+        disk.forget_overflow_files(&[2]);
+        kept.retain(|&f| f != 2);
+        assert!(!disk.keep_open(1, &handle, before));
+        assert_eq!(disk.overflow_files_open(), kept);
+        assert!(disk.keep_open(1, &handle, before + 1));
+        kept.push(1);
+        assert_eq!(disk.overflow_files_open(), kept);
+    }
 
     /// An engine on simulated storage whose tasks due beyond one hour go
     /// far at a checkpoint, and nothing runs a checkpoint or a move but

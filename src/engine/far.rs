@@ -200,8 +200,8 @@ impl Shared {
                 // checkpoints, moved it meanwhile): read under the lock.
                 None => {
                     let (file, offset) = unpack_loc(e.loc);
-                    let path = disk.overflow_dir().join(overflow::file_name(file));
-                    overflow::read_entry(disk.storage.as_ref(), &path, offset, e.id, None)
+                    disk.overflow_file(file)
+                        .and_then(|f| f.read(offset, e.id, None))
                         .map_err(|err| format!("cannot read far task {}: {err}", e.id))?
                 }
             };
@@ -291,16 +291,12 @@ impl Shared {
         // retried).
         wanted.sort_unstable();
         wanted.dedup();
-        let mut open: Option<(u32, Result<overflow::EntryFile, String>)> = None;
+        let mut open: Option<(u32, Result<std::sync::Arc<overflow::EntryFile>, String>)> = None;
         for (loc, id) in wanted {
             let (file, offset) = unpack_loc(loc);
             let opened = match open.take() {
                 Some((f, opened)) if f == file => opened,
-                _ => {
-                    let path = disk.overflow_dir().join(overflow::file_name(file));
-                    overflow::EntryFile::open(disk.storage.as_ref(), &path)
-                        .map_err(|err| err.to_string())
-                }
+                _ => disk.overflow_file(file).map_err(|err| err.to_string()),
             };
             let read = match &opened {
                 Ok(f) => f.read(offset, id, None).map_err(|err| err.to_string()),

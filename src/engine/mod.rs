@@ -907,10 +907,7 @@ impl Engine {
         let checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.bytes);
         let (next_overflow_file, overflow_written) =
             checkpointing::prepare_overflow(storage.as_ref(), &dir, &replay, checkpoint.as_ref())?;
-        let disk = checkpointing::Disk {
-            storage,
-            dir: dir.clone(),
-        };
+        let disk = checkpointing::Disk::new(storage, dir.clone());
         let checkpoint_path = checkpoint
             .as_ref()
             .map_or_else(|| dir.clone(), |c| c.path.clone());

@@ -29,8 +29,8 @@ impl Shared {
         let Some(disk) = &self.disk else {
             return Ok(Box::default());
         };
-        let path = disk.overflow_dir().join(overflow::file_name(file));
-        overflow::read_entry(disk.storage.as_ref(), &path, offset, id, Some(key))
+        disk.overflow_file(file)
+            .and_then(|f| f.read(offset, id, Some(key)))
             .map(|e| e.payload)
             .map_err(|e| format!("cannot read the payload of task {id}: {e}"))
     }

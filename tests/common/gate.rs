@@ -1,4 +1,4 @@
-//! A storage wrapper that blocks one chosen open until the test releases it:
+//! A storage wrapper that blocks one chosen open (or read) until the test releases it:
 //! to make another thread (a checkpoint, a promotion) stop at a known I/O
 //! step while the test runs calls against the engine.
 
@@ -132,7 +132,17 @@ impl Storage for GateStorage {
     }
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
         self.gate.on_open(path, mode);
-        self.inner.open(path, mode)
+        let file = self.inner.open(path, mode)?;
+        Ok(match mode {
+            // A file kept open (the engine keeps overflow files open for
+            // reads of single entries) passes the gate at each read.
+            OpenMode::Read => Box::new(GateFile {
+                inner: file,
+                gate: Arc::clone(&self.gate),
+                path: path.to_path_buf(),
+            }),
+            _ => file,
+        })
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         self.inner.list(dir)
@@ -158,5 +168,33 @@ impl Storage for GateStorage {
     }
     fn now_ms(&self) -> u64 {
         self.inner.now_ms()
+    }
+}
+
+/// A file opened for reading through [`GateStorage`]: each read passes the
+/// gate as an open in [`OpenMode::Read`] would.
+#[derive(Debug)]
+struct GateFile {
+    inner: Box<dyn StorageFile>,
+    gate: Arc<Gate>,
+    path: PathBuf,
+}
+
+impl StorageFile for GateFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.gate.on_open(&self.path, OpenMode::Read);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data()
     }
 }
