@@ -429,14 +429,23 @@ impl Model {
         Some(self.origin_ms + due_since_origin.div_ceil(self.tick_ms) * self.tick_ms)
     }
 
-    /// The fire time of a task due at once: now, or while paused 0 — the
-    /// overdue queue is handed out before the wheel, which may hold tasks
-    /// whose time came during the pause.
-    fn overdue_fire_ms(&self) -> u64 {
-        if self.paused {
-            0
+    /// The fire time of a task due at once (at `due_ms`, past): now; while
+    /// paused, its own tick (the current one at the latest), in due order
+    /// with the tasks that fell due during the pause and wait in the
+    /// stand-still wheel — or 0 if that tick is not after the wheel's (the
+    /// overdue queue, handed out ahead of them all).
+    fn overdue_fire_ms(&self, due_ms: u64) -> u64 {
+        if !self.paused {
+            return self.mono_ms;
+        }
+        let since_origin = (self.mono_ms - self.origin_ms + due_ms).saturating_sub(self.wall_ms);
+        let tick_start = |ms: u64| self.origin_ms + ms / self.tick_ms * self.tick_ms;
+        let mapped = self.origin_ms + since_origin.div_ceil(self.tick_ms) * self.tick_ms;
+        let fire = mapped.min(tick_start(self.mono_ms - self.origin_ms));
+        if fire > self.elapsed_mono_ms {
+            fire
         } else {
-            self.mono_ms
+            0
         }
     }
 
@@ -463,7 +472,7 @@ impl Model {
             due_ms,
             payload,
             deliveries: 0,
-            fire_mono_ms: fire.unwrap_or(self.overdue_fire_ms()),
+            fire_mono_ms: fire.unwrap_or(self.overdue_fire_ms(due_ms)),
             rank,
             lease: None,
             far: false,
@@ -477,7 +486,9 @@ impl Model {
     /// Puts a waiting task back in the wheel at `due_ms` (retry or reschedule).
     fn place(&mut self, key: &[u8], due_ms: u64) {
         let rank = self.rank();
-        let fire = self.fire_time(due_ms).unwrap_or(self.overdue_fire_ms());
+        let fire = self
+            .fire_time(due_ms)
+            .unwrap_or(self.overdue_fire_ms(due_ms));
         let t = self.tasks.get_mut(key).expect("placed task is live");
         t.due_ms = due_ms;
         t.fire_mono_ms = fire;

@@ -304,3 +304,58 @@ fn a_task_rescheduled_out_of_the_overdue_queue_keeps_due_order() -> TestResult {
     assert_eq!(seen(&got), owned(&[("one", 1, now), ("now", 1, now)]));
     Ok(())
 }
+
+/// Placed while paused with a due time already past — a schedule, a reschedule, a nack
+/// asking for a retry now — a task keeps its place in due order at the resume among the
+/// tasks that fell due during the pause; only one due before the pause began comes ahead of
+/// them all (found by a reviewing helper: all of them came first).
+#[test]
+fn placed_in_the_past_while_paused_keeps_due_order() -> TestResult {
+    let h = SimHarness::new(7_107, cfg(false))?;
+    let e = h.engine();
+    e.schedule(b"x", at(100), b"")?;
+    e.schedule(b"y", at(100), b"")?;
+    h.clock.advance(ms(100));
+    let held = drain(e)?;
+    assert_eq!(
+        seen(&held),
+        owned(&[("x", 1, START_MS + 100), ("y", 1, START_MS + 100)])
+    );
+    e.pause_deliveries();
+    e.schedule(b"a", at(1_000), b"")?;
+    e.schedule(b"b", at(2_000), b"")?;
+    e.schedule(b"r", at(9_000), b"")?;
+    h.clock.advance(ms(950));
+    // A retry due now (1.05 s), while paused.
+    assert!(matches!(
+        e.nack(&held[1], Some(Duration::ZERO), "again")?,
+        kairos::NackOutcome::Retry {
+            next_attempt: 2,
+            ..
+        }
+    ));
+    h.clock.advance(ms(9_050));
+    e.schedule(b"c", at(1_500), b"")?; // past, after the pause began
+    e.schedule(b"old", at(50), b"")?; // past, before the pause began
+    assert_eq!(
+        e.reschedule(b"r", at(500), None)?,
+        RescheduleOutcome::Rescheduled(TaskId(5))
+    );
+    assert!(drain(e)?.is_empty());
+    e.resume_deliveries();
+    let now = START_MS + 10_100;
+    let got = drain(e)?;
+    // x's lease ran out at 1.1 s: its retry is 1 s after the resume.
+    assert_eq!(
+        seen(&got),
+        owned(&[
+            ("old", 1, now),
+            ("r", 1, now),
+            ("a", 1, now),
+            ("y", 2, now),
+            ("c", 1, now),
+            ("b", 1, now),
+        ])
+    );
+    Ok(())
+}

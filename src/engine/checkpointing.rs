@@ -598,7 +598,14 @@ impl Shared {
         let Some(horizon_ticks) = self.relocation_horizon_ticks else {
             return;
         };
-        if due_tick.0 <= core.wheel.elapsed().0.saturating_add(horizon_ticks) {
+        // Counted from the wheel's tick, which is now but while paused (the
+        // wheel stands still then).
+        let from = if core.paused {
+            core.wheel.elapsed().0.max(self.now_tick().0)
+        } else {
+            core.wheel.elapsed().0
+        };
+        if due_tick.0 <= from.saturating_add(horizon_ticks) {
             return;
         }
         core.far_scheduled += 1;

@@ -505,7 +505,7 @@ impl Shared {
         task.due_ms = due_ms;
         let next_attempt = task.deliveries.saturating_add(1);
         core.in_flight_count -= 1;
-        let due_tick = self.due_tick(due_ms, now);
+        let due_tick = self.placement_tick(core, due_ms, self.due_tick(due_ms, now));
         match core.wheel.insert(due_tick, slot) {
             Ok(timer) => {
                 if let Some(task) = core.tasks.get_mut(slot) {
@@ -516,7 +516,7 @@ impl Shared {
                 }
             }
             Err(_) => {
-                core.overdue.push_back((slot, id));
+                core.push_overdue(slot, id);
                 if core.sleep != DriverSleep::Busy {
                     self.driver_cv.notify_all();
                 }
@@ -703,18 +703,23 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             break;
         }
         core.sleep = DriverSleep::Busy;
+        // One reading of the clock for the promotion and the wheel: with a
+        // later one the wheel could pass the due time of a far task that the
+        // promotion, reading the earlier one, left out (a clock jump between
+        // the two readings longer than the far span); it would then come
+        // out of the overdue queue in a later pass, after tasks due later.
+        let now = shared.now();
         let driver_promotes = shared.driver_promotes();
         if driver_promotes
             && shared
                 .next_promotion_ms(&core)
-                .is_some_and(|at| at <= wall_ms(shared.now()))
+                .is_some_and(|at| at <= wall_ms(now))
         {
             core = shared.promote_far(core);
             if core.stop {
                 break;
             }
         }
-        let now = shared.now();
         let now_tick = shared.tick_of(now);
         due.clear();
         // Paused: nothing is taken, and the wheel stands still (it catches
@@ -932,6 +937,81 @@ mod tests {
     use std::sync::Arc;
 
     const START_MS: u64 = 1_700_000_000_000;
+
+    /// While paused nothing drains the overdue queue, yet it stays within
+    /// twice the live tasks (plus `OVERDUE_KEPT_MIN`) however often tasks
+    /// due before the pause are rescheduled, or scheduled and cancelled;
+    /// the one live task is handed out once at the resume.
+    #[test]
+    fn the_overdue_queue_stays_bounded_while_paused() {
+        let clock = ManualClock::new(START_MS);
+        let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone())).unwrap();
+        engine.pause_deliveries();
+        let past = Due::At(crate::clock::ms_to_system_time(START_MS - 1_000));
+        engine.schedule(b"k", past, b"").unwrap();
+        let mut longest = 0;
+        for i in 0..20_000u32 {
+            let key = format!("n{i}");
+            engine.reschedule(b"k", past, None).unwrap();
+            engine.schedule(key.as_bytes(), past, b"").unwrap();
+            engine.cancel(key.as_bytes()).unwrap();
+            if i % 100 == 0 {
+                engine.run_until_idle();
+                longest = longest.max(engine.shared.core.lock().overdue.len());
+            }
+        }
+        assert!(
+            longest <= super::super::OVERDUE_KEPT_MIN + 1,
+            "{longest} entries"
+        );
+        engine.resume_deliveries();
+        engine.run_until_idle();
+        let consumer = engine.consumer();
+        assert_eq!(
+            consumer.try_recv().map(|d| d.key().to_vec()),
+            Ok(b"k".to_vec())
+        );
+        assert!(consumer.try_recv().is_err());
+    }
+
+    /// Paused for an hour, the relocation trigger counts a task due in 10 s
+    /// from now as near, as when running (not from the wheel's stand-still
+    /// tick an hour back, beyond the far span).
+    #[test]
+    fn a_near_task_scheduled_while_paused_does_not_count_as_far() {
+        for paused in [false, true] {
+            let clock = ManualClock::new(START_MS);
+            let config = Config {
+                checkpoint_interval: None,
+                checkpoint_log_bytes: None,
+                ..Config::default()
+            };
+            let engine = Engine::open_with(
+                "/k",
+                config,
+                Arc::new(SimStorage::new(3)),
+                Arc::new(clock.clone()),
+            )
+            .unwrap();
+            assert!(engine.shared.relocation_horizon_ticks.is_some());
+            if paused {
+                engine.pause_deliveries();
+            }
+            clock.advance(std::time::Duration::from_secs(3_600));
+            engine.run_until_idle();
+            for i in 0..100 {
+                let key = format!("t{i}");
+                engine
+                    .schedule_after(key.as_bytes(), std::time::Duration::from_secs(10), b"p")
+                    .unwrap();
+            }
+            assert_eq!(
+                engine.shared.core.lock().far_scheduled,
+                0,
+                "paused: {paused}"
+            );
+        }
+    }
 
     /// Opens an engine on `sim` whose driver has no hand-out thread (the
     /// spawn refused, as if it had failed), and checks that it has none.

@@ -469,7 +469,7 @@ impl Shared {
         core.insert_task(task, core.key_tag(key));
         match placed {
             Ok(_) => {}
-            Err(InsertError::Elapsed) => core.overdue.push_back((slot, id)),
+            Err(InsertError::Elapsed) => core.push_overdue(slot, id),
             Err(e) => {
                 // Out of the wheel's range or full: ruled out by delay_max
                 // and pending_tasks_max. Never early: the backlog entry is

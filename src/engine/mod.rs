@@ -223,6 +223,9 @@ enum DriverSleep {
     Forever,
 }
 
+/// See [`Core::push_overdue`].
+const OVERDUE_KEPT_MIN: usize = 1024;
+
 /// Everything behind the engine's one lock.
 struct Core {
     status: Status,
@@ -347,6 +350,25 @@ struct ReadyEntry {
 }
 
 impl Core {
+    /// Queues task `slot`/`id`, due at once, for the driver's next pass.
+    /// While deliveries are paused nothing drains the queue, so once it
+    /// holds more than [`OVERDUE_KEPT_MIN`] entries and more than twice as
+    /// many as there are tasks, the entries of tasks cancelled or placed
+    /// again since (a task rescheduled to the past over and over adds one
+    /// each time) are dropped: amortised O(1).
+    fn push_overdue(&mut self, slot: u32, id: TaskId) {
+        self.overdue.push_back((slot, id));
+        if self.paused && self.overdue.len() > OVERDUE_KEPT_MIN.max(2 * self.tasks.len()) {
+            let tasks = &self.tasks;
+            let mut seen = std::collections::HashSet::with_capacity(tasks.len());
+            self.overdue.retain(|&(slot, id)| {
+                tasks.get(slot).is_some_and(|t| {
+                    t.id == id && t.timer.is_none() && t.state == TaskState::Scheduled
+                }) && seen.insert(slot)
+            });
+        }
+    }
+
     /// The key's tag in the index.
     fn key_tag(&self, key: &[u8]) -> u32 {
         self.index.tag(key)
@@ -1381,20 +1403,28 @@ impl Engine {
     /// current time. With a [`crate::ManualClock`]: advance the clock, then
     /// call this; afterwards `try_recv` sees exactly what fell due (and lease
     /// expiries up to now are processed). A rate-limited catch-up backlog is
-    /// handed out only as far as the rate allows at this time. Returns at
-    /// once if the engine is stopped.
+    /// handed out only as far as the rate allows at this time. While
+    /// deliveries are paused ([`Engine::pause_deliveries`]) nothing is handed
+    /// out and this returns once the driver has gone idle. Returns at once
+    /// if the engine is stopped.
     pub fn run_until_idle(&self) {
         self.shared.run_until_idle();
     }
 
     /// Pauses deliveries: from the driver's next pass, no task is handed out
     /// to consumers and the timing wheel stands still, so nothing is logged
-    /// as delivered and no lease's expiry is processed (a holder whose lease
-    /// ran out still cannot ack it; the task's next attempt waits for
-    /// [`Engine::resume_deliveries`]). Everything else goes on: schedule,
-    /// cancel, reschedule, ack and nack, checkpoints, far tasks promoted as
-    /// they come within reach. Tasks already handed out — in the ready
-    /// queue, or logged as delivered by a pass under way — stay receivable.
+    /// as delivered and no lease's expiry is processed. Everything else goes
+    /// on: schedule, cancel, reschedule, ack and nack of held leases,
+    /// checkpoints, far tasks promoted as they come within reach. Tasks
+    /// already handed out — in the ready queue, or logged as delivered by a
+    /// pass under way — stay receivable.
+    ///
+    /// A lease that runs out while paused is over for its holder (ack, nack
+    /// and extend are refused, by the clock), but its expiry waits for the
+    /// resume: until then the task counts as in flight, `reschedule` of its
+    /// key is [`crate::ScheduleError::InFlight`] and `cancel` answers
+    /// `AlreadyDelivered`.
+    ///
     /// A maintenance switch (the `kairos` offline commands open paused:
     /// [`Config::deliveries_paused`]); not durable: an engine opens paused
     /// only if its config says so. Idempotent. O(1).
@@ -1406,10 +1436,14 @@ impl Engine {
     /// Resumes deliveries paused by [`Engine::pause_deliveries`] or
     /// [`Config::deliveries_paused`]: the driver catches up at once, as after
     /// a stall — every task that fell due meanwhile is handed out in due
-    /// order (overdue ones first), leases that ran out are processed. A
-    /// catch-up backlog found at open and not handed out yet goes on at
-    /// [`Config::catch_up_tasks_per_sec`], counted afresh from the resume.
-    /// Idempotent. O(1) here; the catch-up is the driver's.
+    /// order, tasks placed while paused with a due time already past
+    /// included; only those due before the pause began come first, in the
+    /// order they were placed. Leases that ran out are processed (retried
+    /// after their backoff, or dead-lettered). The tasks that fell due during
+    /// the pause are not rate-limited; a catch-up backlog found at open and
+    /// not handed out yet goes on at [`Config::catch_up_tasks_per_sec`],
+    /// counted afresh from the resume. Idempotent. O(1) here; the catch-up is
+    /// the driver's.
     pub fn resume_deliveries(&self) {
         let now = self.shared.now();
         let mut core = self.shared.core.lock();
@@ -1640,6 +1674,22 @@ impl Shared {
         }
         let ticks = div_u128(due_mono_ns as u128, self.tick_ns, Round::Up);
         Tick(u64::try_from(ticks).unwrap_or(u64::MAX))
+    }
+
+    /// The tick at which to put a task due at `due_ms` in the wheel, given
+    /// its `due_tick` ([`Shared::due_tick`]): the same, unless deliveries
+    /// are paused and it is due already. Then it goes at its own tick (the
+    /// current one at the latest) instead of `Tick(0)`, the overdue queue:
+    /// the wheel stands still while paused, so at the resume it comes out in
+    /// due order among the tasks that fell due during the pause; only one
+    /// due at or before the wheel's last tick, before the pause began, still
+    /// goes to the overdue queue, handed out ahead of them all. O(1).
+    fn placement_tick(&self, core: &Core, due_ms: u64, due_tick: Tick) -> Tick {
+        if !core.paused || due_tick.0 != 0 {
+            return due_tick;
+        }
+        let now = self.now();
+        self.mapped_tick(due_ms, now).min(self.tick_of(now))
     }
 
     /// The tick of wall time `due_ms` by the current wall and monotonic
@@ -2126,6 +2176,7 @@ impl Shared {
                 task.bytes.due_moved();
             }
         }
+        let due_tick = self.placement_tick(c, due_ms, due_tick);
         let wake = match c.wheel.insert(due_tick, slot) {
             Ok(timer) => {
                 if let Some(task) = c.tasks.get_mut(slot) {
@@ -2134,7 +2185,7 @@ impl Shared {
                 self.driver_should_wake(c, due_tick)
             }
             Err(_) => {
-                c.overdue.push_back((slot, id));
+                c.push_overdue(slot, id);
                 c.sleep != DriverSleep::Busy
             }
         };
@@ -2374,6 +2425,7 @@ impl Shared {
         };
         // The wheel entry first, so the task is written once, complete, and
         // never read back (at a million tasks that read is a cache miss).
+        let due_tick = self.placement_tick(core, due_ms, due_tick);
         let placed = core.wheel.insert(due_tick, slot);
         let task_bytes = new.key.len() + new.payload.len();
         let task = Task {
@@ -2397,7 +2449,7 @@ impl Shared {
                 DriverSleep::Until(t) => due_tick < t,
             },
             Err(InsertError::Elapsed) => {
-                core.overdue.push_back((slot, id));
+                core.push_overdue(slot, id);
                 core.sleep != DriverSleep::Busy
             }
             Err(e @ (InsertError::TooFar | InsertError::Full)) => {
