@@ -325,3 +325,46 @@ fn far_tasks_leave_the_wheel_between_checkpoints_once_enough_are_scheduled() -> 
     }
     Ok(())
 }
+
+/// The driver's promotion lets go of the lock for its file reads. A task scheduled meanwhile,
+/// by a clock that moved on, with a due time already past, is handed out with a hand-out
+/// time at or after its due time: the pass reads the clock again once the promotion is done
+/// (it once kept the reading from before, and logged the task as fired 5 s before it was
+/// due; found by a reviewing helper).
+#[test]
+fn a_task_placed_during_the_drivers_promotion_is_not_fired_before_due() -> TestResult {
+    let common::far::Gated {
+        gate,
+        clock,
+        dir,
+        engine,
+        ..
+    } = common::far::gated(31)?;
+    common::far::schedule_far(&engine, 10)?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 10);
+    gate.arm(&dir.join("overflow").join("0000000000000001.ovf"));
+    clock.advance(HOUR + common::far::MINUTE);
+    let due_ms = clock.wall_ms() + 5_000;
+    std::thread::scope(|s| -> TestResult {
+        let driver = s.spawn(|| engine.run_until_idle());
+        gate.wait_hit();
+        clock.advance(Duration::from_secs(10));
+        engine.schedule(b"meanwhile", at(due_ms), b"x")?;
+        gate.release();
+        driver.join().map_err(|_| "run_until_idle panicked")?;
+        Ok(())
+    })?;
+    let got = common::drain(&engine)?;
+    let d = got
+        .iter()
+        .find(|d| d.key() == b"meanwhile")
+        .ok_or("not handed out")?;
+    assert!(
+        d.fired_ms() >= d.due_ms(),
+        "fired at {} before its due time {}",
+        d.fired_ms(),
+        d.due_ms()
+    );
+    Ok(())
+}

@@ -273,6 +273,16 @@ fn a_cancel_read_ahead_racing_a_compaction_that_deletes_the_file() -> TestResult
     for i in 0..6 {
         assert_eq!(engine.cancel(&key(i))?, C0);
     }
+    // Reopened, so that no descriptor of the file is kept open from the
+    // cancels above: the read-ahead below opens it, and fails once it is
+    // deleted.
+    drop(engine);
+    sim.crash_process();
+    let storage = common::gate::GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let engine = Engine::open_with(&dir, cfg(), Arc::new(storage), Arc::new(clock.clone()))?;
     let files = overflow_files_of(&sim, &dir)?;
     assert_eq!(files.len(), 1);
     gate.arm(&files[0]);
@@ -340,16 +350,20 @@ fn cancel_many_while_the_file_is_being_promoted() -> TestResult {
     Ok(())
 }
 
-/// Descriptors of this test's overflow files that point at deleted files
-/// (Linux: `/proc/self/fd` links ending in " (deleted)").
-fn deleted_overflow_fds(dir: &std::path::Path) -> TestResult<Vec<String>> {
+/// Descriptors of this test's overflow files (Linux: `/proc/self/fd`);
+/// with `deleted`, only those of deleted files (links ending in
+/// " (deleted)").
+fn overflow_fds(dir: &std::path::Path, deleted: bool) -> TestResult<Vec<String>> {
+    let prefix = dir.join("overflow");
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
         let Ok(target) = std::fs::read_link(entry?.path()) else {
             continue; // closed meanwhile
         };
         let target = target.to_string_lossy().into_owned();
-        if target.starts_with(&*dir.to_string_lossy()) && target.ends_with(" (deleted)") {
+        if target.starts_with(&*prefix.to_string_lossy())
+            && (!deleted || target.ends_with(" (deleted)"))
+        {
             out.push(target);
         }
     }
@@ -375,10 +389,22 @@ fn a_deleted_overflow_file_is_not_kept_open() -> TestResult {
     }
     let report = engine.checkpoint()?;
     assert!(report.overflow_files_removed >= 1, "{report:?}");
-    assert_eq!(deleted_overflow_fds(dir)?, Vec::<String>::new());
-    // The rest, now in the compacted file: cancel one, fire the others.
+    assert_eq!(overflow_fds(dir, true)?, Vec::<String>::new());
+    // The rest, now in the compacted file: cancel one (its file kept open).
     assert_eq!(engine.cancel(&key(15))?, C0);
     assert_eq!(engine.cancel(&key(15))?, NF);
+    assert_eq!(overflow_fds(dir, false)?.len(), 1);
+    // A shutdown closes every kept file, though a consumer keeps the
+    // engine's state alive, and a call after it keeps none open again.
+    let consumer = engine.consumer();
+    engine.shutdown()?;
+    assert_eq!(overflow_fds(dir, false)?, Vec::<String>::new());
+    assert!(engine.cancel(&key(16)).is_err());
+    assert_eq!(overflow_fds(dir, false)?, Vec::<String>::new());
+    drop(consumer);
+    drop(engine);
+    // Reopened: the others fire.
+    let engine = common::open_fs(dir, cfg(), &clock)?;
     let fired = common::far::fire_all(&engine, &clock, due(20))?;
     let keys: Vec<Vec<u8>> = fired.into_keys().collect();
     assert_eq!(keys, (16..20).map(key).collect::<Vec<_>>());

@@ -138,6 +138,9 @@ pub(crate) const OPEN_OVERFLOW_FILES_MAX: usize = 8;
 struct OpenFiles {
     files: Vec<(u32, Arc<overflow::EntryFile>)>,
     removals: u64,
+    /// The engine stopped ([`Disk::close_overflow_files`]): nothing more is
+    /// kept (the directory may be another engine's next).
+    closed: bool,
 }
 
 impl Disk {
@@ -190,7 +193,7 @@ impl Disk {
     /// kept.
     fn keep_open(&self, file: u32, handle: &Arc<overflow::EntryFile>, removals: u64) -> bool {
         let mut open = self.open_files.lock();
-        if open.removals != removals || open.files.iter().any(|&(f, _)| f == file) {
+        if open.closed || open.removals != removals || open.files.iter().any(|&(f, _)| f == file) {
             return false;
         }
         if open.files.len() >= OPEN_OVERFLOW_FILES_MAX {
@@ -200,12 +203,23 @@ impl Disk {
         true
     }
 
-    /// Closes the kept descriptors of `files`, about to be removed (a
-    /// reader holding one still reads it until it lets go). O(kept files).
+    /// Closes the kept descriptors of `files`, about to be removed or just
+    /// removed (a reader holding one still reads it until it lets go), and
+    /// keeps none opened before now. O(kept files).
     fn forget_overflow_files(&self, files: &[u32]) {
         let mut open = self.open_files.lock();
         open.removals += 1;
         open.files.retain(|(f, _)| !files.contains(f));
+    }
+
+    /// Closes every kept descriptor and keeps none from now on: the engine
+    /// stopped, and a later engine on the directory may delete the files
+    /// (a descriptor kept by a handle that outlives the engine — a
+    /// `Consumer` — would hold their blocks). O(kept files).
+    pub fn close_overflow_files(&self) {
+        let mut open = self.open_files.lock();
+        open.closed = true;
+        open.files.clear();
     }
 
     /// Overflow files kept open now (tests).
@@ -2276,20 +2290,22 @@ fn remove_overflow_files(disk: &Disk, files: &[u32]) -> Result<usize, Checkpoint
     }
     disk.forget_overflow_files(files);
     let dir = disk.overflow_dir();
-    for f in files {
+    let removed = files.iter().try_for_each(|f| {
         let path = dir.join(overflow::file_name(*f));
         match disk.storage.remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(CheckpointError::Io {
-                    op: "remove",
-                    path,
-                    source,
-                })
-            }
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(CheckpointError::Io {
+                op: "remove",
+                path,
+                source,
+            }),
         }
-    }
+    });
+    // A reader that opened one of them between the forget above and its
+    // removal may have kept it: let go of it now.
+    disk.forget_overflow_files(files);
+    removed?;
     disk.storage
         .sync_dir(&dir)
         .map_err(|source| CheckpointError::Io {
@@ -2569,6 +2585,83 @@ fn fits_log(loaded: &LoadedMeta, wal: &Wal, replayed_after: u64) -> Result<(), O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Run by [`RemoveHook`] at the next removal, before it.
+        static BEFORE_REMOVE: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+            std::cell::RefCell::new(None);
+    }
+
+    /// Simulated storage that runs [`BEFORE_REMOVE`] before a removal.
+    #[derive(Debug)]
+    struct RemoveHook(kairos_wal::SimStorage);
+
+    impl Storage for RemoveHook {
+        fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+            self.0.create_dir_all(path)
+        }
+        fn open(
+            &self,
+            path: &Path,
+            mode: kairos_wal::storage::OpenMode,
+        ) -> std::io::Result<Box<dyn kairos_wal::storage::StorageFile>> {
+            self.0.open(path, mode)
+        }
+        fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+            self.0.list(dir)
+        }
+        fn exists(&self, path: &Path) -> std::io::Result<bool> {
+            self.0.exists(path)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            self.0.rename(from, to)
+        }
+        fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+            if let Some(hook) = BEFORE_REMOVE.with(|h| h.borrow_mut().take()) {
+                hook();
+            }
+            self.0.remove_file(path)
+        }
+        fn sync_dir(&self, path: &Path) -> std::io::Result<()> {
+            self.0.sync_dir(path)
+        }
+        fn lock(&self, path: &Path) -> std::io::Result<Box<dyn kairos_wal::storage::LockGuard>> {
+            self.0.lock(path)
+        }
+    }
+
+    /// A reader that opens a file after `remove_overflow_files` forgot it
+    /// but before it is removed does not keep it open past the removal; nor
+    /// is anything kept once the engine closed them all.
+    #[test]
+    fn a_file_opened_just_before_its_removal_is_not_kept() {
+        use kairos_wal::storage::{OpenMode, Storage as _};
+        let sim = kairos_wal::SimStorage::new(42);
+        let disk = Arc::new(Disk::new(
+            Arc::new(RemoveHook(sim.clone())),
+            PathBuf::from("/d"),
+        ));
+        let dir = disk.overflow_dir();
+        sim.create_dir_all(&dir).unwrap();
+        for f in [1, 2] {
+            sim.open(&dir.join(overflow::file_name(f)), OpenMode::CreateNew)
+                .unwrap();
+        }
+        disk.overflow_file(1).unwrap();
+        let reader = Arc::clone(&disk);
+        BEFORE_REMOVE.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                reader.overflow_file(2).unwrap();
+                assert_eq!(reader.overflow_files_open(), vec![1, 2]);
+            }));
+        });
+        assert_eq!(remove_overflow_files(&disk, &[2]).unwrap(), 1);
+        assert_eq!(disk.overflow_files_open(), vec![1]);
+        disk.close_overflow_files();
+        assert!(disk.overflow_files_open().is_empty());
+        disk.overflow_file(1).unwrap();
+        assert!(disk.overflow_files_open().is_empty());
+    }
 
     /// The overflow files kept open: the most recently read
     /// [`OPEN_OVERFLOW_FILES_MAX`], least recently used closed first; a

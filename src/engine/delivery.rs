@@ -703,12 +703,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             break;
         }
         core.sleep = DriverSleep::Busy;
-        // One reading of the clock for the promotion and the wheel: with a
-        // later one the wheel could pass the due time of a far task that the
-        // promotion, reading the earlier one, left out (a clock jump between
-        // the two readings longer than the far span); it would then come
-        // out of the overdue queue in a later pass, after tasks due later.
-        let now = shared.now();
+        let mut now = shared.now();
         let driver_promotes = shared.driver_promotes();
         if driver_promotes
             && shared
@@ -718,6 +713,20 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             core = shared.promote_far(core);
             if core.stop {
                 break;
+            }
+            // The promotion let go of the lock: read the clock again under
+            // it (a task placed meanwhile by a later reading must not be
+            // handed out with an earlier hand-out time), and promote again
+            // first if that reading needs it — else the wheel could pass a
+            // far task this promotion left out (the clock jumped by more
+            // than the far span), which would then come after tasks due
+            // later.
+            now = shared.now();
+            if shared
+                .next_promotion_ms(&core)
+                .is_some_and(|at| at <= wall_ms(now))
+            {
+                continue;
             }
         }
         let now_tick = shared.tick_of(now);

@@ -1493,6 +1493,9 @@ impl Engine {
         self.join_background();
         // A checkpoint a caller is taking finishes first (it holds the log).
         let checkpointing = self.shared.checkpointing.lock();
+        if let Some(disk) = &self.shared.disk {
+            disk.close_overflow_files();
+        }
         let wal = {
             let mut core = self.shared.core.lock();
             if core.status == Status::Closed {
@@ -1553,6 +1556,9 @@ impl Drop for Engine {
         };
         self.join_driver();
         self.join_background();
+        if let Some(disk) = &self.shared.disk {
+            disk.close_overflow_files();
+        }
         // Dropping the log without close: like a crash for anything not durable.
         drop(wal);
         self.shared.clock.unregister_waker(&self.clock_waker);
