@@ -683,6 +683,15 @@ impl TaskSlab {
         self.get(slot).filter(|t| t.id == id)
     }
 
+    /// Whether task `id` is in `slot`, waiting for a delivery and in no
+    /// timer: due at once, what an entry of it in the overdue queue or the
+    /// catch-up backlog stands for (a stale entry — the task finished,
+    /// handed out, or placed in the wheel again since — fails this). O(1).
+    pub fn waits_untimed(&self, slot: u32, id: TaskId) -> bool {
+        self.get_checked(slot, id)
+            .is_some_and(|t| t.state == TaskState::Scheduled && t.timer.is_none())
+    }
+
     pub fn remove(&mut self, slot: u32) -> Option<Task> {
         self.save_for_snapshot(slot);
         let entry = self.slots.get_mut(slot as usize)?;

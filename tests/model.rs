@@ -400,16 +400,12 @@ impl Model {
         due.sort();
         for (due_ms, _, k) in due {
             let rank = self.rank();
-            let since_origin =
-                (self.mono_ms - self.origin_ms + due_ms).saturating_sub(self.wall_ms);
-            let fire = self.origin_ms + since_origin.div_ceil(self.tick_ms) * self.tick_ms;
+            let fire = self.wheel_or_overdue(self.mapped_fire_ms(due_ms));
             let on_disk = (due_ms > self.wall_ms.saturating_add(self.window_ms)).then_some(true);
-            let elapsed = self.elapsed_mono_ms;
             let t = self.tasks.get_mut(&k).expect("listed from the map");
             t.far = false;
             t.on_disk = on_disk;
-            // Overdue: the overdue queue, handed out before the wheel's.
-            t.fire_mono_ms = if fire > elapsed { fire } else { 0 };
+            t.fire_mono_ms = fire;
             t.rank = rank;
         }
     }
@@ -438,10 +434,22 @@ impl Model {
         if !self.paused {
             return self.mono_ms;
         }
+        let now_tick_start =
+            self.origin_ms + (self.mono_ms - self.origin_ms) / self.tick_ms * self.tick_ms;
+        self.wheel_or_overdue(self.mapped_fire_ms(due_ms).min(now_tick_start))
+    }
+
+    /// The start of the tick of wall time `due_ms` by the clocks of now, even
+    /// when it is past (the engine's `mapped_tick`; the tick of the open at
+    /// the earliest).
+    fn mapped_fire_ms(&self, due_ms: u64) -> u64 {
         let since_origin = (self.mono_ms - self.origin_ms + due_ms).saturating_sub(self.wall_ms);
-        let tick_start = |ms: u64| self.origin_ms + ms / self.tick_ms * self.tick_ms;
-        let mapped = self.origin_ms + since_origin.div_ceil(self.tick_ms) * self.tick_ms;
-        let fire = mapped.min(tick_start(self.mono_ms - self.origin_ms));
+        self.origin_ms + since_origin.div_ceil(self.tick_ms) * self.tick_ms
+    }
+
+    /// `fire` if the wheel takes it (after the tick it has reached), else 0:
+    /// the overdue queue, handed out before the wheel's.
+    fn wheel_or_overdue(&self, fire: u64) -> u64 {
         if fire > self.elapsed_mono_ms {
             fire
         } else {

@@ -740,11 +740,11 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             // rescheduled into the wheel would pass for live and hand the
             // task out ahead of tasks due before it.
             let Core { overdue, tasks, .. } = &mut *core;
-            due.extend(overdue.drain(..).filter(|&(slot, id)| {
-                tasks
-                    .get(slot)
-                    .is_some_and(|t| t.id == id && t.timer.is_none())
-            }));
+            due.extend(
+                overdue
+                    .drain(..)
+                    .filter(|&(slot, id)| tasks.waits_untimed(slot, id)),
+            );
         }
         // The catch-up backlog, oldest first, within the rate limit.
         let mut next_token_ns = None;
@@ -763,11 +763,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
                 let Some((slot, id)) = core.backlog.pop_front() else {
                     break;
                 };
-                let live = core
-                    .tasks
-                    .get_checked(slot, id)
-                    .is_some_and(|t| t.state == TaskState::Scheduled && t.timer.is_none());
-                if live {
+                if core.tasks.waits_untimed(slot, id) {
                     due.push((slot, id));
                     taken += 1;
                 }

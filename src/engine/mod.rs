@@ -360,12 +360,9 @@ impl Core {
         self.overdue.push_back((slot, id));
         if self.paused && self.overdue.len() > OVERDUE_KEPT_MIN.max(2 * self.tasks.len()) {
             let tasks = &self.tasks;
-            let mut seen = std::collections::HashSet::with_capacity(tasks.len());
-            self.overdue.retain(|&(slot, id)| {
-                tasks.get(slot).is_some_and(|t| {
-                    t.id == id && t.timer.is_none() && t.state == TaskState::Scheduled
-                }) && seen.insert(slot)
-            });
+            let mut seen = std::collections::HashSet::new();
+            self.overdue
+                .retain(|&(slot, id)| tasks.waits_untimed(slot, id) && seen.insert(slot));
         }
     }
 
@@ -1288,11 +1285,7 @@ impl Engine {
             catch_up_backlog: core
                 .backlog
                 .iter()
-                .filter(|&&(slot, id)| {
-                    core.tasks
-                        .get_checked(slot, id)
-                        .is_some_and(|t| t.state == TaskState::Scheduled && t.timer.is_none())
-                })
+                .filter(|&&(slot, id)| core.tasks.waits_untimed(slot, id))
                 .count(),
             dead_letters: core.dead.len(),
             pending,
