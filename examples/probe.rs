@@ -1,4 +1,4 @@
-//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds|far-cancel N`
+//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds|far-cancel|floor N`
 //! (`warm`: schedule, cancel all, then time scheduling them again into grown memory;
 //! `many`: batches of 1 000 through `schedule_many` and `cancel_many`;
 //! `holds`: every single `schedule` call timed, the longest ones printed — where the
@@ -18,6 +18,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if what == "far-cancel" {
         return far_cancel(n);
+    }
+    if what == "floor" {
+        return fsync_floor(n);
     }
     if what == "sync" {
         let producers: usize = args.get(3).map_or(Ok(8), |s| s.parse())?;
@@ -242,6 +245,8 @@ fn sync_producers(
     let dir = tempfile::tempdir()?;
     let mut config = Config::default();
     config.durability = durability(mode);
+    // `sync-noproof`: `Sync` acknowledging after the data's fdatasync, before a mark proves it.
+    config.proof_before_ack = mode != "sync-noproof";
     let engine = Engine::open(dir.path(), config)?;
     let t = Instant::now();
     std::thread::scope(|s| {
@@ -272,6 +277,39 @@ fn sync_producers(
     Ok(())
 }
 
+/// The floor a durable single call sits on, on this disk: N appends of a 160-byte record, each
+/// followed by an fdatasync (what SQLite `synchronous=FULL` does per commit), then N appends
+/// each followed by a 32-byte rewrite at the file's head and a second fdatasync (what a lone
+/// `Sync` call with `proof_before_ack` costs the log), in a fresh file.
+fn fsync_floor(n: usize) -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir()?;
+    let record = [5u8; 160];
+    for (label, proof) in [("1 fdatasync", false), ("2 fdatasyncs", true)] {
+        let file = std::fs::File::create(dir.path().join(format!("floor-{proof}")))?;
+        file.write_all_at(&[0u8; 4096], 0)?;
+        file.sync_all()?;
+        let mut offset = 4096u64;
+        let t = Instant::now();
+        for i in 0..n {
+            file.write_all_at(&record, offset)?;
+            offset += record.len() as u64;
+            file.sync_data()?;
+            if proof {
+                file.write_all_at(&(i as u64).to_le_bytes().repeat(4), 64)?;
+                file.sync_data()?;
+            }
+        }
+        let per_op = t.elapsed() / n as u32;
+        println!(
+            "floor, {label} per append: {:.0} appends/s ({:.1} us each)",
+            1.0 / per_op.as_secs_f64(),
+            per_op.as_secs_f64() * 1e6
+        );
+    }
+    Ok(())
+}
+
 /// N 24-byte keys, `order:000000000042:timeout` style.
 fn keys(n: usize) -> Vec<Vec<u8>> {
     (0..n)
@@ -282,7 +320,7 @@ fn keys(n: usize) -> Vec<Vec<u8>> {
 /// `sync`, `interval` (100 ms) or, for anything else, `buffered`.
 fn durability(mode: &str) -> kairos::Durability {
     match mode {
-        "sync" => kairos::Durability::Sync,
+        "sync" | "sync-noproof" => kairos::Durability::Sync,
         "interval" => kairos::Durability::Interval(Duration::from_millis(100)),
         _ => kairos::Durability::Buffered,
     }

@@ -143,11 +143,13 @@ pub(crate) struct Inspection {
     first_lsn: u64,
     /// Last LSN read (0 if none).
     last_lsn: u64,
-    /// Whether the log ends with a clean-close marker (false if the scan failed).
-    clean_shutdown: bool,
+    /// Whether the log ends with a clean-close marker (`None`: unknown, the scan stopped at
+    /// damage before the end).
+    clean_shutdown: Option<bool>,
     /// The highest LSN the log's high-water marks (`CLOSED`, `SYNCED`) record as durable: damage
-    /// at or below it is corruption, never a torn tail (0: none recorded, or the scan failed).
-    durable_lsn: u64,
+    /// at or below it is corruption, never a torn tail (0: none recorded; `None`: unknown, the
+    /// scan stopped at damage before it read them).
+    durable_lsn: Option<u64>,
     /// An unsynced torn tail the next open would truncate.
     torn_tail: Option<Torn>,
     /// Pending tasks by state, at `last_lsn` (`None`: unknown, no checkpoint reads).
@@ -919,6 +921,7 @@ impl Reader {
             .map(|(i, t)| (t.file.as_path(), i))
             .collect();
         let live_of = |file: &Path| index_of.get(file).map_or(0, |&i| live_bytes[i]);
+        let damaged = error.as_ref().and_then(|e| e.file.as_deref());
         let segments: Vec<SegmentSummary> = match &report {
             Some(report) => report
                 .segments
@@ -935,20 +938,19 @@ impl Reader {
                 })
                 .collect(),
             // The scan stopped at damage. It reads segments in order and checks each one
-            // whole (ending with SEAL) before it reads the next: every segment but the last
-            // one read is sealed.
+            // whole (ending with SEAL) before it reads the next: every segment read is sealed
+            // but the damaged one (listed if records were read from it before the damage).
             None => self
                 .tallies
                 .iter()
-                .enumerate()
-                .map(|(i, t)| {
+                .map(|t| {
                     let bytes = std::fs::metadata(&t.file).map_or(0, |m| m.len());
                     SegmentSummary::new(
                         t.file.clone(),
                         bytes,
                         t.records,
                         (t.first_lsn, t.last_lsn),
-                        (i + 1 < self.tallies.len()).then_some(true),
+                        (damaged != Some(t.file.as_path())).then_some(true),
                         live_of(&t.file),
                     )
                 })
@@ -985,8 +987,8 @@ impl Reader {
             record_types,
             first_lsn,
             last_lsn,
-            clean_shutdown: report.as_ref().is_some_and(|r| r.clean_shutdown),
-            durable_lsn: report.as_ref().map_or(0, |r| r.high_water_lsn.0),
+            clean_shutdown: report.as_ref().map(|r| r.clean_shutdown),
+            durable_lsn: report.as_ref().map(|r| r.high_water_lsn.0),
             torn_tail: report
                 .as_ref()
                 .and_then(|r| r.torn_tail.as_ref())
@@ -1268,11 +1270,15 @@ impl Inspection {
         }
         outln!(
             "clean shutdown  {}",
-            if self.clean_shutdown { "yes" } else { "no" }
+            if self.clean_shutdown == Some(true) {
+                "yes"
+            } else {
+                "no"
+            }
         );
         outln!(
             "known durable   up to LSN {} (CLOSED or SYNCED: damage at or below it is corruption)",
-            self.durable_lsn
+            self.durable_lsn.unwrap_or(0)
         );
         match &self.torn_tail {
             None => outln!("torn tail       none"),

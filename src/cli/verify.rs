@@ -65,7 +65,8 @@ pub(crate) struct Verification {
     ok: bool,
     /// The scan's error, if the log is damaged or unreadable.
     error: Option<Failure>,
-    /// Segments, oldest first (empty if the scan failed).
+    /// Segments, oldest first. If the scan stopped at damage, the segments whose records were
+    /// read before it, with the records read (the last one's `sealed` then unknown).
     segments: Vec<Segment>,
     /// Records read (up to the damage, if any).
     records: u64,
@@ -74,8 +75,9 @@ pub(crate) struct Verification {
     /// Last LSN of the log; if the scan stopped at damage, of the last record read before it
     /// (0: none).
     last_lsn: u64,
-    /// Whether the log ends with a clean-close marker.
-    clean_shutdown: bool,
+    /// Whether the log ends with a clean-close marker (`None`: unknown, the scan stopped at
+    /// damage before the end).
+    clean_shutdown: Option<bool>,
     /// An unsynced torn tail that the next open would truncate.
     torn_tail: Option<Torn>,
     /// Tasks live at the end of the log (far tasks included).
@@ -250,7 +252,8 @@ struct Segment {
     records: u64,
     first_lsn: u64,
     last_lsn: u64,
-    sealed: bool,
+    /// `None`: unknown (the segment the scan stopped in).
+    sealed: Option<bool>,
 }
 
 /// An unsynced torn tail (also used by `dump` and `inspect`).
@@ -321,7 +324,7 @@ pub(crate) fn check(
                 start = Some(s);
             }
             Err(failure) => {
-                let mut v = Verification::new(log_dir, Ok(ScanReport::default()), census);
+                let mut v = Verification::new(storage, log_dir, Ok(ScanReport::default()), census);
                 v.segments.clear();
                 v.ok = false;
                 v.error = Some(failure);
@@ -330,10 +333,10 @@ pub(crate) fn check(
         }
     }
     let far_reader = FarReader::new(storage, start.as_ref());
-    let scan = kairos_wal::scan(storage, &log_dir, record_bytes_max, &mut |view| {
-        census.visit(view, &far_reader)
+    let scan = kairos_wal::scan_located(storage, &log_dir, record_bytes_max, &mut |view, at| {
+        census.visit(view, at.file, &far_reader)
     });
-    let mut v = Verification::new(log_dir, scan, census);
+    let mut v = Verification::new(storage, log_dir, scan, census);
     if let Some(mut s) = start {
         if v.error.is_none() {
             if let Err(failure) = s.check_log(v.last_lsn, v.records_after_checkpoint) {
@@ -747,6 +750,9 @@ fn find_dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
 #[derive(Debug)]
 struct Census {
     records: u64,
+    /// Per segment read, oldest first: its file, records read, first and last LSN read —
+    /// what the report lists when the scan stops at damage.
+    tallies: Vec<(PathBuf, u64, u64, u64)>,
     /// LSN of the last record read (0: none).
     last_read_lsn: u64,
     /// Records at or below this LSN are covered by the checkpoint: counted, not replayed.
@@ -763,6 +769,7 @@ impl Default for Census {
     fn default() -> Census {
         Census {
             records: 0,
+            tallies: Vec::new(),
             last_read_lsn: 0,
             covered: 0,
             after: 0,
@@ -775,8 +782,17 @@ impl Default for Census {
 }
 
 impl Census {
-    fn visit(&mut self, view: RecordView<'_>, far: &FarReader<'_>) {
+    fn visit(&mut self, view: RecordView<'_>, file: &Path, far: &FarReader<'_>) {
         self.records += 1;
+        match self.tallies.last_mut() {
+            Some((f, records, _, last)) if f == file => {
+                *records += 1;
+                *last = view.lsn.0;
+            }
+            _ => self
+                .tallies
+                .push((file.to_path_buf(), 1, view.lsn.0, view.lsn.0)),
+        }
         self.last_read_lsn = view.lsn.0;
         if view.lsn.0 <= self.covered {
             // Covered by the checkpoint: counted by type, not replayed (the
@@ -820,7 +836,12 @@ impl Census {
 }
 
 impl Verification {
-    fn new(log_dir: PathBuf, scan: Result<ScanReport, WalError>, census: Census) -> Verification {
+    fn new(
+        storage: &dyn Storage,
+        log_dir: PathBuf,
+        scan: Result<ScanReport, WalError>,
+        census: Census,
+    ) -> Verification {
         let (report, error) = match scan {
             Ok(report) if report.segments.is_empty() => {
                 (Some(report), Some(Failure::no_log(&log_dir)))
@@ -828,13 +849,36 @@ impl Verification {
             Ok(report) => (Some(report), None),
             Err(e) => (None, Some(Failure::from(&e))),
         };
-        let segments = report.as_ref().map_or(&[][..], |r| &r.segments[..]);
+        let segments: Vec<Segment> = match &report {
+            Some(report) => report.segments.iter().map(Segment::from).collect(),
+            // The scan stopped at damage. It reads segments in order and checks each one whole
+            // (ending with SEAL) before it reads the next: every segment read is sealed but the
+            // damaged one (listed if records were read from it before the damage).
+            None => {
+                let damaged = error.as_ref().and_then(|e| e.file.as_deref());
+                census
+                    .tallies
+                    .iter()
+                    .map(|(file, records, first_lsn, last_lsn)| Segment {
+                        file: file.clone(),
+                        bytes: storage
+                            .open(file, kairos_wal::storage::OpenMode::Read)
+                            .and_then(|f| f.len())
+                            .unwrap_or(0),
+                        records: *records,
+                        first_lsn: *first_lsn,
+                        last_lsn: *last_lsn,
+                        sealed: (damaged != Some(file.as_path())).then_some(true),
+                    })
+                    .collect()
+            }
+        };
         let bad_record_details = census
             .bad_details
             .iter()
             .map(|(lsn, reason)| BadRecord {
                 lsn: *lsn,
-                file: segment_of(segments, *lsn),
+                file: segment_of(&segments, *lsn),
                 reason: reason.clone(),
             })
             .collect();
@@ -842,12 +886,12 @@ impl Verification {
             log_dir,
             ok: error.is_none() && census.bad == 0,
             error,
-            segments: segments.iter().map(Segment::from).collect(),
+            segments,
             records: census.records,
             last_lsn: report
                 .as_ref()
                 .map_or(census.last_read_lsn, |r| r.last_lsn.0),
-            clean_shutdown: report.as_ref().is_some_and(|r| r.clean_shutdown),
+            clean_shutdown: report.as_ref().map(|r| r.clean_shutdown),
             torn_tail: report
                 .as_ref()
                 .and_then(|r| r.torn_tail.as_ref())
@@ -883,7 +927,11 @@ impl Verification {
                 s.records,
                 s.first_lsn,
                 s.last_lsn,
-                if s.sealed { ", sealed" } else { ", active" }
+                match s.sealed {
+                    Some(true) => ", sealed",
+                    Some(false) => ", active",
+                    None => ", read up to the damage",
+                }
             );
         }
         self.print_counts();
@@ -930,7 +978,11 @@ impl Verification {
         outln!("last LSN        {}", self.last_lsn);
         outln!(
             "clean shutdown  {}",
-            if self.clean_shutdown { "yes" } else { "no" }
+            if self.clean_shutdown == Some(true) {
+                "yes"
+            } else {
+                "no"
+            }
         );
         match &self.torn_tail {
             None => outln!("torn tail       none"),
@@ -983,10 +1035,10 @@ impl Verification {
 }
 
 /// The segment holding `lsn`.
-fn segment_of(segments: &[SegmentInfo], lsn: u64) -> Option<PathBuf> {
+fn segment_of(segments: &[Segment], lsn: u64) -> Option<PathBuf> {
     segments
         .iter()
-        .find(|s| (s.first_lsn.0..=s.last_lsn.0).contains(&lsn))
+        .find(|s| (s.first_lsn..=s.last_lsn).contains(&lsn))
         .map(|s| s.file.clone())
 }
 
@@ -998,7 +1050,7 @@ impl From<&SegmentInfo> for Segment {
             records: s.records,
             first_lsn: s.first_lsn.0,
             last_lsn: s.last_lsn.0,
-            sealed: s.sealed,
+            sealed: Some(s.sealed),
         }
     }
 }
