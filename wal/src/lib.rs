@@ -40,8 +40,11 @@
 //! ## Durability
 //!
 //! - [`Durability::Sync`]: [`AppendTicket::wait`] returns after the frame is fdatasynced.
-//!   Group commit: one writer thread drains every queued append, writes them with one
-//!   `write`, syncs once, and wakes all their waiters.
+//!   A lone caller (its frame alone in the queue, as in the round before) commits its round
+//!   itself: `write`, fdatasync and proof on its own thread, with no hand-off to the writer
+//!   thread and back. Concurrent callers leave it to group commit: the writer thread drains
+//!   every queued append, writes them with one `write`, syncs once, and wakes all their
+//!   waiters.
 //! - [`Durability::Interval`]: `wait` returns once the frame is written to the OS (survives a
 //!   process crash) — written by the waiting thread itself, with every frame queued before
 //!   it, in one `write` (more, and the syncs of a roll, when the segment rolls), with no

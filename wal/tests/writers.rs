@@ -1,6 +1,7 @@
 //! Under `Interval` and `Buffered` a waiting appender writes the queued frames itself, taking
-//! the writer state from the writer thread: a write that fails (or panics) on one of them must
-//! stop every later write, so that nothing after the lost frames is acknowledged and the log
+//! the writer state from the writer thread; under `Sync` a lone appender commits its own round
+//! (write, fdatasync, proof). A write or sync that fails (or panics) on one of them must stop
+//! every later write, so that nothing after the lost frames is acknowledged and the log
 //! reopens with every acknowledged append.
 
 mod common;
@@ -25,6 +26,15 @@ const FAIL_WRITER_THREAD: u8 = 1;
 const PANIC_IN_PANICKER: u8 = 2;
 /// Panic in the next write made on the log's writer thread.
 const PANIC_IN_WRITER_THREAD: u8 = 3;
+/// Fail the next write made on any other thread (an appender writing) with EIO.
+const FAIL_APPENDER: u8 = 4;
+/// Fail the next fdatasync made on an appender's thread (a `Sync` leader) with EIO.
+const FAIL_APPENDER_SYNC: u8 = 5;
+/// Fail the next fdatasync made on the log's writer thread with EIO.
+const FAIL_WRITER_THREAD_SYNC: u8 = 6;
+
+/// The name the log gives its writer thread.
+const WRITER_THREAD: &str = "kairos-wal-writer";
 
 /// A [`SimStorage`] whose next write fails or panics on a chosen thread (`mode`, taken once).
 #[derive(Debug, Clone)]
@@ -50,10 +60,14 @@ impl StorageFile for FaultyFile {
                 .compare_exchange(mode, QUIET, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
         };
-        if thread.name() == Some("kairos-wal-writer") && take(FAIL_WRITER_THREAD) {
+        let on_writer = thread.name() == Some(WRITER_THREAD);
+        if on_writer && take(FAIL_WRITER_THREAD) {
             return Err(io::Error::from_raw_os_error(5));
         }
-        if thread.name() == Some("kairos-wal-writer") && take(PANIC_IN_WRITER_THREAD) {
+        if !on_writer && take(FAIL_APPENDER) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        if on_writer && take(PANIC_IN_WRITER_THREAD) {
             panic!("a storage that panics while the writer thread writes");
         }
         if thread.name() == Some("panicker") && take(PANIC_IN_PANICKER) {
@@ -68,6 +82,19 @@ impl StorageFile for FaultyFile {
         self.file.set_len(len)
     }
     fn sync_data(&self) -> io::Result<()> {
+        let on_writer = std::thread::current().name() == Some(WRITER_THREAD);
+        let fault = if on_writer {
+            FAIL_WRITER_THREAD_SYNC
+        } else {
+            FAIL_APPENDER_SYNC
+        };
+        if self
+            .mode
+            .compare_exchange(fault, QUIET, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            return Err(io::Error::from_raw_os_error(5));
+        }
         self.file.sync_data()
     }
 }
@@ -135,7 +162,7 @@ impl Storage for Faulty {
 /// failed, each within its first 150 rounds, losing 15–116 acknowledged appends.)
 #[test]
 fn a_failed_write_on_the_writer_thread_stops_the_appenders_writes() -> TestResult {
-    writer_thread_fault_rounds(FAIL_WRITER_THREAD, 200)
+    fault_rounds(FAIL_WRITER_THREAD, 200, &[BUFFERED, INTERVAL], 6)
 }
 
 /// As above with a write that panics on the writer thread (a storage bug): the unwinding
@@ -144,33 +171,49 @@ fn a_failed_write_on_the_writer_thread_stops_the_appenders_writes() -> TestResul
 /// 300.)
 #[test]
 fn a_panicking_write_on_the_writer_thread_stops_the_appenders_writes() -> TestResult {
-    writer_thread_fault_rounds(PANIC_IN_WRITER_THREAD, 200)
+    fault_rounds(PANIC_IN_WRITER_THREAD, 200, &[BUFFERED, INTERVAL], 6)
 }
 
-/// `rounds` runs of six appenders (every fifth ticket dropped unwaited, so that the writer
-/// thread writes too) on a fresh log, the fault `fault` armed on the writer thread after a
-/// few milliseconds; then a process crash and a reopen, which must hold every acknowledged
-/// append at dense LSNs.
-fn writer_thread_fault_rounds(fault: u8, rounds: u64) -> TestResult {
+/// Under `Sync` a lone appender commits its own round, and the writer thread commits when
+/// appenders contend (and for tickets dropped unwaited): a failed write or fdatasync on either
+/// side poisons the log before anything after it is acknowledged. Two appenders, so that both
+/// sides commit rounds; after a power cut, every acknowledged append is there.
+#[test]
+fn a_failed_write_or_sync_under_sync_acknowledges_nothing_after_it() -> TestResult {
+    for fault in [
+        FAIL_APPENDER,
+        FAIL_APPENDER_SYNC,
+        FAIL_WRITER_THREAD,
+        FAIL_WRITER_THREAD_SYNC,
+    ] {
+        fault_rounds(fault, 40, &[Durability::Sync], 2)?;
+    }
+    Ok(())
+}
+
+const BUFFERED: Durability = Durability::Buffered;
+const INTERVAL: Durability = Durability::Interval(Duration::from_secs(3600));
+
+/// `rounds` runs of `appenders` appenders (every fifth ticket dropped unwaited, so that the
+/// writer thread writes too) on a fresh log, each round in the next of `durabilities`, the
+/// fault `fault` armed after a few milliseconds; then a process crash (under `Sync` a power
+/// cut) and a reopen, which must hold every acknowledged append at dense LSNs.
+fn fault_rounds(fault: u8, rounds: u64, durabilities: &[Durability], appenders: u64) -> TestResult {
     for round in 0..rounds {
-        let durability = if round % 2 == 0 {
-            Durability::Buffered
-        } else {
-            Durability::Interval(Duration::from_secs(3600))
-        };
+        let durability = durabilities[round as usize % durabilities.len()];
         let (sim, mode, opts) = faulty(500 + round, durability);
         let (wal, _, _) = open_at(Arc::new(Faulty::on(&sim, &mode)), dir(), opts.clone())?;
         let acked = Mutex::new(Vec::new());
         let started = Instant::now();
         std::thread::scope(|scope| {
-            for t in 0..6u64 {
+            for t in 0..appenders {
                 let (wal, acked) = (&wal, &acked);
                 scope.spawn(move || {
                     for n in 0.. {
                         if started.elapsed() > Duration::from_secs(2) {
                             return;
                         }
-                        let b = body(n * 6 + t);
+                        let b = body(n * appenders + t);
                         let Ok(ticket) = wal.append(&[Record {
                             record_type: 1,
                             body: &b,
@@ -196,7 +239,12 @@ fn writer_thread_fault_rounds(fault: u8, rounds: u64) -> TestResult {
         // The fault may not have hit (no write of the writer thread's after it was armed):
         // then the appenders ran out their time and everything must be there all the same.
         let poisoned = wal.poisoned().is_some();
-        sim.crash_process();
+        if durability == Durability::Sync {
+            // Unsynced writes lost, torn or kept at random.
+            sim.power_cut();
+        } else {
+            sim.crash_process();
+        }
         drop(wal);
         let (_wal, report, replayed) = open(&sim, opts)?;
         let lsns: Vec<u64> = replayed.iter().map(|r| r.0).collect();

@@ -185,6 +185,8 @@ struct SimState {
     faults: Vec<ArmedFault>,
     io_ops: u64,
     sync_count: u64,
+    /// The thread of each file fdatasync, in order (see `sync_threads`).
+    sync_threads: Vec<std::thread::ThreadId>,
     sync_latency: std::time::Duration,
     /// [`SimStorage::set_stale_history`].
     stale_history: bool,
@@ -396,6 +398,7 @@ impl SimStorage {
             faults: Vec::new(),
             io_ops: 0,
             sync_count: 0,
+            sync_threads: Vec::new(),
             sync_latency: std::time::Duration::ZERO,
             stale_history: false,
             timed_io: false,
@@ -483,6 +486,12 @@ impl SimStorage {
     /// counted).
     pub fn sync_count(&self) -> u64 {
         self.inner.lock().sync_count
+    }
+
+    /// The thread that made each `sync_data` call so far, in order (as counted by
+    /// [`sync_count`](Self::sync_count)): tests tell the writer thread's syncs from a caller's.
+    pub fn sync_threads(&self) -> Vec<std::thread::ThreadId> {
+        self.inner.lock().sync_threads.clone()
     }
 
     /// The current (visible, possibly unsynced) bytes of the file at `path`, or `None` if no
@@ -837,6 +846,7 @@ impl StorageFile for SimFile {
         }
         let (mut state, fault) = self.begin(OpClass::Sync)?;
         state.sync_count += 1;
+        state.sync_threads.push(std::thread::current().id());
         match fault {
             None => {}
             Some(FaultKind::Enospc) => return Err(os_error(ENOSPC)),
