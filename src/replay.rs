@@ -301,12 +301,16 @@ pub struct Replay {
     dead_on_disk: IdMap<(u32, u64)>,
     max_id: u64,
     keep_payloads: bool,
-    /// Far tasks from the checkpoint (no key in memory), sorted by id;
-    /// finished ones stay in place, marked in `far_gone` (so the order the
-    /// binary search relies on holds), and `far_live` counts the rest.
+    /// Far tasks from the checkpoint (no key in memory): in the
+    /// checkpoint's order until a record first needs one by id, then sorted
+    /// by id (`far_by_id`); finished ones stay in place, marked in
+    /// `far_gone` (so the order the binary search relies on holds), and
+    /// `far_live` counts the rest.
     far: Vec<FarTask>,
     far_gone: Vec<bool>,
     far_live: usize,
+    /// Whether `far` is sorted by id.
+    far_by_id: bool,
 }
 
 /// Reads a far task's key and due time from its overflow entry, for a
@@ -551,13 +555,14 @@ impl Replay {
     /// # Errors
     /// An id of 0 or above the largest id, or an id twice among the far
     /// tasks.
+    ///
+    /// O(n + largest id / 64) when the largest id is at most 64 times the
+    /// number of far tasks (a bitmap finds an id listed twice; the tasks
+    /// keep the checkpoint's order, which [`FarIndex::build`] at open uses,
+    /// and are sorted by id only if a record needs one); else O(n log n).
+    ///
+    /// [`FarIndex::build`]: crate::far::FarIndex::build
     pub fn add_far(&mut self, mut far: Vec<FarTask>) -> Result<(), RuleError> {
-        far.sort_unstable_by_key(|t| t.id);
-        for w in far.windows(2) {
-            if w[0].id == w[1].id {
-                return Err(rule("checkpoint", w[0].id, "listed twice as a far task"));
-            }
-        }
         for t in &far {
             if t.id == 0 || t.id > self.max_id {
                 return Err(rule(
@@ -567,14 +572,54 @@ impl Replay {
                 ));
             }
         }
+        let by_id = self.max_id / 64 > far.len() as u64;
+        if by_id {
+            far.sort_unstable_by_key(|t| t.id);
+            for w in far.windows(2) {
+                if w[0].id == w[1].id {
+                    return Err(rule("checkpoint", w[0].id, "listed twice as a far task"));
+                }
+            }
+        } else {
+            // max_id / 64 + 1 words: at most one per far task, and one more.
+            let mut seen = vec![0u64; (self.max_id / 64 + 1) as usize];
+            for t in &far {
+                let (word, bit) = ((t.id / 64) as usize, 1u64 << (t.id % 64));
+                if let Some(w) = seen.get_mut(word) {
+                    if *w & bit != 0 {
+                        return Err(rule("checkpoint", t.id, "listed twice as a far task"));
+                    }
+                    *w |= bit;
+                }
+            }
+        }
         self.far_live = far.len();
         self.far_gone = vec![false; far.len()];
         self.far = far;
+        self.far_by_id = by_id;
         Ok(())
+    }
+
+    /// Sorts the far tasks by id, if they are not yet (then none is marked
+    /// gone: only a lookup by id, which sorts first, marks one).
+    fn sort_far_by_id(&mut self) {
+        if !self.far_by_id {
+            self.far.sort_unstable_by_key(|t| t.id);
+            self.far_by_id = true;
+        }
     }
 
     /// The live far tasks (sorted by id), taking them out of the replay.
     pub fn take_far(&mut self) -> Vec<FarTask> {
+        self.sort_far_by_id();
+        self.take_far_unordered()
+    }
+
+    /// The live far tasks, taking them out of the replay: in the
+    /// checkpoint's order (grouped by key hash, which
+    /// [`FarIndex::build`](crate::far::FarIndex::build) then sorts in
+    /// O(n) passes) unless a record needed one by id; then by id.
+    pub fn take_far_unordered(&mut self) -> Vec<FarTask> {
         let far = std::mem::take(&mut self.far);
         let gone = std::mem::take(&mut self.far_gone);
         self.far_live = 0;
@@ -584,7 +629,7 @@ impl Replay {
             .collect()
     }
 
-    /// The live far tasks, by id.
+    /// The live far tasks, in no particular order.
     pub fn far(&self) -> impl Iterator<Item = &FarTask> {
         self.far
             .iter()
@@ -597,11 +642,13 @@ impl Replay {
         self.far_live
     }
 
-    /// Position of live far task `id`.
-    fn far_position(&self, id: u64) -> Option<usize> {
+    /// Position of live far task `id` (sorting the far tasks by id the
+    /// first time).
+    fn far_position(&mut self, id: u64) -> Option<usize> {
         if self.far_live == 0 {
             return None;
         }
+        self.sort_far_by_id();
         self.far
             .binary_search_by_key(&id, |t| t.id)
             .ok()
@@ -1034,6 +1081,42 @@ mod tests {
         assert_eq!(r.live_tasks(), 2);
         assert_eq!(r.take_far(), [far(2), far(9)]);
         assert_eq!((r.far_tasks(), r.live_tasks()), (0, 0));
+    }
+
+    /// Far tasks keep the checkpoint's order until a record needs one by
+    /// id: `take_far_unordered` gives them back as added, `take_far` by id;
+    /// an id listed twice is refused whether a bitmap (largest id at most
+    /// 64 per far task) or a sort finds it.
+    #[test]
+    fn far_tasks_keep_their_order_until_needed_by_id() {
+        let far = |id| FarTask {
+            id,
+            key_hash: id,
+            file: 3,
+            offset: 64 * id,
+        };
+        let added = vec![far(7), far(2), far(9), far(4)];
+        let mut r = Replay::from_checkpoint(9, Vec::new(), Vec::new(), false).unwrap();
+        r.add_far(added.clone()).unwrap();
+        assert_eq!(r.take_far_unordered(), added);
+        let mut r = Replay::from_checkpoint(9, Vec::new(), Vec::new(), false).unwrap();
+        r.add_far(added.clone()).unwrap();
+        assert_eq!(r.take_far(), [far(2), far(4), far(7), far(9)]);
+        // A lookup by id sorts them; what is left comes back by id.
+        let mut r = Replay::from_checkpoint(9, Vec::new(), Vec::new(), false).unwrap();
+        r.add_far(added.clone()).unwrap();
+        r.apply(&Record::Cancel { id: TaskId(9) }).unwrap();
+        assert_eq!(r.take_far_unordered(), [far(2), far(4), far(7)]);
+        // Listed twice: found by the bitmap (largest id 9 ≤ 64 × 3) and by
+        // the sort (largest id 1 000 > 64 × 3).
+        for max_id in [9, 1_000] {
+            let mut r = Replay::from_checkpoint(max_id, Vec::new(), Vec::new(), false).unwrap();
+            let err = r.add_far(vec![far(7), far(2), far(7)]).unwrap_err();
+            assert!(err.0.contains("listed twice"), "{max_id}: {err:?}");
+            assert!(r.add_far(vec![far(7), far(10_000)]).is_err(), "{max_id}");
+            r.add_far(vec![far(7), far(2)]).unwrap();
+            assert_eq!(r.far_tasks(), 2);
+        }
     }
 
     #[test]
