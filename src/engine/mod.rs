@@ -3,7 +3,7 @@
 //! Concurrency model. One mutex guards the [`Core`] (wheel, index, tasks,
 //! overdue queue, ready queue, dead letters, log handle). Every state change
 //! takes the lock, checks, appends its log record (which only enqueues it to
-//! the log's writer thread, so the lock is never held across I/O), applies
+//! the log's queue, so the lock is never held across I/O), applies
 //! the change in memory and releases the lock; the caller then waits for the
 //! record's durability. Because records are enqueued under the lock, the
 //! log's order is the order in which changes took effect, and a later record

@@ -40,7 +40,7 @@
 //! ## Durability
 //!
 //! - [`Durability::Sync`]: [`AppendTicket::wait`] returns after the frame is fdatasynced.
-//!   A lone caller (its frame alone in the queue, as in the round before) commits its round
+//!   A lone caller (at most one frame queued, and one in the round before) commits its round
 //!   itself: `write`, fdatasync and proof on its own thread, with no hand-off to the writer
 //!   thread and back. Concurrent callers leave it to group commit: the writer thread drains
 //!   every queued append, writes them with one `write`, syncs once, and wakes all their

@@ -5,8 +5,11 @@
 //! [`Writer`] behind its mutex. Callers encode and checksum their frame bodies on their own
 //! threads, take an LSN range and enqueue under one short lock, and wait. Whoever writes
 //! drains *every* queued frame, in LSN order, with one `write`. Under [`Durability::Sync`] that
-//! is the writer thread, which then makes them durable with one `fdatasync` and wakes all
-//! waiters: group commit, as in okaywal, etcd's `Save` and RocksDB's write groups. Under
+//! is the writer thread, woken by the waiters, which then makes them durable with one
+//! `fdatasync` and wakes them all: group commit, as in okaywal, etcd's `Save` and RocksDB's
+//! write groups — unless a waiter is alone (at most one frame queued, and one in the round
+//! before): then it commits its round itself, write, `fdatasync` and proof, sparing the two
+//! thread switches (BENCHMARKS.md, "A lone Sync call commits its own round"). Under
 //! `Interval` and `Buffered` a waiting appender writes the queue itself, taking the writer
 //! state for one `write` (RocksDB's write-group leader writes its group's WAL records;
 //! PostgreSQL backends write WAL themselves, with the WAL writer as a background flusher):
@@ -136,8 +139,8 @@ struct State {
     poison: Option<Poison>,
     stop: Stop,
     writer_done: bool,
-    /// Under `Sync`: a waiting appender is committing a round (write, fdatasync, proof) as the
-    /// group-commit leader; the others wait for it instead of queueing on the writer state.
+    /// Under `Sync`: a lone waiting appender is committing its own round (write, fdatasync,
+    /// proof); other waiters wake the writer thread (which waits for the writer state) and wait.
     leading: bool,
     /// The writer thread waits without a deadline: a leader's round that leaves an idle mark
     /// to write must wake it, so that it waits for the mark's deadline instead.
@@ -746,9 +749,11 @@ impl Wal {
     /// none does. LSNs are assigned densely in call order (calls are totally ordered; hold your
     /// own lock around `append` to make log order equal your apply order). Encodes and
     /// checksums the frame on the calling thread; never blocks on I/O (the queue is unbounded).
-    /// Under `Sync` the writer thread writes and syncs it at once; under `Interval` and
-    /// `Buffered` it is written when the ticket is waited for (by the waiting thread) or
-    /// dropped (by the writer thread), or sooner with a frame appended later.
+    /// It is written (and under `Sync` synced) when the ticket is waited for — by the waiting
+    /// thread, except under `Sync` with other callers waiting: then by the writer thread's
+    /// group commit — or dropped (by the writer thread), or sooner with a frame appended later.
+    /// A ticket held and not yet waited for under `Sync` leaves its frame in memory until then:
+    /// nothing is acknowledged before [`AppendTicket::wait`] returns.
     ///
     /// # Errors
     /// At once, appending nothing: [`WalError::InvalidRecord`] for an empty batch, a record
@@ -1023,7 +1028,7 @@ impl AppendTicket {
     }
 
     /// Blocks until the append has the log's durability: [`Durability::Sync`] — fdatasynced
-    /// (by this call itself when it is alone: its frame alone in the queue and in the round
+    /// (by this call itself when it is alone: at most one frame queued, and one in the round
     /// before; else by the writer thread, concurrent appenders sharing one fdatasync) and, with
     /// [`WalOptions::proof_before_ack`](crate::WalOptions::proof_before_ack) (the default),
     /// proven by a durable mark that no cut of the tail removes (the next group commit's
@@ -1066,7 +1071,7 @@ impl AppendTicket {
             }
             if sync_mode && state.stop == Stop::Running {
                 if !state.leading && state.queue.len() <= 1 && state.last_round_frames <= 1 {
-                    // A lone caller (its frame alone in the queue, and alone in the last
+                    // A lone caller (at most one frame queued, and one in the last
                     // round): it commits its round itself — one write, one fdatasync, the
                     // proof — with no hand-off to the writer thread and back, two thread
                     // switches that cost 10–40 µs here. SQLite's and PostgreSQL's committing

@@ -309,3 +309,35 @@ fn a_write_that_panics_poisons_the_log() -> TestResult {
     assert_eq!(replayed, expected(1));
     Ok(())
 }
+
+/// Under `Sync` a lone caller's write panics (a storage bug) while it commits its own round:
+/// the log is poisoned, later appends, barriers and syncs get an error, close returns (no
+/// hang), and nothing after the lost frame survives a power cut.
+#[test]
+fn a_panicking_write_in_a_lone_sync_callers_round_poisons_the_log() -> TestResult {
+    let (sim, mode, opts) = faulty(601, Durability::Sync);
+    let (wal, _, _) = open_at(Arc::new(Faulty::on(&sim, &mode)), dir(), opts.clone())?;
+    append_one(&wal, 1)?;
+    // The writer thread goes idle, so that the panicker is alone and commits its own round.
+    std::thread::sleep(Duration::from_millis(50));
+    mode.store(PANIC_IN_PANICKER, Ordering::SeqCst);
+    std::thread::scope(|scope| -> TestResult {
+        let panicker = std::thread::Builder::new()
+            .name("panicker".into())
+            .spawn_scoped(scope, || append_one(&wal, 2))?;
+        assert!(panicker.join().is_err(), "the write was to panic");
+        Ok(())
+    })?;
+    assert!(wal.poisoned().is_some());
+    assert!(matches!(
+        append_one(&wal, 3),
+        Err(WalError::Poisoned { .. })
+    ));
+    assert!(wal.barrier().wait().is_err());
+    assert!(wal.sync().is_err());
+    assert!(wal.close().is_err());
+    sim.power_cut();
+    let (_wal, _, replayed) = open(&sim, opts)?;
+    assert_eq!(replayed, expected(1));
+    Ok(())
+}
