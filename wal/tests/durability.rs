@@ -364,37 +364,56 @@ fn concurrent_waiters_write_every_frame_in_lsn_order_without_syncing() -> TestRe
     Ok(())
 }
 
-/// A ticket dropped without waiting under `Buffered`: the writer thread writes its frame
-/// (nobody waits to write it), so it survives a process crash all the same.
+/// A ticket dropped without waiting: the writer thread writes its frame (nobody waits to
+/// write it) — under `Buffered` so that it survives a process crash, under `Sync` (where a
+/// lone waiting caller would commit it itself) synced and proven, so that it survives a
+/// power cut.
 #[test]
-fn an_append_nobody_waits_for_is_written_by_the_writer_thread() -> TestResult {
-    let sim = SimStorage::new(23);
-    let opts = options(Durability::Buffered, 1 << 20);
-    let (wal, _, _) = open(&sim, opts.clone())?;
-    append_one(&wal, 1)?;
-    // The writer thread syncs, records it, and goes idle, waiting for work: then only the
-    // drop below wakes it. (The pause lets it get there; the test passes without it, but
-    // could then not tell a missing wake-up, as the writer would find the frame on its own.)
-    wal.sync()?;
-    std::thread::sleep(Duration::from_millis(50));
-    let ticket = wal.append(&[Record {
-        record_type: record_type(2),
-        body: &body(2),
-    }])?;
-    assert_eq!(ticket.last_lsn(), Lsn(2));
-    drop(ticket);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while wal.written_lsn() < Lsn(2) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the dropped append was not written within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(1));
+fn an_append_nobody_waits_for_is_committed_by_the_writer_thread() -> TestResult {
+    for (seed, durability) in [(23, Durability::Buffered), (25, Durability::Sync)] {
+        let sim = SimStorage::new(seed);
+        // No idle mark: the writer thread, once idle, waits for a wake-up with no deadline.
+        let opts = WalOptions {
+            synced_mark_delay: None,
+            ..options(durability, 1 << 20)
+        };
+        let (wal, _, _) = open(&sim, opts.clone())?;
+        append_one(&wal, 1)?;
+        // The writer thread syncs, records it, and goes idle, waiting for work: then only the
+        // drop below wakes it. (The pause lets it get there; the test passes without it, but
+        // could then not tell a missing wake-up, as the writer would find the frame on its
+        // own.)
+        wal.sync()?;
+        std::thread::sleep(Duration::from_millis(50));
+        let ticket = wal.append(&[Record {
+            record_type: record_type(2),
+            body: &body(2),
+        }])?;
+        assert_eq!(ticket.last_lsn(), Lsn(2));
+        drop(ticket);
+        let done = || match durability {
+            Durability::Sync => wal.synced_lsn(),
+            _ => wal.written_lsn(),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while done() < Lsn(2) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{durability:?}: the dropped append was not committed within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if durability == Durability::Sync {
+            let me = std::thread::current().id();
+            assert_ne!(sim.sync_threads().last(), Some(&me));
+            sim.power_cut_drop_unsynced();
+        } else {
+            sim.crash_process();
+        }
+        drop(wal);
+        let (_wal, _, replayed) = open(&sim, opts)?;
+        assert_eq!(replayed, expected(2), "{durability:?}");
     }
-    sim.crash_process();
-    drop(wal);
-    let (_wal, _, replayed) = open(&sim, opts)?;
-    assert_eq!(replayed, expected(2));
     Ok(())
 }
 
@@ -478,43 +497,5 @@ fn a_lone_sync_caller_commits_its_own_round() -> TestResult {
     sim.power_cut_drop_unsynced();
     let (_wal, _, replayed) = open(&sim, opts)?;
     assert_eq!(replayed, expected(20));
-    Ok(())
-}
-
-/// A ticket dropped without waiting under `Sync`: nobody leads a round for it, so the writer
-/// thread commits it (synced and proven), and it survives a power cut.
-#[test]
-fn an_append_nobody_waits_for_is_synced_by_the_writer_thread_under_sync() -> TestResult {
-    let sim = SimStorage::new(25);
-    // No idle mark: the writer thread, once idle, waits for a wake-up with no deadline.
-    let opts = WalOptions {
-        synced_mark_delay: None,
-        ..options(Durability::Sync, 1 << 20)
-    };
-    let (wal, _, _) = open(&sim, opts.clone())?;
-    append_one(&wal, 1)?;
-    // The writer thread goes idle, waiting for work: then only the drop below wakes it. (The
-    // pause lets it get there; the test passes without it, but could then not tell a missing
-    // wake-up, as the writer would find the frame on its own.)
-    std::thread::sleep(Duration::from_millis(50));
-    let ticket = wal.append(&[Record {
-        record_type: record_type(2),
-        body: &body(2),
-    }])?;
-    drop(ticket);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while wal.synced_lsn() < Lsn(2) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the dropped append was not synced within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let me = std::thread::current().id();
-    assert_ne!(sim.sync_threads().last(), Some(&me));
-    sim.power_cut_drop_unsynced();
-    drop(wal);
-    let (_wal, _, replayed) = open(&sim, opts)?;
-    assert_eq!(replayed, expected(2));
     Ok(())
 }

@@ -84,6 +84,126 @@ fn mark_acked(acked: &Mutex<Acked>, first: u64, bodies: &[Vec<u8>]) {
     }
 }
 
+/// A simulated disk (`seed`) with timed I/O on or off and one of `latencies_us` per fdatasync,
+/// and `Sync` options with one of `segment_bytes`, a random idle-mark delay and proof on in
+/// three rounds of four; also whether I/O is timed and the latency chosen.
+fn random_log(
+    seed: u64,
+    r: &mut Rng,
+    latencies_us: &[u64],
+    segment_bytes: &[u64],
+) -> (SimStorage, WalOptions, bool, u64) {
+    let pick = |r: &mut Rng, n: usize| r.below(n as u64) as usize;
+    let sim = SimStorage::new(seed);
+    let timed = r.below(2) == 0;
+    sim.set_timed_io(timed);
+    let latency_us = latencies_us[pick(r, latencies_us.len())];
+    sim.set_sync_latency(Duration::from_micros(latency_us));
+    let opts = WalOptions {
+        segment_bytes: segment_bytes[pick(r, segment_bytes.len())],
+        durability: Durability::Sync,
+        synced_mark_delay: [None, Some(Duration::ZERO), Some(Duration::from_millis(1))][pick(r, 3)],
+        proof_before_ack: r.below(4) != 0,
+        ..WalOptions::default()
+    };
+    (sim, opts, timed, latency_us)
+}
+
+/// One thread's random operations until `until`: barriers, `Wal::sync`, segment removal (with
+/// `trim`: below the highest acknowledged LSN it tracks, less 5), and appends of 1–3 records
+/// dropped unwaited, held (up to 3) and waited later in either order, or waited at once; each
+/// acknowledged append goes into `acked`. `tolerant`: an error (an injected fault, a crash)
+/// ends the thread's run; else it fails the test.
+fn mixed_ops(
+    wal: &kairos_wal::Wal,
+    t: u64,
+    seed: u64,
+    until: Instant,
+    acked: &Mutex<Acked>,
+    trim: Option<&AtomicU64>,
+    tolerant: bool,
+) {
+    let ok = |what: &str, result: Result<(), WalError>| match result {
+        Ok(()) => true,
+        Err(_) if tolerant => false,
+        Err(e) => panic!("{what}: {e}"),
+    };
+    let mut r = Rng(seed);
+    let mut k = 0u64;
+    let mut held: Vec<(AppendTicket, Vec<Vec<u8>>)> = Vec::new();
+    let settle = |ticket: AppendTicket, bodies: &[Vec<u8>]| {
+        let (first, last) = (ticket.first_lsn().0, ticket.last_lsn().0);
+        let done = ok("wait", ticket.wait());
+        if done {
+            mark_acked(acked, first, bodies);
+            if let Some(max) = trim {
+                max.fetch_max(last, Ordering::SeqCst);
+            }
+        }
+        done
+    };
+    while Instant::now() < until {
+        k += 1;
+        let op = r.below(100);
+        if op < 8 {
+            if !ok("barrier", wal.barrier().wait()) {
+                break;
+            }
+            continue;
+        }
+        if op < 12 {
+            if !ok("sync", wal.sync()) {
+                break;
+            }
+            continue;
+        }
+        if op < 14 {
+            if let Some(max) = trim {
+                let m = max.load(Ordering::SeqCst);
+                if m > 10 {
+                    let _ = wal.remove_segments_before(Lsn(m - 5));
+                }
+                continue;
+            }
+        }
+        let n = 1 + r.below(3);
+        let bodies: Vec<Vec<u8>> = (0..n).map(|j| rec_body(t, k, j)).collect();
+        let records: Vec<Record> = bodies
+            .iter()
+            .map(|b| Record {
+                record_type: 1,
+                body: b,
+            })
+            .collect();
+        let ticket = match wal.append(&records) {
+            Ok(ticket) => ticket,
+            Err(_) if tolerant => break,
+            Err(e) => panic!("append: {e}"),
+        };
+        if op < 24 {
+            drop(ticket);
+            continue;
+        }
+        if op < 36 && held.len() < 3 {
+            held.push((ticket, bodies));
+            continue;
+        }
+        if !settle(ticket, &bodies) {
+            break;
+        }
+        // The held ones, sometimes in reverse.
+        if r.below(2) == 0 {
+            held.reverse();
+        }
+        for (ticket, bodies) in held.drain(..) {
+            settle(ticket, &bodies);
+        }
+    }
+    for (ticket, bodies) in held.drain(..) {
+        settle(ticket, &bodies);
+    }
+}
+
 /// Mixed concurrent operations under Sync; then a power cut and a reopen: every
 /// acknowledged record must be there.
 #[test]
@@ -92,19 +212,8 @@ fn sync_mixed_ops_then_power_cut() -> TestResult {
     for round in 0..rounds {
         let seed = 9000 + round + seed_base();
         let mut r = Rng(seed.wrapping_mul(2654435761) | 1);
-        let sim = SimStorage::new(seed);
-        let timed = r.below(2) == 0;
-        sim.set_timed_io(timed);
-        let latency_us = [0, 0, 20, 200][r.below(4) as usize];
-        sim.set_sync_latency(Duration::from_micros(latency_us));
-        let opts = WalOptions {
-            segment_bytes: [4096, 8192, 1 << 20][r.below(3) as usize],
-            durability: Durability::Sync,
-            synced_mark_delay: [None, Some(Duration::ZERO), Some(Duration::from_millis(1))]
-                [r.below(3) as usize],
-            proof_before_ack: r.below(4) != 0,
-            ..WalOptions::default()
-        };
+        let (sim, opts, timed, latency_us) =
+            random_log(seed, &mut r, &[0, 0, 20, 200], &[4096, 8192, 1 << 20]);
         let threads = 1 + r.below(5);
         let trims = r.below(2) == 0;
         let desc = format!(
@@ -121,65 +230,8 @@ fn sync_mixed_ops_then_power_cut() -> TestResult {
                 let (wal, acked, max_acked) = (&wal, &acked, &max_acked);
                 let tseed = seed * 1000 + t + 7;
                 scope.spawn(move || {
-                    let mut r = Rng(tseed);
-                    let mut k = 0u64;
-                    let mut held: Vec<(AppendTicket, Vec<Vec<u8>>)> = Vec::new();
-                    while started.elapsed() < run_for {
-                        k += 1;
-                        let op = r.below(100);
-                        if op < 8 {
-                            assert!(wal.barrier().wait().is_ok());
-                            continue;
-                        }
-                        if op < 12 {
-                            wal.sync().expect("sync");
-                            continue;
-                        }
-                        if op < 14 && trims {
-                            let m = max_acked.load(Ordering::SeqCst);
-                            if m > 10 {
-                                let _ = wal.remove_segments_before(Lsn(m - 5));
-                            }
-                            continue;
-                        }
-                        let n = 1 + r.below(3);
-                        let bodies: Vec<Vec<u8>> = (0..n).map(|j| rec_body(t, k, j)).collect();
-                        let records: Vec<Record> = bodies
-                            .iter()
-                            .map(|b| Record {
-                                record_type: 1,
-                                body: b,
-                            })
-                            .collect();
-                        let ticket = wal.append(&records).expect("append");
-                        let first = ticket.first_lsn().0;
-                        if op < 24 {
-                            drop(ticket);
-                            continue;
-                        }
-                        if op < 36 && held.len() < 3 {
-                            held.push((ticket, bodies));
-                            continue;
-                        }
-                        let last = ticket.last_lsn().0;
-                        ticket.wait().expect("wait");
-                        mark_acked(acked, first, &bodies);
-                        max_acked.fetch_max(last, Ordering::SeqCst);
-                        // Wait the held ones, sometimes in reverse.
-                        if r.below(2) == 0 {
-                            held.reverse();
-                        }
-                        for (ticket, bodies) in held.drain(..) {
-                            let first = ticket.first_lsn().0;
-                            ticket.wait().expect("wait held");
-                            mark_acked(acked, first, &bodies);
-                        }
-                    }
-                    for (ticket, bodies) in held.drain(..) {
-                        let first = ticket.first_lsn().0;
-                        ticket.wait().expect("wait held at end");
-                        mark_acked(acked, first, &bodies);
-                    }
+                    let trim = trims.then_some(max_acked);
+                    mixed_ops(wal, t, tseed, started + run_for, acked, trim, false);
                 });
             }
         });
@@ -224,18 +276,7 @@ fn sync_close_or_drop_while_leaders_wait() -> TestResult {
     for round in 0..rounds {
         let seed = 7000 + round + seed_base();
         let mut r = Rng(seed.wrapping_mul(11400714819323198485) | 1);
-        let sim = SimStorage::new(seed);
-        sim.set_timed_io(r.below(2) == 0);
-        let latency_us = [0, 20, 200][r.below(3) as usize];
-        sim.set_sync_latency(Duration::from_micros(latency_us));
-        let opts = WalOptions {
-            segment_bytes: [4096, 1 << 20][r.below(2) as usize],
-            durability: Durability::Sync,
-            synced_mark_delay: [None, Some(Duration::ZERO), Some(Duration::from_millis(1))]
-                [r.below(3) as usize],
-            proof_before_ack: r.below(4) != 0,
-            ..WalOptions::default()
-        };
+        let (sim, opts, _, latency_us) = random_log(seed, &mut r, &[0, 20, 200], &[4096, 1 << 20]);
         let close = r.below(2) == 0;
         let desc = format!("round {round} seed {seed} close {close} latency {latency_us} {opts:?}");
         let dog = watchdog(desc.clone(), Duration::from_secs(60));
@@ -314,18 +355,7 @@ fn sync_faults_mid_run() -> TestResult {
     for round in 0..rounds {
         let seed = 5000 + round + seed_base();
         let mut r = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
-        let sim = SimStorage::new(seed);
-        sim.set_timed_io(r.below(2) == 0);
-        let latency_us = [0, 20, 100][r.below(3) as usize];
-        sim.set_sync_latency(Duration::from_micros(latency_us));
-        let opts = WalOptions {
-            segment_bytes: [4096, 1 << 20][r.below(2) as usize],
-            durability: Durability::Sync,
-            synced_mark_delay: [None, Some(Duration::ZERO), Some(Duration::from_millis(1))]
-                [r.below(3) as usize],
-            proof_before_ack: r.below(4) != 0,
-            ..WalOptions::default()
-        };
+        let (sim, opts, _, latency_us) = random_log(seed, &mut r, &[0, 20, 100], &[4096, 1 << 20]);
         let threads = 1 + r.below(4);
         let op = [
             FaultOp::Any,
@@ -364,61 +394,7 @@ fn sync_faults_mid_run() -> TestResult {
                 let (wal, acked) = (&wal, &acked);
                 let tseed = seed * 1000 + t + 7;
                 scope.spawn(move || {
-                    let mut r = Rng(tseed);
-                    let mut k = 0u64;
-                    let mut held: Vec<(AppendTicket, Vec<Vec<u8>>)> = Vec::new();
-                    while started.elapsed() < run_for {
-                        k += 1;
-                        let op = r.below(100);
-                        if op < 8 {
-                            if wal.barrier().wait().is_err() {
-                                break;
-                            }
-                            continue;
-                        }
-                        if op < 12 {
-                            if wal.sync().is_err() {
-                                break;
-                            }
-                            continue;
-                        }
-                        let n = 1 + r.below(3);
-                        let bodies: Vec<Vec<u8>> = (0..n).map(|j| rec_body(t, k, j)).collect();
-                        let records: Vec<Record> = bodies
-                            .iter()
-                            .map(|b| Record {
-                                record_type: 1,
-                                body: b,
-                            })
-                            .collect();
-                        let Ok(ticket) = wal.append(&records) else {
-                            break;
-                        };
-                        let first = ticket.first_lsn().0;
-                        if op < 24 {
-                            drop(ticket);
-                            continue;
-                        }
-                        if op < 36 && held.len() < 3 {
-                            held.push((ticket, bodies));
-                            continue;
-                        }
-                        if ticket.wait().is_ok() {
-                            mark_acked(acked, first, &bodies);
-                        }
-                        for (ticket, bodies) in held.drain(..) {
-                            let first = ticket.first_lsn().0;
-                            if ticket.wait().is_ok() {
-                                mark_acked(acked, first, &bodies);
-                            }
-                        }
-                    }
-                    for (ticket, bodies) in held.drain(..) {
-                        let first = ticket.first_lsn().0;
-                        if ticket.wait().is_ok() {
-                            mark_acked(acked, first, &bodies);
-                        }
-                    }
+                    mixed_ops(wal, t, tseed, started + run_for, acked, None, true);
                 });
             }
         });
