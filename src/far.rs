@@ -1671,4 +1671,79 @@ mod tests {
         let key: [u8; 16] = std::array::from_fn(|i| i as u8);
         assert_eq!(KeyHasher::new(&key).hash(b"order:1"), GOLDEN);
     }
+
+    /// xorshift64, for the random inputs below.
+    fn xs(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    fn entry_at(hash: u64, id: u64, loc_off: u64) -> FarEntry {
+        FarEntry {
+            hash,
+            loc: pack_loc((id % 5) as u32 + 1, 64 + loc_off).unwrap(),
+            id,
+        }
+    }
+
+    /// Grouped input (with equal hashes, ties on (hash, id), id-0 entries,
+    /// one huge shard, empty) builds the same index, entry for entry, as
+    /// the same input scattered, and every invariant holds.
+    #[test]
+    fn grouped_build_matches_global_sort_on_random_inputs() {
+        let mut s = 0x1234_5678_9abc_def1u64;
+        for round in 0..200 {
+            let n = (xs(&mut s) % 3000) as usize;
+            let mode = round % 5;
+            let mut v: Vec<FarEntry> = (0..n)
+                .map(|i| {
+                    let r = xs(&mut s);
+                    let hash = match mode {
+                        0 => r,                         // uniform
+                        1 => r & 0x00FF_0000_0000_000F, // one huge shard (0), many equal hashes
+                        2 => (r % 4) << 62,             // 4 shards, equal hashes
+                        3 => u64::MAX - (r % 3),        // last shard, equal hashes
+                        _ => (r & 0xFF00_0000_0000_0000) | (r % 7),
+                    };
+                    let id = if r.is_multiple_of(17) {
+                        0
+                    } else {
+                        1 + i as u64
+                    };
+                    entry_at(hash, id, i as u64)
+                })
+                .collect();
+            // Grouped: by shard, each shard sorted part then reversed tail.
+            v.sort_by_key(|x| (shard_of(x.hash), x.hash, x.id));
+            let mut grouped = Vec::new();
+            let mut start = 0;
+            while start < v.len() {
+                let sh = shard_of(v[start].hash);
+                let end = start + v[start..].partition_point(|x| shard_of(x.hash) == sh);
+                let mut run = v[start..end].to_vec();
+                let cut = run.len() * (xs(&mut s) % 5) as usize / 4;
+                let len = run.len();
+                run[cut.min(len)..].reverse();
+                grouped.extend(run);
+                start = end;
+            }
+            assert!(grouped.is_sorted_by_key(|x| shard_of(x.hash)));
+            let mut scattered = grouped.clone();
+            scattered.reverse();
+            let a = FarIndex::build(grouped.clone());
+            a.check();
+            let b = FarIndex::build(scattered);
+            b.check();
+            let live = grouped.iter().filter(|x| x.id != 0).count();
+            assert_eq!(a.len(), live);
+            let av: Vec<_> = a.iter().copied().collect();
+            let bv: Vec<_> = b.iter().copied().collect();
+            assert_eq!(av, bv, "round {round}");
+            for x in grouped.iter().filter(|x| x.id != 0) {
+                assert!(a.find(x.hash, x.loc, x.id).is_some());
+            }
+        }
+    }
 }

@@ -616,7 +616,7 @@ impl Replay {
     }
 
     /// The live far tasks, taking them out of the replay: in the
-    /// checkpoint's order (grouped by key hash, which
+    /// checkpoint's order (grouped by shard — the key hash's top byte —, which
     /// [`FarIndex::build`](crate::far::FarIndex::build) then sorts in
     /// O(n) passes) unless a record needed one by id; then by id.
     pub fn take_far_unordered(&mut self) -> Vec<FarTask> {
@@ -1116,6 +1116,122 @@ mod tests {
             assert!(r.add_far(vec![far(7), far(10_000)]).is_err(), "{max_id}");
             r.add_far(vec![far(7), far(2)]).unwrap();
             assert_eq!(r.far_tasks(), 2);
+        }
+    }
+
+    /// Random far tasks in random order, random records naming far and
+    /// other ids: the replay agrees with a model whichever path (bitmap or
+    /// sort, the largest id on either side of 64 per far task) and whichever
+    /// take. (Written by a reviewing helper.)
+    #[test]
+    fn far_tasks_follow_a_model_whichever_path_and_take() {
+        fn xs(s: &mut u64) -> u64 {
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            *s
+        }
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..400 {
+            let n = (xs(&mut s) % 200) as usize;
+            let max_id = match round % 4 {
+                0 => n as u64 + 5,
+                1 => 64 * n as u64 + 63,
+                2 => 64 * n as u64 + 64,
+                _ => u64::MAX - 1,
+            };
+            let mut ids = std::collections::BTreeSet::new();
+            while ids.len() < n.min(max_id as usize) {
+                let id = 1 + xs(&mut s) % max_id;
+                ids.insert(id);
+            }
+            let mut far: Vec<FarTask> = ids
+                .iter()
+                .map(|&id| FarTask {
+                    id,
+                    key_hash: xs(&mut s),
+                    file: 1 + (id % 3) as u32,
+                    offset: 64 + id % 1000,
+                })
+                .collect();
+            // shuffle
+            for i in (1..far.len()).rev() {
+                let j = (xs(&mut s) % (i as u64 + 1)) as usize;
+                far.swap(i, j);
+            }
+            let all: Vec<u64> = ids.iter().copied().collect();
+            let run = |unordered: bool, s0: u64| {
+                let mut s = s0;
+                let mut r = Replay::from_checkpoint(max_id, Vec::new(), Vec::new(), false)
+                    .unwrap()
+                    .without_key_rule();
+                r.add_far(far.clone()).unwrap();
+                let mut model: std::collections::BTreeSet<u64> = ids.clone();
+                let mut promoted = std::collections::BTreeSet::new();
+                let mut resolve = |t: &FarTask| -> Result<(Box<[u8]>, u64), String> {
+                    Ok((format!("k{}", t.id).into_bytes().into(), 10))
+                };
+                let ops = xs(&mut s) % 40;
+                for _ in 0..ops {
+                    let id = if !all.is_empty() && !xs(&mut s).is_multiple_of(4) {
+                        all[(xs(&mut s) % all.len() as u64) as usize]
+                    } else {
+                        xs(&mut s) % (max_id.min(1000) + 2)
+                    };
+                    let cancel = xs(&mut s).is_multiple_of(2);
+                    let rec = if cancel {
+                        Record::Cancel { id: TaskId(id) }
+                    } else {
+                        Record::Deliver {
+                            id: TaskId(id),
+                            fired_ms: 1,
+                        }
+                    };
+                    let res = r.apply_with(&rec, &mut resolve);
+                    let was_far = model.contains(&id);
+                    let was_promoted = promoted.contains(&id);
+                    if was_far {
+                        assert!(res.is_ok(), "{res:?}");
+                        model.remove(&id);
+                        if !cancel {
+                            promoted.insert(id);
+                        }
+                    } else if was_promoted {
+                        // Cancel finishes it; a deliver of one in flight is refused.
+                        if cancel {
+                            assert!(res.is_ok());
+                            promoted.remove(&id);
+                        } else {
+                            assert!(res.is_err());
+                        }
+                    } else {
+                        assert!(res.is_err(), "id {id}");
+                    }
+                    assert_eq!(r.far_tasks(), model.len());
+                    let mut seen: Vec<u64> = r.far().map(|t| t.id).collect();
+                    seen.sort_unstable();
+                    assert_eq!(seen, model.iter().copied().collect::<Vec<_>>());
+                }
+                assert_eq!(r.live_tasks(), model.len() + promoted.len());
+                let got = if unordered {
+                    r.take_far_unordered()
+                } else {
+                    r.take_far()
+                };
+                let mut got_ids: Vec<u64> = got.iter().map(|t| t.id).collect();
+                if !unordered {
+                    assert!(got_ids.is_sorted());
+                }
+                got_ids.sort_unstable();
+                assert_eq!(got_ids, model.iter().copied().collect::<Vec<_>>());
+                for t in &got {
+                    assert!(far.contains(t));
+                }
+                assert_eq!(r.far_tasks(), 0);
+            };
+            let s0 = xs(&mut s);
+            run(true, s0);
+            run(false, s0);
         }
     }
 

@@ -2449,17 +2449,17 @@ pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Option<Loaded>, 
     }
 }
 
+/// A set of overflow file numbers, with a fast hash: built at open from
+/// every task's file number (two passes over 10 M far tasks took a tenth of
+/// an open with SipHash).
+pub(crate) type FileSet = HashSet<u32, foldhash::fast::RandomState>;
+
 /// Before the engine starts on a recovered state: leftover temporary files
 /// and overflow files no live task refers to (written by a checkpoint that
 /// never became durable, or left by an interrupted deletion) are removed;
 /// an overflow file a task refers to must exist. Returns the number the next
 /// overflow file gets, and the entry count of each file kept (from its
 /// header), so that compaction knows how much of a file is dead.
-/// A set of overflow file numbers, with a fast hash: built at open from
-/// every task's file number (two passes over 10 M far tasks took a tenth of
-/// an open with SipHash).
-pub(crate) type FileSet = HashSet<u32, foldhash::fast::RandomState>;
-
 pub(crate) fn prepare_overflow(
     storage: &dyn Storage,
     dir: &Path,
