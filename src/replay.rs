@@ -552,14 +552,14 @@ impl Replay {
     /// [`crate::checkpoint::read`] refuses a file that lists an id twice,
     /// in any blocks.
     ///
-    /// # Errors
-    /// An id of 0 or above the largest id, or an id twice among the far
-    /// tasks.
-    ///
     /// O(n + largest id / 64) when the largest id is at most 64 times the
     /// number of far tasks (a bitmap finds an id listed twice; the tasks
     /// keep the checkpoint's order, which [`FarIndex::build`] at open uses,
     /// and are sorted by id only if a record needs one); else O(n log n).
+    ///
+    /// # Errors
+    /// An id of 0 or above the largest id, or an id twice among the far
+    /// tasks.
     ///
     /// [`FarIndex::build`]: crate::far::FarIndex::build
     pub fn add_far(&mut self, mut far: Vec<FarTask>) -> Result<(), RuleError> {

@@ -23,7 +23,7 @@
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
     check_overflow_entries, dirs, start_from_checkpoint_deferring_overflow, CheckpointStart,
-    EntryKey, Failure, FarReader, OverflowRef, Torn,
+    EntryKey, Failure, FarReader, OverflowRef, Tally, Torn,
 };
 use super::Verdict;
 use clap::Args;
@@ -738,15 +738,6 @@ impl CheckpointSummary {
     }
 }
 
-/// What one segment's records add up to, as read.
-#[derive(Debug)]
-struct Tally {
-    file: PathBuf,
-    records: u64,
-    first_lsn: u64,
-    last_lsn: u64,
-}
-
 /// Replays the records as the scan hands them over.
 struct Reader {
     /// Records at or below this LSN (the checkpoint's) are counted, not replayed.
@@ -791,24 +782,7 @@ impl Reader {
         let lsn = view.lsn.0;
         self.records += 1;
         self.types[usize::from(view.record_type)] += 1;
-        let segment = match self.tallies.last_mut() {
-            Some(t) if t.file == place.file => t,
-            _ => {
-                self.tallies.push(Tally {
-                    file: place.file.to_path_buf(),
-                    records: 0,
-                    first_lsn: lsn,
-                    last_lsn: lsn,
-                });
-                let Some(t) = self.tallies.last_mut() else {
-                    return;
-                };
-                t
-            }
-        };
-        segment.records += 1;
-        segment.last_lsn = lsn;
-        let index = self.tallies.len() - 1;
+        let index = Tally::count(&mut self.tallies, place.file, lsn);
         let record_bytes = (kairos_wal::format::RECORD_HEADER_BYTES + view.body.len()) as u64;
         if lsn <= self.covered {
             // The checkpoint holds the effect of this record, and the engine's open skips

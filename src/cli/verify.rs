@@ -256,6 +256,35 @@ struct Segment {
     sealed: Option<bool>,
 }
 
+/// What one segment's records add up to, as read (also used by `inspect`).
+#[derive(Debug)]
+pub(crate) struct Tally {
+    pub(crate) file: PathBuf,
+    pub(crate) records: u64,
+    pub(crate) first_lsn: u64,
+    pub(crate) last_lsn: u64,
+}
+
+impl Tally {
+    /// Counts the record at `lsn`, read from `file`, into `tallies` (a new tally when the
+    /// scan moved on to another segment); returns the index of that segment's tally.
+    pub(crate) fn count(tallies: &mut Vec<Tally>, file: &Path, lsn: u64) -> usize {
+        match tallies.last_mut() {
+            Some(t) if t.file == file => {
+                t.records += 1;
+                t.last_lsn = lsn;
+            }
+            _ => tallies.push(Tally {
+                file: file.to_path_buf(),
+                records: 1,
+                first_lsn: lsn,
+                last_lsn: lsn,
+            }),
+        }
+        tallies.len() - 1
+    }
+}
+
 /// An unsynced torn tail (also used by `dump` and `inspect`).
 #[derive(Debug, Serialize)]
 pub(crate) struct Torn {
@@ -750,9 +779,9 @@ fn find_dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
 #[derive(Debug)]
 struct Census {
     records: u64,
-    /// Per segment read, oldest first: its file, records read, first and last LSN read —
-    /// what the report lists when the scan stops at damage.
-    tallies: Vec<(PathBuf, u64, u64, u64)>,
+    /// Per segment read, oldest first — what the report lists when the scan stops at
+    /// damage.
+    tallies: Vec<Tally>,
     /// LSN of the last record read (0: none).
     last_read_lsn: u64,
     /// Records at or below this LSN are covered by the checkpoint: counted, not replayed.
@@ -784,15 +813,7 @@ impl Default for Census {
 impl Census {
     fn visit(&mut self, view: RecordView<'_>, file: &Path, far: &FarReader<'_>) {
         self.records += 1;
-        match self.tallies.last_mut() {
-            Some((f, records, _, last)) if f == file => {
-                *records += 1;
-                *last = view.lsn.0;
-            }
-            _ => self
-                .tallies
-                .push((file.to_path_buf(), 1, view.lsn.0, view.lsn.0)),
-        }
+        Tally::count(&mut self.tallies, file, view.lsn.0);
         self.last_read_lsn = view.lsn.0;
         if view.lsn.0 <= self.covered {
             // Covered by the checkpoint: counted by type, not replayed (the
@@ -859,16 +880,16 @@ impl Verification {
                 census
                     .tallies
                     .iter()
-                    .map(|(file, records, first_lsn, last_lsn)| Segment {
-                        file: file.clone(),
+                    .map(|t| Segment {
+                        file: t.file.clone(),
                         bytes: storage
-                            .open(file, kairos_wal::storage::OpenMode::Read)
+                            .open(&t.file, kairos_wal::storage::OpenMode::Read)
                             .and_then(|f| f.len())
                             .unwrap_or(0),
-                        records: *records,
-                        first_lsn: *first_lsn,
-                        last_lsn: *last_lsn,
-                        sealed: (damaged != Some(file.as_path())).then_some(true),
+                        records: t.records,
+                        first_lsn: t.first_lsn,
+                        last_lsn: t.last_lsn,
+                        sealed: (damaged != Some(t.file.as_path())).then_some(true),
                     })
                     .collect()
             }

@@ -1432,25 +1432,35 @@ impl Writer {
             }
             std::mem::take(&mut state.queue)
         };
+        let was_synced = self.written == self.synced;
+        if self.poisoning(|w| w.write_batch(batch)) {
+            self.publish();
+            if matches!(self.shared.durability, Durability::Interval(_))
+                && was_synced
+                && self.written > self.synced
+            {
+                self.shared.writer_wake.notify_one();
+            }
+        }
+    }
+
+    /// Runs `work` on the writer state for a waiting appender: a failure (or a panic) poisons
+    /// the log before the writer state is let go, as the writer thread's does. Returns whether
+    /// `work` succeeded.
+    fn poisoning(&mut self, work: impl FnOnce(&mut Writer) -> Result<(), WalError>) -> bool {
         let shared = Arc::clone(&self.shared);
         let mut guard = PoisonOnUnwind {
             shared: &shared,
             armed: true,
         };
-        let was_synced = self.written == self.synced;
-        let written = self.write_batch(batch);
+        let result = work(self);
         guard.armed = false;
-        match written {
-            Ok(()) => {
-                self.publish();
-                if matches!(self.shared.durability, Durability::Interval(_))
-                    && was_synced
-                    && self.written > self.synced
-                {
-                    self.shared.writer_wake.notify_one();
-                }
+        match result {
+            Ok(()) => true,
+            Err(error) => {
+                poison(&shared, &error);
+                false
             }
-            Err(error) => poison(&self.shared, &error),
         }
     }
 
@@ -1482,15 +1492,7 @@ impl Writer {
                     awaited,
                 }
             };
-            let shared = Arc::clone(&self.shared);
-            let mut guard = PoisonOnUnwind {
-                shared: &shared,
-                armed: true,
-            };
-            let result = self.process(work);
-            guard.armed = false;
-            if let Err(error) = result {
-                poison(&self.shared, &error);
+            if !self.poisoning(|w| w.process(work)) {
                 return;
             }
         }
