@@ -294,6 +294,22 @@ pub enum RecvError {
     },
 }
 
+/// [`crate::Engine::sync`] failed: what was logged before the call may not be durable.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SyncError {
+    /// The engine was shut down (before the call, or while it waited).
+    #[error("the engine is shut down")]
+    Closed,
+    /// A write or fdatasync failed (this one or an earlier one); the engine refuses work until
+    /// reopened, and what was logged before the call is not known to be durable.
+    #[error("the engine is poisoned by an I/O failure: {cause}")]
+    Poisoned {
+        /// The original failure.
+        cause: String,
+    },
+}
+
 /// Shutting down failed to flush the log; anything not yet durable may be lost.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

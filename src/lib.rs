@@ -66,6 +66,7 @@ pub use engine::{
 };
 pub use error::{
     AckError, CancelError, CheckpointError, OpenError, RecvError, ScheduleError, ShutdownError,
+    SyncError,
 };
 pub use kairos_wal::{Durability, RecoveryReport, TornTail};
 pub use task::{TaskId, TaskState};

@@ -36,7 +36,7 @@ use crate::config::DeliveryGuarantee;
 use crate::config::{Config, BATCH_TASKS_MAX};
 use crate::consumer::{Consumer, Delivery};
 use crate::error::{
-    AckError, CancelError, CheckpointError, OpenError, ScheduleError, ShutdownError,
+    AckError, CancelError, CheckpointError, OpenError, ScheduleError, ShutdownError, SyncError,
 };
 use crate::far::{FarEntry, FarIndex, KeyHasher};
 use crate::index::TaskIndex;
@@ -1382,6 +1382,37 @@ impl Engine {
         result
     }
 
+    /// Makes every call that returned before this one durable: waits until
+    /// everything logged so far is on stable storage (fdatasync), whatever
+    /// the engine's [`crate::Durability`] — `Sync` durability for the calls that
+    /// need it, in an engine that runs under `Interval` or `Buffered`
+    /// (RocksDB's `SyncWAL`, a `WriteOptions::sync` write after the fact).
+    /// Schedules, cancels (a `Cancelled` answer), reschedules, acks, nacks
+    /// and the deliveries handed out before the call survive a power cut
+    /// once it returns.
+    ///
+    /// Under `Sync` every returned call already is durable, and this returns
+    /// without an fdatasync unless a call is still committing; an engine
+    /// opened [`Engine::in_memory`] has nothing to make durable and returns
+    /// `Ok` at once.
+    ///
+    /// Cost: one fdatasync shared with the log's other writers (group
+    /// commit), so a batch of calls followed by one `sync` pays for one;
+    /// with `proof_before_ack` (the default) a second, small one for the
+    /// durable mark that proves the first (`wal/FORMAT.md`). It holds the
+    /// engine's lock only to find the log: other calls and deliveries go on
+    /// while it waits. Returns at once if everything logged already is
+    /// durable.
+    ///
+    /// # Errors
+    /// [`SyncError::Closed`] after [`Engine::shutdown`] (or if it ran
+    /// meanwhile); [`SyncError::Poisoned`] if the engine was poisoned, or a
+    /// write or fdatasync failed now — that poisons the engine, as any
+    /// failed sync does.
+    pub fn sync(&self) -> Result<(), SyncError> {
+        self.shared.sync_log()
+    }
+
     /// What recovery found at open.
     pub fn recovery(&self) -> &Recovery {
         &self.recovery
@@ -1595,6 +1626,29 @@ impl Shared {
             Status::Poisoned(c) => Some(c.clone()),
             _ => None,
         }
+    }
+
+    /// [`Engine::sync`].
+    fn sync_log(&self) -> Result<(), SyncError> {
+        let wal = {
+            let core = self.core.lock();
+            core.check_open().map_err(|status| match status {
+                Status::Poisoned(cause) => SyncError::Poisoned { cause },
+                _ => SyncError::Closed,
+            })?;
+            match &core.wal {
+                Some(wal) => Arc::clone(wal),
+                None => return Ok(()),
+            }
+        };
+        wal.sync().map_err(|e| match e {
+            WalError::Closed => SyncError::Closed,
+            e => {
+                let cause = e.to_string();
+                self.poison(cause.clone());
+                SyncError::Poisoned { cause }
+            }
+        })
     }
 
     fn poison(&self, cause: String) {
