@@ -126,3 +126,60 @@ fn checkpoint_offline_then_reopen() -> TestResult {
     assert_eq!(out.status.code(), Some(1));
     Ok(())
 }
+
+/// A data directory whose log was trimmed by a checkpoint that is then deleted: the records
+/// before the log's start are gone, and the engine refuses to open it. `verify`, `inspect` and
+/// `dump` must all say so (exit 1, naming the missing checkpoint), not report a healthy
+/// directory with the trimmed tasks silently missing.
+#[test]
+fn a_trimmed_log_without_its_checkpoint_fails_verify_inspect_and_dump() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    let engine = Engine::open(dir, config())?;
+    for i in 0..400 {
+        engine.schedule_after(
+            format!("old{i}").as_bytes(),
+            Duration::from_secs(86_400),
+            b"p",
+        )?;
+    }
+    let report = engine.checkpoint()?;
+    assert!(report.segments_removed > 0, "{report:?}");
+    for i in 0..50 {
+        engine.schedule_after(
+            format!("new{i}").as_bytes(),
+            Duration::from_secs(86_400),
+            b"p",
+        )?;
+    }
+    engine.shutdown()?;
+    for entry in std::fs::read_dir(dir.join("checkpoint"))? {
+        std::fs::remove_file(entry?.path())?;
+    }
+    assert!(Engine::open(dir, config()).is_err(), "the engine opened");
+    for command in ["verify", "inspect", "dump"] {
+        let out = Command::new(KAIROS).arg(command).arg(dir).output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(1), "{command}: {text}");
+        assert!(
+            text.contains("there is no checkpoint, but the log starts at LSN"),
+            "{command}: {text}"
+        );
+    }
+    for command in ["verify", "inspect"] {
+        let out = Command::new(KAIROS)
+            .args([command, "--json"])
+            .arg(dir)
+            .output()?;
+        assert_eq!(out.status.code(), Some(1), "{command}");
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        assert_eq!(v["ok"], false, "{command}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("there is no checkpoint"), "{command}: {v}");
+    }
+    Ok(())
+}

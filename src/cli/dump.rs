@@ -15,8 +15,8 @@
 
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
 use super::verify::{
-    check_deferred_overflow_refs, dirs, start_from_checkpoint_deferring_overflow, CheckpointStart,
-    Failure, FarReader, Torn,
+    check_deferred_overflow_refs, dirs, missing_checkpoint,
+    start_from_checkpoint_deferring_overflow, CheckpointStart, Failure, FarReader, Torn,
 };
 use super::Verdict;
 use anyhow::Context as _;
@@ -106,8 +106,9 @@ one and so does the dump (the newest one's damage is then a warning).
 
 Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
 was read and every body decodes (a torn tail included); 1 if a checkpoint or the log is \
-damaged (records before the damage are printed first), a body does not decode, or the \
-directory cannot be read.")]
+damaged (records before the damage are printed first), a body does not decode, the log was \
+trimmed and the checkpoint that covered its start is missing, or the directory cannot be \
+read.")]
 pub struct DumpArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
@@ -178,7 +179,7 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
     if let Some(e) = dumper.write_error.take() {
         return Err(e).context("cannot write the dump to stdout");
     }
-    Ok(dumper.summarize(&log_dir, &scan, checkpoint))
+    Ok(dumper.summarize(&log_dir, log_dir != data_dir, &scan, checkpoint))
 }
 
 /// Prints records as the scan hands them over.
@@ -492,9 +493,12 @@ impl<W: Write> Dumper<W> {
     }
 
     /// Prints the summary to stderr and decides the exit status.
+    /// `data_dir`: whether the log was read as a data directory's (a missing checkpoint then
+    /// matters), not given by itself.
     fn summarize(
         &self,
         log_dir: &Path,
+        data_dir: bool,
         scan: &Result<ScanReport, WalError>,
         checkpoint: Option<CheckpointStart>,
     ) -> Verdict {
@@ -541,6 +545,16 @@ impl<W: Write> Dumper<W> {
                      open does",
                     c.summary.file.display()
                 );
+            }
+        } else if data_dir && self.checkpoint_failure.is_none() {
+            let first = scan
+                .as_ref()
+                .ok()
+                .and_then(|r| r.segments.first())
+                .map(|s| (s.file.as_path(), s.first_lsn.0));
+            if let Some(failure) = missing_checkpoint(first) {
+                ok = false;
+                summary.push_str(&failure.describe("kairos dump: FAILED"));
             }
         }
         match scan {

@@ -22,8 +22,8 @@
 
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
-    check_overflow_entries, dirs, start_from_checkpoint_deferring_overflow, CheckpointStart,
-    EntryKey, Failure, FarReader, OverflowRef, Tally, Torn,
+    check_overflow_entries, dirs, missing_checkpoint, start_from_checkpoint_deferring_overflow,
+    CheckpointStart, EntryKey, Failure, FarReader, OverflowRef, Tally, Torn,
 };
 use super::Verdict;
 use clap::Args;
@@ -100,8 +100,9 @@ of the damaged header or entry), without stopping the rest: the log is read whol
 Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
 reads, every record above the checkpoint decodes and replays (a torn tail included), and every \
 overflow file reads back whole and holds the payloads the checkpoint places there; 1 if a \
-checkpoint, the log or an overflow file is damaged (an orphan included), a record is bad, or the \
-directory cannot be read.")]
+checkpoint, the log or an overflow file is damaged (an orphan included), a record is bad, the \
+log was trimmed and the checkpoint that covered its start is missing, or the directory cannot \
+be read.")]
 pub struct InspectArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
@@ -483,6 +484,15 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         inspection.warnings.extend(s.newer_damage);
         refs = s.overflow_refs;
         store_id = Some(s.store_id);
+    } else if checkpoint_dir.is_some() && inspection.error.is_none() {
+        let first = inspection
+            .segments
+            .first()
+            .map(|s| (s.file.as_path(), s.first_lsn));
+        if let Some(failure) = missing_checkpoint(first) {
+            inspection.ok = false;
+            inspection.error = Some(failure);
+        }
     }
     inspection.checkpoint_files = checkpoint_files;
     inspection.checkpoint_tmp_files = checkpoint_tmp_files;

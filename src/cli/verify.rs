@@ -376,22 +376,29 @@ pub(crate) fn check(
         v.warnings.extend(s.newer_damage);
         v.checkpoint = Some(s.summary);
     } else if checkpoint_dir.is_some() && v.error.is_none() {
-        // No checkpoint, but the log was trimmed: the engine refuses to open
-        // (the records before the log's start are gone with their checkpoint).
-        if let Some(first) = v.segments.first().filter(|s| s.first_lsn > 1) {
+        let first = v.segments.first().map(|s| (s.file.as_path(), s.first_lsn));
+        if let Some(failure) = missing_checkpoint(first) {
             v.ok = false;
-            v.error = Some(Failure {
-                file: Some(first.file.clone()),
-                offset: None,
-                message: format!(
-                    "there is no checkpoint, but the log starts at LSN {}: the checkpoint that \
-                     covers the records before it is missing",
-                    first.first_lsn
-                ),
-            });
+            v.error = Some(failure);
         }
     }
     v
+}
+
+/// For a data directory with no checkpoint whose log's first segment is `first` (file, first
+/// LSN): the failure if the log was trimmed — the records before its start went with a
+/// checkpoint that is now missing, and the engine refuses to open (`verify`, `inspect` and
+/// `dump` report it alike).
+pub(crate) fn missing_checkpoint(first: Option<(&Path, u64)>) -> Option<Failure> {
+    let (file, first_lsn) = first.filter(|&(_, lsn)| lsn > 1)?;
+    Some(Failure {
+        file: Some(file.to_path_buf()),
+        offset: None,
+        message: format!(
+            "there is no checkpoint, but the log starts at LSN {first_lsn}: the checkpoint that \
+             covers the records before it is missing"
+        ),
+    })
 }
 
 /// The newest checkpoint in `dir` (a data directory's `checkpoint/`) that reads back whole,
