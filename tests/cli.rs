@@ -500,6 +500,33 @@ fn commands_into_a_closed_pipe_end_without_a_panic() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
 }
 
+/// Errors go to stderr; with stderr (and stdout) a closed pipe — `kairos verify DIR 2>&1 | head
+/// -1` once `head` has gone — a failing command still exits 1, not 101 with a panic.
+#[test]
+fn errors_into_a_closed_stderr_keep_the_exit_status() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().to_str().unwrap();
+    let missing = tmp.path().join("missing");
+    let missing = missing.to_str().unwrap();
+    for args in [
+        &["verify", missing][..],
+        &["verify", empty],
+        &["inspect", empty],
+        &["dump", empty],
+        &["checkpoint", missing],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let status = Command::new(KAIROS)
+            .args(args)
+            .stdout(writer.try_clone().expect("a second writer"))
+            .stderr(writer)
+            .status()
+            .expect("the kairos binary runs");
+        assert_eq!(status.code(), Some(1), "{args:?}");
+    }
+}
+
 #[test]
 fn demo_into_a_closed_pipe_ends_without_a_panic() {
     let tmp = tempfile::tempdir().unwrap();

@@ -284,7 +284,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Verdict> {
     if report.ok {
         Ok(Verdict::Pass)
     } else {
-        eprintln!(
+        errln!(
             "kairos bench: the reopened engine recovered {} pending tasks, expected {} \
              ({} scheduled - {} cancelled + {} - {} after the checkpoint)",
             report.recovered_pending,
@@ -854,7 +854,7 @@ impl Drop for BenchDir {
     fn drop(&mut self) {
         if self.temporary {
             if let Err(e) = std::fs::remove_dir_all(&self.path) {
-                eprintln!(
+                errln!(
                     "kairos bench: warning: cannot remove {}: {e}",
                     self.path.display()
                 );

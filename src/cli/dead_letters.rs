@@ -248,10 +248,12 @@ fn config(target: &Target) -> Config {
 pub(super) fn report_settled(engine: &Engine, target: &Target) {
     let r = engine.recovery();
     if r.redelivered > 0 || r.dead_lettered > 0 {
-        eprintln!(
+        errln!(
             "kairos: the engine had crashed with deliveries in flight: {} will be \
              redelivered, {} were dead-lettered (--max-attempts {})",
-            r.redelivered, r.dead_lettered, target.max_attempts
+            r.redelivered,
+            r.dead_lettered,
+            target.max_attempts
         );
     }
 }
@@ -416,9 +418,10 @@ fn finish(
         outln!("{}", serde_json::to_string_pretty(changes)?);
     }
     for f in &changes.failed {
-        eprintln!(
+        errln!(
             "kairos dead-letters: dead letter {}: {}",
-            f.task_id, f.error
+            f.task_id,
+            f.error
         );
     }
     if !target.json {

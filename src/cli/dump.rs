@@ -663,7 +663,7 @@ impl<W: Write> Dumper<W> {
                 self.undecodable_covered, self.covered
             );
         }
-        eprint!("{summary}");
+        errln!("{}", summary.trim_end_matches('\n'));
         if ok {
             Verdict::Pass
         } else {

@@ -410,7 +410,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<Verdict> {
         inspection.print();
     }
     if let Some(error) = &inspection.error {
-        eprintln!("kairos inspect: {}", error.message);
+        errln!("kairos inspect: {}", error.message);
     }
     Ok(if inspection.ok {
         Verdict::Pass

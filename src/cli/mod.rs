@@ -17,6 +17,15 @@ macro_rules! outln {
     };
 }
 
+/// `eprintln!` through [`write_err`]: a closed or failing stderr
+/// (`kairos verify DIR 2>&1 | head -1`) drops the message instead of
+/// panicking. (Also defined in `fuzzing::cli`, as `outln!` is.)
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        crate::cli::write_err(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod checkpoint;
 mod dead_letters;
@@ -57,10 +66,17 @@ pub(crate) fn write_out(line: std::fmt::Arguments<'_>) {
     if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n")) {
         STDOUT_GONE.store(true, Ordering::Relaxed);
         if e.kind() != std::io::ErrorKind::BrokenPipe {
-            eprintln!("kairos: error: cannot write to stdout: {e}");
+            write_err(format_args!("kairos: error: cannot write to stdout: {e}"));
             STDOUT_FAILED.store(true, Ordering::Relaxed);
         }
     }
+}
+
+/// Writes one line to stderr (see `errln!`); a write error is ignored, as
+/// there is nowhere left to report it.
+pub(crate) fn write_err(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Kairos — an embeddable, durable delayed-task engine.
@@ -113,7 +129,7 @@ pub fn main() -> ExitCode {
         Ok(Verdict::Pass) => ExitCode::SUCCESS,
         Ok(Verdict::Fail) => ExitCode::FAILURE,
         Err(error) => {
-            eprintln!("kairos: error: {error:#}");
+            write_err(format_args!("kairos: error: {error:#}"));
             ExitCode::FAILURE
         }
     };

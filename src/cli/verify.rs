@@ -327,7 +327,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
         v.print();
     }
     if let Some(error) = &v.error {
-        eprintln!("kairos verify: {}", error.message);
+        errln!("kairos verify: {}", error.message);
     }
     Ok(if v.ok { Verdict::Pass } else { Verdict::Fail })
 }
@@ -709,7 +709,7 @@ fn has_checkpoint_file(dir: &Path) -> bool {
 pub(crate) fn dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     let (data_dir, log_dir) = find_dirs(dir, command)?;
     if lock_is_held(&log_dir.join(kairos_wal::format::LOCK_FILE_NAME)) {
-        eprintln!(
+        errln!(
             "kairos {command}: warning: {} is open in a running engine (its LOCK is held): \
              files may change while they are read (a checkpoint replaced, segments deleted), \
              so damage reported may be a change seen half-way; stop the engine for an exact \
@@ -770,7 +770,7 @@ fn find_dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
         .and_then(|_| real.parent())
         .filter(|p| has_checkpoint_file(&p.join(checkpoint::CHECKPOINT_DIR_NAME)));
     if let Some(data_dir) = parent {
-        eprintln!(
+        errln!(
             "kairos {command}: note: {} is the log of the data directory {}, which has a \
              checkpoint: reading them together",
             dir.display(),

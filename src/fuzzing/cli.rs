@@ -37,5 +37,18 @@ pub(crate) fn write_out(line: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
+/// The binary's `errln!`, for `verify.rs`.
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        crate::fuzzing::cli::write_err(format_args!($($arg)*))
+    };
+}
+
+/// The binary's `cli::write_err`: one line to stderr, errors ignored.
+pub(crate) fn write_err(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 #[path = "../cli/verify.rs"]
 pub(crate) mod verify;

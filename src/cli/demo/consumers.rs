@@ -114,12 +114,12 @@ impl Generation {
         for handle in self.receivers {
             match handle.join() {
                 Ok(mut s) => samples.append(&mut s),
-                Err(_) => eprintln!("kairos: a receiver of generation {} panicked", self.number),
+                Err(_) => errln!("kairos: a receiver of generation {} panicked", self.number),
             }
         }
         for handle in self.ackers {
             if handle.join().is_err() {
-                eprintln!("kairos: an acker of generation {} panicked", self.number);
+                errln!("kairos: an acker of generation {} panicked", self.number);
             }
         }
         samples

@@ -213,10 +213,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
         outln!("{}", report.summary().trim_end());
     }
     for violation in &report.violations {
-        eprintln!("kairos demo: invariant broken: {violation}");
+        errln!("kairos demo: invariant broken: {violation}");
     }
     for warning in &report.warnings {
-        eprintln!("kairos demo: warning: {warning}");
+        errln!("kairos demo: warning: {warning}");
     }
     Ok(if report.ok {
         Verdict::Pass

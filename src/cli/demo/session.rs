@@ -181,11 +181,11 @@ fn join_workers(workers: Workers) -> Vec<Call> {
     for handle in workers.producers {
         match handle.join() {
             Ok(mut c) => calls.append(&mut c),
-            Err(_) => eprintln!("kairos: a producer panicked"),
+            Err(_) => errln!("kairos: a producer panicked"),
         }
     }
     if workers.canceller.join().is_err() {
-        eprintln!("kairos: the canceller panicked");
+        errln!("kairos: the canceller panicked");
     }
     calls
 }
