@@ -407,6 +407,37 @@ fn demo_refuses_to_remove_a_data_directory_holding_files_of_someone_elses() {
     assert_eq!(count(&report, "scheduled"), 2000);
 }
 
+/// `--dir .` from inside a data directory: the run replaces its contents (removing the
+/// directory itself would fail halfway, after deleting everything, or leave the shell in a
+/// deleted directory).
+#[test]
+fn demo_in_the_current_directory_replaces_its_contents() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &[]);
+    let out = Command::new(KAIROS)
+        .current_dir(&dir)
+        .args([
+            "demo",
+            "--dir",
+            ".",
+            "--tasks",
+            "500",
+            "--time-scale",
+            "2000000",
+            "--max-p99-ms",
+            "600000",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], Value::Bool(true), "{report}");
+    assert_eq!(count(&report, "scheduled"), 500);
+    assert!(!segments(&dir).is_empty(), "the new run's log is in place");
+}
+
 #[test]
 fn demo_with_a_bad_segment_size_leaves_the_last_run_alone() {
     let tmp = tempfile::tempdir().unwrap();
@@ -438,6 +469,13 @@ fn demo_bad_arguments_are_usage_errors() {
         &["--tasks", "0"],
         &["--durability", "eventually"],
         &["--horizon", "30d"],
+        &["--rate", "1e-300"],
+        &["--rate", "-1"],
+        &["--rate", "inf"],
+        &["--max-p99-ms", "NaN"],
+        &["--max-p99-ms", "-1"],
+        &["--downtime-ms", "18446744073709551615"],
+        &["--retry-ms", "315360000001"],
     ] {
         let mut args = vec!["demo", "--dir", dir];
         args.extend_from_slice(bad);

@@ -137,15 +137,17 @@ pub struct DemoArgs {
     #[arg(long, value_name = "MS", default_value_t = DEMO_LEASE_MS,
           value_parser = clap::value_parser!(u64).range(1..=LEASE_MAX_MS))]
     lease_ms: u64,
-    /// Retry delay of each nack, ms (real time).
-    #[arg(long, value_name = "MS", default_value_t = 50)]
+    /// Retry delay of each nack, ms (real time; at most a day).
+    #[arg(long, value_name = "MS", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(0..=DEMO_WAIT_MAX_MS))]
     retry_ms: u64,
     /// Deliveries the crashing consumer holds, never answering, before it
     /// stops (only unpaid orders, so each comes back); 0 for no crash.
     #[arg(long, value_name = "N", default_value_t = 20)]
     crash_holding: usize,
-    /// Pause between shutdown and reopen, ms.
-    #[arg(long, value_name = "MS", default_value_t = 200)]
+    /// Pause between shutdown and reopen, ms (at most a day).
+    #[arg(long, value_name = "MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(0..=DEMO_WAIT_MAX_MS))]
     downtime_ms: u64,
     /// Also write every receipt to FILE as CSV (due_ms, received_us, attempt,
     /// generation), for plotting lateness over time. FILE must be outside
@@ -156,7 +158,7 @@ pub struct DemoArgs {
     /// run; by default (10 ms) it only warns, since lateness depends on how
     /// busy the machine is. An unpaced burst (`--rate 0`) on a small machine
     /// may need more.
-    #[arg(long, value_name = "MS")]
+    #[arg(long, value_name = "MS", value_parser = parse_max_p99_ms)]
     max_p99_ms: Option<f64>,
     /// Payload window, in real time (already scaled: with the default time
     /// scale, `2s` is two simulated days), e.g. `2s`, `500ms`: payloads of
@@ -294,8 +296,27 @@ fn arrival_rate(args: &DemoArgs, workload: &Workload) -> Option<f64> {
     (rate > 0.0 && rate.is_finite()).then_some(rate)
 }
 
-/// An arrival rate: a finite number ≥ 0.
+/// The longest `--retry-ms` and `--downtime-ms`: a day (the demo runs until every
+/// task is delivered or cancelled, so a longer wait only stalls it).
+const DEMO_WAIT_MAX_MS: u64 = 86_400_000;
+
+/// The slowest `--rate`, orders per second: one order every 1 000 s.
+const RATE_MIN: f64 = 0.001;
+
+/// An arrival rate: 0 (unpaced) or a finite number ≥ [`RATE_MIN`].
 fn parse_rate(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if x == 0.0 || (x.is_finite() && x >= RATE_MIN) {
+        Ok(x)
+    } else {
+        Err(format!(
+            "must be 0 (unpaced) or a number from {RATE_MIN} up"
+        ))
+    }
+}
+
+/// `--max-p99-ms`: a finite number ≥ 0.
+fn parse_max_p99_ms(s: &str) -> Result<f64, String> {
     let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
     if x.is_finite() && x >= 0.0 {
         Ok(x)
@@ -341,7 +362,20 @@ fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+    // The directory's contents, not the directory: `--dir .` (or a path
+    // through a symlink) must not fail halfway, or leave the caller's
+    // working directory deleted.
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let path = entry
+            .with_context(|| format!("cannot list {}", dir.display()))?
+            .path();
+        let removed = if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.with_context(|| format!("cannot remove {}", path.display()))?;
+    }
     Ok(true)
 }
 

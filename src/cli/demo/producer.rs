@@ -76,8 +76,14 @@ fn produce(
 /// Sleeps until the order at index `first_task` arrives, if paced.
 fn wait_for_arrival(pace: Pace, first_task: usize) {
     if let Some(rate) = pace.rate {
-        let due = pace.start + Duration::from_secs_f64(first_task as f64 / rate);
-        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        // `--rate` is at least 0.001 and the default spreads the tasks over the span, so this
+        // stays within a Duration and an Instant; past them, no wait rather than a panic.
+        let due = Duration::try_from_secs_f64(first_task as f64 / rate)
+            .ok()
+            .and_then(|after| pace.start.checked_add(after));
+        if let Some(due) = due {
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        }
     }
 }
 
