@@ -375,6 +375,29 @@ fn verify_refuses_a_far_key_already_live_when_a_record_needs_the_task() -> TestR
         bad["reason"],
         "far task 3 has key \"far:3\", which is already live"
     );
+    // The file and byte offset of the record, as the log's own scan places it.
+    let mut place = None;
+    kairos_wal::scan_located(
+        &FsStorage,
+        &dir.join("wal"),
+        kairos::config::PAYLOAD_BYTES_MAX_DEFAULT as u32 * 2,
+        &mut |view, at| {
+            if view.lsn.0 == 9 {
+                place = Some((at.file.to_path_buf(), at.offset));
+            }
+        },
+    )?;
+    let (file, offset) = place.ok_or("LSN 9 not in the log")?;
+    assert_eq!(bad["file"].as_str().map(PathBuf::from), Some(file.clone()));
+    assert_eq!(bad["offset"], offset, "{bad}");
+    let (stdout, _) = run(&["verify".as_ref(), dir.as_os_str()], 1);
+    assert!(
+        stdout.contains(&format!(
+            "bad record at LSN 9 in {} at byte offset {offset}:",
+            file.display()
+        )),
+        "{stdout}"
+    );
     Ok(())
 }
 

@@ -312,6 +312,8 @@ struct BadRecord {
     lsn: u64,
     /// The segment holding it.
     file: Option<PathBuf>,
+    /// Byte offset of the record (its record header) in `file`.
+    offset: u64,
     reason: String,
 }
 
@@ -363,7 +365,7 @@ pub(crate) fn check(
     }
     let far_reader = FarReader::new(storage, start.as_ref());
     let scan = kairos_wal::scan_located(storage, &log_dir, record_bytes_max, &mut |view, at| {
-        census.visit(view, at.file, &far_reader)
+        census.visit(view, at.file, at.offset, &far_reader)
     });
     let mut v = Verification::new(storage, log_dir, scan, census);
     if let Some(mut s) = start {
@@ -798,7 +800,7 @@ struct Census {
     types: TypeCounts,
     replay: Replay,
     bad: u64,
-    bad_details: Vec<(u64, String)>,
+    bad_details: Vec<(u64, u64, String)>,
 }
 
 impl Default for Census {
@@ -818,7 +820,8 @@ impl Default for Census {
 }
 
 impl Census {
-    fn visit(&mut self, view: RecordView<'_>, file: &Path, far: &FarReader<'_>) {
+    /// `offset`: the record's byte offset in `file` (its record header).
+    fn visit(&mut self, view: RecordView<'_>, file: &Path, offset: u64, far: &FarReader<'_>) {
         self.records += 1;
         Tally::count(&mut self.tallies, file, view.lsn.0);
         self.last_read_lsn = view.lsn.0;
@@ -842,7 +845,7 @@ impl Census {
         if let Err(reason) = outcome {
             self.bad += 1;
             if self.bad_details.len() < BAD_RECORDS_SHOWN {
-                self.bad_details.push((view.lsn.0, reason));
+                self.bad_details.push((view.lsn.0, offset, reason));
             }
         }
     }
@@ -904,9 +907,10 @@ impl Verification {
         let bad_record_details = census
             .bad_details
             .iter()
-            .map(|(lsn, reason)| BadRecord {
+            .map(|(lsn, offset, reason)| BadRecord {
                 lsn: *lsn,
                 file: segment_of(&segments, *lsn),
+                offset: *offset,
                 reason: reason.clone(),
             })
             .collect();
@@ -1043,10 +1047,9 @@ impl Verification {
             e.print("FAILED");
         }
         for b in &self.bad_record_details {
-            let file = b
-                .file
-                .as_ref()
-                .map_or(String::new(), |f| format!(" in {}", f.display()));
+            let file = b.file.as_ref().map_or(String::new(), |f| {
+                format!(" in {} at byte offset {}", f.display(), b.offset)
+            });
             outln!("FAILED: bad record at LSN {}{file}: {}", b.lsn, b.reason);
         }
         if self.bad_records > self.bad_record_details.len() as u64 {
