@@ -117,13 +117,25 @@ fn checkpoint_offline_then_reopen() -> TestResult {
     let v: Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(v["error"]["file"].as_str(), ovf[0].to_str());
     assert!(v["error"]["offset"].as_u64().is_some(), "{v}");
-    // Not a data directory.
+    // Not a data directory, nor one with an empty wal/: refused, and no log is created.
     let empty = tempfile::tempdir()?;
-    let out = Command::new(KAIROS)
-        .arg("checkpoint")
-        .arg(empty.path())
-        .output()?;
-    assert_eq!(out.status.code(), Some(1));
+    for command in [&["checkpoint"][..], &["dead-letters", "list"]] {
+        let out = Command::new(KAIROS)
+            .args(command)
+            .arg(empty.path())
+            .output()?;
+        assert_eq!(out.status.code(), Some(1), "{command:?}");
+        std::fs::create_dir_all(empty.path().join("wal"))?;
+        let out = Command::new(KAIROS)
+            .args(command)
+            .arg(empty.path())
+            .output()?;
+        assert_eq!(out.status.code(), Some(1), "{command:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("holds no log"), "{command:?}: {stderr}");
+        assert_eq!(std::fs::read_dir(empty.path().join("wal"))?.count(), 0);
+        std::fs::remove_dir(empty.path().join("wal"))?;
+    }
     Ok(())
 }
 

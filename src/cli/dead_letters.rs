@@ -203,8 +203,8 @@ pub fn run(args: &DeadLettersArgs) -> anyhow::Result<Verdict> {
     Ok(verdict)
 }
 
-/// Opens the engine on the target directory. A directory without a log is
-/// refused rather than created.
+/// Opens the engine on the target directory. A directory without a log
+/// (no `wal/`, or no `wal/META` in it) is refused rather than created.
 pub(super) fn open(target: &Target) -> anyhow::Result<Engine> {
     let dir = &target.dir;
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
@@ -215,6 +215,16 @@ pub(super) fn open(target: &Target) -> anyhow::Result<Engine> {
         bail!(
             "{} is not a Kairos data directory: it has no wal/ log directory",
             dir.display()
+        );
+    }
+    // An empty wal/ would be made a new log, and the command would answer
+    // for a store that never existed.
+    let meta = dir.join("wal").join(kairos_wal::format::META_FILE_NAME);
+    if std::fs::symlink_metadata(&meta).is_err() {
+        bail!(
+            "{} is not a Kairos data directory: its wal/ holds no log ({} is missing)",
+            dir.display(),
+            meta.display()
         );
     }
     Engine::open(dir, config(target)).map_err(|e| match e {
