@@ -354,6 +354,26 @@ fn verify_refuses_a_directory_without_a_log() {
     refused_with("wal is not a directory");
 }
 
+/// `inspect` on a directory that is no Kairos directory (`/`, say) fails without walking its
+/// whole tree: only its own files are counted.
+#[test]
+fn inspect_of_a_stray_directory_does_not_walk_its_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("sub").join("deeper")).unwrap();
+    std::fs::write(tmp.path().join("sub/deeper/buried.txt"), b"x").unwrap();
+    std::fs::write(tmp.path().join("top.txt"), b"y").unwrap();
+    let out = kairos(&["inspect", tmp.path().to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("top.txt"), "{stdout}");
+    assert!(!stdout.contains("buried.txt"), "{stdout}");
+    assert!(
+        text(&out.stderr).contains("not a Kairos data or log directory"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn demo_refuses_to_remove_a_directory_that_is_not_a_data_directory() {
     let tmp = tempfile::tempdir().unwrap();

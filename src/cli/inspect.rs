@@ -1026,6 +1026,9 @@ fn disk_usage(dir: &Path, log_dir: &Path) -> DiskUsage {
     let mut parts = Vec::new();
     for (path, name) in sorted_entries(dir, &mut usage.unreadable) {
         match std::fs::symlink_metadata(&path) {
+            // A log directory given by itself (or a directory that is no Kairos directory at
+            // all, `/` say) has no subdirectories of Kairos's: they are not walked.
+            Ok(meta) if meta.is_dir() && dir == log_dir => {}
             Ok(meta) if meta.is_dir() => {
                 let mut part = Part::new(format!("{name}/"));
                 walk(dir, &path, log_dir, &mut part, &mut usage);
