@@ -374,6 +374,53 @@ fn inspect_of_a_stray_directory_does_not_walk_its_tree() {
     );
 }
 
+/// A FIFO where a log file belongs (`wal/META`): every command that reads the directory fails
+/// at once naming it, instead of blocking until someone writes to the FIFO; the error says so
+/// once, not once per layer.
+#[test]
+fn a_fifo_in_place_of_a_log_file_is_refused_not_waited_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &[]);
+    let meta = dir.join("wal").join("META");
+    std::fs::remove_file(&meta).unwrap();
+    let made = Command::new("mkfifo").arg(&meta).status().unwrap();
+    assert!(made.success());
+    let dir = dir.to_str().unwrap();
+    for args in [
+        &["verify", dir][..],
+        &["inspect", dir],
+        &["dump", dir],
+        &["checkpoint", dir],
+        &["dead-letters", "list", dir],
+    ] {
+        // A hang fails the test by its own timeout rather than CI's.
+        let mut child = Command::new(KAIROS)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("{args:?} hung on a FIFO");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {all}");
+        assert!(all.contains("is not a regular file"), "{args:?}: {all}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.matches("is not a regular file").count() <= 1,
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn demo_refuses_to_remove_a_directory_that_is_not_a_data_directory() {
     let tmp = tempfile::tempdir().unwrap();

@@ -79,6 +79,25 @@ pub(crate) fn write_err(line: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
+/// An error and its causes, `: `-separated, as `{:#}` prints them — but a
+/// cause whose text the message before it already holds (an error that
+/// prints its source and also returns it from `source()`, as
+/// `kairos_wal::WalError::Io` does) is not repeated.
+fn chain(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// Kairos — an embeddable, durable delayed-task engine.
 ///
 /// Schedule a task to fire at a moment in the future, cancel it by key
@@ -129,7 +148,7 @@ pub fn main() -> ExitCode {
         Ok(Verdict::Pass) => ExitCode::SUCCESS,
         Ok(Verdict::Fail) => ExitCode::FAILURE,
         Err(error) => {
-            write_err(format_args!("kairos: error: {error:#}"));
+            write_err(format_args!("kairos: error: {}", chain(&error)));
             ExitCode::FAILURE
         }
     };

@@ -70,6 +70,15 @@ impl Storage for FsStorage {
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        // Only regular files: opening a FIFO put where a log file belongs (by mistake, or in a
+        // directory the reader does not trust) would block until someone writes to it, and a
+        // device would read whatever it yields. (`list` names only regular files already.)
+        if !matches!(mode, OpenMode::CreateNew) && !std::fs::metadata(path)?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a regular file", path.display()),
+            ));
+        }
         let file = open_options(mode).open(path)?;
         Ok(Box::new(FsFile { file }))
     }
