@@ -1,4 +1,4 @@
-//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds|far-cancel|floor N`
+//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds|far-cancel|floor|every N`
 //! (`warm`: schedule, cancel all, then time scheduling them again into grown memory;
 //! `many`: batches of 1 000 through `schedule_many` and `cancel_many`;
 //! `holds`: every single `schedule` call timed, the longest ones printed — where the
@@ -15,6 +15,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if what == "single" {
         let mode = args.get(3).map_or("buffered", String::as_str);
         return single_calls(n, mode);
+    }
+    if what == "every" {
+        let every: usize = args.get(3).map_or(Ok(1), |s| s.parse())?;
+        let mode = args.get(4).map_or("interval", String::as_str);
+        return sync_every(n, every, mode);
     }
     if what == "far-cancel" {
         return far_cancel(n);
@@ -230,6 +235,37 @@ fn single_calls(n: usize, mode: &str) -> Result<(), Box<dyn std::error::Error>> 
         "{mode}: schedule {:.0} ns/op; cancel {:.0} ns/op",
         schedule.as_nanos() as f64 / n as f64,
         t.elapsed().as_nanos() as f64 / n as f64
+    );
+    Ok(())
+}
+
+/// `probe every N K [interval|buffered|sync]`: N single schedules on one
+/// thread, with `Engine::sync` after every K-th (so every K-th call, and all
+/// before it, survive a power loss as under `Sync`); prints schedules/s.
+fn sync_every(n: usize, every: usize, mode: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let mut config = Config::default();
+    // `interval`: a second, so that the engine's own background syncs stay out of the way.
+    config.durability = match mode {
+        "interval" => kairos::Durability::Interval(Duration::from_secs(1)),
+        other => durability(other),
+    };
+    let engine = Engine::open(dir.path(), config)?;
+    let keys = keys(n);
+    let payload = [7u8; 100];
+    let every = every.max(1);
+    let t = Instant::now();
+    for (i, k) in keys.iter().enumerate() {
+        engine.schedule_after(k, Duration::from_secs(3600), &payload)?;
+        if (i + 1) % every == 0 {
+            engine.sync()?;
+        }
+    }
+    let elapsed = t.elapsed();
+    engine.shutdown()?;
+    println!(
+        "{mode}, sync every {every}: {:.0} schedules/s",
+        n as f64 / elapsed.as_secs_f64()
     );
     Ok(())
 }
