@@ -885,3 +885,52 @@ fn dump_into_a_closed_pipe_ends_quietly() -> TestResult {
     assert!(!text(&out.stderr).contains("panicked"));
     Ok(())
 }
+
+/// `dump --json` shows keys and payloads as UTF-8 lossily; bytes that are not valid UTF-8 also
+/// come exactly, in hex (`key_hex`, `payload_hex`), in record lines and in `--key` state lines;
+/// valid UTF-8 gets no hex field.
+#[test]
+fn dump_json_gives_bytes_that_are_not_utf8_in_hex() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let engine = kairos::Engine::open(&dir, Config::default())?;
+    engine.schedule_after(b"k\xff", Duration::from_secs(60), b"\x00\xfe")?;
+    engine.schedule_after(b"plain", Duration::from_secs(60), "é".as_bytes())?;
+    engine.checkpoint()?;
+    engine.shutdown()?;
+    let (stdout, _) = run(&["dump".as_ref(), "--json".as_ref(), dir.as_os_str()], 0);
+    let lines = json_lines(&stdout);
+    let schedules: Vec<&Value> = lines.iter().filter(|l| l["type"] == "SCHEDULE").collect();
+    assert_eq!(schedules.len(), 2, "{stdout}");
+    assert_eq!(schedules[0]["key"], "k\u{fffd}");
+    assert_eq!(schedules[0]["key_hex"], "6bff");
+    assert_eq!(schedules[0]["payload_hex"], "00fe");
+    assert_eq!(schedules[1]["key"], "plain");
+    assert_eq!(schedules[1]["payload"], "é");
+    assert!(schedules[1].get("key_hex").is_none(), "{}", schedules[1]);
+    assert!(
+        schedules[1].get("payload_hex").is_none(),
+        "{}",
+        schedules[1]
+    );
+    // The checkpoint's state line for the key (given as raw bytes on the command line).
+    use std::os::unix::ffi::OsStrExt;
+    let key = OsStr::from_bytes(b"k\xff");
+    let (stdout, _) = run(
+        &[
+            "dump".as_ref(),
+            "--json".as_ref(),
+            "--key".as_ref(),
+            key,
+            dir.as_os_str(),
+        ],
+        0,
+    );
+    let state: Vec<Value> = json_lines(&stdout)
+        .into_iter()
+        .filter(|l| l["type"] != "SCHEDULE" && l["type"] != "CHECKPOINT")
+        .collect();
+    assert_eq!(state.len(), 1, "{stdout}");
+    assert_eq!(state[0]["key_hex"], "6bff", "{}", state[0]);
+    Ok(())
+}

@@ -92,6 +92,20 @@ pub fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `bytes` as lowercase hex digits if they are not valid UTF-8 — the exact
+/// bytes beside a [`lossy`] rendering that lost some; `None` if they are.
+pub fn hex_unless_utf8(bytes: &[u8]) -> Option<String> {
+    use std::fmt::Write as _;
+    std::str::from_utf8(bytes).is_err().then(|| {
+        bytes
+            .iter()
+            .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+                let _ = write!(out, "{b:02x}");
+                out
+            })
+    })
+}
+
 /// The first `limit` bytes of `bytes` (all of them with `None`), cut back to
 /// a character boundary if the limit falls inside a UTF-8 sequence; and
 /// whether anything was left out.

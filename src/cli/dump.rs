@@ -95,7 +95,9 @@ strings both (null past the year 9999). The checkpoint line is an object with \"
 \"CHECKPOINT\" (file, path, lsn, created, bytes, max_task_id, tasks, far_tasks, \
 dead_letters); a far task's, \"type\": \"FAR_TASK\" (checkpoint_lsn, task_id, key_hash as \
 16 hex digits, file, offset; with --key also key, due_ms and due); the other state lines of \
---key have \"type\": \"CHECKPOINT_TASK\" or \"DEAD_LETTER\" and checkpoint_lsn.
+--key have \"type\": \"CHECKPOINT_TASK\" or \"DEAD_LETTER\" and checkpoint_lsn. Keys, payloads \
+and error texts are strings, UTF-8 lossily; a key or a payload that is not valid UTF-8 also \
+comes as key_hex or payload_hex, its exact bytes (the payload's shown part) in hex.
 
 A summary goes to stderr: the records read, a torn tail (an unsynced write cut short by a \
 crash, which the next open truncates: reported, not damage), or the damage that stopped the \
@@ -780,6 +782,9 @@ struct FarJson {
     /// UTF-8, lossily (`--key` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     key: Option<String>,
+    /// The key's exact bytes in hex, when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_hex: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     due_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -796,6 +801,9 @@ impl FarJson {
             file: task.file,
             offset: task.offset,
             key: key_read.then(|| describe::lossy(&s.key)),
+            key_hex: key_read
+                .then(|| describe::hex_unless_utf8(&s.key))
+                .flatten(),
             due_ms: key_read.then_some(s.due_ms),
             due: key_read.then(|| rfc3339(s.due_ms)),
         }
@@ -813,6 +821,9 @@ struct StateJson {
     task_id: u64,
     /// UTF-8, lossily.
     key: String,
+    /// The key's exact bytes in hex, when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_hex: Option<String>,
     due_ms: u64,
     due: Option<String>,
     deliveries: u32,
@@ -834,6 +845,7 @@ impl StateJson {
             checkpoint_lsn,
             task_id: s.id,
             key: describe::lossy(&s.key),
+            key_hex: describe::hex_unless_utf8(&s.key),
             due_ms: s.due_ms,
             due: rfc3339(s.due_ms),
             deliveries: s.deliveries,
@@ -969,12 +981,18 @@ struct JsonLine<'a> {
     /// UTF-8, lossily.
     #[serde(skip_serializing_if = "Option::is_none")]
     key: Option<String>,
+    /// The key's exact bytes in hex, when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_hex: Option<String>,
     /// RESCHEDULE: whether the task keeps its payload (then no payload fields).
     #[serde(skip_serializing_if = "Option::is_none")]
     payload_kept: Option<bool>,
     /// UTF-8, lossily; its first bytes unless `--full-payload`.
     #[serde(skip_serializing_if = "Option::is_none")]
     payload: Option<String>,
+    /// The exact bytes `payload` shows, in hex, when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_hex: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload_bytes: Option<usize>,
     /// Whether `payload` is cut short.
@@ -1023,6 +1041,7 @@ impl<'a> JsonLine<'a> {
             } => {
                 (line.due_ms, line.due) = time(due_ms);
                 line.key = Some(describe::lossy(key));
+                line.key_hex = describe::hex_unless_utf8(key);
                 line.set_payload(payload, payload_limit);
             }
             Record::Deliver { fired_ms, .. } => (line.fired_ms, line.fired) = time(fired_ms),
@@ -1054,6 +1073,7 @@ impl<'a> JsonLine<'a> {
     fn set_payload(&mut self, payload: &[u8], limit: Option<usize>) {
         let (shown, cut) = preview(payload, limit);
         self.payload = Some(describe::lossy(shown));
+        self.payload_hex = describe::hex_unless_utf8(shown);
         self.payload_bytes = Some(payload.len());
         self.payload_truncated = Some(cut);
     }
