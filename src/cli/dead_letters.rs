@@ -7,7 +7,7 @@
 //! `Engine::requeue_dead_letter`, `Engine::purge_dead_letter` — and shuts the
 //! engine down cleanly.
 
-use super::{DurabilityArgs, Verdict};
+use super::{describe, DurabilityArgs, Verdict};
 use anyhow::{anyhow, bail, Context as _};
 use clap::{Args, Subcommand};
 use kairos::config::{KEY_BYTES_MAX_LIMIT, PAYLOAD_BYTES_MAX_LIMIT, PENDING_TASKS_LIMIT};
@@ -121,12 +121,12 @@ struct Letter {
     attempts: u32,
     /// When it was dead-lettered, UTC ms.
     dead_ms: u64,
-    /// The same, RFC 3339 UTC.
-    dead_at: String,
+    /// The same, RFC 3339 UTC (`null` past the year 9999).
+    dead_at: Option<String>,
     /// Due time of its last attempt, UTC ms.
     due_ms: u64,
-    /// The same, RFC 3339 UTC.
-    due_at: String,
+    /// The same, RFC 3339 UTC (`null` past the year 9999).
+    due_at: Option<String>,
     payload_bytes: usize,
     /// The error of its last attempt.
     error: String,
@@ -139,9 +139,9 @@ impl From<&DeadLetter> for Letter {
             key: String::from_utf8_lossy(&d.key).into_owned(),
             attempts: d.attempts,
             dead_ms: d.dead_ms,
-            dead_at: rfc3339_utc(d.dead_ms),
+            dead_at: describe::rfc3339(d.dead_ms),
             due_ms: d.due_ms,
-            due_at: rfc3339_utc(d.due_ms),
+            due_at: describe::rfc3339(d.due_ms),
             payload_bytes: d.payload.len(),
             error: d.error.clone(),
         }
@@ -299,8 +299,8 @@ fn print_table(dir: &Path, letters: &[Letter]) {
             [
                 l.task_id.to_string(),
                 l.attempts.to_string(),
-                l.dead_at.clone(),
-                l.due_at.clone(),
+                rfc3339_or_ms(l.dead_ms),
+                rfc3339_or_ms(l.due_ms),
                 l.payload_bytes.to_string(),
                 format!("{:?}", l.key),
                 format!("{:?}", l.error),
@@ -464,89 +464,9 @@ fn selected(letters: &[DeadLetter], which: &Selection) -> Vec<u64> {
         .collect()
 }
 
-/// `ms` milliseconds after the Unix epoch as RFC 3339 in UTC with
-/// milliseconds, e.g. `2023-11-14T22:13:20.000Z`. Years past 9999 (which
-/// RFC 3339 cannot write) are printed with more digits.
-fn rfc3339_utc(ms: u64) -> String {
-    let days = ms / 86_400_000;
-    let in_day = ms % 86_400_000;
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        in_day / 3_600_000,
-        in_day / 60_000 % 60,
-        in_day / 1_000 % 60,
-        in_day % 1_000
-    )
-}
-
-/// The proleptic Gregorian date `days` days after 1970-01-01: Howard
-/// Hinnant's `civil_from_days` ("chrono-Compatible Low-Level Date
-/// Algorithms"), for days on or after the epoch.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    // Shift the epoch to 0000-03-01, the start of a 400-year era.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097; // [0, 146096]
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365], from March 1
-    let mp = (5 * doy + 2) / 153; // [0, 11], March = 0
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_matches_known_instants() {
-        // Checked against `date -u -d @SECONDS`.
-        let cases = [
-            (0, "1970-01-01T00:00:00.000Z"),
-            (1, "1970-01-01T00:00:00.001Z"),
-            (86_399_999, "1970-01-01T23:59:59.999Z"),
-            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
-            (978_307_199_000, "2000-12-31T23:59:59.000Z"),
-            (1_700_000_000_123, "2023-11-14T22:13:20.123Z"),
-            (1_709_164_800_000, "2024-02-29T00:00:00.000Z"),
-            (1_709_251_200_000, "2024-03-01T00:00:00.000Z"),
-            (4_107_542_400_000, "2100-03-01T00:00:00.000Z"),
-            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
-            (253_402_300_800_000, "10000-01-01T00:00:00.000Z"),
-        ];
-        for (ms, text) in cases {
-            assert_eq!(rfc3339_utc(ms), text, "{ms}");
-        }
-        // Never panics, up to the largest value on disk.
-        assert!(rfc3339_utc(u64::MAX).ends_with('Z'));
-    }
-
-    #[test]
-    fn civil_from_days_round_trips_every_day_of_two_eras() {
-        // Walk day by day from the epoch, checking each date follows the last.
-        let mut prev = civil_from_days(0);
-        assert_eq!(prev, (1970, 1, 1));
-        for days in 1..(800 * 366) {
-            let (y, m, d) = civil_from_days(days);
-            let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
-            let month_days = match prev.1 {
-                2 if leap => 29,
-                2 => 28,
-                4 | 6 | 9 | 11 => 30,
-                _ => 31,
-            };
-            let expected = if prev.2 < month_days {
-                (prev.0, prev.1, prev.2 + 1)
-            } else if prev.1 < 12 {
-                (prev.0, prev.1 + 1, 1)
-            } else {
-                (prev.0 + 1, 1, 1)
-            };
-            assert_eq!((y, m, d), expected, "day {days}");
-            prev = (y, m, d);
-        }
-    }
+/// `ms` as RFC 3339 UTC with milliseconds ([`describe::rfc3339`], as `dump`
+/// and `inspect` write times); past the year 9999, which RFC 3339 cannot
+/// write, the raw integer in the table and `null` in JSON.
+fn rfc3339_or_ms(ms: u64) -> String {
+    describe::rfc3339(ms).unwrap_or_else(|| format!("{ms} ms"))
 }

@@ -159,6 +159,15 @@ mod tests {
         );
         assert_eq!(rfc3339(RFC3339_MS_MAX + 1), None);
         assert_eq!(rfc3339(u64::MAX), None);
+        // Leap days and century years, checked against `date -u -d @SECONDS`.
+        for (ms, text) in [
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (978_307_199_000, "2000-12-31T23:59:59.000Z"),
+            (1_709_164_800_000, "2024-02-29T00:00:00.000Z"),
+            (4_107_542_400_000, "2100-03-01T00:00:00.000Z"),
+        ] {
+            assert_eq!(rfc3339(ms).as_deref(), Some(text), "{ms}");
+        }
     }
 
     #[test]
