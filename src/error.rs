@@ -298,7 +298,8 @@ pub enum RecvError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SyncError {
-    /// The engine was shut down (before the call, or while it waited).
+    /// The engine was shut down: before the call, or while it waited and before what it
+    /// waited for was durable.
     #[error("the engine is shut down")]
     Closed,
     /// A write or fdatasync failed (this one or an earlier one); the engine refuses work until

@@ -1392,7 +1392,8 @@ impl Engine {
     /// once it returns.
     ///
     /// Under `Sync` every returned call already is durable, and this returns
-    /// without an fdatasync unless a call is still committing; an engine
+    /// without an fdatasync unless records still are being committed (a
+    /// call's, or the driver's delivery records no caller waits for); an engine
     /// opened [`Engine::in_memory`] has nothing to make durable and returns
     /// `Ok` at once.
     ///
@@ -1404,11 +1405,15 @@ impl Engine {
     /// while it waits. Returns at once if everything logged already is
     /// durable.
     ///
+    /// A shutdown may run while this waits: it closes the log cleanly,
+    /// which makes everything durable, and this then returns `Ok` (or
+    /// `Closed`, if the close ended before what it waited for was proven).
+    ///
     /// # Errors
-    /// [`SyncError::Closed`] after [`Engine::shutdown`] (or if it ran
-    /// meanwhile); [`SyncError::Poisoned`] if the engine was poisoned, or a
-    /// write or fdatasync failed now — that poisons the engine, as any
-    /// failed sync does.
+    /// [`SyncError::Closed`] after [`Engine::shutdown`] (see above for one
+    /// that runs meanwhile); [`SyncError::Poisoned`] if the engine was
+    /// poisoned, or a write or fdatasync failed now — that poisons the
+    /// engine, as any failed sync does.
     pub fn sync(&self) -> Result<(), SyncError> {
         self.shared.sync_log()
     }
@@ -1630,18 +1635,20 @@ impl Shared {
 
     /// [`Engine::sync`].
     fn sync_log(&self) -> Result<(), SyncError> {
-        let wal = {
+        // A handle, not the log: a shutdown meanwhile must be able to close
+        // the log (it takes sole ownership of it) while this waits.
+        let log = {
             let core = self.core.lock();
             core.check_open().map_err(|status| match status {
                 Status::Poisoned(cause) => SyncError::Poisoned { cause },
                 _ => SyncError::Closed,
             })?;
             match &core.wal {
-                Some(wal) => Arc::clone(wal),
+                Some(wal) => wal.sync_handle(),
                 None => return Ok(()),
             }
         };
-        wal.sync().map_err(|e| match e {
+        log.sync().map_err(|e| match e {
             WalError::Closed => SyncError::Closed,
             e => {
                 let cause = e.to_string();

@@ -894,32 +894,17 @@ impl Wal {
     /// [`WalError::Io`] if the sync (or a write before it) failed — the log is then poisoned;
     /// [`WalError::Poisoned`] if it already was; [`WalError::Closed`] while closing.
     pub fn sync(&self) -> Result<(), WalError> {
-        let mut state = self.shared.state.lock();
-        if let Some(poison) = &state.poison {
-            return Err(WalError::Poisoned {
-                cause: poison.cause(),
-            });
-        }
-        if state.stop != Stop::Running {
-            return Err(WalError::Closed);
-        }
-        let target = state.next_lsn - 1;
-        if state.acked_lsn >= target {
-            return Ok(());
-        }
-        state.sync_wanted = state.sync_wanted.max(target);
-        self.shared.writer_wake.notify_one();
-        loop {
-            if state.acked_lsn >= target {
-                return Ok(());
-            }
-            if let Some(poison) = &state.poison {
-                return Err(poison.to_error());
-            }
-            if state.writer_done {
-                return Err(WalError::Closed);
-            }
-            self.shared.progress.wait(&mut state);
+        sync_shared(&self.shared)
+    }
+
+    /// A handle that runs [`Wal::sync`] without keeping the log open: the log can be closed
+    /// or dropped while a sync through it waits, which then returns `Ok` if the close made
+    /// everything it waited for durable (and proven), else [`WalError::Closed`]. For callers
+    /// that wait outside whatever owns the `Wal` (an engine's `sync` racing its shutdown).
+    /// Holds no file and no lock.
+    pub fn sync_handle(&self) -> SyncHandle {
+        SyncHandle {
+            shared: Arc::clone(&self.shared),
         }
     }
 
@@ -1013,6 +998,62 @@ impl Drop for Wal {
         if let Err(e) = self.stop_writer(Stop::Drop) {
             tracing::debug!(error = %e, "log dropped after an error");
         }
+    }
+}
+
+/// [`Wal::sync`] on the log's shared state (also [`SyncHandle::sync`]).
+fn sync_shared(shared: &Shared) -> Result<(), WalError> {
+    let mut state = shared.state.lock();
+    if let Some(poison) = &state.poison {
+        return Err(WalError::Poisoned {
+            cause: poison.cause(),
+        });
+    }
+    let target = state.next_lsn - 1;
+    if state.acked_lsn >= target {
+        return Ok(());
+    }
+    if state.stop != Stop::Running {
+        return Err(WalError::Closed);
+    }
+    state.sync_wanted = state.sync_wanted.max(target);
+    shared.writer_wake.notify_one();
+    loop {
+        if state.acked_lsn >= target {
+            return Ok(());
+        }
+        if let Some(poison) = &state.poison {
+            return Err(poison.to_error());
+        }
+        if state.writer_done {
+            return Err(WalError::Closed);
+        }
+        shared.progress.wait(&mut state);
+    }
+}
+
+/// A way to force an fdatasync of the log from a thread that does not own the [`Wal`]
+/// ([`Wal::sync_handle`]): it keeps only the log's shared state, so the log may close meanwhile.
+#[derive(Clone)]
+pub struct SyncHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SyncHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncHandle").finish_non_exhaustive()
+    }
+}
+
+impl SyncHandle {
+    /// [`Wal::sync`]: everything appended so far, fdatasynced (and, with `proof_before_ack`,
+    /// proven). Returns at once if everything already is.
+    ///
+    /// # Errors
+    /// As [`Wal::sync`]; [`WalError::Closed`] also when the log was closed or dropped before
+    /// everything this call waits for was durable.
+    pub fn sync(&self) -> Result<(), WalError> {
+        sync_shared(&self.shared)
     }
 }
 

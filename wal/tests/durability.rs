@@ -15,8 +15,37 @@ fn assert_send_sync<T: Send + Sync>() {}
 #[test]
 fn wal_is_send_and_sync_and_tickets_are_send() {
     assert_send_sync::<Wal>();
+    assert_send_sync::<kairos_wal::SyncHandle>();
     fn assert_send<T: Send>() {}
     assert_send::<kairos_wal::AppendTicket>();
+}
+
+/// A `SyncHandle` syncs like `Wal::sync` while the log is open, and does not keep it open:
+/// after a clean close (which makes everything durable) it answers `Ok`; after a drop that left
+/// appends unsynced (`Buffered`), `Closed`; and it never blocks the close.
+#[test]
+fn a_sync_handle_syncs_and_outlives_the_log() -> TestResult {
+    let sim = SimStorage::new(7);
+    let opts = options(Durability::Buffered, 1 << 20);
+    let (wal, _, _) = open(&sim, opts.clone())?;
+    let handle = wal.sync_handle();
+    append_one(&wal, 1)?;
+    let before = sim.sync_count();
+    handle.sync()?;
+    assert!(
+        sim.sync_count() > before,
+        "the handle's sync did not fdatasync"
+    );
+    append_one(&wal, 2)?;
+    wal.close()?;
+    handle.sync()?;
+    let (wal, _, replayed) = open(&sim, opts.clone())?;
+    assert_prefix(&replayed, 2, 2);
+    let handle = wal.sync_handle();
+    append_one(&wal, 3)?;
+    drop(wal);
+    assert!(matches!(handle.sync(), Err(kairos_wal::WalError::Closed)));
+    Ok(())
 }
 
 /// Appends from `threads` threads, `per_thread` each, every append waited; returns the
