@@ -169,8 +169,16 @@ fn a_trimmed_log_without_its_checkpoint_fails_verify_inspect_and_dump() -> TestR
         std::fs::remove_file(entry?.path())?;
     }
     assert!(Engine::open(dir, config()).is_err(), "the engine opened");
-    for command in ["verify", "inspect", "dump"] {
-        let out = Command::new(KAIROS).arg(command).arg(dir).output()?;
+    // The data directory, or its wal/ given alone (read with its data directory all the same).
+    for (command, target) in [
+        ("verify", dir.to_path_buf()),
+        ("inspect", dir.to_path_buf()),
+        ("dump", dir.to_path_buf()),
+        ("verify", dir.join("wal")),
+        ("inspect", dir.join("wal")),
+        ("dump", dir.join("wal")),
+    ] {
+        let out = Command::new(KAIROS).arg(command).arg(&target).output()?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

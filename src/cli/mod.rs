@@ -80,20 +80,23 @@ pub(crate) fn write_err(line: std::fmt::Arguments<'_>) {
 }
 
 /// An error and its causes, `: `-separated, as `{:#}` prints them — but a
-/// cause whose text the message before it already holds (an error that
-/// prints its source and also returns it from `source()`, as
+/// cause whose text the message before it ends with (an error that prints
+/// its source and also returns it from `source()`, as
 /// `kairos_wal::WalError::Io` does) is not repeated.
 fn chain(error: &anyhow::Error) -> String {
     let mut out = String::new();
+    let mut last = String::new();
     for cause in error.chain() {
         let text = cause.to_string();
-        if out.contains(&text) {
+        if !last.is_empty() && last.ends_with(&text) {
+            last = text;
             continue;
         }
         if !out.is_empty() {
             out.push_str(": ");
         }
         out.push_str(&text);
+        last = text;
     }
     out
 }
@@ -278,5 +281,38 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
         assert!(parse_duration("18446744073709551615d").is_err());
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{op}: {source}")]
+    struct Wrapper {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_its_wrapper_ends_with_is_not_repeated() {
+        let e = anyhow::Error::new(Wrapper {
+            op: "write 1.seg",
+            source: std::io::Error::other("disk on fire"),
+        })
+        .context("cannot open x");
+        assert_eq!(chain(&e), "cannot open x: write 1.seg: disk on fire");
+        assert_eq!(
+            format!("{e:#}"),
+            "cannot open x: write 1.seg: disk on fire: disk on fire"
+        );
+    }
+
+    #[test]
+    fn a_cause_found_elsewhere_in_its_wrapper_stays() {
+        let e = anyhow::Error::new(std::io::Error::other("fire")).context("fire drill failed");
+        assert_eq!(chain(&e), "fire drill failed: fire");
     }
 }

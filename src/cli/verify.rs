@@ -26,7 +26,8 @@ const BAD_RECORDS_SHOWN: usize = 10;
 Check every record of a data directory, offline and read-only.
 
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
-directory's wal/ given alone is read with the checkpoint beside it). Every segment \
+directory's wal/ given alone is read as its data directory, with the checkpoint and \
+the overflow files beside it). Every segment \
 header, record frame and CRC-32 is checked by kairos_wal::scan; every record body is decoded and \
 replayed with the rules the engine applies at open (a cancel, delivery or ack must follow its \
 task's schedule, ids must increase, a key may be live only once).
@@ -311,7 +312,7 @@ struct TypeCounts {
 struct BadRecord {
     lsn: u64,
     /// The segment holding it.
-    file: Option<PathBuf>,
+    file: PathBuf,
     /// Byte offset of the record (its record header) in `file`.
     offset: u64,
     reason: String,
@@ -699,12 +700,23 @@ fn has_checkpoint_file(dir: &Path) -> bool {
     checkpoint::list(&FsStorage, dir).is_ok_and(|(files, _)| !files.is_empty())
 }
 
+/// Whether `dir`, the parent of a `wal/` directory, is an engine's data directory: it holds a
+/// checkpoint file, or the `LOCK` file every engine's open creates, or a `checkpoint/` or
+/// `overflow/` directory. (A log used on its own, by `kairos-wal` alone, has none beside it.)
+fn is_data_dir(dir: &Path) -> bool {
+    has_checkpoint_file(&dir.join(checkpoint::CHECKPOINT_DIR_NAME))
+        || dir.join("LOCK").is_file()
+        || dir.join(checkpoint::CHECKPOINT_DIR_NAME).is_dir()
+        || dir.join(ovf::OVERFLOW_DIR_NAME).is_dir()
+}
+
 /// The data directory and the log directory to read for `dir` (also used by `dump` and
 /// `inspect`): `DIR` and `DIR/wal` if that is a directory. A data directory's `wal/` given by
-/// itself, beside a `checkpoint/` directory holding a checkpoint file, is read with its data
-/// directory (a note on stderr says so, naming `command`): without the checkpoint, every
-/// record about a task the checkpoint holds would look orphaned. Otherwise `DIR` is a lone
-/// log directory, read without a checkpoint; both paths returned are then `DIR`.
+/// itself ([`is_data_dir`] of its parent) is read with its data directory (a note on stderr
+/// says so, naming `command`): without the checkpoint, every record about a task the
+/// checkpoint holds would look orphaned, and a log trimmed by a checkpoint that is gone would
+/// pass. Otherwise `DIR` is a lone log directory, read without a checkpoint; both paths
+/// returned are then `DIR`.
 ///
 /// If an engine has the log open (its `LOCK` is held), a warning on stderr says that what is
 /// read may change under the reader.
@@ -770,11 +782,11 @@ fn find_dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
         .file_name()
         .filter(|name| *name == "wal")
         .and_then(|_| real.parent())
-        .filter(|p| has_checkpoint_file(&p.join(checkpoint::CHECKPOINT_DIR_NAME)));
+        .filter(|p| is_data_dir(p));
     if let Some(data_dir) = parent {
         errln!(
-            "kairos {command}: note: {} is the log of the data directory {}, which has a \
-             checkpoint: reading them together",
+            "kairos {command}: note: {} is the log of the data directory {}: reading them \
+             together",
             dir.display(),
             data_dir.display()
         );
@@ -800,7 +812,7 @@ struct Census {
     types: TypeCounts,
     replay: Replay,
     bad: u64,
-    bad_details: Vec<(u64, u64, String)>,
+    bad_details: Vec<(u64, PathBuf, u64, String)>,
 }
 
 impl Default for Census {
@@ -845,7 +857,8 @@ impl Census {
         if let Err(reason) = outcome {
             self.bad += 1;
             if self.bad_details.len() < BAD_RECORDS_SHOWN {
-                self.bad_details.push((view.lsn.0, offset, reason));
+                self.bad_details
+                    .push((view.lsn.0, file.to_path_buf(), offset, reason));
             }
         }
     }
@@ -907,9 +920,9 @@ impl Verification {
         let bad_record_details = census
             .bad_details
             .iter()
-            .map(|(lsn, offset, reason)| BadRecord {
+            .map(|(lsn, file, offset, reason)| BadRecord {
                 lsn: *lsn,
-                file: segment_of(&segments, *lsn),
+                file: file.clone(),
                 offset: *offset,
                 reason: reason.clone(),
             })
@@ -1047,10 +1060,13 @@ impl Verification {
             e.print("FAILED");
         }
         for b in &self.bad_record_details {
-            let file = b.file.as_ref().map_or(String::new(), |f| {
-                format!(" in {} at byte offset {}", f.display(), b.offset)
-            });
-            outln!("FAILED: bad record at LSN {}{file}: {}", b.lsn, b.reason);
+            outln!(
+                "FAILED: bad record at LSN {} in {} at byte offset {}: {}",
+                b.lsn,
+                b.file.display(),
+                b.offset,
+                b.reason
+            );
         }
         if self.bad_records > self.bad_record_details.len() as u64 {
             outln!("  … {} bad records in all", self.bad_records);
@@ -1063,14 +1079,6 @@ impl Verification {
             (false, _) => {}
         }
     }
-}
-
-/// The segment holding `lsn`.
-fn segment_of(segments: &[Segment], lsn: u64) -> Option<PathBuf> {
-    segments
-        .iter()
-        .find(|s| (s.first_lsn..=s.last_lsn).contains(&lsn))
-        .map(|s| s.file.clone())
 }
 
 impl From<&SegmentInfo> for Segment {
