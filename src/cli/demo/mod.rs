@@ -362,9 +362,9 @@ fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    // The directory's contents, not the directory: `--dir .` (or a path
-    // through a symlink) must not fail halfway, or leave the caller's
-    // working directory deleted.
+    // The directory's contents, not the directory: `--dir .` must not fail
+    // halfway (a directory cannot remove itself as `.`), nor leave a caller
+    // whose working directory it is in a deleted directory.
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let path = entry
             .with_context(|| format!("cannot list {}", dir.display()))?

@@ -72,7 +72,9 @@ impl Storage for FsStorage {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
         // Only regular files: opening a FIFO put where a log file belongs (by mistake, or in a
         // directory the reader does not trust) would block until someone writes to it, and a
-        // device would read whatever it yields. (`list` names only regular files already.)
+        // device would read whatever it yields. (`list` names only regular files already.) A
+        // check before the open, not on the open file: a FIFO swapped in between the two by
+        // someone racing the reader still blocks it.
         if !matches!(mode, OpenMode::CreateNew) && !std::fs::metadata(path)?.is_file() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
