@@ -5,7 +5,8 @@
 //! time that may be past), batch schedule, reschedule (upsert), cancel, advance the clock
 //! (milliseconds to a year), step the wall clock alone, ack, ack many (some spoiled), nack
 //! (with or without a retry delay), extend a lease, pause and resume deliveries, clean reopen,
-//! process crash, power cut,
+//! process crash, power cut, `Engine::sync` then a power cut (which then loses nothing in any
+//! durability mode),
 //! checkpoint (alone, or followed at once by a clean reopen, process crash or power cut) —
 //! on an at-least-once engine with short leases, a small `max_attempts` and a fast backoff,
 //! with `SimStorage` and tiny segments, and checks after every step:
@@ -106,6 +107,10 @@ enum Op {
     Reopen,
     ProcessCrash,
     PowerCut,
+    /// `Engine::sync`, then at once a power cut: in every durability mode nothing returned
+    /// before it may be lost (under `Interval` and `Buffered` a plain power cut promises
+    /// nothing, and the model runs it as a process crash).
+    SyncThenPowerCut,
     /// `Engine::pause_deliveries`.
     Pause,
     /// `Engine::resume_deliveries`.
@@ -116,12 +121,14 @@ enum Op {
     },
 }
 
-/// A restart right after a checkpoint.
+/// A restart right after a checkpoint (or a sync).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Restart {
     Reopen,
     ProcessCrash,
     PowerCut,
+    /// A power cut right after `Engine::sync`: the real thing, in every mode.
+    PowerCutAfterSync,
 }
 
 fn delay_ms() -> impl Strategy<Value = u64> {
@@ -165,6 +172,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Resume),
         1 => Just(Op::ProcessCrash),
         1 => Just(Op::PowerCut),
+        1 => Just(Op::SyncThenPowerCut),
         1 => prop_oneof![
             2 => Just(None),
             1 => Just(Some(Restart::Reopen)),
@@ -1121,6 +1129,12 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
             Op::Reopen => restart = Some(Restart::Reopen),
             Op::ProcessCrash => restart = Some(Restart::ProcessCrash),
             Op::PowerCut => restart = Some(Restart::PowerCut),
+            Op::SyncThenPowerCut => {
+                h.engine()
+                    .sync()
+                    .map_err(|e| at(format!("sync failed: {e}")))?;
+                restart = Some(Restart::PowerCutAfterSync);
+            }
             Op::Checkpoint { then } => {
                 let report = h
                     .engine()
@@ -1155,6 +1169,8 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                 Restart::Reopen => Stop::Clean,
                 // Only `Sync` promises anything across a power cut.
                 Restart::PowerCut if setup.durability == Durability::Sync => Stop::PowerCut,
+                // Everything logged is durable: a power cut loses nothing in any mode.
+                Restart::PowerCutAfterSync => Stop::PowerCut,
                 _ => Stop::ProcessCrash,
             };
             h.stop(how)?;
