@@ -190,6 +190,41 @@ fn a_trimmed_log_without_its_checkpoint_fails_verify_inspect_and_dump() -> TestR
             "{command}: {text}"
         );
     }
+    // The same log copied out as a log on its own, named wal/: read by itself (a trimmed log
+    // is fine there) unless its parent has both an engine's LOCK file and a checkpoint/
+    // directory; either alone is no data directory.
+    let case = tempfile::tempdir()?;
+    std::fs::create_dir(case.path().join("wal"))?;
+    for entry in std::fs::read_dir(dir.join("wal"))? {
+        let entry = entry?;
+        std::fs::copy(
+            entry.path(),
+            case.path().join("wal").join(entry.file_name()),
+        )?;
+    }
+    let verify_copy = || -> TestResult<Option<i32>> {
+        let out = Command::new(KAIROS)
+            .arg("verify")
+            .arg(case.path().join("wal"))
+            .output()?;
+        Ok(out.status.code())
+    };
+    assert_eq!(verify_copy()?, Some(0), "a bare log");
+    std::fs::create_dir(case.path().join("checkpoint"))?;
+    assert_eq!(
+        verify_copy()?,
+        Some(0),
+        "a bare log beside a checkpoint/ directory"
+    );
+    std::fs::remove_dir(case.path().join("checkpoint"))?;
+    std::fs::write(case.path().join("LOCK"), b"")?;
+    assert_eq!(verify_copy()?, Some(0), "a bare log beside a LOCK file");
+    std::fs::create_dir(case.path().join("checkpoint"))?;
+    assert_eq!(
+        verify_copy()?,
+        Some(1),
+        "a data directory's log, its checkpoint gone"
+    );
     for command in ["verify", "inspect"] {
         let out = Command::new(KAIROS)
             .args([command, "--json"])

@@ -568,7 +568,16 @@ fn inspect_counts_what_the_engine_said() -> TestResult {
     assert_eq!(w["records"], records);
     assert_eq!(w["tasks"], v["tasks"]);
     assert_eq!(w["overflow"], v["overflow"], "{w}");
-    assert_eq!(w["checkpoint"], v["checkpoint"], "{w}");
+    assert_eq!(w["disk"], v["disk"], "{w}");
+    // And by a relative path: the log's segments are still counted as the log's.
+    let out = Command::new(KAIROS)
+        .current_dir(&dir)
+        .args(["inspect", "--json", "wal"])
+        .output()?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r = json(&text(&out.stdout));
+    assert_eq!(r["disk"], v["disk"], "{r}");
+    assert!(v["disk"]["wal_segment_files"].as_u64() > Some(0), "{v}");
     Ok(())
 }
 

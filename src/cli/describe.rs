@@ -1,6 +1,7 @@
 //! Describing log records to people and to JSON, shared by `kairos dump` and
-//! `kairos inspect`: record type names, times as RFC 3339, and keys, payloads
-//! and error texts made safe to print on one line.
+//! `kairos inspect` (and `kairos dead-letters`, for its times): record type
+//! names, times as RFC 3339, and keys, payloads and error texts made safe to
+//! print on one line.
 //!
 //! Everything here works on bytes already read and bounded by
 //! `kairos_wal::scan`; nothing allocates from a length found on disk.

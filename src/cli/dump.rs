@@ -45,8 +45,9 @@ Print every record of a data directory's log, one per line, in LSN order. Offlin
 read-only.
 
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
-directory's wal/ given alone is read as its data directory, with the checkpoint and \
-the overflow files beside it). Each line has \
+directory's wal/ given alone, beside a checkpoint or beside the engine's LOCK file and a \
+checkpoint/ directory, is read as its data directory, with the checkpoint and the overflow \
+files beside it). Each line has \
 the record's LSN, its segment file and byte offset, its type (SCHEDULE, CANCEL, DELIVER, ACK, \
 RETRY, DEAD, PURGE, RESCHEDULE, RELEASE, or UNKNOWN(n)), its task id and the fields of its body:
 

@@ -50,8 +50,9 @@ const FILES_LISTED: usize = 50;
 Summarize a data directory, offline and read-only.
 
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
-directory's wal/ given alone is read as its data directory, with the checkpoint and \
-the overflow files beside it). Prints:
+directory's wal/ given alone, beside a checkpoint or beside the engine's LOCK file and a \
+checkpoint/ directory, is read as its data directory, with the checkpoint and the overflow \
+files beside it). Prints:
 
 - the checkpoint the engine's open would start from — the newest file in DIR/checkpoint that \
 reads back whole: its file, LSN, creation time, size in bytes, the live tasks (and of those, \

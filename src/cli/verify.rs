@@ -26,8 +26,9 @@ const BAD_RECORDS_SHOWN: usize = 10;
 Check every record of a data directory, offline and read-only.
 
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
-directory's wal/ given alone is read as its data directory, with the checkpoint and \
-the overflow files beside it). Every segment \
+directory's wal/ given alone, beside a checkpoint or beside the engine's LOCK file and a \
+checkpoint/ directory, is read as its data directory, with the checkpoint and the overflow \
+files beside it). Every segment \
 header, record frame and CRC-32 is checked by kairos_wal::scan; every record body is decoded and \
 replayed with the rules the engine applies at open (a cancel, delivery or ack must follow its \
 task's schedule, ids must increase, a key may be live only once).
@@ -701,22 +702,22 @@ fn has_checkpoint_file(dir: &Path) -> bool {
 }
 
 /// Whether `dir`, the parent of a `wal/` directory, is an engine's data directory: it holds a
-/// checkpoint file, or the `LOCK` file every engine's open creates, or a `checkpoint/` or
-/// `overflow/` directory. (A log used on its own, by `kairos-wal` alone, has none beside it.)
+/// checkpoint file, or both the `LOCK` file every engine's open creates and the `checkpoint/`
+/// directory its first checkpoint does (a trimmed log's checkpoint may be gone; the directory
+/// stays). Either marker alone is common enough beside a log used on its own, by `kairos-wal`
+/// alone, that such a log is then read by itself.
 fn is_data_dir(dir: &Path) -> bool {
-    has_checkpoint_file(&dir.join(checkpoint::CHECKPOINT_DIR_NAME))
-        || dir.join("LOCK").is_file()
-        || dir.join(checkpoint::CHECKPOINT_DIR_NAME).is_dir()
-        || dir.join(ovf::OVERFLOW_DIR_NAME).is_dir()
+    let checkpoints = dir.join(checkpoint::CHECKPOINT_DIR_NAME);
+    has_checkpoint_file(&checkpoints) || (dir.join("LOCK").is_file() && checkpoints.is_dir())
 }
 
 /// The data directory and the log directory to read for `dir` (also used by `dump` and
 /// `inspect`): `DIR` and `DIR/wal` if that is a directory. A data directory's `wal/` given by
 /// itself ([`is_data_dir`] of its parent) is read with its data directory (a note on stderr
-/// says so, naming `command`): without the checkpoint, every record about a task the
-/// checkpoint holds would look orphaned, and a log trimmed by a checkpoint that is gone would
-/// pass. Otherwise `DIR` is a lone log directory, read without a checkpoint; both paths
-/// returned are then `DIR`.
+/// says so, naming `command`), both by their real paths: without the checkpoint, every record
+/// about a task the checkpoint holds would look orphaned, and a log trimmed by a checkpoint
+/// that is gone would pass. Otherwise `DIR` is a lone log directory, read without a
+/// checkpoint; both paths returned are then `DIR`.
 ///
 /// If an engine has the log open (its `LOCK` is held), a warning on stderr says that what is
 /// read may change under the reader.
@@ -790,7 +791,9 @@ fn find_dirs(dir: &Path, command: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
             dir.display(),
             data_dir.display()
         );
-        return Ok((data_dir.to_path_buf(), dir.to_path_buf()));
+        // The log by its real path too, below the data directory's: what is under the data
+        // directory is told apart from the log by comparing paths.
+        return Ok((data_dir.to_path_buf(), real.clone()));
     }
     Ok((dir.to_path_buf(), dir.to_path_buf()))
 }
