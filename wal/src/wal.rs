@@ -892,7 +892,8 @@ impl Wal {
     ///
     /// # Errors
     /// [`WalError::Io`] if the sync (or a write before it) failed — the log is then poisoned;
-    /// [`WalError::Poisoned`] if it already was; [`WalError::Closed`] while closing.
+    /// [`WalError::Poisoned`] if it already was; [`WalError::Closed`] while closing, unless
+    /// everything appended already is durable.
     pub fn sync(&self) -> Result<(), WalError> {
         sync_shared(&self.shared)
     }
