@@ -58,6 +58,23 @@ fn prefix_states(ops: &[Op]) -> Vec<State> {
     states
 }
 
+/// How many of `ops` survived: the `k` whose prefix leaves exactly the state `got` (the
+/// longest, should two prefixes leave the same); an error naming `case` if none does.
+fn survived_prefix(ops: &[Op], got: &State, case: &str) -> TestResult<usize> {
+    prefix_states(ops)
+        .iter()
+        .rposition(|s| s == got)
+        .ok_or_else(|| {
+            format!(
+                "{case}: the {} surviving tasks are not the state after any prefix of the {} \
+                 acknowledged operations",
+                got.len(),
+                ops.len()
+            )
+            .into()
+        })
+}
+
 /// Runs `count` random schedules and cancels (all due 1–30 s ahead, so none fires) and returns
 /// the acknowledged operations in order. Every call must succeed.
 fn random_workload(
@@ -253,15 +270,7 @@ fn power_cut_loses_only_a_suffix(
         let pending = h.engine().recovery().pending;
         let got = observe_all(&h)?;
         assert_eq!(pending, got.len(), "{durability:?} seed {seed}");
-        let states = prefix_states(&ops);
-        let Some(k) = states.iter().rposition(|s| *s == got) else {
-            return Err(format!(
-                "{durability:?} seed {seed}: the {} surviving tasks are not the state after any \
-                 prefix of the {count} acknowledged operations",
-                got.len()
-            )
-            .into());
-        };
+        let k = survived_prefix(&ops, &got, &format!("{durability:?} seed {seed}"))?;
         assert!(
             k >= rolled_ops,
             "{durability:?} seed {seed}: only {k} operations survived, but {rolled_ops} were in \
@@ -357,14 +366,8 @@ fn sync_makes_every_earlier_call_survive_a_power_cut() -> TestResult {
                 })?;
                 h.restart(how)?;
                 let got = observe_all(&h)?;
-                let Some(k) = prefix_states(&ops).iter().rposition(|s| *s == got) else {
-                    return Err(format!(
-                        "{durability:?} {how:?} proof {proof} seed {seed}: the {} surviving tasks \
-                         are not the state after any prefix of the {count} acknowledged operations",
-                        got.len()
-                    )
-                    .into());
-                };
+                let case = format!("{durability:?} {how:?} proof {proof} seed {seed}");
+                let k = survived_prefix(&ops, &got, &case)?;
                 assert!(
                     k >= synced,
                     "{durability:?} {how:?} proof {proof} seed {seed}: {k} operations \
