@@ -815,7 +815,7 @@ struct Census {
     types: TypeCounts,
     replay: Replay,
     bad: u64,
-    bad_details: Vec<(u64, PathBuf, u64, String)>,
+    bad_details: Vec<BadRecord>,
 }
 
 impl Default for Census {
@@ -860,8 +860,12 @@ impl Census {
         if let Err(reason) = outcome {
             self.bad += 1;
             if self.bad_details.len() < BAD_RECORDS_SHOWN {
-                self.bad_details
-                    .push((view.lsn.0, file.to_path_buf(), offset, reason));
+                self.bad_details.push(BadRecord {
+                    lsn: view.lsn.0,
+                    file: file.to_path_buf(),
+                    offset,
+                    reason,
+                });
             }
         }
     }
@@ -920,16 +924,7 @@ impl Verification {
                     .collect()
             }
         };
-        let bad_record_details = census
-            .bad_details
-            .iter()
-            .map(|(lsn, file, offset, reason)| BadRecord {
-                lsn: *lsn,
-                file: file.clone(),
-                offset: *offset,
-                reason: reason.clone(),
-            })
-            .collect();
+        let bad_record_details = census.bad_details;
         Verification {
             log_dir,
             ok: error.is_none() && census.bad == 0,
