@@ -139,8 +139,9 @@ struct State {
     poison: Option<Poison>,
     stop: Stop,
     writer_done: bool,
-    /// Under `Sync`: a lone waiting appender is committing its own round (write, fdatasync,
-    /// proof); other waiters wake the writer thread (which waits for the writer state) and wait.
+    /// A lone waiter is committing its own round (write, fdatasync, proof): an appender under
+    /// `Sync`, or a `Wal::sync` caller in any mode; other waiters wake the writer thread (which
+    /// waits for the writer state) and wait.
     leading: bool,
     /// The writer thread waits without a deadline: a leader's round that leaves an idle mark
     /// to write must wake it, so that it waits for the mark's deadline instead.
@@ -887,25 +888,30 @@ impl Wal {
     }
 
     /// Forces an fdatasync of everything appended so far and waits for it, in any durability
-    /// mode (shares the writer's group commit) — with `proof_before_ack` (the default), until a
-    /// durable mark proves it too. Returns at once if everything already is.
+    /// mode — with `proof_before_ack` (the default), until a durable mark proves it too.
+    /// Returns at once if everything already is. A lone caller commits the round on its own
+    /// thread (one `write` of what is queued, the fdatasync, the proof); concurrent callers
+    /// and appenders share the writer thread's group commit.
     ///
     /// # Errors
     /// [`WalError::Io`] if the sync (or a write before it) failed — the log is then poisoned;
     /// [`WalError::Poisoned`] if it already was; [`WalError::Closed`] while closing, unless
     /// everything appended already is durable.
     pub fn sync(&self) -> Result<(), WalError> {
-        sync_shared(&self.shared)
+        sync_shared(&self.shared, &self.writer_state)
     }
 
     /// A handle that runs [`Wal::sync`] without keeping the log open: the log can be closed
     /// or dropped while a sync through it waits, which then returns `Ok` if the close made
     /// everything it waited for durable (and proven), else [`WalError::Closed`]. For callers
     /// that wait outside whatever owns the `Wal` (an engine's `sync` racing its shutdown).
-    /// Holds no file and no lock.
+    /// Holds no lock; while it lives it keeps the log's writer state (the active segment's
+    /// open file among it) alive, as a pending [`AppendTicket`] does: keep it for a call, not
+    /// for the life of a process.
     pub fn sync_handle(&self) -> SyncHandle {
         SyncHandle {
             shared: Arc::clone(&self.shared),
+            writer: Arc::clone(&self.writer_state),
         }
     }
 
@@ -1002,8 +1008,13 @@ impl Drop for Wal {
     }
 }
 
-/// [`Wal::sync`] on the log's shared state (also [`SyncHandle::sync`]).
-fn sync_shared(shared: &Shared) -> Result<(), WalError> {
+/// [`Wal::sync`] on the log's shared state (also [`SyncHandle::sync`]). A lone caller (no
+/// round led by another caller under way) commits the round itself — write what is queued,
+/// fdatasync, and with `proof_before_ack` the proof — on its own thread, as a lone appender
+/// under `Sync` does ([`AppendTicket::wait`]): no hand-off to the writer thread and back.
+/// Callers that find a round led by another wake the writer thread, whose group commit takes
+/// them all in one fdatasync once that round is done.
+fn sync_shared(shared: &Shared, writer: &Mutex<Writer>) -> Result<(), WalError> {
     let mut state = shared.state.lock();
     if let Some(poison) = &state.poison {
         return Err(WalError::Poisoned {
@@ -1017,8 +1028,7 @@ fn sync_shared(shared: &Shared) -> Result<(), WalError> {
     if state.stop != Stop::Running {
         return Err(WalError::Closed);
     }
-    state.sync_wanted = state.sync_wanted.max(target);
-    shared.writer_wake.notify_one();
+    let mut writer_woken = false;
     loop {
         if state.acked_lsn >= target {
             return Ok(());
@@ -1029,15 +1039,33 @@ fn sync_shared(shared: &Shared) -> Result<(), WalError> {
         if state.writer_done {
             return Err(WalError::Closed);
         }
+        if state.stop == Stop::Running && !state.leading {
+            state.leading = true;
+            parking_lot::MutexGuard::unlocked(&mut state, || {
+                writer.lock().commit_rounds(target);
+            });
+            // A panic in the rounds poisoned the log: nobody waits for a leader then.
+            state.leading = false;
+            continue;
+        }
+        // Another caller leads a round, or the log is closing: the writer thread commits
+        // (a close syncs, and proves, everything appended).
+        if !writer_woken {
+            state.sync_wanted = state.sync_wanted.max(target);
+            shared.writer_wake.notify_one();
+            writer_woken = true;
+        }
         shared.progress.wait(&mut state);
     }
 }
 
 /// A way to force an fdatasync of the log from a thread that does not own the [`Wal`]
-/// ([`Wal::sync_handle`]): it keeps only the log's shared state, so the log may close meanwhile.
+/// ([`Wal::sync_handle`]): it keeps the log's shared state and its writer state (as an
+/// [`AppendTicket`] does), not the [`Wal`], so the log may close meanwhile.
 #[derive(Clone)]
 pub struct SyncHandle {
     shared: Arc<Shared>,
+    writer: Arc<Mutex<Writer>>,
 }
 
 impl std::fmt::Debug for SyncHandle {
@@ -1054,7 +1082,7 @@ impl SyncHandle {
     /// As [`Wal::sync`]; [`WalError::Closed`] also when the log was closed or dropped before
     /// everything this call waits for was durable.
     pub fn sync(&self) -> Result<(), WalError> {
-        sync_shared(&self.shared)
+        sync_shared(&self.shared, &self.writer)
     }
 }
 

@@ -537,7 +537,9 @@ impl SimStorage {
     }
 
     /// Makes every later `sync_data` sleep for `latency` (outside the storage's lock) before
-    /// it takes effect, like a real disk flush. Useful to make group commit observable.
+    /// it takes effect, like a real disk flush. Useful to make group commit observable. Such a
+    /// sync makes durable only the file's writes made before it began: writes that land
+    /// during the latency stay unsynced (a real fdatasync promises nothing for them).
     pub fn set_sync_latency(&self, latency: std::time::Duration) {
         self.inner.lock().sync_latency = latency;
     }
@@ -840,7 +842,13 @@ impl StorageFile for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        let latency = self.inner.lock().sync_latency;
+        // What a real fdatasync is sure to cover: the writes before it began. Writes that land
+        // during its latency stay pending (a real one may or may not take them).
+        let (latency, covered) = {
+            let state = self.inner.lock();
+            let covered = state.inodes.get(&self.ino).map(|inode| inode.pending.len());
+            (state.sync_latency, covered)
+        };
         if !latency.is_zero() {
             std::thread::sleep(latency);
         }
@@ -855,7 +863,13 @@ impl StorageFile for SimFile {
         let Some(inode) = state.inodes.get_mut(&self.ino) else {
             return Err(os_error(EIO));
         };
-        for op in std::mem::take(&mut inode.pending) {
+        // Without latency nothing can land in between: all of it.
+        let covered = if latency.is_zero() {
+            inode.pending.len()
+        } else {
+            covered.unwrap_or(0).min(inode.pending.len())
+        };
+        for op in inode.pending.drain(..covered).collect::<Vec<_>>() {
             match op {
                 PendingOp::Write { offset, data } => {
                     rewrite_ghost(&mut inode.ghost, offset, data.len());
