@@ -168,18 +168,28 @@ pub struct Config {
     /// Whole milliseconds, 1 ms..=[`TICK_MAX`]. Default [`TICK_DEFAULT`].
     pub tick: Duration,
     /// When a call returns relative to its record reaching stable storage.
-    /// Default [`Durability::Sync`]. Ignored by in-memory engines.
+    /// Default [`Durability::Sync`]; [`Durability::Interval`] needs a
+    /// non-zero interval. Ignored by in-memory engines.
     pub durability: Durability,
-    /// Log segment roll size in bytes. Default [`SEGMENT_BYTES_DEFAULT`].
+    /// Log segment roll size in bytes, at least
+    /// [`kairos_wal::SEGMENT_BYTES_MIN`] (4 KiB). Default
+    /// [`SEGMENT_BYTES_DEFAULT`] (64 MiB).
     pub segment_bytes: u64,
-    /// Longest key accepted, in bytes (1..=[`KEY_BYTES_MAX_LIMIT`]).
+    /// Longest key accepted, in bytes (1..=[`KEY_BYTES_MAX_LIMIT`]). Default
+    /// [`KEY_BYTES_MAX_DEFAULT`] (1 KiB). Lowering it later does not touch
+    /// tasks already stored: they fire and can be cancelled, but a
+    /// reschedule of one with a longer key is refused (`KeyTooLong`).
     pub key_bytes_max: usize,
     /// Largest payload accepted, in bytes (≤ [`PAYLOAD_BYTES_MAX_LIMIT`]).
+    /// Default [`PAYLOAD_BYTES_MAX_DEFAULT`] (1 MiB).
     pub payload_bytes_max: usize,
-    /// Largest number of live tasks; `schedule` beyond it is an error.
+    /// Largest number of live tasks; `schedule` beyond it is an error
+    /// (1..=[`PENDING_TASKS_LIMIT`]). Default [`PENDING_TASKS_MAX_DEFAULT`]
+    /// (50 M).
     pub pending_tasks_max: usize,
     /// Latest due time accepted, relative to now. Must fit the wheel:
     /// at most `tick × 2^41` (half the wheel's range; ≈ 69 years at 1 ms).
+    /// Default [`DELAY_MAX_DEFAULT`] (10 years).
     pub delay_max: Duration,
     /// At-least-once (default) or at-most-once delivery.
     pub delivery: DeliveryGuarantee,
@@ -485,6 +495,9 @@ impl Config {
         if self.checkpoint_interval == Some(Duration::ZERO) {
             return Err("checkpoint_interval must be positive (or None)".into());
         }
+        if self.durability == Durability::Interval(Duration::ZERO) {
+            return Err("durability Interval needs a non-zero interval".into());
+        }
         if self.segment_bytes < kairos_wal::SEGMENT_BYTES_MIN {
             return Err(format!(
                 "segment_bytes must be ≥ {}, got {}",
@@ -523,6 +536,27 @@ mod tests {
             }
             other => panic!("expected InvalidConfig, got {other:?}"),
         }
+    }
+
+    /// A zero interval is refused by `check` (before the directory is touched), not first by
+    /// the log after `open` has created the directory and its lock file.
+    #[test]
+    fn check_refuses_a_zero_interval() {
+        let bad = Config {
+            durability: Durability::Interval(Duration::ZERO),
+            ..Config::default()
+        };
+        match bad.check() {
+            Err(crate::OpenError::InvalidConfig { reason }) => {
+                assert!(reason.contains("Interval"), "{reason}");
+            }
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+        let good = Config {
+            durability: Durability::Interval(Duration::from_millis(1)),
+            ..Config::default()
+        };
+        assert!(good.check().is_ok());
     }
 
     #[test]

@@ -119,7 +119,11 @@ impl Consumer {
         self.shared.receive(Wait::No)
     }
 
-    /// A blocking iterator over deliveries; it ends when the engine stops.
+    /// A blocking iterator over deliveries; it ends when the engine stops —
+    /// shut down, dropped, or poisoned by an I/O failure alike. To tell
+    /// them apart (a poisoned engine wants an alert and a reopen), loop on
+    /// [`Consumer::recv`] instead: it returns [`RecvError::Closed`] or
+    /// [`RecvError::Poisoned`] with the cause.
     pub fn iter(&self) -> impl Iterator<Item = Delivery> + '_ {
         std::iter::from_fn(move || self.recv().ok())
     }

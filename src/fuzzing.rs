@@ -19,7 +19,7 @@
 //! | [`record_body`] | a record type byte and a body | `Record::decode` never panics; what decodes re-encodes to the same bytes |
 //! | [`checkpoint_file`] | a flags byte (fix checksums) and a checkpoint file | `checkpoint::decode` never panics; what decodes survives re-encoding; `Replay::from_checkpoint` never panics |
 //! | [`overflow_file`] | a flags byte (fix checksums) and an overflow file | `overflow::decode`, `read_due`, `read_entry` and `PieceReader` never panic and agree; what decodes re-encodes to the same bytes |
-//! | [`verify_dir`] | [`DirImage`]: arbitrary files with plausible or arbitrary names in a log directory | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail); a directory it passes, the engine opens and shuts down |
+//! | `verify_dir` (with the `cli` feature) | [`DirImage`]: arbitrary files with plausible or arbitrary names in a log directory | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail); a directory it passes, the engine opens and shuts down |
 //! | [`engine_model`](fn@engine_model) | [`EngineModelInput`]: a setup and a sequence of schedule, schedule_many, reschedule, cancel, cancel_many, advance, wall step, ack, ack_many, nack, extend_lease, requeue, purge, clean reopen, process crash and power cut operations | the engine on `SimStorage` with a `ManualClock` (`Sync`, tiny segments) answers, delivers (order, key, payload, due time, attempt, hand-out time), recovers, counts and dead-letters exactly as a reference model says |
 //!
 //! Not a stable API: hidden from the docs, changed whenever the targets change.
@@ -880,7 +880,7 @@ pub struct DirFile {
     pub bytes: Vec<u8>,
 }
 
-/// The decoded input of [`verify_dir`]: a small log directory of arbitrary files.
+/// The decoded input of `verify_dir` (with the `cli` feature): a small log directory of arbitrary files.
 ///
 /// Layout: a flags byte (bit 0: make the checksums of `META`, `TRIM`, `CLOSED`, segment
 /// headers and frames valid); a byte choosing `record_bytes_max` as in [`SegmentImage`];

@@ -26,6 +26,28 @@
 //! engine.shutdown().unwrap();
 //! ```
 //!
+//! ## Cancel and delivery
+//!
+//! [`Engine::cancel`] answers exactly, with a [`CancelOutcome`]:
+//! - `Cancelled { deliveries }`: the task was waiting (or due but not yet
+//!   received); no consumer receives it from now on — no retry, no
+//!   redelivery after a restart. With `deliveries: 0` no consumer ever
+//!   received it: for such a task, "cancel answered `Cancelled`" and "a
+//!   consumer received it" exclude each other, and one of them happens
+//!   unless it is still waiting.
+//! - `AlreadyDelivered { attempt }`: a consumer holds it now (it may still
+//!   ack it); nothing more of it will be delivered. Compensate for the work
+//!   in progress.
+//! - `NotFound`: no live task has the key.
+//!
+//! This holds across crashes: under [`Durability::Sync`] a cancel's record
+//! is on stable storage before `Cancelled` is returned, and a delivery's
+//! before a consumer receives the task, so a power loss cannot turn one
+//! answer into the other. Under `Interval` and `Buffered` it holds across
+//! process crashes; a power loss may drop a recent cancel together with
+//! everything logged after it (the task then fires) unless
+//! [`Engine::sync`] ran after it.
+//!
 //! See `README.md` for the durability contract of each [`Durability`] mode
 //! and `ARCHITECTURE.md` for a map of the code.
 
@@ -68,6 +90,12 @@ pub use error::{
     AckError, CancelError, CheckpointError, OpenError, RecvError, ScheduleError, ShutdownError,
     SyncError,
 };
+/// The write-ahead log crate, re-exported: its types appear in this crate's
+/// API ([`Engine::open_with`] takes a [`kairos_wal::Storage`] such as
+/// [`kairos_wal::SimStorage`]; [`OpenError::Wal`] wraps a
+/// [`kairos_wal::WalError`]), so an embedder can name them with `kairos`
+/// as the only dependency.
+pub use kairos_wal;
 pub use kairos_wal::{Durability, RecoveryReport, TornTail};
 pub use task::{TaskId, TaskState};
 

@@ -328,6 +328,11 @@ fn calls_after_shutdown_fail_closed() -> TestResult {
     ));
     assert!(matches!(e.cancel(b"keeper-1"), Err(CancelError::Closed)));
     assert!(matches!(e.ack(&ds[0]), Err(AckError::Closed)));
+    // Empty batches answer as every call does (schedule_many and ack_many said Ok).
+    assert!(matches!(e.schedule_many(&[]), Err(ScheduleError::Closed)));
+    assert!(matches!(e.cancel_many(&[]), Err(CancelError::Closed)));
+    assert!(matches!(e.ack_many(&[]), Err(AckError::Closed)));
+    assert!(matches!(consumer.ack_many(&[]), Err(AckError::Closed)));
     assert_eq!(consumer.try_recv().unwrap_err(), RecvError::Closed);
     assert_eq!(consumer.recv().unwrap_err(), RecvError::Closed);
     e.shutdown()?; // idempotent
@@ -667,6 +672,43 @@ fn absurd_ticks_are_invalid_config() -> TestResult {
             matches!(got, Err(OpenError::InvalidConfig { .. })),
             "tick {tick:?}: {got:?}"
         );
+    }
+    Ok(())
+}
+
+/// `Durability::Interval(0)` is a configuration error found before the directory is touched:
+/// nothing is created (the log refused it only after `open` had made the directory and its
+/// lock file).
+#[test]
+fn a_zero_interval_is_invalid_config_and_touches_nothing() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let mut c = Config::default();
+    c.durability = kairos::Durability::Interval(Duration::ZERO);
+    match Engine::open(&dir, c) {
+        Err(OpenError::InvalidConfig { reason }) => {
+            assert!(reason.contains("Interval"), "{reason}");
+        }
+        other => return Err(format!("expected InvalidConfig, got {other:?}").into()),
+    }
+    assert!(
+        !dir.exists(),
+        "a refused configuration created {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// An empty data directory path (an unset variable, most likely) is refused: without the
+/// check the engine's files landed in the working directory.
+#[test]
+fn an_empty_directory_path_is_refused() -> TestResult {
+    match Engine::open("", Config::default()) {
+        Err(OpenError::Io { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::InvalidInput);
+            assert!(source.to_string().contains("empty"), "{source}");
+        }
+        other => return Err(format!("expected Io(InvalidInput), got {other:?}").into()),
     }
     Ok(())
 }

@@ -316,6 +316,10 @@ impl Shared {
                 max: BATCH_TASKS_MAX,
             });
         }
+        if deliveries.is_empty() {
+            // Nothing to log, but `Closed` after a shutdown, as any call.
+            return self.core.lock().check_open().map_err(status_to_ack_error);
+        }
         if deliveries.iter().all(|d| d.at_most_once) {
             // Finished when it was received: nothing to do.
             return Ok(());

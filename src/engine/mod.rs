@@ -80,7 +80,8 @@ pub struct NewTask<'a> {
     pub payload: &'a [u8],
 }
 
-/// What a cancel did. Exact: see the crate docs ("Cancel and delivery").
+/// What a cancel did. Exact, across crashes too: see the crate docs
+/// ("Cancel and delivery").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CancelOutcome {
@@ -134,11 +135,12 @@ pub struct Recovery {
     /// taken back unreceived by a clean shutdown. With `redelivered`, the
     /// catch-up backlog.
     pub overdue: usize,
-    /// Of those, tasks in flight at a crash (delivered, never acked): they
-    /// are delivered again, attempt + 1.
+    /// Of those, tasks in flight when the engine last stopped — at a crash,
+    /// or held by a consumer at a clean shutdown (delivered, never acked):
+    /// they are delivered again, attempt + 1.
     pub redelivered: usize,
-    /// Tasks in flight at a crash whose attempts were used up: dead-lettered
-    /// at open.
+    /// Tasks in flight when the engine last stopped (crash or clean
+    /// shutdown) whose attempts were used up: dead-lettered at open.
     pub dead_lettered: usize,
     /// Dead letters kept.
     pub dead_letters: usize,
@@ -775,9 +777,15 @@ impl Engine {
     /// delivered again.
     ///
     /// # Errors
-    /// [`OpenError::Locked`] if the directory is open elsewhere;
-    /// [`OpenError::Wal`] for I/O errors and for corruption (naming file and
-    /// offset); [`OpenError::InvalidConfig`].
+    /// [`OpenError::InvalidConfig`] (checked before the directory is
+    /// touched); [`OpenError::Io`] if the directory cannot be created or
+    /// locked (a path that is a file, or not writable); [`OpenError::Locked`]
+    /// if the directory is open elsewhere; [`OpenError::Wal`] if the log
+    /// cannot be read or recovered (I/O errors, corruption naming file and
+    /// offset, a foreign or missing segment); [`OpenError::Checkpoint`],
+    /// [`OpenError::Overflow`] and [`OpenError::CheckpointMismatch`] for a
+    /// checkpoint or overflow file that is damaged or does not fit the log.
+    /// An empty path is refused as [`OpenError::Io`] (`InvalidInput`).
     pub fn open(dir: impl AsRef<Path>, config: Config) -> Result<Engine, OpenError> {
         Self::open_with(
             dir,
@@ -789,6 +797,9 @@ impl Engine {
 
     /// [`Engine::open`] with an explicit storage (e.g. `kairos_wal::SimStorage`
     /// for crash tests) and clock (e.g. [`crate::ManualClock`]).
+    ///
+    /// # Errors
+    /// As [`Engine::open`].
     pub fn open_with(
         dir: impl AsRef<Path>,
         config: Config,
@@ -797,6 +808,18 @@ impl Engine {
     ) -> Result<Engine, OpenError> {
         config.check()?;
         let dir = dir.as_ref().to_path_buf();
+        if dir.as_os_str().is_empty() {
+            // `create_dir_all("")` succeeds and the files would land in the
+            // working directory: an unset variable, most likely.
+            return Err(OpenError::Io {
+                op: "open data directory",
+                path: dir,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "the data directory path is empty",
+                ),
+            });
+        }
         storage
             .create_dir_all(&dir)
             .map_err(|source| OpenError::Io {
@@ -1176,6 +1199,13 @@ impl Engine {
     /// `BatchTooLarge` (more than [`BATCH_TASKS_MAX`] tasks).
     pub fn schedule_many(&self, tasks: &[NewTask<'_>]) -> Result<Vec<TaskId>, ScheduleError> {
         if tasks.is_empty() {
+            // Nothing to log, but answered as any call is: `Closed` after a
+            // shutdown, as `cancel_many` and `ack_many` answer an empty batch.
+            self.shared
+                .core
+                .lock()
+                .check_open()
+                .map_err(status_to_schedule_error)?;
             return Ok(Vec::new());
         }
         let first = self.shared.schedule_batch(tasks)?;
@@ -1199,7 +1229,13 @@ impl Engine {
         self.shared.cancel_one(key)
     }
 
-    /// Cancels many keys with one log write; returns one outcome per key.
+    /// Cancels many keys with one log write (one fdatasync under `Sync`);
+    /// returns one outcome per key, in order. A key listed twice gets its
+    /// outcome first and [`CancelOutcome::NotFound`] after.
+    ///
+    /// # Errors
+    /// As [`Engine::cancel`], plus `BatchTooLarge` (more than
+    /// [`BATCH_TASKS_MAX`] keys), which changes nothing.
     pub fn cancel_many(&self, keys: &[&[u8]]) -> Result<Vec<CancelOutcome>, CancelError> {
         self.shared.cancel_many(keys)
     }
