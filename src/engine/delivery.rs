@@ -132,9 +132,21 @@ impl Shared {
                     // to it): read it without holding the engine's lock.
                     let key: Box<[u8]> = core.payloads.key(&task.bytes).into();
                     let (slot, id) = (entry.slot, entry.id);
+                    core.receiving.push(entry);
                     drop(core);
                     let read = self.read_payload_at(at.0, at.1, id.0, &key);
                     core = self.core.lock();
+                    let same = |e: &ReadyEntry| {
+                        e.slot == entry.slot && e.id == entry.id && e.fired_ms == entry.fired_ms
+                    };
+                    match core.receiving.iter().position(same) {
+                        Some(i) => {
+                            core.receiving.swap_remove(i);
+                        }
+                        // Taken back meanwhile (rescheduled, or released by a
+                        // shutdown): this hand-out is void.
+                        None => continue,
+                    }
                     let still = core.tasks.get_checked(slot, id).is_some_and(|t| {
                         t.state == TaskState::Ready && t.bytes.on_disk() == Some(at)
                     });
@@ -533,11 +545,13 @@ impl Shared {
     }
 
     /// At a clean shutdown: logs a RELEASE for every task handed out but not
-    /// received, so it is delivered again after reopen without counting as
-    /// an attempt.
+    /// received — in the ready queue, or taken by a consumer still reading
+    /// its payload from disk — so it is delivered again after reopen without
+    /// counting as an attempt.
     pub(super) fn release_ready_locked(&self, core: &mut Core) {
         let mut batch = RecordBatch::default();
-        let entries: Vec<ReadyEntry> = core.ready.drain(..).collect();
+        let mut entries: Vec<ReadyEntry> = core.ready.drain(..).collect();
+        entries.append(&mut core.receiving);
         for e in entries {
             let Some(task) = core.tasks.get_mut(e.slot).filter(|t| t.id == e.id) else {
                 continue;

@@ -262,6 +262,11 @@ struct Core {
     /// (`delivery::handout_loop`). Kept here, not with the hand-out thread,
     /// so that a reschedule drops a task's entry wherever it waits.
     handouts_pending: VecDeque<Vec<ReadyEntry>>,
+    /// Ready entries a consumer took out of `ready` and whose payload it is
+    /// reading from disk with the lock let go (`Shared::receive`): still
+    /// handed out and unreceived, so a shutdown releases them and a
+    /// reschedule drops them, as it does entries in `ready`.
+    receiving: Vec<ReadyEntry>,
     /// Tasks in state `Leased` or `Abandoned`.
     in_flight_count: usize,
     /// Dead letters by task id. Changed through [`Core::insert_dead`] and
@@ -1031,6 +1036,7 @@ impl Engine {
             paused: config.deliveries_paused,
             ready: VecDeque::new(),
             handouts_pending: VecDeque::new(),
+            receiving: Vec::new(),
             ready_count: 0,
             in_flight_count: 0,
             dead: HashMap::new(),
@@ -2256,6 +2262,8 @@ impl Shared {
                 for pass in &mut c.handouts_pending {
                     pass.retain(other);
                 }
+                // And a consumer reading its payload drops its entry.
+                c.receiving.retain(other);
             }
             if let Some(timer) = task.timer.take() {
                 c.wheel.remove(timer);
