@@ -1011,3 +1011,45 @@ fn a_task_rescheduled_while_its_payload_is_read_is_received_with_its_new_hand_ou
     engine.shutdown()?;
     Ok(())
 }
+
+/// With the default configuration — the prefetch thread promotes far tasks, well ahead of
+/// their due time in real time — a manual clock's jump past far tasks' due times (or a
+/// wall-clock step) leaves promotion behind: the driver then promotes what is due before it
+/// advances the wheel, so `run_until_idle` hands out every task that fell due, in due order.
+/// (Before, the far tasks waited for the prefetch thread's next round, 15 s of real time later:
+/// `run_until_idle` returned without them and a task due later went first.)
+#[test]
+fn far_tasks_passed_by_a_clock_jump_are_handed_out_in_due_order_with_the_prefetch_thread(
+) -> TestResult {
+    let sim = SimStorage::new(13);
+    let clock = ManualClock::new(START_MS);
+    // The default: a prefetch thread (the test helper's config turns it off).
+    let mut config = config(Durability::Sync);
+    config.payload_prefetch = true;
+    assert!(config.resident_window.is_some());
+    let engine = Engine::open_with("/kairos", config, Arc::new(sim), Arc::new(clock.clone()))?;
+    engine.schedule_after(b"far-2h", 2 * HOUR, b"a")?;
+    engine.schedule_after(b"far-30d", 30 * 24 * HOUR, b"b")?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 2);
+    // Scheduled after the checkpoint: it stays in the wheel.
+    engine.schedule_after(b"wheel-3h", 3 * HOUR, b"c")?;
+    assert_eq!(engine.stats().far, 2);
+    clock.advance(4 * HOUR);
+    engine.run_until_idle();
+    let got = common::drain(&engine)?;
+    let keys: Vec<&[u8]> = got.iter().map(|d| d.key()).collect();
+    assert_eq!(keys, [&b"far-2h"[..], &b"wheel-3h"[..]]);
+    assert_eq!(got[0].payload(), b"a");
+    assert!(got.iter().all(|d| d.fired_ms() >= d.due_ms()));
+    assert_eq!(engine.stats().far, 1);
+    clock.advance(30 * 24 * HOUR);
+    engine.run_until_idle();
+    let got = common::drain(&engine)?;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key(), b"far-30d");
+    assert_eq!(got[0].payload(), b"b");
+    assert_eq!(engine.stats().far, 0);
+    engine.shutdown()?;
+    Ok(())
+}

@@ -723,11 +723,22 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
         core.sleep = DriverSleep::Busy;
         let mut now = shared.now();
         let driver_promotes = shared.driver_promotes();
-        if driver_promotes
-            && shared
-                .next_promotion_ms(&core)
-                .is_some_and(|at| at <= wall_ms(now))
-        {
+        // When the driver promotes far tasks: once the first is within the
+        // far span. When the prefetch thread does (well ahead of their due
+        // time), the driver still does it once one is due already — the
+        // clock jumped (a manual clock's advance, a wall-clock step), or the
+        // prefetch thread fell behind — before it advances the wheel, so
+        // that no task due later is handed out first, and `run_until_idle`
+        // finds every task that fell due handed out.
+        let promotion_due = |core: &Core, now: Now| {
+            let at = if driver_promotes {
+                shared.next_promotion_ms(core)
+            } else {
+                shared.next_far_due_ms(core)
+            };
+            at.is_some_and(|at| at <= wall_ms(now))
+        };
+        if promotion_due(&core, now) {
             core = shared.promote_far(core);
             if core.stop {
                 break;
@@ -740,10 +751,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             // than the far span), which would then come after tasks due
             // later.
             now = shared.now();
-            if shared
-                .next_promotion_ms(&core)
-                .is_some_and(|at| at <= wall_ms(now))
-            {
+            if promotion_due(&core, now) {
                 continue;
             }
         }
@@ -812,13 +820,14 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
                 .next_deadline()
                 .filter(|_| !paused)
                 .map(|d| u128::from(d.0) * shared.tick_ns);
-            let promote_ns = if driver_promotes {
-                shared
-                    .next_promotion_ms(&core)
-                    .map(|ms| u128::from(shared.due_tick(ms, now).0) * shared.tick_ns)
+            // Far tasks to promote: see `promotion_due`.
+            let promote_ms = if driver_promotes {
+                shared.next_promotion_ms(&core)
             } else {
-                None
+                shared.next_far_due_ms(&core)
             };
+            let promote_ns =
+                promote_ms.map(|ms| u128::from(shared.due_tick(ms, now).0) * shared.tick_ns);
             let next_ns = [wheel_ns, next_token_ns, promote_ns]
                 .into_iter()
                 .flatten()

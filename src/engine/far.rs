@@ -587,6 +587,46 @@ impl Shared {
             .min()
     }
 
+    /// The earliest due time (UTC ms) of a far task not yet promoted, if
+    /// any: the smallest of the files' cursors.
+    pub(super) fn next_far_due_ms(&self, core: &Core) -> Option<u64> {
+        core.far_cursors.values().map(|c| c.next_due_ms).min()
+    }
+
+    /// [`Shared::promote_far_now`], one promotion at a time: a second caller
+    /// (the driver finding far tasks already due while the prefetch thread
+    /// promotes, or the other way round) waits for the first to end, then
+    /// promotes what is left. Takes and returns the core lock.
+    pub(super) fn promote_far<'a>(
+        &'a self,
+        mut core: MutexGuard<'a, Core>,
+    ) -> MutexGuard<'a, Core> {
+        while core.promoting {
+            if core.stop {
+                return core;
+            }
+            self.promote_cv.wait(&mut core);
+        }
+        /// Clears `Core::promoting` if the promotion unwinds (its guard of
+        /// the lock is gone by then); on return the caller clears it.
+        struct Unwinding<'s>(&'s Shared);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.core.lock().promoting = false;
+                    self.0.promote_cv.notify_all();
+                }
+            }
+        }
+        core.promoting = true;
+        let unwinding = Unwinding(self);
+        let mut core = self.promote_far_now(core);
+        drop(unwinding);
+        core.promoting = false;
+        self.promote_cv.notify_all();
+        core
+    }
+
     /// Promotes every far task due within the far span from now into the
     /// wheel: reads each overflow file holding far tasks sequentially from
     /// where it stopped, up to the first entry beyond the far span, without
@@ -595,11 +635,8 @@ impl Shared {
     /// rescheduled meanwhile) into the wheel in (due time, id) order across
     /// files — the order an open would place them in. Takes and returns the
     /// core lock. A read failure poisons the engine: far tasks that cannot
-    /// be read back would never fire.
-    pub(super) fn promote_far<'a>(
-        &'a self,
-        mut core: MutexGuard<'a, Core>,
-    ) -> MutexGuard<'a, Core> {
+    /// be read back would never fire. Only through [`Shared::promote_far`].
+    fn promote_far_now<'a>(&'a self, mut core: MutexGuard<'a, Core>) -> MutexGuard<'a, Core> {
         let (Some(disk), Some(horizon)) = (&self.disk, self.config.far_span()) else {
             return core;
         };

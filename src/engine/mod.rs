@@ -308,6 +308,10 @@ struct Core {
     far: FarIndex,
     /// Per overflow file holding far tasks, where promotion stands.
     far_cursors: std::collections::BTreeMap<u32, far::FarCursor>,
+    /// A promotion of far tasks is under way (`Shared::promote_far`): by
+    /// the prefetch thread, or by the driver when far tasks are already due
+    /// (a clock step). One at a time; the other waits on `promote_cv`.
+    promoting: bool,
     /// Far tasks moved back into the wheel so far.
     far_promoted: u64,
     /// The longest single hold of this lock by a checkpoint since open.
@@ -647,6 +651,8 @@ pub(crate) struct Shared {
     /// Producers held back by [`Shared::await_relocation`] wait here (with
     /// the core lock); notified when a move out of memory starts or ends.
     relocation_cv: Condvar,
+    /// Signalled when a promotion of far tasks ends (`Core::promoting`).
+    promote_cv: Condvar,
     /// The payload prefetcher waits here (with the core lock).
     prefetch_cv: Condvar,
     /// Twice what starts a move of far tasks out of the wheel has been
@@ -1056,6 +1062,7 @@ impl Engine {
             hasher: KeyHasher::new(&wal_store_id),
             far: FarIndex::default(),
             far_cursors: std::collections::BTreeMap::new(),
+            promoting: false,
             far_promoted: 0,
             checkpoint_hold_max: Duration::ZERO,
             promotion_hold_max: Duration::ZERO,
@@ -1089,6 +1096,7 @@ impl Engine {
             checkpointing: Mutex::new(checkpointing::CheckpointBook::default()),
             checkpoint_cv: Condvar::new(),
             relocation_cv: Condvar::new(),
+            promote_cv: Condvar::new(),
             prefetch_cv: Condvar::new(),
             far_backlog: std::sync::atomic::AtomicBool::new(false),
             payload_replacements: std::sync::atomic::AtomicU64::new(0),
@@ -1556,6 +1564,7 @@ impl Engine {
             self.shared.checkpoint_cv.notify_all();
             self.shared.prefetch_cv.notify_all();
             self.shared.relocation_cv.notify_all();
+            self.shared.promote_cv.notify_all();
         }
         // The driver finishes its pass first: tasks it logged as delivered
         // reach the ready queue (no consumer can take them now), so the
@@ -1623,6 +1632,7 @@ impl Drop for Engine {
             self.shared.ready_cv.notify_all();
             self.shared.checkpoint_cv.notify_all();
             self.shared.prefetch_cv.notify_all();
+            self.shared.promote_cv.notify_all();
             core.wal.take()
         };
         self.join_driver();
@@ -1718,6 +1728,7 @@ impl Shared {
         self.checkpoint_cv.notify_all();
         self.prefetch_cv.notify_all();
         self.relocation_cv.notify_all();
+        self.promote_cv.notify_all();
     }
 
     /// Waits for a log ticket; a failure poisons the engine and is returned
