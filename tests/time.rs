@@ -132,3 +132,95 @@ fn tick_grid_is_aligned_to_wall_clock_on_a_running_clock() -> TestResult {
     engine.shutdown()?;
     Ok(())
 }
+
+/// A manual clock whose wall time can be stepped without waking the engine (a reading may be
+/// taken under the engine's lock, which a waker takes) and, once armed, steps back by an hour
+/// right after its next reading — as if another thread (or NTP) stepped it between
+/// `run_until_idle` taking its target and the driver's next pass.
+#[derive(Debug)]
+struct StepsBackAfterNextRead {
+    inner: ManualClock,
+    armed: std::sync::atomic::AtomicBool,
+    /// Milliseconds added to the inner clock's wall time.
+    offset_ms: std::sync::atomic::AtomicI64,
+}
+
+impl kairos::Clock for StepsBackAfterNextRead {
+    fn now_wall(&self) -> std::time::SystemTime {
+        self.now_wall_and_monotonic().0
+    }
+    fn now_monotonic(&self) -> Duration {
+        self.now_wall_and_monotonic().1
+    }
+    fn now_wall_and_monotonic(&self) -> (std::time::SystemTime, Duration) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (wall, monotonic) = self.inner.now_wall_and_monotonic();
+        let offset_ms = self.offset_ms.load(SeqCst);
+        let wall = if offset_ms >= 0 {
+            wall + Duration::from_millis(offset_ms.unsigned_abs())
+        } else {
+            wall - Duration::from_millis(offset_ms.unsigned_abs())
+        };
+        if self.armed.swap(false, SeqCst) {
+            self.offset_ms.fetch_sub(3_600_000, SeqCst);
+        }
+        (wall, monotonic)
+    }
+    fn is_manual(&self) -> bool {
+        true
+    }
+    fn register_waker(&self, waker: std::task::Waker) {
+        self.inner.register_waker(waker);
+    }
+    fn unregister_waker(&self, waker: &std::task::Waker) {
+        self.inner.unregister_waker(waker);
+    }
+}
+
+/// `run_until_idle` returns when the wall clock is stepped back after it read its target: the
+/// driver's passes then read the earlier time and never reach that target (it spun, waking
+/// the driver for ever). A task due by the monotonic clock still fires.
+#[test]
+fn run_until_idle_returns_when_the_wall_clock_steps_back_meanwhile() -> TestResult {
+    let clock = Arc::new(StepsBackAfterNextRead {
+        inner: ManualClock::new(START_MS),
+        armed: std::sync::atomic::AtomicBool::new(false),
+        offset_ms: std::sync::atomic::AtomicI64::new(0),
+    });
+    let engine = Arc::new(Engine::in_memory(config(Durability::Sync), clock.clone())?);
+    engine.schedule_after(b"k", Duration::from_millis(5), b"p")?;
+    clock.inner.advance(Duration::from_millis(5));
+    engine.run_until_idle();
+    // The driver is idle, waiting for the clock to move. The wall clock moves 10 ms without
+    // waking it, so the next run_until_idle's target (the next reading) is ahead of the
+    // driver's last pass; the pass it asks for reads an hour earlier than that target.
+    clock
+        .offset_ms
+        .store(10, std::sync::atomic::Ordering::SeqCst);
+    clock.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = {
+        let engine = Arc::clone(&engine);
+        std::thread::spawn(move || {
+            engine.run_until_idle();
+            let _ = tx.send(());
+        })
+    };
+    // Generous: the call takes microseconds; before the fix it never returned.
+    let returned = rx.recv_timeout(Duration::from_secs(60)).is_ok();
+    assert!(
+        returned,
+        "run_until_idle did not return after a backward wall step"
+    );
+    let _ = waiter.join();
+    assert_eq!(
+        clock.offset_ms.load(std::sync::atomic::Ordering::SeqCst),
+        10 - 3_600_000,
+        "the wall clock was not stepped back"
+    );
+    let got = drain(&engine)?;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key(), b"k");
+    engine.shutdown()?;
+    Ok(())
+}

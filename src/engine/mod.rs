@@ -2940,8 +2940,13 @@ impl Shared {
             if core.stop {
                 return;
             }
+            // A wall clock stepped back meanwhile (by another thread, or
+            // NTP) is waited for only as far as it reads now: the driver's
+            // passes read the stepped-back time, and would never reach the
+            // target read before the step.
+            let wall_target_ns = target.wall_ns.min(self.now().wall_ns);
             if core.processed_ns >= target_ns
-                && core.processed_wall_ns >= target.wall_ns
+                && core.processed_wall_ns >= wall_target_ns
                 && (core.overdue.is_empty() || core.paused)
                 && core.sleep != DriverSleep::Busy
                 && core.handouts_pending.is_empty()
