@@ -1485,7 +1485,8 @@ impl Engine {
     /// handed out only as far as the rate allows at this time. While
     /// deliveries are paused ([`Engine::pause_deliveries`]) nothing is handed
     /// out and this returns once the driver has gone idle. Returns at once
-    /// if the engine is stopped.
+    /// if the engine is stopped. A wall clock stepped back while this waits
+    /// is waited for only as far as it then reads.
     pub fn run_until_idle(&self) {
         self.shared.run_until_idle();
     }
