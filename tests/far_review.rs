@@ -1053,3 +1053,59 @@ fn far_tasks_passed_by_a_clock_jump_are_handed_out_in_due_order_with_the_prefetc
     engine.shutdown()?;
     Ok(())
 }
+
+/// The prefetch thread reads a handed-out task's payload back into memory while a consumer,
+/// the engine's lock let go, is about to read it from its overflow file, and a checkpoint then
+/// deletes the file (no live entry left): the consumer's read fails, but the task is still
+/// ready with its payload in memory — the consumer delivers it, and does not drop it. (Found by
+/// a reviewing helper: the failed read was taken for a cancel and the entry dropped, the task
+/// left ready in no queue — never delivered before a reopen, and then counted as an attempt.)
+/// The prefetch thread runs on real time here (every 10 ms); were it to open the file before
+/// the consumer, the gate would hold it instead and the test would check less, not fail.
+#[test]
+fn a_payload_read_back_while_its_consumer_waits_to_read_it_is_still_delivered() -> TestResult {
+    let sim = SimStorage::new(14);
+    let gate = Arc::new(Gate::default());
+    let clock = ManualClock::new(START_MS);
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let mut c = cfg();
+    c.payload_window = Some(Duration::from_millis(40));
+    c.payload_prefetch = true;
+    let engine = Engine::open_with("/kairos", c, Arc::new(storage), Arc::new(clock.clone()))?;
+    let due = START_MS + 10 * MINUTE.as_millis() as u64;
+    engine.schedule(b"k", at(due), b"payload-of-k")?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().payloads_on_disk, 1);
+    // Not within the payload window yet: the prefetch thread leaves it on disk.
+    gate.arm(Path::new("/kairos/overflow"));
+    let consumer = engine.consumer();
+    let received = std::thread::scope(|s| -> TestResult<_> {
+        // With the bug the entry was dropped and nothing else came: a timeout.
+        let c = s.spawn(|| consumer.recv_timeout(Duration::from_secs(20)));
+        clock.advance(10 * MINUTE);
+        engine.run_until_idle();
+        gate.wait_hit();
+        // The prefetch thread reads the payload back (due now: within its window).
+        let waited = std::time::Instant::now();
+        while engine.stats().payloads_on_disk > 0 && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(engine.stats().payloads_on_disk, 0, "not read back in 10 s");
+        // No live entry left in the file: the checkpoint deletes it.
+        assert_eq!(engine.checkpoint()?.overflow_files_removed, 1);
+        gate.release();
+        Ok(c.join().map_err(|_| "the consumer panicked")?)
+    })?;
+    let d = received?;
+    assert_eq!(d.key(), b"k");
+    assert_eq!(d.payload(), b"payload-of-k");
+    assert_eq!(d.attempt(), 1);
+    assert!(d.fired_ms() >= d.due_ms());
+    consumer.ack(&d)?;
+    assert_eq!(engine.stats().pending, 0);
+    engine.shutdown()?;
+    Ok(())
+}

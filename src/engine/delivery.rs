@@ -147,29 +147,32 @@ impl Shared {
                         // shutdown): this hand-out is void.
                         None => continue,
                     }
-                    let still = core.tasks.get_checked(slot, id).is_some_and(|t| {
-                        t.state == TaskState::Ready && t.bytes.on_disk() == Some(at)
-                    });
+                    // Decide from the task as it is now, not from the read:
+                    // cancelled, finished or rescheduled meanwhile, there is
+                    // nothing to deliver; its payload moved meanwhile (read
+                    // back into memory by the prefetcher, or to another file
+                    // by a checkpoint, which may then have deleted this one),
+                    // the read is moot and `take_ready` loads it from where it
+                    // is; still at `at`, the read is the payload, and a failed
+                    // read is damage to durable data.
+                    let still_at = match core.tasks.get_checked(slot, id) {
+                        Some(t) if t.state == TaskState::Ready => t.bytes.on_disk() == Some(at),
+                        _ => continue,
+                    };
                     let payload = match read {
-                        Ok(p) => p,
-                        // Cancelled (and its file deleted by a checkpoint)
-                        // while the lock was free: nothing to deliver.
-                        Err(_) if !still => continue,
-                        Err(cause) => {
+                        Ok(payload) if still_at => Some(payload),
+                        Err(cause) if still_at => {
                             self.poison_locked(&mut core, cause.clone());
                             return Err(RecvError::Poisoned { cause });
                         }
+                        _ => None,
                     };
                     if core.status != Status::Open {
                         core.ready.push_front(entry);
                         continue;
                     }
-                    let c = &mut *core;
-                    match c.tasks.get_checked(slot, id) {
-                        Some(t) if t.state == TaskState::Ready => {}
-                        _ => continue,
-                    }
-                    if c.tasks.get(slot).and_then(|t| t.bytes.on_disk()) == Some(at) {
+                    if let Some(payload) = payload {
+                        let c = &mut *core;
                         if let Some(t) = c.tasks.get_mut(slot) {
                             let new_ref = c.payloads.put(&key, &payload);
                             let old = std::mem::replace(&mut t.bytes, new_ref);
