@@ -169,7 +169,8 @@ pub struct Config {
     pub tick: Duration,
     /// When a call returns relative to its record reaching stable storage.
     /// Default [`Durability::Sync`]; [`Durability::Interval`] needs a
-    /// non-zero interval. Ignored by in-memory engines.
+    /// non-zero interval (checked by in-memory engines too, which otherwise
+    /// ignore this field).
     pub durability: Durability,
     /// Log segment roll size in bytes, at least
     /// [`kairos_wal::SEGMENT_BYTES_MIN`] (4 KiB). Default

@@ -608,19 +608,27 @@ impl Shared {
             self.promote_cv.wait(&mut core);
         }
         /// Clears `Core::promoting` if the promotion unwinds (its guard of
-        /// the lock is gone by then); on return the caller clears it.
-        struct Unwinding<'s>(&'s Shared);
+        /// the lock is gone by then); disarmed on return, where the lock is
+        /// held and cleared below.
+        struct Unwinding<'s> {
+            shared: &'s Shared,
+            armed: bool,
+        }
         impl Drop for Unwinding<'_> {
             fn drop(&mut self) {
-                if std::thread::panicking() {
-                    self.0.core.lock().promoting = false;
-                    self.0.promote_cv.notify_all();
+                if self.armed {
+                    self.shared.core.lock().promoting = false;
+                    self.shared.promote_cv.notify_all();
                 }
             }
         }
         core.promoting = true;
-        let unwinding = Unwinding(self);
+        let mut unwinding = Unwinding {
+            shared: self,
+            armed: true,
+        };
         let mut core = self.promote_far_now(core);
+        unwinding.armed = false;
         drop(unwinding);
         core.promoting = false;
         self.promote_cv.notify_all();
@@ -660,7 +668,8 @@ impl Shared {
                 return core;
             }
             // Lowered by every checkpoint that makes tasks far (or moves
-            // far ones) from now on; only this thread resets it.
+            // far ones) from now on; only the promotion under way (one at
+            // a time: `Core::promoting`) resets it.
             core.far_reset_due_min = u64::MAX;
             drop(core);
             // A checkpoint may have moved a cursor meanwhile: what was read

@@ -15,8 +15,9 @@
 //! PostgreSQL backends write WAL themselves, with the WAL writer as a background flusher):
 //! handing each write to the thread cost two thread switches, 10–40 µs per call on this 2-core
 //! VM against ~1.5 µs for the whole call (BENCHMARKS.md, "Single calls under Buffered and
-//! Interval"). The writer thread keeps the syncs (interval, roll, close), the idle marks and
-//! the writes nobody waits for. A failed write or sync poisons the log for good (PostgreSQL's
+//! Interval"). A lone [`Wal::sync`] caller (no round led by another) likewise commits its
+//! round itself, in any mode. The writer thread keeps the other syncs (interval, roll,
+//! close, concurrent `sync` callers), the idle marks and the writes nobody waits for. A failed write or sync poisons the log for good (PostgreSQL's
 //! `data_sync_retry = off`, fjall's `Poisoned`, redb's `PreviousIo`).
 
 use std::io;
@@ -43,8 +44,8 @@ use crate::{
 ///
 /// `Wal` is `Send + Sync`: share it behind an `Arc` and append from any thread. Inside, the
 /// writer state owns the active segment file; one writer at a time holds it (the writer
-/// thread, under `Interval` and `Buffered` a waiting appender, or under `Sync` a lone waiting
-/// caller committing its own round). See the crate documentation for the format and
+/// thread, under `Interval` and `Buffered` a waiting appender, under `Sync` a lone waiting
+/// caller committing its own round, or in any mode a lone [`Wal::sync`] caller). See the crate documentation for the format and
 /// the durability contract of each [`Durability`] mode.
 pub struct Wal {
     shared: Arc<Shared>,
@@ -1028,6 +1029,10 @@ fn sync_shared(shared: &Shared, writer: &Mutex<Writer>) -> Result<(), WalError> 
     if state.stop != Stop::Running {
         return Err(WalError::Closed);
     }
+    // Recorded even when this caller leads: a close or drop whose last round comes before the
+    // leader's then syncs it too (a close syncs everything anyway; a drop under `Interval` or
+    // `Buffered` syncs only what is wanted).
+    state.sync_wanted = state.sync_wanted.max(target);
     let mut writer_woken = false;
     loop {
         if state.acked_lsn >= target {
@@ -1051,7 +1056,6 @@ fn sync_shared(shared: &Shared, writer: &Mutex<Writer>) -> Result<(), WalError> 
         // Another caller leads a round, or the log is closing: the writer thread commits
         // (a close syncs, and proves, everything appended).
         if !writer_woken {
-            state.sync_wanted = state.sync_wanted.max(target);
             shared.writer_wake.notify_one();
             writer_woken = true;
         }
@@ -1210,7 +1214,8 @@ struct Work {
     /// the last sync.
     mark_due: bool,
     poisoned: bool,
-    /// Under `Sync`, the LSN a leader's round commits for its caller (0: none): synced and
+    /// The LSN a leader's round commits for its caller — a lone appender under `Sync`, a lone
+    /// `Wal::sync` caller in any mode — (0: none): synced and
     /// proven before the round ends, as `sync_wanted` is.
     awaited: u64,
 }
@@ -1534,7 +1539,8 @@ impl Writer {
         }
     }
 
-    /// A leader's rounds under `Sync` (see [`AppendTicket::wait`]): until `awaited` is acked,
+    /// A leader's rounds (a lone appender under `Sync`, [`AppendTicket::wait`]; a lone
+    /// `Wal::sync` caller in any mode, `sync_shared`): until `awaited` is acked,
     /// commits everything queued — written, fdatasynced and, with `proof_before_ack`, proven
     /// unless the next round's fdatasync is to carry the proof (then that next round follows at
     /// once, led by the same caller, who waits for it anyway) — as the writer thread's rounds

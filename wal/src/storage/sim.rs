@@ -106,6 +106,9 @@ struct Inode {
     current: Vec<u8>,
     durable: Vec<u8>,
     pending: Vec<PendingOp>,
+    /// Operations ever added to `pending`: the sequence number of the next one. A sync with
+    /// latency makes durable those numbered below this count at its start.
+    pushed: u64,
     /// What the medium still holds at each offset past the durable end: bytes a durable
     /// truncation cut off (zeros where nothing was, and in every sector a synced write
     /// rewrote). Read only by power cuts with [`SimStorage::set_stale_history`] on.
@@ -804,6 +807,7 @@ impl StorageFile for SimFile {
         };
         if !data.is_empty() {
             write_into(&mut inode.current, offset, data);
+            inode.pushed += 1;
             inode.pending.push(PendingOp::Write {
                 offset,
                 data: data.to_vec(),
@@ -837,6 +841,7 @@ impl StorageFile for SimFile {
             return Err(os_error(EIO));
         };
         inode.current.resize(usize_of(len), 0);
+        inode.pushed += 1;
         inode.pending.push(PendingOp::SetLen(len));
         Ok(())
     }
@@ -844,10 +849,10 @@ impl StorageFile for SimFile {
     fn sync_data(&self) -> io::Result<()> {
         // What a real fdatasync is sure to cover: the writes before it began. Writes that land
         // during its latency stay pending (a real one may or may not take them).
-        let (latency, covered) = {
+        let (latency, pushed_at_start) = {
             let state = self.inner.lock();
-            let covered = state.inodes.get(&self.ino).map(|inode| inode.pending.len());
-            (state.sync_latency, covered)
+            let pushed = state.inodes.get(&self.ino).map(|inode| inode.pushed);
+            (state.sync_latency, pushed)
         };
         if !latency.is_zero() {
             std::thread::sleep(latency);
@@ -863,11 +868,15 @@ impl StorageFile for SimFile {
         let Some(inode) = state.inodes.get_mut(&self.ino) else {
             return Err(os_error(EIO));
         };
-        // Without latency nothing can land in between: all of it.
+        // Without latency nothing can land in between: all of it. With it, the pending
+        // operations made before this sync began (another sync may have made some durable
+        // meanwhile: `pending` then starts later in the sequence).
         let covered = if latency.is_zero() {
             inode.pending.len()
         } else {
-            covered.unwrap_or(0).min(inode.pending.len())
+            let first = inode.pushed - inode.pending.len() as u64;
+            let before = pushed_at_start.unwrap_or(0).saturating_sub(first);
+            usize::try_from(before).map_or(inode.pending.len(), |n| n.min(inode.pending.len()))
         };
         for op in inode.pending.drain(..covered).collect::<Vec<_>>() {
             match op {
