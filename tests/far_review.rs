@@ -7,13 +7,13 @@
 mod common;
 
 use common::far::{
-    at, cfg, checkpoint_then_maybe_crash, due, fire_all, gated, key, poisoned, schedule_far, Gated,
-    HOUR, MINUTE,
+    at, cfg, checkpoint_then_maybe_crash, due, fire_all, gated, gated_with, key, poisoned,
+    schedule_far, Gated, HOUR, MINUTE,
 };
 
 use common::gate::{Gate, GateStorage};
 use common::{config, SimHarness, Stop, TestResult, START_MS};
-use kairos::{CancelError, CancelOutcome, Due, Durability, Engine, ManualClock, NewTask};
+use kairos::{CancelError, CancelOutcome, Config, Due, Durability, Engine, ManualClock, NewTask};
 use kairos_wal::storage::{OpenMode, Storage};
 use kairos_wal::SimStorage;
 use std::collections::BTreeSet;
@@ -893,31 +893,20 @@ fn replay_refuses_a_far_entry_whose_key_does_not_match_its_hash() -> TestResult 
 /// 10 minutes (after the 1-minute payload window) whose payload a checkpoint moved to an
 /// overflow file; the clock is then at its due time and the task handed out, unreceived, with
 /// its payload still on disk; the next read of an overflow file blocks on `gate`.
-fn handed_out_with_its_payload_on_disk(
-    sim: &SimStorage,
-    gate: &Arc<Gate>,
-    clock: &ManualClock,
-    max_attempts: u32,
-) -> TestResult<Engine> {
-    let storage = GateStorage {
-        inner: sim.clone(),
-        gate: Arc::clone(gate),
-    };
-    let mut c = cfg();
-    c.retry.max_attempts = max_attempts;
-    let engine = Engine::open_with("/kairos", c, Arc::new(storage), Arc::new(clock.clone()))?;
-    engine.schedule(
+fn handed_out_with_its_payload_on_disk(seed: u64, config: Config) -> TestResult<Gated> {
+    let g = gated_with(seed, config)?;
+    g.engine.schedule(
         b"k",
         at(START_MS + 10 * MINUTE.as_millis() as u64),
         b"payload-of-k",
     )?;
-    engine.checkpoint()?;
-    assert_eq!(engine.stats().payloads_on_disk, 1);
-    clock.advance(10 * MINUTE);
-    engine.run_until_idle();
-    assert_eq!(engine.stats().ready, 1);
-    gate.arm(Path::new("/kairos/overflow"));
-    Ok(engine)
+    g.engine.checkpoint()?;
+    assert_eq!(g.engine.stats().payloads_on_disk, 1);
+    g.clock.advance(10 * MINUTE);
+    g.engine.run_until_idle();
+    assert_eq!(g.engine.stats().ready, 1);
+    g.gate.arm(Path::new("/kairos/overflow"));
+    Ok(g)
 }
 
 /// A clean shutdown while a consumer reads a handed-out task's payload from its overflow file
@@ -928,10 +917,15 @@ fn handed_out_with_its_payload_on_disk(
 #[test]
 fn a_delivery_whose_payload_is_being_read_at_shutdown_is_released() -> TestResult {
     for max_attempts in [3, 1] {
-        let sim = SimStorage::new(11);
-        let gate = Arc::new(Gate::default());
-        let clock = ManualClock::new(START_MS);
-        let engine = handed_out_with_its_payload_on_disk(&sim, &gate, &clock, max_attempts)?;
+        let mut c = cfg();
+        c.retry.max_attempts = max_attempts;
+        let Gated {
+            sim,
+            gate,
+            clock,
+            dir,
+            engine,
+        } = handed_out_with_its_payload_on_disk(11, c.clone())?;
         let consumer = engine.consumer();
         let received = std::thread::scope(|s| -> TestResult<_> {
             let c = s.spawn(|| consumer.recv());
@@ -946,9 +940,7 @@ fn a_delivery_whose_payload_is_being_read_at_shutdown_is_released() -> TestResul
         );
         drop(consumer);
         drop(engine);
-        let mut c = cfg();
-        c.retry.max_attempts = max_attempts;
-        let engine = Engine::open_with("/kairos", c, Arc::new(sim), Arc::new(clock.clone()))?;
+        let engine = Engine::open_with(&dir, c, Arc::new(sim), Arc::new(clock.clone()))?;
         assert_eq!(
             engine.recovery().redelivered,
             0,
@@ -979,10 +971,12 @@ fn a_delivery_whose_payload_is_being_read_at_shutdown_is_released() -> TestResul
 /// `fired_ms` before `due_ms` and jumped the queue). (Found by a reviewing helper.)
 #[test]
 fn a_task_rescheduled_while_its_payload_is_read_is_received_with_its_new_hand_out() -> TestResult {
-    let sim = SimStorage::new(12);
-    let gate = Arc::new(Gate::default());
-    let clock = ManualClock::new(START_MS);
-    let engine = handed_out_with_its_payload_on_disk(&sim, &gate, &clock, 3)?;
+    let Gated {
+        gate,
+        clock,
+        engine,
+        ..
+    } = handed_out_with_its_payload_on_disk(12, cfg())?;
     let consumer = engine.consumer();
     let new_due = START_MS + 11 * MINUTE.as_millis() as u64;
     let d = std::thread::scope(|s| -> TestResult<kairos::Delivery> {
@@ -1064,17 +1058,15 @@ fn far_tasks_passed_by_a_clock_jump_are_handed_out_in_due_order_with_the_prefetc
 /// the consumer, the gate would hold it instead and the test would check less, not fail.
 #[test]
 fn a_payload_read_back_while_its_consumer_waits_to_read_it_is_still_delivered() -> TestResult {
-    let sim = SimStorage::new(14);
-    let gate = Arc::new(Gate::default());
-    let clock = ManualClock::new(START_MS);
-    let storage = GateStorage {
-        inner: sim.clone(),
-        gate: Arc::clone(&gate),
-    };
     let mut c = cfg();
     c.payload_window = Some(Duration::from_millis(40));
     c.payload_prefetch = true;
-    let engine = Engine::open_with("/kairos", c, Arc::new(storage), Arc::new(clock.clone()))?;
+    let Gated {
+        gate,
+        clock,
+        engine,
+        ..
+    } = gated_with(14, c)?;
     let due = START_MS + 10 * MINUTE.as_millis() as u64;
     engine.schedule(b"k", at(due), b"payload-of-k")?;
     engine.checkpoint()?;

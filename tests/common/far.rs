@@ -100,6 +100,11 @@ pub struct Gated {
 
 /// Opens a [`Gated`] engine on a fresh disk from `seed` with [`cfg`].
 pub fn gated(seed: u64) -> TestResult<Gated> {
+    gated_with(seed, cfg())
+}
+
+/// [`gated`] with another configuration.
+pub fn gated_with(seed: u64, config: Config) -> TestResult<Gated> {
     let sim = SimStorage::new(seed);
     let gate = Arc::new(Gate::default());
     let storage = GateStorage {
@@ -108,7 +113,7 @@ pub fn gated(seed: u64) -> TestResult<Gated> {
     };
     let clock = ManualClock::new(START_MS);
     let dir = PathBuf::from("/kairos");
-    let engine = Engine::open_with(&dir, cfg(), Arc::new(storage), Arc::new(clock.clone()))?;
+    let engine = Engine::open_with(&dir, config, Arc::new(storage), Arc::new(clock.clone()))?;
     Ok(Gated {
         sim,
         gate,

@@ -505,6 +505,15 @@ fn an_interval_of_duration_max_never_syncs_by_the_clock() -> TestResult {
     Ok(())
 }
 
+/// Of the file fdatasyncs after the first `before`: how many ran on this thread, and how many
+/// in all.
+fn fdatasyncs_on_this_thread(sim: &SimStorage, before: usize) -> (usize, usize) {
+    let me = std::thread::current().id();
+    let syncs = sim.sync_threads();
+    let after = &syncs[before..];
+    (after.iter().filter(|t| **t == me).count(), after.len())
+}
+
 /// Under `Sync` a lone caller commits its own round: both fdatasyncs its append needs (the
 /// data's, then the proof's) run on its own thread, with no hand-off to the writer thread and
 /// back; and the append survives a power cut.
@@ -518,10 +527,8 @@ fn a_lone_sync_caller_commits_its_own_round() -> TestResult {
         append_one(&wal, i)?;
         assert_eq!(wal.synced_lsn(), Lsn(i));
     }
-    let me = std::thread::current().id();
-    let syncs = sim.sync_threads();
-    let mine = syncs[before..].iter().filter(|t| **t == me).count();
-    assert_eq!(mine, 40, "{} fdatasyncs in all", syncs.len() - before);
+    let (mine, all) = fdatasyncs_on_this_thread(&sim, before);
+    assert_eq!(mine, 40, "{all} fdatasyncs in all");
     drop(wal);
     sim.power_cut_drop_unsynced();
     let (_wal, _, replayed) = open(&sim, opts)?;
@@ -553,15 +560,8 @@ fn a_lone_sync_caller_commits_its_own_round_in_every_mode() -> TestResult {
             }
             assert_eq!(wal.synced_lsn(), Lsn(i));
         }
-        let me = std::thread::current().id();
-        let syncs = sim.sync_threads();
-        let mine = syncs[before..].iter().filter(|t| **t == me).count();
-        assert_eq!(
-            mine,
-            40,
-            "{durability:?}: {} fdatasyncs in all",
-            syncs.len() - before
-        );
+        let (mine, all) = fdatasyncs_on_this_thread(&sim, before);
+        assert_eq!(mine, 40, "{durability:?}: {all} fdatasyncs in all");
         drop(handle);
         sim.power_cut();
         drop(wal);
