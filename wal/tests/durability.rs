@@ -514,21 +514,45 @@ fn fdatasyncs_on_this_thread(sim: &SimStorage, before: usize) -> (usize, usize) 
     (after.iter().filter(|t| **t == me).count(), after.len())
 }
 
+/// The lone-caller tests' options: no idle high-water mark, whose `SYNCED` file would add
+/// fdatasyncs of its own (on the writer thread) whenever the test stalls 10 ms between rounds.
+fn lone_caller_options(durability: Durability) -> WalOptions {
+    WalOptions {
+        synced_mark_delay: None,
+        ..options(durability, 1 << 20)
+    }
+}
+
+/// Checks that a lone caller's 20 rounds (two fdatasyncs each: the data's, then the proof's)
+/// ran on its own thread. The writer thread may take an occasional round: it is awake at
+/// times even with one caller (under `Interval`, to arm the interval's deadline after a
+/// write) and, when the caller's request comes in
+/// while it decides, it commits that round itself (correct, one hand-off slower). A shared
+/// CI machine saw it take 1 round of 20. Handing every round to the writer thread, as before
+/// the lone-caller path, runs none on the caller's thread.
+fn assert_rounds_mostly_on_this_thread(sim: &SimStorage, before: usize, what: &str) {
+    let (mine, all) = fdatasyncs_on_this_thread(sim, before);
+    assert_eq!(all, 40, "{what}: fdatasyncs in all");
+    assert!(
+        mine >= all / 2,
+        "{what}: only {mine} of {all} fdatasyncs ran on the caller's thread"
+    );
+}
+
 /// Under `Sync` a lone caller commits its own round: both fdatasyncs its append needs (the
 /// data's, then the proof's) run on its own thread, with no hand-off to the writer thread and
 /// back; and the append survives a power cut.
 #[test]
 fn a_lone_sync_caller_commits_its_own_round() -> TestResult {
     let sim = SimStorage::new(24);
-    let opts = options(Durability::Sync, 1 << 20);
+    let opts = lone_caller_options(Durability::Sync);
     let (wal, _, _) = open(&sim, opts.clone())?;
     let before = sim.sync_threads().len();
     for i in 1..=20 {
         append_one(&wal, i)?;
         assert_eq!(wal.synced_lsn(), Lsn(i));
     }
-    let (mine, all) = fdatasyncs_on_this_thread(&sim, before);
-    assert_eq!(mine, 40, "{all} fdatasyncs in all");
+    assert_rounds_mostly_on_this_thread(&sim, before, "Sync");
     drop(wal);
     sim.power_cut_drop_unsynced();
     let (_wal, _, replayed) = open(&sim, opts)?;
@@ -547,7 +571,7 @@ fn a_lone_sync_caller_commits_its_own_round_in_every_mode() -> TestResult {
         (26, Durability::Buffered),
     ] {
         let sim = SimStorage::new(seed);
-        let opts = options(durability, 1 << 20);
+        let opts = lone_caller_options(durability);
         let (wal, _, _) = open(&sim, opts.clone())?;
         let handle = wal.sync_handle();
         let before = sim.sync_threads().len();
@@ -560,8 +584,7 @@ fn a_lone_sync_caller_commits_its_own_round_in_every_mode() -> TestResult {
             }
             assert_eq!(wal.synced_lsn(), Lsn(i));
         }
-        let (mine, all) = fdatasyncs_on_this_thread(&sim, before);
-        assert_eq!(mine, 40, "{durability:?}: {all} fdatasyncs in all");
+        assert_rounds_mostly_on_this_thread(&sim, before, &format!("{durability:?}"));
         drop(handle);
         sim.power_cut();
         drop(wal);
