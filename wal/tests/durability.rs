@@ -3,7 +3,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,6 +51,16 @@ fn a_sync_handle_syncs_and_outlives_the_log() -> TestResult {
 /// Appends from `threads` threads, `per_thread` each, every append waited; returns the
 /// (lsn → body) of every acknowledged append.
 fn concurrent_appends(wal: &Wal, threads: u64, per_thread: u64) -> BTreeMap<u64, Vec<u8>> {
+    concurrent_appends_counted(wal, threads, per_thread, &AtomicUsize::new(0))
+}
+
+/// [`concurrent_appends`], counting in `acked_count` each acknowledgement as it is recorded.
+fn concurrent_appends_counted(
+    wal: &Wal,
+    threads: u64,
+    per_thread: u64,
+    acked_count: &AtomicUsize,
+) -> BTreeMap<u64, Vec<u8>> {
     let acked = Mutex::new(BTreeMap::new());
     std::thread::scope(|scope| {
         for t in 0..threads {
@@ -71,6 +81,7 @@ fn concurrent_appends(wal: &Wal, threads: u64, per_thread: u64) -> BTreeMap<u64,
                     if let Ok(mut map) = acked.lock() {
                         map.insert(lsn, body);
                     }
+                    acked_count.fetch_add(1, Ordering::SeqCst);
                 }
             });
         }
@@ -87,8 +98,12 @@ fn group_commit_shares_fdatasyncs_and_everything_acked_is_durable() -> TestResul
     let acked = concurrent_appends(&wal, 8, 40);
     assert_eq!(acked.len(), 320);
     let syncs = sim.sync_count() - syncs_before;
+    // Each round costs two fdatasyncs (the data's, then the proof's): without sharing, 640.
+    // Fewer than 320 means rounds of more than two appends on average. (Not 160: on a starved
+    // CPU the appenders a round releases may not append again before the next round, and a
+    // lone appender commits a round of one itself; loaded runs saw up to 180.)
     assert!(
-        syncs < 320 / 2,
+        syncs < 320,
         "{syncs} fdatasyncs for 320 appends: no group commit"
     );
     // LSNs are dense and each thread's appends are in its own order.
@@ -115,18 +130,20 @@ fn power_cut_under_sync_keeps_every_waited_append() -> TestResult {
         let opts = options(kairos_wal::Durability::Sync, 4096);
         let (wal, _, _) = open(&sim, opts.clone())?;
         let stop = AtomicBool::new(false);
+        let acked_count = AtomicUsize::new(0);
         let acked = std::thread::scope(|scope| {
             let cutter = scope.spawn(|| {
-                // After the first acknowledgement (a loaded machine may take longer than the
-                // sleep to get one), then a while into the appends.
-                while wal.synced_lsn().0 == 0 {
+                // After the first acknowledgement an appender has recorded (not the first
+                // fdatasync: on a loaded machine the proof's, or the appender's wake-up, can
+                // come after the sleep), then a while into the appends.
+                while acked_count.load(Ordering::SeqCst) == 0 {
                     std::thread::sleep(Duration::from_micros(100));
                 }
                 std::thread::sleep(Duration::from_millis(5 + seed));
                 sim.power_cut();
                 stop.store(true, Ordering::SeqCst);
             });
-            let acked = concurrent_appends(&wal, 4, 10_000);
+            let acked = concurrent_appends_counted(&wal, 4, 10_000, &acked_count);
             let _ = cutter.join();
             acked
         });
