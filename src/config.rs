@@ -86,8 +86,12 @@ pub enum DeliveryGuarantee {
     AtLeastOnce,
     /// At-most-once: the task is finished (its ack logged, and durable under
     /// `Sync`) before a consumer receives it. No lease, no retry: a crash
-    /// while the consumer works loses that task, and nothing is ever
-    /// delivered twice.
+    /// while the consumer works loses that task. Nothing is delivered twice
+    /// across a process crash in every durability mode, and across a power
+    /// loss under `Sync`; under `Interval` or `Buffered` a power loss can
+    /// take the ack with the rest of the unsynced suffix (until the next
+    /// background sync, or an [`Engine::sync`](crate::Engine::sync)), and
+    /// the task is then delivered again.
     AtMostOnce,
 }
 
@@ -195,7 +199,9 @@ pub struct Config {
     /// At-least-once (default) or at-most-once delivery.
     pub delivery: DeliveryGuarantee,
     /// How long a consumer holds a delivery before it is redelivered
-    /// (visibility timeout), whole milliseconds, 1 ms..=[`LEASE_MAX`].
+    /// (visibility timeout), whole milliseconds, 1 ms..=[`LEASE_MAX`],
+    /// counted from the moment the consumer received the task: the lease
+    /// ends at the first tick that starts at or after that, never earlier.
     /// Default [`LEASE_DEFAULT`]. Unused at most once.
     pub lease: Duration,
     /// Retries and dead letters. Unused at most once.

@@ -173,7 +173,8 @@ impl Consumer {
         self.shared.nack(delivery, retry_after, error)
     }
 
-    /// Heartbeat: the lease now ends `lease` from now (1 ms..=12 h), for
+    /// Heartbeat: the lease now ends `lease` from now (1 ms..=12 h; at the
+    /// first tick that starts at or after that, as `Config::lease`), for
     /// work that takes longer than `Config::lease`. Not logged: a restart
     /// ends every lease.
     ///

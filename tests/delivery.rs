@@ -222,6 +222,61 @@ fn heartbeat_keeps_a_lease_alive() -> TestResult {
     Ok(())
 }
 
+/// A lease is counted from the moment its consumer received the task, not from the start of
+/// the tick it fell in: received 999 ms into a 1 s tick, a 1 s lease (and a heartbeat's) holds
+/// for a full second, and ends at the next tick after it. (It ended at the tick's end: 1 ms
+/// after the task was received, and the late ack was refused as `LeaseExpired`.)
+#[test]
+fn a_lease_received_late_in_a_coarse_tick_lasts_its_full_length() -> TestResult {
+    let mut c = cfg(1_000, 3, 0);
+    c.tick = ms(1_000);
+    let h = SimHarness::new(412, c)?;
+    let e = h.engine();
+    let id = e.schedule_after(b"job", ms(1_000), b"")?;
+    h.clock.advance(ms(1_999));
+    e.run_until_idle();
+    let d = e.consumer().try_recv()?;
+    assert_eq!((d.task_id(), d.attempt()), (id, 1));
+    // 999 ms of the lease: still held, by the clock and by the driver.
+    assert!(h.advance(ms(999))?.is_empty());
+    assert_eq!(e.stats().in_flight, 1);
+    e.extend_lease(&d, ms(1_000))?;
+    // The heartbeat, taken 998 ms into a tick, holds for its full second too, and ends at
+    // the first tick that starts after it: 2 ms later.
+    assert!(h.advance(ms(1_001))?.is_empty());
+    assert_eq!(e.stats().in_flight, 1);
+    h.clock.advance(ms(1));
+    assert_matches!(e.ack(&d), Err(AckError::LeaseExpired { task_id }) if task_id == id.0);
+    e.run_until_idle();
+    assert_eq!(e.stats().in_flight, 0);
+    Ok(())
+}
+
+/// The same with the default 1 ms tick: a 5 ms lease received 0.9 ms into a millisecond is
+/// still held 4.2 ms later (it was refused).
+#[test]
+fn a_lease_received_mid_millisecond_lasts_its_full_length() -> TestResult {
+    let h = SimHarness::new(413, cfg(5, 3, 0))?;
+    let e = h.engine();
+    e.schedule_after(b"job", ms(1), b"")?;
+    h.clock.advance(ms(1));
+    e.run_until_idle();
+    h.clock.advance(Duration::from_micros(900));
+    let d = e.consumer().try_recv()?;
+    h.clock.advance(Duration::from_micros(4_200));
+    e.run_until_idle();
+    assert_eq!(e.stats().in_flight, 1);
+    // A heartbeat 0.1 ms into a millisecond: held for its 5 ms, and until the next
+    // millisecond starts.
+    e.extend_lease(&d, ms(5))?;
+    h.clock.advance(Duration::from_micros(5_899));
+    e.run_until_idle();
+    assert_eq!(e.stats().in_flight, 1);
+    h.clock.advance(Duration::from_micros(1));
+    assert_matches!(e.ack(&d), Err(AckError::LeaseExpired { .. }));
+    Ok(())
+}
+
 /// Leases across a reopen, for a clean shutdown, a process crash and a power cut (Sync):
 /// a restart ends every lease. Held deliveries (plain or heartbeat-extended) come again at
 /// once with attempt 2; a retry scheduled by a lease expiry before the stop fires at its exact

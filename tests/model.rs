@@ -465,13 +465,12 @@ impl Model {
         }
     }
 
-    /// A lease taken now: its expiry fires `lease_ms` (rounded up to ticks) after the current
-    /// tick's start.
+    /// A lease taken now: its expiry fires at the first tick that starts `lease_ms` or more
+    /// from now (a lease never ends early).
     fn lease_now(&mut self, lease_ms: u64) -> Lease {
-        let now_tick = (self.mono_ms - self.origin_ms) / self.tick_ms;
-        let ticks = lease_ms.div_ceil(self.tick_ms).max(1);
+        let end_tick = (self.mono_ms - self.origin_ms + lease_ms).div_ceil(self.tick_ms);
         Lease {
-            fire_mono_ms: self.origin_ms + (now_tick + ticks) * self.tick_ms,
+            fire_mono_ms: self.origin_ms + end_tick * self.tick_ms,
             rank: self.rank(),
         }
     }

@@ -1665,13 +1665,13 @@ impl Sim {
         }
     }
 
+    /// A lease ends at the first tick that starts `lease_ms` or more after it was taken: it is
+    /// active for exactly its length, over a tick later at the most.
     fn lease_state(&self, h: &Held) -> LeaseState {
-        let t = self.setup.tick_ms;
-        let l = h.lease_ms.div_ceil(t) * t;
         let age = self.now().mono - h.lease_from;
-        if age + t < l + 1 {
+        if age < h.lease_ms {
             LeaseState::Active
-        } else if age >= l {
+        } else if age >= h.lease_ms + self.setup.tick_ms {
             LeaseState::Expired
         } else {
             LeaseState::Unsure

@@ -101,10 +101,20 @@ fn clip_error(text: &str) -> &str {
 }
 
 impl Shared {
-    /// Ticks in a lease of `lease` (rounded up: a lease never ends early).
-    fn lease_ticks(&self, lease: Duration) -> u64 {
-        let ticks = super::div_u128(lease.as_nanos(), self.tick_ns, Round::Up);
-        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+    /// The tick at which a lease of `lease` taken at engine time `now_ns` ends: the first
+    /// tick that starts at or after `now_ns + lease`, so a lease never ends early — its
+    /// holder may act on it for at least `lease`, and the driver expires it within a tick
+    /// after — and at least `lease` (in ticks, rounded up) past the wheel's `elapsed` tick,
+    /// should the wheel be ahead of the clock. (Counted from the start of the current tick
+    /// instead, as before session 30, a lease taken late in a tick was up to a tick short:
+    /// with a 1 s tick and a 1 s lease, 1 ms long.)
+    fn lease_end(&self, now_ns: u128, elapsed: Tick, lease: Duration) -> Tick {
+        let to_ticks = |ns: u128| {
+            u64::try_from(super::div_u128(ns, self.tick_ns, Round::Up)).unwrap_or(u64::MAX)
+        };
+        let end = to_ticks(now_ns.saturating_add(lease.as_nanos()));
+        let lease_ticks = to_ticks(lease.as_nanos()).max(1);
+        Tick(end.max(elapsed.0.saturating_add(lease_ticks)))
     }
 
     /// Takes the next ready task for a consumer.
@@ -211,8 +221,7 @@ impl Shared {
         mut core: parking_lot::MutexGuard<'_, Core>,
         entry: ReadyEntry,
     ) -> Result<Delivery, RecvError> {
-        let now_tick = self.now_tick();
-        let lease_ticks = self.lease_ticks(self.config.lease);
+        let now_ns = self.now_ns();
         let at_most_once = self.config.delivery == DeliveryGuarantee::AtMostOnce;
         let c = &mut *core;
         if let Err(cause) = self.load_payload_locked(c, entry.slot) {
@@ -248,12 +257,7 @@ impl Shared {
             return Ok(delivery);
         }
         // Lease expiry: a timer in the wheel at now + lease.
-        let due = Tick(
-            now_tick
-                .0
-                .max(c.wheel.elapsed().0)
-                .saturating_add(lease_ticks),
-        );
+        let due = self.lease_end(now_ns, c.wheel.elapsed(), self.config.lease);
         let timer = c.wheel.insert(due, entry.slot).ok();
         if let Some(task) = c.tasks.get_mut(entry.slot) {
             task.state = TaskState::Leased;
@@ -436,15 +440,12 @@ impl Shared {
                 max_ms: crate::config::LEASE_MAX.as_millis() as u64,
             });
         }
-        let now = self.now_tick();
+        let now_ns = self.now_ns();
+        let now = Tick((now_ns / self.tick_ns) as u64);
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_ack_error)?;
         self.check_lease(&core, d, now)?;
-        let due = Tick(
-            now.0
-                .max(core.wheel.elapsed().0)
-                .saturating_add(self.lease_ticks(lease)),
-        );
+        let due = self.lease_end(now_ns, core.wheel.elapsed(), lease);
         let c = &mut *core;
         if let Some(task) = c.tasks.get_mut(d.slot) {
             if let Some(old) = task.timer.take() {
