@@ -277,6 +277,62 @@ fn a_lease_received_mid_millisecond_lasts_its_full_length() -> TestResult {
     Ok(())
 }
 
+/// Lease bounds over ticks from 1 ms to 1 h, leases from 1 ms to 30 s, received at offsets
+/// from 0 to a tick minus 1 ns into a tick: the holder can ack 1 ns before receive + lease;
+/// at the first tick start at or after it, the lease is over (by the clock and the driver).
+#[test]
+fn lease_bounds_hold_for_every_tick_lease_and_offset() -> TestResult {
+    let mut seed = 4_700;
+    for tick_ms in [1u64, 8, 10, 1_000, 3_600_000] {
+        let tick = ms(tick_ms);
+        for lease_ms in [1u64, 5, 999, 1_000, 1_001, 30_000] {
+            let lease = ms(lease_ms);
+            let offsets = [
+                Duration::ZERO,
+                Duration::from_nanos(1),
+                Duration::from_micros(900),
+                tick / 2,
+                tick - Duration::from_nanos(1),
+            ];
+            for offset in offsets {
+                for expired in [false, true] {
+                    seed += 1;
+                    let mut c = cfg(lease_ms, 3, 0);
+                    c.tick = tick;
+                    let h = SimHarness::new(seed, c)?;
+                    let e = h.engine();
+                    // The next tick boundary of the wall clock (the engine opened on one).
+                    let due_ms = (START_MS / tick_ms + 1) * tick_ms;
+                    let id = e.schedule(b"job", Due::At(ms_to_system_time(due_ms)), b"")?;
+                    h.clock.advance(ms(due_ms - START_MS) + offset);
+                    e.run_until_idle();
+                    let d = e.consumer().try_recv()?;
+                    let what =
+                        format!("tick {tick_ms} ms, lease {lease_ms} ms, received {offset:?} in");
+                    if expired {
+                        let end_ns = (offset + lease).as_nanos().div_ceil(tick.as_nanos())
+                            * tick.as_nanos();
+                        let wait_ns = u64::try_from(end_ns - offset.as_nanos())?;
+                        h.clock.advance(Duration::from_nanos(wait_ns));
+                        assert_matches!(
+                            e.ack(&d),
+                            Err(AckError::LeaseExpired { task_id }) if task_id == id.0
+                        );
+                        e.run_until_idle();
+                        assert_eq!(e.stats().in_flight, 0, "{what}");
+                    } else {
+                        h.clock.advance(lease - Duration::from_nanos(1));
+                        e.run_until_idle();
+                        assert_eq!(e.stats().in_flight, 1, "{what}");
+                        e.ack(&d).map_err(|err| format!("{what}: {err}"))?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Leases across a reopen, for a clean shutdown, a process crash and a power cut (Sync):
 /// a restart ends every lease. Held deliveries (plain or heartbeat-extended) come again at
 /// once with attempt 2; a retry scheduled by a lease expiry before the stop fires at its exact
