@@ -310,8 +310,8 @@ fn lease_bounds_hold_for_every_tick_lease_and_offset() -> TestResult {
                     let what =
                         format!("tick {tick_ms} ms, lease {lease_ms} ms, received {offset:?} in");
                     if expired {
-                        let end_ns = (offset + lease).as_nanos().div_ceil(tick.as_nanos())
-                            * tick.as_nanos();
+                        let end_ns =
+                            (offset + lease).as_nanos().div_ceil(tick.as_nanos()) * tick.as_nanos();
                         let wait_ns = u64::try_from(end_ns - offset.as_nanos())?;
                         h.clock.advance(Duration::from_nanos(wait_ns));
                         assert_matches!(
