@@ -201,7 +201,8 @@ pub struct Config {
     /// How long a consumer holds a delivery before it is redelivered
     /// (visibility timeout), whole milliseconds, 1 ms..=[`LEASE_MAX`],
     /// counted from the moment the consumer received the task: the lease
-    /// ends at the first tick that starts at or after that, never earlier.
+    /// ends at the first tick that starts at or after receive + lease —
+    /// never earlier, at most one `tick` later.
     /// Default [`LEASE_DEFAULT`]. Unused at most once.
     pub lease: Duration,
     /// Retries and dead letters. Unused at most once.

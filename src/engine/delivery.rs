@@ -104,10 +104,12 @@ impl Shared {
     /// The tick at which a lease of `lease` taken at engine time `now_ns` ends: the first
     /// tick that starts at or after `now_ns + lease`, so a lease never ends early — its
     /// holder may act on it for at least `lease`, and the driver expires it within a tick
-    /// after — and at least `lease` (in ticks, rounded up) past the wheel's `elapsed` tick,
-    /// should the wheel be ahead of the clock. (Counted from the start of the current tick
-    /// instead, as before session 30, a lease taken late in a tick was up to a tick short:
-    /// with a 1 s tick and a 1 s lease, 1 ms long.)
+    /// after — and at least `lease` (in ticks, rounded up) past the wheel's `elapsed` tick:
+    /// `extend_lease` reads the clock before it takes the lock, and the driver may have moved
+    /// the wheel past that reading meanwhile (the timer then is where a fresh reading would
+    /// put it, or a tick later, and the wheel never refuses it as elapsed). Counted from the
+    /// start of the current tick instead, as before session 30, a lease taken late in a tick
+    /// was up to a tick short: with a 1 s tick and a 1 s lease, 1 ms long.
     fn lease_end(&self, now_ns: u128, elapsed: Tick, lease: Duration) -> Tick {
         let to_ticks = |ns: u128| {
             u64::try_from(super::div_u128(ns, self.tick_ns, Round::Up)).unwrap_or(u64::MAX)
