@@ -223,13 +223,15 @@ impl Shared {
         mut core: parking_lot::MutexGuard<'_, Core>,
         entry: ReadyEntry,
     ) -> Result<Delivery, RecvError> {
-        let now_ns = self.now_ns();
         let at_most_once = self.config.delivery == DeliveryGuarantee::AtMostOnce;
         let c = &mut *core;
         if let Err(cause) = self.load_payload_locked(c, entry.slot) {
             self.poison_locked(c, cause.clone());
             return Err(RecvError::Poisoned { cause });
         }
+        // After the payload is in memory (a read from disk, on a rare path): the lease starts
+        // as the consumer gets the task.
+        let now_ns = self.now_ns();
         let Some(task) = c.tasks.get_mut(entry.slot) else {
             return Err(RecvError::Empty);
         };
