@@ -90,8 +90,9 @@ pub enum DeliveryGuarantee {
     /// across a process crash in every durability mode, and across a power
     /// loss under `Sync`; under `Interval` or `Buffered` a power loss can
     /// take the ack with the rest of the unsynced suffix (until the next
-    /// background sync, or an [`Engine::sync`](crate::Engine::sync)), and
-    /// the task is then delivered again.
+    /// background sync, segment roll, checkpoint or
+    /// [`Engine::sync`](crate::Engine::sync)), and the task is then
+    /// delivered again.
     AtMostOnce,
 }
 
@@ -202,7 +203,7 @@ pub struct Config {
     /// (visibility timeout), whole milliseconds, 1 ms..=[`LEASE_MAX`],
     /// counted from the moment the consumer received the task: the lease
     /// ends at the first tick that starts at or after receive + lease —
-    /// never earlier, at most one `tick` later.
+    /// never earlier, less than one `tick` later.
     /// Default [`LEASE_DEFAULT`]. Unused at most once.
     pub lease: Duration,
     /// Retries and dead letters. Unused at most once.

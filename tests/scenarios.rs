@@ -327,7 +327,7 @@ fn scenario_05_earlier_deadline_wakes_driver() -> TestResult {
 }
 
 /// Scenario 5 with the real clock and the real file system: the driver sleeps on a timed
-/// wait until A (+50 s); B (+1 s) and C (+300 ms) scheduled from another thread must wake
+/// wait until A (+50 s); B (+3 s) and C (+1 s) scheduled from another thread must wake
 /// it. If they did not, C would come with A after 50 s and `recv_timeout` would give up.
 #[test]
 fn scenario_05_earlier_deadline_wakes_driver_real_clock() -> TestResult {
@@ -338,11 +338,12 @@ fn scenario_05_earlier_deadline_wakes_driver_real_clock() -> TestResult {
     engine.run_until_idle();
     std::thread::scope(|s| -> TestResult {
         s.spawn(|| -> TestResult {
-            // Both due times from one reading of the clock: a slow fdatasync (a loaded
-            // machine's disk) between the two calls must not put C's due time after B's.
+            // Both due times from one reading of the clock, as in the scenario (+3 s, +1 s):
+            // a slow fdatasync (a loaded machine's disk) between the two calls must not put
+            // C's due time after B's, and only a stall of seconds lets B fire first.
             let now = std::time::SystemTime::now();
-            engine.schedule(b"B", Due::At(now + Duration::from_millis(1_000)), b"b")?;
-            engine.schedule(b"C", Due::At(now + Duration::from_millis(300)), b"c")?;
+            engine.schedule(b"B", Due::At(now + Duration::from_secs(3)), b"b")?;
+            engine.schedule(b"C", Due::At(now + Duration::from_secs(1)), b"c")?;
             Ok(())
         })
         .join()

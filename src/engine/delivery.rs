@@ -102,14 +102,13 @@ fn clip_error(text: &str) -> &str {
 
 impl Shared {
     /// The tick at which a lease of `lease` taken at engine time `now_ns` ends: the first
-    /// tick that starts at or after `now_ns + lease`, so a lease never ends early — its
-    /// holder may act on it for at least `lease`, and the driver expires it within a tick
-    /// after — and at least `lease` (in ticks, rounded up) past the wheel's `elapsed` tick:
-    /// `extend_lease` reads the clock before it takes the lock, and the driver may have moved
-    /// the wheel past that reading meanwhile (the timer then is where a fresh reading would
-    /// put it, or a tick later, and the wheel never refuses it as elapsed). Counted from the
-    /// start of the current tick instead, as before session 30, a lease taken late in a tick
-    /// was up to a tick short: with a 1 s tick and a 1 s lease, 1 ms long.
+    /// tick that starts at or after `now_ns + lease`. So a lease never ends early: its holder
+    /// may act on it for at least `lease`, and the driver expires it less than a tick after.
+    ///
+    /// The end is also at least `lease` (in ticks, rounded up) past the wheel's `elapsed`
+    /// tick, so the wheel never refuses the timer as elapsed: `extend_lease` reads the clock
+    /// before it takes the lock, and the driver may have moved the wheel past that reading
+    /// meanwhile.
     fn lease_end(&self, now_ns: u128, elapsed: Tick, lease: Duration) -> Tick {
         let to_ticks = |ns: u128| {
             u64::try_from(super::div_u128(ns, self.tick_ns, Round::Up)).unwrap_or(u64::MAX)
@@ -445,7 +444,7 @@ impl Shared {
             });
         }
         let now_ns = self.now_ns();
-        let now = Tick((now_ns / self.tick_ns) as u64);
+        let now = self.tick_at(now_ns);
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_ack_error)?;
         self.check_lease(&core, d, now)?;
@@ -600,7 +599,12 @@ impl Shared {
 
     /// The driver's tick for a clock reading.
     pub(super) fn tick_of(&self, now: Now) -> Tick {
-        Tick((now.engine_ns / self.tick_ns) as u64)
+        self.tick_at(now.engine_ns)
+    }
+
+    /// The tick that engine time `engine_ns` falls in.
+    pub(super) fn tick_at(&self, engine_ns: u128) -> Tick {
+        Tick((engine_ns / self.tick_ns) as u64)
     }
 }
 

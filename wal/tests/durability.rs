@@ -136,7 +136,12 @@ fn power_cut_under_sync_keeps_every_waited_append() -> TestResult {
                 // After the first acknowledgement an appender has recorded (not the first
                 // fdatasync: on a loaded machine the proof's, or the appender's wake-up, can
                 // come after the sleep), then a while into the appends.
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
                 while acked_count.load(Ordering::SeqCst) == 0 {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "seed {seed}: no append acknowledged in a minute"
+                    );
                     std::thread::sleep(Duration::from_micros(100));
                 }
                 std::thread::sleep(Duration::from_millis(5 + seed));
@@ -545,20 +550,21 @@ fn lone_caller_options(durability: Durability) -> WalOptions {
 /// times even with one caller (under `Interval`, to arm the interval's deadline after a
 /// write) and, when the caller's request comes in
 /// while it decides, it commits that round itself (correct, one hand-off slower). A shared
-/// CI machine saw it take 1 round of 20. Handing every round to the writer thread, as before
-/// the lone-caller path, runs none on the caller's thread.
-fn assert_rounds_mostly_on_this_thread(sim: &SimStorage, before: usize, what: &str) {
+/// CI machine saw it take 1 round of 20; up to 4 are let through. Handing every round to the
+/// writer thread, as before the lone-caller path, runs none on the caller's thread.
+fn assert_rounds_on_this_thread(sim: &SimStorage, before: usize, what: &str) {
     let (mine, all) = fdatasyncs_on_this_thread(sim, before);
     assert_eq!(all, 40, "{what}: fdatasyncs in all");
     assert!(
-        mine >= all / 2,
+        mine + 8 >= all,
         "{what}: only {mine} of {all} fdatasyncs ran on the caller's thread"
     );
 }
 
 /// Under `Sync` a lone caller commits its own round: both fdatasyncs its append needs (the
 /// data's, then the proof's) run on its own thread, with no hand-off to the writer thread and
-/// back; and the append survives a power cut.
+/// back (but for an occasional round, see `assert_rounds_on_this_thread`); and the append
+/// survives a power cut.
 #[test]
 fn a_lone_sync_caller_commits_its_own_round() -> TestResult {
     let sim = SimStorage::new(24);
@@ -569,7 +575,7 @@ fn a_lone_sync_caller_commits_its_own_round() -> TestResult {
         append_one(&wal, i)?;
         assert_eq!(wal.synced_lsn(), Lsn(i));
     }
-    assert_rounds_mostly_on_this_thread(&sim, before, "Sync");
+    assert_rounds_on_this_thread(&sim, before, "Sync");
     drop(wal);
     sim.power_cut_drop_unsynced();
     let (_wal, _, replayed) = open(&sim, opts)?;
@@ -579,8 +585,9 @@ fn a_lone_sync_caller_commits_its_own_round() -> TestResult {
 
 /// In `Interval` (a long interval: no background sync meanwhile) and `Buffered`, a lone
 /// `Wal::sync` caller commits the round itself: both fdatasyncs (the data's, then the proof's)
-/// run on its own thread, with no hand-off to the writer thread and back; what it synced
-/// survives a power cut. A `SyncHandle` does the same.
+/// run on its own thread, with no hand-off to the writer thread and back (but for an
+/// occasional round, see `assert_rounds_on_this_thread`); what it synced survives a power cut.
+/// A `SyncHandle` does the same.
 #[test]
 fn a_lone_sync_caller_commits_its_own_round_in_every_mode() -> TestResult {
     for (seed, durability) in [
@@ -601,7 +608,7 @@ fn a_lone_sync_caller_commits_its_own_round_in_every_mode() -> TestResult {
             }
             assert_eq!(wal.synced_lsn(), Lsn(i));
         }
-        assert_rounds_mostly_on_this_thread(&sim, before, &format!("{durability:?}"));
+        assert_rounds_on_this_thread(&sim, before, &format!("{durability:?}"));
         drop(handle);
         sim.power_cut();
         drop(wal);
