@@ -15,8 +15,9 @@
 //! past every due time, and what it delivers (key, due time, payload, attempt) and its dead
 //! letters must equal one recorded state at or after the last sync point. In the two-cut runs
 //! a second series of calls on other keys follows the first cut, and each series must match
-//! a prefix of its own. (The first series is checked only at the end: a state that went back
-//! between the two reopens, each one valid alone, would pass.)
+//! a prefix of its own; the first series (no deliveries in it) must also show at the end
+//! exactly what an engine opened on a copy of the disk showed right after the first cut — its
+//! state must not move between the two reopens.
 //!
 //! Added in session 30 from a helper's hunt (30 000 runs, no violation); the simulation
 //! (`tests/simulation.rs`) checks `Interval`/`Buffered` seeds across process crashes only.
@@ -24,12 +25,14 @@
 mod common;
 
 use common::{config, drain, scale, SimHarness, SplitMix, Stop, TestResult, START_MS};
-use kairos::kairos_wal::{FaultKind, FaultOp, FaultPlan};
+use kairos::kairos_wal::{FaultKind, FaultOp, FaultPlan, SimStorage, Storage};
 use kairos::{
-    CancelOutcome, Delivery, Due, Durability, NackOutcome, NewTask, RescheduleOutcome,
-    ScheduleError,
+    CancelOutcome, Config, Delivery, Due, Durability, Engine, ManualClock, NackOutcome, NewTask,
+    RescheduleOutcome, ScheduleError,
 };
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// A nack or lease failure past this many attempts dead-letters the task.
@@ -255,6 +258,8 @@ struct Series {
     states: Vec<(String, Model)>,
     /// Index into `states` of the last completed sync or checkpoint.
     sync_point: usize,
+    /// The state a copy of the disk showed right after the cut, if observed.
+    at_reopen: Option<Observed>,
 }
 
 /// One seed's run.
@@ -321,12 +326,19 @@ impl Run {
     }
 
     /// Runs a series of calls on keys starting with `prefix` (with deliveries, acks and nacks
-    /// unless `settled_only`), then cuts the power and reopens.
-    fn series(&mut self, prefix: char, settled_only: bool) -> TestResult<Series> {
+    /// unless `settled_only`), then cuts the power and reopens; with `observe_reopen` (only
+    /// with `settled_only`), first observes what a copy of the disk reopens to.
+    fn series(
+        &mut self,
+        prefix: char,
+        settled_only: bool,
+        observe_reopen: bool,
+    ) -> TestResult<Series> {
         let mut m = Model::default();
         let mut series = Series {
             states: vec![("start".into(), m.clone())],
             sync_point: 0,
+            at_reopen: None,
         };
         let mut held: Vec<Delivery> = Vec::new();
         let mut cut_in_checkpoint = false;
@@ -607,6 +619,19 @@ impl Run {
             ));
         }
         self.h.stop(self.setup.cut)?;
+        if observe_reopen {
+            // Every due time is known here (no deliveries in a series that observes its
+            // reopen): the final drain must show exactly this state for these keys.
+            let observed = observe_a_copy(
+                &self.h.sim,
+                &self.h.dir,
+                &self.h.config,
+                self.h.clock.wall_ms(),
+                self.max_due_ms + 60_000,
+            )
+            .map_err(|e| format!("observing a copy of the disk after the cut: {e}"))?;
+            series.at_reopen = Some(observed);
+        }
         self.h
             .start()
             .map_err(|e| format!("reopen after {:?}: {e}", self.setup.cut))?;
@@ -614,40 +639,69 @@ impl Run {
             .push(format!("{prefix}: {:?}, reopened", self.setup.cut));
         Ok(series)
     }
+}
 
-    /// Runs time past every due time, receiving and acking everything: the reopened state.
-    fn observe(&mut self) -> TestResult<Observed> {
-        let engine = self.h.engine();
-        let mut dead: Vec<_> = engine
-            .dead_letters()
-            .into_iter()
-            .map(|d| (d.key, d.payload, d.attempts))
-            .collect();
-        dead.sort();
-        let mut tasks = BTreeMap::new();
-        loop {
-            for d in drain(self.h.engine())? {
-                let key = d.key().to_vec();
-                if d.due_ms() > self.h.clock.wall_ms() {
-                    return Err(format!("delivered early after the reopen: {d:?}").into());
-                }
-                let seen = (Some(d.due_ms()), d.payload().to_vec(), d.attempt());
-                if tasks.insert(key, seen).is_some() {
-                    return Err(format!("delivered twice after the reopen: {d:?}").into());
-                }
-                self.h.engine().ack(&d)?;
+/// Runs `clock` past `until_ms`, receiving and acking everything `engine` hands out: its
+/// state after a reopen.
+fn observe(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<Observed> {
+    let mut dead: Vec<_> = engine
+        .dead_letters()
+        .into_iter()
+        .map(|d| (d.key, d.payload, d.attempts))
+        .collect();
+    dead.sort();
+    let mut tasks = BTreeMap::new();
+    loop {
+        for d in drain(engine)? {
+            let key = d.key().to_vec();
+            if d.due_ms() > clock.wall_ms() {
+                return Err(format!("delivered early after the reopen: {d:?}").into());
             }
-            if self.h.clock.wall_ms() > self.max_due_ms + 60_000 {
-                break;
+            let seen = (Some(d.due_ms()), d.payload().to_vec(), d.attempt());
+            if tasks.insert(key, seen).is_some() {
+                return Err(format!("delivered twice after the reopen: {d:?}").into());
             }
-            self.h.clock.advance(Duration::from_secs(600));
+            engine.ack(&d)?;
         }
-        let stats = self.h.engine().stats();
-        if stats.pending != 0 {
-            return Err(format!("tasks left pending after the drain: {stats:?}").into());
+        if clock.wall_ms() > until_ms {
+            break;
         }
-        Ok(Observed { tasks, dead })
+        clock.advance(Duration::from_secs(600));
     }
+    let stats = engine.stats();
+    if stats.pending != 0 {
+        return Err(format!("tasks left pending after the drain: {stats:?}").into());
+    }
+    Ok(Observed { tasks, dead })
+}
+
+/// What an engine opened on a copy of `sim`'s files (at the clock's time, with `config`)
+/// shows: the state the original's next open starts from, observed without touching it.
+fn observe_a_copy(
+    sim: &SimStorage,
+    dir: &Path,
+    config: &Config,
+    now_ms: u64,
+    until_ms: u64,
+) -> TestResult<Observed> {
+    let copy = SimStorage::new(0);
+    for sub in ["", "wal", "checkpoint", "overflow"] {
+        let from = dir.join(sub);
+        if !sim.exists(&from)? {
+            continue;
+        }
+        for name in sim.list(&from)? {
+            let path = from.join(&name);
+            let bytes = sim.read_file(&path).ok_or("a listed file vanished")?;
+            copy.write_file(&path, &bytes);
+        }
+    }
+    let clock = ManualClock::new(START_MS);
+    clock.advance(Duration::from_millis(now_ms - START_MS));
+    let engine = Engine::open_with(dir, config.clone(), Arc::new(copy), Arc::new(clock.clone()))?;
+    let observed = observe(&engine, &clock, until_ms)?;
+    engine.shutdown()?;
+    Ok(observed)
 }
 
 /// Runs `seed`, with a second series on other keys after the first cut if `two_cuts`.
@@ -656,16 +710,18 @@ fn run(seed: u64, two_cuts: bool) -> TestResult {
     let setup = format!("seed {seed} (two cuts: {two_cuts}): {:?}", run.setup);
     let mut all = vec![(
         'k',
-        run.series('k', two_cuts)
+        run.series('k', two_cuts, two_cuts)
             .map_err(|e| format!("{setup}: {e}"))?,
     )];
     if two_cuts {
         all.push((
             'b',
-            run.series('b', true).map_err(|e| format!("{setup}: {e}"))?,
+            run.series('b', true, false)
+                .map_err(|e| format!("{setup}: {e}"))?,
         ));
     }
-    let got = run.observe().map_err(|e| format!("{setup}: {e}"))?;
+    let got = observe(run.h.engine(), &run.h.clock, run.max_due_ms + 60_000)
+        .map_err(|e| format!("{setup}: {e}"))?;
     for (prefix, series) in &all {
         let mine = |key: &[u8]| key.first() == Some(&(*prefix as u8));
         let got = Observed {
@@ -699,6 +755,18 @@ fn run(seed: u64, two_cuts: bool) -> TestResult {
                 run.trace.join("\n  ")
             )
             .into());
+        }
+        if let Some(at_reopen) = &series.at_reopen {
+            if *at_reopen != got {
+                return Err(format!(
+                    "{setup}: series {prefix} changed after its reopen (the second series and \
+                     cut must not touch it)\nat the reopen {}\nat the end {}\ntrace:\n  {}",
+                    at_reopen.summary(),
+                    got.summary(),
+                    run.trace.join("\n  ")
+                )
+                .into());
+            }
         }
     }
     run.h.stop(Stop::Clean)?;
