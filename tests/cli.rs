@@ -354,6 +354,52 @@ fn verify_refuses_a_directory_without_a_log() {
     refused_with("wal is not a directory");
 }
 
+/// A log whose creation was cut short before segment 1 existed (a crash in the first open:
+/// `wal/META` alone, or with segment 1's `.seg.tmp`, or `META.tmp` alone) is a crash state
+/// `open` completes (`wal/FORMAT.md`, Recovery step 3): `verify`, `inspect` and `dump` take it
+/// as an empty log, as `open` does. (They said "not a Kairos data or log directory".)
+#[test]
+fn tools_take_a_log_whose_creation_was_cut_short_as_open_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let donor = tmp.path().join("donor");
+    kairos::Engine::open(&donor, kairos::Config::default())
+        .unwrap()
+        .shutdown()
+        .unwrap();
+    let meta = std::fs::read(donor.join("wal/META")).unwrap();
+    let cases: [&[(&str, &[u8])]; 3] = [
+        &[("META", &meta)],
+        &[
+            ("META", &meta),
+            ("0000000000000001-0000000000000001.seg.tmp", &[0u8; 128]),
+        ],
+        &[("META.tmp", &meta)],
+    ];
+    for (i, files) in cases.iter().enumerate() {
+        let dir = tmp.path().join(format!("cut{i}"));
+        std::fs::create_dir_all(dir.join("wal")).unwrap();
+        for (name, bytes) in *files {
+            std::fs::write(dir.join("wal").join(name), bytes).unwrap();
+        }
+        let d = dir.to_str().unwrap();
+        for args in [&["verify", d][..], &["inspect", d], &["dump", d]] {
+            let out = kairos(args);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{args:?} on {files:?}: {}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+        }
+        let engine = kairos::Engine::open(&dir, kairos::Config::default()).unwrap();
+        assert_eq!(engine.recovery().pending, 0);
+        engine.shutdown().unwrap();
+        let out = kairos(&["verify", d]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    }
+}
+
 /// `inspect` on a directory that is no Kairos directory (`/`, say) fails without walking its
 /// whole tree: only its own files are counted.
 #[test]

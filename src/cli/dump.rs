@@ -562,7 +562,9 @@ impl<W: Write> Dumper<W> {
             }
         }
         match scan {
-            Ok(report) if report.segments.is_empty() => {
+            Ok(report)
+                if report.segments.is_empty() && !Failure::log_creation_cut_short(log_dir) =>
+            {
                 ok = false;
                 let _ = writeln!(summary, "kairos dump: {}", Failure::no_log(log_dir).message);
             }

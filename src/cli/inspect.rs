@@ -859,7 +859,9 @@ impl Reader {
         disk: DiskUsage,
     ) -> (Inspection, LiveRefs) {
         let (report, error) = match scan {
-            Ok(report) if report.segments.is_empty() => {
+            Ok(report)
+                if report.segments.is_empty() && !Failure::log_creation_cut_short(&log_dir) =>
+            {
                 let failure = Failure::no_log(&log_dir);
                 (Some(report), Some(failure))
             }

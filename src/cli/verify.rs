@@ -894,7 +894,9 @@ impl Verification {
         census: Census,
     ) -> Verification {
         let (report, error) = match scan {
-            Ok(report) if report.segments.is_empty() => {
+            Ok(report)
+                if report.segments.is_empty() && !Failure::log_creation_cut_short(&log_dir) =>
+            {
                 (Some(report), Some(Failure::no_log(&log_dir)))
             }
             Ok(report) => (Some(report), None),
@@ -1115,6 +1117,23 @@ impl Failure {
             offset,
             message: e.to_string(),
         }
+    }
+
+    /// Whether `log_dir`, which holds no log segment, is a log whose creation was cut short
+    /// before segment 1 existed (`wal/FORMAT.md`, Recovery step 3): it holds `META`,
+    /// `META.tmp` or a segment's `.seg.tmp`. `open` completes such a log, so the tools take it
+    /// as an empty log, not as a directory that is not Kairos's.
+    pub(crate) fn log_creation_cut_short(log_dir: &Path) -> bool {
+        let Ok(entries) = std::fs::read_dir(log_dir) else {
+            return false;
+        };
+        entries.flatten().any(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            name == kairos_wal::format::META_FILE_NAME
+                || name == format!("{}.tmp", kairos_wal::format::META_FILE_NAME)
+                || name.ends_with(".seg.tmp")
+        })
     }
 
     /// A directory without a single log segment: nothing to verify. The message says what
