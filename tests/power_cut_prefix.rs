@@ -28,7 +28,7 @@ use common::{config, drain, scale, SimHarness, SplitMix, Stop, TestResult, START
 use kairos::kairos_wal::{FaultKind, FaultOp, FaultPlan, SimStorage, Storage};
 use kairos::{
     CancelOutcome, Config, Delivery, Due, Durability, Engine, ManualClock, NackOutcome, NewTask,
-    RescheduleOutcome, ScheduleError,
+    RescheduleOutcome, ScheduleError, TaskId,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -49,6 +49,19 @@ struct ModelTask {
     deliveries: u32,
     /// Held by a consumer now.
     in_flight: bool,
+}
+
+impl ModelTask {
+    /// A task just scheduled.
+    fn scheduled(id: TaskId, due_ms: u64, payload: Vec<u8>) -> ModelTask {
+        ModelTask {
+            id: id.0,
+            due_ms: Some(due_ms),
+            payload,
+            deliveries: 0,
+            in_flight: false,
+        }
+    }
 }
 
 /// The model: live tasks by key, and dead letters (key, payload, attempts), sorted.
@@ -308,6 +321,48 @@ impl Run {
         format!("{prefix}{}", self.rng.range(0, self.keys)).into_bytes()
     }
 
+    /// `n` keys drawn, without repeats (so maybe fewer).
+    fn distinct_keys(&mut self, prefix: char, n: u64) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        for _ in 0..n {
+            let key = self.key(prefix);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        keys
+    }
+
+    /// EIO or a short write, for a fault.
+    fn fault_kind(&mut self) -> FaultKind {
+        if self.rng.chance(50) {
+            FaultKind::Eio
+        } else {
+            FaultKind::ShortWrite
+        }
+    }
+
+    /// Receives what the engine hands out now, checking each delivery against the model and
+    /// recording the model after each (`label`: how the trace names it).
+    fn hand_out(
+        &mut self,
+        m: &mut Model,
+        series: &mut Series,
+        held: &mut Vec<Delivery>,
+        what: &str,
+        label: &str,
+    ) -> TestResult {
+        let now_ms = self.h.clock.wall_ms();
+        for d in drain(self.h.engine())? {
+            m.deliver(&d, now_ms, what)?;
+            let done = format!("{label} {}", String::from_utf8_lossy(d.key()));
+            self.trace.push(format!("{what}: {done}"));
+            series.states.push((done, m.clone()));
+            held.push(d);
+        }
+        Ok(())
+    }
+
     /// A due time from now: within 10 minutes, within an hour, or up to 5 hours.
     fn due(&mut self, now_ms: u64) -> u64 {
         let secs = match self.rng.range(0, 9) {
@@ -357,14 +412,7 @@ impl Run {
                 match (m.live.contains_key(&key), r) {
                     (true, Err(ScheduleError::AlreadyExists { .. })) => {}
                     (false, Ok(id)) => {
-                        let t = ModelTask {
-                            id: id.0,
-                            due_ms: Some(due),
-                            payload: p,
-                            deliveries: 0,
-                            in_flight: false,
-                        };
-                        m.live.insert(key.clone(), t);
+                        m.live.insert(key.clone(), ModelTask::scheduled(id, due, p));
                     }
                     (live, r) => {
                         return Err(format!("{what}: schedule (live {live}): {r:?}").into())
@@ -372,13 +420,8 @@ impl Run {
                 }
                 format!("schedule {}", String::from_utf8_lossy(&key))
             } else if pick < 32 {
-                let mut keys: Vec<Vec<u8>> = Vec::new();
-                for _ in 0..self.rng.range(1, 8) {
-                    let key = self.key(prefix);
-                    if !keys.contains(&key) {
-                        keys.push(key);
-                    }
-                }
+                let n = self.rng.range(1, 8);
+                let keys = self.distinct_keys(prefix, n);
                 let mut items = Vec::new();
                 for key in &keys {
                     let due = self.due(now_ms);
@@ -398,14 +441,7 @@ impl Run {
                     (true, Err(ScheduleError::AlreadyExists { .. })) => {}
                     (false, Ok(ids)) => {
                         for ((key, due, payload), id) in items.into_iter().zip(ids) {
-                            let t = ModelTask {
-                                id: id.0,
-                                due_ms: Some(due),
-                                payload,
-                                deliveries: 0,
-                                in_flight: false,
-                            };
-                            m.live.insert(key, t);
+                            m.live.insert(key, ModelTask::scheduled(id, due, payload));
                         }
                     }
                     (live, r) => {
@@ -419,13 +455,7 @@ impl Run {
                 } else {
                     self.rng.range(2, 6)
                 };
-                let mut keys: Vec<Vec<u8>> = Vec::new();
-                for _ in 0..n {
-                    let key = self.key(prefix);
-                    if !keys.contains(&key) {
-                        keys.push(key);
-                    }
-                }
+                let keys = self.distinct_keys(prefix, n);
                 let outcomes = if let [key] = &keys[..] {
                     vec![self.h.engine().cancel(key)?]
                 } else {
@@ -470,14 +500,9 @@ impl Run {
                         }
                     }
                     (None, Ok(RescheduleOutcome::Scheduled(id))) => {
-                        let t = ModelTask {
-                            id: id.0,
-                            due_ms: Some(due),
-                            payload: new_payload.unwrap_or_default(),
-                            deliveries: 0,
-                            in_flight: false,
-                        };
-                        m.live.insert(key.clone(), t);
+                        let payload = new_payload.unwrap_or_default();
+                        m.live
+                            .insert(key.clone(), ModelTask::scheduled(id, due, payload));
                     }
                     (t, r) => return Err(format!("{what}: reschedule (model {t:?}): {r:?}").into()),
                 }
@@ -485,14 +510,7 @@ impl Run {
             } else if pick < 66 {
                 let by_ms = self.rng.range(1, 1200) * 1000;
                 self.h.clock.advance(Duration::from_millis(by_ms));
-                let now_ms = self.h.clock.wall_ms();
-                for d in drain(self.h.engine())? {
-                    m.deliver(&d, now_ms, &what)?;
-                    let done = format!("delivered {}", String::from_utf8_lossy(d.key()));
-                    self.trace.push(format!("{what}: {done}"));
-                    series.states.push((done, m.clone()));
-                    held.push(d);
-                }
+                self.hand_out(&mut m, &mut series, &mut held, &what, "delivered")?;
                 continue;
             } else if pick < 83 {
                 if held.is_empty() {
@@ -558,23 +576,13 @@ impl Run {
                 m.settle();
                 held.clear();
                 series.states.push(("process crash".into(), m.clone()));
-                let now_ms = self.h.clock.wall_ms();
-                for d in drain(self.h.engine())? {
-                    m.deliver(&d, now_ms, &what)?;
-                    let done = format!("redelivered {}", String::from_utf8_lossy(d.key()));
-                    series.states.push((done, m.clone()));
-                    held.push(d);
-                }
                 self.trace.push(format!("{what}: process crash"));
+                self.hand_out(&mut m, &mut series, &mut held, &what, "redelivered")?;
                 continue;
             } else if pick < 96 {
                 // The power goes during (or right after) a checkpoint that a fault broke.
                 let after = self.rng.range(0, 40);
-                let kind = if self.rng.chance(50) {
-                    FaultKind::Eio
-                } else {
-                    FaultKind::ShortWrite
-                };
+                let kind = self.fault_kind();
                 self.h.sim.inject(FaultPlan {
                     after,
                     op: FaultOp::Any,
@@ -603,11 +611,7 @@ impl Run {
                 3 => FaultOp::Write,
                 _ => FaultOp::Open,
             };
-            let kind = if self.rng.chance(50) {
-                FaultKind::Eio
-            } else {
-                FaultKind::ShortWrite
-            };
+            let kind = self.fault_kind();
             self.h.sim.inject(FaultPlan { after, op, kind });
             for _ in 0..self.rng.range(1, 2) {
                 if self.h.engine().checkpoint().is_ok() {

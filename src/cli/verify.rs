@@ -1127,12 +1127,14 @@ impl Failure {
         let Ok(entries) = std::fs::read_dir(log_dir) else {
             return false;
         };
+        use kairos_wal::format::{META_FILE_NAME, SEGMENT_SUFFIX, TMP_SUFFIX};
         entries.flatten().any(|entry| {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            name == kairos_wal::format::META_FILE_NAME
-                || name == format!("{}.tmp", kairos_wal::format::META_FILE_NAME)
-                || name.ends_with(".seg.tmp")
+            let tmp_of = name.strip_suffix(TMP_SUFFIX);
+            name == META_FILE_NAME
+                || tmp_of == Some(META_FILE_NAME)
+                || tmp_of.is_some_and(|n| n.ends_with(SEGMENT_SUFFIX))
         })
     }
 

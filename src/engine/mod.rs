@@ -1774,7 +1774,7 @@ impl Shared {
     }
 
     fn now_tick(&self) -> Tick {
-        Tick((self.now_ns() / self.tick_ns) as u64)
+        self.tick_at(self.now_ns())
     }
 
     /// Maps an absolute due time to the first tick at or after it, using the

@@ -17,8 +17,9 @@
 //! VM against ~1.5 µs for the whole call (BENCHMARKS.md, "Single calls under Buffered and
 //! Interval"). A lone [`Wal::sync`] caller (no round led by another) likewise commits its
 //! round itself, in any mode. The writer thread keeps the other syncs (interval, roll,
-//! close, concurrent `sync` callers), the idle marks and the writes nobody waits for. A failed write or sync poisons the log for good (PostgreSQL's
-//! `data_sync_retry = off`, fjall's `Poisoned`, redb's `PreviousIo`).
+//! close, concurrent `sync` callers), the idle marks and the writes nobody waits for. A
+//! failed write or sync poisons the log for good (PostgreSQL's `data_sync_retry = off`,
+//! fjall's `Poisoned`, redb's `PreviousIo`).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -45,8 +46,9 @@ use crate::{
 /// `Wal` is `Send + Sync`: share it behind an `Arc` and append from any thread. Inside, the
 /// writer state owns the active segment file; one writer at a time holds it (the writer
 /// thread, under `Interval` and `Buffered` a waiting appender, under `Sync` a lone waiting
-/// caller committing its own round, or in any mode a lone [`Wal::sync`] caller). See the crate documentation for the format and
-/// the durability contract of each [`Durability`] mode.
+/// caller committing its own round, or in any mode a lone [`Wal::sync`] caller). See the
+/// crate documentation for the format and the durability contract of each [`Durability`]
+/// mode.
 pub struct Wal {
     shared: Arc<Shared>,
     storage: Arc<dyn Storage>,
@@ -1215,8 +1217,8 @@ struct Work {
     mark_due: bool,
     poisoned: bool,
     /// The LSN a leader's round commits for its caller — a lone appender under `Sync`, a lone
-    /// `Wal::sync` caller in any mode — (0: none): synced and
-    /// proven before the round ends, as `sync_wanted` is.
+    /// `Wal::sync` caller in any mode — (0: none): synced and proven before the round ends,
+    /// as `sync_wanted` is.
     awaited: u64,
 }
 
