@@ -527,15 +527,6 @@ fn an_interval_of_duration_max_never_syncs_by_the_clock() -> TestResult {
     Ok(())
 }
 
-/// Of the file fdatasyncs after the first `before`: how many ran on this thread, and how many
-/// in all.
-fn fdatasyncs_on_this_thread(sim: &SimStorage, before: usize) -> (usize, usize) {
-    let me = std::thread::current().id();
-    let syncs = sim.sync_threads();
-    let after = &syncs[before..];
-    (after.iter().filter(|t| **t == me).count(), after.len())
-}
-
 /// The lone-caller tests' options: no idle high-water mark, whose `SYNCED` file would add
 /// fdatasyncs of its own (on the writer thread) whenever the test stalls 10 ms between rounds.
 fn lone_caller_options(durability: Durability) -> WalOptions {
@@ -545,15 +536,20 @@ fn lone_caller_options(durability: Durability) -> WalOptions {
     }
 }
 
-/// Checks that a lone caller's 20 rounds (two fdatasyncs each: the data's, then the proof's)
-/// ran on its own thread. The writer thread may take an occasional round: it is awake at
-/// times even with one caller (under `Interval`, to arm the interval's deadline after a
-/// write) and, when the caller's request comes in
+/// Checks that a lone caller's 20 rounds (two fdatasyncs each, of the file fdatasyncs after
+/// the first `before`: the data's, then the proof's) ran on its own thread. The writer thread
+/// may take an occasional round: it is awake at times even with one caller (under `Interval`,
+/// to arm the interval's deadline after a write) and, when the caller's request comes in
 /// while it decides, it commits that round itself (correct, one hand-off slower). A shared
 /// CI machine saw it take 1 round of 20; up to 4 are let through. Handing every round to the
 /// writer thread, as before the lone-caller path, runs none on the caller's thread.
 fn assert_rounds_on_this_thread(sim: &SimStorage, before: usize, what: &str) {
-    let (mine, all) = fdatasyncs_on_this_thread(sim, before);
+    let me = std::thread::current().id();
+    let syncs = sim.sync_threads();
+    let (mine, all) = (
+        syncs[before..].iter().filter(|t| **t == me).count(),
+        syncs.len() - before,
+    );
     assert_eq!(all, 40, "{what}: fdatasyncs in all");
     assert!(
         mine + 8 >= all,
