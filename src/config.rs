@@ -320,7 +320,7 @@ pub struct Config {
     /// whose synced records were cut off or deleted by outside damage
     /// instead of reading the gap as an unsynced torn tail
     /// (`kairos_wal::WalOptions::synced_mark_delay`; `wal/FORMAT.md`,
-    /// "Known limits"). `None`: never. Default
+    /// "Missing files"). `None`: never. Default
     /// [`kairos_wal::SYNCED_MARK_DELAY_DEFAULT`] (10 ms), at most
     /// [`kairos_wal::SYNCED_MARK_DELAY_MAX`]. Not written under
     /// [`Durability::Buffered`] nor on simulated storage unless it allows

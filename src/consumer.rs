@@ -179,7 +179,8 @@ impl Consumer {
     /// ends every lease.
     ///
     /// # Errors
-    /// As [`Consumer::ack`]; `InvalidLease`.
+    /// As [`Consumer::ack`]; `InvalidLease`; `NotOutstanding` for a
+    /// delivery taken at most once (it holds no lease).
     pub fn extend_lease(&self, delivery: &Delivery, lease: Duration) -> Result<(), AckError> {
         self.shared.extend_lease(delivery, lease)
     }

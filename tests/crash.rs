@@ -103,11 +103,12 @@ fn crash_config(durability: Durability) -> Config {
 }
 
 /// The child's configuration in `round`: its mode, and in every other group of three rounds
-/// the background checkpointer with a tiny log-growth trigger. In every fourth round the
-/// horizon ends 50 ms after the base of the due times (`base_ms`, an hour ahead; task `i` is
-/// due at `base_ms + i`), with a 20 ms payload window: each checkpoint takes the tasks due
-/// beyond it out of the wheel (far tasks), and the prefetch thread promotes them back as the
-/// horizon reaches them (real time moves it 1 ms per ms) — kills land in both.
+/// the background checkpointer with a tiny log-growth trigger. Every checkpoint takes the
+/// tasks (due an hour ahead) out of the wheel as far tasks: they are beyond the one-minute
+/// resident window. In every fourth round there is no resident window and the horizon ends
+/// 50 ms after the base of the due times (`base_ms`; task `i` is due at `base_ms + i`), with a
+/// 20 ms payload window: the prefetch thread promotes far tasks back into the wheel as the
+/// horizon reaches them (real time moves it 1 ms per ms), so kills land in promotions too.
 fn child_config(round: u64, base_ms: u64, now_ms: u64) -> Config {
     let mut c = crash_config(mode_of(round).1);
     c.checkpoint_interval = None;
@@ -120,6 +121,7 @@ fn child_config(round: u64, base_ms: u64, now_ms: u64) -> Config {
     }
     if far_tasks(round) {
         c.payload_window = Some(Duration::from_millis(20));
+        c.resident_window = None;
         c.horizon = Some(Duration::from_millis(
             base_ms.saturating_sub(now_ms).max(20) + 50,
         ));
@@ -187,6 +189,13 @@ fn crash_op(n: u64) -> CrashOp {
     }
 }
 
+/// How many tasks a round's first `ops` calls leave live: `crash_state(..).len()` without
+/// building it (the parent asks for every earlier round at each kill).
+fn crash_live(ops: u64) -> usize {
+    // Every fifth call cancels a task an earlier call of its group scheduled.
+    (ops - 2 * (ops / 5)) as usize
+}
+
 /// A round's live tasks after its first `ops` calls.
 fn crash_state(round: u64, base_ms: u64, ops: u64) -> common::TaskMap {
     let mut state = common::TaskMap::new();
@@ -218,10 +227,11 @@ fn sigkill_child() -> TestResult {
             report("checkpoint begin")?;
             let r = engine.checkpoint()?;
             report(&format!(
-                "checkpoint lsn {} written {} took {} us segments removed {}",
+                "checkpoint lsn {} written {} took {} us promoted {} segments removed {}",
                 r.lsn,
                 r.written,
                 r.elapsed.as_micros(),
+                engine.stats().far_promoted,
                 r.segments_removed
             ))?;
         }
@@ -247,6 +257,13 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     if child_role().as_deref() == Some(SIGKILL_TEST) {
         return sigkill_child();
     }
+    for ops in 0..=40 {
+        assert_eq!(
+            crash_live(ops),
+            crash_state(0, 0, ops).len(),
+            "after {ops} calls"
+        );
+    }
     let dir = tempfile::tempdir()?;
     // Due an hour from now in real time, so nothing fires while children run.
     let now_ms = kairos::clock::system_time_to_ms(std::time::SystemTime::now()).ok_or("clock")?;
@@ -263,6 +280,7 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
     let mut synced_before: Option<Vec<u8>> = None;
     // Far tasks in the newest checkpoint after each kill of a round with a short horizon.
     let mut far_seen = 0usize;
+    let mut far_promoted = 0u64;
     for round in 0..kills {
         let kill_after = rand::Rng::random_range(&mut rng, 1..=150u64);
         // The checkpoint comes before a call the child reaches; in half the rounds the kill
@@ -296,9 +314,8 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
         };
         // Every earlier round's acknowledged calls are in; its call in flight (a schedule or
         // a cancel) may be too.
-        let (low, high) = acked.iter().fold((0, 0), |(low, high), (&r, &k)| {
-            let before = crash_state(r, base_ms, k).len();
-            let after = crash_state(r, base_ms, k + 1).len();
+        let (low, high) = acked.values().fold((0, 0), |(low, high), &k| {
+            let (before, after) = (crash_live(k), crash_live(k + 1));
             (low + before.min(after), high + before.max(after))
         });
         if !(low..=high).contains(&pending) {
@@ -318,6 +335,14 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
             } else if let Some(rest) = l.strip_prefix("checkpoint lsn ") {
                 checkpoints += 1;
                 checkpoint_returned = true;
+                if far_tasks(round) {
+                    far_promoted += rest
+                        .split(" promoted ")
+                        .nth(1)
+                        .and_then(|t| t.split(' ').next())
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0);
+                }
                 if let Some(us) = rest
                     .split(" took ")
                     .nth(1)
@@ -424,7 +449,7 @@ fn sigkill_while_scheduling_loses_no_returned_call() -> TestResult {
         "{kills} SIGKILLs ({kills_in_checkpoint} a moment after a checkpoint began, \
          {kills_before_checkpoint_returned} of them before it returned), {} acknowledged calls, {checkpoints} checkpoints completed ({segments_removed} segments \
          removed; far tasks in the newest checkpoint after the kills of short-horizon rounds: \
-         {far_seen}), {total} tasks recovered (scale {}); SYNCED rewritten in {marked_rounds} rounds, \
+         {far_seen}, promoted in those rounds before their checkpoint: {far_promoted}), {total} tasks recovered (scale {}); SYNCED rewritten in {marked_rounds} rounds, \
          {kills_while_marking} kills left a SYNCED.tmp \
          (killed while writing it)",
         acked.values().sum::<u64>(),

@@ -10,7 +10,7 @@
 //!   typed error — and once a call has failed for I/O, every later call that needs the log
 //!   fails too (a failed write or fsync poisons; nothing more is acknowledged). A failed
 //!   checkpoint is the exception the engine documents: `CheckpointError::Io` (the checkpoint
-//!   file) and a `Wal` error from trimming the log leave the engine usable, and the workload
+//!   file) and `CheckpointError::Trim` (trimming the log) leave the engine usable, and the workload
 //!   goes on, every later answer still the fault-free run's (a checkpoint's count of segments
 //!   removed aside: a later one removes what the failed one did not); a `Wal` error from
 //!   syncing the log, or `Poisoned`, poisons like any other failure;

@@ -61,8 +61,8 @@
 //!   - dead letters are kept, and an acked task never becomes one;
 //!   - checkpoints: `Ok` only from a healthy engine, once the log is fdatasynced up to the
 //!     checkpoint's LSN, and checkpoint LSNs never go back; a failure is a typed error caused by
-//!     a fault, and poisons exactly when the engine says it does (`CheckpointError::Io` and a
-//!     `Wal` error from trimming the log leave it usable; a `Wal` error from syncing the log
+//!     a fault, and poisons exactly when the engine says it does (`CheckpointError::Io`, `Trim`
+//!     from trimming the log and `Overflow` leave it usable; a `Wal` error from syncing the log
 //!     poisons); every reopen after a crash or power cut in or after a checkpoint recovers
 //!     without an error and keeps every acknowledged task.
 //!
@@ -923,7 +923,7 @@ struct Counters {
     /// ... that found nothing logged since the last one (`written: false`).
     checkpoints_unchanged: u64,
     /// ... that failed with a typed error and left the engine usable (`CheckpointError::Io`,
-    /// or `CheckpointError::Wal` from trimming the log).
+    /// `Trim` from trimming the log, or `Overflow`).
     checkpoints_failed: u64,
     /// ... that failed and poisoned the engine, or found it poisoned.
     checkpoints_poisoned: u64,

@@ -64,7 +64,8 @@ those at or below it are only counted (the engine skips them);
 - the log's segments: name, size in bytes, records, first and last LSN, sealed or active, and \
 their live fraction;
 - whether the last shutdown was clean, up to which LSN the log is known durable (its \
-high-water marks: CLOSED at a clean close, SYNCED when appends paused; damage at or below it \
+high-water marks: CLOSED at a clean close, SYNCED at each segment roll, each open and when \
+appends paused; damage at or below it \
 is corruption), and a torn tail if there is one (an unsynced write cut short by a crash, \
 which the next open truncates: reported, not damage);
 - the pending tasks by state, replayed with the engine's own rules: waiting (for their first \

@@ -203,7 +203,8 @@ pub enum DurabilityMode {
     Sync,
     /// Written to the OS at once, synced every --interval-ms.
     Interval,
-    /// Written to the OS, synced only at segment roll and shutdown.
+    /// Written to the OS; synced at segment roll, checkpoint and shutdown, and written back
+    /// every 4 MiB.
     Buffered,
 }
 

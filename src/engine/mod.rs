@@ -1421,7 +1421,11 @@ impl Engine {
     /// `Closed`; `Poisoned`; [`CheckpointError::Io`] if writing the file
     /// failed (the engine goes on; the previous checkpoint and the log are
     /// intact); [`CheckpointError::Wal`] if syncing the log failed (that
-    /// poisons the engine, as any failed sync does).
+    /// poisons the engine, as any failed sync does);
+    /// [`CheckpointError::Trim`] if the checkpoint was written but deleting
+    /// the log segments it covers failed, and [`CheckpointError::Overflow`]
+    /// if an overflow file being compacted could not be read (the engine
+    /// goes on in both cases, and a later checkpoint retries).
     pub fn checkpoint(&self) -> Result<CheckpointReport, CheckpointError> {
         let result = self.shared.checkpoint();
         if let Ok(report) = &result {

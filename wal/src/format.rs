@@ -1,5 +1,5 @@
-//! The on-disk format, byte by byte: constants and codecs for the `META` file, the `TRIM` and
-//! `CLOSED` bound files, segment headers, frames and records. `wal/FORMAT.md` is the specification; every constant here mirrors a
+//! The on-disk format, byte by byte: constants and codecs for the `META` file, the `TRIM`,
+//! `CLOSED` and `SYNCED` bound files, segment headers, frames and records. `wal/FORMAT.md` is the specification; every constant here mirrors a
 //! line of it, and each offset is built from the previous one so the two cannot drift apart
 //! silently (the golden-vector test reads FORMAT.md itself).
 //!
@@ -44,9 +44,10 @@ pub const TRIM_FILE_NAME: &str = "TRIM";
 /// File name of the high-water mark: the newest segment and last LSN at the last clean close.
 /// Absent: no clean close recorded (nothing is checked).
 pub const CLOSED_FILE_NAME: &str = "CLOSED";
-/// File name of the idle high-water mark: the newest segment and the highest LSN fdatasynced
-/// when the writer last went idle (written `WalOptions::synced_mark_delay` after a sync that
-/// nothing followed). Absent: none recorded (nothing is checked).
+/// File name of the running high-water mark: the newest segment and the highest LSN known
+/// fdatasynced, written at each segment roll, at each open (with `proof_before_ack`), and
+/// when the writer goes idle (`WalOptions::synced_mark_delay` after a sync that nothing
+/// followed). Absent: none recorded (nothing is checked).
 pub const SYNCED_FILE_NAME: &str = "SYNCED";
 
 // ---------------------------------------------------------------------------------------------
@@ -224,11 +225,11 @@ pub struct Closed {
     pub last_lsn: Lsn,
 }
 
-/// The contents of `SYNCED`: when the writer last went idle after a sync, the newest segment
-/// was `seq` and every LSN up to `synced_lsn` was fdatasynced. Like [`Closed`], a high-water
-/// mark the log only grows past; unlike it, written while the log runs (by the writer, a
-/// configurable delay after a sync that no append followed), so that damage to synced records
-/// is recognisable after an unclean shutdown too.
+/// The contents of `SYNCED`: when it was last written, the newest segment was `seq` and every
+/// LSN up to `synced_lsn` was fdatasynced. Like [`Closed`], a high-water mark the log only
+/// grows past; unlike it, written while the log runs — at each segment roll, at each open with
+/// `proof_before_ack`, and by the writer a configurable delay after a sync that no append
+/// followed — so that damage to synced records is recognisable after an unclean shutdown too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Synced {
     /// Identity of the log directory (equal to META's).

@@ -26,20 +26,23 @@
 //! ## Layout
 //!
 //! `DIR/META` (store identity), `DIR/LOCK` (lock file), and segments
-//! `DIR/{seq:016x}-{first_lsn:016x}.seg`. Each segment is a 64-byte header followed by
+//! `DIR/{seq:016x}-{first_lsn:016x}.seg`. Each segment is a 64-byte header and two
+//! 32-byte mark slots (frames start at byte 128; at 64 in a version-1 segment), followed by
 //! *frames*; a frame is one [`Wal::append`] (all its records survive a crash or none does).
 //! Every byte is specified in `FORMAT.md` next to this crate; [`mod@format`] holds the constants
 //! and codecs. Segments roll at [`WalOptions::segment_bytes`]; once a checkpoint covers their
 //! records, [`Wal::remove_segments_before`] deletes them after recording the new oldest
 //! segment in `DIR/TRIM`. A clean close records the newest segment and last LSN in
-//! `DIR/CLOSED`; the writer records the same in `DIR/SYNCED` once appends pause for
+//! `DIR/CLOSED`; the log records the same in `DIR/SYNCED` at each segment roll, at each open
+//! (with [`WalOptions::proof_before_ack`]), and once appends pause for
 //! [`WalOptions::synced_mark_delay`] after a sync. So a deleted segment is reported
 //! ([`WalError::MissingSegment`]) whether it was between two others, the oldest, or — after a
 //! clean close, or a crash more than the delay after the last sync — the newest.
 //!
 //! ## Durability
 //!
-//! - [`Durability::Sync`]: [`AppendTicket::wait`] returns after the frame is fdatasynced.
+//! - [`Durability::Sync`]: [`AppendTicket::wait`] returns once the frame is fdatasynced and,
+//!   with [`WalOptions::proof_before_ack`] (the default), proven by a durable mark.
 //!   A lone caller (at most one frame queued, and one in the round before) commits its round
 //!   itself: `write`, fdatasync and proof on its own thread, with no hand-off to the writer
 //!   thread and back. Concurrent callers leave it to group commit: the writer thread drains
@@ -176,7 +179,7 @@ pub struct WalOptions {
     /// file `SYNCED` (tmp, fdatasync, rename, directory fsync: two syncs, once per idle
     /// period). Recovery then refuses — `Corrupt` or `MissingSegment` naming `SYNCED` — a log
     /// whose synced records were cut off or deleted after an unclean shutdown, damage it could
-    /// otherwise not tell from a torn write (`wal/FORMAT.md`, "Known limits"). `None`: never
+    /// otherwise not tell from a torn write (`wal/FORMAT.md`, "Missing files"). `None`: never
     /// written. Not written under [`Durability::Buffered`], nor on a storage that does not
     /// allow timed I/O ([`Storage::allows_timed_io`], asked once, at open). `Some(0)`: whenever
     /// the writer goes idle after a sync. With a delay set (and not under `Buffered`), each
@@ -193,7 +196,7 @@ pub struct WalOptions {
     /// the segment's header area (FORMAT.md, "Mark slots"), or `SYNCED` in a version-1 segment.
     /// So after any unclean shutdown, damage that drops an acknowledged record — a cut, zeroed
     /// or flipped tail, a newest segment deleted or emptied — is refused as corruption instead
-    /// of being read as a torn write (FORMAT.md, "Known limits", lists what `false` leaves
+    /// of being read as a torn write (FORMAT.md, "Missing files", lists what `false` leaves
     /// exposed). The mark for one group commit rides on the next one's fdatasync when appends
     /// keep coming; when the writer would otherwise go idle it pays a second fdatasync of its
     /// own (a 32-byte slot write). The cost falls on a lone appender under `Sync`, whose every

@@ -1,7 +1,7 @@
 //! The idle high-water mark (`SYNCED`, `WalOptions::synced_mark_delay`): written once the
 //! writer has been idle for the delay after a sync, it lets recovery refuse damage to synced
 //! records that an unclean shutdown would otherwise leave indistinguishable from a torn write
-//! (`wal/FORMAT.md`, "Known limits") — and writing it never costs a record.
+//! (`wal/FORMAT.md`, "Missing files") — and writing it never costs a record.
 
 mod common;
 mod matrix_images;

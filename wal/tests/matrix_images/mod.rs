@@ -58,7 +58,7 @@ pub struct Image {
 
 impl Image {
     /// Whether damage that cuts off the last synced frames (or the newest segment) of this
-    /// image cannot be told from a torn write: FORMAT.md's "Known limits" — an unclean
+    /// image cannot be told from a torn write: FORMAT.md's "Missing files" — an unclean
     /// shutdown with no high-water mark covering the synced records, which only a log opened
     /// without `proof_before_ack` leaves.
     pub fn blind_to_cut_synced_tail(&self) -> bool {
@@ -238,7 +238,7 @@ pub fn crashed_image(seed: u64, synced: u64, n: u64) -> Result<Image, WalError> 
 }
 
 /// As [`crashed_image`], but acknowledged without proof (`proof_before_ack: false`) and
-/// crashed before any idle high-water mark: FORMAT.md's "Known limits", the damage this
+/// crashed before any idle high-water mark: FORMAT.md's "Missing files", the damage this
 /// opt-out cannot tell from a torn write.
 pub fn crashed_unproven_image(seed: u64, synced: u64, n: u64) -> Result<Image, WalError> {
     crashed(seed, synced, n, Marks::None)
