@@ -282,3 +282,71 @@ fn a_wall_step_back_delays_a_task_only_once_it_is_far() -> TestResult {
     );
     Ok(())
 }
+
+/// A task already due on the monotonic clock never goes far, whatever its
+/// wall-clock due time says after a backward wall step (README, "Time"):
+/// the catch-up backlog found at open and held by a pause, the same backlog
+/// held back by `catch_up_tasks_per_sec`, and a task placed overdue while
+/// deliveries are paused all stay in the wheel through a checkpoint after a
+/// wall step back of an hour, and go out at the resume, or at the rate. A
+/// checkpoint used to take them out of the wheel as far tasks (due "more
+/// than a minute out" by the stepped wall clock), so they waited up to the
+/// hour of the step.
+#[test]
+fn a_task_already_due_stays_in_the_wheel_after_a_wall_step_back() -> TestResult {
+    // The backlog found at open, held by a pause.
+    let mut h = SimHarness::new(9, cfg())?;
+    h.engine().schedule(b"a", at(START_MS + SECOND_MS), b"pa")?;
+    h.engine()
+        .schedule(b"b", at(START_MS + 2 * SECOND_MS), b"pb")?;
+    h.stop(Stop::Clean)?;
+    h.clock.advance(Duration::from_secs(10));
+    h.config.deliveries_paused = true;
+    h.start()?;
+    assert_eq!(h.engine().stats().catch_up_backlog, 2);
+    h.clock.step_wall(-60 * MINUTE_MS as i64);
+    h.engine().checkpoint()?;
+    let stats = h.engine().stats();
+    assert_eq!((stats.catch_up_backlog, stats.far), (2, 0));
+    h.engine().resume_deliveries();
+    let got = keys_of(&common::drain(h.engine())?);
+    assert_eq!(got, ["a", "b"], "the backlog goes out at the resume");
+
+    // The same backlog, one task a second.
+    let mut c = cfg();
+    c.catch_up_tasks_per_sec = Some(1);
+    let mut h = SimHarness::new(10, c)?;
+    for (i, k) in ["a", "b", "c"].iter().enumerate() {
+        h.engine()
+            .schedule(k.as_bytes(), at(START_MS + (i as u64 + 1) * SECOND_MS), b"")?;
+    }
+    h.stop(Stop::Clean)?;
+    h.clock.advance(Duration::from_secs(120));
+    h.start()?;
+    assert_eq!(keys_of(&common::drain(h.engine())?), ["a"]);
+    h.clock.step_wall(-60 * MINUTE_MS as i64);
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 0);
+    let got = keys_of(&h.advance(Duration::from_secs(2))?);
+    assert_eq!(got, ["b", "c"], "two more seconds, two more tasks");
+
+    // A task placed overdue while paused.
+    let h = SimHarness::new(11, cfg())?;
+    h.clock.advance(Duration::from_secs(10));
+    h.engine().pause_deliveries();
+    h.engine()
+        .schedule(b"past", at(START_MS + SECOND_MS), b"p")?;
+    h.clock.step_wall(-60 * MINUTE_MS as i64);
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().far, 0);
+    h.engine().resume_deliveries();
+    assert_eq!(keys_of(&common::drain(h.engine())?), ["past"]);
+    Ok(())
+}
+
+fn keys_of(deliveries: &[kairos::Delivery]) -> Vec<String> {
+    deliveries
+        .iter()
+        .map(|d| String::from_utf8_lossy(d.key()).into_owned())
+        .collect()
+}

@@ -1359,7 +1359,13 @@ impl Shared {
         // What goes far is due after now + far span, read at each hold (under
         // the lock): a far task promoted since the move began is within it,
         // and stays in the wheel.
-        let far_after_now = || far_span_ms.map(|span| wall_ms(self.now()).saturating_add(span));
+        let far_after_now = || {
+            let now = self.now();
+            FarCut {
+                after_ms: far_span_ms.map(|span| wall_ms(now).saturating_add(span)),
+                now_tick: self.tick_of(now),
+            }
+        };
         // Memory: the slab, a range of slots per hold.
         if let Some(window_end) = window_end {
             let mut from = 0u32;
@@ -1374,13 +1380,15 @@ impl Shared {
                     let Some(task) = core.tasks.get(slot) else {
                         continue;
                     };
-                    if task.state != TaskState::Scheduled || task.due_ms <= window_end {
+                    if task.state != TaskState::Scheduled
+                        || task.due_ms <= window_end
+                        || !far_after.waits_ahead(&core, task)
+                    {
                         continue;
                     }
                     // Beyond the far span, a first attempt leaves the wheel:
                     // its key goes to disk with its payload, even an empty one.
-                    let far =
-                        far_after.is_some_and(|end| task.due_ms > end) && task.deliveries == 0;
+                    let far = far_after.takes_far(&core, task);
                     match core.payloads.get(&task.bytes) {
                         Some(payload) if far || !payload.is_empty() => {
                             let len = core
@@ -1626,7 +1634,7 @@ impl Shared {
         moves: &[Move],
         replacements: u64,
         holds: &mut Holds,
-        far_after_now: &dyn Fn() -> Option<u64>,
+        far_after_now: &dyn Fn() -> FarCut,
     ) -> Result<u64, CheckpointError> {
         let replaced = || {
             self.payload_replacements
@@ -1767,7 +1775,7 @@ impl Shared {
         victim_moves: &[VictimMove],
         hasher: &crate::far::KeyHasher,
         holds: &mut Holds,
-        far_after_now: &dyn Fn() -> Option<u64>,
+        far_after_now: &dyn Fn() -> FarCut,
     ) -> Result<u64, CheckpointError> {
         let mut written =
             overflow::PieceReader::open(disk.storage.as_ref(), path, WRITE_PIECE_BYTES)?;
@@ -1993,7 +2001,7 @@ fn apply_move(
     (file, offset): (u32, u64),
     payload: &[u8],
     key: &[u8],
-    far_after: Option<u64>,
+    far_after: FarCut,
 ) -> Option<bool> {
     let task = core.tasks.get_checked(m.slot, TaskId(m.id))?;
     // A task that fell due meanwhile keeps its payload where it is.
@@ -2003,7 +2011,7 @@ fn apply_move(
     {
         return None;
     }
-    let (due_current, far) = move_outcome(m, task, far_after);
+    let (due_current, far) = move_outcome(core, m, task, far_after);
     let to = (file, offset);
     relink(
         shared,
@@ -2022,13 +2030,47 @@ fn apply_move(
 /// memory): whether its due time is still the one written
 /// (`due_current`), and whether it goes far — chosen to, a first attempt,
 /// still due when it was and after `far_after` (UTC ms: now + far span).
-fn move_outcome(m: &Move, task: &crate::task::Task, far_after: Option<u64>) -> (bool, bool) {
+fn move_outcome(
+    core: &Core,
+    m: &Move,
+    task: &crate::task::Task,
+    far_after: FarCut,
+) -> (bool, bool) {
     let due_current = task.due_ms == m.due_ms;
-    let far = m.far
-        && due_current
-        && task.deliveries == 0
-        && far_after.is_some_and(|end| task.due_ms > end);
+    let far = m.far && due_current && far_after.takes_far(core, task);
     (due_current, far)
+}
+
+/// Where a move out of memory draws the line for far tasks, read at each
+/// hold of the lock: due (UTC ms) after `after_ms` (now + the far span;
+/// `None` without one), and waiting on a wheel timer after `now_tick`.
+#[derive(Clone, Copy, Debug)]
+struct FarCut {
+    after_ms: Option<u64>,
+    now_tick: Tick,
+}
+
+impl FarCut {
+    /// Whether `task` waits for a tick still ahead: its wheel timer is
+    /// after both the clock's tick and the wheel's. A task already due — in
+    /// the overdue queue or the catch-up backlog (no timer), or with a timer
+    /// the wheel, standing still while paused, has not reached — stays where
+    /// it is, whatever its wall-clock due time says after a backward wall
+    /// step (it is handed out at once, or at the resume).
+    fn waits_ahead(&self, core: &Core, task: &crate::task::Task) -> bool {
+        let now = self.now_tick.max(core.wheel.elapsed());
+        task.timer
+            .and_then(|timer| core.wheel.due(timer))
+            .is_some_and(|due| due > now)
+    }
+
+    /// Whether `task` (waiting) leaves the wheel as a far task: a first
+    /// attempt, due after `after_ms`, waiting for a tick still ahead.
+    fn takes_far(&self, core: &Core, task: &crate::task::Task) -> bool {
+        task.deliveries == 0
+            && self.after_ms.is_some_and(|end| task.due_ms > end)
+            && self.waits_ahead(core, task)
+    }
 }
 
 /// How far ahead the loops over moves out of memory ask for the cache
@@ -2069,14 +2111,14 @@ fn apply_written_move(
     core: &mut Core,
     m: &Move,
     (file, offset): (u32, u64),
-    far_after: Option<u64>,
+    far_after: FarCut,
 ) -> Option<bool> {
     let task = core.tasks.get_checked(m.slot, TaskId(m.id))?;
     // A task that fell due meanwhile keeps its payload where it is.
     if task.state != TaskState::Scheduled || core.payloads.get(&task.bytes).is_none() {
         return None;
     }
-    let (due_current, far) = move_outcome(m, task, far_after);
+    let (due_current, far) = move_outcome(core, m, task, far_after);
     if far && crate::far::pack_loc(file, offset).is_some() {
         // Goes far: the key is not needed (it is in the entry).
         return relink(
@@ -2150,7 +2192,7 @@ fn apply_victim_move(
     (file, offset): (u32, u64),
     key: &[u8],
     hash: u64,
-    far_after: Option<u64>,
+    far_after: FarCut,
 ) -> Option<Applied> {
     if let Some(old) = crate::far::pack_loc(from.0, from.1) {
         if let Some(pos) = core.far.find(hash, old, vm.id) {
@@ -2175,7 +2217,7 @@ fn apply_victim_move(
         return None;
     }
     let due_current = task.due_ms == vm.due_ms;
-    let far = due_current && task.deliveries == 0 && far_after.is_some_and(|end| task.due_ms > end);
+    let far = due_current && far_after.takes_far(core, task);
     let to = (file, offset);
     let far = relink(shared, core, slot, vm.id, hash, key, to, far, due_current)?;
     Some(Applied { far, payload: true })
