@@ -429,6 +429,13 @@ pub(crate) struct Task {
     pub deliveries: u32,
     /// The task's wheel entry while it waits there.
     pub timer: Option<TimerKey>,
+    /// Whether it waits in the catch-up backlog found at open (its entry
+    /// there is live): set when the open puts it there, cleared when it is
+    /// handed out or goes to the overdue queue (a reschedule to a past due
+    /// time, a retry due at once), so an entry left behind in the backlog
+    /// neither counts in `Stats::catch_up_backlog` nor takes a catch-up
+    /// token when the task waits untimed again.
+    pub in_backlog: bool,
 }
 
 // Kept small: a lookup touches one or two cache lines of the slab. The slab
@@ -692,6 +699,13 @@ impl TaskSlab {
             .is_some_and(|t| t.state == TaskState::Scheduled && t.timer.is_none())
     }
 
+    /// Whether task `id` in `slot` still waits in the catch-up backlog: a
+    /// backlog entry naming it is live ([`Task::in_backlog`]).
+    pub fn waits_in_backlog(&self, slot: u32, id: TaskId) -> bool {
+        self.get_checked(slot, id)
+            .is_some_and(|t| t.in_backlog && t.state == TaskState::Scheduled && t.timer.is_none())
+    }
+
     pub fn remove(&mut self, slot: u32) -> Option<Task> {
         self.save_for_snapshot(slot);
         let entry = self.slots.get_mut(slot as usize)?;
@@ -725,6 +739,7 @@ mod tests {
             state: TaskState::Scheduled,
             deliveries: 0,
             timer: None,
+            in_backlog: false,
         }
     }
 

@@ -1582,6 +1582,63 @@ fn catch_up_backlog_stat_excludes_rescheduled_tasks() -> TestResult {
     Ok(())
 }
 
+/// A backlog task that left the backlog and waits untimed again — rescheduled to a past due
+/// time, handed out from the overdue queue, nacked to retry at once — is no longer the
+/// backlog's: it is neither counted in `Stats::catch_up_backlog` nor handed out on a catch-up
+/// token. Its old backlog entry used to look live again (it only checked that the task waited
+/// without a timer): the stat said 2 where only `c` was left, and at the resume `a` took the
+/// one token the rate allows, so `c` came a second late.
+#[test]
+fn a_task_that_left_the_backlog_takes_no_catch_up_token() -> TestResult {
+    let mut c = cfg(60_000, 3, 0);
+    c.catch_up_tasks_per_sec = Some(1);
+    let mut h = SimHarness::new(906, c)?;
+    for (k, due) in [(b"b", 1_000), (b"a", 2_000), (b"c", 3_000)] {
+        h.engine()
+            .schedule(k, Due::At(ms_to_system_time(START_MS + due)), b"")?;
+    }
+    h.stop(Stop::Clean)?;
+    h.clock.advance(ms(10_000));
+    h.start()?;
+    let e = h.engine();
+    let got = drain(e)?;
+    assert_eq!(keys_of(&got), ["b"], "one token at open");
+    e.ack(&got[0])?;
+    // `a` leaves the backlog: due in the past, it goes out at once, off the rate.
+    let past = Due::At(ms_to_system_time(START_MS + 500));
+    assert_matches!(
+        e.reschedule(b"a", past, None)?,
+        RescheduleOutcome::Rescheduled(_)
+    );
+    let got = drain(e)?;
+    assert_eq!(keys_of(&got), ["a"]);
+    assert_eq!(
+        e.stats().catch_up_backlog,
+        1,
+        "only c is left of the backlog"
+    );
+    e.pause_deliveries();
+    e.nack(&got[0], Some(Duration::ZERO), "retry now")?;
+    assert_eq!(
+        e.stats().catch_up_backlog,
+        1,
+        "a waits for its retry, not in the backlog"
+    );
+    // Counted afresh from the resume: one token at once, for c; a's retry is not rate-limited.
+    e.resume_deliveries();
+    let mut got = keys_of(&drain(e)?);
+    got.sort();
+    assert_eq!(got, ["a", "c"]);
+    Ok(())
+}
+
+fn keys_of(deliveries: &[Delivery]) -> Vec<String> {
+    deliveries
+        .iter()
+        .map(|d| String::from_utf8_lossy(d.key()).into_owned())
+        .collect()
+}
+
 /// A clean shutdown while the driver waits for its deliver records to become durable: the
 /// tasks of that pass are logged as delivered but not yet in the ready queue. The shutdown
 /// used to release only the queue, so after reopen such a task looked in flight at a crash

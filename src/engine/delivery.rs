@@ -801,7 +801,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
                 let Some((slot, id)) = core.backlog.pop_front() else {
                     break;
                 };
-                if core.tasks.waits_untimed(slot, id) {
+                if core.tasks.waits_in_backlog(slot, id) {
                     due.push((slot, id));
                     taken += 1;
                 }
@@ -886,6 +886,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
                 TaskState::Scheduled => {
                     task.state = TaskState::Ready;
                     task.timer = None;
+                    task.in_backlog = false;
                     task.deliveries = task.deliveries.saturating_add(1);
                     core.ready_count += 1;
                     batch.push(&Record::Deliver { id, fired_ms });

@@ -465,6 +465,8 @@ impl Shared {
             state: TaskState::Scheduled,
             deliveries: 0,
             timer: placed.ok(),
+            // The backlog below, if the wheel refuses it.
+            in_backlog: matches!(placed, Err(InsertError::TooFar | InsertError::Full)),
         };
         core.insert_task(task, core.key_tag(key));
         match placed {

@@ -368,6 +368,13 @@ impl Core {
     /// again since (a task rescheduled to the past over and over adds one
     /// each time) are dropped: amortised O(1).
     fn push_overdue(&mut self, slot: u32, id: TaskId) {
+        // Out of the backlog, if it was there: its entry there is stale.
+        // (Read first: `get_mut` copies the task for a checkpoint's snapshot.)
+        if self.tasks.get(slot).is_some_and(|t| t.in_backlog) {
+            if let Some(task) = self.tasks.get_mut(slot) {
+                task.in_backlog = false;
+            }
+        }
         self.overdue.push_back((slot, id));
         if self.paused && self.overdue.len() > OVERDUE_KEPT_MIN.max(2 * self.tasks.len()) {
             let tasks = &self.tasks;
@@ -1335,7 +1342,7 @@ impl Engine {
             catch_up_backlog: core
                 .backlog
                 .iter()
-                .filter(|&&(slot, id)| core.tasks.waits_untimed(slot, id))
+                .filter(|&&(slot, id)| core.tasks.waits_in_backlog(slot, id))
                 .count(),
             dead_letters: core.dead.len(),
             pending,
@@ -1995,6 +2002,7 @@ impl Shared {
                 state: TaskState::Scheduled,
                 deliveries,
                 timer: None,
+                in_backlog: false,
             };
             let Some(slot) = core.tasks.insert(task) else {
                 slots_as_planned = false;
@@ -2028,6 +2036,9 @@ impl Shared {
                 Err(_) => {
                     if !in_flight {
                         recovery.overdue += 1;
+                    }
+                    if let Some(task) = c.tasks.get_mut(slot) {
+                        task.in_backlog = true;
                     }
                     c.backlog.push_back((slot, TaskId(id)));
                 }
@@ -2560,6 +2571,7 @@ impl Shared {
             state: TaskState::Scheduled,
             deliveries: 0,
             timer: placed.ok(),
+            in_backlog: false,
         };
         let stored = core.insert_task(task, key_tag);
         debug_assert_eq!(stored, Some(slot));
