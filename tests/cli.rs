@@ -367,13 +367,17 @@ fn tools_take_a_log_whose_creation_was_cut_short_as_open_does() {
         .shutdown()
         .unwrap();
     let meta = std::fs::read(donor.join("wal/META")).unwrap();
-    let cases: [&[(&str, &[u8])]; 3] = [
+    // Files in `wal/`; "../LOCK" is the data directory's lock file. The last two: a kill
+    // during the first open after `wal/` was made, before or after its lock file.
+    let cases: [&[(&str, &[u8])]; 5] = [
         &[("META", &meta)],
         &[
             ("META", &meta),
             ("0000000000000001-0000000000000001.seg.tmp", &[0u8; 128]),
         ],
         &[("META.tmp", &meta)],
+        &[("../LOCK", &[])],
+        &[("../LOCK", &[]), ("LOCK", &[])],
     ];
     for (i, files) in cases.iter().enumerate() {
         let dir = tmp.path().join(format!("cut{i}"));
@@ -398,6 +402,20 @@ fn tools_take_a_log_whose_creation_was_cut_short_as_open_does() {
         let out = kairos(&["verify", d]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     }
+}
+
+/// An empty `wal/` that no `LOCK` shows Kairos made is not taken for a log cut short.
+#[test]
+fn an_empty_wal_directory_without_a_lock_is_no_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("wal")).unwrap();
+    let out = kairos(&["verify", tmp.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("not a Kairos data or log directory"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 /// `inspect` on a directory that is no Kairos directory (`/`, say) fails without walking its

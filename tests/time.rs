@@ -224,3 +224,84 @@ fn run_until_idle_returns_when_the_wall_clock_steps_back_meanwhile() -> TestResu
     engine.shutdown()?;
     Ok(())
 }
+
+/// A [`ManualClock`] whose next combined reading on the driver's thread, once armed, gives a
+/// wall time `lag_ms` older than the monotonic one — as when the driver is preempted between
+/// reading the wall clock and the monotonic clock.
+#[derive(Debug)]
+struct PreemptedDriver {
+    inner: ManualClock,
+    lag_ms: u64,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl kairos::Clock for PreemptedDriver {
+    fn now_wall(&self) -> std::time::SystemTime {
+        self.inner.now_wall()
+    }
+    fn now_monotonic(&self) -> Duration {
+        self.inner.now_monotonic()
+    }
+    fn now_wall_and_monotonic(&self) -> (std::time::SystemTime, Duration) {
+        let (wall, mono) = self.inner.now_wall_and_monotonic();
+        if std::thread::current().name() == Some("kairos-driver")
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            (wall - Duration::from_millis(self.lag_ms), mono)
+        } else {
+            (wall, mono)
+        }
+    }
+    fn is_manual(&self) -> bool {
+        true
+    }
+    fn register_waker(&self, waker: std::task::Waker) {
+        self.inner.register_waker(waker);
+    }
+    fn unregister_waker(&self, waker: &std::task::Waker) {
+        self.inner.unregister_waker(waker);
+    }
+}
+
+/// `Delivery::fired_ms` is the wall time at hand-out: read after the monotonic reading that
+/// made the task due, so a driver preempted between its two clock readings does not stamp a
+/// task with a wall time before its due time (it did, by the length of the preemption: seen
+/// 1–2 ms early on a loaded machine by a helper's kill hunt).
+#[test]
+fn fired_ms_is_never_before_due_when_the_driver_is_preempted_between_its_clock_readings(
+) -> TestResult {
+    let inner = ManualClock::new(START_MS);
+    let clock = Arc::new(PreemptedDriver {
+        inner: inner.clone(),
+        lag_ms: 5,
+        armed: false.into(),
+    });
+    let engine = Engine::open_with(
+        "/data",
+        config(Durability::Sync),
+        Arc::new(kairos_wal::SimStorage::new(7)),
+        Arc::clone(&clock) as Arc<dyn kairos::Clock>,
+    )?;
+    engine.schedule(
+        b"k",
+        kairos::Due::At(ms_to_system_time(START_MS + 100)),
+        b"",
+    )?;
+    // The driver sleeps until the clock moves; its first reading after the move lags.
+    engine.run_until_idle();
+    clock.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    inner.advance(Duration::from_millis(100));
+    engine.run_until_idle();
+    let got = drain(&engine)?;
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].due_ms(), got[0].fired_ms()),
+        (START_MS + 100, START_MS + 100)
+    );
+    assert!(
+        !clock.armed.load(std::sync::atomic::Ordering::SeqCst),
+        "the lag was read"
+    );
+    engine.shutdown()?;
+    Ok(())
+}

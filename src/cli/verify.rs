@@ -1120,22 +1120,29 @@ impl Failure {
     }
 
     /// Whether `log_dir`, which holds no log segment, is a log whose creation was cut short
-    /// before segment 1 existed (`wal/FORMAT.md`, Recovery step 3): it holds `META`,
-    /// `META.tmp` or a segment's `.seg.tmp`. `open` completes such a log, so the tools take it
-    /// as an empty log, not as a directory that is not Kairos's.
+    /// before segment 1 existed (`wal/FORMAT.md`, Recovery steps 2 and 3): it holds `META`,
+    /// `META.tmp` or a segment's `.seg.tmp`; or it holds nothing but its `LOCK` and temporary
+    /// files while a `LOCK` (its own, or its data directory's) shows that Kairos made it — a
+    /// kill during the first open, after the directory and before `META`. `open` completes
+    /// such a log, so the tools take it as an empty log, not as a directory that is not
+    /// Kairos's.
     pub(crate) fn log_creation_cut_short(log_dir: &Path) -> bool {
         let Ok(entries) = std::fs::read_dir(log_dir) else {
             return false;
         };
-        use kairos_wal::format::{META_FILE_NAME, SEGMENT_SUFFIX, TMP_SUFFIX};
-        entries.flatten().any(|entry| {
+        use kairos_wal::format::{LOCK_FILE_NAME, META_FILE_NAME, SEGMENT_SUFFIX, TMP_SUFFIX};
+        let (mut begun, mut only_lock_and_tmp) = (false, true);
+        for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
             let tmp_of = name.strip_suffix(TMP_SUFFIX);
-            name == META_FILE_NAME
+            begun |= name == META_FILE_NAME
                 || tmp_of == Some(META_FILE_NAME)
-                || tmp_of.is_some_and(|n| n.ends_with(SEGMENT_SUFFIX))
-        })
+                || tmp_of.is_some_and(|n| n.ends_with(SEGMENT_SUFFIX));
+            only_lock_and_tmp &= name == LOCK_FILE_NAME || tmp_of.is_some();
+        }
+        let locked = |dir: &Path| dir.join(LOCK_FILE_NAME).is_file();
+        begun || (only_lock_and_tmp && (locked(log_dir) || log_dir.parent().is_some_and(locked)))
     }
 
     /// A directory without a single log segment: nothing to verify. The message says what

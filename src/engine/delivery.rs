@@ -862,7 +862,12 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             }
             continue;
         }
-        let fired_ms = wall_ms(now);
+        // The wall clock read again, after the monotonic reading that made these tasks due:
+        // `now` reads the wall clock first (for due-time arithmetic), so a driver preempted
+        // between its two readings would stamp tasks with a wall time before they fell due.
+        let fired_ms = crate::clock::system_time_to_ms(shared.clock.now_wall())
+            .unwrap_or(0)
+            .max(wall_ms(now));
         let lease_error = lease_expired_error(shared.config.lease);
         handouts.clear();
         batch.clear();
