@@ -1456,6 +1456,21 @@ impl Shared {
         let dir = disk.overflow_dir();
         create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
         let name = overflow::file_name(file);
+        // Never over a file still there: a checkpoint or tasks may name it.
+        let path = dir.join(&name);
+        let exists = disk.storage.exists(&path);
+        if !matches!(exists, Ok(false)) {
+            return Err(CheckpointError::Io {
+                op: "create",
+                path,
+                source: exists.err().unwrap_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "an overflow file with this number is still on disk",
+                    )
+                }),
+            });
+        }
         let mut out = PieceFile::create(disk.storage.as_ref(), &dir, &name)?;
         let mut writer = OverflowWriter::new(&store_id, file);
         // Each victim is read in increasing offsets (its file is in (due,

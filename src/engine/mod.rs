@@ -967,7 +967,15 @@ impl Engine {
         let checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.bytes);
         let (next_overflow_file, overflow_written) =
             checkpointing::prepare_overflow(storage.as_ref(), &dir, &replay, checkpoint.as_ref())?;
-        let disk = checkpointing::Disk::new(storage, dir.clone());
+        let disk = OpenedDisk {
+            disk: checkpointing::Disk::new(storage, dir.clone()),
+            found: FoundOnDisk {
+                checkpoint_lsn: covered,
+                checkpoint_bytes,
+                next_overflow_file,
+                overflow_written,
+            },
+        };
         let checkpoint_path = checkpoint
             .as_ref()
             .map_or_else(|| dir.clone(), |c| c.path.clone());
@@ -976,20 +984,6 @@ impl Engine {
                 path: checkpoint_path,
                 reason,
             })?;
-        {
-            let mut book = engine.shared.checkpointing.lock();
-            book.lsn = covered;
-            book.bytes = checkpoint_bytes;
-            let mut core = engine.shared.core.lock();
-            core.last_checkpoint_bytes = checkpoint_bytes;
-            core.next_overflow_file = core.next_overflow_file.max(next_overflow_file);
-            // Every file kept (also those only the checkpoint still names:
-            // the next checkpoint deletes them) with its entry count.
-            for (file, entries) in overflow_written {
-                let written = core.overflow_files.entry(file).or_default();
-                *written = (*written).max(entries);
-            }
-        }
         *engine.dir_lock.get_mut() = Some(dir_lock);
         engine.dir = Some(dir);
         Ok(engine)
@@ -1019,8 +1013,12 @@ impl Engine {
         wal: Option<Wal>,
         replay: Replay,
         wal_report: RecoveryReport,
-        disk: Option<checkpointing::Disk>,
+        opened: Option<OpenedDisk>,
     ) -> Result<Engine, String> {
+        let (disk, found) = match opened {
+            Some(o) => (Some(o.disk), Some(o.found)),
+            None => (None, None),
+        };
         let tick_ns = config.tick.as_nanos();
         let relocation_horizon_ticks = match (&disk, config.far_span()) {
             (Some(_), Some(horizon)) if checkpointing::relocates(&config) => {
@@ -1117,6 +1115,11 @@ impl Engine {
             handout_thread: std::sync::atomic::AtomicU8::new(delivery::HANDOUT_THREAD_UNKNOWN),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
+        // Before any thread starts: a checkpointer woken by the records the open logged
+        // (settled deliveries) must not take an overflow file number still on disk.
+        if let Some(found) = found {
+            shared.take_found_on_disk(found);
+        }
         let clock_waker = Waker::from(Arc::new(DriverWaker(Arc::downgrade(&shared))));
         shared.clock.register_waker(clock_waker.clone());
         let driver_shared = Arc::clone(&shared);
@@ -3066,6 +3069,48 @@ impl RecordBatch {
 /// Wall time of a clock reading, UTC ms (0 before the epoch).
 fn wall_ms(now: Now) -> u64 {
     u64::try_from(now.wall_ns.div_euclid(1_000_000)).unwrap_or(0)
+}
+
+/// A data directory's storage, with what its open found there beyond the
+/// replayed state ([`FoundOnDisk`]).
+struct OpenedDisk {
+    disk: checkpointing::Disk,
+    found: FoundOnDisk,
+}
+
+/// What an open found on disk that the replayed state does not say: the
+/// checkpoint it started from (LSN, bytes; 0 without one), the overflow file
+/// number after every file present (also files only the checkpoint names, or
+/// only tasks settled at open used), and each overflow file kept with its
+/// entry count. [`Shared::take_found_on_disk`] records it before the engine's
+/// threads start.
+struct FoundOnDisk {
+    checkpoint_lsn: u64,
+    checkpoint_bytes: u64,
+    next_overflow_file: u32,
+    overflow_written: Vec<(u32, u64)>,
+}
+
+impl Shared {
+    /// Records what the open found on disk ([`FoundOnDisk`]): so that no
+    /// move or checkpoint reuses the number of an overflow file still on
+    /// disk (its rename would replace a file the checkpoint names), and the
+    /// checkpointer knows the checkpoint it starts from. Called before the
+    /// engine's threads start.
+    fn take_found_on_disk(&self, found: FoundOnDisk) {
+        let mut book = self.checkpointing.lock();
+        book.lsn = found.checkpoint_lsn;
+        book.bytes = found.checkpoint_bytes;
+        let mut core = self.core.lock();
+        core.last_checkpoint_bytes = found.checkpoint_bytes;
+        core.next_overflow_file = core.next_overflow_file.max(found.next_overflow_file);
+        // Every file kept (also those only the checkpoint still names: the
+        // next checkpoint deletes them) with its entry count.
+        for (file, entries) in found.overflow_written {
+            let written = core.overflow_files.entry(file).or_default();
+            *written = (*written).max(entries);
+        }
+    }
 }
 
 /// One reading of both clocks, for due-time arithmetic.
