@@ -68,8 +68,12 @@ pub enum CheckpointError {
         /// The first failure.
         cause: String,
     },
-    /// Writing the checkpoint file or removing old files failed. The engine
-    /// goes on; the previous checkpoint and the log are intact.
+    /// Writing the checkpoint file (or an overflow file) failed: the engine
+    /// goes on, the previous checkpoint and the log are intact. Or, with `op`
+    /// "remove" (or "fsync dir" after removals), the checkpoint was written
+    /// and the log trimmed, but removing an older checkpoint file or an
+    /// overflow file it made unneeded failed: the engine goes on and a later
+    /// checkpoint retries.
     #[error("checkpoint: {op} {path}: {source}")]
     Io {
         /// The operation.
@@ -90,7 +94,9 @@ pub enum CheckpointError {
     Trim(WalError),
     /// An overflow file being compacted did not read back (unreadable or
     /// damaged, naming file and offset). The engine goes on; the previous
-    /// checkpoint and the log are intact.
+    /// checkpoint and the log are intact. A file chosen for compaction that
+    /// cannot be read at all (I/O error) is left as it is instead: the
+    /// checkpoint is written, the log trimmed, and then this error reported.
     #[error(transparent)]
     Overflow(#[from] crate::overflow::OverflowReadError),
 }

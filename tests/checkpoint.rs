@@ -783,3 +783,142 @@ fn the_first_move_after_open_never_reuses_an_overflow_file_on_disk() -> TestResu
     }
     Ok(())
 }
+
+/// Segments of the log at `/kairos` on `sim`.
+fn log_segments(sim: &kairos_wal::SimStorage) -> TestResult<usize> {
+    let names = sim.list(Path::new("/kairos/wal"))?;
+    Ok(names.iter().filter(|n| n.ends_with(".seg")).count())
+}
+
+/// An engine at `/kairos` on `storage` with explicit checkpoints, payloads due after a second
+/// on disk, and far tasks as `far` says.
+fn open_on_bad_spots(
+    storage: &common::bad_spots::BadSpotStorage,
+    far: bool,
+) -> TestResult<(Engine, ManualClock)> {
+    let mut c = config(Durability::Sync);
+    c.payload_window = Some(Duration::from_secs(1));
+    if !far {
+        c.horizon = None;
+        c.relocate_far_tasks = None;
+    }
+    let clock = ManualClock::new(START_MS);
+    let engine = Engine::open_with(
+        "/kairos",
+        c,
+        Arc::new(storage.clone()),
+        Arc::new(clock.clone()),
+    )?;
+    Ok((engine, clock))
+}
+
+/// A bad sector among the dead entries of an overflow file chosen for compaction (mostly
+/// cancelled) keeps that file from being compacted, not every later checkpoint from being
+/// written and the log from being trimmed: each checkpoint reports the read error once it is
+/// written (`CheckpointError::Overflow`, the engine going on), and the file's live entries,
+/// which read fine, still fire. Every checkpoint used to fail before writing anything, so the
+/// log grew without end (found by a helper's hunt of I/O faults in the background threads).
+#[test]
+fn a_bad_sector_among_dead_entries_does_not_stop_checkpoints() -> TestResult {
+    let sim = kairos_wal::SimStorage::new(5);
+    let storage = common::bad_spots::BadSpotStorage::new(sim.clone());
+    let (engine, clock) = open_on_bad_spots(&storage, false)?;
+    let key = |i: u64| format!("t{i:03}").into_bytes();
+    for i in 0..40u64 {
+        let due = Due::After(Duration::from_secs(3_600 + i));
+        engine.schedule(&key(i), due, &[i as u8; 300])?;
+    }
+    // The payloads go to overflow file 1, in (due, id) order: the first 30 are cancelled.
+    assert_eq!(engine.checkpoint()?.payloads_moved, 40);
+    for i in 0..30u64 {
+        assert!(engine.cancel(&key(i))?.is_cancelled());
+    }
+    // Entries of 300-byte payloads take some 340 bytes: this is within the third.
+    storage.spots.lock().map_err(|_| "lock")?.unreadable =
+        Some(("0000000000000001.ovf".into(), 744..760));
+    let before = log_segments(&sim)?;
+    for round in 0..5u64 {
+        for i in 0..20u64 {
+            let k = format!("n{round}-{i:03}");
+            engine.schedule(k.as_bytes(), Due::After(Duration::from_secs(10)), b"x")?;
+        }
+        match engine.checkpoint() {
+            Err(CheckpointError::Overflow(_)) => {}
+            other => return Err(format!("round {round}: {other:?}").into()),
+        }
+    }
+    let after = log_segments(&sim)?;
+    assert!(
+        after <= before + 1,
+        "the log was not trimmed: {before} -> {after} segments"
+    );
+    engine.sync()?;
+    clock.advance(Duration::from_secs(2 * 3_600));
+    let got = drain(&engine)?;
+    let mut live: Vec<_> = got
+        .iter()
+        .filter(|d| d.key().starts_with(b"t"))
+        .map(|d| (d.key().to_vec(), d.payload().to_vec()))
+        .collect();
+    live.sort();
+    let expected: Vec<_> = (30..40u64).map(|i| (key(i), vec![i as u8; 300])).collect();
+    assert_eq!(live, expected);
+    assert_eq!(got.len(), 10 + 5 * 20);
+    Ok(())
+}
+
+/// An older checkpoint file that cannot be removed keeps neither the log from being trimmed
+/// nor the other old files from going: each checkpoint reports the failed removal once it is
+/// written and the log trimmed (`CheckpointError::Io`), and the first after the disk heals
+/// removes the file. The first failed removal used to end the checkpoint there: no segment
+/// was ever deleted again and checkpoint files piled up (found by a helper's hunt of I/O
+/// faults in the background threads).
+#[test]
+fn an_old_checkpoint_that_cannot_be_removed_does_not_stop_log_trimming() -> TestResult {
+    let sim = kairos_wal::SimStorage::new(6);
+    let storage = common::bad_spots::BadSpotStorage::new(sim.clone());
+    let (engine, _clock) = open_on_bad_spots(&storage, true)?;
+    let mut next = 0u64;
+    let mut fill = |e: &Engine| -> TestResult {
+        for _ in 0..30 {
+            next += 1;
+            let k = format!("t{next:05}");
+            e.schedule(
+                k.as_bytes(),
+                Due::After(Duration::from_secs(10)),
+                &[1u8; 200],
+            )?;
+        }
+        Ok(())
+    };
+    fill(&engine)?;
+    engine.checkpoint()?;
+    let checkpoints = Path::new("/kairos/checkpoint");
+    let first = sim.list(checkpoints)?;
+    assert_eq!(first.len(), 1);
+    storage.spots.lock().map_err(|_| "lock")?.unremovable = Some(first[0].clone());
+    let before = log_segments(&sim)?;
+    for round in 0..5 {
+        fill(&engine)?;
+        match engine.checkpoint() {
+            Err(CheckpointError::Io { op: "remove", .. }) => {}
+            other => return Err(format!("round {round}: {other:?}").into()),
+        }
+        let files = sim.list(checkpoints)?;
+        assert_eq!(
+            files.len(),
+            2,
+            "round {round}: the stuck file and the newest: {files:?}"
+        );
+    }
+    let after = log_segments(&sim)?;
+    assert!(
+        after <= before + 1,
+        "the log was not trimmed: {before} -> {after} segments"
+    );
+    storage.spots.lock().map_err(|_| "lock")?.unremovable = None;
+    fill(&engine)?;
+    engine.checkpoint()?;
+    assert_eq!(sim.list(checkpoints)?.len(), 1);
+    Ok(())
+}

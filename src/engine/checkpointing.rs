@@ -463,19 +463,50 @@ impl Shared {
                     c.payloads.live_in_file(f) + c.far.live_in_file(f) == 0 && !named.contains(&f)
                 })
                 .collect();
-            for f in &gone {
-                c.overflow_files.remove(f);
+            let mut gone_entries = Vec::with_capacity(gone.len());
+            for f in gone {
+                gone_entries.push((f, c.overflow_files.remove(&f).unwrap_or(0)));
                 // Its far tasks went since the relocation (cancelled,
                 // rescheduled, promoted): the promotion must not read it.
-                c.far_cursors.remove(f);
+                c.far_cursors.remove(&f);
             }
-            gone
+            gone_entries
         };
-        remove_older(disk.storage.as_ref(), &dir, header.lsn)?;
-        let overflow_files_removed = remove_overflow_files(disk, &unreferenced)?;
+        // Removing what the new checkpoint made unneeded is housekeeping: the
+        // checkpoint is durable. A failure does not keep the log from being
+        // trimmed (an older checkpoint file left behind is never read while
+        // this one reads back); it is reported once that is done
+        // (`CheckpointError::Io`), and the next checkpoint retries.
+        let mut housekeeping = remove_older(disk.storage.as_ref(), &dir, header.lsn);
+        let files: Vec<u32> = unreferenced.iter().map(|&(f, _)| f).collect();
+        let overflow_files_removed = match remove_overflow_files(disk, &files) {
+            Ok(removed) => removed,
+            Err(error) => {
+                housekeeping = housekeeping.and(Err(error));
+                // Those still there are known again, for the next checkpoint.
+                let ovf_dir = disk.overflow_dir();
+                let left: Vec<(u32, u64)> = unreferenced
+                    .into_iter()
+                    .filter(|&(f, _)| {
+                        let path = ovf_dir.join(overflow::file_name(f));
+                        disk.storage.exists(&path).unwrap_or(true)
+                    })
+                    .collect();
+                let removed = files.len() - left.len();
+                let mut core = holds.lock(self)?;
+                for (f, entries) in left {
+                    core.overflow_files.entry(f).or_insert(entries);
+                }
+                removed
+            }
+        };
         let segments_removed = wal
             .remove_segments_before(Lsn(header.lsn + 1))
             .map_err(CheckpointError::Trim)?;
+        housekeeping?;
+        if let Some(error) = holds.put_off.take() {
+            return Err(error);
+        }
         tracing::debug!(
             lsn = header.lsn,
             tasks,
@@ -886,11 +917,16 @@ const CHECKPOINT_HOLD_MAX: Duration = if cfg!(test) {
 /// unit tests.)
 const CHECKPOINT_HOLD_CHECK_ENTRIES: usize = if cfg!(test) { 1 } else { 256 };
 
-/// The time a checkpoint spent holding the engine's lock.
+/// The time a checkpoint spent holding the engine's lock, and a failure it
+/// went on past.
 #[derive(Default)]
 struct Holds {
     total: Duration,
     longest: Duration,
+    /// An overflow file chosen for compaction that could not be read (I/O
+    /// error): left as it is, and the error reported once the checkpoint is
+    /// written and the log trimmed (the first such error).
+    put_off: Option<CheckpointError>,
 }
 
 impl Holds {
@@ -1349,6 +1385,16 @@ impl Shared {
                         // checkpoint).
                         tracing::warn!(%error, "damaged overflow file not compacted");
                         victim_moves.truncate(before);
+                        continue;
+                    }
+                    CheckpointError::Overflow(overflow::OverflowReadError::Io { .. }) => {
+                        // Nor one that cannot be read (a bad sector among its
+                        // dead entries must not keep every later checkpoint
+                        // from trimming the log): the checkpoint goes on and
+                        // reports the error at its end.
+                        tracing::warn!(%error, "unreadable overflow file not compacted");
+                        victim_moves.truncate(before);
+                        holds.put_off.get_or_insert(error);
                         continue;
                     }
                     error => return Err(error),
@@ -2393,13 +2439,15 @@ fn remove_older(storage: &dyn Storage, dir: &Path, lsn: u64) -> Result<(), Check
     let io = |op, path: PathBuf| move |source| CheckpointError::Io { op, path, source };
     let (files, _) = checkpoint::list(storage, dir).map_err(io("list", dir.to_path_buf()))?;
     let mut removed = false;
+    // Each one tried: a file that cannot be removed keeps no other.
+    let mut result = Ok(());
     for (old, name) in files {
         if old < lsn {
             let path = dir.join(name);
-            storage
-                .remove_file(&path)
-                .map_err(io("remove", path.clone()))?;
-            removed = true;
+            match storage.remove_file(&path) {
+                Ok(()) => removed = true,
+                Err(source) => result = result.and(Err(io("remove", path)(source))),
+            }
         }
     }
     if removed {
@@ -2407,7 +2455,7 @@ fn remove_older(storage: &dyn Storage, dir: &Path, lsn: u64) -> Result<(), Check
             .sync_dir(dir)
             .map_err(io("fsync dir", dir.to_path_buf()))?;
     }
-    Ok(())
+    result
 }
 
 /// Loads the newest readable checkpoint of the data directory `dir`, after

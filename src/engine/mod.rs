@@ -1430,7 +1430,9 @@ impl Engine {
     /// [`CheckpointError::InMemory`] for an engine without a directory;
     /// `Closed`; `Poisoned`; [`CheckpointError::Io`] if writing the file
     /// failed (the engine goes on; the previous checkpoint and the log are
-    /// intact); [`CheckpointError::Wal`] if syncing the log failed (that
+    /// intact), or if removing the files the checkpoint made unneeded did
+    /// (written and the log trimmed all the same; a later checkpoint
+    /// retries); [`CheckpointError::Wal`] if syncing the log failed (that
     /// poisons the engine, as any failed sync does);
     /// [`CheckpointError::Trim`] if the checkpoint was written but deleting
     /// the log segments it covers failed, and [`CheckpointError::Overflow`]

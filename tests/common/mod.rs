@@ -5,6 +5,7 @@
 //! Each test binary compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
 
+pub mod bad_spots;
 pub mod child;
 #[cfg(feature = "cli")]
 pub mod cli;
