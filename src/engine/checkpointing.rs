@@ -1426,17 +1426,19 @@ impl Shared {
                     let Some(task) = core.tasks.get(slot) else {
                         continue;
                     };
-                    if task.state != TaskState::Scheduled
-                        || task.due_ms <= window_end
-                        || !far_after.waits_ahead(&core, task)
-                    {
+                    if task.state != TaskState::Scheduled || task.due_ms <= window_end {
                         continue;
                     }
                     // Beyond the far span, a first attempt leaves the wheel:
                     // its key goes to disk with its payload, even an empty one.
-                    let far = far_after.takes_far(&core, task);
+                    // Only a task waiting for a tick ahead moves (asked only of
+                    // those that would: it reads the task's wheel entry).
+                    let far = far_after.beyond(task);
                     match core.payloads.get(&task.bytes) {
-                        Some(payload) if far || !payload.is_empty() => {
+                        Some(payload)
+                            if (far || !payload.is_empty())
+                                && far_after.waits_ahead(&core, task) =>
+                        {
                             let len = core
                                 .payloads
                                 .key(&task.bytes)
@@ -1464,6 +1466,9 @@ impl Shared {
                             if let (true, false, Some(loc)) =
                                 (far, victim_files.contains(&file), loc)
                             {
+                                if !far_after.waits_ahead(&core, task) {
+                                    continue;
+                                }
                                 let (id, due_ms) = (task.id.0, task.due_ms);
                                 let hash = hasher.hash(core.payloads.key(&task.bytes));
                                 self.forget_task(&mut core, slot);
@@ -2125,12 +2130,17 @@ impl FarCut {
             .is_some_and(|due| due > now)
     }
 
+    /// Whether `task`, waiting, is a first attempt due after `after_ms`: a
+    /// far task if it also [`FarCut::waits_ahead`]. O(1), the task's entry
+    /// only.
+    fn beyond(&self, task: &crate::task::Task) -> bool {
+        task.deliveries == 0 && self.after_ms.is_some_and(|end| task.due_ms > end)
+    }
+
     /// Whether `task` (waiting) leaves the wheel as a far task: a first
     /// attempt, due after `after_ms`, waiting for a tick still ahead.
     fn takes_far(&self, core: &Core, task: &crate::task::Task) -> bool {
-        task.deliveries == 0
-            && self.after_ms.is_some_and(|end| task.due_ms > end)
-            && self.waits_ahead(core, task)
+        self.beyond(task) && self.waits_ahead(core, task)
     }
 }
 
