@@ -68,12 +68,12 @@ pub enum CheckpointError {
         /// The first failure.
         cause: String,
     },
-    /// Writing the checkpoint file (or an overflow file) failed: the engine
-    /// goes on, the previous checkpoint and the log are intact. Or, with `op`
-    /// "remove" (or "fsync dir" after removals), the checkpoint was written
-    /// and the log trimmed, but removing an older checkpoint file or an
-    /// overflow file it made unneeded failed: the engine goes on and a later
-    /// checkpoint retries.
+    /// A file operation failed. The engine goes on, and a later checkpoint
+    /// retries. Either writing the checkpoint file (or an overflow file)
+    /// failed, and the previous checkpoint and the log are intact; or the
+    /// checkpoint was written and the log trimmed, and removing an older
+    /// checkpoint file or an overflow file it made unneeded failed. Either
+    /// way, the directory opens as a whole (old or new checkpoint).
     #[error("checkpoint: {op} {path}: {source}")]
     Io {
         /// The operation.

@@ -922,3 +922,46 @@ fn an_old_checkpoint_that_cannot_be_removed_does_not_stop_log_trimming() -> Test
     assert_eq!(sim.list(checkpoints)?.len(), 1);
     Ok(())
 }
+
+/// An overflow file that cannot be removed keeps no other unneeded overflow file: each is
+/// tried (the first failure stopped the rest, so every later file stayed on disk).
+#[test]
+fn an_overflow_file_that_cannot_be_removed_keeps_no_other() -> TestResult {
+    let sim = kairos_wal::SimStorage::new(7);
+    let storage = common::bad_spots::BadSpotStorage::new(sim.clone());
+    let (engine, _clock) = open_on_bad_spots(&storage, false)?;
+    let overflow_files = || -> TestResult<Vec<String>> {
+        let mut names = sim.list(Path::new("/kairos/overflow"))?;
+        names.retain(|n| n.ends_with(".ovf"));
+        names.sort();
+        Ok(names)
+    };
+    // The first file (made in round 0) cannot be removed.
+    storage.spots.lock().map_err(|_| "lock")?.unremovable = Some("0000000000000001.ovf".into());
+    for round in 0..4 {
+        let keys: Vec<String> = (0..10).map(|i| format!("r{round}-{i}")).collect();
+        for k in &keys {
+            engine.schedule(
+                k.as_bytes(),
+                Due::After(Duration::from_secs(3_600)),
+                &[9; 300],
+            )?;
+        }
+        // The payloads go to file `round + 1`; cancelled, it is unneeded at the next one.
+        for _ in 0..2 {
+            match engine.checkpoint() {
+                Ok(_) | Err(CheckpointError::Io { op: "remove", .. }) => {}
+                other => return Err(format!("round {round}: {other:?}").into()),
+            }
+            for k in &keys {
+                engine.cancel(k.as_bytes())?;
+            }
+        }
+    }
+    assert_eq!(
+        overflow_files()?,
+        ["0000000000000001.ovf"],
+        "only the stuck file is left"
+    );
+    Ok(())
+}

@@ -404,18 +404,23 @@ fn tools_take_a_log_whose_creation_was_cut_short_as_open_does() {
     }
 }
 
-/// An empty `wal/` that no `LOCK` shows Kairos made is not taken for a log cut short.
+/// An empty `wal/` without its data directory's `LOCK` beside it is not taken for a log cut
+/// short, nor is another empty directory beside a `LOCK` (an empty `overflow/`, a stray one).
 #[test]
-fn an_empty_wal_directory_without_a_lock_is_no_log() {
+fn an_empty_directory_is_no_log_unless_a_data_directory_locked_it() {
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(tmp.path().join("wal")).unwrap();
-    let out = kairos(&["verify", tmp.path().to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
-    assert!(
-        text(&out.stdout).contains("not a Kairos data or log directory"),
-        "{}",
-        text(&out.stdout)
-    );
+    std::fs::create_dir_all(tmp.path().join("bare/wal")).unwrap();
+    std::fs::create_dir_all(tmp.path().join("locked/overflow")).unwrap();
+    std::fs::write(tmp.path().join("locked/LOCK"), b"").unwrap();
+    for dir in ["bare", "locked/overflow"] {
+        let out = kairos(&["verify", tmp.path().join(dir).to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{dir}: {}", text(&out.stdout));
+        assert!(
+            text(&out.stdout).contains("not a Kairos data or log directory"),
+            "{dir}: {}",
+            text(&out.stdout)
+        );
+    }
 }
 
 /// `inspect` on a directory that is no Kairos directory (`/`, say) fails without walking its

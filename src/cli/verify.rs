@@ -1121,11 +1121,10 @@ impl Failure {
 
     /// Whether `log_dir`, which holds no log segment, is a log whose creation was cut short
     /// before segment 1 existed (`wal/FORMAT.md`, Recovery steps 2 and 3): it holds `META`,
-    /// `META.tmp` or a segment's `.seg.tmp`; or it holds nothing but its `LOCK` and temporary
-    /// files while a `LOCK` (its own, or its data directory's) shows that Kairos made it — a
-    /// kill during the first open, after the directory and before `META`. `open` completes
-    /// such a log, so the tools take it as an empty log, not as a directory that is not
-    /// Kairos's.
+    /// `META.tmp` or a segment's `.seg.tmp`; or it is a data directory's `wal/` holding
+    /// nothing but its `LOCK` and temporary files, beside the data directory's `LOCK` — a kill
+    /// during the first open, after the directory and before `META`. `open` completes such a
+    /// log, so the tools take it as an empty log, not as a directory that is not Kairos's.
     pub(crate) fn log_creation_cut_short(log_dir: &Path) -> bool {
         let Ok(entries) = std::fs::read_dir(log_dir) else {
             return false;
@@ -1141,8 +1140,11 @@ impl Failure {
                 || tmp_of.is_some_and(|n| n.ends_with(SEGMENT_SUFFIX));
             only_lock_and_tmp &= name == LOCK_FILE_NAME || tmp_of.is_some();
         }
-        let locked = |dir: &Path| dir.join(LOCK_FILE_NAME).is_file();
-        begun || (only_lock_and_tmp && (locked(log_dir) || log_dir.parent().is_some_and(locked)))
+        let data_dir_lock = log_dir
+            .parent()
+            .filter(|_| log_dir.file_name().is_some_and(|name| name == "wal"))
+            .is_some_and(|data_dir| data_dir.join(LOCK_FILE_NAME).is_file());
+        begun || (only_lock_and_tmp && data_dir_lock)
     }
 
     /// A directory without a single log segment: nothing to verify. The message says what

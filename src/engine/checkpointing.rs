@@ -450,6 +450,9 @@ impl Shared {
         out.finish(disk.storage.as_ref())?;
         book.lsn = header.lsn;
         book.bytes = bytes;
+        // Durable: the log-growth trigger follows it even if the
+        // housekeeping below fails.
+        holds.lock(self)?.last_checkpoint_bytes = bytes;
         // Files no live task refers to, and that the new checkpoint does not
         // name, can go.
         let unreferenced = {
@@ -2397,28 +2400,33 @@ impl Drop for Snapshots<'_> {
     }
 }
 
+/// Removes the overflow files numbered `files` (each one tried) and fsyncs
+/// their directory; returns how many were named, or the first failure.
 fn remove_overflow_files(disk: &Disk, files: &[u32]) -> Result<usize, CheckpointError> {
     if files.is_empty() {
         return Ok(0);
     }
     disk.forget_overflow_files(files);
     let dir = disk.overflow_dir();
-    let removed = files.iter().try_for_each(|f| {
+    // Each one tried: a file that cannot be removed keeps no other.
+    let mut removed = Ok(());
+    for f in files {
         let path = dir.join(overflow::file_name(*f));
         match disk.storage.remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(CheckpointError::Io {
-                op: "remove",
-                path,
-                source,
-            }),
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                removed = removed.and(Err(CheckpointError::Io {
+                    op: "remove",
+                    path,
+                    source,
+                }))
+            }
         }
-    });
+    }
     // A reader that opened one of them between the forget above and its
     // removal may have kept it: let go of it now.
     disk.forget_overflow_files(files);
-    removed?;
     disk.storage
         .sync_dir(&dir)
         .map_err(|source| CheckpointError::Io {
@@ -2426,6 +2434,7 @@ fn remove_overflow_files(disk: &Disk, files: &[u32]) -> Result<usize, Checkpoint
             path: dir.clone(),
             source,
         })?;
+    removed?;
     Ok(files.len())
 }
 

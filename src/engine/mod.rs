@@ -1431,8 +1431,8 @@ impl Engine {
     /// `Closed`; `Poisoned`; [`CheckpointError::Io`] if writing the file
     /// failed (the engine goes on; the previous checkpoint and the log are
     /// intact), or if removing the files the checkpoint made unneeded did
-    /// (written and the log trimmed all the same; a later checkpoint
-    /// retries); [`CheckpointError::Wal`] if syncing the log failed (that
+    /// (then it was written and the log trimmed all the same; either way a
+    /// later checkpoint retries); [`CheckpointError::Wal`] if syncing the log failed (that
     /// poisons the engine, as any failed sync does);
     /// [`CheckpointError::Trim`] if the checkpoint was written but deleting
     /// the log segments it covers failed, and [`CheckpointError::Overflow`]
