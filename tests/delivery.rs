@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{config, drain, key, scaled, SimHarness, Stop, TestResult, START_MS};
+use common::{config, drain, key, keys, scaled, SimHarness, Stop, TestResult, START_MS};
 use kairos::clock::ms_to_system_time;
 use kairos::{
     AckError, CancelOutcome, Config, Delivery, DeliveryGuarantee, Due, Durability, Engine,
@@ -67,12 +67,6 @@ fn one(ds: Vec<Delivery>) -> TestResult<Delivery> {
         Ok([d]) => Ok(d),
         Err(ds) => Err(format!("expected one delivery, got {ds:?}").into()),
     }
-}
-
-fn keys(ds: &[Delivery]) -> Vec<String> {
-    ds.iter()
-        .map(|d| String::from_utf8_lossy(d.key()).into_owned())
-        .collect()
 }
 
 /// (scheduled, ready, in_flight, dead_letters, pending).
@@ -1602,7 +1596,7 @@ fn a_task_that_left_the_backlog_takes_no_catch_up_token() -> TestResult {
     h.start()?;
     let e = h.engine();
     let got = drain(e)?;
-    assert_eq!(keys_of(&got), ["b"], "one token at open");
+    assert_eq!(keys(&got), ["b"], "one token at open");
     e.ack(&got[0])?;
     // `a` leaves the backlog: due in the past, it goes out at once, off the rate.
     let past = Due::At(ms_to_system_time(START_MS + 500));
@@ -1611,7 +1605,7 @@ fn a_task_that_left_the_backlog_takes_no_catch_up_token() -> TestResult {
         RescheduleOutcome::Rescheduled(_)
     );
     let got = drain(e)?;
-    assert_eq!(keys_of(&got), ["a"]);
+    assert_eq!(keys(&got), ["a"]);
     assert_eq!(
         e.stats().catch_up_backlog,
         1,
@@ -1626,17 +1620,10 @@ fn a_task_that_left_the_backlog_takes_no_catch_up_token() -> TestResult {
     );
     // Counted afresh from the resume: one token at once, for c; a's retry is not rate-limited.
     e.resume_deliveries();
-    let mut got = keys_of(&drain(e)?);
+    let mut got = keys(&drain(e)?);
     got.sort();
     assert_eq!(got, ["a", "c"]);
     Ok(())
-}
-
-fn keys_of(deliveries: &[Delivery]) -> Vec<String> {
-    deliveries
-        .iter()
-        .map(|d| String::from_utf8_lossy(d.key()).into_owned())
-        .collect()
 }
 
 /// A clean shutdown while the driver waits for its deliver records to become durable: the

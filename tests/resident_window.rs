@@ -309,7 +309,7 @@ fn a_task_already_due_stays_in_the_wheel_after_a_wall_step_back() -> TestResult 
     let stats = h.engine().stats();
     assert_eq!((stats.catch_up_backlog, stats.far), (2, 0));
     h.engine().resume_deliveries();
-    let got = keys_of(&common::drain(h.engine())?);
+    let got = common::keys(&common::drain(h.engine())?);
     assert_eq!(got, ["a", "b"], "the backlog goes out at the resume");
 
     // The same backlog, one task a second.
@@ -323,11 +323,11 @@ fn a_task_already_due_stays_in_the_wheel_after_a_wall_step_back() -> TestResult 
     h.stop(Stop::Clean)?;
     h.clock.advance(Duration::from_secs(120));
     h.start()?;
-    assert_eq!(keys_of(&common::drain(h.engine())?), ["a"]);
+    assert_eq!(common::keys(&common::drain(h.engine())?), ["a"]);
     h.clock.step_wall(-60 * MINUTE_MS as i64);
     h.engine().checkpoint()?;
     assert_eq!(h.engine().stats().far, 0);
-    let got = keys_of(&h.advance(Duration::from_secs(2))?);
+    let got = common::keys(&h.advance(Duration::from_secs(2))?);
     assert_eq!(got, ["b", "c"], "two more seconds, two more tasks");
 
     // A task placed overdue while paused.
@@ -340,13 +340,6 @@ fn a_task_already_due_stays_in_the_wheel_after_a_wall_step_back() -> TestResult 
     h.engine().checkpoint()?;
     assert_eq!(h.engine().stats().far, 0);
     h.engine().resume_deliveries();
-    assert_eq!(keys_of(&common::drain(h.engine())?), ["past"]);
+    assert_eq!(common::keys(&common::drain(h.engine())?), ["past"]);
     Ok(())
-}
-
-fn keys_of(deliveries: &[kairos::Delivery]) -> Vec<String> {
-    deliveries
-        .iter()
-        .map(|d| String::from_utf8_lossy(d.key()).into_owned())
-        .collect()
 }

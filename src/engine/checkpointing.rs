@@ -805,13 +805,10 @@ impl Shared {
                 core.checkpoint_wanted = false;
             }
             last = Instant::now();
+            // A checkpoint written records its size itself (the log-growth
+            // trigger), whatever its housekeeping's outcome.
             match self.checkpoint() {
-                Ok(report) => {
-                    let mut core = self.core.lock();
-                    if report.written {
-                        core.last_checkpoint_bytes = report.bytes;
-                    }
-                }
+                Ok(_) => {}
                 Err(CheckpointError::Closed | CheckpointError::Poisoned { .. }) => return,
                 Err(error) => tracing::warn!(%error, "background checkpoint failed"),
             }

@@ -1439,13 +1439,7 @@ impl Engine {
     /// if an overflow file being compacted could not be read (the engine
     /// goes on in both cases, and a later checkpoint retries).
     pub fn checkpoint(&self) -> Result<CheckpointReport, CheckpointError> {
-        let result = self.shared.checkpoint();
-        if let Ok(report) = &result {
-            if report.written {
-                self.shared.core.lock().last_checkpoint_bytes = report.bytes;
-            }
-        }
-        result
+        self.shared.checkpoint()
     }
 
     /// Makes every call that returned before this one durable: waits until

@@ -126,6 +126,13 @@ pub fn advance(clock: &ManualClock, engine: &Engine, by: Duration) -> TestResult
     drain(engine)
 }
 
+/// The deliveries' keys, as text, in order.
+pub fn keys(ds: &[Delivery]) -> Vec<String> {
+    ds.iter()
+        .map(|d| String::from_utf8_lossy(d.key()).into_owned())
+        .collect()
+}
+
 /// Deliveries as `(key, payload, due_ms)`, for comparing with a model.
 pub fn triples(ds: &[Delivery]) -> Vec<(String, Vec<u8>, u64)> {
     ds.iter()
