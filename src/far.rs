@@ -22,17 +22,61 @@ use siphasher::sip::SipHasher13;
 
 /// The keyed hash of far-task keys (see the module docs).
 #[derive(Debug, Clone)]
-pub struct KeyHasher(SipHasher13);
+pub struct KeyHasher {
+    sip: SipHasher13,
+    /// The bits of SipHash's value kept: all of them, unless a test called
+    /// [`weaken_key_hash_for_tests`].
+    kept: u64,
+}
+
+/// The process's far-key hash width, fixed by the first [`KeyHasher`] made
+/// (or by [`weaken_key_hash_for_tests`] before it).
+static KEPT_HASH_BITS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Test hook, not for use in production: makes every [`KeyHasher`] of this
+/// process give one of only `2^bits` values (`bits` < 64), so that
+/// distinct far-task keys share a hash — the collision the engine resolves
+/// against disk, which a 64-bit SipHash never shows a test. Each value is
+/// spread over all 64 bits (the far index takes its shard from the top
+/// bits), and a directory written this way must be read this way: its
+/// checkpoint holds the weak hashes.
+///
+/// Call it before any `KeyHasher` is made (before the first engine opens):
+/// the width is fixed once per process. Returns `Err` with the width
+/// already fixed if it differs from `bits`.
+#[doc(hidden)]
+pub fn weaken_key_hash_for_tests(bits: u32) -> Result<(), u32> {
+    let bits = bits.min(64);
+    match *KEPT_HASH_BITS.get_or_init(|| bits) {
+        fixed if fixed == bits => Ok(()),
+        fixed => Err(fixed),
+    }
+}
 
 impl KeyHasher {
     /// The hasher of the data directory whose store id is `store_id`.
     pub fn new(store_id: &[u8; 16]) -> KeyHasher {
-        KeyHasher(SipHasher13::new_with_key(store_id))
+        let bits = *KEPT_HASH_BITS.get_or_init(|| 64);
+        KeyHasher {
+            sip: SipHasher13::new_with_key(store_id),
+            kept: if bits >= 64 {
+                u64::MAX
+            } else {
+                (1 << bits) - 1
+            },
+        }
     }
 
     /// The key's 64-bit hash. ~20 ns for a 24-byte key.
     pub fn hash(&self, key: &[u8]) -> u64 {
-        self.0.hash(key)
+        let hash = self.sip.hash(key);
+        if self.kept == u64::MAX {
+            hash
+        } else {
+            // Weakened for a test: spread the few values kept over all the
+            // bits (Fibonacci hashing; 0 stays 0, a value like any other).
+            (hash & self.kept).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        }
     }
 }
 
