@@ -753,13 +753,21 @@ const READ_DUE_ENTRIES_MAX: usize = 65_536;
 /// `path` (one 64-byte read; the header is checked: magic, version, CRC,
 /// the store id if given, the number).
 ///
+/// Given `last_referenced`, the largest entry offset a task or dead letter
+/// refers to, also checks that the entry there lies whole within the file
+/// (a size query and one read of its fixed part, no payload): a file cut
+/// short is found when the engine opens, not when a task's payload is
+/// first needed days later.
+///
 /// # Errors
-/// [`OverflowReadError::Corrupt`] for a bad header; I/O errors.
+/// [`OverflowReadError::Corrupt`] for a bad header or a file that ends
+/// before the entry at `last_referenced` does; I/O errors.
 pub fn read_entry_count(
     storage: &dyn Storage,
     path: &Path,
     store_id: Option<&StoreId>,
     seq: u32,
+    last_referenced: Option<u64>,
 ) -> Result<u64, OverflowReadError> {
     let io_err = |source| OverflowReadError::Io {
         path: path.to_path_buf(),
@@ -786,6 +794,27 @@ pub fn read_entry_count(
     }
     if u64_at(&header, H_SEQ) != u64::from(seq) {
         return Err(corrupt("its header names another file number"));
+    }
+    if let Some(offset) = last_referenced {
+        let len = file.len().map_err(io_err)?;
+        let cut = |reason: String| OverflowReadError::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            reason: format!("{reason}; the file is {len} bytes (cut short?)"),
+        };
+        let mut fixed = [0u8; ENTRY_FIXED_BYTES];
+        if offset < HEADER_BYTES as u64
+            || !read_exact_at(file.as_ref(), &mut fixed, offset).map_err(io_err)?
+        {
+            return Err(cut("no whole entry where a task's entry should be".into()));
+        }
+        let entry_bytes = u32_at(&fixed, E_BYTES);
+        let end = offset + E_ID as u64 + u64::from(entry_bytes);
+        if entry_bytes > ENTRY_BYTES_MAX || end > len {
+            return Err(cut(format!(
+                "a task's entry of {entry_bytes} bytes here runs past the end of the file"
+            )));
+        }
     }
     Ok(u64_at(&header, H_ENTRIES))
 }

@@ -1971,8 +1971,13 @@ impl Shared {
         moves: &mut Vec<VictimMove>,
         holds: &mut Holds,
     ) -> Result<(), CheckpointError> {
-        let expected =
-            overflow::read_entry_count(disk.storage.as_ref(), &victim.path, None, victim.file)?;
+        let expected = overflow::read_entry_count(
+            disk.storage.as_ref(),
+            &victim.path,
+            None,
+            victim.file,
+            None,
+        )?;
         let mut reader =
             overflow::PieceReader::open(disk.storage.as_ref(), &victim.path, WRITE_PIECE_BYTES)?;
         // One piece: (offset, id, due, hash, key's span in `keys`).
@@ -2593,12 +2598,19 @@ pub(crate) fn prepare_overflow(
     // Files a live task or a dead letter needs, and files the checkpoint
     // names (kept until a later checkpoint no longer names them, so that the
     // checkpoint on disk always reads whole with its overflow files).
-    let needed: FileSet = replay
+    // With the largest entry offset each refers to: the entry there must lie
+    // whole within the file (checked below without reading a payload).
+    let mut last_referenced: std::collections::BTreeMap<u32, u64> = Default::default();
+    for (f, offset) in replay
         .tasks()
-        .filter_map(|t| t.payload_at.map(|(f, _)| f))
-        .chain(replay.dead_payloads_on_disk().values().map(|&(f, _)| f))
-        .chain(replay.far().map(|t| t.file))
-        .collect();
+        .filter_map(|t| t.payload_at)
+        .chain(replay.dead_payloads_on_disk().values().copied())
+        .chain(replay.far().map(|t| (t.file, t.offset)))
+    {
+        let last = last_referenced.entry(f).or_insert(offset);
+        *last = (*last).max(offset);
+    }
+    let needed: FileSet = last_referenced.keys().copied().collect();
     let referenced: FileSet = needed
         .iter()
         .copied()
@@ -2649,13 +2661,15 @@ pub(crate) fn prepare_overflow(
     let mut written = Vec::new();
     for (f, name) in &files {
         if referenced.contains(f) {
-            // A file a task needs must read back (its header here; each
-            // entry when its payload is read).
+            // A file a task needs must read back (its header and the size
+            // its last entry needs here; each entry when its payload is
+            // read).
             let n = overflow::read_entry_count(
                 storage,
                 &ovf_dir.join(name),
                 checkpoint.map(|c| &c.store_id),
                 *f,
+                last_referenced.get(f).copied(),
             )?;
             written.push((*f, n));
         }
