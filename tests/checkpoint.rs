@@ -314,7 +314,18 @@ fn an_older_checkpoint_is_used_when_the_newest_is_damaged_and_the_log_covers_it(
     h.sim.write_file(&newer_path, &bytes);
     h.start()?;
     assert_eq!(h.engine().recovery().pending, model.len());
+    // The open says which checkpoint it passed over, and why.
+    let skipped = h.engine().recovery().skipped_checkpoint.clone();
+    let skipped = skipped.ok_or("the damaged newest checkpoint was skipped silently")?;
+    assert!(
+        skipped.contains(&newer_path.display().to_string()),
+        "{skipped}"
+    );
     assert_eq!(fire_all(&h, Duration::from_secs(110))?, model);
+    // A checkpoint replaces it: the next open uses the newest, and says nothing.
+    h.engine().checkpoint()?;
+    h.restart(Stop::Clean)?;
+    assert_eq!(h.engine().recovery().skipped_checkpoint, None);
     Ok(())
 }
 

@@ -579,9 +579,25 @@ fn an_older_checkpoint_the_log_covers_is_used_and_the_newer_damage_is_a_warning(
     let (stdout, _) = run(&["verify", path(&dir)], 0);
     assert!(stdout.contains("WARNING: checkpoint"), "{stdout}");
 
-    // The engine opens from the older one too, to the same state.
+    // The tools that open the engine say so on stderr (they used to say nothing).
+    let (_, stderr) = run(&["dead-letters", "list", path(&dir)], 0);
+    assert!(
+        stderr.contains("WARNING: the newest checkpoint was passed over"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&newer.display().to_string()), "{stderr}");
+
+    // The engine opens from the older one too, to the same state, and says which it
+    // passed over.
     let engine = Engine::open(&dir, config())?;
     assert_eq!(engine.stats().pending, stats.pending);
+    let skipped = engine.recovery().skipped_checkpoint.clone();
+    assert!(
+        skipped
+            .as_deref()
+            .is_some_and(|s| s.contains(&newer.display().to_string())),
+        "{skipped:?}"
+    );
     engine.shutdown()?;
     Ok(())
 }

@@ -227,7 +227,7 @@ pub(super) fn open(target: &Target) -> anyhow::Result<Engine> {
             meta.display()
         );
     }
-    Engine::open(dir, config(target)).map_err(|e| match e {
+    let engine = Engine::open(dir, config(target)).map_err(|e| match e {
         OpenError::Locked { .. } => anyhow!(
             "cannot open {}: it is open in another engine (lock held on {}); stop that process \
              first: this command works offline",
@@ -235,7 +235,13 @@ pub(super) fn open(target: &Target) -> anyhow::Result<Engine> {
             dir.join("LOCK").display()
         ),
         other => anyhow::Error::new(other).context(format!("cannot open {}", dir.display())),
-    })
+    })?;
+    if let Some(skipped) = &engine.recovery().skipped_checkpoint {
+        errln!(
+            "kairos: WARNING: the newest checkpoint was passed over for an older one: {skipped}"
+        );
+    }
+    Ok(engine)
 }
 
 /// The default configuration with the chosen durability and attempts, and

@@ -144,6 +144,13 @@ pub struct Recovery {
     pub dead_lettered: usize,
     /// Dead letters kept.
     pub dead_letters: usize,
+    /// The newest checkpoint file, when the open passed over it for an
+    /// older one because it is damaged, or does not fit the log or its
+    /// name: what is wrong with it (the file, and the byte offset of the
+    /// damage where there is one). The older checkpoint and the log after
+    /// it gave the state; the next checkpoint replaces the damaged file.
+    /// `None` when the newest checkpoint was used, or there is none.
+    pub skipped_checkpoint: Option<String>,
 }
 
 /// Counters for observing an engine (backpressure). Cheap: one lock.
@@ -979,11 +986,16 @@ impl Engine {
         let checkpoint_path = checkpoint
             .as_ref()
             .map_or_else(|| dir.clone(), |c| c.path.clone());
+        let skipped_checkpoint = checkpoint
+            .as_ref()
+            .and_then(|c| c.newer_damaged.as_ref())
+            .map(|e| e.to_string());
         let mut engine = Self::start(config, clock, Some(wal), replay, report, Some(disk))
             .map_err(|reason| OpenError::CheckpointMismatch {
                 path: checkpoint_path,
                 reason,
             })?;
+        engine.recovery.skipped_checkpoint = skipped_checkpoint;
         *engine.dir_lock.get_mut() = Some(dir_lock);
         engine.dir = Some(dir);
         Ok(engine)
