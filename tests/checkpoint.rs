@@ -76,8 +76,14 @@ fn state_survives_checkpoint_crash_and_reopen_exactly() -> TestResult {
     assert_eq!(report.tasks, model.len() as u64);
     assert!(report.segments_removed > 0, "{report:?}");
     assert_eq!(h.segments()?.len(), before - report.segments_removed);
-    // A second checkpoint with nothing new writes nothing.
-    assert!(!h.engine().checkpoint()?.written);
+    // A second checkpoint with nothing new writes nothing, and describes the first.
+    let again = h.engine().checkpoint()?;
+    assert!(!again.written);
+    assert_eq!(
+        (again.lsn, again.tasks, again.dead_letters, again.bytes),
+        (report.lsn, report.tasks, report.dead_letters, report.bytes),
+        "{again:?}"
+    );
     h.restart(Stop::PowerCut)?;
     assert_eq!(h.engine().recovery().pending, model.len());
     let fired = fire_all(&h, Duration::from_secs(310))?;

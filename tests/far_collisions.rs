@@ -77,8 +77,13 @@ fn far_tasks_sharing_one_hash_are_told_apart_by_key() -> TestResult {
         h.engine()
             .schedule_after(b"near", Duration::from_secs(30), b"n")?;
         model.insert(b"near".to_vec(), (START_MS + 30_000, b"n".to_vec()));
-        h.engine().checkpoint()?;
+        let first = h.engine().checkpoint()?;
         assert_eq!(h.engine().stats().far, 12, "{stop:?}");
+        // Nothing logged since: nothing written, and the report describes the
+        // checkpoint there is (far tasks counted).
+        let again = h.engine().checkpoint()?;
+        assert!(!again.written);
+        assert_eq!((again.lsn, again.tasks), (first.lsn, 13), "{again:?}");
 
         // Duplicates are found among twelve candidates; a new key is not one.
         for i in [0, 3, 11] {

@@ -80,7 +80,8 @@ pub const OVERFLOW_FILES_MAX: usize = 128;
 pub struct CheckpointReport {
     /// The checkpoint's LSN: it holds the state after every record up to it.
     pub lsn: u64,
-    /// False if nothing was logged since the last checkpoint (none written).
+    /// False if nothing was logged since the last checkpoint (none written;
+    /// the other fields then describe that checkpoint).
     pub written: bool,
     /// Live tasks it holds.
     pub tasks: u64,
@@ -279,8 +280,13 @@ impl Shared {
             };
             if wal.last_lsn().0 == book.lsn {
                 core.log_bytes_since_checkpoint = 0;
+                // Nothing logged since: the state is the checkpoint's.
+                let held = (
+                    (core.tasks.len() + core.far.len()) as u64,
+                    core.dead.len() as u64,
+                );
                 drop(core);
-                return self.nothing_new(&book, &wal, &holds, started);
+                return self.nothing_new(&book, &wal, held, &holds, started);
             }
         }
         // Overflow files mostly dead are chosen now; their live entries are
@@ -536,11 +542,14 @@ impl Shared {
     }
 
     /// The report of a checkpoint with nothing new to write (no record since
-    /// the last one): only the segments it covers are removed.
+    /// the last one): only the segments it covers are removed. `held`: the
+    /// live tasks and dead letters the engine holds, which the last
+    /// checkpoint holds too.
     fn nothing_new(
         &self,
         book: &CheckpointBook,
         wal: &Wal,
+        (tasks, dead_letters): (u64, u64),
         holds: &Holds,
         started: Instant,
     ) -> Result<CheckpointReport, CheckpointError> {
@@ -550,8 +559,8 @@ impl Shared {
         Ok(CheckpointReport {
             lsn: book.lsn,
             written: false,
-            tasks: 0,
-            dead_letters: 0,
+            tasks,
+            dead_letters,
             bytes: book.bytes,
             segments_removed,
             payloads_moved: 0,
