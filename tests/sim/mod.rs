@@ -1862,7 +1862,18 @@ impl Sim {
             let msg = format!("{what}: due time is none the model set ({dues:?})");
             self.violate(Violation::Other, msg);
         }
-        let since = matching.unwrap_or_else(|| dues.iter().map(|&(_, i)| i).min().unwrap_or(0));
+        // A first attempt's due time is one the model set. A later attempt's may come from a
+        // retry the engine made itself (a lease that expired: not modelled), set at any moment
+        // since the attempt before was received; that a due time the model set has the same
+        // value (a nack whose answer was lost) says nothing about when it was set. Seed
+        // 4005943 of `tests/far_collisions.rs`: a lease expired, its retry fell due by the
+        // monotonic clock in a suspend, the nack that followed failed (its guess: the same due
+        // time, after the suspend), and the redelivery after the crash was taken as early.
+        let earliest = dues.iter().map(|&(_, i)| i).min().unwrap_or(0);
+        let since = match matching {
+            Some(i) if attempt == 1 => i,
+            _ => earliest,
+        };
         if let Err(msg) = self.check_not_early(&what, d.fired_ms(), d.due_ms(), since) {
             if self.versions[v].rescheduled && !self.strict_stale {
                 // KNOWN_STALE_READY_ENTRY: the delivery came through the ready-queue entry of
