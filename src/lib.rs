@@ -3,9 +3,18 @@
 //! Schedule a task to fire at a moment in the future, cancel it by key in
 //! O(1) before then, and receive it on consumer threads when it falls due.
 //! Kairos runs inside your process, like SQLite: a hierarchical timing wheel
-//! (Varghese & Lauck 1987, scheme 7) holds the tasks, a tombstone index maps
-//! keys to them, and a segmented write-ahead log ([`kairos_wal`]) makes every
-//! state change durable before it takes effect.
+//! (Varghese & Lauck 1987, scheme 7) holds the tasks due soon — by default
+//! within a minute ([`Config::resident_window`]) — and a tombstone index maps
+//! keys to them; tasks due later are *far* tasks, kept on disk in overflow
+//! files sorted by due time ([`overflow`]) with only a 24-byte entry in
+//! memory ([`far`]), and promoted into the wheel ahead of their due time;
+//! payloads of tasks not due soon stay on disk too. Every state change is a
+//! record in a segmented write-ahead log ([`kairos_wal`]), written before it
+//! takes effect; when the record is on stable storage depends on the
+//! [`Durability`] mode (`Sync`: before the call returns). Checkpoints
+//! ([`Engine::checkpoint`], also taken in the background) let recovery skip
+//! history and old log segments be deleted. [`Engine::in_memory`] writes
+//! nothing.
 //!
 //! ```
 //! use kairos::{Config, Engine, CancelOutcome, ManualClock};
