@@ -2071,7 +2071,8 @@ struct Applied {
 /// Applies one move of a key and payload in memory whose entry is durable
 /// at `offset` of `file`, if the task still waits with what the entry holds
 /// (`key`, `payload`, as read back). It goes far if it was chosen to and is
-/// still due when it was and after `far_after` (UTC ms: now + far span).
+/// still due when it was, and beyond `far_after` ([`FarCut::takes_far`]:
+/// due after now + the far span, waiting on a wheel timer still ahead).
 /// `Some(true)`: it went far; `Some(false)`: its payload reference moved;
 /// `None`: nothing changed.
 fn apply_move(
@@ -2109,7 +2110,8 @@ fn apply_move(
 /// What becomes of move `m`'s task as it is now (waiting, its payload in
 /// memory): whether its due time is still the one written
 /// (`due_current`), and whether it goes far — chosen to, a first attempt,
-/// still due when it was and after `far_after` (UTC ms: now + far span).
+/// still due when it was, and beyond `far_after` ([`FarCut::takes_far`]:
+/// due after now + the far span, waiting on a wheel timer still ahead).
 fn move_outcome(
     core: &Core,
     m: &Move,
