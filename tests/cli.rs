@@ -728,10 +728,31 @@ fn demo_into_a_closed_pipe_ends_without_a_panic() {
 #[test]
 fn demo_refuses_to_remove_a_directory_open_in_an_engine() {
     let tmp = tempfile::tempdir().unwrap();
-    let engine = kairos::Engine::open(tmp.path(), kairos::Config::default()).unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &[]);
+    let engine = kairos::Engine::open(&dir, kairos::Config::default()).unwrap();
     engine
         .schedule_after(b"still-here", std::time::Duration::from_secs(60), b"")
         .unwrap();
+    let out = kairos(&["demo", "--dir", dir.to_str().unwrap(), "--tasks", "10"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("open in another engine"));
+    assert_eq!(engine.stats().scheduled, 1);
+    engine.shutdown().unwrap();
+    let reopened = kairos::Engine::open(&dir, kairos::Config::default()).unwrap();
+    assert_eq!(reopened.recovery().pending, 1);
+}
+
+/// An application's data directory — the engine's files and nothing else, but no `DEMO` file —
+/// is refused, not emptied.
+#[test]
+fn demo_refuses_to_remove_a_data_directory_it_did_not_make() {
+    let tmp = tempfile::tempdir().unwrap();
+    let engine = kairos::Engine::open(tmp.path(), kairos::Config::default()).unwrap();
+    engine
+        .schedule_after(b"precious", std::time::Duration::from_secs(3600), b"")
+        .unwrap();
+    engine.shutdown().unwrap();
     let out = kairos(&[
         "demo",
         "--dir",
@@ -739,12 +760,72 @@ fn demo_refuses_to_remove_a_directory_open_in_an_engine() {
         "--tasks",
         "10",
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("open in another engine"));
-    assert_eq!(engine.stats().scheduled, 1);
-    engine.shutdown().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("refusing to remove") && stderr.contains("did not make"),
+        "{stderr}"
+    );
+    assert!(
+        !text(&out.stdout).contains("removed"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!tmp.path().join("DEMO").exists());
     let reopened = kairos::Engine::open(tmp.path(), kairos::Config::default()).unwrap();
     assert_eq!(reopened.recovery().pending, 1);
+}
+
+/// The demo's `DEMO` file is at the top of its directory, and the engine and every tool take
+/// the directory as they did without it.
+#[test]
+fn demo_marks_its_directory_and_the_tools_ignore_the_mark() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &["--horizon", "200ms"]);
+    assert!(dir.join("DEMO").is_file());
+    let d = dir.to_str().unwrap();
+    for args in [
+        &["verify", d][..],
+        &["inspect", d],
+        &["dump", d],
+        &["dead-letters", "list", d],
+        &["checkpoint", d],
+        &["verify", d],
+    ] {
+        let out = kairos(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    drop(kairos::Engine::open(&dir, kairos::Config::default()).unwrap());
+    assert!(dir.join("DEMO").is_file(), "the engine leaves it alone");
+}
+
+/// An argument that fails only when used (a samples file that cannot be created) fails before
+/// the last run's directory is removed.
+#[test]
+fn demo_checks_its_samples_file_before_removing_the_last_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &[]);
+    let before = segments(&dir);
+    let samples = tmp.path().join("missing").join("samples.csv");
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--samples-csv",
+        samples.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot create"), "{stderr}");
+    assert!(!text(&out.stdout).contains("removed"));
+    assert_eq!(segments(&dir), before, "the last run is still there");
 }
 
 /// `verify`, `inspect` and `dump` read a directory an engine has open (its files may change

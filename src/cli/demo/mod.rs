@@ -67,9 +67,12 @@ payloads read back. Without --horizon the engine's defaults apply — a one-minu
 checkpoints every 10 minutes or 256 MiB of log — so a default run moves little or nothing to \
 disk.
 
-If DIR exists it is removed first, so every run starts fresh; a directory holding anything a \
-Kairos data directory does not (a file other than LOCK, wal/, checkpoint/ and overflow/ with \
-their own files) is refused rather than removed, as is one an engine has open.
+Each run marks its directory with a DEMO file at its top. If DIR exists it is emptied first, so \
+every run starts fresh — but only if it is empty or a demo's: a directory without the DEMO file \
+(an application's data directory, say) is refused rather than removed, as is one holding \
+anything a Kairos data directory does not (a file other than DEMO, LOCK, wal/, checkpoint/ and \
+overflow/ with their own files) and one an engine has open. Nothing is removed before every \
+argument checks and --samples-csv is created.
 
 Exit status 1 if an invariant breaks: a task lost (neither cancelled, acked nor dead-lettered); \
 a duplicate (an attempt number delivered twice, or a delivery after a successful ack — a \
@@ -81,7 +84,7 @@ letter whose payload is not the one scheduled; p99 lateness above \
 not recovering exactly the tasks that were pending at shutdown. A directory open in another \
 engine is never removed.")]
 pub struct DemoArgs {
-    /// Data directory (removed first if it exists).
+    /// Data directory (emptied first if an earlier demo made it; marked with a DEMO file).
     #[arg(long, value_name = "DIR", default_value = "./kairos-data")]
     dir: PathBuf,
     /// Orders (tasks) to schedule.
@@ -198,15 +201,27 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
             settings.dir.display()
         );
     }
-    if fresh_dir(&settings.dir)? && !args.json {
+    // Everything that can refuse or fail comes before anything is removed: the last run's
+    // directory checked and locked, the samples file created.
+    let previous = PreviousRun::check(&settings.dir)?;
+    let samples = match &args.samples_csv {
+        Some(path) => Some((
+            path,
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => None,
+    };
+    if previous.remove()? && !args.json {
         outln!(
             "removed the previous data directory {}",
             settings.dir.display()
         );
     }
+    mark_as_demo(&settings.dir)?;
     let findings = session::run(&settings)?;
-    if let Some(path) = &args.samples_csv {
-        write_samples(path, &findings.samples)?;
+    if let Some((path, file)) = samples {
+        write_samples(path, file, &findings.samples)?;
     }
     let report = report(args, &settings, &findings);
     if args.json {
@@ -325,65 +340,125 @@ fn parse_max_p99_ms(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Removes `dir` if it exists, refusing anything that does not look like a
-/// Kairos data directory. Returns whether something was removed.
-fn fresh_dir(dir: &Path) -> anyhow::Result<bool> {
-    let meta = match std::fs::symlink_metadata(dir) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", dir.display())),
-    };
-    if !meta.is_dir() {
-        bail!("{} exists and is not a directory", dir.display());
-    }
-    ensure!(
-        looks_like_data_dir(dir)?,
-        "refusing to remove {}: it holds files a Kairos data directory does not (only LOCK, \
-         wal/, checkpoint/ and overflow/ with their own files), so it may not be one; choose \
-         another --dir",
-        dir.display()
-    );
-    // Never delete a directory an engine holds open (here or in another
-    // process): take its locks first, and keep them while removing.
-    let _locks = [dir.join("LOCK"), dir.join("wal").join("LOCK")]
-        .iter()
-        .filter(|lock| lock.is_file())
-        .map(|lock| {
-            FsStorage.lock(lock).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::WouldBlock {
-                    anyhow::anyhow!(
-                        "refusing to remove {}: it is open in another engine (lock held on {})",
-                        dir.display(),
-                        lock.display()
-                    )
-                } else {
-                    anyhow::Error::new(e).context(format!("cannot lock {}", lock.display()))
-                }
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    // The directory's contents, not the directory: `--dir .` must not fail
-    // halfway (a directory cannot remove itself as `.`), nor leave a caller
-    // whose working directory it is in a deleted directory.
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
-        let path = entry
-            .with_context(|| format!("cannot list {}", dir.display()))?
-            .path();
-        let removed = if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_file(&path)
+/// The file `kairos demo` writes at the top of each data directory it uses, so that a later
+/// run removes only a demo's directory, never an application's (whose files are the same).
+pub(super) const DEMO_MARKER: &str = "DEMO";
+
+/// What the marker file says to whoever finds it.
+const DEMO_MARKER_TEXT: &str = "This data directory was made by `kairos demo`. The next \
+`kairos demo --dir` naming it removes its contents; without this file it is refused.\n";
+
+/// The last run's data directory at `--dir`, checked and locked, not yet removed.
+struct PreviousRun {
+    dir: PathBuf,
+    /// Whether there is anything to remove.
+    present: bool,
+    /// The engine's locks on it, held until it is removed.
+    _locks: Vec<Box<dyn kairos_wal::storage::LockGuard>>,
+}
+
+impl PreviousRun {
+    /// Checks `dir`, refusing (with nothing removed) anything but nothing at all, an empty
+    /// directory, or a Kairos data directory that a demo made ([`DEMO_MARKER`]) and no engine
+    /// has open.
+    fn check(dir: &Path) -> anyhow::Result<PreviousRun> {
+        let absent = |dir: &Path| PreviousRun {
+            dir: dir.to_path_buf(),
+            present: false,
+            _locks: Vec::new(),
         };
-        removed.with_context(|| format!("cannot remove {}", path.display()))?;
+        let meta = match std::fs::symlink_metadata(dir) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(absent(dir)),
+            Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", dir.display())),
+        };
+        if !meta.is_dir() {
+            bail!("{} exists and is not a directory", dir.display());
+        }
+        if entries(dir)?.is_empty() {
+            return Ok(absent(dir));
+        }
+        ensure!(
+            looks_like_data_dir(dir)?,
+            "refusing to remove {}: it holds files a Kairos data directory does not (only \
+             {DEMO_MARKER}, LOCK, wal/, checkpoint/ and overflow/ with their own files), so it \
+             may not be one; choose another --dir",
+            dir.display()
+        );
+        ensure!(
+            std::fs::symlink_metadata(dir.join(DEMO_MARKER)).is_ok_and(|m| m.is_file()),
+            "refusing to remove {}: it is a Kairos data directory that `kairos demo` did not \
+             make (it has no {DEMO_MARKER} file), perhaps an application's; choose another \
+             --dir (or, if it is only a demo's from before demos marked theirs, remove it \
+             yourself)",
+            dir.display()
+        );
+        // Never delete a directory an engine holds open (here or in another
+        // process): take its locks first, and keep them while removing.
+        let locks = [dir.join("LOCK"), dir.join("wal").join("LOCK")]
+            .iter()
+            .filter(|lock| lock.is_file())
+            .map(|lock| {
+                FsStorage.lock(lock).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::WouldBlock {
+                        anyhow::anyhow!(
+                            "refusing to remove {}: it is open in another engine (lock held on {})",
+                            dir.display(),
+                            lock.display()
+                        )
+                    } else {
+                        anyhow::Error::new(e).context(format!("cannot lock {}", lock.display()))
+                    }
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(PreviousRun {
+            dir: dir.to_path_buf(),
+            present: true,
+            _locks: locks,
+        })
     }
-    Ok(true)
+
+    /// Removes the directory's contents; returns whether there were any.
+    fn remove(self) -> anyhow::Result<bool> {
+        if !self.present {
+            return Ok(false);
+        }
+        let dir = &self.dir;
+        // The directory's contents, not the directory: `--dir .` must not fail
+        // halfway (a directory cannot remove itself as `.`), nor leave a caller
+        // whose working directory it is in a deleted directory.
+        for entry in
+            std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?
+        {
+            let path = entry
+                .with_context(|| format!("cannot list {}", dir.display()))?
+                .path();
+            let removed = if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+        Ok(true)
+    }
+}
+
+/// Creates `dir` if needed and writes [`DEMO_MARKER`] in it, before the engine opens it: a
+/// run cut short at any point leaves a directory the next run may remove.
+fn mark_as_demo(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let marker = dir.join(DEMO_MARKER);
+    std::fs::write(&marker, DEMO_MARKER_TEXT)
+        .with_context(|| format!("cannot write {}", marker.display()))
 }
 
 /// Empty, or holding nothing but what a Kairos data directory holds — a
-/// `LOCK` file; `wal/` with the log's own files (segments, `META`, `LOCK`,
+/// `LOCK` file ([`DEMO_MARKER`] too); `wal/` with the log's own files (segments, `META`, `LOCK`,
 /// `CLOSED`, `SYNCED`, `TRIM`, and those names with `.tmp`); `checkpoint/`
 /// and `overflow/` with theirs, each name parsed as the engine writes it —
-/// and at least `wal/` or `LOCK`. One file of anyone else's (a `backup.seg`
+/// and at least `wal/`, `LOCK` or the marker (a run stopped before its engine opened). One file of anyone else's (a `backup.seg`
 /// included), and the directory is not removed.
 fn looks_like_data_dir(dir: &Path) -> anyhow::Result<bool> {
     use kairos::{checkpoint, overflow};
@@ -396,7 +471,7 @@ fn looks_like_data_dir(dir: &Path) -> anyhow::Result<bool> {
     for (name, is_dir) in &top {
         let path = dir.join(name);
         let ours = match (name.as_str(), is_dir) {
-            (wal::LOCK_FILE_NAME, false) => {
+            (wal::LOCK_FILE_NAME | DEMO_MARKER, false) => {
                 marked = true;
                 true
             }
@@ -456,9 +531,11 @@ fn only_files_named(dir: &Path, ours: impl Fn(&str) -> bool) -> anyhow::Result<b
 }
 
 /// Writes the receipts as CSV with a header line.
-fn write_samples(path: &Path, samples: &[consumers::Sample]) -> anyhow::Result<()> {
-    let file =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+fn write_samples(
+    path: &Path,
+    file: std::fs::File,
+    samples: &[consumers::Sample],
+) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(file);
     writeln!(out, "due_ms,received_us,attempt,generation")?;
     for s in samples {
