@@ -251,3 +251,49 @@ fn a_log_tail_longer_than_the_even_tasks_is_refused() {
         "{stderr}"
     );
 }
+
+/// Interrupted by SIGINT or SIGTERM mid-run, the bench removes its temporary data directory
+/// (`Drop` does not run then) and exits with status 130.
+#[cfg(unix)]
+#[test]
+fn an_interrupted_run_removes_its_temporary_directory() {
+    for signal in ["INT", "TERM"] {
+        let tmp = tempfile::tempdir().unwrap();
+        // A million tasks one fdatasync each: still scheduling when the signal comes.
+        let bench = Command::new(KAIROS)
+            .args(["bench", "--tasks", "1000000", "--batch", "1"])
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the kairos binary runs");
+        let started = std::time::Instant::now();
+        // Until its directory holds the log (and the handler is installed).
+        while !std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .any(|e| e.path().join("wal").is_dir())
+        {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "no data directory"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let killed = Command::new("kill")
+            .args([format!("-{signal}"), bench.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let out = bench.wait_with_output().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "SIG{signal}: {stderr}");
+        assert!(
+            stderr.contains("interrupted; removed the temporary directory"),
+            "SIG{signal}: {stderr}"
+        );
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+        assert!(left.is_empty(), "SIG{signal} left {left:?}");
+    }
+}

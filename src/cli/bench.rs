@@ -107,11 +107,13 @@ default window, every --far-fraction task is due an hour or more out, so far too
   recovered_pending  live tasks after the reopen; it must equal tasks - cancelled (+ N - N \
 with --log-tail N), otherwise the exit status is 1.
 
-DIR defaults to a fresh temporary directory, removed afterwards; a --dir that exists must be an \
+DIR defaults to a fresh temporary directory, removed afterwards — also when the run is \
+interrupted by SIGINT, SIGTERM or SIGHUP (the exit status is then 130); a --dir that exists must be an \
 empty directory (anything else is refused), and is kept. Timings depend on the machine and its \
 load: compare runs made on the same machine, side by side.")]
 pub struct BenchArgs {
-    /// Data directory [default: a fresh temporary directory, removed afterwards].
+    /// Data directory [default: a fresh temporary directory, removed afterwards, on
+    /// SIGINT, SIGTERM and SIGHUP too].
     /// If it exists it must be empty; it is kept.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
@@ -745,14 +747,37 @@ fn reopen_in_child(args: &BenchArgs, dir: &Path) -> anyhow::Result<Reopened> {
         .arg("--interval-ms")
         .arg(args.durability.interval_ms.to_string())
         .args(args.tuning.to_args());
-    let out = cmd.output().context("cannot run kairos bench-reopen")?;
-    if !out.status.success() {
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().context("cannot run kairos bench-reopen")?;
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    // Held where an interruption's handler can end it (`on_signal`) while its output is read.
+    on_signal::child_started(child);
+    let stderr_reader = std::thread::Builder::new()
+        .name("bench-reopen-stderr".into())
+        .spawn(move || read_all(stderr));
+    let stdout = read_all(stdout);
+    let stderr = match stderr_reader {
+        Ok(reader) => reader.join().unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    let status = on_signal::wait_child().context("cannot run kairos bench-reopen")?;
+    if !status.success() {
         bail!(
-            "the reopen failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            "the reopen failed ({status}): {}",
+            String::from_utf8_lossy(&stderr).trim()
         );
     }
-    serde_json::from_slice(&out.stdout).context("cannot read what kairos bench-reopen printed")
+    serde_json::from_slice(&stdout).context("cannot read what kairos bench-reopen printed")
+}
+
+/// Everything left to read from a child's pipe (what was read if reading fails).
+fn read_all(pipe: Option<impl std::io::Read>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    if let Some(mut pipe) = pipe {
+        let _ = pipe.read_to_end(&mut bytes);
+    }
+    bytes
 }
 
 /// Takes a checkpoint of `engine`; returns how long it took and its report.
@@ -812,6 +837,7 @@ impl BenchDir {
             // `create_dir`, not `create_dir_all`: fails rather than reuse.
             std::fs::create_dir(&path)
                 .with_context(|| format!("cannot create {}", path.display()))?;
+            on_signal::remove_on_signal(&path);
             return Ok(BenchDir {
                 path,
                 temporary: true,
@@ -860,6 +886,97 @@ impl Drop for BenchDir {
                 );
             }
         }
+    }
+}
+
+/// Removing the temporary data directory when the bench is interrupted (SIGINT, SIGTERM,
+/// SIGHUP), which `Drop` does not see: the handler (a thread of `ctrlc`'s) kills the reopen's
+/// child process if one runs, removes the directory and exits with status 130.
+mod on_signal {
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, ExitStatus};
+    use std::sync::{Mutex, MutexGuard, PoisonError};
+    use std::time::Duration;
+
+    /// What to clean up.
+    struct State {
+        /// The temporary data directory.
+        dir: Option<PathBuf>,
+        /// The reopen's child process, until it has been waited for.
+        child: Option<Child>,
+    }
+
+    static STATE: Mutex<State> = Mutex::new(State {
+        dir: None,
+        child: None,
+    });
+
+    /// Tries at removing the directory, which the engine's threads may still be writing to.
+    const REMOVE_TRIES: u32 = 50;
+
+    fn state() -> MutexGuard<'static, State> {
+        STATE.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Installs the handler for the temporary directory `dir`; if it cannot be installed, a
+    /// warning says that an interrupted run leaves the directory behind.
+    pub(super) fn remove_on_signal(dir: &Path) {
+        state().dir = Some(dir.to_path_buf());
+        if let Err(e) = ctrlc::set_handler(on_signal) {
+            errln!(
+                "kairos bench: warning: cannot handle interruptions ({e}): an interrupted run \
+                 leaves {} behind",
+                dir.display()
+            );
+        }
+    }
+
+    /// Holds the reopen's child process (its pipes taken) until [`wait_child`].
+    pub(super) fn child_started(child: Child) {
+        state().child = Some(child);
+    }
+
+    /// Waits for the child process given to [`child_started`] (once its output is read).
+    pub(super) fn wait_child() -> std::io::Result<ExitStatus> {
+        // Not under the lock: the handler, if it runs meanwhile, has nothing left to kill (the
+        // child closed its output: it is ending) but still removes the directory.
+        let child = state().child.take();
+        match child {
+            Some(mut child) => child.wait(),
+            None => Err(std::io::Error::other("the child process is gone")),
+        }
+    }
+
+    fn on_signal() {
+        let mut state = state();
+        if let Some(child) = state.child.as_mut() {
+            // It may be writing to the directory (its open creates `checkpoint/` if missing).
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(dir) = &state.dir {
+            // The engine's threads may add files while it goes.
+            let mut result = Ok(());
+            for _ in 0..REMOVE_TRIES {
+                result = std::fs::remove_dir_all(dir);
+                if result.is_ok() || !dir.exists() {
+                    result = Ok(());
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            match result {
+                Ok(()) => errln!(
+                    "kairos bench: interrupted; removed the temporary directory {}",
+                    dir.display()
+                ),
+                Err(e) => errln!(
+                    "kairos bench: interrupted; cannot remove the temporary directory {}: {e}",
+                    dir.display()
+                ),
+            }
+        }
+        std::process::exit(130);
     }
 }
 
