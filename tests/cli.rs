@@ -876,3 +876,28 @@ fn help_and_version() {
     }
     assert!(!dir.exists());
 }
+
+/// `--record-bytes-max` below the smallest SCHEDULE body (23 bytes) would make every record of
+/// a log damage: a usage error, as is one above what a log frame holds.
+#[test]
+fn record_bytes_max_below_the_smallest_record_is_a_usage_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    for command in ["verify", "dump", "inspect"] {
+        for bad in ["0", "10", "22", "1073741820", "-1", "lots"] {
+            let out = kairos(&[command, "--record-bytes-max", bad, dir]);
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{command} {bad}: {stderr}");
+        }
+        // Accepted (and the empty directory, which holds no log, fails as such).
+        for good in ["23", "1073741819"] {
+            let out = kairos(&[command, "--record-bytes-max", good, dir]);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{command} {good}: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+}

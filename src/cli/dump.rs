@@ -128,8 +128,10 @@ pub struct DumpArgs {
     /// Print payloads whole (default: their first 64 bytes, and their length).
     #[arg(long)]
     full_payload: bool,
-    /// Largest record body accepted, bytes: a longer length field is damage.
-    #[arg(long, value_name = "B", default_value_t = kairos_wal::RECORD_BYTES_MAX_DEFAULT)]
+    /// Largest record body accepted, bytes: a longer length field is damage. At least 23
+    /// (the smallest SCHEDULE body).
+    #[arg(long, value_name = "B", default_value_t = kairos_wal::RECORD_BYTES_MAX_DEFAULT,
+          value_parser = super::verify::parse_record_bytes_max)]
     record_bytes_max: u32,
 }
 

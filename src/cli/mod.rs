@@ -41,6 +41,7 @@ use kairos::Durability;
 use kairos::checkpoint as ckpt;
 use kairos::far;
 use kairos::overflow as ovf;
+use kairos::record;
 use kairos::record::Record;
 use kairos::replay;
 use kairos::replay::Replay;

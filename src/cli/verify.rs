@@ -50,12 +50,36 @@ pub struct VerifyArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
     dir: PathBuf,
-    /// Largest record body accepted, bytes: a longer length field is damage.
-    #[arg(long, value_name = "B", default_value_t = kairos_wal::RECORD_BYTES_MAX_DEFAULT)]
+    /// Largest record body accepted, bytes: a longer length field is damage. At least 23
+    /// (the smallest SCHEDULE body).
+    #[arg(long, value_name = "B", default_value_t = kairos_wal::RECORD_BYTES_MAX_DEFAULT,
+          value_parser = parse_record_bytes_max)]
     record_bytes_max: u32,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// The smallest `--record-bytes-max` (of `verify`, `dump` and `inspect`): the smallest SCHEDULE
+/// body — its fixed part and a one-byte key (no task has an empty key), no payload. Every task
+/// starts with one, so below this every log that scheduled anything reads as damage. (The other
+/// records' smallest bodies are smaller: 8 bytes for a cancel or an ack, 16 for a deliver, 18
+/// for a retry or a dead, 21 for a reschedule.)
+pub(crate) const RECORD_BYTES_MAX_MIN: u32 = super::record::SCHEDULE_FIXED_BYTES as u32 + 1;
+// The number `--help` of `verify`, `dump` and `inspect` gives.
+const _: () = assert!(RECORD_BYTES_MAX_MIN == 23);
+
+/// `--record-bytes-max`: from [`RECORD_BYTES_MAX_MIN`] to the most a log frame can hold
+/// ([`kairos_wal::format::RECORD_BYTES_MAX_LIMIT`]).
+pub(crate) fn parse_record_bytes_max(s: &str) -> Result<u32, String> {
+    let limit = kairos_wal::format::RECORD_BYTES_MAX_LIMIT;
+    match s.parse::<u32>() {
+        Ok(n) if (RECORD_BYTES_MAX_MIN..=limit).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "must be a whole number from {RECORD_BYTES_MAX_MIN} (the smallest SCHEDULE record \
+             body: a 1-byte key, no payload) to {limit}"
+        )),
+    }
 }
 
 /// The whole finding, printed as text or JSON.

@@ -8,6 +8,7 @@
 pub(crate) use crate::checkpoint as ckpt;
 pub(crate) use crate::far;
 pub(crate) use crate::overflow as ovf;
+pub(crate) use crate::record;
 pub(crate) use crate::record::Record;
 pub(crate) use crate::replay;
 pub(crate) use crate::replay::Replay;
