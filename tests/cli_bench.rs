@@ -297,3 +297,41 @@ fn an_interrupted_run_removes_its_temporary_directory() {
         assert!(left.is_empty(), "SIG{signal} left {left:?}");
     }
 }
+
+/// The resident window reported is the one the engine uses (`Config::far_span`): raised to the
+/// payload window (60 s), capped at the 18-day horizon; the one given is reported beside it.
+#[test]
+fn the_resident_window_reported_is_the_one_used() {
+    const DAY_MS: u64 = 86_400_000;
+    for (given, used, given_ms) in [
+        ("100d", 18 * DAY_MS, 100 * DAY_MS),
+        ("0", 60_000, 0),
+        ("500ms", 60_000, 500),
+        ("2h", 7_200_000, 7_200_000),
+    ] {
+        let r = small_bench(&["--resident-window", given]);
+        assert_eq!(r["resident_window_ms"], used, "{given}: {r}");
+        assert_eq!(r["resident_window_given_ms"], given_ms, "{given}: {r}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    for (given, shown) in [
+        ("100d", "18 d: tasks due later leave the wheel's memory (far) (--resident-window 100 d capped at the 18-day horizon)"),
+        ("0", "60 s: tasks due later leave the wheel's memory (far) (--resident-window 0 s raised to the payload window)"),
+    ] {
+        let out = kairos(&[
+            "bench",
+            "--dir",
+            data.join(given).to_str().unwrap(),
+            "--tasks",
+            "200",
+            "--durability",
+            "buffered",
+            "--resident-window",
+            given,
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        assert!(stdout.contains(shown), "{given}: {stdout}");
+    }
+}

@@ -184,8 +184,11 @@ struct Report {
     overflow_tasks: u64,
     /// The horizon used to tell them apart, days.
     horizon_days: u64,
-    /// `--resident-window`, ms; null for `off`.
+    /// The resident window the engine used, ms (`Config::far_span`: `--resident-window`
+    /// raised to the payload window, 60 s, and capped at the horizon); null for `off`.
     resident_window_ms: Option<u64>,
+    /// `--resident-window` as given, ms; null for `off`.
+    resident_window_given_ms: Option<u64>,
     /// `--relocate-far-bytes`.
     relocate_far_bytes: u64,
     /// Payload of every task, bytes.
@@ -659,7 +662,10 @@ pub struct ReopenArgs {
 struct Tuning {
     /// Tasks due within this window stay whole in the wheel's memory
     /// (`Config::resident_window`); later ones within the horizon leave it
-    /// like far tasks. `off`: the whole horizon stays in memory.
+    /// like far tasks. `off`: the whole horizon stays in memory. The engine
+    /// raises a shorter window to the payload window (1m) and caps a longer
+    /// one at the 18-day horizon (`Config::far_span`); the report gives the
+    /// window used.
     #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window)]
     resident_window: ResidentWindow,
     /// `Config::relocate_far_bytes`: far tasks leave the wheel in the
@@ -980,6 +986,22 @@ mod on_signal {
     }
 }
 
+/// A duration in whole milliseconds.
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A window of `ms` milliseconds for the table: in days, seconds or milliseconds, whichever
+/// is exact first.
+fn window_text(ms: u64) -> String {
+    match ms {
+        0 => "0 s".into(),
+        ms if ms.is_multiple_of(DAY_S * 1000) => format!("{} d", ms / (DAY_S * 1000)),
+        ms if ms.is_multiple_of(1000) => format!("{} s", ms / 1000),
+        ms => format!("{ms} ms"),
+    }
+}
+
 /// Assembles the report.
 fn report(args: &BenchArgs, m: &Measured) -> Report {
     let expected_pending =
@@ -993,7 +1015,15 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         wheel_tasks: m.wheel_tasks,
         overflow_tasks: m.overflow_tasks,
         horizon_days: HORIZON_DEFAULT.as_secs() / DAY_S,
-        resident_window_ms: args.tuning.resident_window.0.map(|d| d.as_millis() as u64),
+        // The window the engine uses (`Config::far_span`): at least the payload window, at
+        // most the horizon.
+        resident_window_ms: args
+            .tuning
+            .resident_window
+            .0
+            .and_then(|_| config(args).far_span())
+            .map(duration_ms),
+        resident_window_given_ms: args.tuning.resident_window.0.map(duration_ms),
         relocate_far_bytes: args.tuning.relocate_far_bytes,
         payload_bytes: args.payload_bytes,
         key_bytes: KEY_BYTES,
@@ -1105,12 +1135,24 @@ fn print_table(r: &Report) {
     );
     row(
         "resident window",
-        match r.resident_window_ms {
-            Some(ms) => format!(
-                "{} s: tasks due later leave the wheel's memory (far)",
-                ms / 1000
+        match (r.resident_window_ms, r.resident_window_given_ms) {
+            (Some(ms), given) => format!(
+                "{}: tasks due later leave the wheel's memory (far){}",
+                window_text(ms),
+                match given {
+                    Some(given) if given < ms => format!(
+                        " (--resident-window {} raised to the payload window)",
+                        window_text(given)
+                    ),
+                    Some(given) if given > ms => format!(
+                        " (--resident-window {} capped at the {}-day horizon)",
+                        window_text(given),
+                        r.horizon_days
+                    ),
+                    _ => String::new(),
+                }
             ),
-            None => "off: the whole horizon stays in the wheel's memory".into(),
+            (None, _) => "off: the whole horizon stays in the wheel's memory".into(),
         },
     );
     row(
