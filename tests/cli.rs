@@ -628,7 +628,7 @@ fn demo_bad_arguments_are_usage_errors() {
         "--samples-csv",
         samples.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("inside --dir"),
         "{}",

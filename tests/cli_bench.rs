@@ -244,7 +244,7 @@ fn a_log_tail_after_the_checkpoint_is_replayed() {
 #[test]
 fn a_log_tail_longer_than_the_even_tasks_is_refused() {
     let out = kairos(&["bench", "--tasks", "10", "--log-tail", "6"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains("--log-tail 6 is more than the 5 tasks with an even index"),

@@ -271,11 +271,16 @@ struct Report {
 /// engine did not recover exactly the tasks left.
 pub fn run(args: &BenchArgs) -> anyhow::Result<Verdict> {
     if args.log_tail > args.tasks.div_ceil(2) || args.tasks.checked_add(args.log_tail).is_none() {
-        anyhow::bail!(
-            "--log-tail {} is more than the {} tasks with an even index",
-            args.log_tail,
-            args.tasks.div_ceil(2)
-        );
+        return Err(super::usage_error(
+            "bench",
+            clap::error::ErrorKind::ValueValidation,
+            format!(
+                "--log-tail {} is more than the {} tasks with an even index (at most half of \
+                 --tasks, rounded up)",
+                args.log_tail,
+                args.tasks.div_ceil(2)
+            ),
+        ));
     }
     let dir = BenchDir::prepare(args.dir.as_deref())?;
     let measured = measure(args, dir.path())?;

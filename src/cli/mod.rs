@@ -151,6 +151,15 @@ pub fn main() -> ExitCode {
     let code = match outcome {
         Ok(Verdict::Pass) => ExitCode::SUCCESS,
         Ok(Verdict::Fail) => ExitCode::FAILURE,
+        // Arguments that parse one by one but not together (`usage_error`): clap prints it
+        // and exits 2, as for any other bad usage.
+        Err(error) if error.is::<clap::Error>() => match error.downcast::<clap::Error>() {
+            Ok(usage) => usage.exit(),
+            Err(error) => {
+                write_err(format_args!("kairos: error: {}", chain(&error)));
+                ExitCode::FAILURE
+            }
+        },
         Err(error) => {
             write_err(format_args!("kairos: error: {}", chain(&error)));
             ExitCode::FAILURE
@@ -160,6 +169,25 @@ pub fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     code
+}
+
+/// A usage error found after parsing — arguments each valid but not together — reported by
+/// clap as `kairos SUBCOMMAND` usage (exit status 2) once `main` gets it back. `kind`:
+/// `ArgumentConflict` for arguments that exclude each other, `ValueValidation` for a value
+/// another argument bounds.
+pub(crate) fn usage_error(
+    subcommand: &str,
+    kind: clap::error::ErrorKind,
+    message: impl std::fmt::Display,
+) -> anyhow::Error {
+    use clap::CommandFactory as _;
+    let mut cli = Cli::command();
+    cli.build();
+    let error = match cli.find_subcommand_mut(subcommand) {
+        Some(command) => command.error(kind, message),
+        None => cli.error(kind, message),
+    };
+    anyhow::Error::new(error)
 }
 
 /// What a command concluded about the thing it checked. Commands print

@@ -194,12 +194,18 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     settings.config.check()?;
     if let Some(path) = &args.samples_csv {
         let inside = std::path::absolute(path)?.starts_with(std::path::absolute(&settings.dir)?);
-        ensure!(
-            !inside,
-            "--samples-csv {} is inside --dir {}, which the next run removes: write it elsewhere",
-            path.display(),
-            settings.dir.display()
-        );
+        if inside {
+            return Err(super::usage_error(
+                "demo",
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "--samples-csv {} is inside --dir {}, which the next run removes: write it \
+                     elsewhere",
+                    path.display(),
+                    settings.dir.display()
+                ),
+            ));
+        }
     }
     // Everything that can refuse or fail comes before anything is removed: the last run's
     // directory checked and locked, the samples file created.
