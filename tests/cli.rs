@@ -901,3 +901,45 @@ fn record_bytes_max_below_the_smallest_record_is_a_usage_error() {
         }
     }
 }
+
+/// A trimmed log copied away from its data directory (`cp -a DIR/wal /tmp/w`): `verify`,
+/// `inspect` and `dump` each say that it was trimmed and needs its checkpoint, and exit 1 —
+/// as they do for the data directory without its checkpoint.
+#[test]
+fn a_trimmed_log_read_alone_is_reported_as_missing_its_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &["--horizon", "200ms"]);
+    let first = segments(&dir)[0].clone();
+    let name = first.file_name().unwrap().to_str().unwrap().to_owned();
+    assert!(
+        !name.starts_with("0000000000000001-"),
+        "the demo's checkpoints trimmed the log: {name}"
+    );
+    let alone = tmp.path().join("w");
+    std::fs::create_dir(&alone).unwrap();
+    for entry in std::fs::read_dir(dir.join("wal")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), alone.join(entry.file_name())).unwrap();
+    }
+    for command in ["verify", "inspect", "dump"] {
+        let out = kairos(&[command, alone.to_str().unwrap()]);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{command}: {stderr}");
+        assert!(
+            stderr.contains("it was trimmed after a checkpoint")
+                && stderr.contains("read the data directory it came from"),
+            "{command}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        if command != "dump" {
+            assert!(
+                stdout.contains("FAILED: the log starts at LSN"),
+                "{command}: {stdout}"
+            );
+        }
+    }
+    // Beside its data directory's checkpoint it reads whole.
+    let out = kairos(&["verify", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

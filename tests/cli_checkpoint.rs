@@ -190,9 +190,10 @@ fn a_trimmed_log_without_its_checkpoint_fails_verify_inspect_and_dump() -> TestR
             "{command}: {text}"
         );
     }
-    // The same log copied out as a log on its own, named wal/: read by itself (a trimmed log
-    // is fine there) unless its parent has both an engine's LOCK file and a checkpoint/
-    // directory; either alone is no data directory.
+    // The same log copied out as a log on its own, named wal/: read by itself unless its
+    // parent has both an engine's LOCK file and a checkpoint/ directory (either alone is no
+    // data directory) — and read by itself, a trimmed log fails too, saying that it needs the
+    // checkpoint of the data directory it came from.
     let case = tempfile::tempdir()?;
     std::fs::create_dir(case.path().join("wal"))?;
     for entry in std::fs::read_dir(dir.join("wal"))? {
@@ -202,29 +203,32 @@ fn a_trimmed_log_without_its_checkpoint_fails_verify_inspect_and_dump() -> TestR
             case.path().join("wal").join(entry.file_name()),
         )?;
     }
-    let verify_copy = || -> TestResult<Option<i32>> {
-        let out = Command::new(KAIROS)
-            .arg("verify")
-            .arg(case.path().join("wal"))
-            .output()?;
-        Ok(out.status.code())
+    let read_copy = |expected: &str| -> TestResult<()> {
+        for command in ["verify", "inspect", "dump"] {
+            let out = Command::new(KAIROS)
+                .arg(command)
+                .arg(case.path().join("wal"))
+                .output()?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{command} ({expected}): {stderr}"
+            );
+            assert!(stderr.contains(expected), "{command}: {stderr}");
+        }
+        Ok(())
     };
-    assert_eq!(verify_copy()?, Some(0), "a bare log");
+    let alone = "it was trimmed after a checkpoint";
+    read_copy(alone)?;
     std::fs::create_dir(case.path().join("checkpoint"))?;
-    assert_eq!(
-        verify_copy()?,
-        Some(0),
-        "a bare log beside a checkpoint/ directory"
-    );
+    read_copy(alone)?;
     std::fs::remove_dir(case.path().join("checkpoint"))?;
     std::fs::write(case.path().join("LOCK"), b"")?;
-    assert_eq!(verify_copy()?, Some(0), "a bare log beside a LOCK file");
+    read_copy(alone)?;
     std::fs::create_dir(case.path().join("checkpoint"))?;
-    assert_eq!(
-        verify_copy()?,
-        Some(1),
-        "a data directory's log, its checkpoint gone"
-    );
+    // A data directory's log, its checkpoint gone.
+    read_copy("there is no checkpoint, but the log starts at LSN")?;
     for command in ["verify", "inspect"] {
         let out = Command::new(KAIROS)
             .args([command, "--json"])

@@ -47,7 +47,9 @@ read-only.
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
 directory's wal/ given alone, beside a checkpoint or beside the engine's LOCK file and a \
 checkpoint/ directory, is read as its data directory, with the checkpoint and the overflow \
-files beside it). Each line has \
+files beside it; a log read alone that was trimmed — its first LSN above 1, the records \
+before it held by a checkpoint that is not there — fails as a data directory whose checkpoint is \
+missing does). Each line has \
 the record's LSN, its segment file and byte offset, its type (SCHEDULE, CANCEL, DELIVER, ACK, \
 RETRY, DEAD, PURGE, RESCHEDULE, RELEASE, or UNKNOWN(n)), its task id and the fields of its body:
 
@@ -552,13 +554,13 @@ impl<W: Write> Dumper<W> {
                     c.summary.file.display()
                 );
             }
-        } else if data_dir && self.checkpoint_failure.is_none() {
+        } else if self.checkpoint_failure.is_none() {
             let first = scan
                 .as_ref()
                 .ok()
                 .and_then(|r| r.segments.first())
                 .map(|s| (s.file.as_path(), s.first_lsn.0));
-            if let Some(failure) = missing_checkpoint(first) {
+            if let Some(failure) = missing_checkpoint(first, !data_dir) {
                 ok = false;
                 summary.push_str(&failure.describe("kairos dump: FAILED"));
             }

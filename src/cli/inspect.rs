@@ -52,7 +52,9 @@ Summarize a data directory, offline and read-only.
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
 directory's wal/ given alone, beside a checkpoint or beside the engine's LOCK file and a \
 checkpoint/ directory, is read as its data directory, with the checkpoint and the overflow \
-files beside it). Prints:
+files beside it; a log read alone that was trimmed — its first LSN above 1, the records \
+before it held by a checkpoint that is not there — fails as a data directory whose checkpoint is \
+missing does). Prints:
 
 - the checkpoint the engine's open would start from — the newest file in DIR/checkpoint that \
 reads back whole: its file, LSN, creation time, size in bytes, the live tasks (and of those, \
@@ -489,12 +491,12 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         inspection.warnings.extend(s.newer_damage);
         refs = s.overflow_refs;
         store_id = Some(s.store_id);
-    } else if checkpoint_dir.is_some() && inspection.error.is_none() {
+    } else if inspection.error.is_none() {
         let first = inspection
             .segments
             .first()
             .map(|s| (s.file.as_path(), s.first_lsn));
-        if let Some(failure) = missing_checkpoint(first) {
+        if let Some(failure) = missing_checkpoint(first, checkpoint_dir.is_none()) {
             inspection.ok = false;
             inspection.error = Some(failure);
         }

@@ -28,7 +28,9 @@ Check every record of a data directory, offline and read-only.
 DIR is an engine data directory (its log is DIR/wal) or a log directory itself (a data \
 directory's wal/ given alone, beside a checkpoint or beside the engine's LOCK file and a \
 checkpoint/ directory, is read as its data directory, with the checkpoint and the overflow \
-files beside it). Every segment \
+files beside it; a log read alone that was trimmed — its first LSN above 1, the records \
+before it held by a checkpoint that is not there — fails as a data directory whose checkpoint is \
+missing does). Every segment \
 header, record frame and CRC-32 is checked by kairos_wal::scan; every record body is decoded and \
 replayed with the rules the engine applies at open (a cancel, delivery or ack must follow its \
 task's schedule, ids must increase, a key may be live only once).
@@ -403,9 +405,9 @@ pub(crate) fn check(
         }
         v.warnings.extend(s.newer_damage);
         v.checkpoint = Some(s.summary);
-    } else if checkpoint_dir.is_some() && v.error.is_none() {
+    } else if v.error.is_none() {
         let first = v.segments.first().map(|s| (s.file.as_path(), s.first_lsn));
-        if let Some(failure) = missing_checkpoint(first) {
+        if let Some(failure) = missing_checkpoint(first, checkpoint_dir.is_none()) {
             v.ok = false;
             v.error = Some(failure);
         }
@@ -413,19 +415,30 @@ pub(crate) fn check(
     v
 }
 
-/// For a data directory with no checkpoint whose log's first segment is `first` (file, first
+/// For a data directory with no checkpoint, or a log directory read `alone` (without its data
+/// directory, so without a checkpoint), whose log's first segment is `first` (file, first
 /// LSN): the failure if the log was trimmed — the records before its start went with a
-/// checkpoint that is now missing, and the engine refuses to open (`verify`, `inspect` and
-/// `dump` report it alike).
-pub(crate) fn missing_checkpoint(first: Option<(&Path, u64)>) -> Option<Failure> {
+/// checkpoint that is missing here, and the engine refuses to open (`verify`, `inspect` and
+/// `dump` report it alike). Only a checkpoint trims a Kairos log.
+pub(crate) fn missing_checkpoint(first: Option<(&Path, u64)>, alone: bool) -> Option<Failure> {
     let (file, first_lsn) = first.filter(|&(_, lsn)| lsn > 1)?;
+    let message = if alone {
+        format!(
+            "the log starts at LSN {first_lsn}: it was trimmed after a checkpoint, which holds \
+             the effect of the records before it, and a log directory read alone has no \
+             checkpoint (records about the tasks it holds look orphaned): read the data \
+             directory it came from, with its checkpoint/ and overflow/"
+        )
+    } else {
+        format!(
+            "there is no checkpoint, but the log starts at LSN {first_lsn}: the checkpoint that \
+             covers the records before it is missing"
+        )
+    };
     Some(Failure {
         file: Some(file.to_path_buf()),
         offset: None,
-        message: format!(
-            "there is no checkpoint, but the log starts at LSN {first_lsn}: the checkpoint that \
-             covers the records before it is missing"
-        ),
+        message,
     })
 }
 
