@@ -612,6 +612,10 @@ fn demo_bad_arguments_are_usage_errors() {
         &["--max-p99-ms", "-1"],
         &["--downtime-ms", "18446744073709551615"],
         &["--retry-ms", "315360000001"],
+        // Used only by --durability interval: given without it, it would be ignored.
+        &["--interval-ms", "50"],
+        &["--interval-ms", "50", "--durability", "buffered"],
+        &["--interval-ms", "0", "--durability", "interval"],
     ] {
         let mut args = vec!["demo", "--dir", dir];
         args.extend_from_slice(bad);

@@ -201,6 +201,16 @@ fn bad_arguments_are_usage_errors() {
         &["bench", "--tasks", "100", "--resident-window", "soon"],
         &["bench", "--tasks", "100", "--relocate-far-bytes", "0"],
         &["bench", "--tasks", "100", "--relocate-far-bytes", "lots"],
+        &["bench", "--tasks", "100", "--interval-ms", "50"],
+        &[
+            "bench",
+            "--tasks",
+            "100",
+            "--durability",
+            "sync",
+            "--interval-ms",
+            "5",
+        ],
     ] {
         let out = kairos(args);
         assert_eq!(
@@ -228,6 +238,28 @@ fn small_far_moves_take_tasks_out_before_the_checkpoint_and_lose_nothing() {
     let r = small_bench(&["--far-fraction", "1"]);
     assert_eq!(r["far_tasks_before_checkpoint"], 0, "{r}");
     assert_eq!(r["far_tasks_after_recovery"], 1000, "{r}");
+}
+
+/// `--interval-ms` with `--durability interval` is used (and reported), and reaches the reopen.
+#[test]
+fn interval_ms_goes_with_interval_durability() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = kairos(&[
+        "bench",
+        "--dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--tasks",
+        "200",
+        "--durability",
+        "interval",
+        "--interval-ms",
+        "7",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["interval_ms"], 7, "{r}");
+    assert_eq!(r["ok"], true, "{r}");
 }
 
 /// `--log-tail`: records after the checkpoint are replayed by the reopen, and the

@@ -282,6 +282,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Verdict> {
             ),
         ));
     }
+    args.durability.check("bench")?;
     let dir = BenchDir::prepare(args.dir.as_deref())?;
     let measured = measure(args, dir.path())?;
     drop(dir);
@@ -755,8 +756,17 @@ fn reopen_in_child(args: &BenchArgs, dir: &Path) -> anyhow::Result<Reopened> {
         .arg(config(args).pending_tasks_max.to_string())
         .arg("--durability")
         .arg(format!("{:?}", args.durability.mode).to_lowercase())
-        .arg("--interval-ms")
-        .arg(args.durability.interval_ms.to_string())
+        .args(
+            (args.durability.mode == DurabilityMode::Interval)
+                .then(|| {
+                    [
+                        "--interval-ms".to_string(),
+                        args.durability.interval_ms().to_string(),
+                    ]
+                })
+                .into_iter()
+                .flatten(),
+        )
         .args(args.tuning.to_args());
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -1034,7 +1044,7 @@ fn report(args: &BenchArgs, m: &Measured) -> Report {
         key_bytes: KEY_BYTES,
         durability: format!("{:?}", args.durability.mode).to_lowercase(),
         interval_ms: (args.durability.mode == DurabilityMode::Interval)
-            .then_some(args.durability.interval_ms),
+            .then(|| args.durability.interval_ms()),
         batch: args.batch,
         seed: args.seed,
         dir: args.dir.as_ref().map(|d| d.display().to_string()),

@@ -206,11 +206,15 @@ pub struct DurabilityArgs {
     /// When a call returns relative to its log record reaching the disk.
     #[arg(long = "durability", value_enum, default_value_t = DurabilityMode::Sync)]
     pub mode: DurabilityMode,
-    /// Background sync period for `--durability interval`, ms.
-    #[arg(long, value_name = "MS", default_value_t = 10,
+    /// Background sync period for `--durability interval`, ms [default: 10]; only with
+    /// `--durability interval`.
+    #[arg(long = "interval-ms", value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..))]
-    pub interval_ms: u64,
+    interval_ms_given: Option<u64>,
 }
+
+/// The default `--interval-ms`.
+const INTERVAL_MS_DEFAULT: u64 = 10;
 
 impl DurabilityArgs {
     /// The engine's durability mode.
@@ -218,9 +222,31 @@ impl DurabilityArgs {
         match self.mode {
             DurabilityMode::Sync => Durability::Sync,
             DurabilityMode::Interval => {
-                Durability::Interval(Duration::from_millis(self.interval_ms))
+                Durability::Interval(Duration::from_millis(self.interval_ms()))
             }
             DurabilityMode::Buffered => Durability::Buffered,
+        }
+    }
+
+    /// `--interval-ms`, or its default.
+    pub fn interval_ms(&self) -> u64 {
+        self.interval_ms_given.unwrap_or(INTERVAL_MS_DEFAULT)
+    }
+
+    /// A usage error (for `subcommand`) if `--interval-ms` is given without `--durability
+    /// interval`, which alone uses it.
+    pub fn check(&self, subcommand: &str) -> anyhow::Result<()> {
+        match (self.mode, self.interval_ms_given) {
+            (DurabilityMode::Interval, _) | (_, None) => Ok(()),
+            (mode, Some(_)) => Err(usage_error(
+                subcommand,
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "--interval-ms is the sync period of --durability interval; with \
+                     --durability {} it would be ignored",
+                    format!("{mode:?}").to_lowercase()
+                ),
+            )),
         }
     }
 }

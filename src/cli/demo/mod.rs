@@ -189,6 +189,7 @@ const DEFAULT_MAX_P99_MS: f64 = 10.0;
 /// Runs the demo and prints its report; fails the verdict if an invariant
 /// broke.
 pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
+    args.durability.check("demo")?;
     let settings = settings(args);
     // A configuration the engine would refuse leaves the last run's directory alone.
     settings.config.check()?;
@@ -564,7 +565,7 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
         time_scale: s.workload.time_scale,
         durability: format!("{:?}", args.durability.mode).to_lowercase(),
         interval_ms: (args.durability.mode == DurabilityMode::Interval)
-            .then_some(args.durability.interval_ms),
+            .then(|| args.durability.interval_ms()),
         dir: s.dir.display().to_string(),
         seed: s.workload.seed,
         segment_bytes: s.config.segment_bytes,
