@@ -876,9 +876,16 @@ fn help_and_version() {
     let dir = tmp.path().join("data");
     for bad in ["0", "0s", "2", "1.5s"] {
         let args = ["demo", "--dir", dir.to_str().unwrap(), "--horizon", bad];
-        assert_eq!(kairos(&args).status.code(), Some(2), "--horizon {bad}");
+        let out = kairos(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--horizon {bad}");
+        // One advice for every refusal, never suggesting the 0 it refuses.
+        assert!(stderr.contains("more than 0 (e.g. 2s, 500ms)"), "{stderr}");
+        assert!(!stderr.contains("use 0"), "{stderr}");
     }
     assert!(!dir.exists());
+    let out = kairos(&["demo", "--help"]);
+    assert!(text(&out.stdout).contains("1 to 50 000 000"));
 }
 
 /// `--record-bytes-max` below the smallest SCHEDULE body (23 bytes) would make every record of

@@ -367,3 +367,15 @@ fn the_resident_window_reported_is_the_one_used() {
         assert!(stdout.contains(shown), "{given}: {stdout}");
     }
 }
+
+/// `--resident-window` takes `off` too, and its error says so.
+#[test]
+fn a_bad_resident_window_names_off() {
+    let out = kairos(&["bench", "--tasks", "100", "--resident-window", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("use off, 0 or whole numbers"),
+        "{}",
+        text(&out.stderr)
+    );
+}

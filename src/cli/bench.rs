@@ -158,7 +158,11 @@ fn parse_window(s: &str) -> Result<ResidentWindow, String> {
     if s == "off" {
         return Ok(ResidentWindow(None));
     }
-    super::parse_duration(s).map(|d| ResidentWindow(Some(d)))
+    super::parse_duration_or(
+        s,
+        "use off, 0 or whole numbers with units ms, s, m, h, d (e.g. 1m, 2h)",
+    )
+    .map(|d| ResidentWindow(Some(d)))
 }
 
 /// A share: a number in 0..=1.

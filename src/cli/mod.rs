@@ -267,13 +267,20 @@ pub enum DurabilityMode {
 /// `0`, or one or more `<whole number><unit>` groups with units `ms`, `s`,
 /// `m`, `h`, `d` (`1h30m`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    parse_duration_or(
+        text,
+        "use 0 or whole numbers with units ms, s, m, h, d (e.g. 30s, 1h30m)",
+    )
+}
+
+/// [`parse_duration`], saying `hint` after "`text` is not a duration: " when `text` is not
+/// one (for an argument that takes other values too, or not 0).
+pub fn parse_duration_or(text: &str, hint: &str) -> Result<Duration, String> {
     let s = text.trim();
     if s == "0" {
         return Ok(Duration::ZERO);
     }
-    let bad = || {
-        format!("{text:?} is not a duration: use 0 or whole numbers with units ms, s, m, h, d (e.g. 30s, 1h30m)")
-    };
+    let bad = || format!("{text:?} is not a duration: {hint}");
     let mut total = Duration::ZERO;
     let mut rest = s;
     if rest.is_empty() {

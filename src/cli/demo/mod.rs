@@ -21,7 +21,7 @@ mod session;
 mod tracker;
 pub(super) mod workload;
 
-use super::{parse_duration, DurabilityArgs, DurabilityMode, Verdict};
+use super::{parse_duration_or, DurabilityArgs, DurabilityMode, Verdict};
 use anyhow::{bail, ensure, Context as _};
 use clap::Args;
 use kairos::Config;
@@ -87,7 +87,7 @@ pub struct DemoArgs {
     /// Data directory (emptied first if an earlier demo made it; marked with a DEMO file).
     #[arg(long, value_name = "DIR", default_value = "./kairos-data")]
     dir: PathBuf,
-    /// Orders (tasks) to schedule.
+    /// Orders (tasks) to schedule, 1 to 50 000 000.
     #[arg(long, value_name = "N", default_value_t = 100_000,
           value_parser = clap::value_parser!(u32).range(1..=50_000_000))]
     tasks: u32,
@@ -284,8 +284,10 @@ fn settings(args: &DemoArgs) -> Settings {
 /// engine's horizon ([`kairos::config::HORIZON_DEFAULT`], 18 days), which
 /// the payload window it sets must not exceed.
 fn parse_horizon(s: &str) -> Result<Duration, String> {
-    match parse_duration(s)? {
-        Duration::ZERO => Err("must be positive, e.g. 2s or 500ms".into()),
+    const POSITIVE: &str = "use whole numbers with units ms, s, m, h, d, more than 0 (e.g. 2s, \
+                            500ms)";
+    match parse_duration_or(s, POSITIVE)? {
+        Duration::ZERO => Err(format!("{s:?} is no horizon: {POSITIVE}")),
         horizon if horizon > kairos::config::HORIZON_DEFAULT => Err(format!(
             "must be at most the engine's horizon, {} days",
             kairos::config::HORIZON_DEFAULT.as_secs() / 86_400
