@@ -954,3 +954,25 @@ fn a_trimmed_log_read_alone_is_reported_as_missing_its_checkpoint() {
     let out = kairos(&["verify", dir.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+/// The summary's header gives the simulated month in a unit that shows it: `--time-scale 1e8`
+/// makes 30 days last 26 ms (it printed "0.0 s").
+#[test]
+fn demo_header_shows_a_short_span_in_milliseconds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--tasks",
+        "50",
+        "--time-scale",
+        "1e8",
+        "--max-p99-ms",
+        "600000",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("(30 days -> 25.9 ms)"), "{stdout}");
+}

@@ -352,10 +352,10 @@ impl Report {
         let secs = |ms: u64| ms as f64 / 1000.0;
         writeln!(
             out,
-            "Kairos demo: {} order timeouts, time scale {}x (30 days -> {:.1} s), durability {}{}",
+            "Kairos demo: {} order timeouts, time scale {}x (30 days -> {}), durability {}{}",
             self.tasks,
             self.time_scale,
-            30.0 * 86_400.0 / self.time_scale,
+            span_text(30.0 * 86_400.0 / self.time_scale),
             self.durability,
             self.interval_ms
                 .map_or(String::new(), |ms| format!(" ({ms} ms)")),
@@ -539,5 +539,31 @@ mod tests {
         r.judge();
         assert!(!r.ok);
         assert_eq!(r.violations.len(), 2);
+    }
+}
+
+/// A span of `secs` seconds in a unit that shows it: seconds with one decimal from 1 s up,
+/// milliseconds below (`--time-scale 1e8` makes 30 days last 26 ms, which `0.0 s` hid).
+fn span_text(secs: f64) -> String {
+    if secs >= 0.95 {
+        format!("{secs:.1} s")
+    } else if secs >= 0.000_95 {
+        format!("{:.1} ms", secs * 1000.0)
+    } else {
+        format!("{:.1} µs", secs * 1_000_000.0)
+    }
+}
+
+#[cfg(test)]
+mod span_tests {
+    use super::span_text;
+
+    #[test]
+    fn spans_print_in_a_unit_that_shows_them() {
+        assert_eq!(span_text(30.0), "30.0 s");
+        assert_eq!(span_text(1.3), "1.3 s");
+        assert_eq!(span_text(0.025_92), "25.9 ms");
+        assert_eq!(span_text(0.002_592), "2.6 ms");
+        assert_eq!(span_text(0.000_5), "500.0 µs");
     }
 }
