@@ -976,3 +976,33 @@ fn demo_header_shows_a_short_span_in_milliseconds() {
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("(30 days -> 25.9 ms)"), "{stdout}");
 }
+
+/// `--dir` given as a symbolic link to a directory is followed: the demo runs in the directory
+/// (it was refused as "exists and is not a directory"), and the next run empties it again,
+/// leaving the link.
+#[cfg(unix)]
+#[test]
+fn demo_follows_a_dir_given_as_a_symbolic_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let real = tmp.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    for _ in 0..2 {
+        let report = small_demo(&link, &[]);
+        assert_eq!(report["ok"], Value::Bool(true), "{report}");
+        assert!(real.join("DEMO").is_file());
+        assert!(!segments(&real).is_empty());
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    }
+    // A samples file inside the directory by its real path is inside --dir all the same.
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        link.to_str().unwrap(),
+        "--samples-csv",
+        real.join("samples.csv").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("inside --dir"));
+}

@@ -379,3 +379,26 @@ fn a_bad_resident_window_names_off() {
         text(&out.stderr)
     );
 }
+
+/// `--dir` given as a symbolic link to an empty directory is followed (it was refused as "exists
+/// and is not a directory").
+#[cfg(unix)]
+#[test]
+fn a_dir_given_as_a_symbolic_link_is_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let real = tmp.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let out = kairos(&[
+        "bench",
+        "--dir",
+        link.to_str().unwrap(),
+        "--tasks",
+        "200",
+        "--durability",
+        "buffered",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(real.join("wal").is_dir());
+}

@@ -868,7 +868,8 @@ impl BenchDir {
                 temporary: true,
             });
         };
-        match std::fs::symlink_metadata(dir) {
+        // Through a symbolic link: `--dir` may name a directory by a link to it.
+        match std::fs::metadata(dir) {
             Ok(meta) if meta.is_dir() => {
                 let mut entries = std::fs::read_dir(dir)
                     .with_context(|| format!("cannot list {}", dir.display()))?;

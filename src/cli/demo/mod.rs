@@ -194,7 +194,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     // A configuration the engine would refuse leaves the last run's directory alone.
     settings.config.check()?;
     if let Some(path) = &args.samples_csv {
-        let inside = std::path::absolute(path)?.starts_with(std::path::absolute(&settings.dir)?);
+        let inside = real_path(path)?.starts_with(real_path(&settings.dir)?);
         if inside {
             return Err(super::usage_error(
                 "demo",
@@ -349,6 +349,28 @@ fn parse_max_p99_ms(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `path` made absolute with its symbolic links resolved as far as it exists (its missing
+/// tail appended as written), so that a path inside `--dir` is told as inside whichever link
+/// either one goes through.
+fn real_path(path: &Path) -> anyhow::Result<PathBuf> {
+    let absolute =
+        std::path::absolute(path).with_context(|| format!("cannot resolve {}", path.display()))?;
+    let mut existing = absolute.as_path();
+    let mut tail = Vec::new();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(existing) {
+            return Ok(tail.iter().rev().fold(real, |p, part| p.join(part)));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                tail.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return Ok(absolute),
+        }
+    }
+}
+
 /// The file `kairos demo` writes at the top of each data directory it uses, so that a later
 /// run removes only a demo's directory, never an application's (whose files are the same).
 pub(super) const DEMO_MARKER: &str = "DEMO";
@@ -376,7 +398,9 @@ impl PreviousRun {
             present: false,
             _locks: Vec::new(),
         };
-        let meta = match std::fs::symlink_metadata(dir) {
+        // Through a symbolic link: `--dir` may name a directory by a link to it (its contents
+        // are what is removed; the link stays).
+        let meta = match std::fs::metadata(dir) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(absent(dir)),
             Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", dir.display())),
