@@ -329,6 +329,18 @@ impl Shared {
         core.wal.as_deref().map(kairos_wal::Wal::barrier)
     }
 
+    /// A refusal of [`Shared::check_lease`], returned once everything logged so far is
+    /// durable: it may rest on a record not durable yet (a cancel of the held task, a cancel
+    /// of its retry), and must not outlive a crash that undoes it.
+    fn refused(&self, core: parking_lot::MutexGuard<'_, Core>, refusal: AckError) -> AckError {
+        let ticket = Self::barrier_locked(&core);
+        drop(core);
+        match self.wait_durable(ticket) {
+            Ok(()) => refusal,
+            Err(cause) => AckError::Poisoned { cause },
+        }
+    }
+
     /// Acks deliveries with one log write: all of them, or none if any is
     /// not outstanding.
     pub(crate) fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
@@ -358,7 +370,10 @@ impl Shared {
         let mut seen: Option<HashSet<u32>> = (deliveries.len() > 1).then(HashSet::new);
         let mut logged = Vec::with_capacity(deliveries.len());
         for d in deliveries.iter().filter(|d| !d.at_most_once) {
-            let state = self.check_lease(&core, d, now)?;
+            let state = match self.check_lease(&core, d, now) {
+                Ok(state) => state,
+                Err(refusal) => return Err(self.refused(core, refusal)),
+            };
             if seen.as_mut().is_some_and(|seen| !seen.insert(d.slot)) {
                 return Err(AckError::NotOutstanding {
                     task_id: d.task_id.0,
@@ -411,7 +426,11 @@ impl Shared {
         let now_tick = self.tick_of(now);
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_ack_error)?;
-        if self.check_lease(&core, d, now_tick)? == TaskState::Abandoned {
+        let state = match self.check_lease(&core, d, now_tick) {
+            Ok(state) => state,
+            Err(refusal) => return Err(self.refused(core, refusal)),
+        };
+        if state == TaskState::Abandoned {
             self.forget_task(&mut core, d.slot);
             let ticket = Self::barrier_locked(&core);
             drop(core);
@@ -447,7 +466,9 @@ impl Shared {
         let now = self.tick_at(now_ns);
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_ack_error)?;
-        self.check_lease(&core, d, now)?;
+        if let Err(refusal) = self.check_lease(&core, d, now) {
+            return Err(self.refused(core, refusal));
+        }
         let due = self.lease_end(now_ns, core.wheel.elapsed(), lease);
         let c = &mut *core;
         if let Some(task) = c.tasks.get_mut(d.slot) {
@@ -962,6 +983,11 @@ impl Shared {
         let mut core = self.core.lock();
         core.check_open().map_err(super::status_to_cancel_error)?;
         if !core.dead.contains_key(&id.0) {
+            // Gone by a record (a purge, a requeue) that may not be durable yet.
+            let ticket = Self::barrier_locked(&core);
+            drop(core);
+            self.wait_durable(ticket)
+                .map_err(|cause| crate::CancelError::Poisoned { cause })?;
             return Ok(false);
         }
         let ticket = self

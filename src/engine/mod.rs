@@ -2349,7 +2349,13 @@ impl Shared {
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_schedule_error)?;
         let Some(dead) = core.dead.get(&dead_id.0) else {
-            return Err(ScheduleError::NotDeadLetter { task_id: dead_id.0 });
+            // Gone by a record (a purge, a requeue) that may not be durable yet.
+            let ticket = Self::barrier_locked(&core);
+            drop(core);
+            return Err(match self.wait_durable(ticket) {
+                Ok(()) => ScheduleError::NotDeadLetter { task_id: dead_id.0 },
+                Err(cause) => ScheduleError::Poisoned { cause },
+            });
         };
         let (key, payload) = (dead.key.clone(), dead.payload.clone());
         let new = NewTask {
