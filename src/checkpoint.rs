@@ -387,6 +387,7 @@ fn encode_header(h: &CheckpointHeader) -> [u8; HEADER_BYTES] {
     b[H_LSN..H_MAX_ID].copy_from_slice(&h.lsn.to_le_bytes());
     b[H_MAX_ID..H_CREATED_MS].copy_from_slice(&h.max_task_id.to_le_bytes());
     b[H_CREATED_MS..H_RESERVED].copy_from_slice(&h.created_ms.to_le_bytes());
+    b[H_RESERVED..].copy_from_slice(&crate::far::checkpoint_hash_word().to_le_bytes());
     let crc = header_crc(&b);
     b[H_CRC..H_STORE_ID].copy_from_slice(&crc.to_le_bytes());
     b
@@ -457,8 +458,22 @@ fn decode_header(b: &[u8]) -> Result<Result<(CheckpointHeader, u32), u32>, Strin
     if u32_at(b, H_CRC) != header_crc(b) {
         return Err("header CRC mismatch".into());
     }
-    if u64_at(b, H_RESERVED) != 0 {
-        return Err("reserved header bytes are not zero".into());
+    let reserved = u64_at(b, H_RESERVED);
+    if reserved != crate::far::checkpoint_hash_word() {
+        return Err(if reserved >> 8 == 0x0057_4541_4B48_4153 || reserved == 0 {
+            // One side weakened its far-key hash (`far::weaken_key_hash_for_tests`).
+            format!(
+                "written with far-key hashes of {} bits, read with {} (a test hook weakens \
+                 them: a directory written so is read only so)",
+                if reserved == 0 { 64 } else { reserved & 0xFF },
+                match crate::far::checkpoint_hash_word() {
+                    0 => 64,
+                    w => w & 0xFF,
+                }
+            )
+        } else {
+            "reserved header bytes are not zero".into()
+        });
     }
     let mut store_id = [0u8; 16];
     store_id.copy_from_slice(&b[H_STORE_ID..H_LSN]);

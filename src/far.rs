@@ -43,13 +43,32 @@ static KEPT_HASH_BITS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 ///
 /// Call it before any `KeyHasher` is made (before the first engine opens):
 /// the width is fixed once per process. Returns `Err` with the width
-/// already fixed if it differs from `bits`.
+/// already fixed if it differs from `bits`. Checkpoints record a weakened
+/// width in their header ([`checkpoint_hash_word`]): a directory written
+/// by such a process is refused by an ordinary one, and an ordinary
+/// directory by such a process, rather than misread.
 #[doc(hidden)]
 pub fn weaken_key_hash_for_tests(bits: u32) -> Result<(), u32> {
     let bits = bits.min(64);
     match *KEPT_HASH_BITS.get_or_init(|| bits) {
         fixed if fixed == bits => Ok(()),
         fixed => Err(fixed),
+    }
+}
+
+/// The word a checkpoint's reserved header field holds: 0 (what every
+/// released build writes and reads) unless this process weakened its
+/// far-key hash ([`weaken_key_hash_for_tests`]), then a marker naming the
+/// width kept. A checkpoint is read only by a process whose word is the
+/// same, so a directory written with weak hashes is refused by an ordinary
+/// process, and the other way round: with the other width, a lookup by key
+/// would miss its far task, and a schedule of a live far task's key would
+/// make a second task of that key.
+pub(crate) fn checkpoint_hash_word() -> u64 {
+    match *KEPT_HASH_BITS.get_or_init(|| 64) {
+        64.. => 0,
+        // "WEAKHASH" less its last byte, then the width kept.
+        bits => 0x5745_414B_4841_5300 | u64::from(bits),
     }
 }
 

@@ -247,3 +247,50 @@ fn simulation_with_every_far_key_on_one_hash() {
     weak();
     sim::simulation(SIM_SEEDS * common::scale() as u64, 3_000_000);
 }
+
+/// A checkpoint records that it was written with weakened far-key hashes, and
+/// each kind of process refuses the other's: with the other width a lookup by
+/// key would miss a live far task, and a schedule of its key make a second
+/// task of it (a reviewer's finding: an ordinary reopen then verified OK).
+/// Here the weak process finds a checkpoint whose header says "full hashes"
+/// (the word patched to 0, the header CRC fixed up): the open refuses it,
+/// naming both widths. The ordinary side is the same comparison: a released
+/// build writes and expects 0.
+#[test]
+fn a_checkpoint_written_with_the_other_hash_width_is_refused() -> TestResult {
+    weak();
+    let mut h = SimHarness::new(21, cfg())?;
+    let mut model = TaskMap::new();
+    schedule_far(h.engine(), 4, &mut model)?;
+    let report = h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    let path = h
+        .dir
+        .join("checkpoint")
+        .join(kairos::checkpoint::file_name(report.lsn));
+    let mut bytes = h.sim.read_file(&path).ok_or("checkpoint file")?;
+    assert_eq!(
+        bytes[56..64],
+        (0x5745_414B_4841_5300u64 | u64::from(HASH_BITS)).to_le_bytes(),
+        "the weak width is recorded"
+    );
+    // The same directory reopens in this (weak) process.
+    h.start()?;
+    assert_eq!(h.engine().stats().far, 4);
+    h.stop(Stop::Clean)?;
+    // As an ordinary build would have written it.
+    bytes[56..64].fill(0);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&bytes[..12]);
+    hasher.update(&bytes[16..64]);
+    bytes[12..16].copy_from_slice(&hasher.finalize().to_le_bytes());
+    h.sim.write_file(&path, &bytes);
+    match h.open() {
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("far-key hashes of 64 bits, read with 0"), "{e}");
+        }
+        Ok(_) => panic!("a checkpoint of full far-key hashes opened with weak ones"),
+    }
+    Ok(())
+}
