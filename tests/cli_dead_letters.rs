@@ -323,6 +323,17 @@ fn bad_usage_and_directories_that_hold_no_log() -> TestResult {
         &["dead-letters", "purge", "--id", "x", path(dir)],
         &["dead-letters", "list"],
         &["dead-letters"],
+        // --interval-ms only goes with --durability interval (it was ignored).
+        &["dead-letters", "list", "--interval-ms", "5", path(dir)],
+        &["checkpoint", "--interval-ms", "5", path(dir)],
+        &[
+            "checkpoint",
+            "--durability",
+            "buffered",
+            "--interval-ms",
+            "5",
+            path(dir),
+        ],
     ] {
         assert_eq!(kairos(args).status.code(), Some(2), "{args:?}");
     }

@@ -108,7 +108,8 @@ default window, every --far-fraction task is due an hour or more out, so far too
 with --log-tail N), otherwise the exit status is 1.
 
 DIR defaults to a fresh temporary directory, removed afterwards — also when the run is \
-interrupted by SIGINT, SIGTERM or SIGHUP (the exit status is then 130); a --dir that exists must be an \
+interrupted by SIGINT, SIGTERM or SIGHUP (the exit status is then 130, whichever of the three; \
+other signals, SIGKILL among them, leave it); a --dir that exists must be an \
 empty directory (anything else is refused), and is kept. Timings depend on the machine and its \
 load: compare runs made on the same machine, side by side.")]
 pub struct BenchArgs {
@@ -905,6 +906,8 @@ impl Drop for BenchDir {
     /// Removes a temporary directory (after a failure too).
     fn drop(&mut self) {
         if self.temporary {
+            // Removed here: an interruption from now on has nothing to remove.
+            on_signal::forget_dir();
             if let Err(e) = std::fs::remove_dir_all(&self.path) {
                 errln!(
                     "kairos bench: warning: cannot remove {}: {e}",
@@ -955,6 +958,12 @@ mod on_signal {
                 dir.display()
             );
         }
+    }
+
+    /// The temporary directory is being removed by its owner (`BenchDir`'s drop): a later
+    /// interruption only exits.
+    pub(super) fn forget_dir() {
+        state().dir = None;
     }
 
     /// Holds the reopen's child process (its pipes taken) until [`wait_child`].

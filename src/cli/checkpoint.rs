@@ -57,6 +57,7 @@ struct Outcome {
 /// Runs `kairos checkpoint`.
 pub fn run(args: &CheckpointArgs) -> anyhow::Result<Verdict> {
     let target = &args.target;
+    target.check_usage("checkpoint")?;
     let engine = open(target)?;
     report_settled(&engine, target);
     let taken = engine

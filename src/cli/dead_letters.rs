@@ -188,6 +188,7 @@ pub fn run(args: &DeadLettersArgs) -> anyhow::Result<Verdict> {
         Action::Requeue(a) => &a.target,
         Action::Purge(a) => &a.target,
     };
+    target.check_usage("dead-letters")?;
     let engine = open(target)?;
     report_settled(&engine, target);
     let outcome = match &args.action {
@@ -201,6 +202,14 @@ pub fn run(args: &DeadLettersArgs) -> anyhow::Result<Verdict> {
     let verdict = outcome?;
     closed?;
     Ok(verdict)
+}
+
+impl Target {
+    /// A usage error (for `subcommand`) if the flags do not go together
+    /// (`--interval-ms` without `--durability interval`).
+    pub(super) fn check_usage(&self, subcommand: &str) -> anyhow::Result<()> {
+        self.durability.check(subcommand)
+    }
 }
 
 /// Opens the engine on the target directory. A directory without a log
