@@ -1005,4 +1005,20 @@ fn demo_follows_a_dir_given_as_a_symbolic_link() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("inside --dir"));
+    // So is one named by a dangling link into it (no path resolves before the file exists;
+    // the samples were written into the directory, then removed with the last run, exit 0).
+    let dangling = tmp.path().join("samples-link.csv");
+    std::os::unix::fs::symlink(real.join("new-samples.csv"), &dangling).unwrap();
+    let before = segments(&real);
+    let out = kairos(&[
+        "demo",
+        "--dir",
+        real.to_str().unwrap(),
+        "--samples-csv",
+        dangling.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("inside --dir"));
+    assert_eq!(segments(&real), before, "the last run is still there");
+    assert!(!real.join("new-samples.csv").exists());
 }

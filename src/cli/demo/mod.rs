@@ -193,30 +193,41 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     let settings = settings(args);
     // A configuration the engine would refuse leaves the last run's directory alone.
     settings.config.check()?;
+    let samples_inside = |path: &Path| {
+        super::usage_error(
+            "demo",
+            clap::error::ErrorKind::ArgumentConflict,
+            format!(
+                "--samples-csv {} is inside --dir {}, which the next run removes: write it \
+                 elsewhere",
+                path.display(),
+                settings.dir.display()
+            ),
+        )
+    };
     if let Some(path) = &args.samples_csv {
-        let inside = real_path(path)?.starts_with(real_path(&settings.dir)?);
-        if inside {
-            return Err(super::usage_error(
-                "demo",
-                clap::error::ErrorKind::ArgumentConflict,
-                format!(
-                    "--samples-csv {} is inside --dir {}, which the next run removes: write it \
-                     elsewhere",
-                    path.display(),
-                    settings.dir.display()
-                ),
-            ));
+        if real_path(path)?.starts_with(real_path(&settings.dir)?) {
+            return Err(samples_inside(path));
         }
     }
     // Everything that can refuse or fail comes before anything is removed: the last run's
     // directory checked and locked, the samples file created.
     let previous = PreviousRun::check(&settings.dir)?;
     let samples = match &args.samples_csv {
-        Some(path) => Some((
-            path,
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot create {}", path.display()))?,
-        )),
+        Some(path) => {
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            // Once it exists every link on its way resolves: a dangling link into --dir
+            // (which `real_path` cannot follow before) would have the removal below take it.
+            let created = std::fs::canonicalize(path)
+                .with_context(|| format!("cannot resolve {}", path.display()))?;
+            if created.starts_with(real_path(&settings.dir)?) {
+                drop(file);
+                let _ = std::fs::remove_file(&created);
+                return Err(samples_inside(path));
+            }
+            Some((path, file))
+        }
         None => None,
     };
     if previous.remove()? && !args.json {
