@@ -7,7 +7,10 @@
 //! a process crash) the record was gone and the answer undone. Each test holds the log's
 //! fdatasyncs (or writes) so that the first call's record is written but not durable, lets the
 //! second call answer within 300 ms, then cuts the power: a refusal may only come once the
-//! record it rests on survives. `cancel`'s `NotFound` already waited (the control).
+//! record it rests on survives. `cancel`'s `NotFound` already waited (the control). An audit
+//! of every call then found two more: the list `dead_letters()` returns (a purge being synced
+//! left out) and `TooManyPending` (counting schedules being synced). `stats()` and
+//! `Consumer::ready()` stay counters read at once (README says so).
 
 mod common;
 
@@ -292,5 +295,110 @@ fn purge_dead_letter_false_outlives_a_process_crash_under_buffered() {
     assert!(
         !(second.as_deref() == Some("Ok(false)") && back),
         "purge answered {second:?}; after a process crash the dead letter is back"
+    );
+}
+
+/// Audit (session 32b): `dead_letters()` leaves out a dead letter another caller's purge just
+/// took while that purge is not yet durable; after a power cut the dead letter is back, so the
+/// listing ("there is none") was undone — the answer `purge_dead_letter`'s `Ok(false)` now
+/// waits for, given by the listing.
+#[test]
+fn dead_letters_listing_outlives_a_power_cut() {
+    let (sim, hold, clock) = (
+        SimStorage::new(5),
+        Arc::new(Hold::default()),
+        ManualClock::new(START_MS),
+    );
+    let engine = open_held(&sim, &hold, &clock, cfg(1));
+    engine.schedule(b"k", at(100), b"p").unwrap();
+    clock.advance(Duration::from_millis(100));
+    let d = drain(&engine).unwrap();
+    engine.nack(&d[0], None, "boom").unwrap();
+    let dead = engine.dead_letters()[0].task_id;
+    let second = race(
+        &sim,
+        &hold,
+        || engine.purge_dead_letter(dead),
+        || engine.dead_letters().len(),
+    );
+    drop(engine);
+    let e = reopen(&sim, &clock, cfg(1));
+    let back = e.dead_letters().iter().any(|d| d.task_id == dead);
+    assert!(
+        !(second.as_deref() == Some("0") && back),
+        "dead_letters() listed {second:?} dead letters before the purge it reflects was durable; \
+         the dead letter is back"
+    );
+}
+
+/// The same under `Buffered` with a process crash: the purge's record is still queued in
+/// memory when the listing answers.
+#[test]
+fn dead_letters_listing_outlives_a_process_crash_under_buffered() {
+    let (sim, hold, clock) = (
+        SimStorage::new(6),
+        Arc::new(Hold::default()),
+        ManualClock::new(START_MS),
+    );
+    let mut c = cfg(1);
+    c.durability = Durability::Buffered;
+    let engine = open_held(&sim, &hold, &clock, c.clone());
+    engine.schedule(b"k", at(100), b"p").unwrap();
+    clock.advance(Duration::from_millis(100));
+    let d = drain(&engine).unwrap();
+    engine.nack(&d[0], None, "boom").unwrap();
+    let dead = engine.dead_letters()[0].task_id;
+    hold.writes.store(true, std::sync::atomic::Ordering::SeqCst);
+    hold.state.lock().unwrap().0 = true;
+    let second = std::thread::scope(|s| {
+        let a = s.spawn(|| engine.purge_dead_letter(dead));
+        hold.wait_blocked();
+        let b = s.spawn(|| engine.dead_letters().len());
+        std::thread::sleep(Duration::from_millis(300));
+        let answered = b.is_finished().then(|| b.join().unwrap());
+        sim.crash_process();
+        hold.release_failing();
+        let _ = a.join();
+        answered
+    });
+    drop(engine);
+    let e = reopen(&sim, &clock, c);
+    let back = e.dead_letters().iter().any(|d| d.task_id == dead);
+    assert!(
+        !(second == Some(0) && back),
+        "dead_letters() listed {second:?}; after a process crash the dead letter is back"
+    );
+}
+
+/// Audit (session 32b): `TooManyPending` counts live tasks whose schedule records may not be
+/// durable yet; with `pending_tasks_max = 1`, a schedule refused because another caller's
+/// schedule (still being synced) took the last place is answered at once, and after a power
+/// cut that task never existed: the engine was not full.
+#[test]
+fn too_many_pending_outlives_a_power_cut() {
+    let (sim, hold, clock) = (
+        SimStorage::new(7),
+        Arc::new(Hold::default()),
+        ManualClock::new(START_MS),
+    );
+    let mut c = cfg(1);
+    c.pending_tasks_max = 1;
+    let engine = open_held(&sim, &hold, &clock, c.clone());
+    let second = race(
+        &sim,
+        &hold,
+        || engine.schedule(b"a", at(10_000), b"p"),
+        || engine.schedule(b"b", at(10_000), b"p"),
+    );
+    drop(engine);
+    let e = reopen(&sim, &clock, c);
+    let refused = second
+        .as_deref()
+        .is_some_and(|a| a.contains("TooManyPending"));
+    assert!(
+        !refused || e.stats().pending == 1,
+        "schedule answered {second:?} from a schedule not yet durable; after the power cut \
+         {} tasks are pending",
+        e.stats().pending
     );
 }

@@ -598,9 +598,13 @@ impl Shared {
         }
     }
 
-    /// A copy of every dead letter, oldest id first.
+    /// A copy of every dead letter, oldest id first, returned once everything logged so far
+    /// is durable: the list reflects records that may not be yet (a purge or requeue that just
+    /// took a dead letter, a nack that made one), and must not outlive a crash that undoes
+    /// them. Without a log, or with nothing pending, it waits for nothing.
     pub(super) fn dead_letters(&self) -> Vec<DeadLetter> {
         let core = self.core.lock();
+        let ticket = Self::barrier_locked(&core);
         let mut out: Vec<DeadLetter> = core
             .dead
             .iter()
@@ -614,6 +618,10 @@ impl Shared {
                 error: String::from_utf8_lossy(&d.error).into_owned(),
             })
             .collect();
+        drop(core);
+        // A failed wait has poisoned the engine; the list is still what memory held (this
+        // call has no error to return), and every later call reports the poisoning.
+        let _ = self.wait_durable(ticket);
         out.sort_unstable_by_key(|d| d.task_id);
         out
     }

@@ -1390,7 +1390,9 @@ impl Engine {
     }
 
     /// The dead letters, oldest id first. O(dead letters) with their
-    /// payloads copied.
+    /// payloads copied. Returned once the records the list reflects are as
+    /// durable as the mode promises (a purge or requeue another caller just
+    /// made, a nack that made a dead letter): at most one group commit's wait.
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
         self.shared.dead_letters()
     }
@@ -2185,7 +2187,9 @@ impl Shared {
         let (mut core, reads, far_match) = self
             .lock_reading_far(std::iter::once(t.key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
-        self.check_room(&core, 1)?;
+        if let Err(refusal) = self.check_room(&core, 1) {
+            return Err(self.room_refused(core, refusal));
+        }
         if core.find_slot(tag, t.key).is_some()
             || far_match
                 && self
@@ -2248,7 +2252,9 @@ impl Shared {
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         let Some(slot) = found else {
             // Upsert: a new task, under the same lock as the lookup.
-            self.check_room(&core, 1)?;
+            if let Err(refusal) = self.check_room(&core, 1) {
+                return Err(self.room_refused(core, refusal));
+            }
             self.check_horizon(&core, due_ms, due_tick)?;
             let id = TaskId(core.next_id);
             let ticket =
@@ -2365,7 +2371,9 @@ impl Shared {
         };
         let (due_ms, due_tick) = self.prepare(&new, now)?;
         check_frame_bytes(std::slice::from_ref(&new))?;
-        self.check_room(&core, 1)?;
+        if let Err(refusal) = self.check_room(&core, 1) {
+            return Err(self.room_refused(core, refusal));
+        }
         let tag = core.key_tag(&key);
         if core.find_slot(tag, &key).is_some()
             || self
@@ -2440,7 +2448,9 @@ impl Shared {
         let (mut core, reads, far_match) = self
             .lock_reading_far(new.iter().map(|t| t.key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
-        self.check_room(&core, new.len())?;
+        if let Err(refusal) = self.check_room(&core, new.len()) {
+            return Err(self.room_refused(core, refusal));
+        }
         for (i, (t, &tag)) in new.iter().zip(&tags).enumerate() {
             prefetch_lookups(&core.index, &tags, i);
             if core.find_slot(tag, t.key).is_some() {
@@ -2477,6 +2487,26 @@ impl Shared {
         self.wait_durable(ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         Ok(TaskId(first_id))
+    }
+
+    /// A refusal of [`Shared::check_room`]: `TooManyPending` counts live tasks whose
+    /// schedule records may not be durable yet (another caller's, still being synced), so it
+    /// is returned once everything logged so far is, as `AlreadyExists` is; `Closed` and
+    /// `Poisoned` at once.
+    fn room_refused(
+        &self,
+        core: parking_lot::MutexGuard<'_, Core>,
+        refusal: ScheduleError,
+    ) -> ScheduleError {
+        if !matches!(refusal, ScheduleError::TooManyPending { .. }) {
+            return refusal;
+        }
+        let ticket = Self::barrier_locked(&core);
+        drop(core);
+        match self.wait_durable(ticket) {
+            Ok(()) => refusal,
+            Err(cause) => ScheduleError::Poisoned { cause },
+        }
     }
 
     /// Checks a task's shape and due time (no lock needed); returns its due
