@@ -780,6 +780,34 @@ fn demo_refuses_to_remove_a_data_directory_it_did_not_make() {
     assert_eq!(reopened.recovery().pending, 1);
 }
 
+/// A directory a demo made and an application then used (its log has grown since the demo
+/// finished, which the demo's `DEMO` file records) is refused too, not emptied; one nothing
+/// used since is emptied by the next run, as before.
+#[test]
+fn demo_refuses_a_directory_used_since_it_finished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    small_demo(&dir, &[]);
+    small_demo(&dir, &[]);
+    let marker = std::fs::read_to_string(dir.join("DEMO")).unwrap();
+    assert!(marker.contains(".seg "), "{marker}");
+    let engine = kairos::Engine::open(&dir, kairos::Config::default()).unwrap();
+    engine
+        .schedule_after(b"adopted", std::time::Duration::from_secs(3600), b"")
+        .unwrap();
+    engine.shutdown().unwrap();
+    let out = kairos(&["demo", "--dir", dir.to_str().unwrap(), "--tasks", "10"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("refusing to remove") && stderr.contains("has changed since"),
+        "{stderr}"
+    );
+    let reopened = kairos::Engine::open(&dir, kairos::Config::default()).unwrap();
+    assert!(reopened.recovery().pending >= 1);
+    reopened.cancel(b"adopted").unwrap();
+}
+
 /// The demo's `DEMO` file is at the top of its directory, and the engine and every tool take
 /// the directory as they did without it.
 #[test]

@@ -71,7 +71,9 @@ Each run marks its directory with a DEMO file at its top. If DIR exists it is em
 every run starts fresh — but only if it is empty or a demo's: a directory without the DEMO file \
 (an application's data directory, say) is refused rather than removed, as is one holding \
 anything a Kairos data directory does not (a file other than DEMO, LOCK, wal/, checkpoint/ and \
-overflow/ with their own files) and one an engine has open. Nothing is removed before every \
+overflow/ with their own files), one an engine has open, and one whose log has changed since \
+the demo finished (the DEMO file lists its segments then: something else has used it). Nothing \
+is removed before every \
 argument checks and --samples-csv is created.
 
 Exit status 1 if an invariant breaks: a task lost (neither cancelled, acked nor dead-lettered); \
@@ -238,6 +240,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
     }
     mark_as_demo(&settings.dir)?;
     let findings = session::run(&settings)?;
+    mark_finished(&settings.dir)?;
     if let Some((path, file)) = samples {
         write_samples(path, file, &findings.samples)?;
     }
@@ -388,7 +391,8 @@ pub(super) const DEMO_MARKER: &str = "DEMO";
 
 /// What the marker file says to whoever finds it.
 const DEMO_MARKER_TEXT: &str = "This data directory was made by `kairos demo`. The next \
-`kairos demo --dir` naming it removes its contents; without this file it is refused.\n";
+`kairos demo --dir` naming it removes its contents, unless its log has changed since the demo \
+finished (the segments listed below, once it has); without this file it is refused.\n";
 
 /// The last run's data directory at `--dir`, checked and locked, not yet removed.
 struct PreviousRun {
@@ -456,6 +460,20 @@ impl PreviousRun {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        // A finished demo wrote its log's segments into the marker: a log that has changed
+        // since was used by something else (an application that adopted the directory).
+        if let Some(at_finish) = finished_log(dir)? {
+            let now = log_segments(dir)?;
+            ensure!(
+                now == at_finish,
+                "refusing to remove {}: its log has changed since the `kairos demo` that made it \
+                 finished (segments then {:?}, now {:?}), so something else has used it; choose \
+                 another --dir",
+                dir.display(),
+                at_finish,
+                now
+            );
+        }
         Ok(PreviousRun {
             dir: dir.to_path_buf(),
             present: true,
@@ -487,6 +505,70 @@ impl PreviousRun {
         }
         Ok(true)
     }
+}
+
+/// The line of [`DEMO_MARKER`] after which a finished demo lists its log's segments.
+const DEMO_MARKER_SEGMENTS: &str = "segments when the demo finished (name, bytes):";
+
+/// The log's segment files in `dir/wal` (name, bytes), in name order.
+fn log_segments(dir: &Path) -> anyhow::Result<Vec<(String, u64)>> {
+    let wal = dir.join("wal");
+    let mut out = Vec::new();
+    let listing = match std::fs::read_dir(&wal) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).with_context(|| format!("cannot list {}", wal.display())),
+    };
+    for entry in listing {
+        let entry = entry.with_context(|| format!("cannot list {}", wal.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(kairos_wal::format::SEGMENT_SUFFIX) {
+            let bytes = entry
+                .metadata()
+                .with_context(|| format!("cannot inspect {}", entry.path().display()))?
+                .len();
+            out.push((name, bytes));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The segments a finished demo recorded in its marker; `None` for a run that did not
+/// finish (cut short: nothing but a demo has used its directory since, as far as it knows).
+fn finished_log(dir: &Path) -> anyhow::Result<Option<Vec<(String, u64)>>> {
+    let marker = dir.join(DEMO_MARKER);
+    let text = std::fs::read_to_string(&marker)
+        .with_context(|| format!("cannot read {}", marker.display()))?;
+    let Some((_, listed)) = text.split_once(DEMO_MARKER_SEGMENTS) else {
+        return Ok(None);
+    };
+    let mut out = Vec::new();
+    for line in listed.lines().filter(|l| !l.trim().is_empty()) {
+        let parsed = line
+            .rsplit_once(' ')
+            .and_then(|(name, bytes)| Some((name.trim().to_owned(), bytes.parse().ok()?)));
+        let Some(entry) = parsed else {
+            bail!(
+                "refusing to remove {}: its {DEMO_MARKER} file is not one `kairos demo` wrote \
+                 (line {line:?}); choose another --dir",
+                dir.display()
+            );
+        };
+        out.push(entry);
+    }
+    Ok(Some(out))
+}
+
+/// Rewrites [`DEMO_MARKER`] once the run is over (its engine shut down) with the log's
+/// segments, so that the next run can tell whether anything used the directory since.
+fn mark_finished(dir: &Path) -> anyhow::Result<()> {
+    let mut text = format!("{DEMO_MARKER_TEXT}{DEMO_MARKER_SEGMENTS}\n");
+    for (name, bytes) in log_segments(dir)? {
+        text.push_str(&format!("{name} {bytes}\n"));
+    }
+    let marker = dir.join(DEMO_MARKER);
+    std::fs::write(&marker, text).with_context(|| format!("cannot write {}", marker.display()))
 }
 
 /// Creates `dir` if needed and writes [`DEMO_MARKER`] in it, before the engine opens it: a
