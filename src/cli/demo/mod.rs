@@ -71,9 +71,9 @@ Each run marks its directory with a DEMO file at its top. If DIR exists it is em
 every run starts fresh — but only if it is empty or a demo's: a directory without the DEMO file \
 (an application's data directory, say) is refused rather than removed, as is one holding \
 anything a Kairos data directory does not (a file other than DEMO, LOCK, wal/, checkpoint/ and \
-overflow/ with their own files), one an engine has open, and one whose log has changed since \
-the demo finished (the DEMO file lists its segments then: something else has used it). Nothing \
-is removed before every \
+overflow/ with their own files), one an engine has open, and one whose log has records logged \
+after the demo finished (the DEMO file records its last LSN then: something else has used \
+it). Nothing is removed before every \
 argument checks and --samples-csv is created.
 
 Exit status 1 if an invariant breaks: a task lost (neither cancelled, acked nor dead-lettered); \
@@ -388,11 +388,13 @@ fn real_path(path: &Path) -> anyhow::Result<PathBuf> {
 /// The file `kairos demo` writes at the top of each data directory it uses, so that a later
 /// run removes only a demo's directory, never an application's (whose files are the same).
 pub(super) const DEMO_MARKER: &str = "DEMO";
+/// [`DEMO_MARKER`] being rewritten ([`mark_finished`]), left only by a kill in between.
+const DEMO_MARKER_TMP: &str = "DEMO.tmp";
 
 /// What the marker file says to whoever finds it.
 const DEMO_MARKER_TEXT: &str = "This data directory was made by `kairos demo`. The next \
-`kairos demo --dir` naming it removes its contents, unless its log has changed since the demo \
-finished (the segments listed below, once it has); without this file it is refused.\n";
+`kairos demo --dir` naming it removes its contents, unless records were logged after the demo \
+finished (at the LSN below, once it has); without this file it is refused.\n";
 
 /// The last run's data directory at `--dir`, checked and locked, not yet removed.
 struct PreviousRun {
@@ -460,18 +462,23 @@ impl PreviousRun {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        // A finished demo wrote its log's segments into the marker: a log that has changed
-        // since was used by something else (an application that adopted the directory).
-        if let Some(at_finish) = finished_log(dir)? {
-            let now = log_segments(dir)?;
+        // A finished demo wrote its log's last LSN into the marker: records logged since were
+        // logged by something else (an application that adopted the directory). An open that
+        // logs nothing (`kairos dead-letters list`, `checkpoint`) is not counted.
+        if let Some(at_finish) = finished_lsn(dir)? {
+            let now = last_lsn(dir).with_context(|| {
+                format!(
+                    "refusing to remove {}: its log cannot be read to tell whether anything used \
+                     it since the demo; remove it yourself if it is only a demo's",
+                    dir.display()
+                )
+            })?;
             ensure!(
-                now == at_finish,
-                "refusing to remove {}: its log has changed since the `kairos demo` that made it \
-                 finished (segments then {:?}, now {:?}), so something else has used it; choose \
-                 another --dir",
-                dir.display(),
-                at_finish,
-                now
+                now <= at_finish,
+                "refusing to remove {}: its log has records up to LSN {now}, logged since the \
+                 `kairos demo` that made it finished at LSN {at_finish}, so something else has \
+                 used it; choose another --dir",
+                dir.display()
             );
         }
         Ok(PreviousRun {
@@ -507,68 +514,50 @@ impl PreviousRun {
     }
 }
 
-/// The line of [`DEMO_MARKER`] after which a finished demo lists its log's segments.
-const DEMO_MARKER_SEGMENTS: &str = "segments when the demo finished (name, bytes):";
+/// The start of the line of [`DEMO_MARKER`] where a finished demo records its log's last LSN.
+const DEMO_MARKER_LSN: &str = "last LSN when the demo finished: ";
 
-/// The log's segment files in `dir/wal` (name, bytes), in name order.
-fn log_segments(dir: &Path) -> anyhow::Result<Vec<(String, u64)>> {
-    let wal = dir.join("wal");
-    let mut out = Vec::new();
-    let listing = match std::fs::read_dir(&wal) {
-        Ok(listing) => listing,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(e).with_context(|| format!("cannot list {}", wal.display())),
-    };
-    for entry in listing {
-        let entry = entry.with_context(|| format!("cannot list {}", wal.display()))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(kairos_wal::format::SEGMENT_SUFFIX) {
-            let bytes = entry
-                .metadata()
-                .with_context(|| format!("cannot inspect {}", entry.path().display()))?
-                .len();
-            out.push((name, bytes));
-        }
-    }
-    out.sort();
-    Ok(out)
+/// The LSN of the last record of the log in `dir/wal` (0 for none), read without changing
+/// anything (as `kairos verify` reads it).
+fn last_lsn(dir: &Path) -> anyhow::Result<u64> {
+    let report = kairos_wal::scan(
+        &FsStorage,
+        &dir.join("wal"),
+        kairos_wal::format::RECORD_BYTES_MAX_LIMIT,
+        &mut |_| {},
+    )?;
+    Ok(report.last_lsn.0)
 }
 
-/// The segments a finished demo recorded in its marker; `None` for a run that did not
-/// finish (cut short: nothing but a demo has used its directory since, as far as it knows).
-fn finished_log(dir: &Path) -> anyhow::Result<Option<Vec<(String, u64)>>> {
+/// The last LSN a finished demo recorded in its marker; `None` for a run that did not finish
+/// (cut short: nothing but a demo has used its directory since, as far as it knows).
+fn finished_lsn(dir: &Path) -> anyhow::Result<Option<u64>> {
     let marker = dir.join(DEMO_MARKER);
     let text = std::fs::read_to_string(&marker)
         .with_context(|| format!("cannot read {}", marker.display()))?;
-    let Some((_, listed)) = text.split_once(DEMO_MARKER_SEGMENTS) else {
+    let Some(line) = text.lines().find_map(|l| l.strip_prefix(DEMO_MARKER_LSN)) else {
         return Ok(None);
     };
-    let mut out = Vec::new();
-    for line in listed.lines().filter(|l| !l.trim().is_empty()) {
-        let parsed = line
-            .rsplit_once(' ')
-            .and_then(|(name, bytes)| Some((name.trim().to_owned(), bytes.parse().ok()?)));
-        let Some(entry) = parsed else {
-            bail!(
-                "refusing to remove {}: its {DEMO_MARKER} file is not one `kairos demo` wrote \
-                 (line {line:?}); choose another --dir",
-                dir.display()
-            );
-        };
-        out.push(entry);
+    match line.trim().parse() {
+        Ok(lsn) => Ok(Some(lsn)),
+        Err(_) => bail!(
+            "refusing to remove {}: its {DEMO_MARKER} file is not one `kairos demo` wrote \
+             (line {line:?}); choose another --dir",
+            dir.display()
+        ),
     }
-    Ok(Some(out))
 }
 
-/// Rewrites [`DEMO_MARKER`] once the run is over (its engine shut down) with the log's
-/// segments, so that the next run can tell whether anything used the directory since.
+/// Rewrites [`DEMO_MARKER`] once the run is over (its engine shut down) with the log's last
+/// LSN, so that the next run can tell whether anything logged records there since. Written
+/// to a temporary file and renamed over the marker: a kill leaves the old or the new one.
 fn mark_finished(dir: &Path) -> anyhow::Result<()> {
-    let mut text = format!("{DEMO_MARKER_TEXT}{DEMO_MARKER_SEGMENTS}\n");
-    for (name, bytes) in log_segments(dir)? {
-        text.push_str(&format!("{name} {bytes}\n"));
-    }
+    let text = format!("{DEMO_MARKER_TEXT}{DEMO_MARKER_LSN}{}\n", last_lsn(dir)?);
     let marker = dir.join(DEMO_MARKER);
-    std::fs::write(&marker, text).with_context(|| format!("cannot write {}", marker.display()))
+    let tmp = dir.join(DEMO_MARKER_TMP);
+    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &marker)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), marker.display()))
 }
 
 /// Creates `dir` if needed and writes [`DEMO_MARKER`] in it, before the engine opens it: a
@@ -597,7 +586,7 @@ fn looks_like_data_dir(dir: &Path) -> anyhow::Result<bool> {
     for (name, is_dir) in &top {
         let path = dir.join(name);
         let ours = match (name.as_str(), is_dir) {
-            (wal::LOCK_FILE_NAME | DEMO_MARKER, false) => {
+            (wal::LOCK_FILE_NAME | DEMO_MARKER | DEMO_MARKER_TMP, false) => {
                 marked = true;
                 true
             }
