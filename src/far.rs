@@ -41,8 +41,9 @@ static KEPT_HASH_BITS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 /// bits), and a directory written this way must be read this way: its
 /// checkpoint holds the weak hashes.
 ///
-/// Call it before any `KeyHasher` is made (before the first engine opens):
-/// the width is fixed once per process. Returns `Err` with the width
+/// Call it before any `KeyHasher` is made and any checkpoint is read or
+/// written (before the first engine opens): the width is fixed once per
+/// process. Returns `Err` with the width
 /// already fixed if it differs from `bits`. Checkpoints record a weakened
 /// width in their header ([`checkpoint_hash_word`]): a directory written
 /// by such a process is refused by an ordinary one, and an ordinary

@@ -982,3 +982,35 @@ fn an_overflow_file_that_cannot_be_removed_keeps_no_other() -> TestResult {
     );
     Ok(())
 }
+
+/// A checkpoint whose reserved header word says it was written with weakened far-key hashes
+/// (`kairos::far::weaken_key_hash_for_tests`, a test hook) is refused by an ordinary process,
+/// naming both widths, rather than read with hashes its far tasks were not filed under.
+/// (`tests/far_collisions.rs` checks the other direction.)
+#[test]
+fn a_checkpoint_written_with_weakened_far_key_hashes_is_refused() -> TestResult {
+    let mut h = SimHarness::new(33, config(Durability::Sync))?;
+    load(h.engine(), 10)?;
+    let report = h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    let path = h
+        .dir
+        .join("checkpoint")
+        .join(checkpoint::file_name(report.lsn));
+    let mut bytes = h.sim.read_file(&path).ok_or("checkpoint file")?;
+    assert_eq!(bytes[56..64], [0; 8], "an ordinary checkpoint's word is 0");
+    bytes[56..64].copy_from_slice(&0x5745_414B_4841_5300u64.to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes[..12]);
+    crc.update(&bytes[16..64]);
+    bytes[12..16].copy_from_slice(&crc.finalize().to_le_bytes());
+    h.sim.write_file(&path, &bytes);
+    match h.open() {
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("far-key hashes of 0 bits, read with 64"), "{e}");
+        }
+        Ok(_) => return Err("a checkpoint of weakened far-key hashes opened".into()),
+    }
+    Ok(())
+}

@@ -247,9 +247,10 @@ fn simulation_with_every_far_key_on_one_hash() {
     weak();
     let counters = sim::simulation(SIM_SEEDS * common::scale() as u64, 3_000_000);
     // The run tested something: far tasks sharing the hash were there to tell apart (2 629
-    // checkpoints of 7 010 left two or more in the 1 000 seeds of session 32).
+    // checkpoints of 7 010 left two or more in the 1 000 seeds of session 32). Not asked of
+    // one seed replayed (`KAIROS_SIM_SEED`): half the seeds put no task far.
     assert!(
-        counters.checkpoints_leaving_far_tasks > 0,
+        std::env::var_os("KAIROS_SIM_SEED").is_some() || counters.checkpoints_leaving_far_tasks > 0,
         "no checkpoint left two far tasks: the collisions were never exercised"
     );
 }

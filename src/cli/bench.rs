@@ -906,9 +906,9 @@ impl Drop for BenchDir {
     /// Removes a temporary directory (after a failure too).
     fn drop(&mut self) {
         if self.temporary {
-            // Removed here: an interruption from now on has nothing to remove.
-            on_signal::forget_dir();
-            if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            // Removed under the handler's lock: an interruption meanwhile waits for the removal
+            // to end, then only exits.
+            if let Err(e) = on_signal::remove_dir(&self.path) {
                 errln!(
                     "kairos bench: warning: cannot remove {}: {e}",
                     self.path.display()
@@ -960,10 +960,13 @@ mod on_signal {
         }
     }
 
-    /// The temporary directory is being removed by its owner (`BenchDir`'s drop): a later
-    /// interruption only exits.
-    pub(super) fn forget_dir() {
-        state().dir = None;
+    /// Removes the temporary directory for its owner (`BenchDir`'s drop), holding the
+    /// handler's state meanwhile: an interruption during the removal waits for it to end, and
+    /// one after it only exits.
+    pub(super) fn remove_dir(dir: &Path) -> std::io::Result<()> {
+        let mut state = state();
+        state.dir = None;
+        std::fs::remove_dir_all(dir)
     }
 
     /// Holds the reopen's child process (its pipes taken) until [`wait_child`].

@@ -1392,7 +1392,10 @@ impl Engine {
     /// The dead letters, oldest id first. O(dead letters) with their
     /// payloads copied. Returned once the records the list reflects are as
     /// durable as the mode promises (a purge or requeue another caller just
-    /// made, a nack that made a dead letter): at most one group commit's wait.
+    /// made, a nack that made a dead letter): it may block on the log's
+    /// pending commit (under `Sync`, the fdatasync — two with the proof
+    /// before acknowledgement — of the round under way), and waits for
+    /// nothing when nothing is pending.
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
         self.shared.dead_letters()
     }
