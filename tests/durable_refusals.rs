@@ -130,15 +130,29 @@ fn cfg(max_attempts: u32) -> Config {
     c
 }
 
-/// Runs `first` (whose fdatasync is held) and, once it is blocked, `second`; returns what
-/// `second` answered within 300 ms (None if it was still waiting), then cuts the power
-/// (dropping everything not synced) and fails the held sync.
+/// How [`race`] holds the first call and undoes what it did not make durable.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// Its fdatasync is held; then a power cut drops everything not synced.
+    Power,
+    /// Its write itself is held (under `Buffered` the caller writes its queued frame while it
+    /// waits); then a process crash, which keeps only what was written.
+    ProcessCrash,
+}
+
+/// Runs `first` (its sync, or with [`Cut::ProcessCrash`] its write, held) and, once it is
+/// blocked, `second`; returns what `second` answered within 300 ms (None if it was still
+/// waiting), then cuts as `cut` says and fails the held operation.
 fn race<A: Send, B: Send + std::fmt::Debug>(
     sim: &SimStorage,
     hold: &Hold,
+    cut: Cut,
     first: impl FnOnce() -> A + Send,
     second: impl FnOnce() -> B + Send,
 ) -> Option<String> {
+    if matches!(cut, Cut::ProcessCrash) {
+        hold.writes.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     hold.state.lock().unwrap().0 = true;
     std::thread::scope(|s| {
         let a = s.spawn(first);
@@ -146,11 +160,24 @@ fn race<A: Send, B: Send + std::fmt::Debug>(
         let b = s.spawn(second);
         std::thread::sleep(Duration::from_millis(300));
         let answered = b.is_finished().then(|| format!("{:?}", b.join().unwrap()));
-        sim.power_cut_drop_unsynced();
+        match cut {
+            Cut::Power => sim.power_cut_drop_unsynced(),
+            // The page cache survives; the held write never happened.
+            Cut::ProcessCrash => sim.crash_process(),
+        }
         hold.release_failing();
         let _ = a.join();
         answered
     })
+}
+
+/// Schedules "k", lets it fall due and nacks its only attempt: a durable dead letter.
+fn one_dead_letter(engine: &Engine, clock: &ManualClock) -> kairos::TaskId {
+    engine.schedule(b"k", at(100), b"p").unwrap();
+    clock.advance(Duration::from_millis(100));
+    let d = drain(engine).unwrap();
+    engine.nack(&d[0], None, "boom").unwrap(); // last attempt: a dead letter (durable)
+    engine.dead_letters()[0].task_id
 }
 
 fn open_held(sim: &SimStorage, hold: &Arc<Hold>, clock: &ManualClock, c: Config) -> Engine {
@@ -174,14 +201,11 @@ fn purge_dead_letter_false_outlives_a_power_cut() {
         ManualClock::new(START_MS),
     );
     let engine = open_held(&sim, &hold, &clock, cfg(1));
-    engine.schedule(b"k", at(100), b"p").unwrap();
-    clock.advance(Duration::from_millis(100));
-    let d = drain(&engine).unwrap();
-    engine.nack(&d[0], None, "boom").unwrap(); // last attempt: a dead letter (durable)
-    let dead = engine.dead_letters()[0].task_id;
+    let dead = one_dead_letter(&engine, &clock);
     let second = race(
         &sim,
         &hold,
+        Cut::Power,
         || engine.purge_dead_letter(dead),
         || engine.purge_dead_letter(dead),
     );
@@ -203,14 +227,11 @@ fn requeue_dead_letter_not_dead_letter_outlives_a_power_cut() {
         ManualClock::new(START_MS),
     );
     let engine = open_held(&sim, &hold, &clock, cfg(1));
-    engine.schedule(b"k", at(100), b"p").unwrap();
-    clock.advance(Duration::from_millis(100));
-    let d = drain(&engine).unwrap();
-    engine.nack(&d[0], None, "boom").unwrap();
-    let dead = engine.dead_letters()[0].task_id;
+    let dead = one_dead_letter(&engine, &clock);
     let second = race(
         &sim,
         &hold,
+        Cut::Power,
         || engine.requeue_dead_letter(dead, at(10_000)),
         || engine.requeue_dead_letter(dead, at(10_000)),
     );
@@ -242,7 +263,13 @@ fn stale_ack_not_outstanding_outlives_a_power_cut() {
     engine.pause_deliveries();
     clock.advance(Duration::from_millis(1_500));
     engine.run_until_idle();
-    let second = race(&sim, &hold, || engine.cancel(b"k"), || engine.ack(&d[0]));
+    let second = race(
+        &sim,
+        &hold,
+        Cut::Power,
+        || engine.cancel(b"k"),
+        || engine.ack(&d[0]),
+    );
     drop(engine);
     let e = reopen(&sim, &clock, cfg(3));
     let again = drain(&e).unwrap();
@@ -271,24 +298,14 @@ fn purge_dead_letter_false_outlives_a_process_crash_under_buffered() {
     let mut c = cfg(1);
     c.durability = Durability::Buffered;
     let engine = open_held(&sim, &hold, &clock, c.clone());
-    engine.schedule(b"k", at(100), b"p").unwrap();
-    clock.advance(Duration::from_millis(100));
-    let d = drain(&engine).unwrap();
-    engine.nack(&d[0], None, "boom").unwrap();
-    let dead = engine.dead_letters()[0].task_id;
-    hold.writes.store(true, std::sync::atomic::Ordering::SeqCst);
-    hold.state.lock().unwrap().0 = true;
-    let second = std::thread::scope(|s| {
-        let a = s.spawn(|| engine.purge_dead_letter(dead));
-        hold.wait_blocked(); // the first purge's write is held
-        let b = s.spawn(|| engine.purge_dead_letter(dead));
-        std::thread::sleep(Duration::from_millis(300));
-        let answered = b.is_finished().then(|| format!("{:?}", b.join().unwrap()));
-        sim.crash_process(); // the page cache survives; the held write never happened
-        hold.release_failing();
-        let _ = a.join();
-        answered
-    });
+    let dead = one_dead_letter(&engine, &clock);
+    let second = race(
+        &sim,
+        &hold,
+        Cut::ProcessCrash,
+        || engine.purge_dead_letter(dead),
+        || engine.purge_dead_letter(dead),
+    );
     drop(engine);
     let e = reopen(&sim, &clock, c);
     let back = e.dead_letters().iter().any(|d| d.task_id == dead);
@@ -310,14 +327,11 @@ fn dead_letters_listing_outlives_a_power_cut() {
         ManualClock::new(START_MS),
     );
     let engine = open_held(&sim, &hold, &clock, cfg(1));
-    engine.schedule(b"k", at(100), b"p").unwrap();
-    clock.advance(Duration::from_millis(100));
-    let d = drain(&engine).unwrap();
-    engine.nack(&d[0], None, "boom").unwrap();
-    let dead = engine.dead_letters()[0].task_id;
+    let dead = one_dead_letter(&engine, &clock);
     let second = race(
         &sim,
         &hold,
+        Cut::Power,
         || engine.purge_dead_letter(dead),
         || engine.dead_letters().len(),
     );
@@ -343,29 +357,19 @@ fn dead_letters_listing_outlives_a_process_crash_under_buffered() {
     let mut c = cfg(1);
     c.durability = Durability::Buffered;
     let engine = open_held(&sim, &hold, &clock, c.clone());
-    engine.schedule(b"k", at(100), b"p").unwrap();
-    clock.advance(Duration::from_millis(100));
-    let d = drain(&engine).unwrap();
-    engine.nack(&d[0], None, "boom").unwrap();
-    let dead = engine.dead_letters()[0].task_id;
-    hold.writes.store(true, std::sync::atomic::Ordering::SeqCst);
-    hold.state.lock().unwrap().0 = true;
-    let second = std::thread::scope(|s| {
-        let a = s.spawn(|| engine.purge_dead_letter(dead));
-        hold.wait_blocked();
-        let b = s.spawn(|| engine.dead_letters().len());
-        std::thread::sleep(Duration::from_millis(300));
-        let answered = b.is_finished().then(|| b.join().unwrap());
-        sim.crash_process();
-        hold.release_failing();
-        let _ = a.join();
-        answered
-    });
+    let dead = one_dead_letter(&engine, &clock);
+    let second = race(
+        &sim,
+        &hold,
+        Cut::ProcessCrash,
+        || engine.purge_dead_letter(dead),
+        || engine.dead_letters().len(),
+    );
     drop(engine);
     let e = reopen(&sim, &clock, c);
     let back = e.dead_letters().iter().any(|d| d.task_id == dead);
     assert!(
-        !(second == Some(0) && back),
+        !(second.as_deref() == Some("0") && back),
         "dead_letters() listed {second:?}; after a process crash the dead letter is back"
     );
 }
@@ -387,6 +391,7 @@ fn too_many_pending_outlives_a_power_cut() {
     let second = race(
         &sim,
         &hold,
+        Cut::Power,
         || engine.schedule(b"a", at(10_000), b"p"),
         || engine.schedule(b"b", at(10_000), b"p"),
     );
