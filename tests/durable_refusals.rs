@@ -189,59 +189,104 @@ fn reopen(sim: &SimStorage, clock: &ManualClock, c: Config) -> Engine {
     Engine::open_with("/k", c, Arc::new(sim.clone()), Arc::new(clock.clone())).unwrap()
 }
 
-/// Bug 1a: `purge_dead_letter` answers `Ok(false)` ("there was none") while the purge that
-/// removed it (another caller's) is not yet durable; a power cut brings the dead letter back.
-/// `cancel` answering `NotFound` in the same race waits for the log (README, "Delivery
-/// contract": every answer that depends on an earlier record waits for it).
-#[test]
-fn purge_dead_letter_false_outlives_a_power_cut() {
+/// One dead letter, then `first(dead)` with its record held (a sync under `Sync` for
+/// [`Cut::Power`], a write under `Buffered` for [`Cut::ProcessCrash`]) and `second(dead)`
+/// raced against it, the cut, a reopen: what `second` answered within 300 ms, and whether the
+/// dead letter is back.
+fn dead_letter_race<A: Send, B: Send + std::fmt::Debug>(
+    seed: u64,
+    cut: Cut,
+    first: impl FnOnce(&Engine, kairos::TaskId) -> A + Send,
+    second: impl FnOnce(&Engine, kairos::TaskId) -> B + Send,
+) -> (Option<String>, bool) {
     let (sim, hold, clock) = (
-        SimStorage::new(1),
+        SimStorage::new(seed),
         Arc::new(Hold::default()),
         ManualClock::new(START_MS),
     );
-    let engine = open_held(&sim, &hold, &clock, cfg(1));
+    let mut c = cfg(1);
+    if matches!(cut, Cut::ProcessCrash) {
+        c.durability = Durability::Buffered;
+    }
+    let engine = open_held(&sim, &hold, &clock, c.clone());
     let dead = one_dead_letter(&engine, &clock);
-    let second = race(
+    let answered = race(
         &sim,
         &hold,
-        Cut::Power,
-        || engine.purge_dead_letter(dead),
-        || engine.purge_dead_letter(dead),
+        cut,
+        || first(&engine, dead),
+        || second(&engine, dead),
     );
     drop(engine);
-    let e = reopen(&sim, &clock, cfg(1));
-    let back = e.dead_letters().iter().any(|d| d.task_id == dead);
-    assert!(
-        !(second.as_deref() == Some("Ok(false)") && back),
-        "purge answered {second:?} before the purge it depends on was durable; the dead letter is back"
-    );
+    let back = reopen(&sim, &clock, c)
+        .dead_letters()
+        .iter()
+        .any(|d| d.task_id == dead);
+    (answered, back)
+}
+
+/// Bug 1a: `purge_dead_letter` answers `Ok(false)` ("there was none") while the purge that
+/// removed it (another caller's) is not yet durable; a power cut brings the dead letter back.
+/// Under `Buffered` no power cut is needed: the first purge's record is still queued in memory
+/// (its caller writes it while it waits), and a process crash — which `Buffered` survives for
+/// every returned call — brings it back. `cancel` answering `NotFound` in the same race waits
+/// for the log (README, "Delivery contract": every answer that depends on an earlier record
+/// waits for it).
+#[test]
+fn purge_dead_letter_false_outlives_a_power_cut_or_a_buffered_crash() {
+    for (seed, cut) in [(1, Cut::Power), (4, Cut::ProcessCrash)] {
+        let (second, back) = dead_letter_race(
+            seed,
+            cut,
+            |e, dead| e.purge_dead_letter(dead),
+            |e, dead| e.purge_dead_letter(dead),
+        );
+        assert!(
+            !(second.as_deref() == Some("Ok(false)") && back),
+            "{cut:?}: purge answered {second:?} before the purge it depends on was durable; \
+             the dead letter is back"
+        );
+    }
 }
 
 /// Bug 1b: the same with `requeue_dead_letter` answering `NotDeadLetter`.
 #[test]
 fn requeue_dead_letter_not_dead_letter_outlives_a_power_cut() {
-    let (sim, hold, clock) = (
-        SimStorage::new(2),
-        Arc::new(Hold::default()),
-        ManualClock::new(START_MS),
-    );
-    let engine = open_held(&sim, &hold, &clock, cfg(1));
-    let dead = one_dead_letter(&engine, &clock);
-    let second = race(
-        &sim,
-        &hold,
+    let (second, back) = dead_letter_race(
+        2,
         Cut::Power,
-        || engine.requeue_dead_letter(dead, at(10_000)),
-        || engine.requeue_dead_letter(dead, at(10_000)),
+        |e, dead| e.requeue_dead_letter(dead, at(10_000)),
+        |e, dead| e.requeue_dead_letter(dead, at(10_000)),
     );
-    drop(engine);
-    let e = reopen(&sim, &clock, cfg(1));
-    let back = e.dead_letters().iter().any(|d| d.task_id == dead);
     assert!(
-        !(second.as_deref().is_some_and(|a| a.contains("NotDeadLetter")) && back),
-        "requeue answered {second:?} before the requeue it depends on was durable; the dead letter is back"
+        !(second
+            .as_deref()
+            .is_some_and(|a| a.contains("NotDeadLetter"))
+            && back),
+        "requeue answered {second:?} before the requeue it depends on was durable; the dead \
+         letter is back"
     );
+}
+
+/// Audit (session 32b): `dead_letters()` leaves out a dead letter another caller's purge just
+/// took while that purge is not yet durable (synced under `Sync`, queued in memory under
+/// `Buffered`); after the cut the dead letter is back, so the listing ("there is none") was
+/// undone — the answer `purge_dead_letter`'s `Ok(false)` now waits for, given by the listing.
+#[test]
+fn dead_letters_listing_outlives_a_power_cut_or_a_buffered_crash() {
+    for (seed, cut) in [(5, Cut::Power), (6, Cut::ProcessCrash)] {
+        let (second, back) = dead_letter_race(
+            seed,
+            cut,
+            |e, dead| e.purge_dead_letter(dead),
+            |e, _| e.dead_letters().len(),
+        );
+        assert!(
+            !(second.as_deref() == Some("0") && back),
+            "{cut:?}: dead_letters() listed {second:?} dead letters before the purge it \
+             reflects was durable; the dead letter is back"
+        );
+    }
 }
 
 /// Bug 2: a stale `ack` (lease over) answers `NotOutstanding` ("the task is finished") from a
@@ -281,96 +326,6 @@ fn stale_ack_not_outstanding_outlives_a_power_cut() {
         "ack answered {second:?} from a cancel not yet durable; after the power cut the task came \
          back (attempt {})",
         again[0].attempt()
-    );
-}
-
-/// Bug 1a under `Buffered` needs no power cut: the first purge's record is still queued in
-/// memory (its caller writes it while it waits), the second purge answers `Ok(false)`, and a
-/// process crash — which `Buffered` survives for every returned call — brings the dead letter
-/// back.
-#[test]
-fn purge_dead_letter_false_outlives_a_process_crash_under_buffered() {
-    let (sim, hold, clock) = (
-        SimStorage::new(4),
-        Arc::new(Hold::default()),
-        ManualClock::new(START_MS),
-    );
-    let mut c = cfg(1);
-    c.durability = Durability::Buffered;
-    let engine = open_held(&sim, &hold, &clock, c.clone());
-    let dead = one_dead_letter(&engine, &clock);
-    let second = race(
-        &sim,
-        &hold,
-        Cut::ProcessCrash,
-        || engine.purge_dead_letter(dead),
-        || engine.purge_dead_letter(dead),
-    );
-    drop(engine);
-    let e = reopen(&sim, &clock, c);
-    let back = e.dead_letters().iter().any(|d| d.task_id == dead);
-    assert!(
-        !(second.as_deref() == Some("Ok(false)") && back),
-        "purge answered {second:?}; after a process crash the dead letter is back"
-    );
-}
-
-/// Audit (session 32b): `dead_letters()` leaves out a dead letter another caller's purge just
-/// took while that purge is not yet durable; after a power cut the dead letter is back, so the
-/// listing ("there is none") was undone — the answer `purge_dead_letter`'s `Ok(false)` now
-/// waits for, given by the listing.
-#[test]
-fn dead_letters_listing_outlives_a_power_cut() {
-    let (sim, hold, clock) = (
-        SimStorage::new(5),
-        Arc::new(Hold::default()),
-        ManualClock::new(START_MS),
-    );
-    let engine = open_held(&sim, &hold, &clock, cfg(1));
-    let dead = one_dead_letter(&engine, &clock);
-    let second = race(
-        &sim,
-        &hold,
-        Cut::Power,
-        || engine.purge_dead_letter(dead),
-        || engine.dead_letters().len(),
-    );
-    drop(engine);
-    let e = reopen(&sim, &clock, cfg(1));
-    let back = e.dead_letters().iter().any(|d| d.task_id == dead);
-    assert!(
-        !(second.as_deref() == Some("0") && back),
-        "dead_letters() listed {second:?} dead letters before the purge it reflects was durable; \
-         the dead letter is back"
-    );
-}
-
-/// The same under `Buffered` with a process crash: the purge's record is still queued in
-/// memory when the listing answers.
-#[test]
-fn dead_letters_listing_outlives_a_process_crash_under_buffered() {
-    let (sim, hold, clock) = (
-        SimStorage::new(6),
-        Arc::new(Hold::default()),
-        ManualClock::new(START_MS),
-    );
-    let mut c = cfg(1);
-    c.durability = Durability::Buffered;
-    let engine = open_held(&sim, &hold, &clock, c.clone());
-    let dead = one_dead_letter(&engine, &clock);
-    let second = race(
-        &sim,
-        &hold,
-        Cut::ProcessCrash,
-        || engine.purge_dead_letter(dead),
-        || engine.dead_letters().len(),
-    );
-    drop(engine);
-    let e = reopen(&sim, &clock, c);
-    let back = e.dead_letters().iter().any(|d| d.task_id == dead);
-    assert!(
-        !(second.as_deref() == Some("0") && back),
-        "dead_letters() listed {second:?}; after a process crash the dead letter is back"
     );
 }
 
