@@ -329,13 +329,27 @@ impl Shared {
         core.wal.as_deref().map(kairos_wal::Wal::barrier)
     }
 
-    /// A refusal of [`Shared::check_lease`], returned once everything logged so far is
-    /// durable: it may rest on a record not durable yet (a cancel of the held task, a cancel
-    /// of its retry), and must not outlive a crash that undoes it.
-    fn refused(&self, core: parking_lot::MutexGuard<'_, Core>, refusal: AckError) -> AckError {
+    /// Lets go of the engine's lock and waits until everything logged before it is as durable
+    /// as the mode promises: for an answer that rests on records (this call's or another
+    /// caller's) without logging one of its own — `NotFound`, `AlreadyExists`, a refusal —
+    /// so that no crash undoes it. Waits for nothing without a log or with nothing pending.
+    ///
+    /// # Errors
+    /// The log's failure (the engine is then poisoned).
+    pub(super) fn wait_logged(
+        &self,
+        core: parking_lot::MutexGuard<'_, Core>,
+    ) -> Result<(), String> {
         let ticket = Self::barrier_locked(&core);
         drop(core);
-        match self.wait_durable(ticket) {
+        self.wait_durable(ticket)
+    }
+
+    /// A refusal of [`Shared::check_lease`], returned once everything logged so far is
+    /// durable ([`Shared::wait_logged`]): it may rest on a record not durable yet (a cancel of
+    /// the held task, a cancel of its retry).
+    fn refused(&self, core: parking_lot::MutexGuard<'_, Core>, refusal: AckError) -> AckError {
+        match self.wait_logged(core) {
             Ok(()) => refusal,
             Err(cause) => AckError::Poisoned { cause },
         }
@@ -432,9 +446,7 @@ impl Shared {
         };
         if state == TaskState::Abandoned {
             self.forget_task(&mut core, d.slot);
-            let ticket = Self::barrier_locked(&core);
-            drop(core);
-            self.wait_durable(ticket)
+            self.wait_logged(core)
                 .map_err(|cause| AckError::Poisoned { cause })?;
             return Ok(NackOutcome::Finished);
         }
@@ -604,7 +616,6 @@ impl Shared {
     /// them. Without a log, or with nothing pending, it waits for nothing.
     pub(super) fn dead_letters(&self) -> Vec<DeadLetter> {
         let core = self.core.lock();
-        let ticket = Self::barrier_locked(&core);
         let mut out: Vec<DeadLetter> = core
             .dead
             .iter()
@@ -618,10 +629,9 @@ impl Shared {
                 error: String::from_utf8_lossy(&d.error).into_owned(),
             })
             .collect();
-        drop(core);
         // A failed wait has poisoned the engine; the list is still what memory held (this
         // call has no error to return), and every later call reports the poisoning.
-        let _ = self.wait_durable(ticket);
+        let _ = self.wait_logged(core);
         out.sort_unstable_by_key(|d| d.task_id);
         out
     }
@@ -992,9 +1002,7 @@ impl Shared {
         core.check_open().map_err(super::status_to_cancel_error)?;
         if !core.dead.contains_key(&id.0) {
             // Gone by a record (a purge, a requeue) that may not be durable yet.
-            let ticket = Self::barrier_locked(&core);
-            drop(core);
-            self.wait_durable(ticket)
+            self.wait_logged(core)
                 .map_err(|cause| crate::CancelError::Poisoned { cause })?;
             return Ok(false);
         }

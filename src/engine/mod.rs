@@ -2217,9 +2217,7 @@ impl Shared {
     /// The `AlreadyExists` error for `key`, returned once everything logged
     /// so far is durable (the live task's schedule record among it).
     fn already_exists(&self, core: parking_lot::MutexGuard<'_, Core>, key: &[u8]) -> ScheduleError {
-        let ticket = Self::barrier_locked(&core);
-        drop(core);
-        match self.wait_durable(ticket) {
+        match self.wait_logged(core) {
             Ok(()) => ScheduleError::AlreadyExists {
                 key: key_lossy(key),
             },
@@ -2359,9 +2357,7 @@ impl Shared {
         core.check_open().map_err(status_to_schedule_error)?;
         let Some(dead) = core.dead.get(&dead_id.0) else {
             // Gone by a record (a purge, a requeue) that may not be durable yet.
-            let ticket = Self::barrier_locked(&core);
-            drop(core);
-            return Err(match self.wait_durable(ticket) {
+            return Err(match self.wait_logged(core) {
                 Ok(()) => ScheduleError::NotDeadLetter { task_id: dead_id.0 },
                 Err(cause) => ScheduleError::Poisoned { cause },
             });
@@ -2504,9 +2500,7 @@ impl Shared {
         if !matches!(refusal, ScheduleError::TooManyPending { .. }) {
             return refusal;
         }
-        let ticket = Self::barrier_locked(&core);
-        drop(core);
-        match self.wait_durable(ticket) {
+        match self.wait_logged(core) {
             Ok(()) => refusal,
             Err(cause) => ScheduleError::Poisoned { cause },
         }
@@ -2745,9 +2739,7 @@ impl Shared {
         &self,
         core: parking_lot::MutexGuard<'_, Core>,
     ) -> Result<CancelOutcome, CancelError> {
-        let ticket = Self::barrier_locked(&core);
-        drop(core);
-        self.wait_durable(ticket)
+        self.wait_logged(core)
             .map_err(|cause| CancelError::Poisoned { cause })?;
         Ok(CancelOutcome::NotFound)
     }
