@@ -43,7 +43,7 @@ use crate::task::{PayloadStore, TaskId};
 use crate::wheel::Tick;
 use kairos_wal::storage::Storage;
 use kairos_wal::{Lsn, Wal};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -2611,7 +2611,8 @@ pub(crate) fn prepare_overflow(
     // checkpoint on disk always reads whole with its overflow files).
     // With the largest entry offset each refers to: the entry there must lie
     // whole within the file (checked below without reading a payload).
-    let mut last_referenced: std::collections::BTreeMap<u32, u64> = Default::default();
+    // Hashed as `FileSet` is: one entry per task of up to 10 M at open.
+    let mut last_referenced: HashMap<u32, u64, foldhash::fast::RandomState> = HashMap::default();
     for (f, offset) in replay
         .tasks()
         .filter_map(|t| t.payload_at)
