@@ -337,6 +337,21 @@ fn bad_usage_and_directories_that_hold_no_log() -> TestResult {
     ] {
         assert_eq!(kairos(args).status.code(), Some(2), "{args:?}");
     }
+    // A conflict found after parsing shows the usage of the subcommand given.
+    let out = kairos(&[
+        "dead-letters",
+        "purge",
+        "--all",
+        "--interval-ms",
+        "5",
+        path(dir),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("Usage: kairos dead-letters purge "),
+        "{}",
+        text(&out.stderr)
+    );
     // A directory without a log is refused, not turned into one.
     let out = kairos(&["dead-letters", "list", path(dir)]);
     assert_eq!(out.status.code(), Some(1));

@@ -183,12 +183,12 @@ struct Changes {
 
 /// Runs the action and prints its outcome.
 pub fn run(args: &DeadLettersArgs) -> anyhow::Result<Verdict> {
-    let target = match &args.action {
-        Action::List(a) => &a.target,
-        Action::Requeue(a) => &a.target,
-        Action::Purge(a) => &a.target,
+    let (target, subcommand) = match &args.action {
+        Action::List(a) => (&a.target, "dead-letters list"),
+        Action::Requeue(a) => (&a.target, "dead-letters requeue"),
+        Action::Purge(a) => (&a.target, "dead-letters purge"),
     };
-    target.check_usage("dead-letters")?;
+    target.check_usage(subcommand)?;
     let engine = open(target)?;
     report_settled(&engine, target);
     let outcome = match &args.action {

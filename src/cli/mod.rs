@@ -172,7 +172,8 @@ pub fn main() -> ExitCode {
 }
 
 /// A usage error found after parsing — arguments each valid but not together — reported by
-/// clap as `kairos SUBCOMMAND` usage (exit status 2) once `main` gets it back. `kind`:
+/// clap with the usage of `subcommand` (words: `"dead-letters list"`; exit status 2) once
+/// `main` gets it back. `kind`:
 /// `ArgumentConflict` for arguments that exclude each other, `ValueValidation` for a value
 /// another argument bounds.
 pub(crate) fn usage_error(
@@ -183,11 +184,16 @@ pub(crate) fn usage_error(
     use clap::CommandFactory as _;
     let mut cli = Cli::command();
     cli.build();
-    let error = match cli.find_subcommand_mut(subcommand) {
-        Some(command) => command.error(kind, message),
-        None => cli.error(kind, message),
-    };
-    anyhow::Error::new(error)
+    // The innermost command named (`build` gave it its full name), so its own usage line
+    // is printed.
+    let mut command = cli;
+    for name in subcommand.split_whitespace() {
+        match command.find_subcommand(name) {
+            Some(inner) => command = inner.clone(),
+            None => break,
+        }
+    }
+    anyhow::Error::new(command.error(kind, message))
 }
 
 /// What a command concluded about the thing it checked. Commands print
