@@ -166,7 +166,10 @@ fn a_torn_mark_slot_of_the_newest_segment_is_reported_not_silent() -> TestResult
     let (stdout, _) = run(&["inspect", path(&dir)], 0);
     assert!(stdout.contains("WARNING: mark slot 1"), "{stdout}");
     // Not the checkpoint warning's epilogue.
-    assert!(!stdout.contains("opens from the older checkpoint"), "{stdout}");
+    assert!(
+        !stdout.contains("opens from the older checkpoint"),
+        "{stdout}"
+    );
 
     let (_, stderr) = run(&["dump", path(&dir)], 0);
     assert!(stderr.contains("warning: mark slot 1"), "{stderr}");
@@ -215,7 +218,12 @@ fn a_damaged_orphan_overflow_file_is_a_warning_in_verify_and_inspect() -> TestRe
     let mut store_id = [0u8; 16];
     store_id.copy_from_slice(&header[16..32]);
     let mut writer = overflow::OverflowWriter::new(&store_id, 7);
-    writer.push(999, START_MS + 1000 * HOUR.as_millis() as u64, b"gone", b"xyz");
+    writer.push(
+        999,
+        START_MS + 1000 * HOUR.as_millis() as u64,
+        b"gone",
+        b"xyz",
+    );
     let mut bytes = writer.finish();
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
@@ -249,10 +257,7 @@ fn a_damaged_orphan_overflow_file_is_a_warning_in_verify_and_inspect() -> TestRe
     assert_eq!(v["ok"], true, "{v}");
     assert!(v["error"].is_null(), "{v}");
     let files = v["overflow"]["files"].as_array().ok_or("no files")?;
-    let f7 = files
-        .iter()
-        .find(|f| f["number"] == 7)
-        .ok_or("no file 7")?;
+    let f7 = files.iter().find(|f| f["number"] == 7).ok_or("no file 7")?;
     assert_eq!(f7["orphan"], true, "{f7}");
     assert_eq!(f7["damage"]["offset"], offset, "{f7}");
     assert!(
@@ -331,7 +336,11 @@ fn a_fifo_or_a_directory_named_like_a_segment_is_reported() -> TestResult {
         .and_then(|n| n.to_str())
         .ok_or("no name")?
         .to_owned();
-    for args in [&["verify", path(&dir)][..], &["inspect", path(&dir)], &["dump", path(&dir)]] {
+    for args in [
+        &["verify", path(&dir)][..],
+        &["inspect", path(&dir)],
+        &["dump", path(&dir)],
+    ] {
         let (status, stdout, stderr) = run_bounded(args)?;
         let all = format!("{stdout}{stderr}");
         assert_eq!(status, 1, "{args:?}: {all}");

@@ -104,8 +104,9 @@ and error texts are strings, UTF-8 lossily; a key or a payload that is not valid
 comes as key_hex or payload_hex, its exact bytes (the payload's shown part) in hex.
 
 A summary goes to stderr: the records read, a torn tail (an unsynced write cut short by a \
-crash, which the next open truncates: reported, not damage), or the damage that stopped the \
-scan, with its file and byte offset, after the records read before it. A checkpoint that does \
+crash, which the next open truncates: reported, not damage), a torn mark slot of the newest \
+segment (a warning: what a crash while it was being written leaves, which the next open \
+rewrites as empty), or the damage that stopped the scan, with its file and byte offset, after the records read before it. A checkpoint that does \
 not read back is reported with its file and byte offset, and the log is dumped without it; if \
 an older one reads and the log still holds every record after it, the engine opens from that \
 one and so does the dump (the newest one's damage is then a warning).
@@ -600,6 +601,9 @@ impl<W: Write> Dumper<W> {
                         t.bytes_truncated,
                         t.first_lost_lsn
                     );
+                }
+                if let Some(torn) = Failure::torn_mark_slot(report) {
+                    summary.push_str(&torn.describe("kairos dump: warning"));
                 }
                 if !report.leftover_segments.is_empty() {
                     let _ = writeln!(

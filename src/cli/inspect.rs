@@ -69,7 +69,9 @@ their live fraction;
 high-water marks: CLOSED at a clean close, SYNCED at each segment roll, each open and when \
 appends paused; damage at or below it \
 is corruption), and a torn tail if there is one (an unsynced write cut short by a crash, \
-which the next open truncates: reported, not damage);
+which the next open truncates: reported, not damage); a torn mark slot of the newest segment \
+(what a crash while it was being written leaves; the next open rewrites it as empty) is a \
+WARNING naming the file and byte offset, not damage;
 - the pending tasks by state, replayed with the engine's own rules: waiting (for their first \
 delivery or their next attempt), in flight (delivered, not yet acked, retried, dead-lettered, \
 released or cancelled), and dead letters; of the waiting, those far (beyond the far span: key, \
@@ -183,6 +185,10 @@ pub(crate) struct Inspection {
     /// as of the last record read), rather than being an overflow file's damage.
     #[serde(skip)]
     log_stopped: bool,
+    /// Which of `warnings` is the newest checkpoint's damage (the engine then opens from an
+    /// older one).
+    #[serde(skip)]
+    newer_checkpoint_warning: Option<usize>,
 }
 
 /// The overflow files: payloads of tasks not due soon, which a checkpoint moved out of
@@ -488,7 +494,10 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
             }
         }
         inspection.checkpoint = Some(CheckpointSummary::new(&s));
-        inspection.warnings.extend(s.newer_damage);
+        if let Some(damage) = s.newer_damage {
+            inspection.newer_checkpoint_warning = Some(inspection.warnings.len());
+            inspection.warnings.push(damage);
+        }
         refs = s.overflow_refs;
         store_id = Some(s.store_id);
     } else if inspection.error.is_none() {
@@ -990,12 +999,17 @@ impl Reader {
             bad_records: self.bad,
             bad_record_details: self.bad_details,
             disk,
-            warnings: Vec::new(),
+            warnings: report
+                .as_ref()
+                .and_then(Failure::torn_mark_slot)
+                .into_iter()
+                .collect(),
             checkpoint: None,
             checkpoint_files: Vec::new(),
             checkpoint_tmp_files: Vec::new(),
             overflow: None,
             log_stopped: false,
+            newer_checkpoint_warning: None,
         };
         (inspection, live_refs)
     }
@@ -1456,9 +1470,9 @@ impl Inspection {
     }
 
     fn print_verdict(&self) {
-        for w in &self.warnings {
+        for (i, w) in self.warnings.iter().enumerate() {
             w.print("WARNING");
-            if let Some(c) = &self.checkpoint {
+            if let (Some(c), true) = (&self.checkpoint, self.newer_checkpoint_warning == Some(i)) {
                 outln!(
                     "  the engine opens from the older checkpoint {} (the log holds every record \
                      after it), as this summary does",

@@ -44,7 +44,10 @@ far task has its key and due time read from that entry.
 
 Prints the segments, the record counts, the last LSN, whether the log ended with a clean \
 shutdown, and a torn tail if there is one. A torn tail — an unsynced write cut short by a crash, \
-which the next open truncates — is reported but is not damage: the exit status stays 0.
+which the next open truncates — is reported but is not damage: the exit status stays 0. So is \
+a torn mark slot of the newest segment (what a crash while the slot was being written leaves; \
+the next open rewrites it as empty), printed as a WARNING with its file and byte offset; a torn \
+slot in an older segment, or both slots torn, is damage.
 
 Exit status 0 when every record checks; 1 when something does not (the file and byte offset of \
 the damage, or the LSN of a bad record, are printed) or the directory cannot be read.")]
@@ -964,6 +967,11 @@ impl Verification {
             }
         };
         let bad_record_details = census.bad_details;
+        let warnings = report
+            .as_ref()
+            .and_then(Failure::torn_mark_slot)
+            .into_iter()
+            .collect();
         Verification {
             log_dir,
             ok: error.is_none() && census.bad == 0,
@@ -986,7 +994,7 @@ impl Verification {
             bad_records: census.bad,
             bad_record_details,
             checkpoint: None,
-            warnings: Vec::new(),
+            warnings,
             records_after_checkpoint: census.after,
         }
     }
@@ -1143,6 +1151,30 @@ impl From<&TornTail> for Torn {
 }
 
 impl Failure {
+    /// The warning for the torn mark slot of the newest segment `report` found, if any: benign
+    /// by `wal/FORMAT.md` ("Mark slots": a crash tears at most the slot being written, and the
+    /// next open rewrites it as empty), but worth a word, as the only trace of that crash.
+    pub(crate) fn torn_mark_slot(report: &ScanReport) -> Option<Failure> {
+        let torn = report.torn_mark_slot.as_ref()?;
+        let after_close = if report.clean_shutdown {
+            "; the log ends with a clean-close marker, so the crash came in a later run, \
+             before any frame it wrote reached the disk (or the slot was damaged from outside: \
+             the two look alike)"
+        } else {
+            ""
+        };
+        Some(Failure {
+            file: Some(torn.file.clone()),
+            offset: Some(torn.offset),
+            message: format!(
+                "mark slot {} of the newest segment is torn (its checksum does not match): what \
+                 a crash while the slot was being written leaves, not damage to any record \
+                 (wal/FORMAT.md, \"Mark slots\"); the next open rewrites it as empty{after_close}",
+                torn.index
+            ),
+        })
+    }
+
     /// Overflow file `path` does not read back (`offset` is the damage's, if it is damage).
     pub(crate) fn overflow(path: &Path, e: &ovf::OverflowReadError) -> Failure {
         let offset = match e {

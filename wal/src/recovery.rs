@@ -83,6 +83,22 @@ pub struct ScanReport {
     /// [`Wal::remove_segments_before`](crate::Wal::remove_segments_before) cut short by a
     /// crash. Not checked, not counted; [`Wal::open`](crate::Wal::open) removes them.
     pub leftover_segments: Vec<PathBuf>,
+    /// A torn mark slot of the newest segment (FORMAT.md, "Mark slots"): what a crash while
+    /// the slot was being written leaves, so not damage — [`Wal::open`](crate::Wal::open)
+    /// rewrites it as empty. (A torn slot in any other segment, or both slots torn, is
+    /// [`WalError::Corrupt`].)
+    pub torn_mark_slot: Option<TornMarkSlot>,
+}
+
+/// A torn mark slot of the newest segment, as [`scan`] found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornMarkSlot {
+    /// The segment file.
+    pub file: PathBuf,
+    /// Which slot: 0 (at byte 64) or 1 (at byte 96).
+    pub index: usize,
+    /// Byte offset of the slot in `file`.
+    pub offset: u64,
 }
 
 /// One segment as [`scan`] saw it.
@@ -1448,6 +1464,18 @@ fn scan_with(
         }
     };
     let analysis = analyze(storage, dir, &store_id, record_bytes_max, visit)?;
+    let torn_mark_slot = analysis.tail.as_ref().and_then(|tail| {
+        let index = tail
+            .slots
+            .as_ref()?
+            .iter()
+            .position(|slot| *slot == MarkSlot::Torn)?;
+        Some(TornMarkSlot {
+            file: tail.path.clone(),
+            index,
+            offset: (MARK_SLOTS_OFFSET + index * MARK_SLOT_BYTES) as u64,
+        })
+    });
     Ok(ScanReport {
         segments: analysis.segments,
         records: analysis.records,
@@ -1456,5 +1484,6 @@ fn scan_with(
         high_water_lsn: analysis.high_water_lsn,
         torn_tail: analysis.torn_tail,
         leftover_segments: analysis.leftovers,
+        torn_mark_slot,
     })
 }

@@ -528,6 +528,12 @@ fn prepare_active(
         for (index, slot) in found.iter_mut().enumerate() {
             if *slot == MarkSlot::Torn {
                 let offset = (MARK_SLOTS_OFFSET + index * MARK_SLOT_BYTES) as u64;
+                tracing::warn!(
+                    file = %path.display(),
+                    slot = index,
+                    offset,
+                    "rewriting a torn mark slot of the newest segment as empty"
+                );
                 file.write_all_at(&[0u8; MARK_SLOT_BYTES], offset)
                     .map_err(|e| io_error("write", path, e))?;
                 *slot = MarkSlot::Empty;
