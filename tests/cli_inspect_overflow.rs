@@ -255,7 +255,7 @@ fn inspect_counts_overflow_entries_live_and_dead() -> TestResult {
         "{stdout}"
     );
     assert!(
-        stdout.contains("orphan: no live task refers to it (the next open removes it)"),
+        stdout.contains("orphan: no checkpoint in use refers to it (the engine removes it)"),
         "{stdout}"
     );
     assert!(

@@ -22,8 +22,9 @@
 
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
-    check_overflow_entries, dirs, missing_checkpoint, start_from_checkpoint_deferring_overflow,
-    CheckpointStart, EntryKey, Failure, FarReader, OverflowRef, Tally, Torn,
+    check_overflow_entries, dirs, missing_checkpoint, orphan_damage,
+    start_from_checkpoint_deferring_overflow, CheckpointStart, EntryKey, Failure, FarReader,
+    OverflowRef, Tally, Torn,
 };
 use super::Verdict;
 use clap::Args;
@@ -82,8 +83,10 @@ tasks included);
 - the overflow files (DIR/overflow): per file, its size in bytes, its entries, its live entries \
 (the payloads of tasks live at the end of the log: the checkpoint places them there and no \
 RESCHEDULE after it carries a new payload; and the entries of far tasks still live), its dead \
-fraction and the due times of its first and last entry; their totals; files no live task refers to (orphans, which the next open \
-removes) and leftover *.tmp files. Each file is read whole and checked (header, every entry's \
+fraction and the due times of its first and last entry; their totals; orphans (files the \
+checkpoint the engine's open starts from does not name — every file, without a checkpoint: the \
+engine removes them, at the next open, or at the next checkpoint when the newest checkpoint \
+file is damaged) and leftover *.tmp files. Each file is read whole and checked (header, every entry's \
 CRC, an entry wherever the checkpoint places a payload, and wherever it places a far task an \
 entry of that task whose key hashes to the checkpoint's key hash). The payload window \
 (Config::payload_window), which decides which payloads move there, is an engine setting, not \
@@ -102,12 +105,14 @@ that does not read back is damage, unless an older one reads and the log still h
 record after it: the engine then opens from the older one, and so does inspect, reporting the \
 newest one's damage as a warning. If no checkpoint reads, the log is not read (the task counts \
 are unknown). A damaged or missing overflow file is named the same way (file, and byte offset \
-of the damaged header or entry), without stopping the rest: the log is read whole.
+of the damaged header or entry), without stopping the rest: the log is read whole. A damaged \
+orphan is a WARNING, not damage: the engine removes it, and nothing needs it (verify reports it \
+alike).
 
 Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
 reads, every record above the checkpoint decodes and replays (a torn tail included), and every \
 overflow file reads back whole and holds the payloads the checkpoint places there; 1 if a \
-checkpoint, the log or an overflow file is damaged (an orphan included), a record is bad, the \
+checkpoint, the log or an overflow file the checkpoint names is damaged, a record is bad, the \
 log was trimmed and the checkpoint that covered its start is missing, or the directory cannot \
 be read.")]
 pub struct InspectArgs {
@@ -233,7 +238,12 @@ struct OverflowFile {
     first_due: Option<String>,
     last_due_ms: Option<u64>,
     last_due: Option<String>,
-    /// No live task refers to it: the next open removes it (`null`: the tasks are unknown).
+    /// The checkpoint the engine's open starts from does not name it (every file is an
+    /// orphan without a checkpoint): the engine removes it — at the next open, or at the
+    /// next checkpoint when the newest checkpoint file is damaged — so its damage is a
+    /// warning, not a failure (`null`: unknown, no checkpoint reads). A file the checkpoint
+    /// names whose entries are all dead is no orphan: the open keeps it, the next
+    /// checkpoint removes it.
     orphan: Option<bool>,
     /// Why it does not read back, or does not hold a payload where the checkpoint puts it:
     /// the file and the byte offset.
@@ -259,7 +269,7 @@ struct OverflowTotal {
     first_due: Option<String>,
     last_due_ms: Option<u64>,
     last_due: Option<String>,
-    /// Files no live task refers to (`null`: the tasks are unknown).
+    /// Orphan files: no checkpoint the engine uses names them (`null`: unknown).
     orphan_files: Option<usize>,
     /// Files that do not read back or lack a payload the checkpoint puts there.
     damaged_files: usize,
@@ -470,7 +480,7 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
             inspection.checkpoint_tmp_files = checkpoint_tmp_files;
             inspection.log_stopped = true;
             if let Some(d) = overflow_dir {
-                inspection.add_overflow(d, None, &[], None);
+                inspection.add_overflow(d, None, &[], None, None);
             }
             return inspection;
         }
@@ -486,7 +496,10 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
     let (mut inspection, live_refs) = reader.finish(dir, log_dir, scan, disk);
     let mut refs = Vec::new();
     let mut store_id = None;
+    // The files the open keeps: those the checkpoint names (or all, when the newest is damaged).
+    let mut named = Some((Vec::new(), false));
     if let Some(mut s) = start {
+        named = Some((std::mem::take(&mut s.named_files), s.newer_damage.is_some()));
         if inspection.error.is_none() {
             if let Err(failure) = s.check_log(inspection.last_lsn, after) {
                 inspection.ok = false;
@@ -514,7 +527,10 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
     inspection.checkpoint_tmp_files = checkpoint_tmp_files;
     inspection.log_stopped = inspection.error.is_some();
     if let Some(d) = overflow_dir {
-        inspection.add_overflow(d, store_id, &refs, Some(&live_refs));
+        let named = named
+            .as_ref()
+            .map(|(files, kept)| (files.as_slice(), *kept));
+        inspection.add_overflow(d, store_id, &refs, Some(&live_refs), named);
     }
     inspection
 }
@@ -531,13 +547,17 @@ impl Inspection {
     /// whole (header, entry CRCs, store id `store_id` if known, number) and hold every
     /// payload the checkpoint places there (`refs`, sorted by file and offset), as `kairos
     /// verify` checks; a damaged or missing file fails the inspection, naming the file and
-    /// the byte offset.
+    /// the byte offset — but for an orphan, a file the checkpoint does not name (`named`: the
+    /// files it names, and whether the open keeps the others anyway, the newest checkpoint
+    /// being damaged; `None`: unknown, no checkpoint reads), which the engine removes: its
+    /// damage is a warning, as `verify` reports it.
     fn add_overflow(
         &mut self,
         dir: PathBuf,
         store_id: Option<[u8; 16]>,
         refs: &[OverflowRef],
         live: Option<&LiveRefs>,
+        named: Option<(&[u32], bool)>,
     ) {
         let mut damages = Vec::new();
         let (files, tmps) = match ovf::list(&FsStorage, &dir) {
@@ -563,18 +583,25 @@ impl Inspection {
             let at = refs.partition_point(|r| r.file < number);
             let end = refs.partition_point(|r| r.file <= number);
             let live_offsets = live.map(|l| l.get(&number).map_or(&[][..], Vec::as_slice));
+            let orphan = named.map(|(files, _)| files.binary_search(&number).is_err());
             let summary = OverflowFile::read(
                 path,
                 (number, store_id.as_ref(), hasher.as_ref()),
                 &refs[at..end],
-                live_offsets,
+                (live_offsets, orphan),
             );
             if let Some(d) = &summary.damage {
-                damages.push(Failure {
+                let d = Failure {
                     file: d.file.clone(),
                     offset: d.offset,
                     message: d.message.clone(),
-                });
+                };
+                if orphan == Some(true) {
+                    let kept = named.is_some_and(|(_, kept)| kept);
+                    self.warnings.push(orphan_damage(&summary.file, kept, d));
+                } else {
+                    damages.push(d);
+                }
             }
             summaries.push(summary);
         }
@@ -605,12 +632,12 @@ impl OverflowFile {
     /// Reads overflow file `number` at `path` and summarizes it; `refs` are the payloads and
     /// far tasks' entries the checkpoint places in it (a far task's key hash checked with
     /// `hasher`, the store id's), `live` the offsets of those of tasks still live (`None`:
-    /// unknown).
+    /// unknown), `orphan` whether the checkpoint does not name it (`None`: unknown).
     fn read(
         path: PathBuf,
         (number, store_id, hasher): (u32, Option<&[u8; 16]>, Option<&KeyHasher>),
         refs: &[OverflowRef],
-        live: Option<&[u64]>,
+        (live, orphan): (Option<&[u64]>, Option<bool>),
     ) -> OverflowFile {
         let live_entries = live.map(|l| l.len() as u64);
         let mut summary = OverflowFile {
@@ -625,7 +652,7 @@ impl OverflowFile {
             first_due: None,
             last_due_ms: None,
             last_due: None,
-            orphan: live_entries.map(|n| n == 0),
+            orphan,
             damage: None,
         };
         // The whole file in memory, and its entries decoded (`read_file` checks every one of
@@ -1397,7 +1424,9 @@ impl Inspection {
                 ));
             }
             if f.orphan == Some(true) {
-                line.push_str("; orphan: no live task refers to it (the next open removes it)");
+                line.push_str(
+                    "; orphan: no checkpoint in use refers to it (the engine removes it)",
+                );
             }
             if let Some(d) = &f.damage {
                 line.push_str(&match d.offset {

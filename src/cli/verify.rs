@@ -40,7 +40,9 @@ engine's open does, and every overflow file it refers to (DIR/overflow) is read 
 checked: each task's payload entry must be there with the task's id and key, and each far \
 task's entry (a task beyond the far span, whose key and payload are only in its overflow entry) \
 with the task's id and a key whose hash is the one the checkpoint records. A record naming a \
-far task has its key and due time read from that entry.
+far task has its key and due time read from that entry. The other files in DIR/overflow \
+(orphans: the engine removes them) are listed and read too; a damaged orphan is a WARNING, not \
+damage, as nothing needs it.
 
 Prints the segments, the record counts, the last LSN, whether the log ended with a clean \
 shutdown, and a torn tail if there is one. A torn tail — an unsynced write cut short by a crash, \
@@ -123,9 +125,15 @@ pub(crate) struct Verification {
     /// The checkpoint replay started from (its LSN and what it holds), if
     /// the data directory has one.
     checkpoint: Option<CheckpointSummary>,
-    /// What does not stop the engine from opening but should be looked at: the newest
-    /// checkpoint file damaged while an older one, which the log still covers, is used.
+    /// What does not stop the engine from opening but should be looked at: a torn mark slot
+    /// of the newest segment (which the open rewrites), a damaged orphan overflow file (which
+    /// the open removes), the newest checkpoint file damaged while an older one, which the log
+    /// still covers, is used.
     warnings: Vec<Failure>,
+    /// Overflow files no checkpoint the engine uses refers to: the next open removes them
+    /// (unless the newest checkpoint is damaged: then the next checkpoint does). Each is read
+    /// and checked; a damaged one is a warning.
+    orphan_overflow_files: Vec<PathBuf>,
     /// Records whose body does not decode or does not replay.
     bad_records: u64,
     /// Records above the checkpoint's LSN (all of them without a checkpoint).
@@ -188,6 +196,10 @@ pub(crate) struct CheckpointStart {
     /// checks them as it reads the files ([`check_overflow_entries`]); empty after
     /// [`start_from_checkpoint`], which has checked them.
     pub(crate) overflow_refs: Vec<OverflowRef>,
+    /// The overflow files it names (a task's payload or a far task's entry), ascending: the
+    /// files the engine's open keeps. The others are orphans, which it removes — unless the
+    /// newest checkpoint is damaged (`newer_damage`), when it keeps every file.
+    pub(crate) named_files: Vec<u32>,
 }
 
 /// An overflow entry a checkpoint refers to: a task's payload, or a far task's entry.
@@ -399,6 +411,15 @@ pub(crate) fn check(
         census.visit(view, at.file, at.offset, &far_reader)
     });
     let mut v = Verification::new(storage, log_dir, scan, census);
+    if let Some(ovf_dir) = checkpoint_dir
+        .as_deref()
+        .and_then(Path::parent)
+        .map(|d| d.join(ovf::OVERFLOW_DIR_NAME))
+    {
+        let (orphans, warnings) = check_orphan_overflow_files(storage, &ovf_dir, start.as_ref());
+        v.orphan_overflow_files = orphans;
+        v.warnings.extend(warnings);
+    }
     if let Some(mut s) = start {
         if v.error.is_none() {
             if let Err(failure) = s.check_log(v.last_lsn, v.records_after_checkpoint) {
@@ -518,6 +539,14 @@ fn start_from(
             continue;
         };
         let (tasks, far_tasks, dead_letters) = (c.tasks.len(), c.far.len(), c.dead.len());
+        let mut named_files: Vec<u32> = c
+            .tasks
+            .iter()
+            .filter_map(|(_, t)| t.payload_at.map(|(file, _)| file))
+            .chain(c.far.iter().map(|t| t.file))
+            .collect();
+        named_files.sort_unstable();
+        named_files.dedup();
         let mut overflow_refs = Vec::new();
         if defer_overflow {
             overflow_refs = c
@@ -575,6 +604,7 @@ fn start_from(
             store_id: header.store_id,
             overflow_dir: dir.parent().map(|d| d.join(ovf::OVERFLOW_DIR_NAME)),
             overflow_refs,
+            named_files,
         }));
     }
     newest_error.map_or(Ok(None), Err)
@@ -711,6 +741,72 @@ pub(crate) fn check_overflow_entries<'k>(
         }
     }
     Ok(())
+}
+
+/// An overflow file that the checkpoint the engine's open starts from does not name
+/// ([`CheckpointStart::named_files`]; every file when there is no checkpoint): written by a
+/// checkpoint that never became durable, or left by an interrupted removal. The open removes
+/// it, so damage to it loses nothing: `verify` and `inspect` report it as a warning, not a
+/// failure. `kept`: the newest checkpoint is damaged and the open starts from an older one —
+/// it then keeps every file (the newest may name it) until the next checkpoint.
+pub(crate) fn orphan_damage(path: &Path, kept: bool, damage: Failure) -> Failure {
+    let fate = if kept {
+        "the open keeps it, as the damaged newest checkpoint may name it, and the next \
+         checkpoint removes it"
+    } else {
+        "the next open removes it"
+    };
+    Failure {
+        message: format!(
+            "orphan overflow file {} does not read back, but no checkpoint the engine uses \
+             refers to it ({fate}): no data is lost: {}",
+            path.display(),
+            damage.message
+        ),
+        ..damage
+    }
+}
+
+/// The overflow files in `dir` (a data directory's `overflow/`) that `start` does not name
+/// (all of them without a checkpoint): each is read whole and checked (its header, with the
+/// store id when known, and every entry); a damaged one is a warning ([`orphan_damage`]).
+/// Returns the orphans' paths and those warnings (a listing that fails is a warning too:
+/// the files the checkpoint names are read and checked apart).
+fn check_orphan_overflow_files(
+    storage: &dyn Storage,
+    dir: &Path,
+    start: Option<&CheckpointStart>,
+) -> (Vec<PathBuf>, Vec<Failure>) {
+    let (files, _) = match ovf::list(storage, dir) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Default::default(),
+        Err(e) => {
+            let failure = Failure {
+                file: Some(dir.to_path_buf()),
+                offset: None,
+                message: format!(
+                    "cannot list {} for orphan overflow files: {e}",
+                    dir.display()
+                ),
+            };
+            return (Vec::new(), vec![failure]);
+        }
+    };
+    let named = start.map_or(&[][..], |s| s.named_files.as_slice());
+    let kept = start.is_some_and(|s| s.newer_damage.is_some());
+    let store_id = start.map(|s| s.store_id);
+    let (mut orphans, mut warnings) = (Vec::new(), Vec::new());
+    for (number, name) in files {
+        if named.binary_search(&number).is_ok() {
+            continue;
+        }
+        let path = dir.join(name);
+        if let Err(e) = ovf::read_file(storage, &path, store_id.as_ref(), Some(number)) {
+            warnings.push(orphan_damage(&path, kept, Failure::overflow(&path, &e)));
+        }
+        orphans.push(path);
+    }
+    (orphans, warnings)
 }
 
 impl CheckpointStart {
@@ -995,6 +1091,7 @@ impl Verification {
             bad_record_details,
             checkpoint: None,
             warnings,
+            orphan_overflow_files: Vec::new(),
             records_after_checkpoint: census.after,
         }
     }
@@ -1025,6 +1122,21 @@ impl Verification {
             );
         }
         self.print_counts();
+        if !self.orphan_overflow_files.is_empty() {
+            let names: Vec<String> = self
+                .orphan_overflow_files
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            outln!(
+                "orphans         {} overflow file{} no checkpoint in use refers to (the engine \
+                 removes {}; no data it needs): {}",
+                names.len(),
+                if names.len() == 1 { "" } else { "s" },
+                if names.len() == 1 { "it" } else { "them" },
+                names.join(", ")
+            );
+        }
         self.print_verdict();
     }
 
