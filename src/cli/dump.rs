@@ -15,7 +15,7 @@
 
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
 use super::verify::{
-    check_deferred_overflow_refs, dirs, missing_checkpoint,
+    check_deferred_overflow_refs, dirs, missing_checkpoint, not_regular_files,
     start_from_checkpoint_deferring_overflow, CheckpointStart, Failure, FarReader, Torn,
 };
 use super::Verdict;
@@ -114,8 +114,9 @@ one and so does the dump (the newest one's damage is then a warning).
 Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
 was read and every body decodes (a torn tail included); 1 if a checkpoint or the log is \
 damaged (records before the damage are printed first), a body does not decode, the log was \
-trimmed and the checkpoint that covered its start is missing, or the directory cannot be \
-read.")]
+trimmed and the checkpoint that covered its start is missing, an entry named like a log \
+segment, a checkpoint or an overflow file is not a regular file (a FIFO, a directory: the \
+engine passes over it), or the directory cannot be read.")]
 pub struct DumpArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
@@ -188,7 +189,14 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
     if let Some(e) = dumper.write_error.take() {
         return Err(e).context("cannot write the dump to stdout");
     }
-    Ok(dumper.summarize(&log_dir, log_dir != data_dir, &scan, checkpoint))
+    let not_regular = not_regular_files(&data_dir, &log_dir);
+    Ok(dumper.summarize(
+        &log_dir,
+        log_dir != data_dir,
+        &scan,
+        checkpoint,
+        &not_regular,
+    ))
 }
 
 /// Prints records as the scan hands them over.
@@ -510,9 +518,13 @@ impl<W: Write> Dumper<W> {
         data_dir: bool,
         scan: &Result<ScanReport, WalError>,
         checkpoint: Option<CheckpointStart>,
+        not_regular: &[Failure],
     ) -> Verdict {
-        let mut ok = self.undecodable == 0;
+        let mut ok = self.undecodable == 0 && not_regular.is_empty();
         let mut summary = String::new();
+        for f in not_regular {
+            summary.push_str(&f.describe("kairos dump: FAILED"));
+        }
         if let Some(failure) = &self.overflow_failure {
             ok = false;
             summary.push_str(&failure.describe("kairos dump: damaged overflow file"));

@@ -22,7 +22,7 @@
 
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
-    check_overflow_entries, dirs, missing_checkpoint, orphan_damage,
+    check_overflow_entries, dirs, missing_checkpoint, not_regular_files, orphan_damage,
     start_from_checkpoint_deferring_overflow, CheckpointStart, EntryKey, Failure, FarReader,
     OverflowRef, Tally, Torn,
 };
@@ -112,7 +112,9 @@ alike).
 Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
 reads, every record above the checkpoint decodes and replays (a torn tail included), and every \
 overflow file reads back whole and holds the payloads the checkpoint places there; 1 if a \
-checkpoint, the log or an overflow file the checkpoint names is damaged, a record is bad, the \
+checkpoint, the log or an overflow file the checkpoint names is damaged, a record is bad, an \
+entry named like a log segment, a checkpoint or an overflow file is not a regular file (a FIFO, \
+a directory: the engine passes over it), the \
 log was trimmed and the checkpoint that covered its start is missing, or the directory cannot \
 be read.")]
 pub struct InspectArgs {
@@ -190,6 +192,10 @@ pub(crate) struct Inspection {
     /// as of the last record read), rather than being an overflow file's damage.
     #[serde(skip)]
     log_stopped: bool,
+    /// Entries named like a log segment, a checkpoint or an overflow file that are not
+    /// regular files (a FIFO, a directory, …): the engine passes over them. Each fails the
+    /// inspection.
+    not_regular_files: Vec<Failure>,
     /// Which of `warnings` is the newest checkpoint's damage (the engine then opens from an
     /// older one).
     #[serde(skip)]
@@ -426,7 +432,9 @@ struct FileUsage {
 /// Runs the inspection and prints it.
 pub fn run(args: &InspectArgs) -> anyhow::Result<Verdict> {
     let (data_dir, log_dir) = dirs(&args.dir, "inspect")?;
-    let inspection = inspect(&data_dir, log_dir, args.record_bytes_max);
+    let mut inspection = inspect(&data_dir, log_dir, args.record_bytes_max);
+    inspection.not_regular_files = not_regular_files(&data_dir, &inspection.log_dir);
+    inspection.ok &= inspection.not_regular_files.is_empty();
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&inspection)?);
     } else {
@@ -434,6 +442,9 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<Verdict> {
     }
     if let Some(error) = &inspection.error {
         errln!("kairos inspect: {}", error.message);
+    }
+    for f in &inspection.not_regular_files {
+        errln!("kairos inspect: {}", f.message);
     }
     Ok(if inspection.ok {
         Verdict::Pass
@@ -1037,6 +1048,7 @@ impl Reader {
             overflow: None,
             log_stopped: false,
             newer_checkpoint_warning: None,
+            not_regular_files: Vec::new(),
         };
         (inspection, live_refs)
     }
@@ -1511,6 +1523,9 @@ impl Inspection {
         }
         if let Some(e) = &self.error {
             e.print("FAILED");
+        }
+        for f in &self.not_regular_files {
+            f.print("FAILED");
         }
         for b in &self.bad_record_details {
             outln!(

@@ -51,8 +51,14 @@ a torn mark slot of the newest segment (what a crash while the slot was being wr
 the next open rewrites it as empty), printed as a WARNING with its file and byte offset; a torn \
 slot in an older segment, or both slots torn, is damage.
 
+An entry named like a log segment, a checkpoint or an overflow file that is not a regular file \
+(a FIFO, a directory, a symbolic link) is reported as a failure: the engine reads regular files \
+only and passes over it (never waits on it), so whatever it took the place of is lost to the \
+engine.
+
 Exit status 0 when every record checks; 1 when something does not (the file and byte offset of \
-the damage, or the LSN of a bad record, are printed) or the directory cannot be read.")]
+the damage, or the LSN of a bad record, are printed), an entry named like a Kairos file is not a \
+regular file, or the directory cannot be read.")]
 pub struct VerifyArgs {
     /// Data directory (or its `wal` log directory).
     #[arg(value_name = "DIR")]
@@ -134,6 +140,10 @@ pub(crate) struct Verification {
     /// (unless the newest checkpoint is damaged: then the next checkpoint does). Each is read
     /// and checked; a damaged one is a warning.
     orphan_overflow_files: Vec<PathBuf>,
+    /// Entries named like a log segment, a checkpoint or an overflow file that are not
+    /// regular files (a FIFO, a directory, …): the engine passes over them. Each fails the
+    /// check.
+    not_regular_files: Vec<Failure>,
     /// Records whose body does not decode or does not replay.
     bad_records: u64,
     /// Records above the checkpoint's LSN (all of them without a checkpoint).
@@ -365,7 +375,9 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
     let (data_dir, log_dir) = dirs(&args.dir, "verify")?;
     let checkpoint_dir =
         (log_dir != data_dir).then(|| data_dir.join(checkpoint::CHECKPOINT_DIR_NAME));
-    let v = check(&FsStorage, log_dir, checkpoint_dir, args.record_bytes_max);
+    let mut v = check(&FsStorage, log_dir, checkpoint_dir, args.record_bytes_max);
+    v.not_regular_files = not_regular_files(&data_dir, &v.log_dir);
+    v.ok &= v.not_regular_files.is_empty();
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -373,6 +385,9 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<Verdict> {
     }
     if let Some(error) = &v.error {
         errln!("kairos verify: {}", error.message);
+    }
+    for f in &v.not_regular_files {
+        errln!("kairos verify: {}", f.message);
     }
     Ok(if v.ok { Verdict::Pass } else { Verdict::Fail })
 }
@@ -832,6 +847,88 @@ impl CheckpointStart {
     }
 }
 
+/// What kind of entry a file type that is not a regular file is, for messages.
+fn entry_kind(t: std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        if t.is_fifo() {
+            return "FIFO";
+        }
+        if t.is_socket() {
+            return "socket";
+        }
+        if t.is_block_device() {
+            return "block device";
+        }
+        if t.is_char_device() {
+            return "character device";
+        }
+    }
+    if t.is_dir() {
+        "directory"
+    } else if t.is_symlink() {
+        "symbolic link"
+    } else {
+        "special file"
+    }
+}
+
+/// Entries named like the files Kairos keeps — log segments in `log_dir`, and in a data
+/// directory `data_dir` (when it is not `log_dir`) checkpoints in `checkpoint/` and overflow
+/// files in `overflow/` — that are not regular files: a FIFO, a directory, a symbolic link,
+/// a device. The log and the engine list regular files only (`FsStorage`: a FIFO can never
+/// block them), so their open passes over such an entry: what it replaced is lost to them
+/// (a segment between two others shows as missing; the newest, a checkpoint or an overflow
+/// file may not), and a file the engine writes under that name later cannot replace a
+/// directory. `verify`, `inspect` and `dump` report each one as a failure. Nothing is opened
+/// (the type is read from the directory entry, symbolic links not followed).
+pub(crate) fn not_regular_files(data_dir: &Path, log_dir: &Path) -> Vec<Failure> {
+    let mut places: Vec<(PathBuf, &str, fn(&str) -> bool)> =
+        vec![(log_dir.to_path_buf(), "log segment", |name| {
+            kairos_wal::format::parse_segment_file_name(name).is_some()
+        })];
+    if data_dir != log_dir {
+        places.push((
+            data_dir.join(checkpoint::CHECKPOINT_DIR_NAME),
+            "checkpoint",
+            |name| checkpoint::parse_file_name(name).is_some(),
+        ));
+        places.push((
+            data_dir.join(ovf::OVERFLOW_DIR_NAME),
+            "overflow file",
+            |name| ovf::parse_file_name(name).is_some(),
+        ));
+    }
+    let mut found = Vec::new();
+    for (dir, what, named_like) in places {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            // A directory that cannot be listed is reported by the reading that needs it.
+            continue;
+        };
+        let mut odd: Vec<(PathBuf, &str)> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_str().is_some_and(named_like))
+            .filter_map(|e| {
+                let t = e.file_type().ok()?;
+                (!t.is_file()).then(|| (e.path(), entry_kind(t)))
+            })
+            .collect();
+        odd.sort();
+        found.extend(odd.into_iter().map(|(path, kind)| Failure {
+            message: format!(
+                "{} is a {kind}, not a regular file, though named like a {what}: the engine \
+                 reads regular files only and passes over it (if it took the place of a \
+                 {what}, that {what} is lost to the engine)",
+                path.display()
+            ),
+            file: Some(path),
+            offset: None,
+        }));
+    }
+    found
+}
+
 /// Whether `dir` lists a checkpoint file (read or not, damaged or not).
 fn has_checkpoint_file(dir: &Path) -> bool {
     checkpoint::list(&FsStorage, dir).is_ok_and(|(files, _)| !files.is_empty())
@@ -1092,6 +1189,7 @@ impl Verification {
             checkpoint: None,
             warnings,
             orphan_overflow_files: Vec::new(),
+            not_regular_files: Vec::new(),
             records_after_checkpoint: census.after,
         }
     }
@@ -1215,6 +1313,9 @@ impl Verification {
         }
         if let Some(e) = &self.error {
             e.print("FAILED");
+        }
+        for f in &self.not_regular_files {
+            f.print("FAILED");
         }
         for b in &self.bad_record_details {
             outln!(
