@@ -16,7 +16,7 @@
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
 use super::verify::{
     check_deferred_overflow_refs, dirs, missing_checkpoint, not_regular_files,
-    start_from_checkpoint_deferring_overflow, CheckpointStart, Failure, FarReader, Torn,
+    start_from_checkpoint_deferring_overflow, Cause, CheckpointStart, Failure, FarReader, Torn,
 };
 use super::Verdict;
 use anyhow::Context as _;
@@ -109,11 +109,15 @@ segment (a warning: what a crash while it was being written leaves, which the ne
 rewrites as empty), or the damage that stopped the scan, with its file and byte offset, after the records read before it. A checkpoint that does \
 not read back is reported with its file and byte offset, and the log is dumped without it; if \
 an older one reads and the log still holds every record after it, the engine opens from that \
-one and so does the dump (the newest one's damage is then a warning).
+one and so does the dump (the newest one's damage is then a warning). The overflow files the \
+checkpoint refers to are read and checked too. Each file that fails is called damaged (its \
+bytes were read and are wrong), unreadable (an I/O error, printed: permission denied, not a \
+regular file) or missing.
 
 Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
 was read and every body decodes (a torn tail included); 1 if a checkpoint or the log is \
-damaged (records before the damage are printed first), a body does not decode, the log was \
+damaged or unreadable (records before the damage are printed first), an overflow file the \
+checkpoint refers to is damaged, unreadable or missing, a body does not decode, the log was \
 trimmed and the checkpoint that covered its start is missing, an entry named like a log \
 segment, a checkpoint or an overflow file is not a regular file (a FIFO, a directory: the \
 engine passes over it), or the directory cannot be read.")]
@@ -378,6 +382,7 @@ impl<W: Write> Dumper<W> {
                 Ok(_) => {}
                 Err(why) => {
                     self.far_failure.get_or_insert_with(|| Failure {
+                        cause: Cause::Damage,
                         file: c
                             .overflow_dir
                             .as_ref()
@@ -525,9 +530,13 @@ impl<W: Write> Dumper<W> {
         for f in not_regular {
             summary.push_str(&f.describe("kairos dump: FAILED"));
         }
+        // What happened to a file: bad bytes (damaged), an I/O error (unreadable: the error
+        // says which), or not there (missing).
+        let label =
+            |f: &Failure, what: &str| format!("kairos dump: {} {what}", f.cause.adjective());
         if let Some(failure) = &self.overflow_failure {
             ok = false;
-            summary.push_str(&failure.describe("kairos dump: damaged overflow file"));
+            summary.push_str(&failure.describe(&label(failure, "overflow file")));
         }
         if let Some(failure) = &self.far_failure {
             ok = false;
@@ -537,12 +546,12 @@ impl<W: Write> Dumper<W> {
                 .as_ref()
                 .is_some_and(|f| f.file == failure.file);
             if !same_file {
-                summary.push_str(&failure.describe("kairos dump: damaged overflow file"));
+                summary.push_str(&failure.describe(&label(failure, "overflow file")));
             }
         }
         if let Some(failure) = &self.checkpoint_failure {
             ok = false;
-            summary.push_str(&failure.describe("kairos dump: damaged checkpoint"));
+            summary.push_str(&failure.describe(&label(failure, "checkpoint")));
             let _ = writeln!(
                 summary,
                 "kairos dump: the log is dumped without a checkpoint (the engine would not \
@@ -629,7 +638,11 @@ impl<W: Write> Dumper<W> {
             Err(e) => {
                 ok = false;
                 let failure = Failure::from(e);
-                let _ = writeln!(summary, "kairos dump: damaged log: {}", failure.message);
+                let (what, stopped_by) = match failure.cause {
+                    Cause::Damage => ("damaged", "the damage"),
+                    Cause::Unreadable | Cause::Missing => ("unreadable", "the error"),
+                };
+                let _ = writeln!(summary, "kairos dump: {what} log: {}", failure.message);
                 if let Some(file) = &failure.file {
                     let _ = writeln!(summary, "  file    {}", file.display());
                 }
@@ -638,7 +651,7 @@ impl<W: Write> Dumper<W> {
                 }
                 let _ = writeln!(
                     summary,
-                    "kairos dump: the {} records read before the damage are printed above",
+                    "kairos dump: the {} records read before {stopped_by} are printed above",
                     self.records
                 );
             }

@@ -23,7 +23,7 @@
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
     check_overflow_entries, dirs, missing_checkpoint, not_regular_files, orphan_damage,
-    start_from_checkpoint_deferring_overflow, CheckpointStart, EntryKey, Failure, FarReader,
+    start_from_checkpoint_deferring_overflow, Cause, CheckpointStart, EntryKey, Failure, FarReader,
     OverflowRef, Tally, Torn,
 };
 use super::Verdict;
@@ -575,6 +575,7 @@ impl Inspection {
             Ok(listing) => listing,
             Err(e) => {
                 damages.push(Failure {
+                    cause: Cause::of_io(&e),
                     file: Some(dir.clone()),
                     offset: None,
                     message: format!("cannot list {}: {e}", dir.display()),
@@ -603,6 +604,7 @@ impl Inspection {
             );
             if let Some(d) = &summary.damage {
                 let d = Failure {
+                    cause: d.cause,
                     file: d.file.clone(),
                     offset: d.offset,
                     message: d.message.clone(),

@@ -296,6 +296,42 @@ pub(crate) struct Failure {
     pub(crate) offset: Option<u64>,
     /// The error.
     pub(crate) message: String,
+    /// Whether the file could not be read at all (an I/O error: permission denied, not a
+    /// regular file, gone), rather than read and found damaged — `dump` says which.
+    #[serde(skip)]
+    pub(crate) cause: Cause,
+}
+
+/// Why a [`Failure`]'s file failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// Its bytes were read and are wrong (or the directory's files do not fit together).
+    #[default]
+    Damage,
+    /// It could not be read: the I/O error is in the message.
+    Unreadable,
+    /// It is not there.
+    Missing,
+}
+
+impl Cause {
+    /// The cause of an I/O error.
+    pub(crate) fn of_io(e: &std::io::Error) -> Cause {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Cause::Missing
+        } else {
+            Cause::Unreadable
+        }
+    }
+
+    /// `damaged`, `unreadable` or `missing`, to put before what the file is.
+    pub(crate) fn adjective(self) -> &'static str {
+        match self {
+            Cause::Damage => "damaged",
+            Cause::Unreadable => "unreadable",
+            Cause::Missing => "missing",
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -475,6 +511,7 @@ pub(crate) fn missing_checkpoint(first: Option<(&Path, u64)>, alone: bool) -> Op
         )
     };
     Some(Failure {
+        cause: Cause::Damage,
         file: Some(file.to_path_buf()),
         offset: None,
         message,
@@ -515,6 +552,7 @@ fn start_from(
     defer_overflow: bool,
 ) -> Result<Option<CheckpointStart>, Failure> {
     let (files, _) = checkpoint::list(storage, dir).map_err(|e| Failure {
+        cause: Cause::of_io(&e),
         file: Some(dir.to_path_buf()),
         offset: None,
         message: format!("cannot list {}: {e}", dir.display()),
@@ -529,7 +567,12 @@ fn start_from(
                 checkpoint::CheckpointReadError::UnsupportedVersion { .. } => Some(0),
                 _ => None,
             };
+            let cause = match &e {
+                checkpoint::CheckpointReadError::Io { source, .. } => Cause::of_io(source),
+                _ => Cause::Damage,
+            };
             Failure {
+                cause,
                 file: Some(path.clone()),
                 offset,
                 message: e.to_string(),
@@ -544,6 +587,7 @@ fn start_from(
         };
         let Some(header) = c.header.filter(|h| h.lsn == *lsn) else {
             newest_error.get_or_insert(Failure {
+                cause: Cause::Damage,
                 file: Some(path.clone()),
                 offset: Some(0),
                 message: format!(
@@ -588,6 +632,7 @@ fn start_from(
             check_overflow_refs(storage, dir, &header.store_id, &c.tasks, &c.far)?;
         }
         let not_replayable = |e: crate_replay::RuleError| Failure {
+            cause: Cause::Damage,
             file: Some(path.clone()),
             offset: None,
             message: format!("checkpoint {}: {e}", path.display()),
@@ -710,6 +755,7 @@ pub(crate) fn check_overflow_entries<'k>(
     hasher: Option<&far::KeyHasher>,
 ) -> Result<(), Failure> {
     let failure = |offset: u64, message: String| Failure {
+        cause: Cause::Damage,
         file: Some(path.to_path_buf()),
         offset: Some(offset),
         message,
@@ -797,6 +843,7 @@ fn check_orphan_overflow_files(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Default::default(),
         Err(e) => {
             let failure = Failure {
+                cause: Cause::of_io(&e),
                 file: Some(dir.to_path_buf()),
                 offset: None,
                 message: format!(
@@ -836,6 +883,7 @@ impl CheckpointStart {
             return Ok(());
         }
         Err(self.newer_damage.take().unwrap_or_else(|| Failure {
+cause: Cause::Damage,
             file: Some(s.file.clone()),
             offset: None,
             message: format!(
@@ -916,6 +964,7 @@ pub(crate) fn not_regular_files(data_dir: &Path, log_dir: &Path) -> Vec<Failure>
             .collect();
         odd.sort();
         found.extend(odd.into_iter().map(|(path, kind)| Failure {
+            cause: Cause::Damage,
             message: format!(
                 "{} is a {kind}, not a regular file, though named like a {what}: the engine \
                  reads regular files only and passes over it (if it took the place of a \
@@ -1377,6 +1426,7 @@ impl Failure {
             ""
         };
         Some(Failure {
+            cause: Cause::Damage,
             file: Some(torn.file.clone()),
             offset: Some(torn.offset),
             message: format!(
@@ -1394,7 +1444,12 @@ impl Failure {
             ovf::OverflowReadError::Corrupt { offset, .. } => Some(*offset),
             _ => None,
         };
+        let cause = match e {
+            ovf::OverflowReadError::Io { source, .. } => Cause::of_io(source),
+            _ => Cause::Damage,
+        };
         Failure {
+            cause,
             file: Some(path.to_path_buf()),
             offset,
             message: e.to_string(),
@@ -1461,6 +1516,7 @@ impl Failure {
             )
         };
         Failure {
+            cause: Cause::Damage,
             file: Some(dir.to_path_buf()),
             offset: None,
             message,
@@ -1498,7 +1554,12 @@ impl From<&WalError> for Failure {
             WalError::Io { path, .. } => (Some(path.clone()), None),
             _ => (None, None),
         };
+        let cause = match e {
+            WalError::Io { source, .. } => Cause::of_io(source),
+            _ => Cause::Damage,
+        };
         Failure {
+            cause,
             file,
             offset,
             message: e.to_string(),
