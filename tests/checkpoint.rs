@@ -1014,3 +1014,83 @@ fn a_checkpoint_written_with_weakened_far_key_hashes_is_refused() -> TestResult 
     }
     Ok(())
 }
+
+/// The newest checkpoint file unreadable (an I/O error, not bad bytes) beside an older one the
+/// log still covers: the engine's open fails — a read that failed says nothing about the file,
+/// so it does not fall back — and `kairos verify`'s check fails with it, naming the file. It
+/// used to fall back to the older checkpoint as for a damaged file, pass, and call the read
+/// error a warning.
+#[cfg(feature = "cli")]
+#[test]
+fn verify_fails_as_open_does_on_an_unreadable_newest_checkpoint() -> TestResult {
+    let sim = kairos_wal::SimStorage::new(7);
+    let storage = common::bad_spots::BadSpotStorage::new(sim.clone());
+    let (engine, _clock) = open_on_bad_spots(&storage, false)?;
+    let checkpoints = || -> TestResult<Vec<String>> {
+        let mut names = sim.list(Path::new("/kairos/checkpoint"))?;
+        names.retain(|n| n.ends_with(".ckpt"));
+        Ok(names)
+    };
+    for i in 0..10u64 {
+        engine.schedule(
+            format!("a{i}").as_bytes(),
+            Due::After(Duration::from_secs(60)),
+            b"x",
+        )?;
+    }
+    engine.checkpoint()?;
+    let older = checkpoints()?.pop().ok_or("no checkpoint")?;
+    // Kept beside the newest: the log (one segment, still active) covers it.
+    storage.spots.lock().map_err(|_| "lock")?.unremovable = Some(older.clone());
+    for i in 0..10u64 {
+        engine.schedule(
+            format!("b{i}").as_bytes(),
+            Due::After(Duration::from_secs(60)),
+            b"x",
+        )?;
+    }
+    assert!(
+        engine.checkpoint().is_err(),
+        "the older file cannot be removed"
+    );
+    engine.shutdown()?;
+    let names = checkpoints()?;
+    assert_eq!(names.len(), 2, "{names:?}");
+    let newest = names.last().ok_or("no checkpoint")?.clone();
+    {
+        let mut spots = storage.spots.lock().map_err(|_| "lock")?;
+        spots.unremovable = None;
+        spots.unreadable = Some((newest.clone(), 0..1 << 40));
+    }
+    let opened = Engine::open_with(
+        "/kairos",
+        config(Durability::Sync),
+        Arc::new(storage.clone()),
+        Arc::new(ManualClock::new(START_MS)),
+    );
+    assert!(
+        opened.is_err(),
+        "the open must not fall back past a read error"
+    );
+    let outcome = kairos::fuzzing::verify_log(
+        &storage,
+        Path::new("/kairos/wal"),
+        kairos_wal::RECORD_BYTES_MAX_DEFAULT,
+    );
+    assert!(!outcome.ok, "{}", outcome.json);
+    assert_eq!(
+        outcome.failure_file,
+        Some(Path::new("/kairos/checkpoint").join(&newest)),
+        "{}",
+        outcome.json
+    );
+    // Readable again: the newest is used, and everything checks.
+    storage.spots.lock().map_err(|_| "lock")?.unreadable = None;
+    let outcome = kairos::fuzzing::verify_log(
+        &storage,
+        Path::new("/kairos/wal"),
+        kairos_wal::RECORD_BYTES_MAX_DEFAULT,
+    );
+    assert!(outcome.ok, "{}", outcome.json);
+    Ok(())
+}

@@ -109,7 +109,9 @@ segment (a warning: what a crash while it was being written leaves, which the ne
 rewrites as empty), or the damage that stopped the scan, with its file and byte offset, after the records read before it. A checkpoint that does \
 not read back is reported with its file and byte offset, and the log is dumped without it; if \
 an older one reads and the log still holds every record after it, the engine opens from that \
-one and so does the dump (the newest one's damage is then a warning). The overflow files the \
+one and so does the dump (the newest one's damage is then a warning) — but not past a file \
+that could not be read at all (an I/O error): the engine's open fails on it, and the dump goes \
+on without a checkpoint. The overflow files the \
 checkpoint refers to are read and checked too. Each file that fails is called damaged (its \
 bytes were read and are wrong), unreadable (an I/O error, printed: permission denied, not a \
 regular file) or missing.

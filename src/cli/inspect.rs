@@ -103,7 +103,8 @@ On a damaged directory, prints what it could read before the damage (the counts 
 of the last record read) and where the damage is: file and byte offset. A newest checkpoint \
 that does not read back is damage, unless an older one reads and the log still holds every \
 record after it: the engine then opens from the older one, and so does inspect, reporting the \
-newest one's damage as a warning. If no checkpoint reads, the log is not read (the task counts \
+newest one's damage as a warning (not past a file that could not be read at all, an I/O \
+error: the engine's open fails on it). If no checkpoint reads, the log is not read (the task counts \
 are unknown). A damaged or missing overflow file is named the same way (file, and byte offset \
 of the damaged header or entry), without stopping the rest: the log is read whole. A damaged \
 orphan is a WARNING, not damage: the engine removes it, and nothing needs it (verify reports it \

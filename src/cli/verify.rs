@@ -580,6 +580,9 @@ fn start_from(
         });
         let c = match read {
             Ok(c) => c,
+            // A read that failed (an I/O error) says nothing about the file: the engine's
+            // open fails rather than fall back to an older checkpoint, and so does the check.
+            Err(f) if f.cause != Cause::Damage => return Err(f),
             Err(f) => {
                 newest_error.get_or_insert(f);
                 continue;
