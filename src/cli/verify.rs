@@ -935,10 +935,11 @@ fn entry_kind(t: std::fs::FileType) -> &'static str {
 /// directory. `verify`, `inspect` and `dump` report each one as a failure. Nothing is opened
 /// (the type is read from the directory entry, symbolic links not followed).
 pub(crate) fn not_regular_files(data_dir: &Path, log_dir: &Path) -> Vec<Failure> {
-    let mut places: Vec<(PathBuf, &str, fn(&str) -> bool)> =
-        vec![(log_dir.to_path_buf(), "log segment", |name| {
-            kairos_wal::format::parse_segment_file_name(name).is_some()
-        })];
+    /// A directory, what its files are, and which names are theirs.
+    type Place = (PathBuf, &'static str, fn(&str) -> bool);
+    let mut places: Vec<Place> = vec![(log_dir.to_path_buf(), "log segment", |name| {
+        kairos_wal::format::parse_segment_file_name(name).is_some()
+    })];
     if data_dir != log_dir {
         places.push((
             data_dir.join(checkpoint::CHECKPOINT_DIR_NAME),
