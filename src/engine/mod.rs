@@ -132,8 +132,9 @@ pub struct Recovery {
     pub pending: usize,
     /// Of those, tasks due in the past at open and not in flight before:
     /// they fell due while the engine was closed, or were handed out but
-    /// taken back unreceived by a clean shutdown. With `redelivered`, the
-    /// catch-up backlog.
+    /// taken back unreceived — by a clean shutdown, or at most once by this
+    /// open after a crash (they come again as the same attempt). With
+    /// `redelivered`, the catch-up backlog.
     pub overdue: usize,
     /// Of those, tasks in flight when the engine last stopped — at a crash,
     /// or held by a consumer at a clean shutdown (delivered, never acked):
@@ -1956,8 +1957,11 @@ impl Shared {
             if t.in_flight {
                 match self.config.delivery {
                     DeliveryGuarantee::AtMostOnce => {
+                        // Handed out, never received (a receive logs the ACK first):
+                        // taken back, as a clean shutdown takes it back, so overdue.
                         settle.push(&Record::Release { id });
                         deliveries = deliveries.saturating_sub(1);
+                        recovery.overdue += 1;
                     }
                     _ if deliveries >= self.config.retry.max_attempts => {
                         // The slots were planned with these taking none.
