@@ -138,7 +138,9 @@ impl Consumer {
     /// [`AckError::NotOutstanding`] if the task is finished (acked,
     /// cancelled, dead-lettered — also when the last attempt's lease ran
     /// out) or the delivery is from before a restart or another engine;
-    /// `Closed`; `Poisoned`. An error changes nothing. The answer depends on
+    /// `Closed`; `Poisoned`. An error changes nothing, except `Poisoned`,
+    /// whose outcome is unknown (the ack record may have reached the disk;
+    /// see [`AckError`]). The answer depends on
     /// the log and the clock only, never on the driver's timing.
     pub fn ack(&self, delivery: &Delivery) -> Result<(), AckError> {
         self.shared.ack_many(std::slice::from_ref(delivery))

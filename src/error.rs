@@ -101,7 +101,11 @@ pub enum CheckpointError {
     Overflow(#[from] crate::overflow::OverflowReadError),
 }
 
-/// Scheduling failed; nothing was scheduled (a batch is all or nothing).
+/// Scheduling failed; nothing was scheduled (a batch is all or nothing) —
+/// except for `Poisoned`, whose outcome is unknown to the caller: when the
+/// failure was this call's own write or sync, its record may or may not
+/// have reached the disk, and the task (or the requeue) may be there after
+/// a reopen.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ScheduleError {
@@ -188,7 +192,9 @@ pub enum ScheduleError {
     /// The engine was shut down.
     #[error("the engine is shut down")]
     Closed,
-    /// A write or sync failed earlier; the engine refuses work until reopened.
+    /// A write or sync failed — this call's own, or an earlier one; the
+    /// engine refuses work until reopened. The outcome of this call is
+    /// unknown (see the type's docs).
     #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
     Poisoned {
         /// The original failure.
@@ -220,7 +226,11 @@ pub enum CancelError {
     },
 }
 
-/// Acknowledging a delivery failed.
+/// Acknowledging a delivery (or nacking it, or extending its lease) failed.
+/// Nothing changed — except for `Poisoned`, whose outcome is unknown to the
+/// caller: an ack or nack record whose own write or sync failed may or may
+/// not have reached the disk (after a reopen the task is then finished, or
+/// retried or dead-lettered as the nack said).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AckError {

@@ -96,6 +96,10 @@ pub enum CancelOutcome {
     /// A consumer holds the task right now (delivery `attempt`). No retry or
     /// redelivery of it will follow (the cancel is logged); the holder may
     /// still ack it. The caller should compensate for the work in progress.
+    ///
+    /// The key is free from now on, though the holder still has the task: a
+    /// schedule (or reschedule) of it makes a new task, and a second cancel
+    /// answers [`CancelOutcome::NotFound`].
     AlreadyDelivered {
         /// The attempt the consumer holds.
         attempt: u32,
@@ -822,7 +826,10 @@ impl Engine {
     }
 
     /// [`Engine::open`] with an explicit storage (e.g. `kairos_wal::SimStorage`
-    /// for crash tests) and clock (e.g. [`crate::ManualClock`]).
+    /// for crash tests, or `kairos_wal::FsStorage`, the real file system
+    /// `open` uses) and clock (e.g. [`crate::ManualClock`]). A `SimStorage`
+    /// clone shares its files: keep one to cut the power and to open the
+    /// same directory again.
     ///
     /// # Errors
     /// As [`Engine::open`].
