@@ -175,7 +175,9 @@ pub struct Config {
     /// When a call returns relative to its record reaching stable storage.
     /// Default [`Durability::Sync`]; [`Durability::Interval`] needs a
     /// non-zero interval (checked by in-memory engines too, which otherwise
-    /// ignore this field).
+    /// ignore this field). Its background sync runs on real time, like
+    /// `checkpoint_interval`: moving a [`crate::ManualClock`] does not bring
+    /// it on (call [`crate::Engine::sync`] in deterministic tests).
     pub durability: Durability,
     /// Log segment roll size in bytes, at least
     /// [`kairos_wal::SEGMENT_BYTES_MIN`] (4 KiB). Default
@@ -184,10 +186,15 @@ pub struct Config {
     /// Longest key accepted, in bytes (1..=[`KEY_BYTES_MAX_LIMIT`]). Default
     /// [`KEY_BYTES_MAX_DEFAULT`] (1 KiB). Lowering it later does not touch
     /// tasks already stored: they fire and can be cancelled, but a
-    /// reschedule of one with a longer key is refused (`KeyTooLong`).
+    /// reschedule of one with a longer key is refused (`KeyTooLong`), and
+    /// so is the requeue of a dead letter with one
+    /// ([`crate::Engine::requeue_dead_letter`]).
     pub key_bytes_max: usize,
     /// Largest payload accepted, in bytes (≤ [`PAYLOAD_BYTES_MAX_LIMIT`]).
-    /// Default [`PAYLOAD_BYTES_MAX_DEFAULT`] (1 MiB).
+    /// Default [`PAYLOAD_BYTES_MAX_DEFAULT`] (1 MiB). Lowering it later does
+    /// not touch tasks already stored (they fire, and a reschedule without
+    /// a new payload keeps theirs), but the requeue of a dead letter with a
+    /// larger payload is refused (`PayloadTooLarge`).
     pub payload_bytes_max: usize,
     /// Largest number of live tasks; `schedule` beyond it is an error
     /// (1..=[`PENDING_TASKS_LIMIT`]). Default [`PENDING_TASKS_MAX_DEFAULT`]

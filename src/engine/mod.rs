@@ -1415,6 +1415,8 @@ impl Engine {
     /// # Errors
     /// [`ScheduleError::NotDeadLetter`] if there is no such dead letter;
     /// `AlreadyExists` if a live task has its key now; bad due time;
+    /// `KeyTooLong` or `PayloadTooLarge` if its key or payload exceeds the
+    /// limits of the configuration in use (lowered since it was scheduled);
     /// `TooManyPending`; `Closed`; `Poisoned`.
     pub fn requeue_dead_letter(&self, id: TaskId, due: Due) -> Result<TaskId, ScheduleError> {
         self.shared.requeue_dead_letter(id, due)
