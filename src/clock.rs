@@ -121,21 +121,44 @@ impl ManualClock {
     }
 
     /// Moves wall and monotonic time forward by `by`.
+    ///
+    /// # Panics
+    /// If either time would overflow (`SystemTime + by`, `Duration + by`: a
+    /// `by` near `Duration::MAX`, far beyond any due time the engine
+    /// accepts). The clock is left unchanged and stays usable.
     pub fn advance(&self, by: Duration) {
         self.update(|s| {
-            s.wall += by;
-            s.monotonic += by;
+            let (Some(wall), Some(monotonic)) =
+                (s.wall.checked_add(by), s.monotonic.checked_add(by))
+            else {
+                panic!("ManualClock::advance({by:?}) overflows the clock");
+            };
+            s.wall = wall;
+            s.monotonic = monotonic;
         });
     }
 
     /// Moves only monotonic time forward by `by` (as across a suspend that the
     /// wall clock did not see).
+    ///
+    /// # Panics
+    /// If monotonic time would overflow `Duration` (as [`ManualClock::advance`]);
+    /// the clock is left unchanged.
     pub fn advance_monotonic(&self, by: Duration) {
-        self.update(|s| s.monotonic += by);
+        self.update(|s| {
+            let Some(monotonic) = s.monotonic.checked_add(by) else {
+                panic!("ManualClock::advance_monotonic({by:?}) overflows the clock");
+            };
+            s.monotonic = monotonic;
+        });
     }
 
     /// Steps only the wall clock by `delta_ms` milliseconds (negative: back).
     /// Saturates at the Unix epoch.
+    ///
+    /// # Panics
+    /// If wall time would overflow `SystemTime` (only after steps adding up to
+    /// hundreds of millions of years).
     pub fn step_wall(&self, delta_ms: i64) {
         self.update(|s| {
             let d = Duration::from_millis(delta_ms.unsigned_abs());
@@ -233,6 +256,23 @@ mod tests {
         assert_eq!(c.now_monotonic(), Duration::from_millis(250));
         c.advance_monotonic(Duration::from_millis(5));
         assert_eq!(c.now_monotonic(), Duration::from_millis(255));
+    }
+
+    #[test]
+    fn an_overflowing_advance_panics_and_leaves_the_clock_as_it_was() {
+        let c = ManualClock::new(1_000);
+        c.advance(Duration::from_millis(7));
+        for step in [
+            |c: &ManualClock| c.advance(Duration::MAX),
+            |c: &ManualClock| c.advance_monotonic(Duration::MAX),
+        ] {
+            let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(&c)));
+            assert!(moved.is_err());
+            assert_eq!(c.wall_ms(), 1_007);
+            assert_eq!(c.now_monotonic(), Duration::from_millis(7));
+        }
+        c.advance(Duration::from_millis(1));
+        assert_eq!(c.wall_ms(), 1_008);
     }
 
     struct CountingWaker(std::sync::atomic::AtomicUsize);

@@ -62,7 +62,7 @@ pub enum CheckpointError {
     /// The engine was shut down.
     #[error("engine is shut down")]
     Closed,
-    /// The engine was poisoned by an earlier I/O failure.
+    /// The engine is poisoned by a failed write or sync (of this checkpoint or earlier).
     #[error("engine is poisoned: {cause}")]
     Poisoned {
         /// The first failure.
@@ -195,7 +195,7 @@ pub enum ScheduleError {
     /// A write or sync failed — this call's own, or an earlier one; the
     /// engine refuses work until reopened. The outcome of this call is
     /// unknown (see the type's docs).
-    #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
+    #[error("the engine is poisoned by a failed write or sync: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -219,7 +219,7 @@ pub enum CancelError {
     #[error("the engine is shut down")]
     Closed,
     /// A write or sync failed; the engine refuses work until reopened.
-    #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
+    #[error("the engine is poisoned by a failed write or sync: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -282,7 +282,7 @@ pub enum AckError {
     #[error("the engine is shut down")]
     Closed,
     /// A write or sync failed; the engine refuses work until reopened.
-    #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
+    #[error("the engine is poisoned by a failed write or sync: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -335,7 +335,7 @@ pub enum ShutdownError {
     #[error(transparent)]
     Wal(#[from] WalError),
     /// The engine was poisoned before shutdown.
-    #[error("the engine is poisoned by an earlier I/O failure: {cause}")]
+    #[error("the engine is poisoned by a failed write or sync: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,

@@ -103,7 +103,9 @@ pub use error::{
 /// API ([`Engine::open_with`] takes a [`kairos_wal::Storage`] such as
 /// [`kairos_wal::SimStorage`]; [`OpenError::Wal`] wraps a
 /// [`kairos_wal::WalError`]), so an embedder can name them with `kairos`
-/// as the only dependency.
+/// as the only dependency. Inlined, so `cargo doc -p kairos --no-deps`
+/// documents it too.
+#[doc(inline)]
 pub use kairos_wal;
 pub use kairos_wal::{Durability, RecoveryReport, TornTail};
 pub use task::{TaskId, TaskState};

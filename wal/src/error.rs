@@ -69,8 +69,9 @@ pub enum WalError {
         /// The version it declares.
         version: u16,
     },
-    /// An earlier write or sync failed; the log accepts nothing more until it is reopened.
-    #[error("log is poisoned by an earlier I/O failure: {cause}")]
+    /// A write or sync failed (this call's or an earlier one); the log accepts nothing more
+    /// until it is reopened.
+    #[error("log is poisoned by a failed write or sync: {cause}")]
     Poisoned {
         /// The operation that failed, its path and its error.
         cause: String,

@@ -144,6 +144,11 @@ const _: () = assert!(SEGMENT_BYTES_MIN <= SEGMENT_BYTES_DEFAULT);
 const _: () = assert!(SEGMENT_BYTES_MIN > format::SEGMENT_FRAMES_OFFSET as u64 * 2);
 
 /// When an appended frame counts as done ([`AppendTicket::wait`] returns).
+///
+/// In the `kairos` engine (its `Config::durability`) this is when a call that changes state —
+/// schedule, cancel, ack, nack, … — returns: once its record's frame is done in this sense.
+/// The engine's README states each mode's contract in the engine's terms (what survives a
+/// process crash, what survives a power loss).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
     /// After an fdatasync of the frame. Concurrent appends share one fdatasync (group commit).
