@@ -198,7 +198,10 @@ pub struct Config {
     pub payload_bytes_max: usize,
     /// Largest number of live tasks; `schedule` beyond it is an error
     /// (1..=[`PENDING_TASKS_LIMIT`]). Default [`PENDING_TASKS_MAX_DEFAULT`]
-    /// (50 M).
+    /// (50 M). Live: scheduled, or delivered and not yet finished — a task
+    /// cancelled while a consumer holds it counts until its holder answers
+    /// or the lease ends, though its key is free at once. Dead letters do
+    /// not count.
     pub pending_tasks_max: usize,
     /// Latest due time accepted, relative to now. Must fit the wheel:
     /// at most `tick × 2^41` (half the wheel's range; ≈ 69 years at 1 ms).
