@@ -305,7 +305,7 @@ impl Shared {
         // `L` and read a piece per hold.
         let dir = disk.checkpoint_dir();
         create_dir(disk.storage.as_ref(), &disk.dir, &dir)?;
-        let mut out = PieceFile::create(disk.storage.as_ref(), &dir, NEXT_CHECKPOINT_NAME)?;
+        let mut out = PieceFile::create(&disk.storage, &dir, NEXT_CHECKPOINT_NAME)?;
         let mut snapshot = Snapshots {
             shared: self,
             begun: false,
@@ -453,7 +453,7 @@ impl Shared {
             return Err(e.into());
         }
         out.name(&checkpoint::file_name(header.lsn));
-        out.finish(disk.storage.as_ref())?;
+        out.finish()?;
         book.lsn = header.lsn;
         book.bytes = bytes;
         // Durable: the log-growth trigger follows it even if the
@@ -1189,16 +1189,29 @@ impl Piece {
 
 /// A file written in pieces at given offsets, then made durable and given
 /// its name: `NAME.tmp`, fdatasync, rename, directory fsync (a crash before
-/// the rename leaves only the tmp file, which the next open removes).
+/// the rename leaves only the tmp file, which the next open removes). One
+/// dropped before its rename — a failed write, sync or rename, or an error
+/// of its caller's in between — removes its tmp file (best effort): nothing
+/// refers to it, and a process whose checkpoints or moves keep failing (a
+/// full disk) would otherwise pile up one per attempt until it reopens,
+/// overflow files taking a new number each time.
 struct PieceFile {
-    file: Box<dyn kairos_wal::storage::StorageFile>,
+    storage: Arc<dyn Storage>,
+    /// `None` once closed by [`PieceFile::finish`].
+    file: Option<Box<dyn kairos_wal::storage::StorageFile>>,
     tmp: PathBuf,
     path: PathBuf,
     dir: PathBuf,
+    /// The tmp file may still be on disk under its tmp name (not renamed).
+    tmp_left: bool,
 }
 
 impl PieceFile {
-    fn create(storage: &dyn Storage, dir: &Path, name: &str) -> Result<PieceFile, CheckpointError> {
+    fn create(
+        storage: &Arc<dyn Storage>,
+        dir: &Path,
+        name: &str,
+    ) -> Result<PieceFile, CheckpointError> {
         let tmp = dir.join(format!("{name}{}", checkpoint::TMP_SUFFIX));
         let io = |op, path: &Path| {
             let path = path.to_path_buf();
@@ -1213,16 +1226,21 @@ impl PieceFile {
             .open(&tmp, kairos_wal::storage::OpenMode::CreateNew)
             .map_err(io("create", &tmp))?;
         Ok(PieceFile {
-            file,
+            storage: Arc::clone(storage),
+            file: Some(file),
             path: dir.join(name),
             dir: dir.to_path_buf(),
             tmp,
+            tmp_left: true,
         })
     }
 
     fn write(&mut self, bytes: &[u8], at: u64) -> Result<(), CheckpointError> {
+        let closed = || std::io::Error::other("the file was closed already");
         self.file
-            .write_all_at(bytes, at)
+            .as_ref()
+            .ok_or_else(closed)
+            .and_then(|file| file.write_all_at(bytes, at))
             .map_err(|source| CheckpointError::Io {
                 op: "write",
                 path: self.tmp.clone(),
@@ -1236,22 +1254,39 @@ impl PieceFile {
         self.path = self.dir.join(name);
     }
 
-    fn finish(self, storage: &dyn Storage) -> Result<(), CheckpointError> {
-        let PieceFile {
-            file,
-            tmp,
-            path,
-            dir,
-        } = self;
+    /// Syncs, renames and fsyncs the directory. After a failure of the
+    /// last, the file is under its name (not durably): what refers to it
+    /// is the caller's to settle.
+    fn finish(mut self) -> Result<(), CheckpointError> {
         let err = |op, path: PathBuf| move |source| CheckpointError::Io { op, path, source };
-        file.sync_data().map_err(err("fdatasync", tmp.clone()))?;
-        drop(file);
-        storage
-            .rename(&tmp, &path)
-            .map_err(err("rename", tmp.clone()))?;
-        storage
-            .sync_dir(&dir)
-            .map_err(err("fsync dir", dir.clone()))
+        if let Some(file) = self.file.take() {
+            file.sync_data()
+                .map_err(err("fdatasync", self.tmp.clone()))?;
+        }
+        self.storage
+            .rename(&self.tmp, &self.path)
+            .map_err(err("rename", self.tmp.clone()))?;
+        self.tmp_left = false;
+        self.storage
+            .sync_dir(&self.dir)
+            .map_err(err("fsync dir", self.dir.clone()))
+    }
+}
+
+impl Drop for PieceFile {
+    fn drop(&mut self) {
+        if !self.tmp_left {
+            return;
+        }
+        drop(self.file.take());
+        match self.storage.remove_file(&self.tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // The next open removes it.
+            Err(e) => {
+                tracing::warn!(file = %self.tmp.display(), error = %e, "cannot remove an unfinished file")
+            }
+        }
     }
 }
 
@@ -1531,7 +1566,7 @@ impl Shared {
                 }),
             });
         }
-        let mut out = PieceFile::create(disk.storage.as_ref(), &dir, &name)?;
+        let mut out = PieceFile::create(&disk.storage, &dir, &name)?;
         let mut writer = OverflowWriter::new(&store_id, file);
         // Each victim is read in increasing offsets (its file is in (due,
         // id) order too), in pieces that together stay near one piece.
@@ -1657,7 +1692,18 @@ impl Shared {
         let (header, (at, bytes)) = writer.finish_parts();
         out.write(&bytes, at)?;
         out.write(&header, 0)?;
-        out.finish(disk.storage.as_ref())?;
+        if let Err(e) = out.finish() {
+            // Renamed into place, its directory's fsync failed (or whether
+            // it was renamed is unknown): named by no checkpoint, used by
+            // no task. Known from now on, so that the next checkpoint
+            // deletes it rather than the next open.
+            if !matches!(disk.storage.exists(&path), Ok(false)) {
+                if let Ok(mut core) = holds.lock(self) {
+                    core.overflow_files.entry(file).or_insert(0);
+                }
+            }
+            return Err(e);
+        }
         // Durable: known from now on, so that the checkpoint after a failed
         // read-back below deletes it (no task refers to it yet).
         holds.lock(self)?.overflow_files.entry(file).or_insert(0);
