@@ -262,6 +262,16 @@ impl Shared {
         if core.far.is_empty() || self.disk.is_none() {
             return Ok((core, FarReads::default(), false));
         }
+        self.reading_far(core, keys)
+    }
+
+    /// [`Shared::lock_reading_far`] from the hold `core` once it is known
+    /// that the engine has far tasks (and a disk).
+    pub(super) fn reading_far<'s, 'k>(
+        &'s self,
+        core: MutexGuard<'s, Core>,
+        keys: impl Iterator<Item = &'k [u8]>,
+    ) -> Result<(MutexGuard<'s, Core>, FarReads, bool), String> {
         let mut wanted: Vec<(u64, u64)> = Vec::new();
         for key in keys {
             let hash = core.hasher.hash(key);

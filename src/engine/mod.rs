@@ -2200,17 +2200,27 @@ impl Shared {
         let prebuilt = PayloadStore::prebuild(t.key, t.payload);
 
         self.await_relocation();
-        let (mut core, reads, far_match) = self
-            .lock_reading_far(std::iter::once(t.key))
-            .map_err(|cause| ScheduleError::Poisoned { cause })?;
+        // `lock_reading_far`, with the far reads (and their drop) only in
+        // an engine that has far tasks: an in-memory one never does.
+        let core = self.core.lock();
+        let (mut core, reads) = if core.far.is_empty() || self.disk.is_none() {
+            (core, None)
+        } else {
+            let (core, reads, far_match) = self
+                .reading_far(core, std::iter::once(t.key))
+                .map_err(|cause| ScheduleError::Poisoned { cause })?;
+            (core, far_match.then_some(reads))
+        };
         if let Err(refusal) = self.check_room(&core, 1) {
             return Err(self.room_refused(core, refusal));
         }
         if core.find_slot(tag, t.key).is_some()
-            || far_match
-                && self
-                    .far_key_or_poison(&mut core, t.key, &reads)
-                    .map_err(|cause| ScheduleError::Poisoned { cause })?
+            || match &reads {
+                Some(reads) => self
+                    .far_key_or_poison(&mut core, t.key, reads)
+                    .map_err(|cause| ScheduleError::Poisoned { cause })?,
+                None => false,
+            }
         {
             return Err(self.already_exists(core, t.key));
         }
