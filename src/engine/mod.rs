@@ -1835,10 +1835,17 @@ impl Shared {
     /// due order among the tasks that fell due during the pause; only one
     /// due at or before the wheel's last tick, before the pause began, still
     /// goes to the overdue queue, handed out ahead of them all. O(1).
+    #[inline]
     fn placement_tick(&self, core: &Core, due_ms: u64, due_tick: Tick) -> Tick {
         if !core.paused || due_tick.0 != 0 {
             return due_tick;
         }
+        self.paused_overdue_tick(due_ms)
+    }
+
+    /// [`Shared::placement_tick`] of a task due already while paused.
+    #[inline(never)]
+    fn paused_overdue_tick(&self, due_ms: u64) -> Tick {
         let now = self.now();
         self.mapped_tick(due_ms, now).min(self.tick_of(now))
     }
@@ -2215,9 +2222,9 @@ impl Shared {
             return Err(self.room_refused(core, refusal));
         }
         if core.find_slot(tag, t.key).is_some()
-            || match &reads {
+            || match reads {
                 Some(reads) => self
-                    .far_key_or_poison(&mut core, t.key, reads)
+                    .far_key_or_poison(&mut core, t.key, &reads)
                     .map_err(|cause| ScheduleError::Poisoned { cause })?,
                 None => false,
             }
@@ -2685,41 +2692,9 @@ impl Shared {
     }
 
     /// The due time in UTC ms (rounded up), checked against `delay_max`.
+    #[inline]
     fn validate_due(&self, due: Due, wall_ns: i128) -> Result<u64, ScheduleError> {
-        let due_ns: i128 = match due {
-            Due::At(at) => {
-                if at < std::time::UNIX_EPOCH {
-                    return Err(ScheduleError::DueBeforeEpoch);
-                }
-                if system_time_to_ms(at).is_none() {
-                    // Past u64::MAX ms: far beyond any delay_max.
-                    return Err(ScheduleError::DueTooFar {
-                        due_ms: u64::MAX,
-                        max_ms: self.latest_due_ms(wall_ns),
-                    });
-                }
-                system_time_to_ns(at)
-            }
-            Due::After(d) => wall_ns.saturating_add(d.as_nanos().min(i128::MAX as u128) as i128),
-        };
-        let Ok(due_ns) = u128::try_from(due_ns) else {
-            return Err(ScheduleError::DueBeforeEpoch);
-        };
-        let due_ms = div_u128(due_ns, 1_000_000, Round::Up);
-        let max_ms = self.latest_due_ms(wall_ns);
-        match u64::try_from(due_ms) {
-            Ok(due_ms) if due_ms <= max_ms => Ok(due_ms),
-            _ => Err(ScheduleError::DueTooFar {
-                due_ms: u64::try_from(due_ms).unwrap_or(u64::MAX),
-                max_ms,
-            }),
-        }
-    }
-
-    /// The latest due time accepted now: wall time + `delay_max`, UTC ms.
-    fn latest_due_ms(&self, wall_ns: i128) -> u64 {
-        let wall_ms = div_u128(u128::try_from(wall_ns).unwrap_or(0), 1_000_000, Round::Down);
-        u64::try_from(wall_ms + self.config.delay_max.as_millis()).unwrap_or(u64::MAX)
+        due_ms_checked(due, wall_ns, self.config.delay_max)
     }
 
     /// What cancelling the task in `slot` answers, and whether it is
@@ -3190,6 +3165,69 @@ enum Round {
     Up,
 }
 
+/// [`Shared::validate_due`]: the due time in UTC ms (rounded up), checked
+/// against `delay_max`. A delay from a wall time after the epoch — nearly
+/// every call — is worked out inline in `u64`: both below 2^62 ns (146
+/// years), their sum cannot overflow, and the figures are
+/// [`due_ms_general`]'s (`due_ms_fast_path_matches_the_general_one`).
+#[inline]
+fn due_ms_checked(due: Due, wall_ns: i128, delay_max: Duration) -> Result<u64, ScheduleError> {
+    const LIMIT_NS: u64 = 1 << 62;
+    if let Due::After(d) = due {
+        if let Ok(wall) = u64::try_from(wall_ns) {
+            if wall < LIMIT_NS && d.as_secs() < LIMIT_NS / 1_000_000_000 {
+                let due_ns = wall + d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos());
+                let due_ms = due_ns.div_ceil(1_000_000);
+                let delay_max_ms = u64::try_from(delay_max.as_millis()).unwrap_or(u64::MAX);
+                let max_ms = (wall / 1_000_000).saturating_add(delay_max_ms);
+                if due_ms <= max_ms {
+                    return Ok(due_ms);
+                }
+            }
+        }
+    }
+    due_ms_general(due, wall_ns, delay_max)
+}
+
+/// [`due_ms_checked`] for any due time and wall reading, in `i128`.
+#[inline(never)]
+fn due_ms_general(due: Due, wall_ns: i128, delay_max: Duration) -> Result<u64, ScheduleError> {
+    let due_ns: i128 = match due {
+        Due::At(at) => {
+            if at < std::time::UNIX_EPOCH {
+                return Err(ScheduleError::DueBeforeEpoch);
+            }
+            if system_time_to_ms(at).is_none() {
+                // Past u64::MAX ms: far beyond any delay_max.
+                return Err(ScheduleError::DueTooFar {
+                    due_ms: u64::MAX,
+                    max_ms: latest_due_ms(wall_ns, delay_max),
+                });
+            }
+            system_time_to_ns(at)
+        }
+        Due::After(d) => wall_ns.saturating_add(d.as_nanos().min(i128::MAX as u128) as i128),
+    };
+    let Ok(due_ns) = u128::try_from(due_ns) else {
+        return Err(ScheduleError::DueBeforeEpoch);
+    };
+    let due_ms = div_u128(due_ns, 1_000_000, Round::Up);
+    let max_ms = latest_due_ms(wall_ns, delay_max);
+    match u64::try_from(due_ms) {
+        Ok(due_ms) if due_ms <= max_ms => Ok(due_ms),
+        _ => Err(ScheduleError::DueTooFar {
+            due_ms: u64::try_from(due_ms).unwrap_or(u64::MAX),
+            max_ms,
+        }),
+    }
+}
+
+/// The latest due time accepted at `wall_ns`: wall time + `delay_max`, UTC ms.
+fn latest_due_ms(wall_ns: i128, delay_max: Duration) -> u64 {
+    let wall_ms = div_u128(u128::try_from(wall_ns).unwrap_or(0), 1_000_000, Round::Down);
+    u64::try_from(wall_ms + delay_max.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// `n / d`, rounded as asked. Divides in 64 bits whenever both fit (always
 /// in practice: 2^64 ns is 584 years), since the 128-bit division routine
 /// costs several times as much on the schedule path.
@@ -3244,6 +3282,51 @@ mod tests {
 
     /// The 64-bit fast path and the 128-bit fallback agree with plain
     /// division at every boundary between them, rounding both ways.
+    /// A delay's due time by the `u64` fast path is the `i128` path's, at
+    /// and around its bounds, for accepted and refused ones alike.
+    #[test]
+    fn due_ms_fast_path_matches_the_general_one() {
+        let limit = 1u64 << 62;
+        let walls = [
+            0i128,
+            1,
+            999_999,
+            1_000_000,
+            1_700_000_000_123_456_789,
+            i128::from(limit) - 1,
+            i128::from(limit),
+            i128::from(u64::MAX),
+            -1,
+            -1_000_001,
+        ];
+        let delays = [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_nanos(999_999),
+            Duration::from_millis(1),
+            Duration::new(86_400, 1),
+            Duration::from_secs(18 * 86_400),
+            Duration::new(18 * 86_400, 1),
+            Duration::from_secs(limit / 1_000_000_000 - 1),
+            Duration::from_secs(limit / 1_000_000_000),
+            Duration::MAX,
+        ];
+        let maxes = [
+            Duration::ZERO,
+            Duration::from_secs(18 * 86_400),
+            Duration::MAX,
+        ];
+        for wall in walls {
+            for d in delays {
+                for max in maxes {
+                    let fast = format!("{:?}", due_ms_checked(Due::After(d), wall, max));
+                    let general = format!("{:?}", due_ms_general(Due::After(d), wall, max));
+                    assert_eq!(fast, general, "wall {wall} ns, delay {d:?}, max {max:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn div_u128_matches_plain_division_at_the_boundaries() {
         let big = u128::from(u64::MAX);
