@@ -166,6 +166,7 @@ impl ByteArena {
     /// `None` if together they are empty or longer than
     /// [`ARENA_BYTES_MAX`] (the caller allocates them elsewhere). O(1); a
     /// new page (64 KiB) when the class has none with room.
+    #[inline]
     pub fn store(&mut self, first: &[u8], second: &[u8]) -> Option<ArenaSlot> {
         let len = first.len() + second.len();
         if len == 0 || len > ARENA_BYTES_MAX {
@@ -273,6 +274,7 @@ impl ByteArena {
     }
 
     /// A fresh page for `class`, listed as having room; returns its number.
+    #[inline(never)]
     fn new_page(&mut self, class: usize) -> u32 {
         let stride = ((class + 1) * STRIDE_ALIGN) as u32;
         let capacity = (PAGE_BYTES / stride as usize) as u32;

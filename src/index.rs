@@ -461,6 +461,7 @@ impl TaskIndex {
     /// O(1): at its load limit the table starts doubling (a zeroed
     /// allocation, not written here), and while it grows each insert first
     /// moves [`MIGRATE_BUCKETS`] buckets of entries to the new table.
+    #[inline]
     pub fn insert(&mut self, tag: u32, slot: u32) {
         if self.old_len > 0 {
             self.migrate(MIGRATE_BUCKETS);

@@ -174,6 +174,7 @@ impl PayloadStore {
     /// Stores `key` and `payload` for a new task and returns where they went.
     /// O(1). Keys longer than `u32::MAX` bytes are refused by config
     /// validation (`key_bytes_max`) long before they get here.
+    #[inline]
     pub fn put(&mut self, key: &[u8], payload: &[u8]) -> PayloadRef {
         self.bytes_in_memory += payload.len();
         if let Some(small) = small(key, payload) {
@@ -627,6 +628,7 @@ impl TaskSlab {
     }
 
     /// Stores `task`, returning its slot. `None` if 2^32 slots are in use.
+    #[inline]
     pub fn insert(&mut self, task: Task) -> Option<u32> {
         if let Some(slot) = self.free_head {
             self.save_for_snapshot(slot);

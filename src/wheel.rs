@@ -269,6 +269,7 @@ impl Wheel {
     /// * [`InsertError::Full`] if the wheel holds [`TIMER_COUNT_MAX`] timers.
     ///
     /// Panics: none. Source: Varghese & Lauck 1987, scheme 7 (`START_TIMER`).
+    #[inline]
     pub fn insert(&mut self, due: Tick, item: u32) -> Result<TimerKey, InsertError> {
         let due = due.0;
         if due <= self.elapsed_tick {
