@@ -3280,8 +3280,6 @@ mod tests {
         });
     }
 
-    /// The 64-bit fast path and the 128-bit fallback agree with plain
-    /// division at every boundary between them, rounding both ways.
     /// A delay's due time by the `u64` fast path is the `i128` path's, at
     /// and around its bounds, for accepted and refused ones alike.
     #[test]
@@ -3327,6 +3325,8 @@ mod tests {
         }
     }
 
+    /// The 64-bit fast path and the 128-bit fallback agree with plain
+    /// division at every boundary between them, rounding both ways.
     #[test]
     fn div_u128_matches_plain_division_at_the_boundaries() {
         let big = u128::from(u64::MAX);
