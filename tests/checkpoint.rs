@@ -1094,3 +1094,49 @@ fn verify_fails_as_open_does_on_an_unreadable_newest_checkpoint() -> TestResult 
     assert!(outcome.ok, "{}", outcome.json);
     Ok(())
 }
+
+/// An open from an older checkpoint (the newest damaged) keeps every overflow file, as the
+/// damaged one may name them. The next checkpoint replaces the damaged one, so what only it
+/// could have named is no longer needed: that checkpoint deletes it (as `kairos verify` and
+/// `inspect` say of such an orphan), rather than leaving it on disk until the process reopens.
+#[test]
+fn files_kept_for_a_damaged_newest_checkpoint_go_at_the_next_checkpoint() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.segment_bytes = 1 << 20; // one segment: nothing is deleted
+    let mut h = SimHarness::new(11, c)?;
+    load(h.engine(), 30)?;
+    let older = h.engine().checkpoint()?;
+    let dir = h.dir.join("checkpoint");
+    let older_path = dir.join(checkpoint::file_name(older.lsn));
+    let older_bytes = h.sim.read_file(&older_path).ok_or("older checkpoint")?;
+    // Far tasks: the newer checkpoint moves them to an overflow file.
+    for i in 100..140 {
+        h.engine().schedule_after(&key(i), DAY, &payload(i))?;
+    }
+    let newer = h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    let ovf_dir = h.dir.join("overflow");
+    let kept = h.sim.list(&ovf_dir)?;
+    assert!(
+        !kept.is_empty(),
+        "the newer checkpoint wrote no overflow file"
+    );
+    h.sim.write_file(&older_path, &older_bytes);
+    let newer_path = dir.join(checkpoint::file_name(newer.lsn));
+    let mut bytes = h.sim.read_file(&newer_path).ok_or("newer checkpoint")?;
+    bytes.truncate(bytes.len() - 3);
+    h.sim.write_file(&newer_path, &bytes);
+    h.start()?;
+    assert!(h.engine().recovery().skipped_checkpoint.is_some());
+    // Kept by the open: the damaged newest checkpoint may name them.
+    assert_eq!(h.sim.list(&ovf_dir)?, kept);
+    h.engine().schedule_after(b"one more", SECOND, b"")?;
+    h.engine().checkpoint()?;
+    let left = h.sim.list(&ovf_dir)?;
+    assert!(
+        kept.iter().all(|f| !left.contains(f)),
+        "files only the damaged checkpoint named are still there after the next one: \
+         {kept:?} of {left:?}"
+    );
+    Ok(())
+}

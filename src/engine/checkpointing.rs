@@ -2642,7 +2642,9 @@ pub(crate) type FileSet = HashSet<u32, foldhash::fast::RandomState>;
 /// never became durable, or left by an interrupted deletion) are removed;
 /// an overflow file a task refers to must exist. Returns the number the next
 /// overflow file gets, and the entry count of each file kept (from its
-/// header), so that compaction knows how much of a file is dead.
+/// header), so that compaction knows how much of a file is dead — 0 for a
+/// file kept only because the newest checkpoint is damaged (not read), so
+/// that the next checkpoint deletes it.
 pub(crate) fn prepare_overflow(
     storage: &dyn Storage,
     dir: &Path,
@@ -2730,6 +2732,11 @@ pub(crate) fn prepare_overflow(
                 last_referenced.get(f).copied(),
             )?;
             written.push((*f, n));
+        } else if keep_unreferenced {
+            // Kept only for the damaged newest checkpoint, which the next
+            // checkpoint replaces: known with no entries (no task uses it,
+            // its header is not read), so that checkpoint deletes it.
+            written.push((*f, 0));
         }
     }
     Ok((
