@@ -886,7 +886,7 @@ impl CheckpointStart {
             return Ok(());
         }
         Err(self.newer_damage.take().unwrap_or_else(|| Failure {
-cause: Cause::Damage,
+            cause: Cause::Damage,
             file: Some(s.file.clone()),
             offset: None,
             message: format!(
