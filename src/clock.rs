@@ -158,7 +158,7 @@ impl ManualClock {
     ///
     /// # Panics
     /// If wall time would overflow `SystemTime` (only after steps adding up to
-    /// hundreds of millions of years).
+    /// hundreds of billions of years: one step is at most ~292 million).
     pub fn step_wall(&self, delta_ms: i64) {
         self.update(|s| {
             let d = Duration::from_millis(delta_ms.unsigned_abs());
