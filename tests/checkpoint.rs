@@ -1140,3 +1140,33 @@ fn files_kept_for_a_damaged_newest_checkpoint_go_at_the_next_checkpoint() -> Tes
     );
     Ok(())
 }
+
+/// A checkpoint whose file fails to be written or renamed (ENOSPC) removes its
+/// `next.ckpt.tmp` at once: nothing is left in `checkpoint/` but the checkpoints, and
+/// the next checkpoint goes through.
+#[test]
+fn a_failed_checkpoint_leaves_no_temporary_file() -> TestResult {
+    let h = SimHarness::new(12, config(Durability::Sync))?;
+    load(h.engine(), 30)?;
+    h.engine().checkpoint()?;
+    let dir = h.dir.join("checkpoint");
+    for (round, op) in [FaultOp::Write, FaultOp::Rename].into_iter().enumerate() {
+        h.engine()
+            .schedule_after(&key(1000 + round), SECOND, b"x")?;
+        h.sim.inject(FaultPlan {
+            after: 0,
+            op,
+            kind: FaultKind::Enospc,
+        });
+        let result = h.engine().checkpoint();
+        h.sim.clear_faults();
+        assert!(result.is_err(), "{op:?}: the checkpoint did not fail");
+        let names = h.sim.list(&dir)?;
+        assert!(
+            names.iter().all(|n| !n.ends_with(".tmp")),
+            "{op:?}: left after a failed checkpoint: {names:?}"
+        );
+        h.engine().checkpoint()?;
+    }
+    Ok(())
+}
