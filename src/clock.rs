@@ -163,7 +163,10 @@ impl ManualClock {
         self.update(|s| {
             let d = Duration::from_millis(delta_ms.unsigned_abs());
             s.wall = if delta_ms >= 0 {
-                s.wall + d
+                let Some(wall) = s.wall.checked_add(d) else {
+                    panic!("ManualClock::step_wall({delta_ms}) overflows the clock");
+                };
+                wall
             } else {
                 s.wall.checked_sub(d).unwrap_or(UNIX_EPOCH)
             };
