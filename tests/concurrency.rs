@@ -23,8 +23,29 @@ enum Answer {
     Cancel(CancelOutcome),
 }
 
+/// The defaults' background work on (`Config::payload_prefetch`, background checkpoints and
+/// far-task moves) with a tiny payload window and horizon, so that most tasks of
+/// [`run_race_in`] with a due spread go far and come back while the race runs.
+fn background_config(durability: Durability) -> kairos::Config {
+    let mut c = config(durability);
+    c.checkpoint_log_bytes = Some(2_048);
+    c.checkpoint_interval = Some(Duration::from_millis(2));
+    c.payload_prefetch = true;
+    c.payload_window = Some(Duration::from_millis(2));
+    c.horizon = Some(Duration::from_millis(20));
+    c.resident_window = None;
+    c.relocate_far_tasks = Some(8);
+    c
+}
+
 fn run_race(seed: u64, durability: Durability, per_worker: usize) -> TestResult {
-    let mut h = SimHarness::new(seed, config(durability))?;
+    run_race_in(seed, config(durability), 4, per_worker)
+}
+
+/// `run_race` with `config`, each task due 0..`spread_ms` ms after it is scheduled.
+fn run_race_in(seed: u64, config: kairos::Config, spread_ms: u64, per_worker: usize) -> TestResult {
+    let durability = config.durability;
+    let mut h = SimHarness::new(seed, config)?;
     let done_scheduling = AtomicBool::new(false);
     let done_all = AtomicBool::new(false);
     let answers: Mutex<BTreeMap<Vec<u8>, Answer>> = Mutex::new(BTreeMap::new());
@@ -42,7 +63,7 @@ fn run_race(seed: u64, durability: Durability, per_worker: usize) -> TestResult 
                 let mut local = BTreeMap::new();
                 for i in 0..per_worker {
                     // Many tasks share each due instant: the next few milliseconds.
-                    let due_ms = clock.wall_ms() + rng.range(0, 4);
+                    let due_ms = clock.wall_ms() + rng.range(0, spread_ms);
                     let k = format!("w{w}-{i}").into_bytes();
                     engine.schedule(&k, Due::At(kairos::clock::ms_to_system_time(due_ms)), b"x")?;
                     local.insert(k.clone(), Answer::NotAsked);
@@ -99,7 +120,7 @@ fn run_race(seed: u64, durability: Durability, per_worker: usize) -> TestResult 
         done_scheduling.store(true, Ordering::Release);
         ticker.join().map_err(|_| "ticker panicked")?;
         // Past every due time; everything not cancelled is now in the ready queue.
-        clock.advance(Duration::from_millis(10));
+        clock.advance(Duration::from_millis(spread_ms + 10));
         engine.run_until_idle();
         done_all.store(true, Ordering::Release);
         for c in consumers {
@@ -146,9 +167,13 @@ fn run_race(seed: u64, durability: Durability, per_worker: usize) -> TestResult 
         "unknown keys received"
     );
     assert_eq!(h.engine().stats().scheduled, 0);
+    let stats = h.engine().stats();
     eprintln!(
-        "{durability:?}: {} tasks, {cancelled} cancelled, {raced} lost the race to delivery",
-        answers.len()
+        "{durability:?}: {} tasks, {cancelled} cancelled, {raced} lost the race to delivery; \
+         far tasks promoted {}, payloads read back {}",
+        answers.len(),
+        stats.far_promoted,
+        stats.payloads_read_back
     );
 
     // The same answers hold after a restart: cancelled tasks stay cancelled, delivered
@@ -192,6 +217,29 @@ fn cancel_or_deliver_exactly_once_under_concurrency_sync() -> TestResult {
 #[test]
 fn cancel_or_deliver_exactly_once_under_concurrency_buffered() -> TestResult {
     run_race(62, Durability::Buffered, scaled(500, 40_000))
+}
+
+/// The race with the background work of the defaults on: tasks due up to 300 ms out go to
+/// overflow files (checkpoints and moves between them, every few KiB of log), are prefetched
+/// and promoted back while workers cancel them and consumers receive.
+#[test]
+fn cancel_or_deliver_exactly_once_with_background_work_sync() -> TestResult {
+    run_race_in(
+        64,
+        background_config(Durability::Sync),
+        300,
+        scaled(300, 20_000),
+    )
+}
+
+#[test]
+fn cancel_or_deliver_exactly_once_with_background_work_buffered() -> TestResult {
+    run_race_in(
+        65,
+        background_config(Durability::Buffered),
+        300,
+        scaled(500, 40_000),
+    )
 }
 
 /// Consumers blocked in `recv` wake with `Closed` when the engine is shut down or dropped,

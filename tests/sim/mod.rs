@@ -70,8 +70,12 @@
 //! `KNOWN_UNSYNCED_DIR_ENTRY`, `KNOWN_IDLE_WITHIN_TICK` and `KNOWN_UNSYNCED_CHECKPOINT_ENTRY`;
 //! all four are fixed, and the first two and the last fail any seed that shows them again.
 //!
-//! This module is the simulation; `tests/simulation.rs` runs it, and `tests/far_collisions.rs`
-//! runs it again with every far-task key on one hash (`kairos::far::weaken_key_hash_for_tests`).
+//! This module is the simulation; `tests/simulation.rs` runs it, `tests/far_collisions.rs`
+//! runs it again with every far-task key on one hash (`kairos::far::weaken_key_hash_for_tests`),
+//! and `tests/simulation_defaults.rs` runs it against the engine's defaults — prefetcher,
+//! background checkpoints and far-task moves on (`Mode::Background`: no I/O faults, crashes
+//! and power cuts also under the running engine, not replayable exactly; every other
+//! invariant above is checked as here).
 //!
 //! Running: `cargo test --test simulation` runs the CI-sized count (`CI_SEEDS` ×
 //! `KAIROS_TEST_SCALE`) from base seed 1. `KAIROS_SIM_SEEDS=N` runs N seeds,
@@ -94,7 +98,9 @@ use kairos::{
     Delivery, DeliveryGuarantee, Due, Durability, Engine, ManualClock, NackOutcome, NewTask,
     OpenError, RecvError, RescheduleOutcome, RetryPolicy, ScheduleError,
 };
-use kairos_wal::format::{FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_FRAMES_OFFSET};
+use kairos_wal::format::{
+    FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_FRAMES_OFFSET, SEGMENT_SUFFIX,
+};
 use kairos_wal::storage::{
     FaultKind, FaultOp, FaultPlan, LockGuard, OpenMode, Storage, StorageFile,
 };
@@ -177,6 +183,23 @@ const SEED_TIMEOUT: Duration = Duration::from_secs(120);
 /// Longest the harness waits for the log writer to go quiet.
 const QUIET_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Which engine the seeds run against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Checkpoints and far-task moves only as operations of the run, no prefetch thread: every
+    /// seed replays identically (`tests/simulation.rs`).
+    Deterministic,
+    /// What an embedder gets by default: the payload prefetcher on, background checkpoints
+    /// (small log-growth trigger, short real-time interval) and background far-task moves
+    /// between checkpoints — with short windows, so tasks go to overflow files, are promoted
+    /// and prefetched, and files are compacted, all the time. Their timing is real time, so a
+    /// seed does not replay exactly; I/O faults are off (a background checkpoint's fault is
+    /// not a call's answer the model could attribute), and some crashes and power cuts hit the
+    /// disk while the engine and its background threads still run. Every invariant that holds
+    /// whatever the timing is checked as in `Deterministic` (`tests/simulation_defaults.rs`).
+    Background,
+}
+
 const EIO: i32 = 5;
 const ENOSPC: i32 = 28;
 const FRAME_KIND_DATA: u8 = FrameKind::Data as u8;
@@ -232,7 +255,20 @@ struct ProbeState {
     /// `simulation_catches_a_disk_that_lies_about_fsync`: syncs of files holding log records
     /// return Ok and do nothing.
     lying_fsync: bool,
+    /// `Mode::Background`: the disk was crashed or cut under the running engine; the failures
+    /// its dead handles answer from then on are the crash, not injected faults.
+    cut_live: bool,
+    /// Renames into the checkpoint directory (checkpoints written) and the overflow directory
+    /// (overflow files written), whoever made them.
+    checkpoint_renames: u64,
+    overflow_renames: u64,
+    /// `Mode::Background`: the last `IO_RING` storage calls, with their threads' names, for the
+    /// report of a seed that hangs.
+    io_ring: Option<std::collections::VecDeque<String>>,
 }
+
+/// Storage calls the ring keeps.
+const IO_RING: usize = 300;
 
 /// Shared between the harness, the storage wrapper and the gated clock.
 #[derive(Debug, Default)]
@@ -266,9 +302,43 @@ impl Probe {
 
     fn io(&self, what: impl FnOnce() -> String) {
         let mut state = self.lock();
-        if let Some(log) = &mut state.io_log {
-            log.push(what());
+        if state.io_log.is_none() && state.io_ring.is_none() {
+            return;
         }
+        let line = what();
+        if let Some(ring) = &mut state.io_ring {
+            let thread = std::thread::current();
+            ring.push_back(format!("{} {line}", thread.name().unwrap_or("?")));
+            if ring.len() > IO_RING {
+                ring.pop_front();
+            }
+        }
+        if let Some(log) = &mut state.io_log {
+            log.push(line);
+        }
+    }
+
+    /// A read, for the ring only.
+    fn io_read(&self, what: impl FnOnce() -> String) {
+        let mut state = self.lock();
+        if let Some(ring) = &mut state.io_ring {
+            let thread = std::thread::current();
+            ring.push_back(format!("{} {}", thread.name().unwrap_or("?"), what()));
+            if ring.len() > IO_RING {
+                ring.pop_front();
+            }
+        }
+    }
+
+    /// The ring's storage calls, one a line (empty without the ring).
+    fn ring(&self) -> String {
+        let state = self.lock();
+        let mut out = String::new();
+        for line in state.io_ring.iter().flatten() {
+            out.push_str("\n      ");
+            out.push_str(line);
+        }
+        out
     }
 
     fn failed(&self, class: IoClass, checkpoint: bool, error: &io::Error) {
@@ -287,6 +357,9 @@ impl Probe {
     ) {
         if !matches!(error.raw_os_error(), Some(EIO | ENOSPC)) {
             return; // NotFound, AlreadyExists, WouldBlock: answers, not faults
+        }
+        if state.cut_live {
+            return; // a handle from before a crash or power cut under the running engine
         }
         let kind = state.armed.take();
         if kind.is_none() {
@@ -399,6 +472,26 @@ fn scan_frames(buf: &[u8]) -> Vec<FrameInfo> {
 struct ProbeStorage {
     sim: SimStorage,
     probe: Arc<Probe>,
+    /// Only segment files hold log frames (`Mode::Background`: overflow files and the log's
+    /// marker files are written and synced beside the segments at any moment by background
+    /// work, and a sync of one makes no frame durable).
+    wal_only: bool,
+    /// Set (under the write lock) when the disk is crashed or cut under the running engine:
+    /// from then on every call fails with EIO, as its handles do (`SimStorage`'s epochs cover
+    /// handles only; a path call — remove, rename, create — of the dead engine's threads must
+    /// not reach the image the next open reads). Every call holds the read lock throughout.
+    dead: Arc<std::sync::RwLock<bool>>,
+}
+
+impl ProbeStorage {
+    /// The read lock of `dead`, or EIO once the engine's disk is gone.
+    fn alive(&self) -> io::Result<std::sync::RwLockReadGuard<'_, bool>> {
+        let g = self.dead.read().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            return Err(io::Error::from_raw_os_error(EIO));
+        }
+        Ok(g)
+    }
 }
 
 impl ProbeStorage {
@@ -418,13 +511,25 @@ impl Storage for ProbeStorage {
         self.sim.allows_timed_io()
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        let _alive = self.alive()?;
         self.note(IoClass::Other, path, self.sim.create_dir_all(path))
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        let _alive = self.alive()?;
         let inner = self.note(IoClass::Open, path, self.sim.open(path, mode))?;
         // Checkpoint files hold no log frames: the probe does not scan or count them.
-        let log = !in_checkpoint_dir(path);
+        let log = if self.wal_only {
+            // Segments only (`*.seg`, `*.seg.tmp`): the marker files beside them (TRIM,
+            // SYNCED, CLOSED) are synced by whoever writes them — a background checkpoint's
+            // trim among them —, and a sync of one makes no frame durable.
+            path.starts_with(Path::new(DIR).join("wal"))
+                && path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().contains(SEGMENT_SUFFIX))
+        } else {
+            !in_checkpoint_dir(path)
+        };
         Ok(Box::new(ProbeFile {
             inner,
             probe: Arc::clone(&self.probe),
@@ -434,22 +539,36 @@ impl Storage for ProbeStorage {
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let _alive = self.alive()?;
         self.note(IoClass::Other, dir, self.sim.list(dir))
     }
 
     fn exists(&self, path: &Path) -> io::Result<bool> {
+        let _alive = self.alive()?;
         self.note(IoClass::Other, path, self.sim.exists(path))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.note(IoClass::Rename, from, self.sim.rename(from, to))
+        let _alive = self.alive()?;
+        let r = self.note(IoClass::Rename, from, self.sim.rename(from, to));
+        if r.is_ok() {
+            let mut st = self.probe.lock();
+            if in_checkpoint_dir(to) {
+                st.checkpoint_renames += 1;
+            } else if to.starts_with(Path::new(DIR).join(kairos::overflow::OVERFLOW_DIR_NAME)) {
+                st.overflow_renames += 1;
+            }
+        }
+        r
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let _alive = self.alive()?;
         self.note(IoClass::Other, path, self.sim.remove_file(path))
     }
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        let _alive = self.alive()?;
         let r = self.sim.sync_dir(path);
         self.probe.io(|| format!("sync dir -> {}", r.is_ok()));
         let mut state = self.probe.lock();
@@ -468,6 +587,7 @@ impl Storage for ProbeStorage {
     }
 
     fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
+        let _alive = self.alive()?;
         self.note(IoClass::Other, path, self.sim.lock(path))
     }
 
@@ -493,6 +613,8 @@ struct ProbeFile {
 impl StorageFile for ProbeFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let r = self.inner.read_at(buf, offset);
+        self.probe
+            .io_read(|| format!("read {:?} @{offset} {}B -> {:?}", self.inner, buf.len(), r));
         if let Err(e) = &r {
             self.probe.failed(IoClass::Other, !self.log, e);
         }
@@ -705,6 +827,25 @@ struct Setup {
     /// the wheel (far tasks) and promotion bring them back within the run.
     /// Without them no task goes far (no resident window).
     window_and_horizon_ms: Option<(u64, u64)>,
+    /// `Mode::Background`'s settings; `None` in `Mode::Deterministic`.
+    background: Option<Background>,
+}
+
+/// The background work of `Mode::Background`.
+#[derive(Debug, Clone)]
+struct Background {
+    /// `Config::checkpoint_log_bytes`.
+    checkpoint_log_bytes: Option<u64>,
+    /// `Config::checkpoint_interval` (real time), ms.
+    checkpoint_interval_ms: Option<u64>,
+    /// `Config::relocate_far_tasks`.
+    relocate_far_tasks: Option<u64>,
+    /// `Config::relocate_far_bytes`.
+    relocate_far_bytes: u64,
+    /// Share of crashes and power cuts that hit the disk while the engine still runs, percent.
+    live_stop_percent: u64,
+    /// Longest real-time pause before such a stop, µs (lets background work get under way).
+    live_stop_delay_us: u64,
 }
 
 fn pick<T: Copy>(rng: &mut SplitMix, items: &[T]) -> T {
@@ -725,6 +866,12 @@ fn weighted<T: Copy>(rng: &mut SplitMix, items: &[(T, u64)]) -> T {
 
 impl Setup {
     fn from_seed(rng: &mut SplitMix) -> Setup {
+        Setup::from_seed_in(rng, Mode::Deterministic, 0)
+    }
+
+    /// The setup of a seed in `mode`; `seed` draws `Mode::Background`'s settings from a stream
+    /// of its own (the other draws stay those of `Mode::Deterministic`).
+    fn from_seed_in(rng: &mut SplitMix, mode: Mode, seed: u64) -> Setup {
         let durability = match rng.range(0, 9) {
             0 => Durability::Buffered,
             1 => Durability::Interval(Duration::from_millis(rng.range(1, 5))),
@@ -799,7 +946,41 @@ impl Setup {
                 let window = rng.range(1, 2_000);
                 (window, window + rng.range(0, 5_000))
             }),
+            background: None,
         }
+        .in_mode(mode, seed)
+    }
+
+    /// `Mode::Background`: no I/O faults, short windows for most seeds, background work on.
+    fn in_mode(mut self, mode: Mode, seed: u64) -> Setup {
+        if mode == Mode::Deterministic {
+            return self;
+        }
+        let mut rng = SplitMix(derive(seed, 4));
+        self.io_faults = false;
+        self.fault_percent = 0;
+        self.recovery_fault_percent = 0;
+        for (op, w) in &mut self.weights {
+            if *op == Op::ArmFault {
+                *w = 0;
+            }
+        }
+        if rng.chance(85) {
+            let window = pick(&mut rng, &[1, 5, 20, 200, 1_000, 2_000]);
+            let span = window + pick(&mut rng, &[0, 1, 10, 500, 5_000, 60_000]);
+            self.window_and_horizon_ms = Some((window, span));
+        }
+        self.background = Some(Background {
+            checkpoint_log_bytes: rng
+                .chance(85)
+                .then(|| pick(&mut rng, &[1, 512, 2_048, 4_096, 16_384])),
+            checkpoint_interval_ms: rng.chance(60).then(|| pick(&mut rng, &[1, 2, 5, 20, 100])),
+            relocate_far_tasks: rng.chance(80).then(|| pick(&mut rng, &[1, 2, 4, 16])),
+            relocate_far_bytes: pick(&mut rng, &[1, 256, 4_096, 16 << 20]),
+            live_stop_percent: pick(&mut rng, &[0, 30, 60, 100]),
+            live_stop_delay_us: pick(&mut rng, &[0, 100, 1_000, 5_000]),
+        });
+        self
     }
 
     fn config(&self) -> Config {
@@ -825,6 +1006,13 @@ impl Setup {
         if self.at_most_once {
             c.delivery = DeliveryGuarantee::AtMostOnce;
         }
+        if let Some(b) = &self.background {
+            c.checkpoint_log_bytes = b.checkpoint_log_bytes;
+            c.checkpoint_interval = b.checkpoint_interval_ms.map(Duration::from_millis);
+            c.relocate_far_tasks = b.relocate_far_tasks;
+            c.relocate_far_bytes = b.relocate_far_bytes;
+            c.payload_prefetch = true;
+        }
         // The model's far tasks are those beyond `horizon` below; by default
         // (a 1-minute resident window) tasks would go far without it.
         c.resident_window = None;
@@ -847,7 +1035,7 @@ impl Setup {
             "{:?}, power cuts {}, I/O faults {} (run {}%, recovery {}%), stale history {}%, \
              tick {} ms, segments {} B, lease {} ms, max attempts {}, backoff {}..{} ms \
              jitter {}%, catch-up {:?}, at most once {}, {} producers, {} consumers, {} keys, \
-             {} steps, payloads up to {} B, payload window and horizon {:?} ms",
+             {} steps, payloads up to {} B, payload window and horizon {:?} ms, background {:?}",
             self.durability,
             self.power_cuts,
             self.io_faults,
@@ -868,7 +1056,8 @@ impl Setup {
             self.keys,
             self.steps,
             self.payload_max,
-            self.window_and_horizon_ms
+            self.window_and_horizon_ms,
+            self.background
         )
     }
 }
@@ -944,6 +1133,14 @@ pub struct Counters {
     stops_after_failed_checkpoint: u64,
     /// Opens that succeeded although reading a checkpoint file failed.
     opens_past_checkpoint_fault: u64,
+    /// `Mode::Background`: checkpoint files written (by `Engine::checkpoint` or in the
+    /// background), overflow files written, far tasks promoted and payloads read back (summed
+    /// over incarnations), crashes and power cuts under the running engine.
+    pub checkpoint_files: u64,
+    pub overflow_files: u64,
+    pub far_promoted: u64,
+    pub payloads_read_back: u64,
+    pub live_stops: u64,
 }
 
 impl Counters {
@@ -999,7 +1196,12 @@ impl Counters {
             checkpoint_faults_aimed,
             stops_after_checkpoint,
             stops_after_failed_checkpoint,
-            opens_past_checkpoint_fault
+            opens_past_checkpoint_fault,
+            checkpoint_files,
+            overflow_files,
+            far_promoted,
+            payloads_read_back,
+            live_stops
         );
         self.known_stale_seed_count += o.known_stale_seeds.len() as u64;
         self.known_stale_seeds.extend(&o.known_stale_seeds);
@@ -1051,7 +1253,9 @@ impl Counters {
              gate slips {}\n\
              \x20 known engine bug KNOWN_STALE_READY_ENTRY: {} deliveries in {} seeds (first: \
              {:?}); known log bug KNOWN_UNSYNCED_DIR_ENTRY: {} crashes or retries made power \
-             cuts; known engine bug KNOWN_UNSYNCED_CHECKPOINT_ENTRY: {} restarts made power cuts",
+             cuts; known engine bug KNOWN_UNSYNCED_CHECKPOINT_ENTRY: {} restarts made power cuts\n\
+             \x20 checkpoint files written {}, overflow files written {}, far tasks promoted {}, \
+             payloads read back {}, crashes and power cuts under the running engine {}",
             self.seeds,
             elapsed.as_secs_f64(),
             self.sync_seeds,
@@ -1103,7 +1307,12 @@ impl Counters {
             self.known_stale_seed_count,
             self.known_stale_seeds,
             self.known_dir_entry_avoided,
-            self.known_checkpoint_entry_avoided
+            self.known_checkpoint_entry_avoided,
+            self.checkpoint_files,
+            self.overflow_files,
+            self.far_promoted,
+            self.payloads_read_back,
+            self.live_stops
         )
     }
 }
@@ -1214,12 +1423,15 @@ enum Violation {
 
 struct Sim {
     seed: u64,
+    mode: Mode,
     setup: Setup,
     rng: SplitMix,
     sim: SimStorage,
     probe: Arc<Probe>,
     clock: ManualClock,
     slipped: Arc<AtomicBool>,
+    /// The running engine's `ProbeStorage::dead`.
+    dead: Arc<std::sync::RwLock<bool>>,
     engine: Option<Engine>,
     incarnation: u32,
     /// A fault fired since the running engine opened (it must be poisoned).
@@ -1327,11 +1539,14 @@ fn short<T: std::fmt::Debug, E: std::fmt::Debug>(r: &Result<T, E>) -> String {
 }
 
 impl Sim {
-    fn new(seed: u64, verbose: bool, lying_fsync: bool) -> Sim {
+    fn new(seed: u64, verbose: bool, lying_fsync: bool, mode: Mode) -> Sim {
         let mut setup_rng = SplitMix(derive(seed, 1));
-        let setup = Setup::from_seed(&mut setup_rng);
+        let setup = Setup::from_seed_in(&mut setup_rng, mode, seed);
         let probe = Arc::new(Probe::default());
         probe.lock().lying_fsync = lying_fsync;
+        if mode == Mode::Background {
+            probe.lock().io_ring = Some(std::collections::VecDeque::new());
+        }
         if std::env::var("KAIROS_SIM_TRACE").is_ok_and(|v| v == "2") {
             probe.lock().io_log = Some(Vec::new());
         }
@@ -1348,11 +1563,13 @@ impl Sim {
         }
         Sim {
             seed,
+            mode,
             rng: SplitMix(derive(seed, 3)),
             sim,
             probe,
             clock,
             slipped: Arc::new(AtomicBool::new(false)),
+            dead: Arc::new(std::sync::RwLock::new(false)),
             engine: None,
             incarnation: 0,
             fault_since_open: false,
@@ -1486,7 +1703,10 @@ impl Sim {
         if !self.probe.wait_quiet(QUIET_TIMEOUT) {
             self.violate(
                 Violation::Other,
-                "the log writer never wrote the MARK after an fdatasync (hang?)".into(),
+                format!(
+                    "the log writer never wrote the MARK after an fdatasync (hang?){}",
+                    self.probe.ring()
+                ),
             );
         }
         self.absorb();
@@ -2837,7 +3057,10 @@ impl Sim {
         if !self.probe.wait_quiet(QUIET_TIMEOUT) {
             self.violate(
                 Violation::Other,
-                "the log writer never wrote the MARK after an fdatasync (hang?)".into(),
+                format!(
+                    "the log writer never wrote the MARK after an fdatasync (hang?){}",
+                    self.probe.ring()
+                ),
             );
         }
         let fired = self.probe.take_fired();
@@ -3057,6 +3280,8 @@ impl Sim {
         let storage = ProbeStorage {
             sim: self.sim.clone(),
             probe: Arc::clone(&self.probe),
+            wal_only: self.mode == Mode::Background,
+            dead: Arc::clone(&self.dead),
         };
         let clock = GatedClock {
             inner: self.clock.clone(),
@@ -3188,6 +3413,8 @@ impl Sim {
             ));
             while self.op_receive(c, 64) > 0 && self.failure.is_none() {}
         }
+        self.collect_stats();
+        let mut cut_live = None;
         if let Some(engine) = self.engine.take() {
             if how == Stop::Clean {
                 let fb = self.fault_since_open;
@@ -3215,15 +3442,56 @@ impl Sim {
                         how = self.pick_crash();
                     }
                 }
+            } else if let Some(b) = self
+                .setup
+                .background
+                .clone()
+                .filter(|b| self.rng.chance(b.live_stop_percent))
+            {
+                // The crash or power cut hits the disk while the engine and its background
+                // threads (a checkpoint, a move of far tasks, the prefetcher) may be at work;
+                // their handles die with it (`SimStorage::power_cut`).
+                let us = self.rng.range(0, b.live_stop_delay_us);
+                std::thread::sleep(Duration::from_micros(us));
+                self.absorb();
+                self.probe.lock().cut_live = true;
+                let gate = Arc::clone(&self.dead);
+                let done = {
+                    let mut dead = gate.write().unwrap_or_else(|e| e.into_inner());
+                    *dead = true;
+                    self.crash_disk(how)
+                };
+                drop(engine);
+                self.dead = Arc::new(std::sync::RwLock::new(false));
+                self.probe.lock().cut_live = false;
+                self.absorb();
+                self.counters.live_stops += 1;
+                self.log(format!("{done:?} under the running engine (after {us} µs)"));
+                cut_live = Some(done);
             } else {
                 drop(engine);
                 self.absorb();
             }
         }
-        let how = self.crash_disk(how);
+        let how = match cut_live {
+            Some(done) => done,
+            None => self.crash_disk(how),
+        };
         self.log(format!("stop: {how:?}"));
         self.on_stop(how == Stop::Clean);
         self.open_after_stop(how);
+    }
+
+    /// Counts what the background work did in the running incarnation, and the files written.
+    fn collect_stats(&mut self) {
+        if let Some(engine) = &self.engine {
+            let stats = engine.stats();
+            self.counters.far_promoted += stats.far_promoted;
+            self.counters.payloads_read_back += stats.payloads_read_back;
+        }
+        let mut st = self.probe.lock();
+        self.counters.checkpoint_files += std::mem::take(&mut st.checkpoint_renames);
+        self.counters.overflow_files += std::mem::take(&mut st.overflow_renames);
     }
 
     /// The model's view of a stop: leases end, deliveries become stale, tasks that may have
@@ -3670,6 +3938,7 @@ impl Sim {
         if self.failure.is_none() && self.engine.is_some() {
             self.final_drain();
         }
+        self.collect_stats();
         if self.engine.is_some() {
             self.disarm();
             self.engine = None;
@@ -3719,12 +3988,12 @@ fn replay_command(seed: u64) -> String {
 
 /// Runs one seed, catching panics so the seed can be reported.
 fn run_seed(seed: u64, verbose: bool) -> Outcome {
-    run_seed_on(seed, verbose, false)
+    run_seed_on(seed, verbose, false, Mode::Deterministic)
 }
 
-fn run_seed_on(seed: u64, verbose: bool, lying_fsync: bool) -> Outcome {
+fn run_seed_on(seed: u64, verbose: bool, lying_fsync: bool, mode: Mode) -> Outcome {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Sim::new(seed, verbose, lying_fsync).run()
+        Sim::new(seed, verbose, lying_fsync, mode).run()
     }));
     match result {
         Ok(outcome) => outcome,
@@ -3766,6 +4035,12 @@ fn report_failure(seed: u64, outcome: &Outcome) -> String {
 /// and panics with the replay command of the first seed that fails. Returns the run's
 /// counters (one seed's when replaying one).
 pub fn simulation(default_count: u64, default_base: u64) -> Counters {
+    simulation_in(Mode::Deterministic, default_count, default_base)
+}
+
+/// [`simulation`] against the engine `mode` says.
+pub fn simulation_in(mode: Mode, default_count: u64, default_base: u64) -> Counters {
+    let run_seed = move |seed: u64, verbose: bool| run_seed_on(seed, verbose, false, mode);
     if let Some(seed) = env_u64("KAIROS_SIM_SEED") {
         let verbose = std::env::var("KAIROS_SIM_TRACE").is_ok_and(|v| v != "0");
         let started = Instant::now();
@@ -3854,7 +4129,10 @@ pub fn simulation(default_count: u64, default_base: u64) -> Counters {
                     let mut report = report_failure(seed, &outcome);
                     // The replay command is only worth printing if the seed replays.
                     let again = run_seed(seed, false);
-                    report.push_str(if again.digest == outcome.digest {
+                    report.push_str(if mode == Mode::Background {
+                        "  (background threads: a second run may differ; rerun the seed a few \
+                         times)\n"
+                    } else if again.digest == outcome.digest {
                         "  (checked: a second run of this seed replayed identically)\n"
                     } else {
                         "  (WARNING: a second run of this seed did not replay identically)\n"
@@ -3941,7 +4219,7 @@ pub fn catches_a_disk_that_lies_about_fsync() {
             continue;
         }
         runs += 1;
-        let outcome = run_seed_on(seed, false, true);
+        let outcome = run_seed_on(seed, false, true, Mode::Deterministic);
         failed += u64::from(outcome.failure.is_some());
         lost += outcome.counters.lost;
     }
