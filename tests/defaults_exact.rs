@@ -17,7 +17,7 @@ mod common;
 
 use common::{SplitMix, START_MS};
 use kairos::{
-    CancelOutcome, Config, Delivery, Due, Durability, Engine, ManualClock, RecvError,
+    CancelOutcome, Clock, Config, Delivery, Due, Durability, Engine, ManualClock, RecvError,
     RescheduleOutcome, ScheduleError,
 };
 use kairos_wal::{FsStorage, SimStorage, Storage};
@@ -55,6 +55,13 @@ struct Run {
     verbose: bool,
     trace: Vec<String>,
     delivered: u64,
+    /// Per live task: the monotonic ms by which it must be handed out — its due time mapped
+    /// by the clocks when it was placed (or at the last open). Firing follows the monotonic
+    /// clock, far tasks the wall clock; with forward wall steps only, the second comes first.
+    deadline: BTreeMap<Vec<u8>, u64>,
+    /// A wall step happened: due order is no longer the hand-out order (a far task follows
+    /// the wall clock, a task in the wheel the monotonic one).
+    stepped: bool,
     /// Dead letters: id → (key, payload).
     dead: BTreeMap<u64, (Vec<u8>, Vec<u8>)>,
     /// Acks only.
@@ -116,6 +123,8 @@ impl Run {
             trace: Vec::new(),
             delivered: 0,
             dead: BTreeMap::new(),
+            deadline: BTreeMap::new(),
+            stepped: false,
             final_drain: false,
             paused: false,
             resumed: false,
@@ -163,6 +172,15 @@ impl Run {
             ));
         }
         self.engine = Some(engine);
+        // An open converts every due time by the wall clock again.
+        let placed: Vec<(Vec<u8>, u64)> = self
+            .model
+            .iter()
+            .map(|(k, t)| (k.clone(), t.due_ms))
+            .collect();
+        for (k, due) in placed {
+            self.place(&k, due);
+        }
         // Pausing is not durable: a reopen follows the config.
         if self.paused {
             self.paused = false;
@@ -172,6 +190,16 @@ impl Run {
         // Tasks due while closed (none: the clock does not move while closed) and the
         // settling of the open.
         self.drain("open")
+    }
+
+    fn mono_ms(&self) -> u64 {
+        self.clock.now_monotonic().as_millis() as u64
+    }
+
+    /// Notes `key`'s deadline for a due time placed now.
+    fn place(&mut self, key: &[u8], due_ms: u64) {
+        let at = self.mono_ms() + due_ms.saturating_sub(self.clock.wall_ms());
+        self.deadline.insert(key.to_vec(), at);
     }
 
     fn engine(&self) -> &Engine {
@@ -225,6 +253,7 @@ impl Run {
         self.engine().run_until_idle();
         let consumer = self.engine().consumer();
         let now = self.clock.wall_ms();
+        let now_mono = self.mono_ms();
         let mut last_due = 0;
         // A nack whose retry is due by now makes another pass hand it out.
         let mut retry_now = false;
@@ -264,6 +293,7 @@ impl Run {
                     got.payload == task.payload
                 ));
             }
+            self.deadline.remove(&key);
             if d.fired_ms() < d.due_ms() || d.due_ms() > now {
                 return Err(format!(
                     "{what}: {k} early: due {} fired {} now {now}",
@@ -276,7 +306,7 @@ impl Run {
                     "{what}: {k} handed out while deliveries are paused"
                 ));
             }
-            if d.due_ms() < last_due && !self.resumed {
+            if d.due_ms() < last_due && !self.resumed && !self.stepped {
                 return Err(format!(
                     "{what}: {k} due {} handed out after a task due {last_due}",
                     d.due_ms()
@@ -295,12 +325,13 @@ impl Run {
                         if task.attempt < max && next_attempt == task.attempt + 1 =>
                     {
                         let due_ms = kairos::clock::system_time_to_ms(due).unwrap_or(0);
-                        retry_now |= due_ms <= now;
+                        retry_now |= after == 0;
                         if due_ms != now + after {
                             return Err(format!(
                                 "{what}: {k} nacked at {now} + {after} ms is due {due_ms}"
                             ));
                         }
+                        self.place(&key, due_ms);
                         self.model.insert(
                             key,
                             Task {
@@ -331,13 +362,15 @@ impl Run {
         let late = self
             .model
             .iter()
-            .find(|(_, t)| t.due_ms <= now && !self.paused);
+            .find(|(k, _)| !self.paused && self.deadline.get(*k).is_none_or(|&at| at <= now_mono));
         if let Some((k, t)) = late {
             return Err(format!(
-                "{what}: {} (id {}) due {} not handed out by {now}",
+                "{what}: {} (id {}) due {} (monotonic deadline {:?}) not handed out by {now} \
+                 (monotonic {now_mono})",
                 String::from_utf8_lossy(k),
                 t.id,
-                t.due_ms
+                t.due_ms,
+                self.deadline.get(k)
             ));
         }
         let stats = self.engine().stats();
@@ -410,6 +443,7 @@ impl Run {
                             payload,
                             attempt: 1,
                         };
+                        self.place(&key, due_ms);
                         self.model.insert(key, task);
                     }
                     (Err(ScheduleError::AlreadyExists { .. }), true) => {}
@@ -433,6 +467,7 @@ impl Run {
                         if let Some(p) = payload {
                             t.payload = p;
                         }
+                        self.place(&key, due_ms);
                     }
                     (Ok(RescheduleOutcome::Scheduled(id)), None) => {
                         let task = Task {
@@ -441,6 +476,7 @@ impl Run {
                             payload: payload.unwrap_or_default(),
                             attempt: 1,
                         };
+                        self.place(&key, due_ms);
                         self.model.insert(key, task);
                     }
                     (r, t) => return Err(format!("reschedule: {r:?}, model {t:?}")),
@@ -450,6 +486,7 @@ impl Run {
                 let key = self.key();
                 let r = self.engine().cancel(&key);
                 self.log(format!("cancel {} -> {r:?}", String::from_utf8_lossy(&key)));
+                self.deadline.remove(&key);
                 match (r, self.model.remove(&key)) {
                     (Ok(CancelOutcome::Cancelled { deliveries }), Some(t))
                         if deliveries + 1 == t.attempt => {}
@@ -496,6 +533,7 @@ impl Run {
                                 payload,
                                 attempt: 1,
                             };
+                            self.place(&key, due_ms);
                             self.model.insert(key, task);
                         }
                         (Err(ScheduleError::AlreadyExists { .. }), true) => {}
@@ -506,7 +544,18 @@ impl Run {
                 }
             }
             88 => self.check_dead()?,
-            85..=89 => {
+            89 => {
+                // A forward wall step (a backward one would make the deadlines unknowable).
+                let ms = match self.rng.range(0, 2) {
+                    0 => self.rng.range(1, 50),
+                    1 => self.rng.range(50, 60_000),
+                    _ => self.rng.range(60_000, 4 * 3_600_000),
+                };
+                self.clock.step_wall(ms as i64);
+                self.stepped = true;
+                self.log(format!("wall step +{ms} ms -> {}", self.clock.wall_ms()));
+            }
+            85..=88 => {
                 // Real time for the background work (the checkpoint interval, a move).
                 let us = self.rng.range(0, 3_000);
                 std::thread::sleep(Duration::from_micros(us));

@@ -255,6 +255,19 @@ fn simulation_with_every_far_key_on_one_hash() {
     );
 }
 
+/// The same with the engine's background work on (`sim::Mode::Background`: the prefetcher,
+/// background checkpoints and far-task moves): every far lookup reads every far task's entry
+/// while moves and compactions change where they are. A fifth of the seeds above.
+#[test]
+fn simulation_with_every_far_key_on_one_hash_and_background_work() {
+    weak();
+    sim::simulation_in(
+        sim::Mode::Background,
+        SIM_SEEDS / 5 * common::scale() as u64,
+        3_500_000,
+    );
+}
+
 /// A checkpoint records that it was written with weakened far-key hashes, and
 /// each kind of process refuses the other's: with the other width a lookup by
 /// key would miss a live far task, and a schedule of its key make a second
