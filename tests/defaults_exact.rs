@@ -1,8 +1,9 @@
 //! An exact model of the engine with the defaults an embedder runs — the payload prefetcher,
 //! background checkpoints and background far-task moves all on — with short triggers and
 //! windows, so that tasks keep going to overflow files, being promoted, prefetched and
-//! compacted while the calls go on. On `SimStorage` (with process crashes and power cuts
-//! under `Sync`) and on the real file system (`FsStorage` in a temporary directory).
+//! compacted while the calls go on. On `SimStorage` (with process crashes, and power cuts —
+//! after `Engine::sync` under `Buffered`) and on the real file system (`FsStorage` in a
+//! temporary directory).
 //!
 //! Every task is received and acked as soon as it is handed out, so nothing is in flight at
 //! a stop and the model is exact whatever the background threads' timing: after every step
@@ -577,10 +578,12 @@ impl Run {
                         self.log("clean restart".into());
                     }
                     _ => {
+                        let cut = self.disk == Disk::Sim && how == 3;
+                        if cut && self.config.durability != Durability::Sync {
+                            // Every call that returned before `sync` survives a power cut.
+                            engine.sync().map_err(|e| format!("sync: {e}"))?;
+                        }
                         drop(engine);
-                        let cut = self.disk == Disk::Sim
-                            && self.config.durability == Durability::Sync
-                            && how == 3;
                         if cut {
                             self.sim.power_cut();
                         } else if self.disk == Disk::Sim {

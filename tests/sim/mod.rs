@@ -848,6 +848,12 @@ struct Background {
     live_stop_percent: u64,
     /// Longest real-time pause before such a stop, µs (lets background work get under way).
     live_stop_delay_us: u64,
+    /// `SimStorage::set_timed_io`: the log's own timed I/O as on a real disk — the `SYNCED`
+    /// high-water mark once the writer has been idle for `Config::synced_mark_delay` (10 ms
+    /// by default), `Interval`'s background syncs, `Buffered`'s write-back.
+    timed_io: bool,
+    /// `Config::synced_mark_delay`, ms.
+    synced_mark_delay_ms: u64,
 }
 
 fn pick<T: Copy>(rng: &mut SplitMix, items: &[T]) -> T {
@@ -983,6 +989,8 @@ impl Setup {
             relocate_far_bytes: pick(&mut rng, &[1, 256, 4_096, 16 << 20]),
             live_stop_percent: pick(&mut rng, &[0, 30, 60, 100]),
             live_stop_delay_us: pick(&mut rng, &[0, 100, 1_000, 5_000]),
+            timed_io: rng.chance(50),
+            synced_mark_delay_ms: pick(&mut rng, &[0, 1, 10]),
         });
         self
     }
@@ -1016,6 +1024,7 @@ impl Setup {
             c.relocate_far_tasks = b.relocate_far_tasks;
             c.relocate_far_bytes = b.relocate_far_bytes;
             c.payload_prefetch = true;
+            c.synced_mark_delay = Some(Duration::from_millis(b.synced_mark_delay_ms));
         }
         // The model's far tasks are those beyond `horizon` below; by default
         // (a 1-minute resident window) tasks would go far without it.
@@ -1561,6 +1570,9 @@ impl Sim {
             probe.lock().io_log = Some(Vec::new());
         }
         let sim = SimStorage::new(derive(seed, 2));
+        if setup.background.as_ref().is_some_and(|b| b.timed_io) {
+            sim.set_timed_io(true);
+        }
         let clock = ManualClock::new(START_MS);
         let mut counters = Counters {
             seeds: 1,
