@@ -29,3 +29,9 @@ fn simulation_with_background_work_on() {
         assert!(counters.live_stops > 0, "no crash under the running engine");
     }
 }
+
+/// The checks have teeth here too: on a disk whose fdatasync of log records lies, seeds fail.
+#[test]
+fn simulation_with_background_work_catches_a_disk_that_lies_about_fsync() {
+    sim::catches_a_disk_that_lies_about_fsync_in(sim::Mode::Background);
+}
