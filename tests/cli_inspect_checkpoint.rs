@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::cli::{json, json_lines, path, run};
+use common::cli::{copy_tree, json, json_lines, path, run};
 use common::{open_fs, TestResult, START_MS};
 use kairos::checkpoint::{file_name, CheckpointReadError, CHECKPOINT_DIR_NAME};
 use kairos::{Config, Durability, Engine, ManualClock, NackOutcome, Stats};
@@ -55,21 +55,6 @@ fn log_records(log_dir: &Path) -> TestResult<(kairos_wal::ScanReport, u64)> {
         &mut |_| records += 1,
     )?;
     Ok((report, records))
-}
-
-/// Copies a directory tree.
-fn copy_tree(from: &Path, to: &Path) -> TestResult {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target)?;
-        }
-    }
-    Ok(())
 }
 
 /// Flips one bit in the middle of `file`; returns the byte offset of the damage as the

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::cli::{json, path, run};
+use common::cli::{copy_tree, json, path, run};
 use common::{open_fs, TestResult, START_MS};
 use kairos::overflow::{self, OverflowReadError, OVERFLOW_DIR_NAME};
 use kairos::{Config, Due, Engine, ManualClock};
@@ -48,21 +48,6 @@ fn due(after: Duration) -> String {
 fn ovf_path(dir: &Path, number: u32) -> PathBuf {
     dir.join(OVERFLOW_DIR_NAME)
         .join(overflow::file_name(number))
-}
-
-/// Copies a directory tree.
-fn copy_tree(from: &Path, to: &Path) -> TestResult {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target)?;
-        }
-    }
-    Ok(())
 }
 
 /// Builds `dir`:

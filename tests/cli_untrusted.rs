@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::cli::{json, path, run, KAIROS};
+use common::cli::{copy_tree, json, path, run, KAIROS};
 use common::{open_fs, TestResult, START_MS};
 use kairos::overflow::{self, OVERFLOW_DIR_NAME};
 use kairos::{Config, Engine, ManualClock};
@@ -98,20 +98,6 @@ fn run_bounded(args: &[&str]) -> TestResult<(i32, String, String)> {
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     Ok((out.status.code().unwrap_or(-1), stdout, stderr))
-}
-
-fn copy_tree(from: &Path, to: &Path) -> TestResult {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target)?;
-        }
-    }
-    Ok(())
 }
 
 fn mkfifo(at: &Path) -> TestResult {

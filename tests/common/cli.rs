@@ -50,3 +50,18 @@ pub fn json(text: &str) -> Value {
 pub fn json_lines(stdout: &str) -> Vec<Value> {
     stdout.lines().map(json).collect()
 }
+
+/// Copies a directory tree (a built data directory, to damage a copy of it).
+pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
