@@ -226,6 +226,23 @@ pub enum CancelError {
     },
 }
 
+/// Looking a task up ([`crate::Engine::lookup`]) failed; nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// The engine was shut down.
+    #[error("the engine is shut down")]
+    Closed,
+    /// A write or sync failed, or a far task's overflow entry could not be
+    /// read (which poisons the engine); the engine refuses work until
+    /// reopened.
+    #[error("the engine is poisoned by a failed write or sync: {cause}")]
+    Poisoned {
+        /// The original failure.
+        cause: String,
+    },
+}
+
 /// Acknowledging a delivery (or nacking it, or extending its lease) failed.
 /// Nothing changed — except for `Poisoned`, whose outcome is unknown to the
 /// caller: an ack or nack record whose own write or sync failed may or may

@@ -35,7 +35,7 @@ use common::{drain, scale, SimHarness, Stop, TestResult, SMALL_SEGMENT_BYTES};
 use kairos::clock::ms_to_system_time;
 use kairos::{
     AckError, CancelOutcome, Config, Delivery, Due, Durability, NackOutcome, NewTask,
-    RescheduleOutcome, RetryPolicy, ScheduleError,
+    RescheduleOutcome, RetryPolicy, ScheduleError, TaskState,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -1227,6 +1227,32 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                 model.in_flight(),
                 model.dead.len()
             )));
+        }
+        // Every key looks up as the model has it (consumers have received
+        // everything due, so no task is `Ready`).
+        for key in 0..KEY_SPACE {
+            let k = key_bytes(key);
+            let expected = model.tasks.get(&k).map(|t| {
+                (
+                    t.id,
+                    t.due_ms,
+                    if t.lease.is_some() {
+                        TaskState::Leased
+                    } else {
+                        TaskState::Scheduled
+                    },
+                    t.deliveries,
+                )
+            });
+            let got = h
+                .engine()
+                .lookup(&k)?
+                .map(|i| (i.id.0, i.due_ms, i.state, i.deliveries));
+            if got != expected {
+                return Err(at(format!(
+                    "lookup of key {key}: {got:?}, model {expected:?}"
+                )));
+            }
         }
     }
 

@@ -24,7 +24,10 @@
 mod checkpointing;
 mod delivery;
 mod far;
+mod lookup;
 mod payloads;
+
+pub use lookup::TaskInfo;
 
 pub use checkpointing::CheckpointReport;
 

@@ -1,0 +1,107 @@
+//! Looking a live task up by its key ([`Engine::lookup`]): where it stands
+//! without changing anything.
+
+use super::{Engine, Shared, Status};
+use crate::error::LookupError;
+use crate::task::{TaskId, TaskState};
+use std::time::SystemTime;
+
+/// What [`Engine::lookup`] reports about a live task: its id, due time,
+/// state and how many deliveries it has had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TaskInfo {
+    /// The engine-assigned id ([`Engine::schedule`] returned it).
+    pub id: TaskId,
+    /// When it is (or was) due, UTC milliseconds since the Unix epoch: the
+    /// due time of its first attempt, or of its next attempt after a nack
+    /// or an expired lease; after a reschedule, the new one.
+    pub due_ms: u64,
+    /// [`TaskState::Scheduled`] (waiting for its due time, or due and about
+    /// to be handed out), [`TaskState::Ready`] (handed out, waiting for a
+    /// consumer) or [`TaskState::Leased`] (a consumer holds it). Never
+    /// [`TaskState::Abandoned`]: a task cancelled while held no longer owns
+    /// its key.
+    pub state: TaskState,
+    /// Deliveries consumers have received so far: 0 until a consumer first
+    /// receives it (also while [`TaskState::Ready`]); while
+    /// [`TaskState::Leased`], the attempt the holder has. The same count a
+    /// cancel would report in [`crate::CancelOutcome::Cancelled`].
+    pub deliveries: u32,
+}
+
+impl TaskInfo {
+    /// [`TaskInfo::due_ms`] as a `SystemTime`.
+    pub fn due(&self) -> SystemTime {
+        crate::clock::ms_to_system_time(self.due_ms)
+    }
+}
+
+impl Engine {
+    /// The live task with `key`, if any: its id, due time, state and
+    /// deliveries ([`TaskInfo`]). Changes nothing: a task due beyond
+    /// [`crate::Config::far_span`] stays in its overflow file. `None` for a
+    /// key no live task has — never scheduled, cancelled (also while a
+    /// consumer held it), finished, dead-lettered — and for a key no task
+    /// could have (empty or longer than `Config::key_bytes_max`).
+    ///
+    /// The answer rests only on durable records: it returns once everything
+    /// logged before it is durable, as a cancel answering `NotFound` does
+    /// (under `Sync` it may wait for a group commit in flight; an in-memory
+    /// engine never waits). It may be out of date by the time the caller
+    /// reads it: the driver, consumers and other callers go on meanwhile.
+    ///
+    /// Cost: one index lookup under the engine's lock, O(1); a key that may
+    /// belong to a far task costs one read of its overflow entry, made
+    /// before the lock is taken. The payload is not returned (nor read).
+    ///
+    /// # Errors
+    /// [`LookupError::Closed`] after a shutdown; [`LookupError::Poisoned`]
+    /// once a write or sync has failed, or when a far task's overflow entry
+    /// cannot be read (which poisons the engine, as a cancel of it would).
+    pub fn lookup(&self, key: &[u8]) -> Result<Option<TaskInfo>, LookupError> {
+        self.shared.lookup(key)
+    }
+}
+
+impl Shared {
+    pub(super) fn lookup(&self, key: &[u8]) -> Result<Option<TaskInfo>, LookupError> {
+        let (mut core, reads, _) = self
+            .lock_reading_far(std::iter::once(key))
+            .map_err(|cause| LookupError::Poisoned { cause })?;
+        core.check_open().map_err(|status| match status {
+            Status::Poisoned(cause) => LookupError::Poisoned { cause },
+            _ => LookupError::Closed,
+        })?;
+        let tag = core.key_tag(key);
+        let info = match core.find_slot(tag, key) {
+            Some(slot) => core.tasks.get(slot).map(|t| TaskInfo {
+                id: t.id,
+                due_ms: t.due_ms,
+                state: t.state,
+                // A ready task's hand-out reached no consumer yet (as for a
+                // cancel's `Cancelled { deliveries }`).
+                deliveries: if t.state == TaskState::Ready {
+                    t.deliveries.saturating_sub(1)
+                } else {
+                    t.deliveries
+                },
+            }),
+            None => match self.find_far(&core, key, &reads) {
+                Ok(found) => found.map(|(pos, entry)| TaskInfo {
+                    id: TaskId(core.far.get(pos).id),
+                    due_ms: entry.due_ms,
+                    state: TaskState::Scheduled,
+                    deliveries: 0,
+                }),
+                Err(cause) => {
+                    self.poison_locked(&mut core, cause.clone());
+                    return Err(LookupError::Poisoned { cause });
+                }
+            },
+        };
+        self.wait_logged(core)
+            .map_err(|cause| LookupError::Poisoned { cause })?;
+        Ok(info)
+    }
+}
