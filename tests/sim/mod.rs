@@ -3,7 +3,7 @@
 //! operations, which virtual actor acts next, the manual clock, and the simulated disk's
 //! faults. A failing seed prints the one command that replays it.
 //!
-//! * **Actors.** Several virtual producers (schedule, schedule_many, reschedule, cancel,
+//! * **Actors.** Several virtual producers (schedule, schedule_many, reschedule, cancel, lookup,
 //!   cancel_many on a small shared key space), several virtual consumers (receive, ack,
 //!   ack_many — sometimes spoiled —, nack, extend_lease, drop a delivery, ack a delivery from an
 //!   earlier incarnation), a clock (advances from 1 ms to 30 days, wall steps, suspends) and
@@ -95,8 +95,8 @@ use kairos::checkpoint::CHECKPOINT_DIR_NAME;
 use kairos::clock::{ms_to_system_time, system_time_to_ms};
 use kairos::{
     AckError, CancelError, CancelOutcome, CheckpointError, CheckpointReport, Clock, Config,
-    Delivery, DeliveryGuarantee, Due, Durability, Engine, ManualClock, NackOutcome, NewTask,
-    OpenError, RecvError, RescheduleOutcome, RetryPolicy, ScheduleError,
+    Delivery, DeliveryGuarantee, Due, Durability, Engine, LookupError, ManualClock, NackOutcome,
+    NewTask, OpenError, RecvError, RescheduleOutcome, RetryPolicy, ScheduleError,
 };
 use kairos_wal::format::{
     FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_FRAMES_OFFSET, SEGMENT_SUFFIX,
@@ -757,6 +757,7 @@ enum Op {
     Reschedule,
     Cancel,
     CancelMany,
+    Lookup,
     Receive,
     Ack,
     AckMany,
@@ -774,12 +775,13 @@ enum Op {
     Checkpoint,
 }
 
-const OPS: [(Op, u64); 20] = [
+const OPS: [(Op, u64); 21] = [
     (Op::Schedule, 10),
     (Op::ScheduleMany, 3),
     (Op::Reschedule, 3),
     (Op::Cancel, 5),
     (Op::CancelMany, 2),
+    (Op::Lookup, 2),
     (Op::Receive, 8),
     (Op::Ack, 5),
     (Op::AckMany, 2),
@@ -1093,6 +1095,8 @@ pub struct Counters {
     nacks: u64,
     cancels_cancelled: u64,
     cancels_in_flight: u64,
+    lookups_found: u64,
+    lookups_none: u64,
     clean_reopens: u64,
     process_crashes: u64,
     power_cuts: u64,
@@ -1174,6 +1178,8 @@ impl Counters {
             nacks,
             cancels_cancelled,
             cancels_in_flight,
+            lookups_found,
+            lookups_none,
             clean_reopens,
             process_crashes,
             power_cuts,
@@ -1250,7 +1256,8 @@ impl Counters {
             "simulation: {} seeds from base seed {base} in {:.1} s on {threads} threads \
              ({} Sync, {} Buffered, {} Interval)\n\
              \x20 steps {}, engine calls {}, schedules acknowledged {}, deliveries {}, acks {}, \
-             nacks {}, cancels answered Cancelled {} / AlreadyDelivered {}\n\
+             nacks {}, cancels answered Cancelled {} / AlreadyDelivered {}, lookups \
+             answered a task {} / none {}\n\
              \x20 reopens: clean {}, process crashes {}, power cuts {} ({} exact, {} with stale \
              history); opens {}\n\
              \x20 crashes during recovery (failed opens) {}, torn tails truncated {}, poisoned \
@@ -1282,6 +1289,8 @@ impl Counters {
             self.nacks,
             self.cancels_cancelled,
             self.cancels_in_flight,
+            self.lookups_found,
+            self.lookups_none,
             self.clean_reopens,
             self.process_crashes,
             self.power_cuts,
@@ -2586,6 +2595,54 @@ impl Sim {
         }
     }
 
+    /// `Engine::lookup` of a key: `None` rests on durable records as a cancel's `NotFound`
+    /// does (every possible task of the key is finished); a task found must be one the model
+    /// allows, with an id it knows (or may not know yet), a due time it may have and no more
+    /// deliveries than it may have had.
+    fn op_lookup(&mut self, p: usize) {
+        let key = self.pick_key();
+        let r = self.engine().lookup(&key_bytes(key));
+        self.settle();
+        self.log(format!("P{p} lookup k{key} -> {}", short(&r)));
+        match r {
+            Ok(None) => {
+                self.counters.lookups_none += 1;
+                self.ok_answer("lookup", false, false);
+                self.resolve_absent(key, None, "lookup answered None");
+            }
+            Ok(Some(info)) => {
+                self.counters.lookups_found += 1;
+                self.ok_answer("lookup", false, false);
+                self.require_present(key, "lookup answered a task");
+                let id = info.id.0;
+                let known = self.keys[key]
+                    .iter()
+                    .any(|&v| self.possibly_live(v) && self.versions[v].id == Some(id));
+                let unbound = self.keys[key]
+                    .iter()
+                    .any(|&v| self.possibly_live(v) && self.versions[v].id.is_none());
+                if !known && !unbound {
+                    self.violate(
+                        Violation::Resurrected,
+                        format!("lookup of k{key} answered task id {id}, which no possible task of the key has"),
+                    );
+                }
+                if info.deliveries > self.max_attempts() {
+                    self.violate(
+                        Violation::Other,
+                        format!(
+                            "lookup of k{key}: {} deliveries, max_attempts is {}",
+                            info.deliveries,
+                            self.max_attempts()
+                        ),
+                    );
+                }
+            }
+            Err(LookupError::Poisoned { .. }) => self.poisoned_answer("lookup"),
+            Err(e) => self.violate(Violation::Other, format!("lookup: unexpected {e}")),
+        }
+    }
+
     fn op_cancel_many(&mut self, p: usize) {
         let n = self.rng.range(1, 5) as usize;
         let keys: Vec<usize> = (0..n).map(|_| self.pick_key()).collect();
@@ -3834,6 +3891,7 @@ impl Sim {
             Op::Reschedule => self.op_reschedule(p),
             Op::Cancel => self.op_cancel(p),
             Op::CancelMany => self.op_cancel_many(p),
+            Op::Lookup => self.op_lookup(p),
             Op::Receive => {
                 let most = self.rng.range(1, 4) as usize;
                 self.op_receive(c, most);
