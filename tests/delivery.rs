@@ -700,6 +700,103 @@ fn dead_letters_requeue_and_purge_survive_reopen() -> TestResult {
     Ok(())
 }
 
+/// `dead_letters_after` walks the dead letters in pages, oldest id first: every page size
+/// gives back exactly `dead_letters()`, a page ends where asked, `max` 0 and an `after` past
+/// the last id give nothing; a purge during the walk is not seen after it, a dead letter made
+/// during it with an id above the walk's position is; the same across a reopen.
+#[test]
+fn dead_letters_after_walks_pages_in_id_order() -> TestResult {
+    let mut h = SimHarness::new(445, cfg(30_000, 1, 0))?;
+    let e = h.engine();
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let name = format!("page-{i}");
+        ids.push(e.schedule_after(name.as_bytes(), Duration::ZERO, name.as_bytes())?);
+    }
+    // One more task, dead-lettered halfway through a walk below.
+    let late = e.schedule_after(b"page-late", ms(1_000), b"late")?;
+    for d in drain(e)? {
+        assert_eq!(e.nack(&d, None, "no")?, NackOutcome::DeadLettered);
+    }
+    let all_dead = 8;
+    let walk = |e: &Engine, page: usize| -> Vec<u64> {
+        let mut seen = Vec::new();
+        let mut after = None;
+        for _ in 0..=all_dead {
+            let got = e.dead_letters_after(after, page);
+            assert!(got.len() <= page, "page of {} over {page}", got.len());
+            let Some(last) = got.last() else {
+                return seen;
+            };
+            after = Some(last.task_id);
+            seen.extend(got.iter().map(|d| d.task_id.0));
+        }
+        panic!("the walk did not end: {seen:?}");
+    };
+    let all: Vec<u64> = ids.iter().map(|id| id.0).collect();
+    for page in [1, 2, 3, 7, 100] {
+        assert_eq!(walk(h.engine(), page), all, "page {page}");
+    }
+    let e = h.engine();
+    let full: Vec<u64> = e.dead_letters().iter().map(|d| d.task_id.0).collect();
+    assert_eq!(full, all);
+    // One page, with everything a dead letter carries.
+    let page = e.dead_letters_after(Some(ids[1]), 2);
+    assert_eq!(
+        page.iter()
+            .map(|d| (
+                d.task_id,
+                d.key.clone(),
+                d.payload.clone(),
+                d.attempts,
+                d.error.clone()
+            ))
+            .collect::<Vec<_>>(),
+        [
+            (
+                ids[2],
+                b"page-2".to_vec(),
+                b"page-2".to_vec(),
+                1,
+                "no".to_string()
+            ),
+            (
+                ids[3],
+                b"page-3".to_vec(),
+                b"page-3".to_vec(),
+                1,
+                "no".to_string()
+            ),
+        ]
+    );
+    assert!(e.dead_letters_after(None, 0).is_empty());
+    assert!(e.dead_letters_after(Some(ids[6]), 10).is_empty());
+    assert!(e.dead_letters_after(Some(TaskId(u64::MAX)), 10).is_empty());
+
+    // During a walk: purge one ahead of it, one behind it; a new dead letter (id above).
+    let first = e.dead_letters_after(None, 3);
+    assert_eq!(first.len(), 3);
+    assert!(e.purge_dead_letter(ids[1])?);
+    assert!(e.purge_dead_letter(ids[4])?);
+    let d = one(h.advance(ms(1_000))?)?;
+    assert_eq!(d.task_id(), late);
+    let e = h.engine();
+    assert_eq!(e.nack(&d, None, "late")?, NackOutcome::DeadLettered);
+    let rest: Vec<u64> = e
+        .dead_letters_after(first.last().map(|d| d.task_id), 100)
+        .iter()
+        .map(|d| d.task_id.0)
+        .collect();
+    assert_eq!(rest, [ids[3].0, ids[5].0, ids[6].0, late.0]);
+
+    h.restart(Stop::PowerCut)?;
+    assert_eq!(
+        walk(h.engine(), 2),
+        [ids[0].0, ids[2].0, ids[3].0, ids[5].0, ids[6].0, late.0]
+    );
+    Ok(())
+}
+
 // ----------------------------------------------------------------------------------------
 // Cancel outcomes with retries
 

@@ -614,12 +614,23 @@ impl Shared {
     /// is durable: the list reflects records that may not be yet (a purge or requeue that just
     /// took a dead letter, a nack that made one), and must not outlive a crash that undoes
     /// them. Without a log, or with nothing pending, it waits for nothing.
-    pub(super) fn dead_letters(&self) -> Vec<DeadLetter> {
+    /// Up to `max` dead letters whose ids are above `after` (all with
+    /// `None`), oldest id first: the ids are chosen under the lock
+    /// (O(dead letters) comparisons), and only the chosen ones copied.
+    pub(super) fn dead_letters_after(&self, after: Option<TaskId>, max: usize) -> Vec<DeadLetter> {
         let core = self.core.lock();
-        let mut out: Vec<DeadLetter> = core
-            .dead
+        let floor = after.map_or(0, |id| id.0);
+        let mut ids: Vec<u64> = core.dead.keys().copied().filter(|&id| id > floor).collect();
+        if ids.len() > max {
+            // The `max` smallest ids, in no order yet.
+            ids.select_nth_unstable(max);
+            ids.truncate(max);
+        }
+        ids.sort_unstable();
+        let out: Vec<DeadLetter> = ids
             .iter()
-            .map(|(&id, d)| DeadLetter {
+            .filter_map(|&id| core.dead.get(&id).map(|d| (id, d)))
+            .map(|(id, d)| DeadLetter {
                 task_id: TaskId(id),
                 key: d.key.to_vec(),
                 payload: d.payload.to_vec(),
@@ -632,7 +643,6 @@ impl Shared {
         // A failed wait has poisoned the engine; the list is still what memory held (this
         // call has no error to return), and every later call reports the poisoning.
         let _ = self.wait_logged(core);
-        out.sort_unstable_by_key(|d| d.task_id);
         out
     }
 

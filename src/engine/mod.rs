@@ -1408,7 +1408,23 @@ impl Engine {
     /// before acknowledgement — of the round under way), and waits for
     /// nothing when nothing is pending.
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
-        self.shared.dead_letters()
+        self.shared.dead_letters_after(None, usize::MAX)
+    }
+
+    /// A page of the dead letters: up to `max` of them whose ids are above
+    /// `after` (from the first with `None`), oldest id first — to go
+    /// through many dead letters without copying them all at once: pass
+    /// the last id of a page as `after` for the next; an empty page is the
+    /// end. A walk sees each dead letter at most once; one requeued or
+    /// purged during it is not seen after that, and one made during it
+    /// (it keeps its task's id, which may be below the walk's position) is
+    /// seen only if its id is above where the walk is. Durability as for
+    /// [`Engine::dead_letters`].
+    ///
+    /// Cost: O(dead letters) id comparisons under the engine's lock, plus
+    /// copying the `max` returned (key, payload, error).
+    pub fn dead_letters_after(&self, after: Option<TaskId>, max: usize) -> Vec<DeadLetter> {
+        self.shared.dead_letters_after(after, max)
     }
 
     /// Puts dead letter `id` back as a new task (new id, same key and
