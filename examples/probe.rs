@@ -321,9 +321,22 @@ fn fsync_floor(n: usize) -> Result<(), Box<dyn std::error::Error>> {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir()?;
     let record = [5u8; 160];
-    for (label, proof) in [("1 fdatasync", false), ("2 fdatasyncs", true)] {
-        let file = std::fs::File::create(dir.path().join(format!("floor-{proof}")))?;
-        file.write_all_at(&[0u8; 4096], 0)?;
+    // Appending extends the file, so each fdatasync also commits the new size
+    // (on ext4 a journal commit); into a file whose bytes were written as
+    // zeros and synced beforehand it only writes the data.
+    for (label, proof, prezeroed) in [
+        ("1 fdatasync", false, false),
+        ("2 fdatasyncs", true, false),
+        ("1 fdatasync, file pre-zeroed", false, true),
+        ("2 fdatasyncs, file pre-zeroed", true, true),
+    ] {
+        let file = std::fs::File::create(dir.path().join(format!("floor-{proof}-{prezeroed}")))?;
+        let zeroed = if prezeroed {
+            4096 + n * record.len()
+        } else {
+            4096
+        };
+        file.write_all_at(&vec![0u8; zeroed], 0)?;
         file.sync_all()?;
         let mut offset = 4096u64;
         let t = Instant::now();
