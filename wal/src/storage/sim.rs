@@ -418,6 +418,12 @@ impl SimStorage {
     /// undone. Every handle and lock taken before the cut is dead afterwards (its calls fail
     /// with EIO), so a dropped engine cannot write into the new image. Pending injected faults
     /// are cleared.
+    ///
+    /// Calls by path (`open`, `create_dir_all`, `rename`, `remove_file`, `list`, `sync_dir`)
+    /// are *not* cut off: they act on the new image, from any caller. A test that cuts the
+    /// power under a running engine (whose threads may still rename or remove files) must stop
+    /// those calls itself, for example by wrapping the storage in one that refuses every call
+    /// once the cut is made, before it opens the next engine.
     pub fn power_cut(&self) {
         let mut guard = self.inner.lock();
         let state = &mut *guard;
@@ -442,7 +448,8 @@ impl SimStorage {
     }
 
     /// Process crash: every written byte and directory operation survives (it is in the page
-    /// cache) but stays exactly as durable as it was; every handle and lock dies (EIO).
+    /// cache) but stays exactly as durable as it was; every handle and lock dies (EIO). Calls
+    /// by path go on working, as after [`power_cut`](Self::power_cut).
     pub fn crash_process(&self) {
         self.inner.lock().new_epoch();
     }
