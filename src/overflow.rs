@@ -535,6 +535,29 @@ impl EntryFile {
         })
     }
 
+    /// [`read_due`] of this file: the entries from `offset` on due by
+    /// `due_until`, read about `chunk_bytes` at a time, through this
+    /// descriptor (no open, size query or close).
+    ///
+    /// # Errors
+    /// As [`read_due`].
+    pub fn read_due(
+        &self,
+        offset: u64,
+        due_until: u64,
+        chunk_bytes: usize,
+    ) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+        read_due_in(
+            self.file.as_ref(),
+            self.len,
+            &self.path,
+            offset,
+            due_until,
+            chunk_bytes,
+            READ_DUE_ENTRIES_MAX,
+        )
+    }
+
     /// [`read_entry`] of this file: the entry at `offset`, checked against
     /// `task_id` and `key` (if given).
     ///
@@ -668,6 +691,33 @@ pub fn read_due(
 pub fn read_due_at_most(
     storage: &dyn Storage,
     path: &Path,
+    offset: u64,
+    due_until: u64,
+    chunk_bytes: usize,
+    entries_max: usize,
+) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+    let io_err = |source| OverflowReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
+    let len = file.len().map_err(io_err)?;
+    read_due_in(
+        file.as_ref(),
+        len,
+        path,
+        offset,
+        due_until,
+        chunk_bytes,
+        entries_max,
+    )
+}
+
+/// [`read_due_at_most`] of the open `file` (at `path`), `len` bytes long.
+fn read_due_in(
+    file: &dyn StorageFile,
+    len: u64,
+    path: &Path,
     mut offset: u64,
     due_until: u64,
     chunk_bytes: usize,
@@ -678,8 +728,6 @@ pub fn read_due_at_most(
         path: path.to_path_buf(),
         source,
     };
-    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
-    let len = file.len().map_err(io_err)?;
     let mut out = Vec::new();
     offset = offset.max(HEADER_BYTES as u64);
     while offset < len {
@@ -690,7 +738,7 @@ pub fn read_due_at_most(
         };
         let want = (len - offset).min(chunk_bytes.max(ENTRY_FIXED_BYTES) as u64) as usize;
         let mut buf = vec![0u8; want];
-        if !read_exact_at(file.as_ref(), &mut buf, offset).map_err(io_err)? {
+        if !read_exact_at(file, &mut buf, offset).map_err(io_err)? {
             return Err(corrupt("file shrank while being read".into()));
         }
         let mut at = 0;
@@ -727,7 +775,7 @@ pub fn read_due_at_most(
                 )));
             }
             let mut one = vec![0u8; total as usize];
-            if !read_exact_at(file.as_ref(), &mut one, offset).map_err(io_err)? {
+            if !read_exact_at(file, &mut one, offset).map_err(io_err)? {
                 return Err(corrupt("file ends inside the entry".into()));
             }
             match parse_entry(&one).map_err(corrupt)? {

@@ -189,6 +189,18 @@ impl Disk {
         Ok(handle)
     }
 
+    /// Overflow file `file` if it is kept open now, without making it the
+    /// most recently used: the prefetcher reads through it rather than
+    /// open the file again, but does not decide which files stay open
+    /// (the files that single reads — far cancels — use do). O(kept files).
+    pub fn kept_overflow_file(&self, file: u32) -> Option<Arc<overflow::EntryFile>> {
+        let open = self.open_files.lock();
+        open.files
+            .iter()
+            .find(|&&(f, _)| f == file)
+            .map(|(_, handle)| Arc::clone(handle))
+    }
+
     /// Keeps `handle` of `file`, opened when `removals` files had been
     /// forgotten, unless a removal came since or it is kept already; true if
     /// kept.

@@ -60,16 +60,69 @@ impl Shared {
 /// Bytes the prefetcher reads from an overflow file at a time.
 const PREFETCH_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// The most rounds the prefetcher lets pass before it reads again an
+/// overflow file whose read failed: after the `n`-th failure in a row it
+/// tries again `2^(n-1)` rounds later, at most this many (4 payload
+/// windows).
+pub(super) const PREFETCH_RETRY_ROUNDS_MAX: u64 = 16;
+
+/// Rounds after the `failures`-th failed read in a row of a file before
+/// the prefetcher reads it again: 1, 2, 4, … up to
+/// [`PREFETCH_RETRY_ROUNDS_MAX`].
+pub(super) fn prefetch_retry_rounds(failures: u32) -> u64 {
+    1u64.checked_shl(failures.saturating_sub(1))
+        .unwrap_or(u64::MAX)
+        .min(PREFETCH_RETRY_ROUNDS_MAX)
+}
+
+/// Where the prefetcher stands in one overflow file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileCursor {
+    /// Where the next read starts: the first entry not taken yet.
+    pub offset: u64,
+    /// Reads of the file that failed in a row (I/O errors); 0 once one
+    /// succeeds.
+    pub failures: u32,
+    /// The round from which the file is read again (after a failure).
+    pub retry_round: u64,
+    /// An entry is damaged (checksum, format): the file is not read again
+    /// while the engine runs; the consumer receiving one of its tasks reads
+    /// the entry itself and reports the damage.
+    pub damaged: bool,
+}
+
+impl Default for FileCursor {
+    fn default() -> Self {
+        FileCursor {
+            offset: overflow::HEADER_BYTES as u64,
+            failures: 0,
+            retry_round: 0,
+            damaged: false,
+        }
+    }
+}
+
+/// The prefetcher's state from one round to the next
+/// ([`Shared::prefetch_loop`]).
+#[derive(Debug, Default)]
+pub(super) struct Prefetcher {
+    /// Rounds begun so far.
+    pub round: u64,
+    /// Per overflow file in use, where its reads stand.
+    pub cursors: std::collections::HashMap<u32, FileCursor>,
+}
+
 impl Shared {
     /// The prefetcher: every quarter of `Config::payload_window` (real time,
-    /// at least 10 ms), reads from each overflow file, sequentially from
-    /// where it stopped last, the entries due within the window, and puts the
+    /// at least 10 ms), promotes the far tasks coming within the far span,
+    /// then reads from each overflow file, sequentially from where it
+    /// stopped last, the entries due within the window, and puts the
     /// payloads of tasks that still refer to them back in memory — so that
     /// the consumer receiving a task does not wait on disk. Entries of tasks
     /// cancelled, finished or rescheduled with a new payload are skipped; a
     /// task rescheduled earlier than its place in the file is read by its
-    /// consumer instead. A read failure is logged and that file is no longer
-    /// prefetched (the consumer's read reports the damage).
+    /// consumer instead. See [`Shared::prefetch_files`] for what a failed
+    /// read does.
     pub(crate) fn prefetch_loop(&self) {
         let Some(window) = self.config.payload_window else {
             return;
@@ -78,7 +131,7 @@ impl Shared {
             return;
         };
         let period = (window / 4).max(std::time::Duration::from_millis(10));
-        let mut cursors: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        let mut prefetcher = Prefetcher::default();
         loop {
             let files: Vec<u32> = {
                 let mut core = self.core.lock();
@@ -95,37 +148,104 @@ impl Shared {
                 }
                 core.overflow_files.keys().copied().collect()
             };
-            cursors.retain(|f, _| files.contains(f));
             let until = super::wall_ms(self.now()).saturating_add(window.as_millis() as u64);
-            for file in files {
-                let cursor = cursors.entry(file).or_insert(overflow::HEADER_BYTES as u64);
-                if *cursor == u64::MAX {
+            self.prefetch_files(disk, &mut prefetcher, &files, until);
+        }
+    }
+
+    /// One round of the prefetcher: reads from each of `files` (the
+    /// overflow files in use when the round began) the entries due by
+    /// `until`, from where the last round stopped, and puts the payloads
+    /// of the tasks that still refer to them in memory.
+    ///
+    /// A file whose read fails: if it is no longer in use (a checkpoint
+    /// removed it since the round began — its entries were moved to
+    /// another file or belong to no live task), it is dropped quietly; if
+    /// an entry is damaged, a warning, and it is not read again while the
+    /// engine runs; any other failure (I/O) is a warning, and it is read
+    /// again from where it stopped after a backoff
+    /// ([`prefetch_retry_rounds`]), so that its payloads still come back
+    /// ahead of their due time once the fault clears.
+    pub(super) fn prefetch_files(
+        &self,
+        disk: &super::checkpointing::Disk,
+        prefetcher: &mut Prefetcher,
+        files: &[u32],
+        until: u64,
+    ) {
+        prefetcher.round += 1;
+        let round = prefetcher.round;
+        prefetcher.cursors.retain(|f, _| files.contains(f));
+        for &file in files {
+            let cursor = prefetcher.cursors.entry(file).or_default();
+            if cursor.damaged || round < cursor.retry_round {
+                continue;
+            }
+            let error = match self.prefetch_file(disk, file, &mut cursor.offset, until) {
+                Ok(()) => {
+                    cursor.failures = 0;
                     continue;
                 }
-                let path = disk.overflow_dir().join(overflow::file_name(file));
-                loop {
-                    match overflow::read_due(
-                        disk.storage.as_ref(),
-                        &path,
-                        *cursor,
-                        until,
-                        PREFETCH_CHUNK_BYTES,
-                    ) {
-                        Ok((entries, next)) => {
-                            let done = entries.is_empty() || next == *cursor;
-                            *cursor = next;
-                            self.take_prefetched(file, entries);
-                            if done {
-                                break;
-                            }
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, "prefetch stopped for this overflow file");
-                            *cursor = u64::MAX;
-                            break;
-                        }
-                    }
+                Err(error) => error,
+            };
+            if !self.core.lock().overflow_files.contains_key(&file) {
+                // Removed since the round listed it: nothing of it is due.
+                tracing::debug!(%error, "overflow file removed while being prefetched");
+                prefetcher.cursors.remove(&file);
+                continue;
+            }
+            match error {
+                overflow::OverflowReadError::Corrupt { .. } => {
+                    tracing::warn!(%error, "prefetch stopped for this damaged overflow file");
+                    cursor.damaged = true;
                 }
+                overflow::OverflowReadError::Io { .. } => {
+                    cursor.failures = cursor.failures.saturating_add(1);
+                    let rounds = prefetch_retry_rounds(cursor.failures);
+                    cursor.retry_round = round.saturating_add(rounds);
+                    tracing::warn!(
+                        %error,
+                        failures = cursor.failures,
+                        retry_in_rounds = rounds,
+                        "prefetch of an overflow file failed; it is read again later"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Reads the entries of overflow file `file` due by `until` from
+    /// `*offset` on, a chunk at a time, and puts their payloads in memory
+    /// ([`Shared::take_prefetched`]); `*offset` follows the entries taken,
+    /// so a read that fails midway resumes after them. Through the
+    /// descriptor the engine keeps open for the file, if any
+    /// ([`super::checkpointing::Disk::kept_overflow_file`]), else one opened
+    /// for this read and closed after it (not kept: which files stay open
+    /// is up to the single reads, far cancels, that they save most).
+    fn prefetch_file(
+        &self,
+        disk: &super::checkpointing::Disk,
+        file: u32,
+        offset: &mut u64,
+        until: u64,
+    ) -> Result<(), overflow::OverflowReadError> {
+        let handle = match disk.kept_overflow_file(file) {
+            Some(handle) => handle,
+            None => {
+                let path = disk.overflow_dir().join(overflow::file_name(file));
+                std::sync::Arc::new(overflow::EntryFile::open(
+                    disk.storage.as_ref(),
+                    &path,
+                )?)
+            }
+        };
+        loop {
+            let (entries, next) = handle.read_due(*offset, until, PREFETCH_CHUNK_BYTES)?;
+            let done = entries.is_empty() || next == *offset;
+            *offset = next;
+            self.take_prefetched(file, entries);
+            if done {
+                return Ok(());
             }
         }
     }
@@ -156,5 +276,259 @@ impl Shared {
                 c.payloads_read_back += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Config, Due, Engine, ManualClock};
+    use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan, OpenMode, Storage as _};
+    use kairos_wal::SimStorage;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    const START_MS: u64 = 1_700_000_000_000;
+    const MINUTE_MS: u64 = 60_000;
+
+    /// Counts the `tracing` events at WARN and at DEBUG of the thread it is
+    /// the default subscriber of.
+    #[derive(Default)]
+    struct Events {
+        warn: AtomicUsize,
+        debug: AtomicUsize,
+    }
+
+    impl tracing::Subscriber for Events {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            match *event.metadata().level() {
+                tracing::Level::WARN => self.warn.fetch_add(1, Ordering::SeqCst),
+                tracing::Level::DEBUG => self.debug.fetch_add(1, Ordering::SeqCst),
+                _ => 0,
+            };
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// [`Shared::prefetch_files`] run once on this thread over `files`,
+    /// with the entries due within a minute of now; the WARN and DEBUG
+    /// events it logged.
+    fn round(engine: &Engine, p: &mut Prefetcher, files: &[u32]) -> (usize, usize) {
+        let shared = &engine.shared;
+        let disk = shared.disk.as_ref().expect("on disk");
+        let until = super::super::wall_ms(shared.now()) + MINUTE_MS;
+        let events = Arc::new(Events::default());
+        tracing::subscriber::with_default(Arc::clone(&events), || {
+            shared.prefetch_files(disk, p, files, until);
+        });
+        (
+            events.warn.load(Ordering::SeqCst),
+            events.debug.load(Ordering::SeqCst),
+        )
+    }
+
+    /// An engine on simulated storage with a one-minute payload window,
+    /// no prefetch thread (the test runs the rounds), no background
+    /// checkpoint and no far tasks: a checkpoint moves the payloads of
+    /// tasks due after the window to an overflow file, the tasks stay in
+    /// the wheel.
+    fn engine(sim: &SimStorage, clock: &ManualClock) -> Engine {
+        let c = Config {
+            payload_window: Some(Duration::from_millis(MINUTE_MS)),
+            payload_prefetch: false,
+            resident_window: None,
+            relocate_far_tasks: None,
+            checkpoint_interval: None,
+            checkpoint_log_bytes: None,
+            ..Config::default()
+        };
+        Engine::open_with("/k", c, Arc::new(sim.clone()), Arc::new(clock.clone())).expect("open")
+    }
+
+    fn payload(i: u64) -> Vec<u8> {
+        format!("payload of task {i:0>40}").into_bytes()
+    }
+
+    /// Schedules tasks `0..n`, task `i` due 10 minutes on plus `i` ms, and
+    /// moves their payloads to one overflow file; its number.
+    fn on_disk(engine: &Engine, n: u64) -> u32 {
+        for i in 0..n {
+            let due = UNIX_EPOCH + Duration::from_millis(START_MS + 10 * MINUTE_MS + i);
+            engine
+                .schedule(format!("k{i}").as_bytes(), Due::At(due), &payload(i))
+                .expect("schedule");
+        }
+        assert_eq!(engine.checkpoint().expect("checkpoint").payloads_moved, n);
+        assert_eq!(engine.stats().payloads_on_disk, n as usize);
+        let files: Vec<u32> = engine
+            .shared
+            .core
+            .lock()
+            .overflow_files
+            .keys()
+            .copied()
+            .collect();
+        assert_eq!(files.len(), 1);
+        files[0]
+    }
+
+    #[test]
+    fn retry_rounds_double_up_to_the_cap() {
+        let rounds: Vec<u64> = (1..=7).map(prefetch_retry_rounds).collect();
+        assert_eq!(rounds, [1, 2, 4, 8, 16, 16, 16]);
+        assert_eq!(prefetch_retry_rounds(u32::MAX), PREFETCH_RETRY_ROUNDS_MAX);
+    }
+
+    /// A read of an overflow file that fails once (EIO) is tried again at
+    /// the next round, and the payloads of its tasks are in memory before
+    /// they fall due: receiving them reads nothing. (Before, the file was
+    /// not prefetched again until a reopen.)
+    #[test]
+    fn a_failed_prefetch_read_is_retried_and_the_payloads_come_back_before_due() {
+        let sim = SimStorage::new(61);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine(&sim, &clock);
+        let file = on_disk(&engine, 3);
+        // Due within the window.
+        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
+        engine.run_until_idle();
+        let mut p = Prefetcher::default();
+        sim.inject(FaultPlan {
+            after: 0,
+            op: FaultOp::Any,
+            kind: FaultKind::Eio,
+        });
+        assert_eq!(round(&engine, &mut p, &[file]), (1, 0));
+        assert_eq!(
+            p.cursors[&file],
+            FileCursor {
+                offset: overflow::HEADER_BYTES as u64,
+                failures: 1,
+                retry_round: 2,
+                damaged: false,
+            }
+        );
+        let stats = engine.stats();
+        assert_eq!((stats.payloads_on_disk, stats.payloads_read_back), (3, 0));
+        // The fault has passed: the next round reads the file.
+        assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
+        assert_eq!(p.cursors[&file].failures, 0);
+        let stats = engine.stats();
+        assert_eq!((stats.payloads_on_disk, stats.payloads_read_back), (0, 3));
+        assert_eq!(stats.payload_bytes_in_memory, 3 * payload(0).len());
+        // Due: handed out with their payloads, nothing more read.
+        clock.advance(Duration::from_millis(30_000 + 2));
+        engine.run_until_idle();
+        let consumer = engine.consumer();
+        for i in 0..3 {
+            let d = consumer.try_recv().expect("due");
+            assert_eq!(d.key(), format!("k{i}").as_bytes());
+            assert_eq!(d.payload(), &payload(i)[..]);
+            consumer.ack(&d).expect("ack");
+        }
+        assert_eq!(engine.stats().payloads_read_back, 3);
+        engine.shutdown().expect("shutdown");
+    }
+
+    /// A file that keeps failing is read again after 1, 2, 4, … rounds;
+    /// the first read that succeeds takes every payload due and ends the
+    /// backoff.
+    #[test]
+    fn a_file_that_keeps_failing_is_read_again_with_a_doubling_backoff() {
+        let sim = SimStorage::new(62);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine(&sim, &clock);
+        let file = on_disk(&engine, 2);
+        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
+        engine.run_until_idle();
+        let mut p = Prefetcher::default();
+        // Rounds 1, 2, 4 and 8 read (and fail); 3, 5–7 wait.
+        let mut warnings = Vec::new();
+        for _ in 1..=8 {
+            sim.inject(FaultPlan {
+                after: 0,
+                op: FaultOp::Any,
+                kind: FaultKind::Eio,
+            });
+            warnings.push(round(&engine, &mut p, &[file]).0);
+            sim.clear_faults();
+        }
+        assert_eq!(warnings, [1, 1, 0, 1, 0, 0, 0, 1]);
+        assert_eq!(p.cursors[&file].failures, 4);
+        assert_eq!(p.cursors[&file].retry_round, 16);
+        assert_eq!(engine.stats().payloads_on_disk, 2);
+        for _ in 9..16 {
+            assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
+            assert_eq!(engine.stats().payloads_on_disk, 2);
+        }
+        assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
+        assert_eq!(p.cursors[&file].failures, 0);
+        let stats = engine.stats();
+        assert_eq!((stats.payloads_on_disk, stats.payloads_read_back), (0, 2));
+        engine.shutdown().expect("shutdown");
+    }
+
+    /// A file a checkpoint removed between the round's listing and its read
+    /// (its tasks gone) is dropped without a warning, and not read again.
+    #[test]
+    fn a_file_removed_before_its_read_is_dropped_quietly() {
+        let sim = SimStorage::new(63);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine(&sim, &clock);
+        let file = on_disk(&engine, 1);
+        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
+        engine.run_until_idle();
+        // The round's listing, then the checkpoint that removes the file.
+        let files = [file];
+        assert!(engine.cancel(b"k0").expect("cancel").is_cancelled());
+        assert_eq!(engine.checkpoint().expect("checkpoint").overflow_files_removed, 1);
+        let mut p = Prefetcher::default();
+        assert_eq!(round(&engine, &mut p, &files), (0, 1));
+        assert!(p.cursors.is_empty(), "{:?}", p.cursors);
+        assert_eq!(engine.stats().payloads_read_back, 0);
+        engine.shutdown().expect("shutdown");
+    }
+
+    /// A damaged entry stops the prefetching of its file, with one warning:
+    /// later rounds do not read it again.
+    #[test]
+    fn a_damaged_file_is_not_read_again() {
+        let sim = SimStorage::new(64);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine(&sim, &clock);
+        let file = on_disk(&engine, 1);
+        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
+        engine.run_until_idle();
+        let path = engine
+            .shared
+            .disk
+            .as_ref()
+            .expect("on disk")
+            .overflow_dir()
+            .join(overflow::file_name(file));
+        // A byte of the entry's payload flipped: its checksum fails.
+        let handle = sim.open(&path, OpenMode::ReadWrite).expect("open");
+        let at = overflow::HEADER_BYTES as u64 + overflow::ENTRY_FIXED_BYTES as u64 + 4;
+        let mut byte = [0u8];
+        handle.read_at(&mut byte, at).expect("read");
+        handle.write_all_at(&[byte[0] ^ 0x55], at).expect("write");
+        drop(handle);
+        let mut p = Prefetcher::default();
+        assert_eq!(round(&engine, &mut p, &[file]), (1, 0));
+        assert!(p.cursors[&file].damaged);
+        let ops = sim.io_ops();
+        assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
+        assert_eq!(sim.io_ops(), ops, "a damaged file was read again");
+        assert_eq!(engine.stats().payloads_on_disk, 1);
     }
 }
