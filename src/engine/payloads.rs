@@ -233,10 +233,7 @@ impl Shared {
             Some(handle) => handle,
             None => {
                 let path = disk.overflow_dir().join(overflow::file_name(file));
-                std::sync::Arc::new(overflow::EntryFile::open(
-                    disk.storage.as_ref(),
-                    &path,
-                )?)
+                std::sync::Arc::new(overflow::EntryFile::open(disk.storage.as_ref(), &path)?)
             }
         };
         loop {
@@ -491,7 +488,13 @@ mod tests {
         // The round's listing, then the checkpoint that removes the file.
         let files = [file];
         assert!(engine.cancel(b"k0").expect("cancel").is_cancelled());
-        assert_eq!(engine.checkpoint().expect("checkpoint").overflow_files_removed, 1);
+        assert_eq!(
+            engine
+                .checkpoint()
+                .expect("checkpoint")
+                .overflow_files_removed,
+            1
+        );
         let mut p = Prefetcher::default();
         assert_eq!(round(&engine, &mut p, &files), (0, 1));
         assert!(p.cursors.is_empty(), "{:?}", p.cursors);
@@ -530,5 +533,54 @@ mod tests {
         assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
         assert_eq!(sim.io_ops(), ops, "a damaged file was read again");
         assert_eq!(engine.stats().payloads_on_disk, 1);
+    }
+
+    /// The prefetcher reads a file the engine keeps open through that
+    /// descriptor (an open would fail here), and one it does not keep
+    /// through a descriptor of its own, which it does not add to those kept
+    /// (the single reads of far cancels decide which stay open).
+    #[test]
+    fn the_prefetcher_reads_through_the_kept_descriptor_and_keeps_none() {
+        let sim = SimStorage::new(65);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine(&sim, &clock);
+        let file = on_disk(&engine, 2);
+        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
+        engine.run_until_idle();
+        let disk = engine.shared.disk.as_ref().expect("on disk");
+        let mut p = Prefetcher::default();
+        // Not kept: opened for the round, and not kept after it.
+        assert!(disk.overflow_files_open().is_empty());
+        engine
+            .schedule(b"late", Due::After(Duration::from_secs(3600)), &payload(9))
+            .expect("schedule");
+        let second = {
+            engine.checkpoint().expect("checkpoint");
+            let files: Vec<u32> = engine
+                .shared
+                .core
+                .lock()
+                .overflow_files
+                .keys()
+                .copied()
+                .collect();
+            assert_eq!(files.len(), 2);
+            files[1]
+        };
+        assert_eq!(round(&engine, &mut p, &[second]), (0, 0));
+        assert!(disk.overflow_files_open().is_empty());
+        // Kept (as a far cancel would): no open.
+        disk.overflow_file(file).expect("open");
+        sim.inject(FaultPlan {
+            after: 0,
+            op: FaultOp::Open,
+            kind: FaultKind::Eio,
+        });
+        assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
+        sim.clear_faults();
+        let stats = engine.stats();
+        assert_eq!((stats.payloads_on_disk, stats.payloads_read_back), (1, 2));
+        assert_eq!(disk.overflow_files_open(), vec![file]);
+        engine.shutdown().expect("shutdown");
     }
 }
