@@ -84,6 +84,11 @@ impl Delivery {
 /// A handle for receiving due tasks. Clone it freely: any number of consumer
 /// threads may receive, and each delivery goes to exactly one of them (a
 /// task is handed to another consumer only after its lease ends).
+///
+/// A handle may outlive its [`crate::Engine`]: once the engine is shut down
+/// or dropped, it answers [`RecvError::Closed`] and [`AckError::Closed`]
+/// (or `Poisoned`), and keeps only a few tens of KiB of the engine's state —
+/// the tasks' memory is freed then, not when the last handle goes.
 #[derive(Clone)]
 pub struct Consumer {
     pub(crate) shared: Arc<Shared>,

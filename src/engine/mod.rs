@@ -360,9 +360,31 @@ struct Core {
     /// while far) since the promotion last set it to `u64::MAX`: a pass
     /// that sees it within its span stops ([`Shared::promote_far`]).
     far_reset_due_min: u64,
+    /// The engine's counters as they stood when it stopped and its memory
+    /// was released ([`Core::release_memory`]): what [`Engine::stats`]
+    /// answers from then on.
+    closed_stats: Option<Stats>,
     /// Tests: promotion passes that stopped for it.
     #[cfg(test)]
     promote_interrupts: u64,
+}
+
+/// The structures [`Core::release_memory`] took out of a stopped engine,
+/// freed when this is dropped (after the engine's lock is let go).
+struct ReleasedMemory {
+    _wheel: Wheel,
+    _tasks: TaskSlab,
+    _index: TaskIndex,
+    _payloads: PayloadStore,
+    _overdue: VecDeque<(u32, TaskId)>,
+    _backlog: VecDeque<(u32, TaskId)>,
+    _ready: VecDeque<ReadyEntry>,
+    _handouts_pending: VecDeque<Vec<ReadyEntry>>,
+    _receiving: Vec<ReadyEntry>,
+    _dead: HashMap<u64, DeadTask>,
+    _dead_snapshot: Option<Box<DeadSnapshot>>,
+    _far: FarIndex,
+    _far_cursors: std::collections::BTreeMap<u32, far::FarCursor>,
 }
 
 /// One ready-queue entry; stale (skipped) unless the slot still holds task
@@ -504,6 +526,72 @@ impl Core {
             self.payloads.release_kept(bytes);
         } else {
             self.payloads.release(bytes);
+        }
+    }
+
+    /// The counters of [`Engine::stats`], from the structures.
+    fn stats(&self) -> Stats {
+        let core = self;
+        let pending = core.tasks.len() + core.far.len();
+        Stats {
+            scheduled: pending - core.ready_count - core.in_flight_count,
+            ready: core.ready_count,
+            in_flight: core.in_flight_count,
+            catch_up_backlog: core
+                .backlog
+                .iter()
+                .filter(|&&(slot, id)| core.tasks.waits_in_backlog(slot, id))
+                .count(),
+            dead_letters: core.dead.len(),
+            pending,
+            payload_bytes_in_memory: core.payloads.bytes_in_memory()
+                + core.dead.values().map(|d| d.payload.len()).sum::<usize>(),
+            payloads_on_disk: core.payloads.tasks_on_disk() as usize + core.far.len(),
+            payloads_read_back: core.payloads_read_back,
+            far: core.far.len(),
+            far_promoted: core.far_promoted,
+            checkpoint_hold_max: core.checkpoint_hold_max,
+            promotion_hold_max: core.promotion_hold_max,
+            arena_bytes: core.payloads.arena_stats().bytes_reserved,
+        }
+    }
+
+    /// Once the engine has stopped — its threads joined, every call
+    /// answered `Closed` or `Poisoned` from the status alone — replaces the
+    /// structures that hold its tasks (the slab, the index, the wheel, the
+    /// payload store with its arena, the far index, the queues) with empty
+    /// ones, so that a [`Consumer`] kept beyond the engine keeps none of
+    /// their memory. The counters stay ([`Consumer::ready`] answers as
+    /// before), and [`Engine::stats`] answers from then on what it did
+    /// before this (`closed_stats`). The dead letters go too unless
+    /// `keep_dead` (after [`Engine::shutdown`] the handle still lists them).
+    /// Returns what it took out, to be dropped with the lock let go.
+    fn release_memory(&mut self, keep_dead: bool) -> ReleasedMemory {
+        if self.closed_stats.is_none() {
+            self.closed_stats = Some(self.stats());
+        }
+        let index = self.index.empty_like();
+        // Prefetches before the lock (a call refused as `Closed`) look
+        // at no freed table.
+        index.publish();
+        ReleasedMemory {
+            _wheel: std::mem::take(&mut self.wheel),
+            _tasks: std::mem::take(&mut self.tasks),
+            _index: std::mem::replace(&mut self.index, index),
+            _payloads: std::mem::take(&mut self.payloads),
+            _overdue: std::mem::take(&mut self.overdue),
+            _backlog: std::mem::take(&mut self.backlog),
+            _ready: std::mem::take(&mut self.ready),
+            _handouts_pending: std::mem::take(&mut self.handouts_pending),
+            _receiving: std::mem::take(&mut self.receiving),
+            _dead: if keep_dead {
+                HashMap::new()
+            } else {
+                std::mem::take(&mut self.dead)
+            },
+            _dead_snapshot: self.dead_snapshot.take(),
+            _far: std::mem::take(&mut self.far),
+            _far_cursors: std::mem::take(&mut self.far_cursors),
         }
     }
 
@@ -764,7 +852,9 @@ static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 ///
 /// `Engine` is `Send + Sync`: share it by reference or in an `Arc`. Dropping
 /// it without [`Engine::shutdown`] stops it like a crash would (anything not
-/// yet durable may be lost) and never panics.
+/// yet durable may be lost) and never panics. Once it is dropped (or shut
+/// down), the memory of its tasks — keys, payloads, the timing wheel, the
+/// indexes — is freed even while [`Consumer`] handles of it are kept.
 pub struct Engine {
     shared: Arc<Shared>,
     /// Registered with the clock; unregistered when the engine drops.
@@ -1103,6 +1193,7 @@ impl Engine {
             checkpointer_gone: false,
             far_generation: 0,
             far_reset_due_min: u64::MAX,
+            closed_stats: None,
             #[cfg(test)]
             promote_interrupts: 0,
         };
@@ -1360,28 +1451,7 @@ impl Engine {
     /// Counters: scheduled, ready, in flight, backlog, dead letters.
     pub fn stats(&self) -> Stats {
         let core = self.shared.core.lock();
-        let pending = core.tasks.len() + core.far.len();
-        Stats {
-            scheduled: pending - core.ready_count - core.in_flight_count,
-            ready: core.ready_count,
-            in_flight: core.in_flight_count,
-            catch_up_backlog: core
-                .backlog
-                .iter()
-                .filter(|&&(slot, id)| core.tasks.waits_in_backlog(slot, id))
-                .count(),
-            dead_letters: core.dead.len(),
-            pending,
-            payload_bytes_in_memory: core.payloads.bytes_in_memory()
-                + core.dead.values().map(|d| d.payload.len()).sum::<usize>(),
-            payloads_on_disk: core.payloads.tasks_on_disk() as usize + core.far.len(),
-            payloads_read_back: core.payloads_read_back,
-            far: core.far.len(),
-            far_promoted: core.far_promoted,
-            checkpoint_hold_max: core.checkpoint_hold_max,
-            promotion_hold_max: core.promotion_hold_max,
-            arena_bytes: core.payloads.arena_stats().bytes_reserved,
-        }
+        core.closed_stats.unwrap_or_else(|| core.stats())
     }
 
     /// For tests and fuzzing: the payload arena's entries in use, and how
@@ -1606,6 +1676,14 @@ impl Engine {
     /// end: those tasks are delivered again after the next open (attempt +
     /// 1). Idempotent.
     ///
+    /// Then frees the memory of the tasks (keys, payloads, the timing wheel,
+    /// the indexes, the far tasks), which [`Consumer`] handles kept beyond
+    /// the engine would otherwise hold. Every call answers as it would
+    /// without it (what needs the engine is `Closed` or `Poisoned`);
+    /// [`Engine::stats`] gives the counters the log was closed with,
+    /// [`Engine::dead_letters`] still lists the dead letters (freed with
+    /// the handle), [`Consumer::ready`] still counts as before.
+    ///
     /// # Errors
     /// The log could not be flushed ([`ShutdownError::Wal`]), or the engine
     /// was already poisoned.
@@ -1633,13 +1711,17 @@ impl Engine {
         if let Some(disk) = &self.shared.disk {
             disk.close_overflow_files();
         }
-        let wal = {
+        let (wal, released) = {
             let mut core = self.shared.core.lock();
             if core.status == Status::Closed {
                 self.shared.release_ready_locked(&mut core);
             }
-            core.wal.take()
+            // Nothing reads the tasks from here on: a consumer kept beyond
+            // the engine keeps none of their memory.
+            let released = core.release_memory(true);
+            (core.wal.take(), released)
         };
+        drop(released);
         drop(checkpointing);
         let result = match wal.map(Arc::try_unwrap) {
             Some(Ok(wal)) => wal.close().map_err(ShutdownError::from),
@@ -1697,6 +1779,10 @@ impl Drop for Engine {
         if let Some(disk) = &self.shared.disk {
             disk.close_overflow_files();
         }
+        // Nothing reads the tasks or the dead letters from here on: a
+        // consumer kept beyond the engine keeps none of their memory.
+        let released = self.shared.core.lock().release_memory(false);
+        drop(released);
         // Dropping the log without close: like a crash for anything not durable.
         drop(wal);
         self.shared.clock.unregister_waker(&self.clock_waker);
