@@ -322,7 +322,12 @@ pub struct Config {
     /// Run a background thread that reads payloads coming due (within
     /// `payload_window`) back into memory, so that receiving a task does not
     /// wait on disk. Default true; deterministic tests turn it off (payloads
-    /// are then read when a consumer receives the task).
+    /// are then read when a consumer receives the task). A read of an
+    /// overflow file that fails (I/O) is tried again from where it stopped
+    /// 1, 2, 4, … rounds later (a round every quarter of `payload_window`),
+    /// at most 16; a file with a damaged entry is not prefetched again until
+    /// the engine is reopened (the consumer receiving one of its tasks reads
+    /// the entry itself and reports the damage).
     pub payload_prefetch: bool,
     /// How long the log stays idle after an fdatasync before it records the
     /// synced position in its `SYNCED` file (two more syncs, once per idle
