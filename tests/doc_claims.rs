@@ -430,3 +430,326 @@ fn a_second_open_names_the_directory_and_its_lock_file() -> TestResult {
     h.start()?; // released
     Ok(())
 }
+
+// ----------------------------------------------------------------------------------------
+// Stats and limits
+
+/// `Stats::pending` is `scheduled + ready + in_flight`, and `payload_bytes_in_memory` counts
+/// "live tasks and dead letters": a dead letter's payload stays counted until it is purged.
+/// `Consumer::ready` is `Stats::ready`.
+#[test]
+fn stats_pending_is_the_sum_and_dead_letter_payloads_count_in_memory() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.retry.max_attempts = 1;
+    let (e, clock) = in_memory(c)?;
+    e.schedule_after(b"a", Duration::ZERO, &[1; 10])?;
+    e.schedule_after(b"b", Duration::ZERO, &[2; 200])?;
+    e.schedule_after(b"c", ms(1_000), &[3; 3_000])?;
+    e.run_until_idle();
+    let consumer = e.consumer();
+    let s = e.stats();
+    assert_eq!(counts(s), (1, 2, 0, 0, 3));
+    assert_eq!(consumer.ready(), 2);
+    assert_eq!(s.payload_bytes_in_memory, 3_210);
+    let a = consumer.try_recv()?;
+    assert_eq!(a.key(), b"a");
+    assert_eq!((counts(e.stats()), consumer.ready()), ((1, 1, 1, 0, 3), 1));
+    assert_eq!(e.nack(&a, None, "no")?, NackOutcome::DeadLettered);
+    let s = e.stats();
+    assert_eq!(counts(s), (1, 1, 0, 1, 2));
+    assert_eq!(
+        s.payload_bytes_in_memory, 3_210,
+        "the dead letter's 10 bytes stay"
+    );
+    assert!(e.purge_dead_letter(a.task_id())?);
+    assert!(!e.purge_dead_letter(a.task_id())?);
+    assert_eq!(e.stats().payload_bytes_in_memory, 3_200);
+    clock.advance(ms(1_000));
+    for d in drain(&e)? {
+        e.ack(&d)?;
+    }
+    let s = e.stats();
+    assert_eq!((counts(s), s.payload_bytes_in_memory), ((0, 0, 0, 0, 0), 0));
+    Ok(())
+}
+
+/// `Config::pending_tasks_max`: "a task cancelled while a consumer holds it counts until its
+/// holder answers or the lease ends, though its key is free at once".
+#[test]
+fn a_task_cancelled_while_held_counts_against_pending_until_its_holder_answers() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.pending_tasks_max = 1;
+    c.lease = ms(1_000);
+    let (e, clock) = in_memory(c)?;
+    for answer in ["ack", "nack", "lease end"] {
+        e.schedule_after(b"k", Duration::ZERO, b"")?;
+        let d = drain(&e)?.pop().ok_or("due")?;
+        assert_eq!(
+            e.cancel(b"k")?,
+            CancelOutcome::AlreadyDelivered { attempt: 1 }
+        );
+        assert_eq!(e.stats().pending, 1, "{answer}");
+        assert_matches!(
+            e.schedule_after(b"k", ms(1), b""),
+            Err(ScheduleError::TooManyPending { pending: 1, max: 1 })
+        );
+        match answer {
+            "ack" => e.ack(&d)?,
+            "nack" => assert_eq!(e.nack(&d, None, "x")?, NackOutcome::Finished),
+            _ => {
+                clock.advance(ms(999));
+                e.run_until_idle();
+                assert_eq!(e.stats().pending, 1, "one tick before the lease ends");
+                clock.advance(ms(1));
+                e.run_until_idle();
+            }
+        }
+        assert_eq!(e.stats().pending, 0, "{answer}");
+        // The key was free all along; now there is room too.
+        e.schedule_after(b"k", ms(10), b"")?;
+        assert!(e.cancel(b"k")?.is_cancelled());
+    }
+    Ok(())
+}
+
+/// `Config::key_bytes_max` and `payload_bytes_max` lowered later "do not touch tasks already
+/// stored: they fire and can be cancelled, but a reschedule of one with a longer key is
+/// refused (`KeyTooLong`), and so is the requeue of a dead letter with one"; "a reschedule
+/// without a new payload keeps theirs, but the requeue of a dead letter with a larger payload
+/// is refused (`PayloadTooLarge`)". A refusal changes nothing.
+#[test]
+fn limits_lowered_later_keep_stored_tasks_and_refuse_their_reschedule_or_requeue() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.retry.max_attempts = 1;
+    let mut h = SimHarness::new(7, c)?;
+    let big = [9u8; 64];
+    let e = h.engine();
+    let long_key = b"long-key-waiting";
+    let long = e.schedule_after(long_key, ms(10_000), &big)?;
+    let short = e.schedule_after(b"w2", ms(10_000), &big)?;
+    e.schedule_after(b"cancel-me-longer", ms(10_000), b"")?;
+    e.schedule_after(b"dead-with-long-key", Duration::ZERO, b"p")?;
+    e.schedule_after(b"d2", Duration::ZERO, &big)?;
+    let mut dead_ids = Vec::new();
+    for d in drain(e)? {
+        assert_eq!(e.nack(&d, None, "x")?, NackOutcome::DeadLettered);
+        dead_ids.push((d.key().to_vec(), d.task_id()));
+    }
+    dead_ids.sort();
+    h.stop(Stop::Clean)?;
+    h.config.key_bytes_max = 8;
+    h.config.payload_bytes_max = 8;
+    h.start()?;
+    let e = h.engine();
+    assert_eq!(e.recovery().pending, 3);
+    assert_matches!(
+        e.reschedule(long_key, Due::After(ms(1)), None),
+        Err(ScheduleError::KeyTooLong { bytes: 16, max: 8 })
+    );
+    assert_eq!(
+        e.reschedule(b"w2", Due::After(ms(20_000)), None)?,
+        RescheduleOutcome::Rescheduled(short)
+    );
+    assert_eq!(
+        e.cancel(b"cancel-me-longer")?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    let (d2, long_dead) = (dead_ids[0].1, dead_ids[1].1);
+    assert_matches!(
+        e.requeue_dead_letter(long_dead, Due::After(ms(1))),
+        Err(ScheduleError::KeyTooLong { bytes: 18, max: 8 })
+    );
+    assert_matches!(
+        e.requeue_dead_letter(d2, Due::After(ms(1))),
+        Err(ScheduleError::PayloadTooLarge { bytes: 64, max: 8 })
+    );
+    assert_eq!(e.dead_letters().len(), 2, "refusals change nothing");
+    let fired = h.advance(ms(10_000))?;
+    assert_eq!(fired.len(), 1);
+    assert_eq!(
+        (fired[0].task_id(), fired[0].key(), fired[0].payload()),
+        (long, &long_key[..], &big[..])
+    );
+    let fired = h.advance(ms(10_000))?;
+    assert_eq!(fired.len(), 1);
+    assert_eq!((fired[0].task_id(), fired[0].payload()), (short, &big[..]));
+    Ok(())
+}
+
+// ----------------------------------------------------------------------------------------
+// Acks, nacks and deliveries
+
+/// `Engine::ack_many`: "all of them, or none if any is not outstanding"; "the error names the
+/// first offending task (also for a delivery listed twice)".
+#[test]
+fn ack_many_names_the_first_offending_delivery_and_acks_none() -> TestResult {
+    let (e, _clock) = in_memory(config(Durability::Sync))?;
+    for k in [&b"a"[..], b"b", b"c", b"d"] {
+        e.schedule_after(k, Duration::ZERO, b"")?;
+    }
+    let ds = drain(&e)?;
+    let [a, b, c, d] = <[_; 4]>::try_from(ds).map_err(|_| "four deliveries")?;
+    e.ack(&a)?;
+    e.nack(&d, Some(ms(60_000)), "later")?;
+    let id = |x: &kairos::Delivery| x.task_id().0;
+    assert_matches!(
+        e.ack_many(&[b.clone(), a.clone(), d.clone()]),
+        Err(AckError::NotOutstanding { task_id }) if task_id == id(&a)
+    );
+    assert_matches!(
+        e.ack_many(&[b.clone(), d.clone(), a.clone()]),
+        Err(AckError::LeaseExpired { task_id }) if task_id == id(&d)
+    );
+    assert_matches!(
+        e.ack_many(&[b.clone(), c.clone(), b.clone()]),
+        Err(AckError::NotOutstanding { task_id }) if task_id == id(&b)
+    );
+    assert_eq!(counts(e.stats()), (1, 0, 2, 0, 3), "nothing was acked");
+    e.consumer().ack_many(&[c, b])?;
+    assert_eq!(counts(e.stats()), (1, 0, 0, 0, 1));
+    Ok(())
+}
+
+/// `Consumer::nack`: the error text is "kept, up to 4 KiB, with a dead letter" — cut at a
+/// character boundary, so it stays valid UTF-8.
+#[test]
+fn a_nack_error_text_is_kept_up_to_4_kib() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.retry.max_attempts = 1;
+    let mut h = SimHarness::new(11, c)?;
+    let e = h.engine();
+    let texts = [
+        "x".repeat(5_000),
+        "é".repeat(3_000),
+        "ab€".repeat(1_000),
+        "short".into(),
+    ];
+    for i in 0..texts.len() {
+        e.schedule_after(format!("k{i}").as_bytes(), Duration::ZERO, b"")?;
+    }
+    for (d, text) in drain(e)?.iter().zip(&texts) {
+        assert_eq!(e.nack(d, None, text)?, NackOutcome::DeadLettered);
+    }
+    let want = [
+        "x".repeat(4_096),
+        "é".repeat(2_048),
+        // "ab€" is 5 bytes: 819 of them are 4 095 bytes, and the next 'a' makes 4 096.
+        format!("{}a", "ab€".repeat(819)),
+        "short".to_string(),
+    ];
+    let errors = |e: &Engine| {
+        e.dead_letters()
+            .into_iter()
+            .map(|d| d.error)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(errors(e), want);
+    h.restart(Stop::PowerCut)?;
+    assert_eq!(errors(h.engine()), want, "as logged");
+    Ok(())
+}
+
+/// `Due::At`: "stored as UTC milliseconds, rounded up" — a due time between two milliseconds
+/// is never delivered early; `Delivery::due` is the stored time; `Delivery::lateness` is zero
+/// for an on-time hand-out.
+#[test]
+fn an_absolute_due_time_between_milliseconds_rounds_up() -> TestResult {
+    let (e, clock) = in_memory(config(Durability::Sync))?;
+    let at = UNIX_EPOCH + ms(START_MS + 5) + Duration::from_micros(1);
+    e.schedule_at(b"k", at, b"")?;
+    clock.advance(ms(5));
+    assert!(drain(&e)?.is_empty(), "5 ms is before the due time");
+    clock.advance(ms(1));
+    let d = drain(&e)?.pop().ok_or("due at +6 ms")?;
+    assert_eq!(d.due_ms(), START_MS + 6);
+    assert_eq!(d.due(), UNIX_EPOCH + ms(START_MS + 6));
+    assert_eq!((d.fired_ms(), d.lateness()), (START_MS + 6, Duration::ZERO));
+    Ok(())
+}
+
+// ----------------------------------------------------------------------------------------
+// Stopping
+
+/// `Consumer::recv`: `Closed` "once the engine is shut down (or dropped)" — also for a
+/// consumer blocked in `recv` when the engine is dropped, and for one that outlives it;
+/// `Consumer::iter` ends when the engine stops; `RecvError::Closed` means "nothing is left to
+/// receive": a task handed out but not received is taken back by the shutdown.
+#[test]
+fn consumers_see_closed_once_the_engine_is_dropped_or_shut_down() -> TestResult {
+    let (e, _clock) = in_memory(config(Durability::Sync))?;
+    let consumer = e.consumer();
+    let blocked = std::thread::spawn({
+        let consumer = consumer.clone();
+        move || consumer.recv()
+    });
+    drop(e);
+    assert_eq!(
+        blocked.join().map_err(|_| "recv panicked")?.err(),
+        Some(RecvError::Closed)
+    );
+    assert_eq!(consumer.try_recv().err(), Some(RecvError::Closed));
+    assert_eq!(
+        consumer.recv_timeout(Duration::MAX).err(),
+        Some(RecvError::Closed)
+    );
+    assert_eq!(consumer.iter().count(), 0);
+
+    let (e, _clock) = in_memory(config(Durability::Sync))?;
+    e.schedule_after(b"k", Duration::ZERO, b"")?;
+    e.run_until_idle();
+    let consumer = e.consumer();
+    assert_eq!(consumer.ready(), 1);
+    // A timeout too long for an `Instant` waits like `recv`: the ready task comes.
+    let d = consumer.recv_timeout(Duration::MAX)?;
+    consumer.nack(&d, Some(Duration::ZERO), "again")?;
+    e.run_until_idle();
+    assert_eq!(consumer.ready(), 1);
+    e.shutdown()?;
+    assert_eq!(consumer.try_recv().err(), Some(RecvError::Closed));
+    assert_eq!(consumer.iter().count(), 0);
+    assert_eq!(e.stats().ready, 0, "taken back");
+    Ok(())
+}
+
+/// `Engine::run_until_idle`: "Returns at once if the engine is stopped" — with tasks due.
+/// `Engine::shutdown` is idempotent; `sync` and `cancel` answer `Closed` after it.
+#[test]
+fn run_until_idle_returns_at_once_after_shutdown() -> TestResult {
+    let h = SimHarness::new(13, config(Durability::Buffered))?;
+    let e = h.engine();
+    e.schedule_after(b"k", ms(1), b"")?;
+    e.shutdown()?;
+    h.clock.advance(ms(10));
+    e.run_until_idle();
+    e.shutdown()?;
+    assert_matches!(e.sync(), Err(SyncError::Closed));
+    assert_matches!(e.cancel(b"k"), Err(CancelError::Closed));
+    Ok(())
+}
+
+/// `Engine::pause_deliveries` / `resume_deliveries`: "Idempotent"; `deliveries_paused` says
+/// which; `Config::deliveries_paused` opens paused.
+#[test]
+fn pause_and_resume_are_idempotent() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.deliveries_paused = true;
+    let (e, clock) = in_memory(c)?;
+    assert!(e.deliveries_paused());
+    e.schedule_after(b"a", Duration::ZERO, b"")?;
+    e.pause_deliveries();
+    assert!(drain(&e)?.is_empty());
+    e.resume_deliveries();
+    e.resume_deliveries();
+    assert!(!e.deliveries_paused());
+    let got = drain(&e)?;
+    assert_eq!(got.len(), 1);
+    e.pause_deliveries();
+    e.pause_deliveries();
+    assert!(e.deliveries_paused());
+    e.schedule_after(b"b", ms(5), b"")?;
+    clock.advance(ms(5));
+    assert!(drain(&e)?.is_empty());
+    e.resume_deliveries();
+    assert_eq!(drain(&e)?.len(), 1);
+    Ok(())
+}
