@@ -5,8 +5,13 @@ use crate::arena::{ArenaSlot, ByteArena};
 use crate::replay::TaskKey;
 use crate::wheel::TimerKey;
 
-/// Engine-assigned task id: unique for the life of a data directory (never
-/// reused, even after a restart), increasing in scheduling order.
+/// Engine-assigned task id, increasing in scheduling order: unique for the
+/// life of a data directory — never reused after a restart for a schedule the
+/// log kept. Under `Sync` that is every id a call returned; under `Interval`
+/// and `Buffered` a power loss that takes unsynced schedules away (see
+/// [`crate::Durability`]) takes their ids too, and later schedules are given
+/// them again, unless [`crate::Engine::sync`] ran after them. An in-memory
+/// engine's ids are unique for its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct TaskId(pub u64);
 
