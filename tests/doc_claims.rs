@@ -807,3 +807,64 @@ fn a_power_loss_under_buffered_gives_a_lost_schedule_id_again() -> TestResult {
     assert!(h.engine().schedule_after(b"after-sync", ms(10), b"")? > next);
     Ok(())
 }
+
+// ----------------------------------------------------------------------------------------
+// fdatasyncs
+
+/// The fdatasyncs of one call, counted on the simulated disk once the driver is idle.
+fn syncs_of(h: &SimHarness, call: impl FnOnce(&Engine) -> TestResult) -> TestResult<u64> {
+    h.engine().run_until_idle();
+    let before = h.sim.sync_count();
+    call(h.engine())?;
+    h.engine().run_until_idle();
+    Ok(h.sim.sync_count() - before)
+}
+
+/// `schedule_many`, `cancel_many` and `ack_many`: "one log write (one fdatasync under
+/// `Sync`)", plus the small second one of the durable mark with `proof_before_ack` (the
+/// default; `Config::proof_before_ack`: "a lone caller pays a second fdatasync"). `sync`
+/// under `Buffered` costs the same; a second `sync` with nothing new costs none.
+#[test]
+fn batches_and_sync_cost_one_fdatasync_plus_the_proof() -> TestResult {
+    for proof in [true, false] {
+        let extra = u64::from(proof);
+        let mut c = config(Durability::Sync);
+        c.proof_before_ack = proof;
+        let h = SimHarness::new(40, c)?;
+        let keys: Vec<Vec<u8>> = (0..100).map(|i| format!("k{i}").into_bytes()).collect();
+        let tasks: Vec<NewTask<'_>> = keys
+            .iter()
+            .map(|k| NewTask {
+                key: k,
+                due: Due::After(ms(10)),
+                payload: b"p",
+            })
+            .collect();
+        let n = syncs_of(&h, |e| Ok(e.schedule_many(&tasks).map(drop)?))?;
+        assert_eq!(n, 1 + extra, "schedule_many, proof {proof}");
+        let n = syncs_of(&h, |e| {
+            let refs: Vec<&[u8]> = keys[..50].iter().map(|k| &k[..]).collect();
+            Ok(e.cancel_many(&refs).map(drop)?)
+        })?;
+        assert_eq!(n, 1 + extra, "cancel_many, proof {proof}");
+        h.clock.advance(ms(10));
+        h.engine().run_until_idle();
+        let ds = drain(h.engine())?;
+        assert_eq!(ds.len(), 50);
+        let n = syncs_of(&h, |e| Ok(e.ack_many(&ds)?))?;
+        assert_eq!(n, 1 + extra, "ack_many, proof {proof}");
+        assert_eq!(syncs_of(&h, |e| Ok(e.sync()?))?, 0, "sync under Sync");
+
+        let mut c = config(Durability::Buffered);
+        c.proof_before_ack = proof;
+        let b = SimHarness::new(41, c)?;
+        assert_eq!(syncs_of(&b, |e| Ok(e.schedule_many(&tasks).map(drop)?))?, 0);
+        assert_eq!(
+            syncs_of(&b, |e| Ok(e.sync()?))?,
+            1 + extra,
+            "sync, proof {proof}"
+        );
+        assert_eq!(syncs_of(&b, |e| Ok(e.sync()?))?, 0, "nothing new");
+    }
+    Ok(())
+}

@@ -1329,8 +1329,10 @@ impl Engine {
         self.schedule(key, Due::At(at), payload)
     }
 
-    /// Schedules many tasks with one log write (one fdatasync under `Sync`):
-    /// all of them or none. Returns their ids in order.
+    /// Schedules many tasks with one log write (under `Sync`, one group
+    /// commit: one fdatasync, plus the small one of its durable mark with
+    /// [`Config::proof_before_ack`]): all of them or none. Returns their ids
+    /// in order.
     ///
     /// # Errors
     /// As [`Engine::schedule`], plus `DuplicateKeyInBatch` and
@@ -1367,8 +1369,8 @@ impl Engine {
         self.shared.cancel_one(key)
     }
 
-    /// Cancels many keys with one log write (one fdatasync under `Sync`);
-    /// returns one outcome per key, in order. A key listed twice gets its
+    /// Cancels many keys with one log write (one group commit under `Sync`,
+    /// as [`Engine::schedule_many`]); returns one outcome per key, in order. A key listed twice gets its
     /// outcome first and [`CancelOutcome::NotFound`] after.
     ///
     /// # Errors
@@ -1410,8 +1412,9 @@ impl Engine {
         self.shared.ack_many(std::slice::from_ref(delivery))
     }
 
-    /// Acknowledges many deliveries with one log write (one fdatasync under
-    /// `Sync`): all of them, or none if any is not outstanding.
+    /// Acknowledges many deliveries with one log write (one group commit
+    /// under `Sync`, as [`Engine::schedule_many`]): all of them, or none if
+    /// any is not outstanding.
     ///
     /// # Errors
     /// As [`Engine::ack`]; the error names the first offending task (also
