@@ -868,3 +868,59 @@ fn batches_and_sync_cost_one_fdatasync_plus_the_proof() -> TestResult {
     }
     Ok(())
 }
+
+// ----------------------------------------------------------------------------------------
+// Pause
+
+/// `Engine::pause_deliveries`: "A lease that runs out while paused is over for its holder
+/// (ack, nack and extend are refused, by the clock), but its expiry waits for the resume:
+/// until then the task counts as in flight, `reschedule` of its key is `InFlight` and
+/// `cancel` answers `AlreadyDelivered`." At the resume the cancelled one is finished and the
+/// other retried after its backoff.
+#[test]
+fn a_lease_run_out_while_paused_stays_in_flight_until_the_resume() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.lease = ms(1_000);
+    c.retry.backoff_jitter_percent = 0;
+    let h = SimHarness::new(50, c)?;
+    let e = h.engine();
+    e.schedule_after(b"resched", Duration::ZERO, b"")?;
+    e.schedule_after(b"cancel", Duration::ZERO, b"")?;
+    let ds = drain(e)?;
+    assert_eq!(ds.len(), 2);
+    e.pause_deliveries();
+    h.clock.advance(ms(1_000));
+    e.run_until_idle();
+    for d in &ds {
+        assert_matches!(e.ack(d), Err(AckError::LeaseExpired { .. }));
+        assert_matches!(e.nack(d, None, "x"), Err(AckError::LeaseExpired { .. }));
+        assert_matches!(
+            e.extend_lease(d, ms(1_000)),
+            Err(AckError::LeaseExpired { .. })
+        );
+    }
+    assert_eq!(counts(e.stats()), (0, 0, 2, 0, 2));
+    assert_matches!(
+        e.reschedule(b"resched", Due::After(ms(1)), None),
+        Err(ScheduleError::InFlight { ref key }) if key == "resched"
+    );
+    assert_eq!(
+        e.cancel(b"cancel")?,
+        CancelOutcome::AlreadyDelivered { attempt: 1 }
+    );
+    h.clock.advance(ms(60_000));
+    e.run_until_idle();
+    assert_eq!(
+        counts(e.stats()),
+        (0, 0, 2, 0, 2),
+        "a minute later, still paused"
+    );
+
+    e.resume_deliveries();
+    e.run_until_idle();
+    assert_eq!(counts(e.stats()), (1, 0, 0, 0, 1));
+    let again = h.advance(ms(1_000))?;
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].key(), again[0].attempt()), (&b"resched"[..], 2));
+    Ok(())
+}
