@@ -282,15 +282,16 @@ pub enum AckError {
     /// A nack asked for a retry later than `Config::delay_max`.
     #[error("retry after {retry_after_ms} ms is past the maximum delay of {max_ms} ms")]
     RetryTooFar {
-        /// The retry delay asked for, ms.
+        /// The retry delay asked for, ms, rounded up.
         retry_after_ms: u64,
-        /// `Config::delay_max`, ms.
+        /// `Config::delay_max`, ms, rounded down.
         max_ms: u64,
     },
-    /// A lease extension of zero or more than `LEASE_MAX`.
+    /// A lease extension shorter than 1 ms or longer than `LEASE_MAX`.
     #[error("lease of {lease_ms} ms is not in 1..={max_ms} ms")]
     InvalidLease {
-        /// The lease asked for, ms.
+        /// The lease asked for, ms: rounded down when too short, up when too
+        /// long.
         lease_ms: u64,
         /// `LEASE_MAX`, ms.
         max_ms: u64,

@@ -924,3 +924,55 @@ fn a_lease_run_out_while_paused_stays_in_flight_until_the_resume() -> TestResult
     assert_eq!((again[0].key(), again[0].attempt()), (&b"resched"[..], 2));
     Ok(())
 }
+
+// ----------------------------------------------------------------------------------------
+// Lease and retry bounds
+
+/// `Consumer::extend_lease`: the lease must be in "1 ms..=12 h" (`InvalidLease` otherwise),
+/// so a sub-millisecond one is refused as the zero one is; and an error's text never names a
+/// value inside the range it says was missed (a lease a fraction of a millisecond past 12 h
+/// shows as 43 200 001 ms, not 43 200 000). `Consumer::nack`'s `RetryTooFar` likewise.
+#[test]
+fn lease_and_retry_bounds_hold_to_the_millisecond_and_their_texts_say_so() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.delay_max = ms(10_000);
+    c.retry.backoff_max = ms(1_000);
+    let (e, _clock) = in_memory(c)?;
+    e.schedule_after(b"k", Duration::ZERO, b"")?;
+    let d = drain(&e)?.pop().ok_or("due")?;
+    let micros = Duration::from_micros;
+    assert_matches!(
+        e.extend_lease(&d, micros(500)),
+        Err(AckError::InvalidLease {
+            lease_ms: 0,
+            max_ms: 43_200_000
+        })
+    );
+    assert_matches!(
+        e.extend_lease(&d, LEASE_MAX + micros(1)),
+        Err(AckError::InvalidLease {
+            lease_ms: 43_200_001,
+            max_ms: 43_200_000
+        })
+    );
+    assert_eq!(
+        e.extend_lease(&d, LEASE_MAX + micros(1))
+            .map_err(|e| e.to_string()),
+        Err("lease of 43200001 ms is not in 1..=43200000 ms".to_string())
+    );
+    e.extend_lease(&d, ms(1))?;
+    e.extend_lease(&d, LEASE_MAX)?;
+    assert_eq!(
+        e.nack(&d, Some(ms(10_000) + micros(1)), "x")
+            .map_err(|e| e.to_string()),
+        Err("retry after 10001 ms is past the maximum delay of 10000 ms".to_string())
+    );
+    assert_matches!(
+        e.nack(&d, Some(ms(10_000)), "x")?,
+        NackOutcome::Retry {
+            next_attempt: 2,
+            ..
+        }
+    );
+    Ok(())
+}

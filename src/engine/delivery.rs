@@ -431,7 +431,9 @@ impl Shared {
         if let Some(delay) = retry_after {
             if delay > self.config.delay_max {
                 return Err(AckError::RetryTooFar {
-                    retry_after_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    // Rounded up, as `max_ms` down: never the same figure.
+                    retry_after_ms: u64::try_from(delay.as_nanos().div_ceil(1_000_000))
+                        .unwrap_or(u64::MAX),
                     max_ms: u64::try_from(self.config.delay_max.as_millis()).unwrap_or(u64::MAX),
                 });
             }
@@ -468,9 +470,15 @@ impl Shared {
                 task_id: d.task_id.0,
             });
         }
-        if lease.is_zero() || lease > crate::config::LEASE_MAX {
+        if lease < Duration::from_millis(1) || lease > crate::config::LEASE_MAX {
+            // Rounded away from the range, so the error never names an accepted lease.
+            let lease_ms = if lease > crate::config::LEASE_MAX {
+                lease.as_nanos().div_ceil(1_000_000)
+            } else {
+                lease.as_millis()
+            };
             return Err(AckError::InvalidLease {
-                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                lease_ms: u64::try_from(lease_ms).unwrap_or(u64::MAX),
                 max_ms: crate::config::LEASE_MAX.as_millis() as u64,
             });
         }
