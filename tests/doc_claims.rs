@@ -976,3 +976,33 @@ fn lease_and_retry_bounds_hold_to_the_millisecond_and_their_texts_say_so() -> Te
     );
     Ok(())
 }
+
+// ----------------------------------------------------------------------------------------
+// Types
+
+/// `Engine` "is `Send + Sync`: share it by reference or in an `Arc`"; a `Consumer` is cloned
+/// into "any number of consumer threads", so it and its `Delivery` cross threads too; the
+/// error types are `std::error::Error + Send + Sync + 'static`, so `?` boxes them (as
+/// `anyhow` does).
+#[test]
+fn the_handles_cross_threads_and_the_errors_box() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn error<T: std::error::Error + Send + Sync + 'static>() {}
+    send_sync::<Engine>();
+    send_sync::<Arc<Engine>>();
+    send_sync::<kairos::Consumer>();
+    send_sync::<kairos::Delivery>();
+    send_sync::<Stats>();
+    send_sync::<kairos::Recovery>();
+    send_sync::<ManualClock>();
+    send_sync::<kairos::SystemClock>();
+    error::<OpenError>();
+    error::<ScheduleError>();
+    error::<CancelError>();
+    error::<AckError>();
+    error::<RecvError>();
+    error::<SyncError>();
+    error::<CheckpointError>();
+    error::<kairos::ShutdownError>();
+    error::<kairos::kairos_wal::WalError>();
+}
