@@ -1006,3 +1006,39 @@ fn the_handles_cross_threads_and_the_errors_box() {
     error::<kairos::ShutdownError>();
     error::<kairos::kairos_wal::WalError>();
 }
+
+// ----------------------------------------------------------------------------------------
+// Memory
+
+/// `Engine::cancel`: "A cancelled task's memory (entry, key, payload, wheel node) is freed at
+/// once" — its payload bytes leave `Stats::payload_bytes_in_memory` with the answer, for a
+/// waiting task, a retry, and one handed out but not received.
+#[test]
+fn a_cancel_frees_the_payload_at_once() -> TestResult {
+    let (e, _clock) = in_memory(config(Durability::Sync))?;
+    e.schedule_after(b"wait", ms(1_000), &[1; 2_000])?;
+    e.schedule_after(b"retry", Duration::ZERO, &[2; 300])?;
+    e.schedule_after(b"ready", Duration::ZERO, &[3; 40])?;
+    e.run_until_idle();
+    let retry = e.consumer().try_recv()?;
+    assert_eq!(retry.key(), b"retry");
+    e.nack(&retry, Some(ms(500)), "x")?;
+    assert_eq!(e.stats().payload_bytes_in_memory, 2_340);
+    assert_eq!(
+        e.cancel(b"wait")?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    assert_eq!(e.stats().payload_bytes_in_memory, 340);
+    assert_eq!(
+        e.cancel(b"retry")?,
+        CancelOutcome::Cancelled { deliveries: 1 }
+    );
+    assert_eq!(e.stats().payload_bytes_in_memory, 40);
+    assert_eq!(
+        e.cancel(b"ready")?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    let s = e.stats();
+    assert_eq!((counts(s), s.payload_bytes_in_memory), ((0, 0, 0, 0, 0), 0));
+    Ok(())
+}
