@@ -548,6 +548,43 @@ mod engine_model_seeds {
         use Op::*;
         vec![
             (
+                // Paused deliveries: tasks falling due and placed in the past while paused,
+                // leases running out (refused by the clock, still in flight for reschedule and
+                // cancel), the resume's catch-up in due order; `sync`; a reopen while paused.
+                "pause",
+                EngineModelInput {
+                    setup: setup(3, 0, 0, 7),
+                    ops: vec![
+                        schedule(0, after(10), 2),
+                        schedule(1, after(10), 0),
+                        by(10),
+                        Pause,
+                        schedule(2, after(5), 1),
+                        schedule(3, When::Ago(97), 0),
+                        Sync,
+                        by(40),
+                        ack(0, false),
+                        Cancel { key: 1 },
+                        Reschedule {
+                            key: 0,
+                            when: after(1),
+                            new_payload: false,
+                        },
+                        nack(1, Some(0), false),
+                        schedule(4, When::Ago(0), 0),
+                        Pause,
+                        Resume,
+                        Resume,
+                        to_next(0),
+                        ack(0, true),
+                        Pause,
+                        by(1_000),
+                        Reopen,
+                        Sync,
+                    ],
+                },
+            ),
+            (
                 // Schedule and batch answers, cancel outcomes, acks and their refusals.
                 "basics",
                 EngineModelInput {

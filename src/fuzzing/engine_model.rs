@@ -11,7 +11,14 @@
 //!   (`Cancelled { deliveries }`, `AlreadyDelivered { attempt }`, `NotFound`), acks and their
 //!   refusals (`LeaseExpired` / `NotOutstanding`, with the task id), every [`NackOutcome`]
 //!   (the retry's attempt number and due time, dead letter, finished), lease extensions,
-//!   dead-letter requeue and purge;
+//!   dead-letter requeue and purge; `Engine::sync` (`Ok`, nothing changes);
+//! * paused deliveries ([`Engine::pause_deliveries`], [`Engine::resume_deliveries`]): while
+//!   paused nothing is handed out and no lease expiry is processed, a lease that ran out is
+//!   refused to its holder by the clock (`LeaseExpired`, or `NotOutstanding` when nothing
+//!   follows) while its task still counts as in flight (`reschedule` is `InFlight`, `cancel`
+//!   `AlreadyDelivered`); the resume hands out what fell due in due order — a task placed
+//!   while paused with a due time before the pause began first, in placement order — after
+//!   processing the leases that ran out; a reopen is never paused;
 //! * the deliveries it caused, in order: task id, key, payload, due time, attempt and hand-out
 //!   time — tasks fall due in deadline order, FIFO among equal deadlines; expired leases are
 //!   retried with the policy's backoff or dead-lettered;
@@ -265,11 +272,16 @@ pub enum OpKind {
     RequeueDead,
     PurgeDead,
     Checkpoint,
+    Pause,
+    Resume,
+    Sync,
 }
 
 /// Opcode byte `% 32` → operation (the common ones appear several times). `Checkpoint` took
-/// the last slot, a sixth `Advance`: [`EngineModelInput::encode`] writes the first opcode of a
-/// kind, so no seed written before it decodes differently.
+/// the last slot, a sixth `Advance`; `Pause` took a fifth `Schedule`, `Sync` a third `Cancel`,
+/// and `Resume` a fifth `Advance` and a third `Ack` (so that an input is paused about a third
+/// of the time, not half): [`EngineModelInput::encode`] writes the first opcode of a kind, so
+/// no seed written before them decodes differently.
 const OPCODES: [OpKind; 32] = {
     use OpKind::*;
     [
@@ -277,24 +289,24 @@ const OPCODES: [OpKind; 32] = {
         Schedule,
         Schedule,
         Schedule,
-        Schedule,
+        Pause,
         ScheduleMany,
         ScheduleMany,
         Reschedule,
         Reschedule,
         Cancel,
         Cancel,
-        Cancel,
+        Sync,
         CancelMany,
         Advance,
         Advance,
         Advance,
         Advance,
-        Advance,
+        Resume,
         StepWall,
         Ack,
         Ack,
-        Ack,
+        Resume,
         AckMany,
         Nack,
         Nack,
@@ -364,6 +376,12 @@ pub enum Op {
     PurgeDead { pick: u8 },
     /// `checkpoint()` (no argument bytes).
     Checkpoint,
+    /// `pause_deliveries()` (no argument bytes).
+    Pause,
+    /// `resume_deliveries()` (no argument bytes).
+    Resume,
+    /// `Engine::sync()` (no argument bytes).
+    Sync,
 }
 
 impl Op {
@@ -387,6 +405,9 @@ impl Op {
             Op::RequeueDead { .. } => OpKind::RequeueDead,
             Op::PurgeDead { .. } => OpKind::PurgeDead,
             Op::Checkpoint => OpKind::Checkpoint,
+            Op::Pause => OpKind::Pause,
+            Op::Resume => OpKind::Resume,
+            Op::Sync => OpKind::Sync,
         }
     }
 }
@@ -499,6 +520,9 @@ impl EngineModelInput {
                 },
                 OpKind::PurgeDead => Op::PurgeDead { pick: r.byte() },
                 OpKind::Checkpoint => Op::Checkpoint,
+                OpKind::Pause => Op::Pause,
+                OpKind::Resume => Op::Resume,
+                OpKind::Sync => Op::Sync,
             };
             ops.push(op);
         }
@@ -593,7 +617,13 @@ impl EngineModelInput {
                     inverse(lease_ms, |b| EXTEND_LEASES_MS[usize::from(b % 8)]),
                     fresh(*f),
                 ]),
-                Op::Reopen | Op::ProcessCrash | Op::PowerCut | Op::Checkpoint => {}
+                Op::Reopen
+                | Op::ProcessCrash
+                | Op::PowerCut
+                | Op::Checkpoint
+                | Op::Pause
+                | Op::Resume
+                | Op::Sync => {}
                 Op::RequeueDead { pick, when } => out.extend([*pick, inverse(when, When::decode)]),
                 Op::PurgeDead { pick } => out.push(*pick),
             }
@@ -708,6 +738,10 @@ struct Model {
     lease_ms: u64,
     pending_max: usize,
     retry: RetryPolicy,
+    /// Deliveries are paused: the driver hands nothing out and processes no lease expiry.
+    paused: bool,
+    /// Monotonic time (ms) the wheel stands still at while paused: the clock at the pause.
+    paused_at_mono_ms: u64,
 }
 
 impl Model {
@@ -724,6 +758,8 @@ impl Model {
             lease_ms: setup.lease_ms,
             pending_max: setup.pending_max,
             retry: setup.config().retry,
+            paused: false,
+            paused_at_mono_ms: 0,
         }
     }
 
@@ -745,10 +781,21 @@ impl Model {
         self.tasks.len() + self.abandoned.len()
     }
 
-    /// When a task due at `due_ms` falls due if placed now (1 ms ticks); `None` if it is due
-    /// already (it is handed out at once).
-    fn fire_time(&self, due_ms: u64) -> Option<u64> {
-        (due_ms > self.wall_ms).then(|| self.mono_ms + (due_ms - self.wall_ms))
+    /// When a task due at `due_ms` falls due if placed now (1 ms ticks): the clock now if it
+    /// is due already (it is handed out at once). While paused the wheel stands still at
+    /// the pause, so a task due already goes at its own time (mapped by the current wall and
+    /// monotonic readings) in due order among those falling due during the pause — unless
+    /// that is at or before the pause: then at the pause itself, ahead of them all, in
+    /// placement order (the engine's overdue queue).
+    fn fire_time(&self, due_ms: u64) -> u64 {
+        if due_ms > self.wall_ms {
+            return self.mono_ms + (due_ms - self.wall_ms);
+        }
+        if !self.paused {
+            return self.mono_ms;
+        }
+        let mapped = self.mono_ms.saturating_sub(self.wall_ms - due_ms);
+        mapped.max(self.paused_at_mono_ms)
     }
 
     fn lease_now(&mut self, lease_ms: u64) -> Lease {
@@ -763,7 +810,7 @@ impl Model {
         let id = self.next_id;
         self.next_id += 1;
         let rank = self.rank();
-        let fire_mono_ms = self.fire_time(due_ms).unwrap_or(self.mono_ms);
+        let fire_mono_ms = self.fire_time(due_ms);
         self.tasks.insert(
             key,
             ModelTask {
@@ -782,7 +829,7 @@ impl Model {
     /// Puts a waiting task (back) in the wheel at `due_ms`.
     fn place(&mut self, key: &[u8], due_ms: u64) {
         let rank = self.rank();
-        let fire = self.fire_time(due_ms).unwrap_or(self.mono_ms);
+        let fire = self.fire_time(due_ms);
         if let Some(t) = self.tasks.get_mut(key) {
             t.due_ms = due_ms;
             t.fire_mono_ms = fire;
@@ -849,8 +896,11 @@ impl Model {
     /// What the driver does at the current time: leases that ended are failed attempts (in
     /// deadline order, FIFO among equal deadlines) and abandoned tasks whose lease ended are
     /// forgotten; then waiting tasks whose deadline has come are handed out in the same order.
-    /// Returns the expiries (keys) and the deliveries.
+    /// Returns the expiries (keys) and the deliveries. While paused: nothing.
     fn pass(&mut self) -> (usize, Vec<Expected>) {
+        if self.paused {
+            return (0, Vec::new());
+        }
         let mono = self.mono_ms;
         let mut expired: Vec<(u64, u64, Vec<u8>)> = self
             .tasks
@@ -891,21 +941,32 @@ impl Model {
         tasks.chain(abandoned).filter(|&f| f > self.mono_ms).min()
     }
 
-    /// What acting on delivery `d` must answer (`current`: made by the running engine).
+    /// What acting on delivery `d` must answer (`current`: made by the running engine). A
+    /// lease that ran out but whose expiry is not processed yet (paused) is refused by the
+    /// clock, as its expiry will answer: `NotOutstanding` if nothing follows (cancelled, or
+    /// the last attempt), else `LeaseExpired`.
     fn held(&self, d: &Delivery, current: bool) -> Held {
         if !current {
             return Held::NotOutstanding;
         }
         let id = d.task_id().0;
+        let ran_out = |l: &Lease| l.fire_mono_ms <= self.mono_ms;
         if let Some(a) = self.abandoned.get(&id) {
-            return if a.attempt == d.attempt() {
-                Held::Abandoned
-            } else {
-                Held::Expired
+            return match (a.attempt == d.attempt(), ran_out(&a.lease)) {
+                (true, false) => Held::Abandoned,
+                (true, true) => Held::NotOutstanding,
+                (false, _) => Held::Expired,
             };
         }
         match self.tasks.get(d.key()) {
             Some(t) if t.id == id => match t.lease {
+                Some(l) if t.deliveries == d.attempt() && ran_out(&l) => {
+                    if t.deliveries >= self.retry.max_attempts {
+                        Held::NotOutstanding
+                    } else {
+                        Held::Expired
+                    }
+                }
                 Some(_) if t.deliveries == d.attempt() => Held::Live,
                 _ if t.deliveries >= d.attempt() => Held::Expired,
                 _ => Held::NotOutstanding,
@@ -1184,6 +1245,10 @@ pub const OUTCOMES: &[&str] = &[
     "purge:none",
     "checkpoint",
     "checkpoint:unchanged",
+    "pause",
+    "resume",
+    "paused:lease-ran-out",
+    "sync",
     // Not required: "checkpoint:segments-removed" (counted when reached). Whether a segment is
     // sealed when a checkpoint runs depends on where segments roll, which MARK frames (written
     // when the writer finds nothing queued after a sync: timing) shift from run to run.
@@ -1733,6 +1798,8 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                     }
                 }
                 ds.incarnation += 1;
+                // Not durable: an engine opens paused only if its config says so.
+                model.paused = false;
                 let (redelivered, dead_lettered) = model.settle_after_stop();
                 engine = open(&sim, &clock, &config, &at);
                 let mut backlog: Vec<Vec<u8>> = model
@@ -1829,6 +1896,41 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                     cov.hit("checkpoint:segments-removed");
                 }
             }
+            Op::Pause => {
+                cov.hit("pause");
+                engine.pause_deliveries();
+                if !model.paused {
+                    model.paused = true;
+                    model.paused_at_mono_ms = model.mono_ms;
+                }
+                if !engine.deliveries_paused() {
+                    at.fail("not paused after pause_deliveries");
+                }
+            }
+            Op::Resume => {
+                cov.hit("resume");
+                engine.resume_deliveries();
+                model.paused = false;
+                if engine.deliveries_paused() {
+                    at.fail("paused after resume_deliveries");
+                }
+            }
+            Op::Sync => {
+                cov.hit("sync");
+                if let Err(e) = engine.sync() {
+                    at.fail(format_args!("sync failed: {e}"));
+                }
+            }
+        }
+        if model.paused {
+            let ran_out = model
+                .tasks
+                .values()
+                .filter_map(|t| t.lease)
+                .chain(model.abandoned.values().map(|a| a.lease))
+                .filter(|l| l.fire_mono_ms <= model.mono_ms)
+                .count();
+            cov.add("paused:lease-ran-out", ran_out);
         }
         let got = drain(&engine, &at);
         let expected = match at_open {
@@ -1848,9 +1950,18 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
         check_dead_letters(&at, &engine, &model);
     }
 
-    // The end: every held delivery acked, then every task still waiting comes out, in order,
-    // once the clock passes it; then a clean shutdown.
+    // The end: deliveries resumed if paused (what fell due meanwhile comes out), every held
+    // delivery acked, then every task still waiting comes out, in order, once the clock
+    // passes it; then a clean shutdown.
     let at = At { step: 0, op: None };
+    if model.paused {
+        engine.resume_deliveries();
+        model.paused = false;
+        let got = drain(&engine, &at);
+        let (_, expected) = model.pass();
+        at.check_deliveries("deliveries at the final resume", &got, &expected);
+        ds.add(got);
+    }
     let held: Vec<Delivery> = ds
         .held(&model)
         .into_iter()
