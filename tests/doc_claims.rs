@@ -1042,3 +1042,75 @@ fn a_cancel_frees_the_payload_at_once() -> TestResult {
     assert_eq!((counts(s), s.payload_bytes_in_memory), ((0, 0, 0, 0, 0), 0));
     Ok(())
 }
+
+// ----------------------------------------------------------------------------------------
+// At most once under the weaker durability modes
+
+/// `DeliveryGuarantee::AtMostOnce`: "Nothing is delivered twice across a process crash in
+/// every durability mode … under `Interval` or `Buffered` a power loss can take the ack with
+/// the rest of the unsynced suffix (until … `Engine::sync`), and the task is then delivered
+/// again."
+#[test]
+fn at_most_once_under_interval_and_buffered_redelivers_only_after_a_power_loss() -> TestResult {
+    for (n, durability) in [
+        Durability::Buffered,
+        Durability::Interval(Duration::from_secs(3_600)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = config(durability);
+        c.delivery = kairos::DeliveryGuarantee::AtMostOnce;
+        let mut h = SimHarness::new(60 + n as u64, c)?;
+        let id = h.engine().schedule_after(b"k", ms(10), b"p")?;
+        h.engine().sync()?;
+        let first = h.advance(ms(10))?;
+        assert_eq!(first.len(), 1);
+        h.restart(Stop::ProcessCrash)?;
+        assert_eq!(h.engine().recovery().pending, 0, "{durability:?}");
+        assert!(
+            drain(h.engine())?.is_empty(),
+            "{durability:?}: twice after a crash"
+        );
+
+        h.engine().schedule_after(b"lost-ack", ms(10), b"q")?;
+        h.engine().sync()?;
+        let got = h.advance(ms(10))?;
+        assert_eq!(got.len(), 1);
+        h.restart(Stop::PowerCutDropUnsynced)?;
+        assert_eq!(h.engine().recovery().pending, 1, "{durability:?}");
+        let again = drain(h.engine())?;
+        assert_eq!(again.len(), 1, "{durability:?}");
+        assert_eq!(
+            (again[0].task_id(), again[0].attempt(), again[0].payload()),
+            (got[0].task_id(), 1, &b"q"[..]),
+            "{durability:?}"
+        );
+        // After `sync`, the ack survives the power loss.
+        h.engine().sync()?;
+        h.restart(Stop::PowerCutDropUnsynced)?;
+        assert_eq!(h.engine().recovery().pending, 0, "{durability:?}");
+        assert!(drain(h.engine())?.is_empty());
+        assert!(id < got[0].task_id());
+    }
+    Ok(())
+}
+
+/// `clock::system_time_to_ms`: `None` "for a time before it or past `u64::MAX` ms";
+/// `ms_to_system_time` gives every `u64` back.
+#[test]
+fn time_conversions_cover_the_whole_u64_range() {
+    use kairos::clock::{ms_to_system_time, system_time_to_ms};
+    let last = ms_to_system_time(u64::MAX);
+    assert_eq!(system_time_to_ms(last), Some(u64::MAX));
+    assert_eq!(system_time_to_ms(last + ms(1)), None);
+    assert_eq!(
+        system_time_to_ms(last + Duration::from_micros(999)),
+        Some(u64::MAX)
+    );
+    assert_eq!(system_time_to_ms(UNIX_EPOCH), Some(0));
+    assert_eq!(
+        system_time_to_ms(UNIX_EPOCH + Duration::from_micros(1_999)),
+        Some(1)
+    );
+}
