@@ -372,6 +372,18 @@ fn regression_engine_model_far_task_after_a_wall_step() {
     regression("engine_model", name, &input, fuzzing::engine_model);
 }
 
+/// `engine_model`, once it paused and resumed deliveries, found a task rescheduled while paused
+/// to a due time before the pause, while it already waited in the overdue queue, handed out at
+/// the resume at its first place instead of after the tasks placed there before its
+/// reschedule (`tests/pause.rs`, `a_task_rescheduled_within_the_overdue_queue_goes_to_its_back`).
+#[test]
+fn regression_engine_model_rescheduled_within_the_overdue_queue() {
+    let name = "regression-rescheduled-within-the-overdue-queue";
+    let path = fuzz_dir().join("corpus").join("engine_model").join(name);
+    let input = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    regression("engine_model", name, &input, fuzzing::engine_model);
+}
+
 /// `checkpoint_file` (CI's bounded run, session 5) found that the checkpoint reader's id
 /// bitmap (`SeenIds`) took up to 1 MiB for any file: a 365-byte input with a large
 /// `max_task_id` allocated 512 KiB, over the bound of twice the input. The bitmap is now

@@ -834,12 +834,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             // clears the timers of what it expires, a stale entry of a task
             // rescheduled into the wheel would pass for live and hand the
             // task out ahead of tasks due before it.
-            let Core { overdue, tasks, .. } = &mut *core;
-            due.extend(
-                overdue
-                    .drain(..)
-                    .filter(|&(slot, id)| tasks.waits_untimed(slot, id)),
-            );
+            core.take_overdue(&mut due);
         }
         // The catch-up backlog, oldest first, within the rate limit.
         let mut next_token_ns = None;

@@ -243,6 +243,21 @@ enum DriverSleep {
 /// See [`Core::push_overdue`].
 const OVERDUE_KEPT_MIN: usize = 1024;
 
+/// Drops every entry of `queue` but the last of each task (slot and id),
+/// keeping the order of those left: a task placed in the overdue queue again
+/// is handed out at its new place, after the tasks placed before it. O(n).
+fn keep_last_entries(queue: &mut VecDeque<(u32, TaskId)>) {
+    let mut seen = HashSet::with_capacity(queue.len());
+    let mut last: Vec<bool> = queue
+        .iter()
+        .rev()
+        .map(|&entry| seen.insert(entry))
+        .collect();
+    last.reverse();
+    let mut last = last.into_iter();
+    queue.retain(|_| last.next().unwrap_or(true));
+}
+
 /// Everything behind the engine's one lock.
 struct Core {
     status: Status,
@@ -255,6 +270,11 @@ struct Core {
     /// Tasks due at once (scheduled in the past, retried without backoff),
     /// in order; entries of cancelled tasks are skipped by id check.
     overdue: VecDeque<(u32, TaskId)>,
+    /// A task waiting in `overdue` was placed there again (a reschedule to a
+    /// due time already past): its earlier entry names it still but is
+    /// stale, so the next drain keeps only the last entry of each task
+    /// ([`keep_last_entries`]). Set only then: the hot path pays nothing.
+    overdue_replaced: bool,
     /// The backlog found at open (overdue during downtime, in flight at a
     /// crash), oldest first, handed out at most at
     /// `Config::catch_up_tasks_per_sec`; stale entries skipped by id check.
@@ -415,10 +435,25 @@ impl Core {
         self.overdue.push_back((slot, id));
         if self.paused && self.overdue.len() > OVERDUE_KEPT_MIN.max(2 * self.tasks.len()) {
             let tasks = &self.tasks;
-            let mut seen = std::collections::HashSet::new();
             self.overdue
-                .retain(|&(slot, id)| tasks.waits_untimed(slot, id) && seen.insert(slot));
+                .retain(|&(slot, id)| tasks.waits_untimed(slot, id));
+            keep_last_entries(&mut self.overdue);
+            self.overdue_replaced = false;
         }
+    }
+
+    /// The overdue queue's live entries, in order, each task once at the
+    /// place of its last entry: see [`Core::overdue_replaced`].
+    fn take_overdue(&mut self, out: &mut Vec<(u32, TaskId)>) {
+        if std::mem::take(&mut self.overdue_replaced) {
+            keep_last_entries(&mut self.overdue);
+        }
+        let tasks = &self.tasks;
+        out.extend(
+            self.overdue
+                .drain(..)
+                .filter(|&(slot, id)| tasks.waits_untimed(slot, id)),
+        );
     }
 
     /// The key's tag in the index.
@@ -1154,6 +1189,7 @@ impl Engine {
             index: TaskIndex::default(),
             payloads: PayloadStore::default(),
             overdue: VecDeque::new(),
+            overdue_replaced: false,
             backlog: VecDeque::new(),
             backlog_taken: 0,
             catch_up_start_ns: grid_phase_ns,
@@ -1647,8 +1683,9 @@ impl Engine {
     /// a stall — every task that fell due meanwhile is handed out in due
     /// order, tasks placed while paused with a due time already past
     /// included; only those due before the pause began come first, in the
-    /// order they were placed. Leases that ran out are processed (retried
-    /// after their backoff, or dead-lettered). The tasks that fell due during
+    /// order they were placed (a reschedule places a task anew, after them).
+    /// Leases that ran out are processed (retried after their backoff, or
+    /// dead-lettered). The tasks that fell due during
     /// the pause are not rate-limited; a catch-up backlog found at open and
     /// not handed out yet goes on at [`Config::catch_up_tasks_per_sec`],
     /// counted afresh from the resume. Idempotent. O(1) here; the catch-up is
@@ -2448,9 +2485,13 @@ impl Shared {
                 // And a consumer reading its payload drops its entry.
                 c.receiving.retain(other);
             }
+            // Scheduled without a timer and not in the catch-up backlog: it
+            // waits in the overdue queue, where a new entry may join it.
+            let queued = state == TaskState::Scheduled && task.timer.is_none() && !task.in_backlog;
             if let Some(timer) = task.timer.take() {
                 c.wheel.remove(timer);
             }
+            c.overdue_replaced |= queued;
             task.due_ms = due_ms;
             if let Some(payload) = payload {
                 let bytes = match prebuilt.take() {
