@@ -254,3 +254,59 @@ fn lookup_of_a_near_task_beside_far_ones() -> TestResult {
     assert_eq!(h.engine().stats().far, 5);
     Ok(())
 }
+
+/// A lookup that reads a far task's entry while a shutdown is under way
+/// (the engine closed, its tasks not yet released: the shutdown waits for
+/// a checkpoint, held here at its overflow file's rename) and fails to
+/// read it answers `Closed`, as it would a moment later: it does not poison
+/// the closed engine, whose shutdown then releases the ready tasks and
+/// succeeds. (Before, the failed read turned the closed engine poisoned and
+/// the shutdown failed with that cause.)
+#[test]
+fn a_far_read_failing_during_a_shutdown_answers_closed_and_poisons_nothing() -> TestResult {
+    use common::far::gated;
+    use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
+    let g = gated(347)?;
+    let engine = &g.engine;
+    schedule_far(engine, 2)?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 2);
+    // One more far task: the next checkpoint writes an overflow file.
+    engine.schedule(&far_key(2), at(due(2)), b"far")?;
+    g.gate.arm_rename(std::path::Path::new("/kairos/overflow"));
+    std::thread::scope(|s| -> TestResult {
+        let checkpoint = s.spawn(|| engine.checkpoint());
+        g.gate.wait_hit();
+        let shutdown = s.spawn(|| engine.shutdown());
+        // The shutdown has closed the engine and waits for the checkpoint.
+        let consumer = engine.consumer();
+        let closed = common::wait_until("the engine closed", || {
+            consumer.try_recv().err() == Some(kairos::RecvError::Closed)
+        });
+        if closed.is_err() {
+            g.gate.release();
+        }
+        closed?;
+        // The far entry cannot be read (its file opened, or read through a
+        // kept descriptor): nothing else does I/O now.
+        g.sim.inject(FaultPlan {
+            after: 0,
+            op: FaultOp::Any,
+            kind: FaultKind::Eio,
+        });
+        let looked = engine.lookup(&far_key(0));
+        g.sim.clear_faults();
+        // Let the threads finish before anything is asserted.
+        g.gate.release();
+        let _ = checkpoint.join().expect("checkpoint thread");
+        let shut = shutdown.join().expect("shutdown thread");
+        assert!(matches!(looked, Err(LookupError::Closed)), "{looked:?}");
+        assert!(shut.is_ok(), "{shut:?}");
+        Ok(())
+    })?;
+    assert!(matches!(
+        engine.cancel(&far_key(0)),
+        Err(CancelError::Closed)
+    ));
+    Ok(())
+}

@@ -2,7 +2,7 @@
 //! memory, its key on disk), turning one back into an ordinary task, and
 //! promoting those coming within the far span into the wheel.
 
-use super::{wall_ms, Core, Now, Shared};
+use super::{wall_ms, Core, Now, Shared, Status};
 use crate::far::{pack_loc, unpack_loc, FarEntry, FarIndex};
 use crate::overflow;
 use crate::replay::LiveTask;
@@ -215,9 +215,16 @@ impl Shared {
     /// Takes the engine's lock with the reads of [`Shared::lock_reading_far`]: a
     /// read that failed for a far task still at that place poisons the
     /// engine (durable data unreadable), whether or not the call needs that
-    /// task, and its cause is returned.
+    /// task, and its cause is returned — unless the engine stopped while
+    /// the reads were made (a shutdown under way, its tasks not yet
+    /// released): the lock is then returned for the caller to answer
+    /// `Closed` (or the poisoning that came first), as it would a moment
+    /// later, and a closed engine is not turned poisoned.
     pub(super) fn lock_with(&self, reads: &FarReads) -> Result<MutexGuard<'_, Core>, String> {
         let mut core = self.core.lock();
+        if core.status != Status::Open {
+            return Ok(core);
+        }
         let failed = reads.0.iter().find_map(|&((loc, id), ref read)| {
             let cause = read.as_ref().err()?;
             let (file, offset) = unpack_loc(loc);
