@@ -392,3 +392,76 @@ fn payloads_replaced_after_the_copy_are_not_moved() -> TestResult {
     assert_eq!(fired, model);
     Ok(())
 }
+
+/// A consumer reading a task's payload from its overflow file while a
+/// shutdown is under way (the engine closed, the shutdown waiting for a
+/// checkpoint held at its new file's rename) whose read fails: it answers
+/// `Closed`, as the consumer would a moment later, and does not poison the
+/// closed engine; the shutdown takes the delivery back and succeeds, and
+/// after a reopen the task is delivered as attempt 1. (Before, the failed
+/// read turned the closed engine poisoned: `Poisoned` to the consumer, the
+/// shutdown failing, the delivery not taken back.)
+#[test]
+fn a_payload_read_failing_during_a_shutdown_answers_closed() -> TestResult {
+    let sim = SimStorage::new(71);
+    let gate = Arc::new(Gate::default());
+    let storage: Arc<dyn Storage> = Arc::new(GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    });
+    let clock = ManualClock::new(START_MS);
+    let engine = open_on(Arc::clone(&storage), &clock, false)?;
+    // Due in 10 minutes, beyond the payload window: its payload goes to
+    // overflow file 1.
+    engine.schedule(b"on disk", at(START_MS + 10 * 60_000), b"its payload")?;
+    assert_eq!(engine.checkpoint()?.payloads_moved, 1);
+    // Another one for the next checkpoint to move (to file 2).
+    engine.schedule(b"later", at(START_MS + 20 * 60_000), b"later")?;
+    clock.advance(10 * MINUTE);
+    engine.run_until_idle();
+    assert_eq!(engine.stats().ready, 1);
+    let file = Path::new("/kairos/overflow/0000000000000001.ovf");
+    // The consumer stops at its read of the payload.
+    gate.arm(file);
+    let consumer = engine.consumer();
+    let other = engine.consumer();
+    let engine = &engine;
+    let (received, checkpoint, shutdown) = std::thread::scope(|s| {
+        let receiving = s.spawn(|| consumer.try_recv());
+        gate.wait_hit();
+        // The checkpoint stops at the rename of file 2, the consumer still
+        // held (the gate lets both go at once).
+        gate.arm_rename(Path::new("/kairos/overflow"));
+        let checkpoint = s.spawn(|| engine.checkpoint());
+        gate.wait_hit();
+        // The shutdown closes the engine, then waits for the checkpoint.
+        let shutdown = s.spawn(|| engine.shutdown());
+        let closed = common::wait_until("the engine closed", || {
+            other.try_recv().err() == Some(kairos::RecvError::Closed)
+        });
+        gate.fail_reads_of(file);
+        gate.release();
+        (
+            closed.and(Ok(receiving.join().expect("consumer thread"))),
+            checkpoint.join().expect("checkpoint thread"),
+            shutdown.join().expect("shutdown thread"),
+        )
+    });
+    assert_eq!(received?.err(), Some(kairos::RecvError::Closed));
+    assert!(
+        matches!(checkpoint, Err(kairos::CheckpointError::Closed)),
+        "{checkpoint:?}"
+    );
+    assert!(shutdown.is_ok(), "{shutdown:?}");
+    // Taken back: attempt 1 after a reopen.
+    gate.stop_failing_reads();
+    let engine = open_on(storage, &clock, false)?;
+    engine.run_until_idle();
+    let d = engine.consumer().try_recv()?;
+    assert_eq!(
+        (d.key(), d.payload(), d.attempt()),
+        (&b"on disk"[..], &b"its payload"[..], 1)
+    );
+    engine.shutdown()?;
+    Ok(())
+}

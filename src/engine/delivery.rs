@@ -170,6 +170,14 @@ impl Shared {
                         Some(t) if t.state == TaskState::Ready => t.bytes.on_disk() == Some(at),
                         _ => continue,
                     };
+                    // Stopped meanwhile (a shutdown under way, which takes
+                    // the delivery back from the queue): the answer is the
+                    // status's, whatever the read gave — a failed read does
+                    // not turn a closed engine poisoned.
+                    if core.status != Status::Open {
+                        core.ready.push_front(entry);
+                        continue;
+                    }
                     let payload = match read {
                         Ok(payload) if still_at => Some(payload),
                         Err(cause) if still_at => {
@@ -178,10 +186,6 @@ impl Shared {
                         }
                         _ => None,
                     };
-                    if core.status != Status::Open {
-                        core.ready.push_front(entry);
-                        continue;
-                    }
                     if let Some(payload) = payload {
                         let c = &mut *core;
                         if let Some(t) = c.tasks.get_mut(slot) {

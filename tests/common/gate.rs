@@ -26,6 +26,8 @@ struct GateState {
     rename: bool,
     hit: bool,
     released: bool,
+    /// Reads of this path fail with EIO ([`Gate::fail_reads_of`]).
+    failing: Option<PathBuf>,
 }
 
 impl Gate {
@@ -55,6 +57,23 @@ impl Gate {
     pub fn arm_panic(&self, prefix: &Path, mode: OpenMode) {
         self.arm_mode(prefix, mode);
         self.state.lock().unwrap().panics = true;
+    }
+
+    /// Makes every later read of `path` through [`GateStorage`] fail with
+    /// EIO (after passing the gate): a read blocked at the gate fails once
+    /// released.
+    pub fn fail_reads_of(&self, path: &Path) {
+        self.state.lock().unwrap().failing = Some(path.to_path_buf());
+    }
+
+    /// Lets reads succeed again after [`Gate::fail_reads_of`].
+    pub fn stop_failing_reads(&self) {
+        self.state.lock().unwrap().failing = None;
+    }
+
+    /// Whether reads of `path` fail ([`Gate::fail_reads_of`]).
+    fn fails_reads_of(&self, path: &Path) -> bool {
+        self.state.lock().unwrap().failing.as_deref() == Some(path)
     }
 
     /// Whether the armed open happened.
@@ -183,6 +202,9 @@ struct GateFile {
 impl StorageFile for GateFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.gate.on_open(&self.path, OpenMode::Read);
+        if self.gate.fails_reads_of(&self.path) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
         self.inner.read_at(buf, offset)
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
