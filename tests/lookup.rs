@@ -1,7 +1,9 @@
 //! `Engine::lookup`: a live task's id, due time, state and deliveries by
 //! key, changing nothing — through every state, for keys no live task has,
 //! for far tasks read in place from their overflow file (across a crash),
-//! after shutdown and on a damaged overflow entry. The model test
+//! after shutdown (and during one) and on a damaged overflow entry, and on
+//! a thread of its own against background moves, promotion, prefetching,
+//! cancels and reschedules. The model test
 //! (`tests/model.rs`) checks every key's lookup after every step as well.
 
 mod common;
@@ -13,6 +15,7 @@ use kairos::{
     RetryPolicy, TaskId, TaskInfo, TaskState,
 };
 use kairos_wal::storage::Storage;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -308,5 +311,141 @@ fn a_far_read_failing_during_a_shutdown_answers_closed_and_poisons_nothing() -> 
         engine.cancel(&far_key(0)),
         Err(CancelError::Closed)
     ));
+    Ok(())
+}
+
+/// Keys of the race test.
+const RACE_KEYS: usize = 300;
+
+/// Key `i` of the race test.
+fn race_key(i: usize) -> Vec<u8> {
+    format!("k-{i:05}").into_bytes()
+}
+
+/// Due 3 to 35 minutes on: each goes far at a checkpoint or move, comes
+/// back within the one-minute far span as the clock runs, then falls due.
+fn race_due(i: usize) -> u64 {
+    START_MS + 3 * 60_000 + (i as u64 % 97) * 20_000 + i as u64
+}
+
+/// Where a reschedule moves task `i`.
+fn race_new_due(i: usize) -> u64 {
+    race_due(i) + 7 * 60_000
+}
+
+/// Lookups on a thread of their own while background checkpoints and far
+/// moves take tasks out of memory, the clock brings them back (promotion,
+/// the prefetcher reading their payloads) and hands them out, and another
+/// thread cancels a third of the keys and reschedules another third: a
+/// key never touched always answers its id and due time (`Scheduled`, or
+/// `Ready` once due: nobody receives), a key whose cancel returned `None`,
+/// one whose reschedule returned the new due time; in between, either.
+#[test]
+fn lookup_under_background_moves_promotion_and_prefetch() -> TestResult {
+    let mut c = config(Durability::Sync);
+    c.payload_window = Some(Duration::from_secs(60));
+    c.resident_window = Some(Duration::from_secs(60));
+    c.horizon = Some(Duration::from_secs(3600));
+    c.payload_prefetch = true;
+    c.checkpoint_interval = Some(Duration::from_millis(5));
+    c.relocate_far_tasks = Some(16);
+    let h = SimHarness::new(901, c)?;
+    let engine = h.engine();
+    let mut ids = Vec::new();
+    for i in 0..RACE_KEYS {
+        ids.push(engine.schedule(&race_key(i), at(race_due(i)), format!("p{i}").as_bytes())?);
+    }
+    engine.checkpoint()?;
+    // 0: untouched; 1: cancel done; 2: reschedule done.
+    let flags: Vec<AtomicU8> = (0..RACE_KEYS).map(|_| AtomicU8::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let lookups = AtomicU64::new(0);
+    std::thread::scope(|s| -> TestResult {
+        let checker = s.spawn(|| -> TestResult {
+            while !stop.load(Ordering::SeqCst) {
+                for i in 0..RACE_KEYS {
+                    let before = flags[i].load(Ordering::SeqCst);
+                    let got = engine.lookup(&race_key(i))?;
+                    let after = flags[i].load(Ordering::SeqCst);
+                    lookups.fetch_add(1, Ordering::Relaxed);
+                    // Due tasks are handed out (no consumer takes them).
+                    let got = got.map(|t| {
+                        let state = if t.state == TaskState::Ready {
+                            TaskState::Scheduled
+                        } else {
+                            t.state
+                        };
+                        (t.id, t.due_ms, state, t.deliveries)
+                    });
+                    let orig = Some((ids[i], race_due(i), TaskState::Scheduled, 0));
+                    let moved = Some((ids[i], race_new_due(i), TaskState::Scheduled, 0));
+                    let ok = match (i % 3, before, after) {
+                        (0, 0, 0) => got == orig,
+                        (1, 1, _) => got.is_none(),
+                        (1, 0, _) => got.is_none() || got == orig,
+                        (2, 2, _) => got == moved,
+                        (2, 0, _) => got == orig || got == moved,
+                        _ => false,
+                    };
+                    assert!(ok, "key {i}: {got:?} (flags {before}->{after})");
+                }
+            }
+            Ok(())
+        });
+        let mutator = s.spawn(|| -> TestResult {
+            for i in 0..RACE_KEYS {
+                match i % 3 {
+                    1 => {
+                        let out = engine.cancel(&race_key(i))?;
+                        assert!(
+                            matches!(out, CancelOutcome::Cancelled { deliveries: 0 }),
+                            "{i}: {out:?}"
+                        );
+                        flags[i].store(1, Ordering::SeqCst);
+                    }
+                    2 => {
+                        engine.reschedule(
+                            &race_key(i),
+                            at(race_new_due(i)),
+                            Some(format!("q{i}").as_bytes()),
+                        )?;
+                        flags[i].store(2, Ordering::SeqCst);
+                    }
+                    _ => {}
+                }
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            Ok(())
+        });
+        for _ in 0..180 {
+            h.clock.advance(Duration::from_secs(10));
+            engine.run_until_idle();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        mutator.join().expect("mutator")?;
+        stop.store(true, Ordering::SeqCst);
+        checker.join().expect("checker")?;
+        Ok(())
+    })?;
+    assert!(lookups.load(Ordering::Relaxed) >= RACE_KEYS as u64);
+    // All done: every key answers exactly, handed out once due.
+    let now = h.clock.wall_ms();
+    for (i, &id) in ids.iter().enumerate() {
+        let expected = match i % 3 {
+            1 => None,
+            0 => Some(race_due(i)),
+            _ => Some(race_new_due(i)),
+        }
+        .map(|due_ms| {
+            let state = if due_ms <= now {
+                TaskState::Ready
+            } else {
+                TaskState::Scheduled
+            };
+            (id, due_ms, state, 0)
+        });
+        assert_eq!(seen(engine, &race_key(i))?, expected, "key {i}");
+    }
+    assert_eq!(engine.stats().pending, RACE_KEYS - RACE_KEYS / 3);
     Ok(())
 }
