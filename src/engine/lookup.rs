@@ -45,15 +45,19 @@ impl Engine {
     /// consumer held it), finished, dead-lettered — and for a key no task
     /// could have (empty or longer than `Config::key_bytes_max`).
     ///
-    /// The answer rests only on durable records: it returns once everything
-    /// logged before it is durable, as a cancel answering `NotFound` does
-    /// (under `Sync` it may wait for a group commit in flight; an in-memory
-    /// engine never waits). It may be out of date by the time the caller
-    /// reads it: the driver, consumers and other callers go on meanwhile.
+    /// It returns once everything logged before it is as durable as the
+    /// mode promises, as a cancel answering `NotFound` does: under `Sync`
+    /// (it may wait for a group commit in flight) no crash undoes what it
+    /// answered; under `Interval` or `Buffered` a power cut may, as it may
+    /// undo the calls it reflects ([`Engine::sync`] first makes it durable).
+    /// An in-memory engine never waits. It may be out of date by the time
+    /// the caller reads it: the driver, consumers and other callers go on
+    /// meanwhile.
     ///
     /// Cost: one index lookup under the engine's lock, O(1); a key that may
-    /// belong to a far task costs one read of its overflow entry, made
-    /// before the lock is taken. The payload is not returned (nor read).
+    /// belong to a far task costs one read of its overflow entry, made with
+    /// the lock let go (it is then taken twice). The payload is not
+    /// returned (nor read).
     ///
     /// # Errors
     /// [`LookupError::Closed`] after a shutdown; [`LookupError::Poisoned`]

@@ -1524,7 +1524,7 @@ impl Engine {
     /// `after` (from the first with `None`), oldest id first — to go
     /// through many dead letters without copying them all at once: pass
     /// the last id of a page as `after` for the next; an empty page is the
-    /// end. A walk sees each dead letter at most once; one requeued or
+    /// end (with `max` above 0: `max` 0 always answers an empty page). A walk sees each dead letter at most once; one requeued or
     /// purged during it is not seen after that, and one made during it
     /// (it keeps its task's id, which may be below the walk's position) is
     /// seen only if its id is above where the walk is. Durability as for
