@@ -393,7 +393,7 @@ fn lookup_under_background_moves_promotion_and_prefetch() -> TestResult {
             Ok(())
         });
         let mutator = s.spawn(|| -> TestResult {
-            for i in 0..RACE_KEYS {
+            for (i, flag) in flags.iter().enumerate() {
                 match i % 3 {
                     1 => {
                         let out = engine.cancel(&race_key(i))?;
@@ -401,7 +401,7 @@ fn lookup_under_background_moves_promotion_and_prefetch() -> TestResult {
                             matches!(out, CancelOutcome::Cancelled { deliveries: 0 }),
                             "{i}: {out:?}"
                         );
-                        flags[i].store(1, Ordering::SeqCst);
+                        flag.store(1, Ordering::SeqCst);
                     }
                     2 => {
                         engine.reschedule(
@@ -409,7 +409,7 @@ fn lookup_under_background_moves_promotion_and_prefetch() -> TestResult {
                             at(race_new_due(i)),
                             Some(format!("q{i}").as_bytes()),
                         )?;
-                        flags[i].store(2, Ordering::SeqCst);
+                        flag.store(2, Ordering::SeqCst);
                     }
                     _ => {}
                 }
