@@ -1116,3 +1116,54 @@ fn a_payload_read_back_while_its_consumer_waits_to_read_it_is_still_delivered() 
     engine.shutdown()?;
     Ok(())
 }
+
+/// The driver's promotion reading a far task's overflow file when a
+/// shutdown comes (the engine closed, the shutdown waiting for the driver
+/// to finish its pass), and the read fails: the promotion stops there
+/// without poisoning the closed engine, the shutdown succeeds, and the far
+/// task is still there after a reopen. (Before, the failed read poisoned
+/// the closed engine and the shutdown failed with it.)
+#[test]
+fn a_promotion_read_failing_during_a_shutdown_does_not_poison() -> TestResult {
+    let Gated {
+        sim,
+        gate,
+        clock,
+        dir,
+        engine,
+    } = gated(17)?;
+    schedule_far(&engine, 1)?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 1);
+    let file1 = dir.join("overflow").join("0000000000000001.ovf");
+    gate.arm(&file1);
+    let consumer = engine.consumer();
+    let shutdown = std::thread::scope(|s| {
+        // The driver comes to promote the task and stops at its read, the
+        // lock released.
+        clock.advance(HOUR + MINUTE);
+        gate.wait_hit();
+        let shutdown = s.spawn(|| engine.shutdown());
+        let closed = common::wait_until("the engine closed", || {
+            consumer.try_recv().err() == Some(kairos::RecvError::Closed)
+        });
+        gate.fail_reads_of(&file1);
+        gate.release();
+        closed.map(|()| shutdown.join().expect("shutdown thread"))
+    })?;
+    assert!(shutdown.is_ok(), "{shutdown:?}");
+    gate.stop_failing_reads();
+    drop(engine);
+    let storage = GateStorage {
+        inner: sim.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let engine = Engine::open_with(&dir, cfg(), Arc::new(storage), Arc::new(clock.clone()))?;
+    assert_eq!(engine.stats().pending, 1);
+    assert_eq!(
+        engine.cancel(&key(0))?,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    engine.shutdown()?;
+    Ok(())
+}

@@ -796,6 +796,12 @@ impl Shared {
             }
             entries.sort_unstable_by_key(|(_, _, e)| (e.due_ms, e.task_id));
             core = self.core.lock();
+            // Stopped meanwhile (a shutdown waits for this pass): nothing
+            // is applied, and a failed read does not turn a closed engine
+            // poisoned — the far tasks stay where they are on disk.
+            if core.stop || core.check_open().is_err() {
+                return core;
+            }
             let mut held_since = std::time::Instant::now();
             if let Some((file, start, cause)) = failed {
                 // A checkpoint may have compacted the file meanwhile (its far
