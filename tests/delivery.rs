@@ -1905,3 +1905,51 @@ fn run_until_idle_waits_for_catch_up_tokens_earned_within_a_tick() -> TestResult
     }
     Ok(())
 }
+
+/// After a poisoned engine's shutdown (its memory released), every call
+/// answers from what it had: `stats` the counters at the shutdown, the dead
+/// letters listed (all, or a page), a lookup, a cancel, a checkpoint and a
+/// sync `Poisoned` with the original cause.
+#[test]
+fn a_poisoned_engine_answers_the_same_after_its_shutdown() -> TestResult {
+    use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
+    let h = SimHarness::new(446, cfg(30_000, 1, 0))?;
+    let e = h.engine();
+    let dead = e.schedule_after(b"dead", Duration::ZERO, b"d")?;
+    for d in drain(e)? {
+        assert_eq!(e.nack(&d, None, "no")?, NackOutcome::DeadLettered);
+    }
+    e.schedule_after(b"waiting", ms(60_000), b"w")?;
+    h.sim.inject(FaultPlan {
+        after: 0,
+        op: FaultOp::Write,
+        kind: FaultKind::Eio,
+    });
+    let cause = match e.schedule_after(b"lost", ms(60_000), b"") {
+        Err(kairos::ScheduleError::Poisoned { cause }) => cause,
+        other => return Err(format!("{other:?}").into()),
+    };
+    h.sim.clear_faults();
+    let before = e.stats();
+    // The schedule that failed is in memory (its outcome is unknown).
+    assert_eq!((before.pending, before.dead_letters), (2, 1));
+    assert!(e.shutdown().is_err());
+    assert_eq!(e.stats(), before);
+    let listed = |ds: Vec<kairos::DeadLetter>| -> Vec<(TaskId, Vec<u8>)> {
+        ds.into_iter().map(|d| (d.task_id, d.key)).collect()
+    };
+    assert_eq!(listed(e.dead_letters()), [(dead, b"dead".to_vec())]);
+    assert_eq!(
+        listed(e.dead_letters_after(None, 1)),
+        [(dead, b"dead".to_vec())]
+    );
+    assert!(e.dead_letters_after(Some(dead), 1).is_empty());
+    let poisoned = |what: &str, got: String| {
+        assert!(got.contains(&cause), "{what}: {got}");
+    };
+    poisoned("lookup", format!("{:?}", e.lookup(b"waiting")));
+    poisoned("cancel", format!("{:?}", e.cancel(b"waiting")));
+    poisoned("checkpoint", format!("{:?}", e.checkpoint()));
+    poisoned("sync", format!("{:?}", e.sync()));
+    Ok(())
+}
