@@ -30,7 +30,8 @@ enum Tear {
     CutOneShort,
     /// Cut the file exactly at the start of the last DATA frame: no torn bytes at all.
     CutAtFrameStart,
-    /// Keep every frame; append this many zero bytes (preallocated, never written).
+    /// Keep every frame; append this many zero bytes (preallocated, never written): cut off
+    /// at open, not reported as torn (under `Sync` the log keeps such a tail itself).
     AppendZeros(usize),
     /// Keep every frame; append this many garbage bytes.
     AppendGarbage(usize),
@@ -49,6 +50,12 @@ struct TearOutcome {
 }
 
 fn tear(segment: &[u8], how: Tear) -> TearOutcome {
+    // Under `Sync` the segment ends with the zeros the writer keeps ahead of its frames: the
+    // tears below start from its last frame's end.
+    let frames_end = common::frames(segment)
+        .last()
+        .map_or(segment.len(), |f| (f.offset + f.bytes) as usize);
+    let segment = &segment[..frames_end];
     let f = last_data_frame(segment).expect("the last segment holds a DATA frame");
     let start = f.offset as usize;
     let end = (f.offset + f.bytes) as usize;
@@ -71,7 +78,7 @@ fn tear(segment: &[u8], how: Tear) -> TearOutcome {
             image.extend(std::iter::repeat_n(byte, n));
             TearOutcome {
                 image,
-                truncated: Some((segment.len() as u64, n as u64)),
+                truncated: (byte != 0).then_some((segment.len() as u64, n as u64)),
                 loses_last: false,
             }
         }

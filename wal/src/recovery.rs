@@ -44,7 +44,9 @@ pub struct RecoveryReport {
 
 /// An unsynced torn tail: bytes at the end of the newest segment that did not form valid
 /// frames, with no evidence that any of their records had been made durable. [`Wal::open`]
-/// truncates them (and fsyncs); [`scan`] only reports them.
+/// truncates them (and fsyncs); [`scan`] only reports them. A tail of zeros only (what a `Sync`
+/// writer keeps written ahead of its frames, `wal/FORMAT.md` "Writing rules") is truncated the
+/// same way but not reported.
 ///
 /// [`Wal::open`]: crate::Wal::open
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -601,6 +603,9 @@ struct Damage {
     reason: String,
     /// Highest `synced_lsn` of the valid frames found after the damage (0 if none).
     synced_after: u64,
+    /// Every byte from the damage to the end of the file is zero: the segment's preallocated
+    /// tail (or an unsynced append that never reached the disk), not torn bytes.
+    zero_tail: bool,
 }
 
 fn scan_frames(
@@ -672,11 +677,18 @@ fn scan_frames(
                 ));
             }
             FrameCheck::Invalid(reason) => {
-                let synced_after = resync(reader, offset, scan.next_lsn, record_bytes_max)?;
+                let zero_tail = zero_from(reader, offset)?;
+                // Zeros hold no frame to resynchronise on.
+                let synced_after = if zero_tail {
+                    0
+                } else {
+                    resync(reader, offset, scan.next_lsn, record_bytes_max)?
+                };
                 scan.damage = Some(Damage {
                     offset,
                     reason,
                     synced_after,
+                    zero_tail,
                 });
                 break;
             }
@@ -684,6 +696,23 @@ fn scan_frames(
     }
     Ok(scan)
 }
+
+/// Whether every byte from `offset` to the end of the file is zero. Reads at most
+/// [`ZERO_CHECK_BYTES`] at a time.
+fn zero_from(reader: &mut SegmentReader<'_>, offset: u64) -> Result<bool, WalError> {
+    let mut position = offset;
+    while position < reader.len {
+        let n = (reader.len - position).min(ZERO_CHECK_BYTES as u64) as usize;
+        if reader.get(position, n)?.iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        position += n as u64;
+    }
+    Ok(true)
+}
+
+/// Bytes [`zero_from`] reads at a time.
+const ZERO_CHECK_BYTES: usize = 64 * 1024;
 
 /// After damage at `damage_offset` where LSN `expected_lsn` was expected, finds every valid
 /// frame further on (byte by byte, then frame by frame once one is found) and returns the
@@ -1195,20 +1224,25 @@ pub(crate) fn analyze(
                     ),
                 ));
             }
-            tracing::warn!(
-                file = %path.display(),
-                offset = damage.offset,
-                bytes = len - damage.offset,
-                first_lost_lsn = scan.next_lsn,
-                reason = %damage.reason,
-                "unsynced torn tail"
-            );
-            analysis.torn_tail = Some(TornTail {
-                file: path.clone(),
-                offset: damage.offset,
-                bytes_truncated: len - damage.offset,
-                first_lost_lsn: Lsn(scan.next_lsn),
-            });
+            // Zeros to the end are the preallocated tail the writer keeps ahead of its frames
+            // under `Sync` (or an append that never reached the disk): nothing torn to report,
+            // only cut off.
+            if !damage.zero_tail {
+                tracing::warn!(
+                    file = %path.display(),
+                    offset = damage.offset,
+                    bytes = len - damage.offset,
+                    first_lost_lsn = scan.next_lsn,
+                    reason = %damage.reason,
+                    "unsynced torn tail"
+                );
+                analysis.torn_tail = Some(TornTail {
+                    file: path.clone(),
+                    offset: damage.offset,
+                    bytes_truncated: len - damage.offset,
+                    first_lost_lsn: Lsn(scan.next_lsn),
+                });
+            }
             valid_end = damage.offset;
         }
         if is_last && scan.next_lsn - 1 < high_water_lsn {

@@ -181,6 +181,22 @@ pub fn data_frames_from(bytes: &[u8], mut at: usize) -> Vec<(usize, u64)> {
     out
 }
 
+/// A segment image up to the end of its last frame: without the zeros a `Sync` writer keeps
+/// written ahead of its frames (frames walked by their length fields from the first, stopping
+/// at a header that does not check or does not fit).
+pub fn frames_end(bytes: &[u8]) -> usize {
+    let mut at = SEGMENT_FRAMES_OFFSET;
+    while at + FRAME_HEADER_BYTES <= bytes.len() {
+        let header = format::FrameHeader::parse(&bytes[at..]);
+        let end = at + FRAME_HEADER_BYTES + header.body_bytes as usize;
+        if header.check_fields().is_err() || end > bytes.len() {
+            break;
+        }
+        at = end;
+    }
+    at.min(bytes.len())
+}
+
 /// A version-1 segment (no slots) of store `store_id`, seq 1, holding one DATA frame per
 /// record, each synced on its own (`synced_lsn` = the LSN before it).
 pub fn version_1_segment(store_id: [u8; 16], records: &[(u8, Vec<u8>)]) -> Vec<u8> {
