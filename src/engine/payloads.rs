@@ -379,6 +379,19 @@ mod tests {
         files[0]
     }
 
+    /// An engine on a fresh simulated disk (`seed`) with tasks `0..n` in
+    /// one overflow file ([`on_disk`]), the clock moved until they are due
+    /// within the payload window: what a prefetch round reads next.
+    fn due_within_window(seed: u64, n: u64) -> (SimStorage, ManualClock, Engine, u32) {
+        let sim = SimStorage::new(seed);
+        let clock = ManualClock::new(START_MS);
+        let engine = engine(&sim, &clock);
+        let file = on_disk(&engine, n);
+        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
+        engine.run_until_idle();
+        (sim, clock, engine, file)
+    }
+
     #[test]
     fn retry_rounds_double_up_to_the_cap() {
         let rounds: Vec<u64> = (1..=7).map(prefetch_retry_rounds).collect();
@@ -392,13 +405,7 @@ mod tests {
     /// not prefetched again until a reopen.)
     #[test]
     fn a_failed_prefetch_read_is_retried_and_the_payloads_come_back_before_due() {
-        let sim = SimStorage::new(61);
-        let clock = ManualClock::new(START_MS);
-        let engine = engine(&sim, &clock);
-        let file = on_disk(&engine, 3);
-        // Due within the window.
-        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
-        engine.run_until_idle();
+        let (sim, clock, engine, file) = due_within_window(61, 3);
         let mut p = Prefetcher::default();
         sim.inject(FaultPlan {
             after: 0,
@@ -442,12 +449,7 @@ mod tests {
     /// backoff.
     #[test]
     fn a_file_that_keeps_failing_is_read_again_with_a_doubling_backoff() {
-        let sim = SimStorage::new(62);
-        let clock = ManualClock::new(START_MS);
-        let engine = engine(&sim, &clock);
-        let file = on_disk(&engine, 2);
-        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
-        engine.run_until_idle();
+        let (sim, _clock, engine, file) = due_within_window(62, 2);
         let mut p = Prefetcher::default();
         // Rounds 1, 2, 4 and 8 read (and fail); 3, 5–7 wait.
         let mut warnings = Vec::new();
@@ -479,12 +481,7 @@ mod tests {
     /// (its tasks gone) is dropped without a warning, and not read again.
     #[test]
     fn a_file_removed_before_its_read_is_dropped_quietly() {
-        let sim = SimStorage::new(63);
-        let clock = ManualClock::new(START_MS);
-        let engine = engine(&sim, &clock);
-        let file = on_disk(&engine, 1);
-        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
-        engine.run_until_idle();
+        let (_sim, _clock, engine, file) = due_within_window(63, 1);
         // The round's listing, then the checkpoint that removes the file.
         let files = [file];
         assert!(engine.cancel(b"k0").expect("cancel").is_cancelled());
@@ -506,12 +503,7 @@ mod tests {
     /// later rounds do not read it again.
     #[test]
     fn a_damaged_file_is_not_read_again() {
-        let sim = SimStorage::new(64);
-        let clock = ManualClock::new(START_MS);
-        let engine = engine(&sim, &clock);
-        let file = on_disk(&engine, 1);
-        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
-        engine.run_until_idle();
+        let (sim, _clock, engine, file) = due_within_window(64, 1);
         let path = engine
             .shared
             .disk
@@ -541,12 +533,7 @@ mod tests {
     /// (the single reads of far cancels decide which stay open).
     #[test]
     fn the_prefetcher_reads_through_the_kept_descriptor_and_keeps_none() {
-        let sim = SimStorage::new(65);
-        let clock = ManualClock::new(START_MS);
-        let engine = engine(&sim, &clock);
-        let file = on_disk(&engine, 2);
-        clock.advance(Duration::from_millis(9 * MINUTE_MS + 30_000));
-        engine.run_until_idle();
+        let (sim, _clock, engine, file) = due_within_window(65, 2);
         let disk = engine.shared.disk.as_ref().expect("on disk");
         let mut p = Prefetcher::default();
         // Not kept: opened for the round, and not kept after it.
