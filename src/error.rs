@@ -236,7 +236,7 @@ pub enum LookupError {
     /// A write or sync failed, or a far task's overflow entry could not be
     /// read (which poisons the engine); the engine refuses work until
     /// reopened.
-    #[error("the engine is poisoned by a failed write or sync: {cause}")]
+    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,

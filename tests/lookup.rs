@@ -227,6 +227,13 @@ fn lookup_of_a_damaged_far_entry_poisons_and_names_the_file() -> TestResult {
         return Err("a damaged far entry was looked up".into());
     };
     assert!(cause.contains(&file), "cause names no file: {cause}");
+    assert_eq!(
+        LookupError::Poisoned {
+            cause: cause.clone()
+        }
+        .to_string(),
+        format!("the engine is poisoned by a failed write, sync or read: {cause}")
+    );
     assert!(matches!(
         h.engine().cancel(b"other"),
         Err(CancelError::Poisoned { .. })
