@@ -495,6 +495,43 @@ fn next_seq(seq: u64, path: &Path) -> Result<u64, WalError> {
     })
 }
 
+/// Before open cuts a torn tail off: zeros over every non-zero 64 KiB of it, fdatasynced, so
+/// that no byte cut off can come back. A later write that extends the file over the cut
+/// region and is not synced may show, after a power cut, what the medium held there
+/// (FORMAT.md, "Assumptions about the disk": stale bytes) — and the zeros a `Sync` writer
+/// writes ahead of its frames extend the file by 64 KiB at a time, so valid frames of the
+/// cut-off history would replay after this history's last frame, as records nobody appended
+/// (test: `stale_bytes_under_the_zeros_ahead_never_replay_as_records_of_this_history`).
+fn scrub_cut_tail(file: &dyn StorageFile, path: &Path, from: u64, to: u64) -> Result<(), WalError> {
+    const CHUNK: u64 = 64 * 1024;
+    let zeros = vec![0u8; CHUNK as usize];
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut wrote = false;
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(CHUNK) as usize;
+        let mut got = 0;
+        while got < n {
+            match file.read_at(&mut buf[got..n], at + got as u64) {
+                Ok(0) => break,
+                Ok(k) => got += k,
+                Err(e) => return Err(io_error("read", path, e)),
+            }
+        }
+        if buf[..got].iter().any(|&b| b != 0) {
+            file.write_all_at(&zeros[..n], at)
+                .map_err(|e| io_error("write", path, e))?;
+            wrote = true;
+        }
+        at += n as u64;
+    }
+    if wrote {
+        file.sync_data()
+            .map_err(|e| io_error("fdatasync", path, e))?;
+    }
+    Ok(())
+}
+
 /// Applies the analysis to the newest segment — truncate a torn tail, replace an unwritten
 /// segment, roll past a sealed one, create the first — and returns the segment to append to.
 fn prepare_active(
@@ -522,6 +559,7 @@ fn prepare_active(
         .open(path, OpenMode::ReadWrite)
         .map_err(|e| io_error("open", path, e))?;
     if tail.valid_end < tail.file_len {
+        scrub_cut_tail(file.as_ref(), path, tail.valid_end, tail.file_len)?;
         file.set_len(tail.valid_end)
             .map_err(|e| io_error("truncate", path, e))?;
     }
