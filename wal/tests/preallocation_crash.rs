@@ -280,3 +280,66 @@ fn stale_bytes_under_the_zeros_ahead_never_replay_as_records_of_this_history() -
     );
     Ok(())
 }
+
+/// Zeros from a durable record to the end of the file read as a zero tail only where nothing
+/// says the record was durable; wherever something does (`CLOSED` after a clean close, a mark
+/// slot, a SEAL and a newer segment), they are `Corrupt` as any other damage there.
+#[test]
+fn zeros_to_the_end_over_durable_records_stay_corrupt() -> TestResult {
+    // (a) After a clean close: CLOSED names the last LSN; zeros over the last records and the
+    // CLOSE frame (a file cut back to zeros from a record on).
+    // (b) A crash after acknowledged appends: zeros from the newest segment's first record.
+    // (c) Zeros from a record of a sealed segment to its end, a newer segment after it.
+    for case in ['a', 'b', 'c'] {
+        let sim = SimStorage::new(90);
+        let (wal, _, _) = open(&sim, options(Durability::Sync, SEGMENT))?;
+        for i in 1..=60 {
+            append_big(&wal, i)?;
+        }
+        let segs = segments(&sim, dir());
+        assert!(segs.len() >= 2, "the appends rolled");
+        let seg = match case {
+            'a' => {
+                wal.close()?;
+                segs[segs.len() - 1].clone()
+            }
+            'b' => {
+                drop(wal);
+                sim.crash_process();
+                segs[segs.len() - 1].clone()
+            }
+            _ => {
+                drop(wal);
+                sim.crash_process();
+                segs[0].clone()
+            }
+        };
+        let mut bytes = sim.read_file(&seg).ok_or("segment vanished")?;
+        let frames = data_frames(&bytes[..frames_end(&bytes)]);
+        let at = match case {
+            'b' => frames[0].0,
+            _ => frames[frames.len() - 2].0,
+        };
+        bytes[at..].fill(0);
+        sim.write_file(&seg, &bytes);
+        let before = snapshot(&sim, dir());
+        for durability in [Durability::Sync, Durability::Buffered] {
+            match open(&sim, options(durability, SEGMENT)) {
+                Err(WalError::Corrupt { file, offset, .. }) => {
+                    assert_eq!((file, offset), (seg.clone(), at as u64), "case {case}");
+                }
+                other => return Err(format!("case {case}: expected Corrupt, got {other:?}").into()),
+            }
+            assert!(
+                kairos_wal::scan(&sim, dir(), 1 << 20, &mut |_| {}).is_err(),
+                "case {case}: scan"
+            );
+            assert_eq!(
+                snapshot(&sim, dir()),
+                before,
+                "case {case}: a refused open changes nothing"
+            );
+        }
+    }
+    Ok(())
+}
