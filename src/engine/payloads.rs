@@ -367,16 +367,21 @@ mod tests {
         }
         assert_eq!(engine.checkpoint().expect("checkpoint").payloads_moved, n);
         assert_eq!(engine.stats().payloads_on_disk, n as usize);
-        let files: Vec<u32> = engine
+        let files = overflow_file_numbers(engine);
+        assert_eq!(files.len(), 1);
+        files[0]
+    }
+
+    /// The numbers of the engine's overflow files, in order.
+    fn overflow_file_numbers(engine: &Engine) -> Vec<u32> {
+        engine
             .shared
             .core
             .lock()
             .overflow_files
             .keys()
             .copied()
-            .collect();
-        assert_eq!(files.len(), 1);
-        files[0]
+            .collect()
     }
 
     /// An engine on a fresh simulated disk (`seed`) with tasks `0..n` in
@@ -543,14 +548,7 @@ mod tests {
             .expect("schedule");
         let second = {
             engine.checkpoint().expect("checkpoint");
-            let files: Vec<u32> = engine
-                .shared
-                .core
-                .lock()
-                .overflow_files
-                .keys()
-                .copied()
-                .collect();
+            let files = overflow_file_numbers(&engine);
             assert_eq!(files.len(), 2);
             files[1]
         };

@@ -23,14 +23,7 @@ fn big_body(i: u64) -> Vec<u8> {
 }
 
 fn append_big(wal: &Wal, i: u64) -> Result<u64, WalError> {
-    let b = big_body(i);
-    let ticket = wal.append(&[Record {
-        record_type: record_type(i),
-        body: &b,
-    }])?;
-    let lsn = ticket.last_lsn().0;
-    ticket.wait()?;
-    Ok(lsn)
+    append_body(wal, i, &big_body(i))
 }
 
 fn check_prefix(replayed: &Replayed, acked: u64, attempted: u64, what: &str) {

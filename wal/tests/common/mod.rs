@@ -67,10 +67,14 @@ pub fn record_type(i: u64) -> u8 {
 
 /// Appends record `i` alone and waits for it.
 pub fn append_one(wal: &Wal, i: u64) -> Result<u64, WalError> {
-    let b = body(i);
+    append_body(wal, i, &body(i))
+}
+
+/// Appends one record `i` (its type [`record_type`]) with body `b` and waits for it; its LSN.
+pub fn append_body(wal: &Wal, i: u64, b: &[u8]) -> Result<u64, WalError> {
     let ticket = wal.append(&[Record {
         record_type: record_type(i),
-        body: &b,
+        body: b,
     }])?;
     let lsn = ticket.last_lsn().0;
     ticket.wait()?;
