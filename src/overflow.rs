@@ -535,9 +535,14 @@ impl EntryFile {
         })
     }
 
-    /// [`read_due`] of this file: the entries from `offset` on due by
-    /// `due_until`, read about `chunk_bytes` at a time, through this
-    /// descriptor (no open, size query or close).
+    /// [`read_due`] of this file, through this descriptor (no open, size
+    /// query or close), with a growing chunk: the entries from `offset` on
+    /// due by `due_until`, the first `first_chunk_bytes` read at once, then
+    /// twice as many each time every entry of a chunk was due, up to
+    /// `chunk_bytes_max` (more for a single larger entry) — so that finding
+    /// the entry at `offset` not due costs one small read (or one read of
+    /// that entry, if larger), and a long run of due entries few reads. Also
+    /// returns the due time of the entry it stopped at.
     ///
     /// # Errors
     /// As [`read_due`].
@@ -545,15 +550,19 @@ impl EntryFile {
         &self,
         offset: u64,
         due_until: u64,
-        chunk_bytes: usize,
-    ) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+        first_chunk_bytes: usize,
+        chunk_bytes_max: usize,
+    ) -> Result<DueEntries, OverflowReadError> {
         read_due_in(
             self.file.as_ref(),
             self.len,
             &self.path,
             offset,
             due_until,
-            chunk_bytes,
+            Chunks {
+                first: first_chunk_bytes,
+                max: chunk_bytes_max,
+            },
             READ_DUE_ENTRIES_MAX,
         )
     }
@@ -702,33 +711,66 @@ pub fn read_due_at_most(
     };
     let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
     let len = file.len().map_err(io_err)?;
-    read_due_in(
+    let read = read_due_in(
         file.as_ref(),
         len,
         path,
         offset,
         due_until,
-        chunk_bytes,
+        Chunks {
+            first: chunk_bytes,
+            max: chunk_bytes,
+        },
         entries_max,
-    )
+    )?;
+    Ok((read.entries, read.next))
 }
 
-/// [`read_due_at_most`] of the open `file` (at `path`), `len` bytes long.
+/// What [`EntryFile::read_due`] read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueEntries {
+    /// The entries due, with their offsets, in file order.
+    pub entries: Vec<(u64, Entry)>,
+    /// Where to continue from: the first entry not taken (read and checked
+    /// whole), or the file's length at its end.
+    pub next: u64,
+    /// The due time of the entry at `next` as the file has it (checked with
+    /// the entry's CRC); `None` at the file's end.
+    pub next_due_ms: Option<u64>,
+}
+
+/// How much [`read_due_in`] reads at a time: `first`, then twice as much
+/// after each chunk whose entries were all due, up to `max`.
+#[derive(Debug, Clone, Copy)]
+struct Chunks {
+    first: usize,
+    max: usize,
+}
+
+/// [`read_due_at_most`] of the open `file` (at `path`), `len` bytes long,
+/// reading `chunks` at a time.
 fn read_due_in(
     file: &dyn StorageFile,
     len: u64,
     path: &Path,
     mut offset: u64,
     due_until: u64,
-    chunk_bytes: usize,
+    chunks: Chunks,
     entries_max: usize,
-) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+) -> Result<DueEntries, OverflowReadError> {
     let entries_max = entries_max.max(1);
     let io_err = |source| OverflowReadError::Io {
         path: path.to_path_buf(),
         source,
     };
+    let stop = |entries, next, due| DueEntries {
+        entries,
+        next,
+        next_due_ms: Some(due),
+    };
     let mut out = Vec::new();
+    let chunk_max = chunks.max.max(ENTRY_FIXED_BYTES);
+    let mut chunk_bytes = chunks.first.clamp(ENTRY_FIXED_BYTES, chunk_max);
     offset = offset.max(HEADER_BYTES as u64);
     while offset < len {
         let corrupt = |reason: String| OverflowReadError::Corrupt {
@@ -736,7 +778,8 @@ fn read_due_in(
             offset,
             reason,
         };
-        let want = (len - offset).min(chunk_bytes.max(ENTRY_FIXED_BYTES) as u64) as usize;
+        let want = (len - offset).min(chunk_bytes as u64) as usize;
+        chunk_bytes = chunk_bytes.saturating_mul(2).min(chunk_max);
         let mut buf = vec![0u8; want];
         if !read_exact_at(file, &mut buf, offset).map_err(io_err)? {
             return Err(corrupt("file shrank while being read".into()));
@@ -755,7 +798,7 @@ fn read_due_in(
                 Ok(None) => break,
                 Ok(Some((entry, n))) => {
                     if entry.due_ms > due_until || out.len() >= entries_max {
-                        return Ok((out, entry_offset));
+                        return Ok(stop(out, entry_offset, entry.due_ms));
                     }
                     out.push((entry_offset, entry));
                     at += n;
@@ -781,7 +824,7 @@ fn read_due_in(
             match parse_entry(&one).map_err(corrupt)? {
                 Some((entry, n)) => {
                     if entry.due_ms > due_until || out.len() >= entries_max {
-                        return Ok((out, offset));
+                        return Ok(stop(out, offset, entry.due_ms));
                     }
                     out.push((offset, entry));
                     at = n;
@@ -791,7 +834,11 @@ fn read_due_in(
         }
         offset += at as u64;
     }
-    Ok((out, offset))
+    Ok(DueEntries {
+        entries: out,
+        next: offset,
+        next_due_ms: None,
+    })
 }
 
 /// Entries [`read_due`] returns at most per call.
@@ -1142,6 +1189,106 @@ mod tests {
         for chunk in [1, 16, 64, 1 << 20] {
             assert!(read_due(&sim, Path::new("/o"), 0, u64::MAX, chunk).is_err());
         }
+    }
+
+    /// A file of the simulated disk that records the length of each read.
+    #[derive(Debug)]
+    struct Reads {
+        inner: Box<dyn StorageFile>,
+        lens: std::sync::Mutex<Vec<usize>>,
+    }
+
+    impl StorageFile for Reads {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            self.lens.lock().unwrap().push(buf.len());
+            self.inner.read_at(buf, offset)
+        }
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            self.inner.write_all_at(buf, offset)
+        }
+        fn len(&self) -> io::Result<u64> {
+            self.inner.len()
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            self.inner.sync_data()
+        }
+    }
+
+    /// `read_due_in` with growing chunks: one first read when the entry at
+    /// the offset is not due (its due time returned), reads doubling up to
+    /// the cap while every entry is due, and an entry larger than the chunk
+    /// read whole.
+    #[test]
+    fn read_due_grows_its_chunk_while_entries_are_due() {
+        // 100 entries of 100 bytes (key "k1".."k100", padded payloads),
+        // entry `i` due at 10 * i; then one of 5 000 bytes.
+        let mut entries: Vec<Entry> = (1..=100u64)
+            .map(|i| {
+                let key_len = format!("k{i}").len();
+                entry(i, 10 * i, &vec![b'p'; 100 - ENTRY_FIXED_BYTES - key_len])
+            })
+            .collect();
+        entries.push(entry(101, 5_000, &[b'q'; 4_000]));
+        let (bytes, offsets) = OverflowWriter::sorted(entries, &[9; 16], 3);
+        let sim = SimStorage::new(1);
+        let path = Path::new("/o");
+        sim.write_file(path, &bytes);
+        let len = bytes.len() as u64;
+        let file = Reads {
+            inner: sim.open(path, OpenMode::Read).unwrap(),
+            lens: Default::default(),
+        };
+        let chunks = Chunks {
+            first: 256,
+            max: 2048,
+        };
+        let read = |offset: u64, until: u64| {
+            file.lens.lock().unwrap().clear();
+            let r = read_due_in(&file, len, path, offset, until, chunks, 1 << 16).unwrap();
+            (r, std::mem::take(&mut *file.lens.lock().unwrap()))
+        };
+        let at = |i: usize| offsets[i].1;
+        // Nothing due: one first read, the due time of the entry there.
+        let (r, lens) = read(at(0), 9);
+        assert_eq!(
+            (r.entries.len(), r.next, r.next_due_ms),
+            (0, at(0), Some(10))
+        );
+        assert_eq!(lens, [256]);
+        // The 100 small entries due: 256, 512, 1024, then 2048 at a time
+        // (each read from the first entry not whole in the last), and the
+        // large entry found not due in the last chunk is read whole (its
+        // CRC checked).
+        let large = ENTRY_FIXED_BYTES + "k101".len() + 4_000;
+        let (r, lens) = read(at(0), 1_000);
+        assert_eq!(
+            (r.entries.len(), r.next, r.next_due_ms),
+            (100, at(100), Some(5_000))
+        );
+        assert_eq!(r.entries[99].0, at(99));
+        assert_eq!(lens[..4], [256, 512, 1024, 2048]);
+        assert_eq!(lens.last(), Some(&large));
+        assert!(
+            lens[4..lens.len() - 1].iter().all(|&n| n == 2048),
+            "{lens:?}"
+        );
+        // The large entry, not due: a first read, then it whole.
+        let (r, lens) = read(at(100), 4_999);
+        assert_eq!(
+            (r.entries.len(), r.next, r.next_due_ms),
+            (0, at(100), Some(5_000))
+        );
+        assert_eq!(lens, [256, large]);
+        // Due: taken, the file's end reached.
+        let (r, _) = read(at(100), 5_000);
+        assert_eq!((r.entries.len(), r.next, r.next_due_ms), (1, len, None));
+        // At the end: no read.
+        let (r, lens) = read(len, u64::MAX);
+        assert_eq!((r.entries.len(), r.next, r.next_due_ms), (0, len, None));
+        assert!(lens.is_empty());
     }
 
     #[test]

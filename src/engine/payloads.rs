@@ -237,10 +237,11 @@ impl Shared {
             }
         };
         loop {
-            let (entries, next) = handle.read_due(*offset, until, PREFETCH_CHUNK_BYTES)?;
-            let done = entries.is_empty() || next == *offset;
-            *offset = next;
-            self.take_prefetched(file, entries);
+            let read =
+                handle.read_due(*offset, until, PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES)?;
+            let done = read.entries.is_empty() || read.next == *offset;
+            *offset = read.next;
+            self.take_prefetched(file, read.entries);
             if done {
                 return Ok(());
             }
