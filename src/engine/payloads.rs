@@ -57,7 +57,17 @@ impl Shared {
     }
 }
 
-/// Bytes the prefetcher reads from an overflow file at a time.
+/// Bytes the prefetcher reads first from an overflow file, at its cursor:
+/// a page, which holds the entry there unless it is larger (that entry is
+/// then read whole). Most rounds find it not due (overflow files hold
+/// tasks due days or years out): this is all they read of the file, once —
+/// its due time is kept ([`FileCursor::next_due_ms`]), and the file is not
+/// read again until the window reaches it.
+pub(super) const PREFETCH_FIRST_CHUNK_BYTES: usize = 4 * 1024;
+
+/// The most bytes the prefetcher reads from an overflow file at a time:
+/// it doubles its reads from [`PREFETCH_FIRST_CHUNK_BYTES`] up to this
+/// while every entry read is due.
 const PREFETCH_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// The most rounds the prefetcher lets pass before it reads again an
@@ -80,6 +90,12 @@ pub(super) fn prefetch_retry_rounds(failures: u32) -> u64 {
 pub(super) struct FileCursor {
     /// Where the next read starts: the first entry not taken yet.
     pub offset: u64,
+    /// The due time (UTC ms, as the file has it: its sort key) of the entry
+    /// at `offset`, once a read found it (read whole, its CRC checked):
+    /// `None` before, `Some(u64::MAX)` past the file's last entry. Files are
+    /// never modified: the file is not read again while this is beyond the
+    /// window.
+    pub next_due_ms: Option<u64>,
     /// Reads of the file that failed in a row (I/O errors); 0 once one
     /// succeeds.
     pub failures: u32,
@@ -91,10 +107,20 @@ pub(super) struct FileCursor {
     pub damaged: bool,
 }
 
+impl FileCursor {
+    /// Whether the file holds nothing due by `until` from the cursor on, as
+    /// far as the reads so far tell (nothing is known of a file not read
+    /// yet).
+    fn nothing_due_by(&self, until: u64) -> bool {
+        self.next_due_ms.is_some_and(|due| due > until)
+    }
+}
+
 impl Default for FileCursor {
     fn default() -> Self {
         FileCursor {
             offset: overflow::HEADER_BYTES as u64,
+            next_due_ms: None,
             failures: 0,
             retry_round: 0,
             damaged: false,
@@ -121,8 +147,9 @@ impl Shared {
     /// the consumer receiving a task does not wait on disk. Entries of tasks
     /// cancelled, finished or rescheduled with a new payload are skipped; a
     /// task rescheduled earlier than its place in the file is read by its
-    /// consumer instead. See [`Shared::prefetch_files`] for what a failed
-    /// read does.
+    /// consumer instead. A file whose next entry is not due within the
+    /// window costs nothing once a round has read that entry (see
+    /// [`Shared::prefetch_files`], also for what a failed read does).
     pub(crate) fn prefetch_loop(&self) {
         let Some(window) = self.config.payload_window else {
             return;
@@ -158,6 +185,16 @@ impl Shared {
     /// `until`, from where the last round stopped, and puts the payloads
     /// of the tasks that still refer to them in memory.
     ///
+    /// What a round reads of a file: nothing (not even an open) if an
+    /// earlier round found the entry at its cursor due after `until` — the
+    /// common case, overflow files holding tasks due days to years out; the
+    /// first time, [`PREFETCH_FIRST_CHUNK_BYTES`] at its cursor (or the
+    /// entry there whole, if larger) to find that out; and while entries
+    /// are due, reads twice as large each time, up to
+    /// [`PREFETCH_CHUNK_BYTES`], ending at the first entry not due (its
+    /// due time kept). So a round in which nothing is due reads at most a
+    /// first piece of each file not read before, and O(files) work beside.
+    ///
     /// A file whose read fails: if it is no longer in use (a checkpoint
     /// removed it since the round began — its entries were moved to
     /// another file or belong to no live task), it is dropped quietly; if
@@ -178,10 +215,10 @@ impl Shared {
         prefetcher.cursors.retain(|f, _| files.contains(f));
         for &file in files {
             let cursor = prefetcher.cursors.entry(file).or_default();
-            if cursor.damaged || round < cursor.retry_round {
+            if cursor.damaged || round < cursor.retry_round || cursor.nothing_due_by(until) {
                 continue;
             }
-            let error = match self.prefetch_file(disk, file, &mut cursor.offset, until) {
+            let error = match self.prefetch_file(disk, file, cursor, until) {
                 Ok(()) => {
                     cursor.failures = 0;
                     continue;
@@ -215,9 +252,11 @@ impl Shared {
     }
 
     /// Reads the entries of overflow file `file` due by `until` from
-    /// `*offset` on, a chunk at a time, and puts their payloads in memory
-    /// ([`Shared::take_prefetched`]); `*offset` follows the entries taken,
-    /// so a read that fails midway resumes after them. Through the
+    /// `cursor.offset` on, in growing chunks ([`PREFETCH_FIRST_CHUNK_BYTES`]
+    /// to [`PREFETCH_CHUNK_BYTES`]), and puts their payloads in memory
+    /// ([`Shared::take_prefetched`]); the cursor follows the entries taken
+    /// (with the due time of the entry it stops at), so a read that fails
+    /// midway resumes after them. Through the
     /// descriptor the engine keeps open for the file, if any
     /// ([`super::checkpointing::Disk::kept_overflow_file`]), else one opened
     /// for this read and closed after it (not kept: which files stay open
@@ -226,7 +265,7 @@ impl Shared {
         &self,
         disk: &super::checkpointing::Disk,
         file: u32,
-        offset: &mut u64,
+        cursor: &mut FileCursor,
         until: u64,
     ) -> Result<(), overflow::OverflowReadError> {
         let handle = match disk.kept_overflow_file(file) {
@@ -237,12 +276,19 @@ impl Shared {
             }
         };
         loop {
-            let read =
-                handle.read_due(*offset, until, PREFETCH_CHUNK_BYTES, PREFETCH_CHUNK_BYTES)?;
-            let done = read.entries.is_empty() || read.next == *offset;
-            *offset = read.next;
+            let read = handle.read_due(
+                cursor.offset,
+                until,
+                PREFETCH_FIRST_CHUNK_BYTES,
+                PREFETCH_CHUNK_BYTES,
+            )?;
+            let done = read.entries.is_empty() || read.next == cursor.offset;
+            cursor.offset = read.next;
+            cursor.next_due_ms = Some(read.next_due_ms.unwrap_or(u64::MAX));
             self.take_prefetched(file, read.entries);
-            if done {
+            // Not stopped by an entry due later (nor at the end): stopped
+            // at its entry count, the next entry due; read on.
+            if done || cursor.nothing_due_by(until) {
                 return Ok(());
             }
         }
@@ -398,6 +444,263 @@ mod tests {
         (sim, clock, engine, file)
     }
 
+    /// Simulated storage that counts, per overflow file, the opens and the
+    /// bytes read.
+    #[derive(Debug, Clone)]
+    struct Counting {
+        sim: SimStorage,
+        /// Per overflow file (name): opens, bytes read.
+        seen: Arc<parking_lot::Mutex<std::collections::BTreeMap<String, (u64, u64)>>>,
+    }
+
+    impl Counting {
+        /// Opens and bytes read from overflow file `file` so far.
+        fn of(&self, file: u32) -> (u64, u64) {
+            let seen = self.seen.lock();
+            seen.get(&overflow::file_name(file))
+                .copied()
+                .unwrap_or_default()
+        }
+
+        /// Opens and bytes read from all overflow files so far.
+        fn total(&self) -> (u64, u64) {
+            let seen = self.seen.lock();
+            seen.values()
+                .fold((0, 0), |(o, b), &(fo, fb)| (o + fo, b + fb))
+        }
+
+        /// The overflow file's name, if `path` is one.
+        fn overflow_name(path: &std::path::Path) -> Option<String> {
+            let name = path.file_name()?.to_str()?;
+            overflow::parse_file_name(name).map(|_| name.to_owned())
+        }
+    }
+
+    impl kairos_wal::storage::Storage for Counting {
+        fn allows_timed_io(&self) -> bool {
+            self.sim.allows_timed_io()
+        }
+        fn create_dir_all(&self, path: &std::path::Path) -> std::io::Result<()> {
+            self.sim.create_dir_all(path)
+        }
+        fn open(
+            &self,
+            path: &std::path::Path,
+            mode: OpenMode,
+        ) -> std::io::Result<Box<dyn kairos_wal::storage::StorageFile>> {
+            let inner = self.sim.open(path, mode)?;
+            let Some(name) = Counting::overflow_name(path) else {
+                return Ok(inner);
+            };
+            self.seen.lock().entry(name.clone()).or_default().0 += 1;
+            Ok(Box::new(CountingFile {
+                inner,
+                name,
+                seen: Arc::clone(&self.seen),
+            }))
+        }
+        fn list(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+            self.sim.list(dir)
+        }
+        fn exists(&self, path: &std::path::Path) -> std::io::Result<bool> {
+            self.sim.exists(path)
+        }
+        fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+            self.sim.rename(from, to)
+        }
+        fn remove_file(&self, path: &std::path::Path) -> std::io::Result<()> {
+            self.sim.remove_file(path)
+        }
+        fn sync_dir(&self, path: &std::path::Path) -> std::io::Result<()> {
+            self.sim.sync_dir(path)
+        }
+        fn lock(
+            &self,
+            path: &std::path::Path,
+        ) -> std::io::Result<Box<dyn kairos_wal::storage::LockGuard>> {
+            self.sim.lock(path)
+        }
+        fn random_id(&self) -> std::io::Result<[u8; 16]> {
+            self.sim.random_id()
+        }
+        fn now_ms(&self) -> u64 {
+            self.sim.now_ms()
+        }
+    }
+
+    /// An open overflow file of [`Counting`].
+    #[derive(Debug)]
+    struct CountingFile {
+        inner: Box<dyn kairos_wal::storage::StorageFile>,
+        name: String,
+        seen: Arc<parking_lot::Mutex<std::collections::BTreeMap<String, (u64, u64)>>>,
+    }
+
+    impl kairos_wal::storage::StorageFile for CountingFile {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            let n = self.inner.read_at(buf, offset)?;
+            self.seen.lock().entry(self.name.clone()).or_default().1 += n as u64;
+            Ok(n)
+        }
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.inner.write_all_at(buf, offset)
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.inner.sync_data()
+        }
+    }
+
+    const DAY_MS: u64 = 24 * 60 * MINUTE_MS;
+    /// Far tasks per overflow file in [`far_files`].
+    const FAR_PER_FILE: u64 = 200;
+    /// Bytes of each of their entries: the fixed part, a 6-byte key and a
+    /// [`payload`].
+    const FAR_ENTRY_BYTES: u64 = (overflow::ENTRY_FIXED_BYTES + 6 + 56) as u64;
+
+    /// An engine on `storage` with the defaults' far tasks (beyond a minute
+    /// from now, wholly on disk after a checkpoint), a one-minute payload
+    /// window, and no prefetch thread, background checkpoint or move; and
+    /// `files` overflow files, one per checkpoint, file `f` holding
+    /// [`FAR_PER_FILE`] far tasks due `f + 1` days on (plus their index in
+    /// ms). The files' numbers, in order.
+    fn far_files(storage: &Counting, clock: &ManualClock, files: u64) -> (Engine, Vec<u32>) {
+        let c = Config {
+            payload_window: Some(Duration::from_millis(MINUTE_MS)),
+            payload_prefetch: false,
+            relocate_far_tasks: None,
+            checkpoint_interval: None,
+            checkpoint_log_bytes: None,
+            ..Config::default()
+        };
+        let engine = Engine::open_with("/k", c, Arc::new(storage.clone()), Arc::new(clock.clone()))
+            .expect("open");
+        for f in 0..files {
+            for i in 0..FAR_PER_FILE {
+                let due = START_MS + (f + 1) * DAY_MS + i;
+                engine
+                    .schedule(
+                        format!("f{f}-{i:03}").as_bytes(),
+                        Due::At(UNIX_EPOCH + Duration::from_millis(due)),
+                        &payload(i),
+                    )
+                    .expect("schedule");
+            }
+            engine.checkpoint().expect("checkpoint");
+            assert_eq!(engine.stats().far as u64, (f + 1) * FAR_PER_FILE);
+        }
+        let numbers = overflow_file_numbers(&engine);
+        assert_eq!(numbers.len() as u64, files);
+        (engine, numbers)
+    }
+
+    /// A prefetch round in which nothing is due within the window reads
+    /// little of each overflow file: the first round one first piece of it
+    /// (4 KiB, the entry there found not due), later rounds nothing at all,
+    /// not even an open — until the window reaches that entry. (Before,
+    /// every round read up to 1 MiB of every file: here each file whole,
+    /// 18 400 bytes, every round.)
+    #[test]
+    fn an_idle_round_reads_a_first_piece_of_each_file_then_nothing() {
+        const FILES: u64 = 4;
+        const FIRST_PIECE: u64 = PREFETCH_FIRST_CHUNK_BYTES as u64;
+        let storage = Counting {
+            sim: SimStorage::new(66),
+            seen: Arc::default(),
+        };
+        let clock = ManualClock::new(START_MS);
+        let (engine, files) = far_files(&storage, &clock, FILES);
+        let disk = engine.shared.disk.as_ref().expect("on disk");
+        for &file in &files {
+            let path = disk.overflow_dir().join(overflow::file_name(file));
+            let len = storage.sim.read_file(&path).expect("file").len() as u64;
+            assert_eq!(
+                len,
+                overflow::HEADER_BYTES as u64 + FAR_PER_FILE * FAR_ENTRY_BYTES
+            );
+            assert!(len > overflow::HEADER_BYTES as u64 + FIRST_PIECE);
+        }
+        let mut p = Prefetcher::default();
+        let before = storage.total();
+        assert_eq!(round(&engine, &mut p, &files), (0, 0));
+        let after = storage.total();
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (FILES, FILES * FIRST_PIECE),
+            "opens and bytes read by the first idle round"
+        );
+        // Later rounds, hours on: nothing is read.
+        for _ in 0..8 {
+            clock.advance(Duration::from_millis(60 * MINUTE_MS));
+            engine.run_until_idle();
+            let before = storage.total();
+            assert_eq!(round(&engine, &mut p, &files), (0, 0));
+            assert_eq!(storage.total(), before, "an idle round read");
+        }
+        let stats = engine.stats();
+        assert_eq!(
+            (stats.far as u64, stats.payloads_read_back),
+            (FILES * FAR_PER_FILE, 0)
+        );
+        engine.shutdown().expect("shutdown");
+    }
+
+    /// A file skipped while nothing in it was due is read, from where the
+    /// last round stopped, once its first entry comes within the window:
+    /// every payload of its tasks (promoted, back in the wheel) comes back,
+    /// and the other files are not read.
+    #[test]
+    fn a_skipped_file_is_read_once_its_entries_come_within_the_window() {
+        const FILES: u64 = 3;
+        let storage = Counting {
+            sim: SimStorage::new(67),
+            seen: Arc::default(),
+        };
+        let clock = ManualClock::new(START_MS);
+        let (engine, files) = far_files(&storage, &clock, FILES);
+        let mut p = Prefetcher::default();
+        assert_eq!(round(&engine, &mut p, &files), (0, 0));
+        // Half a minute before the first file's tasks fall due: promoted
+        // (within the far span) and within the payload window.
+        clock.advance(Duration::from_millis(DAY_MS - 30_000));
+        engine.run_until_idle();
+        assert_eq!(engine.stats().far as u64, (FILES - 1) * FAR_PER_FILE);
+        let seen: Vec<(u64, u64)> = files.iter().map(|&f| storage.of(f)).collect();
+        assert_eq!(round(&engine, &mut p, &files), (0, 0));
+        let stats = engine.stats();
+        // The far tasks' payloads stay on disk.
+        assert_eq!(
+            (stats.payloads_on_disk as u64, stats.payloads_read_back),
+            ((FILES - 1) * FAR_PER_FILE, FAR_PER_FILE)
+        );
+        let rest = FAR_PER_FILE * FAR_ENTRY_BYTES;
+        let first = storage.of(files[0]);
+        assert!(
+            first.1 - seen[0].1 >= rest && first.1 - seen[0].1 < 2 * rest,
+            "{first:?} {seen:?}"
+        );
+        for (i, &file) in files.iter().enumerate().skip(1) {
+            assert_eq!(storage.of(file), seen[i], "file {file} read");
+        }
+        // Due: handed out with their payloads, nothing more read.
+        clock.advance(Duration::from_millis(30_000 + FAR_PER_FILE));
+        engine.run_until_idle();
+        let consumer = engine.consumer();
+        for i in 0..FAR_PER_FILE {
+            let d = consumer.try_recv().expect("due");
+            assert_eq!(d.key(), format!("f0-{i:03}").as_bytes());
+            assert_eq!(d.payload(), &payload(i)[..]);
+            consumer.ack(&d).expect("ack");
+        }
+        assert_eq!(engine.stats().payloads_read_back, FAR_PER_FILE);
+        engine.shutdown().expect("shutdown");
+    }
+
     #[test]
     fn retry_rounds_double_up_to_the_cap() {
         let rounds: Vec<u64> = (1..=7).map(prefetch_retry_rounds).collect();
@@ -423,6 +726,7 @@ mod tests {
             p.cursors[&file],
             FileCursor {
                 offset: overflow::HEADER_BYTES as u64,
+                next_due_ms: None,
                 failures: 1,
                 retry_round: 2,
                 damaged: false,
