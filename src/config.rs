@@ -322,7 +322,9 @@ pub struct Config {
     /// Run a background thread that reads payloads coming due (within
     /// `payload_window`) back into memory, so that receiving a task does not
     /// wait on disk. Default true; deterministic tests turn it off (payloads
-    /// are then read when a consumer receives the task). A read of an
+    /// are then read when a consumer receives the task). A round reads
+    /// nothing of a file whose next entry is not due within the window,
+    /// once it has read that entry (a 4 KiB read the first time). A read of an
     /// overflow file that fails (I/O) is tried again from where it stopped
     /// 1, 2, 4, … rounds later (a round every quarter of `payload_window`),
     /// at most 16; a file with a damaged entry is not prefetched again until
