@@ -10,7 +10,9 @@
 //!   redb's crash-consistency backend and TigerBeetle's simulated storage. A power cut tears
 //!   unsynced writes at 512-byte sectors into new, zero, garbage or stale bytes; with
 //!   [`SimStorage::set_stale_history`] a stale sector may even show bytes that a synced
-//!   truncation cut off (a file system that reuses blocks without zeroing them).
+//!   truncation cut off (a file system that reuses blocks without zeroing them). With
+//!   [`SimStorage::set_free_bytes`] its disk fills up: a write stores what fits, then fails
+//!   with ENOSPC.
 //!
 //! The split mirrors raft-engine's `FileSystem` trait and redb's `StorageBackend`: the log knows
 //! bytes and barriers, the storage knows files.

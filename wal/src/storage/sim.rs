@@ -18,6 +18,9 @@
 //!   show those old bytes again where unsynced writes did not land.
 //! - Handles and locks carry the epoch they were made in; a power cut or process crash starts
 //!   a new epoch and every older handle fails with EIO.
+//! - With [`SimStorage::set_free_bytes`], the disk has a capacity: the files' lengths may add
+//!   up to at most that many bytes, and a write that would pass it stores the part that fits,
+//!   then fails with ENOSPC (a full disk).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
@@ -50,6 +53,7 @@ const ENOSPC: i32 = 28;
 /// write). It counts operations ([`io_ops`](Self::io_ops)) and file syncs
 /// ([`sync_count`](Self::sync_count)). [`set_stale_history`](Self::set_stale_history) makes
 /// power cuts harsher: stale sectors may show bytes from before a truncation.
+/// [`set_free_bytes`](Self::set_free_bytes) fills the disk up to a given room.
 ///
 /// Simplifications: directories are durable at once; locks are in memory only (no lock file
 /// appears); a failed `sync_data` makes nothing durable but keeps the writes pending (a real
@@ -195,6 +199,8 @@ struct SimState {
     stale_history: bool,
     /// [`SimStorage::set_timed_io`].
     timed_io: bool,
+    /// [`SimStorage::set_free_bytes`]: the most bytes the files' lengths may add up to.
+    capacity: Option<u64>,
 }
 
 fn os_error(code: i32) -> io::Error {
@@ -265,6 +271,22 @@ impl SimState {
             Some(parent) => self.require_dir(parent),
             None => Err(not_found(path)),
         }
+    }
+
+    /// Bytes the disk holds: the lengths of the files that have a name now, added up.
+    fn used_bytes(&self) -> u64 {
+        self.names
+            .values()
+            .filter_map(|ino| self.inodes.get(ino))
+            .map(|inode| inode.current.len() as u64)
+            .sum()
+    }
+
+    /// How many more bytes the files may grow by ([`SimStorage::set_free_bytes`]); `None`: no
+    /// limit.
+    fn room(&self) -> Option<u64> {
+        self.capacity
+            .map(|capacity| capacity.saturating_sub(self.used_bytes()))
     }
 
     fn new_epoch(&mut self) {
@@ -405,6 +427,7 @@ impl SimStorage {
             sync_latency: std::time::Duration::ZERO,
             stale_history: false,
             timed_io: false,
+            capacity: None,
         };
         SimStorage {
             inner: Arc::new(Mutex::new(state)),
@@ -565,6 +588,28 @@ impl SimStorage {
     /// differs.
     pub fn set_stale_history(&self, on: bool) {
         self.inner.lock().stale_history = on;
+    }
+
+    /// A disk with `free` bytes of room left (`None`, the default: no limit). From now on the
+    /// lengths of the files add up to at most their total now plus `free`: a write that would
+    /// take them past that stores the prefix of its bytes that fits (none if none does), then
+    /// fails with ENOSPC, as `pwrite` writes short on a full disk and the retry of the rest
+    /// fails (`write_all_at`); a `set_len` that would grow a file past it fails with ENOSPC and
+    /// has no effect. Writes over a file's existing bytes and truncations need no room, and
+    /// room comes back as files shrink or go. Simplifications: space is counted in bytes of
+    /// file length, not in blocks (a gap or a hole counts in full; directories, names and
+    /// metadata take none), and a removed file's bytes are free at once, even while a handle
+    /// to it is open. Power cuts and crashes keep the capacity; a power cut that takes unsynced
+    /// bytes away leaves that much more room.
+    pub fn set_free_bytes(&self, free: Option<u64>) {
+        let mut state = self.inner.lock();
+        state.capacity = free.map(|free| state.used_bytes().saturating_add(free));
+    }
+
+    /// The room left on a disk limited by [`set_free_bytes`](Self::set_free_bytes), in bytes;
+    /// `None` without a limit. Not counted as an operation.
+    pub fn free_bytes(&self) -> Option<u64> {
+        self.inner.lock().room()
     }
 
     /// Lets the log do timed and background I/O on this storage (off by default; see
@@ -809,9 +854,17 @@ impl StorageFile for SimFile {
                 &buf[..n]
             }
         };
+        let room = state.room();
         let Some(inode) = state.inodes.get_mut(&self.ino) else {
             return Err(os_error(EIO));
         };
+        // A full disk: only the bytes up to the room left (from the file's end) land.
+        let len = inode.current.len() as u64;
+        let fits = room.map_or(data.len(), |room| {
+            usize_of(len.saturating_add(room).saturating_sub(offset)).min(data.len())
+        });
+        let full = fits < data.len();
+        let data = &data[..fits];
         if !data.is_empty() {
             write_into(&mut inode.current, offset, data);
             inode.pushed += 1;
@@ -822,6 +875,9 @@ impl StorageFile for SimFile {
         }
         if fault.is_some() {
             return Err(os_error(EIO));
+        }
+        if full {
+            return Err(os_error(ENOSPC));
         }
         Ok(())
     }
@@ -844,9 +900,14 @@ impl StorageFile for SimFile {
             Some(FaultKind::Enospc) => return Err(os_error(ENOSPC)),
             Some(_) => return Err(os_error(EIO)),
         }
+        let room = state.room();
         let Some(inode) = state.inodes.get_mut(&self.ino) else {
             return Err(os_error(EIO));
         };
+        let grows = len.saturating_sub(inode.current.len() as u64);
+        if room.is_some_and(|room| grows > room) {
+            return Err(os_error(ENOSPC));
+        }
         inode.current.resize(usize_of(len), 0);
         inode.pushed += 1;
         inode.pending.push(PendingOp::SetLen(len));
@@ -992,5 +1053,51 @@ mod tests {
             }
         }
         assert!(shown > 0, "no power cut showed the truncated bytes");
+    }
+
+    /// A full disk: a write stores what fits and fails with ENOSPC; overwrites and
+    /// truncations need no room, and a truncation gives room back.
+    #[test]
+    fn free_bytes_model_a_full_disk() {
+        let sim = SimStorage::new(1);
+        let dir = Path::new("/d");
+        sim.create_dir_all(dir).expect("mkdir");
+        let file = sim
+            .open(Path::new("/d/f"), OpenMode::CreateNew)
+            .expect("create");
+        file.write_all_at(&[1; 100], 0).expect("write");
+        assert_eq!(sim.free_bytes(), None);
+        sim.set_free_bytes(Some(50));
+        assert_eq!(sim.free_bytes(), Some(50));
+        let error = file
+            .write_all_at(&[2; 80], 90)
+            .expect_err("no room for 70 more bytes");
+        assert_eq!(error.raw_os_error(), Some(ENOSPC));
+        let bytes = sim.read_file(Path::new("/d/f")).expect("file");
+        assert_eq!(bytes.len(), 150, "the 60 bytes that fit landed");
+        assert!(bytes[90..].iter().all(|&b| b == 2));
+        assert_eq!(sim.free_bytes(), Some(0));
+        file.write_all_at(&[3; 150], 0)
+            .expect("an overwrite needs no room");
+        let other = sim
+            .open(Path::new("/d/g"), OpenMode::CreateNew)
+            .expect("create");
+        let error = other
+            .write_all_at(&[4; 1], 0)
+            .expect_err("the disk is full");
+        assert_eq!(error.raw_os_error(), Some(ENOSPC));
+        assert_eq!(sim.read_file(Path::new("/d/g")), Some(Vec::new()));
+        let error = other.set_len(1).expect_err("no room to grow");
+        assert_eq!(error.raw_os_error(), Some(ENOSPC));
+        file.set_len(120).expect("a truncation needs no room");
+        assert_eq!(sim.free_bytes(), Some(30));
+        other
+            .write_all_at(&[4; 30], 0)
+            .expect("the room given back");
+        sim.remove_file(Path::new("/d/f")).expect("remove");
+        assert_eq!(sim.free_bytes(), Some(120));
+        sim.set_free_bytes(None);
+        assert_eq!(sim.free_bytes(), None);
+        other.write_all_at(&[5; 1000], 30).expect("no limit");
     }
 }
