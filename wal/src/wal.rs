@@ -19,7 +19,8 @@
 //! round itself, in any mode. The writer thread keeps the other syncs (interval, roll,
 //! close, concurrent `sync` callers), the idle marks and the writes nobody waits for. A
 //! failed write or sync poisons the log for good (PostgreSQL's `data_sync_retry = off`,
-//! fjall's `Poisoned`, redb's `PreviousIo`).
+//! fjall's `Poisoned`, redb's `PreviousIo`) — all but the write of the zeros a `Sync` writer
+//! keeps ahead of its frames, an optimisation ([`Writer::write_zeros_ahead`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -264,8 +265,10 @@ struct Active {
     seq: u64,
     /// Bytes of the segment written so far (the offset of the next frame).
     len: u64,
-    /// The file's length: `len`, or more under `Sync`, where the writer keeps zeros written
-    /// ahead of its frames ([`PREALLOCATE_BYTES`]).
+    /// The file's length, or more: `len`, or more under `Sync`, where the writer keeps zeros
+    /// written ahead of its frames ([`PREALLOCATE_BYTES`]). An upper bound, not the length: a
+    /// write of zeros that failed or came out short counts as written in full
+    /// ([`Writer::write_zeros_ahead`]). Never below `len`.
     file_len: u64,
     /// Where the segment's first frame starts (64 in a version-1 segment, 128 with slots).
     frames_offset: u64,
@@ -1861,36 +1864,27 @@ impl Writer {
         self.flush()
     }
 
-    /// Writes `buf` at the end of the active segment.
+    /// Writes `buf` at the end of the active segment; under `Sync`, when a small write extends
+    /// the file, then writes zeros ahead of it ([`Writer::write_zeros_ahead`]).
     fn flush(&mut self) -> Result<(), WalError> {
         if self.buf.is_empty() {
             return Ok(());
         }
         let data_bytes = self.buf.len() as u64;
         let end = self.active.len + data_bytes;
-        if self.shared.durability == Durability::Sync
-            && end > self.active.file_len
-            && data_bytes < PREALLOCATE_WRITE_BYTES_MAX
-        {
-            // Zeros ahead of the frames, in the same write: the fdatasyncs of the appends that
-            // follow then overwrite bytes of the file instead of extending it, and write only
-            // data (extending, each would also commit the file's new size: on ext4 a journal
-            // commit, about a third of a small append's fdatasync). Never past the segment's
-            // size (a roll cuts them off before sealing). A large write extends the file
-            // itself: its one size commit is small next to its data, and zeros after it would
-            // add to what every sync writes.
-            let to = (end + PREALLOCATE_BYTES).min(self.segment_bytes).max(end);
-            self.buf.resize(self.buf.len() + (to - end) as usize, 0);
-        }
         self.active
             .file
             .write_all_at(&self.buf, self.active.len)
             .map_err(|e| io_error("write", &self.active.path, e))?;
-        self.active.file_len = self
-            .active
-            .file_len
-            .max(self.active.len + self.buf.len() as u64);
+        let extends = end > self.active.file_len;
+        self.active.file_len = self.active.file_len.max(end);
         self.active.len = end;
+        if self.shared.durability == Durability::Sync
+            && extends
+            && data_bytes < PREALLOCATE_WRITE_BYTES_MAX
+        {
+            self.write_zeros_ahead();
+        }
         self.buf.clear();
         if self.buf.capacity() > WRITE_BUFFER_KEEP_BYTES {
             // One huge append should not pin its size in memory for the life of the log.
@@ -1899,6 +1893,50 @@ impl Writer {
         self.written = self.buf_last_lsn;
         self.recorded_synced = self.recorded_synced.max(self.synced);
         self.write_back()
+    }
+
+    /// Under `Sync`, after a small write that extended the active segment: zeros from its end
+    /// up to [`PREALLOCATE_BYTES`] past it (never past the segment's size; a roll cuts them off
+    /// before sealing), so that the fdatasyncs of the appends that follow overwrite bytes of
+    /// the file instead of extending it, and write only data (extending, each would also commit
+    /// the file's new size: on ext4 a journal commit, about a third of a small append's
+    /// fdatasync). A large write extends the file itself: its one size commit is small next to
+    /// its data, and zeros after it would add to what every sync writes.
+    ///
+    /// The zeros are an optimisation, written after the frames and apart from them, so that
+    /// they can never fail an append whose frames were written: a failure of this write (an
+    /// error, or a short write — a disk with room for the frames but not for the zeros fails
+    /// with ENOSPC after storing the part that fits) is logged and ignored. The file then ends
+    /// somewhere between the frames' end and where the zeros were meant to end, and
+    /// `file_len` says the latter: an upper bound of the file's length is all that the writer
+    /// needs of it (it decides when to write zeros again, and that a roll or a close must
+    /// [`cut_preallocated`](Writer::cut_preallocated) — a `set_len` down to the frames' end,
+    /// right whatever the file's length past them). Restoring the length with a `set_len`
+    /// instead would be one more operation, on a disk that just failed one, whose own
+    /// failure would leave the length unknown all the same. The appends that follow write
+    /// into what zeros there are, then extend the file themselves until they pass
+    /// `file_len`, where zeros are tried again. What was written of them before the
+    /// appends' fdatasync reads, after a crash, as the zero tail recovery cuts off without
+    /// calling it a torn tail, as the whole 64 KiB would.
+    fn write_zeros_ahead(&mut self) {
+        static ZEROS: [u8; PREALLOCATE_BYTES as usize] = [0; PREALLOCATE_BYTES as usize];
+        let from = self.active.len;
+        let to = (from + PREALLOCATE_BYTES).min(self.segment_bytes).max(from);
+        if to == from {
+            return;
+        }
+        // Counted as written whatever comes of the write: an upper bound (see above).
+        self.active.file_len = self.active.file_len.max(to);
+        let zeros = &ZEROS[..(to - from) as usize];
+        if let Err(e) = self.active.file.write_all_at(zeros, from) {
+            tracing::debug!(
+                file = %self.active.path.display(),
+                from,
+                to,
+                error = %e,
+                "could not write the zeros ahead of the frames; going on without them"
+            );
+        }
     }
 
     /// Hands the active segment to the write-back thread once [`WRITEBACK_BYTES`] more were
@@ -1995,7 +2033,9 @@ impl Writer {
     }
 
     /// Cuts the zeros written ahead of the frames off the active segment (before the fdatasync
-    /// that seals or closes it), so that it ends with its last frame.
+    /// that seals or closes it), so that it ends with its last frame. Whenever `file_len` says
+    /// there may be any: the `set_len` is right whether all of them, part of them (a zeros
+    /// write that failed or came out short) or none got written.
     fn cut_preallocated(&mut self) -> Result<(), WalError> {
         if self.active.file_len > self.active.len {
             self.active

@@ -3,7 +3,8 @@
 //! fdatasyncs commit no new file size. A roll or a clean close cuts the zeros off (a sealed or
 //! closed segment ends with its last frame); after a crash, open cuts them off without calling
 //! them a torn tail; zeros where a durable record was are still corruption; `Buffered` and
-//! `Interval` keep none.
+//! `Interval` keep none; a disk with room for the frames but not for the zeros takes the append
+//! all the same (`SimStorage::set_free_bytes`).
 
 mod common;
 
@@ -190,5 +191,137 @@ fn a_large_write_writes_no_zeros_ahead() -> TestResult {
     .wait()?;
     let (_, bytes) = newest(&sim)?;
     assert_eq!(bytes.len(), frames_end(&bytes));
+    Ok(())
+}
+
+/// Segment size of the full-disk tests: the zeros ahead of the first frame reach its end.
+const FULL_DISK_SEGMENT: u64 = 64 * 1024;
+
+/// Room for the first frame and a few more, not for the zeros ahead of it.
+const ROOM: u64 = 4096;
+
+/// A `Sync` log on a disk with [`ROOM`] bytes free once it is open, holding records 1..=10
+/// (`append_one`); returns the log, the newest segment's path and its length before them.
+fn full_disk_log(
+    sim: &SimStorage,
+) -> Result<(kairos_wal::Wal, std::path::PathBuf, usize), Box<dyn std::error::Error>> {
+    let (wal, _, _) = open(sim, options(Durability::Sync, FULL_DISK_SEGMENT))?;
+    let (seg, fresh) = newest(sim)?;
+    sim.set_free_bytes(Some(ROOM));
+    // The first append extends the file: its frame fits, the 64 KiB of zeros after it do not.
+    assert_eq!(append_one(&wal, 1)?, 1, "an append whose frame fits");
+    assert_eq!(
+        wal.poisoned(),
+        None,
+        "the zeros that did not fit poison nothing"
+    );
+    let (_, bytes) = newest(sim)?;
+    // What fitted of the zeros was written (the file ends in zeros): the disk is full.
+    assert_eq!(bytes.len(), fresh.len() + ROOM as usize);
+    assert_eq!(sim.free_bytes(), Some(0));
+    assert!(bytes[frames_end(&bytes)..].iter().all(|&b| b == 0));
+    // The appends after it go into those zeros.
+    for i in 2..=10 {
+        assert_eq!(append_one(&wal, i)?, i);
+    }
+    assert_eq!(wal.poisoned(), None);
+    let (_, bytes) = newest(sim)?;
+    assert_eq!(
+        bytes.len(),
+        fresh.len() + ROOM as usize,
+        "the file did not grow"
+    );
+    Ok((wal, seg, fresh.len()))
+}
+
+/// A full disk with room for a `Sync` append's frame but not for the zeros the writer puts
+/// ahead of it (`wal/FORMAT.md`, "Writing rules", preallocation): the append is taken and
+/// durable, the log is not poisoned, and what fitted of the zeros is kept ahead. The disk
+/// stays full through a crash or power cut: open cuts the zeros off, and the room they gave
+/// back takes the next append.
+#[test]
+fn a_disk_with_room_for_the_frames_but_not_the_zeros_ahead_takes_the_append() -> TestResult {
+    for (how, seed) in [(0, 80), (1, 80), (2, 80), (2, 81), (2, 82)] {
+        let sim = SimStorage::new(seed);
+        let (wal, seg, _) = full_disk_log(&sim)?;
+        match how {
+            0 => sim.crash_process(),
+            1 => sim.power_cut_drop_unsynced(),
+            _ => sim.power_cut(),
+        }
+        drop(wal);
+        let what = format!("cut {how}, seed {seed}");
+        let (wal, report, replayed) = open(&sim, options(Durability::Sync, FULL_DISK_SEGMENT))
+            .map_err(|e| format!("{what}: reopen on the full disk: {e}"))?;
+        assert_eq!(replayed, expected(10), "{what}");
+        if how < 2 {
+            // (A random power cut may tear the MARK frame written after the last sync.)
+            assert_eq!(report.torn_tail, None, "{what}");
+        }
+        let bytes = sim.read_file(&seg).ok_or("segment vanished")?;
+        assert_eq!(
+            bytes.len(),
+            frames_end(&bytes),
+            "{what}: open cut the zeros off"
+        );
+        // The bytes the zeros took are room again: the next append's frame fits (and what
+        // fits of its zeros ahead is written).
+        assert_eq!(append_one(&wal, 11)?, 11, "{what}");
+        assert_eq!(wal.poisoned(), None, "{what}");
+        drop(wal);
+        sim.power_cut_drop_unsynced();
+        sim.set_free_bytes(None);
+        let (_, _, replayed) = open(&sim, WalOptions::default())?;
+        assert_eq!(replayed, expected(11), "{what}");
+    }
+    Ok(())
+}
+
+/// The same log goes on once room is made: a record too large for what is left of the
+/// segment rolls it while the writer still counts zeros ahead up to the segment's end that
+/// never got written (the roll cuts off the part that did: the sealed segment ends with its
+/// SEAL); small appends roll again, keep zeros ahead in the newest segment, and a clean
+/// close and a reopen keep everything.
+#[test]
+fn after_zeros_ahead_that_did_not_fit_appends_roll_close_and_reopen() -> TestResult {
+    let sim = SimStorage::new(83);
+    let (wal, seg, _) = full_disk_log(&sim)?;
+    sim.set_free_bytes(Some(1 << 20));
+    let big = vec![0xB1; 63 * 1024 + 512];
+    assert_eq!(append_body(&wal, 11, &big)?, 11);
+    let segs = segments(&sim, dir());
+    assert_eq!(segs.len(), 2, "the large record rolled");
+    assert_eq!(segs[0], seg);
+    let sealed = sim.read_file(&seg).ok_or("segment vanished")?;
+    assert_eq!(
+        sealed.len(),
+        frames_end(&sealed),
+        "the sealed segment ends with its SEAL"
+    );
+    let mut want = expected(10);
+    want.push((11, record_type(11), big));
+    for i in 12..=700 {
+        assert_eq!(append_one(&wal, i)?, i);
+        want.push((i, record_type(i), body(i)));
+    }
+    assert_eq!(wal.poisoned(), None);
+    let segs = segments(&sim, dir());
+    assert!(segs.len() >= 4, "the small appends rolled too: {segs:?}");
+    let (_, active) = newest(&sim)?;
+    assert!(active.len() > frames_end(&active), "zeros ahead again");
+    wal.close()?;
+    for seg in segments(&sim, dir()) {
+        let bytes = sim.read_file(&seg).ok_or("segment vanished")?;
+        assert_eq!(
+            bytes.len(),
+            frames_end(&bytes),
+            "{seg:?} ends with its last frame"
+        );
+    }
+    let (wal, report, replayed) = open(&sim, options(Durability::Sync, FULL_DISK_SEGMENT))?;
+    assert!(report.clean_shutdown);
+    assert_eq!(report.torn_tail, None);
+    assert_eq!(replayed, want);
+    assert_eq!(append_one(&wal, 701)?, 701);
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! frames (`wal/FORMAT.md`, "Writing rules", preallocation): between an extending write and its
 //! fdatasync, between a roll's `set_len` and the SEAL's fdatasync, during a clean close. Every
 //! such directory opens (under any durability), keeps every acknowledged append, and replays
-//! exactly a prefix of what was appended.
+//! exactly a prefix of what was appended. The same after zeros that came out short (a short or
+//! failed write of them, a full disk), which fail no append.
 
 mod common;
 
@@ -334,5 +335,121 @@ fn zeros_to_the_end_over_durable_records_stay_corrupt() -> TestResult {
             );
         }
     }
+    Ok(())
+}
+
+/// How the zeros a `Sync` writer puts ahead of its first frame come out short.
+#[derive(Clone, Copy, Debug)]
+enum ShortZeros {
+    /// The zeros write stores a random strict prefix of them, then fails (EIO).
+    ShortWrite,
+    /// The zeros write fails (EIO) and stores nothing.
+    Eio,
+    /// A full disk: room for the first frame and a random part of the zeros; the appends
+    /// after it go on until one does not fit (ENOSPC, poisoned).
+    FullDisk,
+}
+
+/// A `Sync` log whose first append's zeros ahead come out short (`how`), then appends until
+/// `n` or the first failure: into what was written of the zeros, past it (extending the file
+/// with no zeros ahead), then with zeros ahead again. The log is left open; returns it with
+/// (acked, attempted).
+fn short_zeros_workload(
+    sim: &SimStorage,
+    how: ShortZeros,
+    seed: u64,
+    n: u64,
+) -> Result<(Wal, u64, u64), Box<dyn std::error::Error>> {
+    let (wal, _, _) = open(sim, options(Durability::Sync, SEGMENT))?;
+    match how {
+        ShortZeros::ShortWrite | ShortZeros::Eio => {
+            // The first append's write of its frame is write 0; the zeros after it write 1.
+            sim.inject(FaultPlan {
+                after: 1,
+                op: FaultOp::Write,
+                kind: match how {
+                    ShortZeros::ShortWrite => FaultKind::ShortWrite,
+                    _ => FaultKind::Eio,
+                },
+            });
+        }
+        ShortZeros::FullDisk => {
+            let frame = data_frame_bytes(big_body(1).len());
+            sim.set_free_bytes(Some(frame + seed * 7919 % 60_000));
+        }
+    }
+    let (mut acked, mut attempted) = (0, 0);
+    for i in 1..=n {
+        attempted = i;
+        if append_big(&wal, i).is_err() {
+            break;
+        }
+        acked = i;
+        if i == 1 {
+            // The zeros did come out short: the file ends before the 64 KiB past the frame.
+            let seg = segments(sim, dir()).pop().ok_or("no segment")?;
+            let bytes = sim.read_file(&seg).ok_or("segment vanished")?;
+            let frame_end = data_frames(&bytes)[0].0 + data_frame_bytes(big_body(1).len()) as usize;
+            assert!(
+                bytes.len() < frame_end + 64 * 1024,
+                "{how:?}: {}",
+                bytes.len()
+            );
+        }
+    }
+    sim.clear_faults();
+    Ok((wal, acked, attempted))
+}
+
+/// Zeros ahead of the frames cut short — a short write, a failed write, a full disk — are
+/// not fatal; then a process crash, a clean power cut or a random one, and a reopen in every
+/// durability mode: every acknowledged append is there, nothing is called corrupt, and the
+/// log goes on (`reopen_and_check`).
+#[test]
+fn zeros_ahead_cut_short_then_a_crash_or_power_cut_keep_every_acked_append() -> TestResult {
+    let mut full_disk_failures = 0;
+    for seed in 0..24u64 {
+        for how in [
+            ShortZeros::ShortWrite,
+            ShortZeros::Eio,
+            ShortZeros::FullDisk,
+        ] {
+            for cut in 0..3u64 {
+                for k in 0..3u64 {
+                    let sim = SimStorage::new(seed * 31 + cut);
+                    let n = 3 + seed % 20;
+                    let (wal, acked, attempted) = short_zeros_workload(&sim, how, seed, n)?;
+                    let what = format!("{how:?}, seed {seed}, cut {cut}, reopen mode {k}");
+                    match how {
+                        ShortZeros::FullDisk => {
+                            if acked < n {
+                                full_disk_failures += 1;
+                            }
+                            assert!(acked >= 1, "{what}: the first frame fits");
+                        }
+                        _ => {
+                            assert_eq!(acked, n, "{what}: a failed zeros write is not fatal");
+                            assert_eq!(wal.poisoned(), None, "{what}");
+                        }
+                    }
+                    match cut {
+                        0 => sim.crash_process(),
+                        1 => sim.power_cut_drop_unsynced(),
+                        _ => sim.power_cut(),
+                    }
+                    drop(wal);
+                    sim.set_free_bytes(None);
+                    if cut < 2 && acked == attempted {
+                        // Everything written was acknowledged: nothing to call torn.
+                        let (_wal, report, _) = open(&sim, reopen_opts(k))?;
+                        assert_eq!(report.torn_tail, None, "{what}");
+                        drop(_wal);
+                    }
+                    reopen_and_check(&sim, acked, attempted, k, &what)?;
+                }
+            }
+        }
+    }
+    assert!(full_disk_failures > 0, "no full disk refused a frame");
     Ok(())
 }
