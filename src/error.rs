@@ -62,7 +62,8 @@ pub enum CheckpointError {
     /// The engine was shut down.
     #[error("engine is shut down")]
     Closed,
-    /// The engine is poisoned by a failed write or sync (of this checkpoint or earlier).
+    /// The engine is poisoned by a failed write or sync (of this checkpoint or earlier), or
+    /// by an earlier failed read of a far task's overflow entry.
     #[error("engine is poisoned: {cause}")]
     Poisoned {
         /// The first failure.
@@ -192,10 +193,12 @@ pub enum ScheduleError {
     /// The engine was shut down.
     #[error("the engine is shut down")]
     Closed,
-    /// A write or sync failed — this call's own, or an earlier one; the
-    /// engine refuses work until reopened. The outcome of this call is
-    /// unknown (see the type's docs).
-    #[error("the engine is poisoned by a failed write or sync: {cause}")]
+    /// A write or sync failed — this call's own, or an earlier one — or a
+    /// far task's overflow entry could not be read (by this call or an
+    /// earlier one; this poisons the engine too); the engine refuses work
+    /// until reopened. The outcome of this call is unknown (see the type's
+    /// docs).
+    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -218,8 +221,10 @@ pub enum CancelError {
     /// The engine was shut down.
     #[error("the engine is shut down")]
     Closed,
-    /// A write or sync failed; the engine refuses work until reopened.
-    #[error("the engine is poisoned by a failed write or sync: {cause}")]
+    /// A write or sync failed, or a far task's overflow entry could not be
+    /// read (which poisons the engine); the engine refuses work until
+    /// reopened.
+    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -299,8 +304,10 @@ pub enum AckError {
     /// The engine was shut down.
     #[error("the engine is shut down")]
     Closed,
-    /// A write or sync failed; the engine refuses work until reopened.
-    #[error("the engine is poisoned by a failed write or sync: {cause}")]
+    /// A write or sync failed, or a far task's overflow entry could not be
+    /// read (which poisons the engine); the engine refuses work until
+    /// reopened.
+    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -336,8 +343,9 @@ pub enum SyncError {
     /// waited for was durable.
     #[error("the engine is shut down")]
     Closed,
-    /// A write or fdatasync failed (this one or an earlier one); the engine refuses work until
-    /// reopened, and what was logged before the call is not known to be durable.
+    /// A write or fdatasync failed (this one or an earlier one), or an earlier read of a far
+    /// task's overflow entry did; the engine refuses work until reopened, and what was logged
+    /// before the call is not known to be durable.
     #[error("the engine is poisoned by an I/O failure: {cause}")]
     Poisoned {
         /// The original failure.
@@ -352,8 +360,9 @@ pub enum ShutdownError {
     /// The log could not be flushed and closed.
     #[error(transparent)]
     Wal(#[from] WalError),
-    /// The engine was poisoned before shutdown.
-    #[error("the engine is poisoned by a failed write or sync: {cause}")]
+    /// The engine was poisoned before shutdown (by a failed write, sync or
+    /// read).
+    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,

@@ -12,7 +12,7 @@ use common::far::{at, cfg, due, key as far_key, schedule_far};
 use common::{config, SimHarness, Stop, TestResult, START_MS};
 use kairos::{
     CancelError, CancelOutcome, Config, Durability, Engine, LookupError, ManualClock, NackOutcome,
-    RetryPolicy, TaskId, TaskInfo, TaskState,
+    RetryPolicy, ScheduleError, TaskId, TaskInfo, TaskState,
 };
 use kairos_wal::storage::Storage;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -234,10 +234,26 @@ fn lookup_of_a_damaged_far_entry_poisons_and_names_the_file() -> TestResult {
         .to_string(),
         format!("the engine is poisoned by a failed write, sync or read: {cause}")
     );
-    assert!(matches!(
-        h.engine().cancel(b"other"),
-        Err(CancelError::Poisoned { .. })
-    ));
+    // Every call after it says so alike: a failed read poisoned the engine.
+    let Err(cancelled) = h.engine().cancel(b"other") else {
+        return Err("a cancel on a poisoned engine".into());
+    };
+    assert!(matches!(cancelled, CancelError::Poisoned { .. }));
+    assert_eq!(
+        cancelled.to_string(),
+        format!("the engine is poisoned by a failed write, sync or read: {cause}")
+    );
+    let Err(scheduled) = h
+        .engine()
+        .schedule_after(b"other", Duration::from_secs(1), b"")
+    else {
+        return Err("a schedule on a poisoned engine".into());
+    };
+    assert!(matches!(scheduled, ScheduleError::Poisoned { .. }));
+    assert_eq!(
+        scheduled.to_string(),
+        format!("the engine is poisoned by a failed write, sync or read: {cause}")
+    );
     assert!(matches!(
         h.engine().lookup(b"other"),
         Err(LookupError::Poisoned { .. })
