@@ -1160,7 +1160,8 @@ impl AppendTicket {
     /// before; else by the writer thread, concurrent appenders sharing one fdatasync) and, with
     /// [`WalOptions::proof_before_ack`](crate::WalOptions::proof_before_ack) (the default),
     /// proven by a durable mark that no cut of the tail removes (the next group commit's
-    /// fdatasync carries it, or a second one when none follows); `Interval`/`Buffered` —
+    /// fdatasync carries it when one at least as large is queued, else a second one);
+    /// `Interval`/`Buffered` —
     /// written to the OS (survives a process crash, not necessarily a power cut): this call
     /// writes every frame queued so far itself, with one `write` (waiting for the writer
     /// state if another thread holds it), unless its frame is written already.
@@ -1389,6 +1390,14 @@ const PREALLOCATE_BYTES: u64 = 64 * 1024;
 /// Under `Sync`, only a write of fewer bytes than this writes zeros ahead of its frames
 /// ([`PREALLOCATE_BYTES`]) when it extends the file.
 const PREALLOCATE_WRITE_BYTES_MAX: u64 = 16 * 1024;
+
+/// Whether a `Sync` round whose frames were just fdatasynced leaves its proof to the next
+/// round's fdatasync: only when `queued` frames wait already and they are at least the
+/// `round_frames` of this round (a full round follows at once). A lone appender's round (one
+/// frame) carries its proof whenever another frame waits, as before.
+fn carries_proof(queued: usize, round_frames: usize) -> bool {
+    queued > 0 && queued >= round_frames
+}
 
 /// Capacity of the writer's batch buffer kept between batches, in bytes.
 const WRITE_BUFFER_KEEP_BYTES: usize = 4 << 20;
@@ -1757,13 +1766,18 @@ impl Writer {
             let awaited = (had_batch && sync_mode)
                 || work.sync_wanted > self.proven
                 || work.awaited > self.proven;
-            // Under Sync, a queued batch's fdatasync is about to carry the mark at no extra cost
-            // (in a segment with slots: a version-1 segment's syncs record none); a clean close
-            // proves everything with CLOSED below.
+            // Under Sync, the next round's fdatasync carries the mark at no extra cost (in a
+            // segment with slots: a version-1 segment's syncs record none) when a round at
+            // least as large as this one is queued already. With fewer frames queued, those
+            // are stragglers of a few producers, the rest of whom wait for this proof: carrying
+            // it would hold this round's callers for another round and split the producers
+            // into two cohorts taking turns (3.3–3.6 calls per fdatasync with eight producers
+            // against 3.8–4.0 proving at once, BENCHMARKS.md). A clean close proves everything
+            // with CLOSED below.
             let carried = (sync_mode
                 && self.active.slots.is_some()
                 && work.stop == Stop::Running
-                && !self.shared.state.lock().queue.is_empty())
+                && carries_proof(self.shared.state.lock().queue.len(), self.last_batch_frames))
                 || work.stop == Stop::Close;
             if awaited && !carried {
                 self.prove()?;
@@ -2083,5 +2097,34 @@ impl Writer {
         // newest segment's tail reaches its records.
         self.proven = self.written;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carries_proof;
+
+    /// A `Sync` round's proof rides on the next round only when a round at least as large is
+    /// queued: stragglers of a larger round do not hold its callers another round.
+    #[test]
+    fn a_round_leaves_its_proof_only_to_a_round_as_large() {
+        // (queued, frames of the round just synced) → carried
+        let cases = [
+            ((0, 1), false),
+            ((1, 1), true),
+            ((3, 1), true),
+            ((0, 8), false),
+            ((1, 8), false),
+            ((7, 8), false),
+            ((8, 8), true),
+            ((9, 8), true),
+        ];
+        for ((queued, round), carried) in cases {
+            assert_eq!(
+                carries_proof(queued, round),
+                carried,
+                "{queued} queued after {round}"
+            );
+        }
     }
 }
