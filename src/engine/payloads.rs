@@ -704,6 +704,248 @@ mod tests {
         engine.shutdown().expect("shutdown");
     }
 
+    /// A small deterministic generator (splitmix64) for the randomized
+    /// runs below.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+        fn chance(&mut self, one_in: u64) -> bool {
+            self.below(one_in) == 0
+        }
+    }
+
+    /// The tasks in memory whose payload is still in an overflow file
+    /// although the entry there is due by `until`: (key, entry due, file).
+    fn due_entries_left_on_disk(engine: &Engine, until: u64) -> Vec<(String, u64, u32)> {
+        let shared = &engine.shared;
+        let disk = shared.disk.as_ref().expect("on disk");
+        let on_disk: Vec<(u64, Box<[u8]>, u32, u64)> = {
+            let core = shared.core.lock();
+            core.tasks
+                .iter()
+                .filter_map(|t| {
+                    let (file, offset) = t.bytes.on_disk()?;
+                    Some((t.id.0, core.payloads.key(&t.bytes).into(), file, offset))
+                })
+                .collect()
+        };
+        on_disk
+            .into_iter()
+            .filter_map(|(id, key, file, offset)| {
+                let path = disk.overflow_dir().join(overflow::file_name(file));
+                let entry =
+                    overflow::read_entry(disk.storage.as_ref(), &path, offset, id, Some(&key))
+                        .expect("the entry a task names");
+                (entry.due_ms <= until).then(|| {
+                    (
+                        String::from_utf8_lossy(&key).into_owned(),
+                        entry.due_ms,
+                        file,
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// One randomized run: schedules (payloads of a few bytes to 12 KiB,
+    /// so that entries straddle and exceed the first 4 KiB read),
+    /// reschedules earlier or later (with a new payload or keeping the one
+    /// on disk), cancels, checkpoints (moving payloads to disk, making far
+    /// tasks, compacting files half dead), clock moves (forward only unless
+    /// `wall_steps`: then also wall-clock steps either way) and prefetch
+    /// rounds through one [`Prefetcher`] kept from round to round, as the
+    /// prefetch thread keeps it. After each round with the wall clock never
+    /// gone back, no task in memory may still have its payload in an
+    /// overflow file at an entry due within the window (`until`): its file
+    /// was skipped wrongly, or read from a stale cursor. Every delivery
+    /// must carry the payload last given to its key.
+    fn prefetch_run(seed: u64, wall_steps: bool) -> (u64, u64) {
+        let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x5EED);
+        let sim = SimStorage::new(seed);
+        let clock = ManualClock::new(START_MS);
+        let resident = match seed % 3 {
+            0 => Some(Duration::from_millis(MINUTE_MS)),
+            1 => Some(Duration::from_millis(10 * MINUTE_MS)),
+            _ => None,
+        };
+        let c = Config {
+            payload_window: Some(Duration::from_millis(MINUTE_MS)),
+            payload_prefetch: false,
+            resident_window: resident,
+            relocate_far_tasks: None,
+            checkpoint_interval: None,
+            checkpoint_log_bytes: None,
+            ..Config::default()
+        };
+        let engine = Engine::open_with("/k", c, Arc::new(sim.clone()), Arc::new(clock.clone()))
+            .expect("open");
+        let consumer = engine.consumer();
+        let mut live: std::collections::BTreeMap<u64, Vec<u8>> = Default::default();
+        let mut next_key = 0u64;
+        let mut p = Prefetcher::default();
+        let mut wall_went_back = false;
+        let (mut checked, mut delivered) = (0u64, 0u64);
+        let pick_payload = |rng: &mut Rng, tag: u64| -> Vec<u8> {
+            let len = if rng.chance(4) {
+                3_000 + rng.below(9_000)
+            } else {
+                10 + rng.below(200)
+            };
+            let mut b = format!("p{tag}-").into_bytes();
+            b.resize(len as usize, b'a' + (tag % 26) as u8);
+            b
+        };
+        let pick_due = |rng: &mut Rng, clock: &ManualClock| -> u64 {
+            let ahead = match rng.below(4) {
+                0 => rng.below(2 * MINUTE_MS),
+                1 => rng.below(30 * MINUTE_MS),
+                2 => rng.below(6 * 60 * MINUTE_MS),
+                _ => rng.below(3 * DAY_MS),
+            };
+            clock.wall_ms() + 1 + ahead
+        };
+        for step in 0..300u64 {
+            match rng.below(100) {
+                0..=29 => {
+                    let key = next_key;
+                    next_key += 1;
+                    let payload = pick_payload(&mut rng, step);
+                    let due = pick_due(&mut rng, &clock);
+                    engine
+                        .schedule(
+                            format!("k{key}").as_bytes(),
+                            Due::At(UNIX_EPOCH + Duration::from_millis(due)),
+                            &payload,
+                        )
+                        .expect("schedule");
+                    live.insert(key, payload);
+                }
+                30..=44 if !live.is_empty() => {
+                    let key = *live
+                        .keys()
+                        .nth(rng.below(live.len() as u64) as usize)
+                        .unwrap();
+                    let due = if rng.chance(2) {
+                        clock.wall_ms() + 1 + rng.below(5 * MINUTE_MS)
+                    } else {
+                        pick_due(&mut rng, &clock)
+                    };
+                    let new = rng.chance(2).then(|| pick_payload(&mut rng, step));
+                    match engine.reschedule(
+                        format!("k{key}").as_bytes(),
+                        Due::At(UNIX_EPOCH + Duration::from_millis(due)),
+                        new.as_deref(),
+                    ) {
+                        Ok(_) => {
+                            if let Some(new) = new {
+                                live.insert(key, new);
+                            }
+                        }
+                        // Handed out and held: not rescheduled.
+                        Err(crate::ScheduleError::InFlight { .. }) => {}
+                        Err(e) => panic!("seed {seed}: reschedule: {e}"),
+                    }
+                }
+                45..=54 if !live.is_empty() => {
+                    let key = *live
+                        .keys()
+                        .nth(rng.below(live.len() as u64) as usize)
+                        .unwrap();
+                    if engine
+                        .cancel(format!("k{key}").as_bytes())
+                        .expect("cancel")
+                        .is_cancelled()
+                    {
+                        live.remove(&key);
+                    }
+                }
+                55..=66 => {
+                    engine.checkpoint().expect("checkpoint");
+                }
+                67..=84 => {
+                    let by = match rng.below(3) {
+                        0 => rng.below(20_000),
+                        1 => rng.below(20 * MINUTE_MS),
+                        _ => rng.below(12 * 60 * MINUTE_MS),
+                    };
+                    clock.advance(Duration::from_millis(by + 1));
+                    if wall_steps && rng.chance(3) {
+                        let delta = rng.below(4 * 60 * MINUTE_MS) as i64;
+                        let back = rng.chance(2);
+                        clock.step_wall(if back { -delta } else { delta });
+                        wall_went_back |= back && delta > 0;
+                    }
+                    engine.run_until_idle();
+                }
+                _ => {
+                    let files = overflow_file_numbers(&engine);
+                    let until = super::super::wall_ms(engine.shared.now()) + MINUTE_MS;
+                    let (warnings, _) = round(&engine, &mut p, &files);
+                    assert_eq!(warnings, 0, "seed {seed} step {step}: a warning");
+                    if !wall_went_back {
+                        let left = due_entries_left_on_disk(&engine, until);
+                        assert!(
+                            left.is_empty(),
+                            "seed {seed} step {step}: payloads due by {until} left on disk \
+                             after a prefetch round (key, entry due, file): {left:?}; cursors \
+                             {:?}",
+                            p.cursors
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+            // Deliveries: the payload last given to the key.
+            while let Ok(d) = consumer.try_recv() {
+                let key: u64 = std::str::from_utf8(&d.key()[1..])
+                    .expect("utf-8")
+                    .parse()
+                    .expect("key");
+                let want = live.remove(&key).expect("a live task");
+                assert_eq!(d.payload(), &want[..], "seed {seed}: payload of k{key}");
+                consumer.ack(&d).expect("ack");
+                delivered += 1;
+            }
+        }
+        engine.shutdown().expect("shutdown");
+        (checked, delivered)
+    }
+
+    /// [`prefetch_run`] over many seeds, the wall clock moving forward
+    /// only: every prefetch round leaves no payload due within the window
+    /// on disk.
+    #[test]
+    fn randomized_rounds_leave_no_payload_due_within_the_window_on_disk() {
+        let (mut checked, mut delivered) = (0, 0);
+        for seed in 0..60 {
+            let (c, d) = prefetch_run(seed, false);
+            checked += c;
+            delivered += d;
+        }
+        assert!(checked > 500 && delivered > 1000, "{checked} {delivered}");
+    }
+
+    /// The same with wall-clock steps either way: rounds are checked only
+    /// while the wall clock has not gone back, deliveries always.
+    #[test]
+    fn randomized_rounds_with_wall_steps_deliver_the_right_payloads() {
+        let mut delivered = 0;
+        for seed in 1000..1030 {
+            delivered += prefetch_run(seed, true).1;
+        }
+        assert!(delivered > 500, "{delivered}");
+    }
+
     /// A round drops the cursors of the files it does not list (no longer
     /// in use) and keeps the others'.
     #[test]
