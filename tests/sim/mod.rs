@@ -59,8 +59,8 @@
 //!     nothing that needs a new log record is acknowledged, and once a call answered
 //!     `Poisoned` every call fails, until reopen; no call answers `Poisoned` without a fault.
 //!     The exception, held to the opposite: a failed write of the zeros a `Sync` writer puts
-//!     ahead of its frames (all zeros, past a segment's slots) poisons nothing, and the engine
-//!     goes on as if no fault had fired;
+//!     ahead of its frames (all zeros, right after the frames the same handle just wrote) poisons
+//!     nothing, and the engine goes on as if no fault had fired;
 //!   - dead letters are kept, and an acked task never becomes one;
 //!   - checkpoints: `Ok` only from a healthy engine, once the log is fdatasynced up to the
 //!     checkpoint's LSN, and checkpoint LSNs never go back; a failure is a typed error caused by
@@ -230,9 +230,10 @@ struct Fired {
     kind: Option<FaultKind>,
     /// On a checkpoint file or the checkpoint directory.
     checkpoint: bool,
-    /// On a write of zeros past a segment's slots: the zeros a `Sync` writer writes ahead of its
-    /// frames, whose failure the log ignores (`wal/FORMAT.md`, preallocation). Also open's
-    /// zeros over a torn tail it cuts, whose failure fails the open (which needs no rule).
+    /// On the zeros a `Sync` writer writes ahead of its frames, whose failure the log ignores
+    /// (`wal/FORMAT.md`, preallocation): a write of zeros right after the frames the same
+    /// handle just wrote. Not open's zeros over a torn tail it cuts (`ProbeFile::frames_end`),
+    /// whose failure must fail the open or poison.
     zeros_ahead: bool,
 }
 
@@ -550,6 +551,7 @@ impl Storage for ProbeStorage {
             inner,
             probe: Arc::clone(&self.probe),
             max_lsn: AtomicU64::new(0),
+            frames_end: AtomicU64::new(u64::MAX),
             log,
         }))
     }
@@ -627,6 +629,10 @@ struct ProbeFile {
     probe: Arc<Probe>,
     /// Highest LSN written through this handle.
     max_lsn: AtomicU64,
+    /// Where the last write through this handle ended if it was a write of frames that
+    /// succeeded (`u64::MAX` otherwise): a write of the zeros a `Sync` writer keeps ahead of
+    /// its frames starts there, and only such a write is told apart as one.
+    frames_end: AtomicU64,
     /// A file of the log (not a checkpoint file).
     log: bool,
 }
@@ -676,9 +682,20 @@ impl StorageFile for ProbeFile {
                 r.is_ok()
             )
         });
+        // The zeros ahead: all zeros, right after the frames this handle just wrote. Not
+        // open's zeros over a torn tail it cuts (written through a handle that wrote no frame
+        // before them), whose failure must fail the open: were it swallowed, the engine would
+        // go on over a tail that may read back as stale frames.
         let zeros_ahead = offset >= SEGMENT_FRAMES_OFFSET as u64
             && !buf.is_empty()
+            && offset == self.frames_end.load(Ordering::SeqCst)
             && buf.iter().all(|&b| b == 0);
+        let end = if !frames.is_empty() && r.is_ok() {
+            offset + buf.len() as u64
+        } else {
+            u64::MAX
+        };
+        self.frames_end.store(end, Ordering::SeqCst);
         self.probe
             .wrote(&frames, buf.len(), &r, &self.max_lsn, zeros_ahead);
         r
