@@ -22,6 +22,8 @@
 //! driver) is in [`delivery`].
 
 mod checkpointing;
+#[cfg(test)]
+mod counting;
 mod delivery;
 mod far;
 mod lookup;

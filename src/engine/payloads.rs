@@ -329,6 +329,7 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::counting::Counting;
     use crate::{Config, Due, Engine, ManualClock};
     use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan, OpenMode, Storage as _};
     use kairos_wal::SimStorage;
@@ -447,118 +448,6 @@ mod tests {
         (sim, clock, engine, file)
     }
 
-    /// Simulated storage that counts, per overflow file, the opens and the
-    /// bytes read.
-    #[derive(Debug, Clone)]
-    struct Counting {
-        sim: SimStorage,
-        /// Per overflow file (name): opens, bytes read.
-        seen: Arc<parking_lot::Mutex<std::collections::BTreeMap<String, (u64, u64)>>>,
-    }
-
-    impl Counting {
-        /// Opens and bytes read from overflow file `file` so far.
-        fn of(&self, file: u32) -> (u64, u64) {
-            let seen = self.seen.lock();
-            seen.get(&overflow::file_name(file))
-                .copied()
-                .unwrap_or_default()
-        }
-
-        /// Opens and bytes read from all overflow files so far.
-        fn total(&self) -> (u64, u64) {
-            let seen = self.seen.lock();
-            seen.values()
-                .fold((0, 0), |(o, b), &(fo, fb)| (o + fo, b + fb))
-        }
-
-        /// The overflow file's name, if `path` is one.
-        fn overflow_name(path: &std::path::Path) -> Option<String> {
-            let name = path.file_name()?.to_str()?;
-            overflow::parse_file_name(name).map(|_| name.to_owned())
-        }
-    }
-
-    impl kairos_wal::storage::Storage for Counting {
-        fn allows_timed_io(&self) -> bool {
-            self.sim.allows_timed_io()
-        }
-        fn create_dir_all(&self, path: &std::path::Path) -> std::io::Result<()> {
-            self.sim.create_dir_all(path)
-        }
-        fn open(
-            &self,
-            path: &std::path::Path,
-            mode: OpenMode,
-        ) -> std::io::Result<Box<dyn kairos_wal::storage::StorageFile>> {
-            let inner = self.sim.open(path, mode)?;
-            let Some(name) = Counting::overflow_name(path) else {
-                return Ok(inner);
-            };
-            self.seen.lock().entry(name.clone()).or_default().0 += 1;
-            Ok(Box::new(CountingFile {
-                inner,
-                name,
-                seen: Arc::clone(&self.seen),
-            }))
-        }
-        fn list(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
-            self.sim.list(dir)
-        }
-        fn exists(&self, path: &std::path::Path) -> std::io::Result<bool> {
-            self.sim.exists(path)
-        }
-        fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
-            self.sim.rename(from, to)
-        }
-        fn remove_file(&self, path: &std::path::Path) -> std::io::Result<()> {
-            self.sim.remove_file(path)
-        }
-        fn sync_dir(&self, path: &std::path::Path) -> std::io::Result<()> {
-            self.sim.sync_dir(path)
-        }
-        fn lock(
-            &self,
-            path: &std::path::Path,
-        ) -> std::io::Result<Box<dyn kairos_wal::storage::LockGuard>> {
-            self.sim.lock(path)
-        }
-        fn random_id(&self) -> std::io::Result<[u8; 16]> {
-            self.sim.random_id()
-        }
-        fn now_ms(&self) -> u64 {
-            self.sim.now_ms()
-        }
-    }
-
-    /// An open overflow file of [`Counting`].
-    #[derive(Debug)]
-    struct CountingFile {
-        inner: Box<dyn kairos_wal::storage::StorageFile>,
-        name: String,
-        seen: Arc<parking_lot::Mutex<std::collections::BTreeMap<String, (u64, u64)>>>,
-    }
-
-    impl kairos_wal::storage::StorageFile for CountingFile {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-            let n = self.inner.read_at(buf, offset)?;
-            self.seen.lock().entry(self.name.clone()).or_default().1 += n as u64;
-            Ok(n)
-        }
-        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-            self.inner.write_all_at(buf, offset)
-        }
-        fn len(&self) -> std::io::Result<u64> {
-            self.inner.len()
-        }
-        fn set_len(&self, len: u64) -> std::io::Result<()> {
-            self.inner.set_len(len)
-        }
-        fn sync_data(&self) -> std::io::Result<()> {
-            self.inner.sync_data()
-        }
-    }
-
     const DAY_MS: u64 = 24 * 60 * MINUTE_MS;
     /// Far tasks per overflow file in [`far_files`].
     const FAR_PER_FILE: u64 = 200;
@@ -612,10 +501,7 @@ mod tests {
     fn an_idle_round_reads_a_first_piece_of_each_file_then_nothing() {
         const FILES: u64 = 4;
         const FIRST_PIECE: u64 = PREFETCH_FIRST_CHUNK_BYTES as u64;
-        let storage = Counting {
-            sim: SimStorage::new(66),
-            seen: Arc::default(),
-        };
+        let storage = Counting::new(SimStorage::new(66));
         let clock = ManualClock::new(START_MS);
         let (engine, files) = far_files(&storage, &clock, FILES);
         let disk = engine.shared.disk.as_ref().expect("on disk");
@@ -660,10 +546,7 @@ mod tests {
     #[test]
     fn a_skipped_file_is_read_once_its_entries_come_within_the_window() {
         const FILES: u64 = 3;
-        let storage = Counting {
-            sim: SimStorage::new(67),
-            seen: Arc::default(),
-        };
+        let storage = Counting::new(SimStorage::new(67));
         let clock = ManualClock::new(START_MS);
         let (engine, files) = far_files(&storage, &clock, FILES);
         let mut p = Prefetcher::default();
@@ -950,10 +833,7 @@ mod tests {
     /// in use) and keeps the others'.
     #[test]
     fn a_round_drops_the_cursors_of_files_it_does_not_list() {
-        let storage = Counting {
-            sim: SimStorage::new(68),
-            seen: Arc::default(),
-        };
+        let storage = Counting::new(SimStorage::new(68));
         let clock = ManualClock::new(START_MS);
         let (engine, files) = far_files(&storage, &clock, 3);
         let mut p = Prefetcher::default();
