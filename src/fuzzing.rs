@@ -824,7 +824,7 @@ pub fn overflow_file(data: &[u8]) {
         }
     }
     match sequential {
-        Ok((seq_entries, _)) => assert_eq!(seq_entries, entries, "read_due disagrees with decode"),
+        Ok(read) => assert_eq!(read.entries, entries, "read_due disagrees with decode"),
         Err(e) => panic!("read_due refused a file decode accepts: {e}"),
     }
     for (offset, e) in &entries {

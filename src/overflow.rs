@@ -633,46 +633,14 @@ impl EntryFile {
     }
 }
 
-/// The due time of the entry at `offset` of the overflow file at `path`
-/// (one small read of its fixed part); `None` at or past the file's end.
-/// Only the entry's fixed part is read: its CRC is checked when the entry
-/// itself is read.
-///
-/// # Errors
-/// [`OverflowReadError::Corrupt`] if the file ends inside the fixed part;
-/// I/O errors.
-pub fn due_at(
-    storage: &dyn Storage,
-    path: &Path,
-    offset: u64,
-) -> Result<Option<u64>, OverflowReadError> {
-    let io_err = |source| OverflowReadError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
-    let len = file.len().map_err(io_err)?;
-    if offset >= len {
-        return Ok(None);
-    }
-    let mut fixed = [0u8; ENTRY_FIXED_BYTES];
-    if !read_exact_at(file.as_ref(), &mut fixed, offset).map_err(io_err)? {
-        return Err(OverflowReadError::Corrupt {
-            path: path.to_path_buf(),
-            offset,
-            reason: "file ends inside an entry".into(),
-        });
-    }
-    Ok(Some(u64_at(&fixed, E_DUE)))
-}
-
 /// Reads the entries of the overflow file at `path` from `offset` on, in
 /// file order (due time order), while their `due_ms` is at most `due_until`,
 /// reading about `chunk_bytes` at a time (more for a larger entry), at most
-/// 65 536 of them. Returns them with their offsets, and the offset to
-/// continue from: the file's length at its end, otherwise the first entry
-/// not taken — read and checked whole (CRC), so that its due time, which
-/// [`due_at`] then reads without a check, can be trusted.
+/// 65 536 of them. Returns them with their offsets, the offset to continue
+/// from — the file's length at its end, otherwise the first entry not taken
+/// — and that entry's due time, read with the entry whole and checked (CRC),
+/// so that a caller can trust it without reading the entry again
+/// ([`DueEntries`]).
 ///
 /// # Errors
 /// [`OverflowReadError::Corrupt`] at the first damaged entry; I/O errors.
@@ -682,7 +650,7 @@ pub fn read_due(
     offset: u64,
     due_until: u64,
     chunk_bytes: usize,
-) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+) -> Result<DueEntries, OverflowReadError> {
     read_due_at_most(
         storage,
         path,
@@ -704,14 +672,14 @@ pub fn read_due_at_most(
     due_until: u64,
     chunk_bytes: usize,
     entries_max: usize,
-) -> Result<(Vec<(u64, Entry)>, u64), OverflowReadError> {
+) -> Result<DueEntries, OverflowReadError> {
     let io_err = |source| OverflowReadError::Io {
         path: path.to_path_buf(),
         source,
     };
     let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
     let len = file.len().map_err(io_err)?;
-    let read = read_due_in(
+    read_due_in(
         file.as_ref(),
         len,
         path,
@@ -722,11 +690,11 @@ pub fn read_due_at_most(
             max: chunk_bytes,
         },
         entries_max,
-    )?;
-    Ok((read.entries, read.next))
+    )
 }
 
-/// What [`EntryFile::read_due`] read.
+/// What [`read_due`], [`read_due_at_most`] and [`EntryFile::read_due`]
+/// read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DueEntries {
     /// The entries due, with their offsets, in file order.

@@ -532,11 +532,12 @@ impl Shared {
             let mut cursor = FarCursor::start();
             loop {
                 let read =
-                    overflow::read_due(storage, &path, cursor.offset, until, PROMOTE_CHUNK_BYTES)
-                        .and_then(|(entries, next)| {
-                            Ok((entries, next, overflow::due_at(storage, &path, next)?))
-                        });
-                let (entries, next, next_due) = match read {
+                    overflow::read_due(storage, &path, cursor.offset, until, PROMOTE_CHUNK_BYTES);
+                let overflow::DueEntries {
+                    entries,
+                    next,
+                    next_due_ms: next_due,
+                } = match read {
                     Ok(r) => r,
                     Err(e) => {
                         return (out, cursors, Some(format!("cannot promote far tasks: {e}")))
@@ -716,11 +717,12 @@ impl Shared {
                         until,
                         promote_chunk_bytes(per_file - c.entries.len()),
                         per_file - c.entries.len(),
-                    )
-                    .and_then(|(got, next)| {
-                        Ok((got, next, overflow::due_at(storage, &path, next)?))
-                    });
-                    let (got, next, next_due) = match read {
+                    );
+                    let overflow::DueEntries {
+                        entries: got,
+                        next,
+                        next_due_ms: next_due,
+                    } = match read {
                         Ok(r) => r,
                         Err(e) => {
                             failed = Some((file, start, format!("cannot promote far tasks: {e}")));
@@ -944,6 +946,7 @@ fn missing_far_tasks(file: u32, left: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::engine::counting::{Counting, Seen};
     use crate::{Config, Due, Durability, Engine, ManualClock};
     use kairos_wal::storage::Storage;
     use std::path::Path;
@@ -957,6 +960,11 @@ mod tests {
     /// An engine on `sim` with a one-hour horizon (all of it resident) and
     /// the driver promoting.
     fn engine(sim: &kairos_wal::SimStorage, clock: &ManualClock) -> Engine {
+        engine_on(Arc::new(sim.clone()), clock)
+    }
+
+    /// [`engine`] on any storage.
+    fn engine_on(storage: Arc<dyn Storage>, clock: &ManualClock) -> Engine {
         let config = Config {
             durability: Durability::Sync,
             horizon: Some(Duration::from_secs(3600)),
@@ -965,13 +973,7 @@ mod tests {
             payload_prefetch: false,
             ..Config::default()
         };
-        Engine::open_with(
-            "/kairos",
-            config,
-            Arc::new(sim.clone()),
-            Arc::new(clock.clone()),
-        )
-        .unwrap()
+        Engine::open_with("/kairos", config, storage, Arc::new(clock.clone())).unwrap()
     }
 
     /// Schedules `n` tasks `{prefix}-{i:03}` (payload: the key) due at
@@ -1193,5 +1195,85 @@ mod tests {
         // The checkpoints of the early yields compacted file `a` while
         // some of its tasks were still far.
         assert!(interrupts > 0, "no pass stopped");
+    }
+
+    /// The number of the engine's one overflow file.
+    fn only_overflow_file(engine: &Engine) -> u32 {
+        let core = engine.shared.core.lock();
+        let files: Vec<u32> = core.overflow_files.keys().copied().collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        files[0]
+    }
+
+    /// The I/O of promotion, counted per overflow file: one file of far
+    /// tasks, five due two hours on and five half an hour later, promoted in
+    /// two steps — the first five (the read stops at the sixth entry, not
+    /// within the far span yet), then the rest (the read reaches the file's
+    /// end). Each step opens the file once and reads it once (the file is
+    /// smaller than one chunk): the read gives the due time of the entry it
+    /// stopped at, read whole and CRC-checked, which the cursor keeps.
+    /// Likewise at open. (Before, every read was followed by another open
+    /// of the file and a read of that entry's fixed part again: 2 opens and
+    /// 2 reads for the first step, 2 opens and 1 read for the second, which
+    /// stops at the file's end; 2 opens and 2 reads more at open.)
+    #[test]
+    fn a_promotion_opens_and_reads_each_overflow_file_once_per_read() {
+        let storage = Counting::new(kairos_wal::SimStorage::new(11));
+        let clock = ManualClock::new(START_MS);
+        let engine = engine_on(Arc::new(storage.clone()), &clock);
+        let later = FIRST_DUE + 1_800_000;
+        for i in 0..10u64 {
+            let due_ms = if i < 5 { FIRST_DUE + i } else { later + i };
+            let at = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
+            engine
+                .schedule(format!("k{i}").as_bytes(), at, b"p")
+                .unwrap();
+        }
+        engine.checkpoint().unwrap();
+        assert_eq!(engine.stats().far, 10);
+        let file = only_overflow_file(&engine);
+        let one_read = |what: &str, before: Seen, far: usize| {
+            let seen = storage.seen(file) - before;
+            assert_eq!((seen.opens, seen.reads), (1, 1), "{what}: {seen:?}");
+            assert_eq!(engine.stats().far, far, "{what}");
+        };
+        // The first five come within the far span; the sixth does not.
+        let before = storage.seen(file);
+        clock.advance(Duration::from_secs(3600 + 60));
+        engine.run_until_idle();
+        one_read("first step", before, 5);
+        // The rest.
+        let before = storage.seen(file);
+        clock.advance(Duration::from_secs(1800));
+        engine.run_until_idle();
+        one_read("second step", before, 0);
+        assert_eq!(engine.stats().far_promoted, 10);
+        engine.shutdown().unwrap();
+
+        // At open: the same file of ten far tasks (a new engine, the clock
+        // back at the start), reopened once the first five are within the
+        // far span. The open checks the file's header and the entry at the
+        // largest offset a far task names (1 open, 2 reads); promotion at
+        // open reads it once more.
+        let storage = Counting::new(kairos_wal::SimStorage::new(12));
+        let clock = ManualClock::new(START_MS);
+        let engine = engine_on(Arc::new(storage.clone()), &clock);
+        for i in 0..10u64 {
+            let due_ms = if i < 5 { FIRST_DUE + i } else { later + i };
+            let at = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
+            engine
+                .schedule(format!("k{i}").as_bytes(), at, b"p")
+                .unwrap();
+        }
+        engine.checkpoint().unwrap();
+        let file = only_overflow_file(&engine);
+        engine.shutdown().unwrap();
+        clock.advance(Duration::from_secs(3600 + 60));
+        let before = storage.seen(file);
+        let engine = engine_on(Arc::new(storage.clone()), &clock);
+        let seen = storage.seen(file) - before;
+        assert_eq!((seen.opens, seen.reads), (1 + 1, 2 + 1), "open: {seen:?}");
+        assert_eq!(engine.stats().far, 5);
+        engine.shutdown().unwrap();
     }
 }
