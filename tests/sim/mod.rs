@@ -58,9 +58,11 @@
 //!   - a failed write or fsync poisons: once the storage failed under the running engine,
 //!     nothing that needs a new log record is acknowledged, and once a call answered
 //!     `Poisoned` every call fails, until reopen; no call answers `Poisoned` without a fault.
-//!     The exception, held to the opposite: a failed write of the zeros a `Sync` writer puts
-//!     ahead of its frames (all zeros, right after the frames the same handle just wrote) poisons
-//!     nothing, and the engine goes on as if no fault had fired;
+//!     The exceptions, held to the opposite: a failed write of the zeros a `Sync` writer puts
+//!     ahead of its frames (all zeros, right after the frames the same handle just wrote), or
+//!     of the MARK frame the writer puts after a sync when idle, poisons nothing, and the
+//!     engine goes on as if no fault had fired (what got written of a MARK may then read as a
+//!     torn tail after a process crash: such a fault counts for the torn-tail check);
 //!   - dead letters are kept, and an acked task never becomes one;
 //!   - checkpoints: `Ok` only from a healthy engine, once the log is fdatasynced up to the
 //!     checkpoint's LSN, and checkpoint LSNs never go back; a failure is a typed error caused by
@@ -235,6 +237,16 @@ struct Fired {
     /// handle just wrote. Not open's zeros over a torn tail it cuts (`ProbeFile::frames_end`),
     /// whose failure must fail the open or poison.
     zeros_ahead: bool,
+    /// On a write of a MARK frame (the evidence of a sync the writer puts on record when idle),
+    /// whose failure the log ignores too (`wal/FORMAT.md`, "Writing rules", idle).
+    mark_frame: bool,
+}
+
+impl Fired {
+    /// A fault the log ignores: it poisons nothing.
+    fn ignored(&self) -> bool {
+        self.zeros_ahead || self.mark_frame
+    }
 }
 
 /// Whether `path` is the checkpoint directory or in it.
@@ -353,7 +365,7 @@ impl Probe {
 
     fn failed(&self, class: IoClass, checkpoint: bool, error: &io::Error) {
         let mut state = self.lock();
-        self.failed_locked(&mut state, class, checkpoint, false, error);
+        self.failed_locked(&mut state, class, checkpoint, false, false, error);
     }
 
     /// Records a fault and wakes the waiters, under the same lock as any other bookkeeping of
@@ -364,6 +376,7 @@ impl Probe {
         class: IoClass,
         checkpoint: bool,
         zeros_ahead: bool,
+        mark_frame: bool,
         error: &io::Error,
     ) {
         if !matches!(error.raw_os_error(), Some(EIO | ENOSPC)) {
@@ -383,6 +396,7 @@ impl Probe {
             kind,
             checkpoint,
             zeros_ahead,
+            mark_frame,
         });
         if zeros_ahead {
             // The writer goes on: its sync and MARK frame are still to come.
@@ -405,6 +419,7 @@ impl Probe {
         let mut state = self.lock();
         let control =
             frames.len() == 1 && frames[0].kind != FRAME_KIND_DATA && bytes == FRAME_HEADER_BYTES;
+        let mark_frame = control && frames[0].kind == FrameKind::Mark as u8;
         let data = frames.iter().any(|f| f.kind == FRAME_KIND_DATA);
         if control {
             state.mark_due = false;
@@ -434,7 +449,14 @@ impl Probe {
             }
         }
         if let Err(e) = result {
-            self.failed_locked(&mut state, IoClass::Write, false, zeros_ahead, e);
+            self.failed_locked(
+                &mut state,
+                IoClass::Write,
+                false,
+                zeros_ahead,
+                mark_frame,
+                e,
+            );
         }
     }
 
@@ -600,6 +622,7 @@ impl Storage for ProbeStorage {
                     &mut state,
                     IoClass::Sync,
                     in_checkpoint_dir(path),
+                    false,
                     false,
                     e,
                 );
@@ -1193,6 +1216,8 @@ pub struct Counters {
     /// Faults that hit the zeros a `Sync` writer writes ahead of its frames (not fatal; also
     /// counted by kind above).
     zeros_ahead_faults: u64,
+    /// Faults that hit a MARK frame's write (not fatal; also counted by kind above).
+    mark_frame_faults: u64,
     /// `Mode::Background`: checkpoint files written (by `Engine::checkpoint` or in the
     /// background), overflow files written, far tasks promoted and payloads read back (summed
     /// over incarnations), crashes and power cuts under the running engine.
@@ -1260,6 +1285,7 @@ impl Counters {
             stops_after_failed_checkpoint,
             opens_past_checkpoint_fault,
             zeros_ahead_faults,
+            mark_frame_faults,
             checkpoint_files,
             overflow_files,
             far_promoted,
@@ -1308,7 +1334,8 @@ impl Counters {
              engines {}\n\
              \x20 faults armed {}, fired {}: EIO write {}, EIO fsync {}, ENOSPC write {}, \
              ENOSPC fsync {}, short write {}, EIO open/rename/other {}, ENOSPC other {}; on \
-             the zeros ahead of a Sync writer's frames (not fatal) {}\n\
+             the zeros ahead of a Sync writer's frames (not fatal) {}, on a MARK frame (not \
+             fatal) {}\n\
              \x20 checkpoints: written {} ({} leaving two or more far tasks), unchanged {}, failed leaving the engine usable {}, \
              poisoned or refused {}; segments they removed {}; faults aimed at one {}; \
              crashes or power cuts right after one {} (after a failed one {}); opens past a \
@@ -1355,6 +1382,7 @@ impl Counters {
             self.eio_other,
             self.enospc_other,
             self.zeros_ahead_faults,
+            self.mark_frame_faults,
             self.checkpoints_written,
             self.checkpoints_leaving_far_tasks,
             self.checkpoints_unchanged,
@@ -1803,6 +1831,17 @@ impl Sim {
                 self.counters.zeros_ahead_faults += 1;
                 self.log(format!(
                     "fault fired on the zeros ahead (not fatal): {:?}",
+                    f.kind
+                ));
+                continue;
+            }
+            if f.mark_frame {
+                // Ignored as well; but what got written of the MARK stays at the tail until
+                // the next frame goes over it: a process crash meanwhile leaves a torn tail.
+                self.counters.mark_frame_faults += 1;
+                self.faults_in_incarnation += 1;
+                self.log(format!(
+                    "fault fired on a MARK frame (not fatal): {:?}",
                     f.kind
                 ));
                 continue;
@@ -3721,11 +3760,14 @@ impl Sim {
             // older checkpoint, or only its size went unread) poisons nothing.
             // Nor does a failed write of the zeros ahead of a `Sync` writer's frames (the
             // settling frame's).
-            let poisoning_in_open = fired.iter().any(|f| !f.checkpoint && !f.zeros_ahead);
+            let poisoning_in_open = fired.iter().any(|f| !f.checkpoint && !f.ignored());
             for f in fired {
                 self.counters.count_fault(f);
                 if f.zeros_ahead {
                     self.counters.zeros_ahead_faults += 1;
+                }
+                if f.mark_frame {
+                    self.counters.mark_frame_faults += 1;
                 }
                 self.log(format!(
                     "fault fired during open: {:?} on {:?}",

@@ -58,7 +58,10 @@
 //!
 //! A failed write or fdatasync *poisons* the log: every waiter gets the error, nothing more is
 //! acknowledged, and only dropping and reopening (which re-reads the disk) recovers. A sync is
-//! never retried (PostgreSQL's fsyncgate, 2018).
+//! never retried (PostgreSQL's fsyncgate, 2018). The exceptions are writes no acknowledgement
+//! depends on, whose failure is only logged: the zeros a `Sync` writer keeps ahead of its
+//! frames, and the MARK frame it puts after a sync when idle (`wal/FORMAT.md`, "Writing
+//! rules").
 //!
 //! ## Recovery
 //!

@@ -19,8 +19,10 @@
 //! round itself, in any mode. The writer thread keeps the other syncs (interval, roll,
 //! close, concurrent `sync` callers), the idle marks and the writes nobody waits for. A
 //! failed write or sync poisons the log for good (PostgreSQL's `data_sync_retry = off`,
-//! fjall's `Poisoned`, redb's `PreviousIo`) — all but the write of the zeros a `Sync` writer
-//! keeps ahead of its frames, an optimisation ([`Writer::write_zeros_ahead`]).
+//! fjall's `Poisoned`, redb's `PreviousIo`) — all but two writes no acknowledgement depends
+//! on: the zeros a `Sync` writer keeps ahead of its frames, an optimisation
+//! ([`Writer::write_zeros_ahead`]), and the MARK frame that puts a sync on record when the
+//! writer goes idle, evidence of a sync already made ([`Writer::write_mark_frame`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -1822,13 +1824,11 @@ impl Writer {
                 Ok(())
             }
             Stop::Running => {
-                // Put the sync on record while idle, so that damage to the batch just synced
-                // is recognisable as corruption after a process crash.
                 if self.synced > self.recorded_synced
                     && self.synced == self.written
                     && self.shared.state.lock().queue.is_empty()
                 {
-                    self.write_control(FrameKind::Mark)?;
+                    self.write_mark_frame();
                 }
                 Ok(())
             }
@@ -2030,6 +2030,42 @@ impl Writer {
         )?;
         self.marked = self.synced;
         Ok(())
+    }
+
+    /// Puts the last sync on record while the writer goes idle: a MARK frame (not synced),
+    /// so that damage to the batch just synced is recognisable as corruption after a process
+    /// crash (FORMAT.md, "Frame": MARK). Only when everything written is synced.
+    ///
+    /// Evidence, which nothing waits for and nothing acknowledged depends on: an append is
+    /// acknowledged by its sync (and, with proof before acknowledgement, by the mark slot or
+    /// `SYNCED` that proves it) before this frame is written, and a power cut may take the
+    /// frame anyway. So a failed write of it — an error, or a short write: a full disk stores
+    /// the part that fits, then fails with ENOSPC — is logged (debug level) and ignored, and
+    /// the log goes on. What got written of it is not counted as a frame: `len` stays where
+    /// it began, so the next frame the writer writes — a DATA frame, a SEAL or a CLOSE, each
+    /// at least as long as a MARK (32 bytes) — goes exactly over it, and the frames stay back
+    /// to back: its bytes never lie between two frames, where recovery, finding valid frames
+    /// after them, would call them corruption. `file_len` counts the whole MARK as written (an
+    /// upper bound of the file's length, as after zeros ahead that failed). Until that next
+    /// frame, the part written is the file's tail: after a crash, recovery finds an invalid
+    /// frame with nothing synced at or after it (its LSN is the one after the last synced)
+    /// and cuts it off as a torn tail holding no record — or as a zero tail, if only its 4
+    /// leading zero bytes got written — the same as a crash during a whole MARK's write. Not
+    /// retried by itself: the writer's next round that ends with nothing queued writes it
+    /// again (in practice the next sync's MARK), and every frame's header records the synced
+    /// LSN as well.
+    fn write_mark_frame(&mut self) {
+        let at = self.active.len;
+        if let Err(error) = self.write_control(FrameKind::Mark) {
+            self.active.file_len = self.active.file_len.max(at + FRAME_HEADER_BYTES as u64);
+            tracing::debug!(
+                file = %self.active.path.display(),
+                offset = at,
+                synced_lsn = self.synced,
+                error = %error,
+                "could not write the MARK frame after a sync; going on without it"
+            );
+        }
     }
 
     /// Writes a SEAL, CLOSE or MARK frame; only valid when everything written is synced.

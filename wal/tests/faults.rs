@@ -19,9 +19,11 @@ fn io_code(error: &WalError) -> Option<i32> {
 }
 
 /// [`io_code`], or under `Sync` also the code of the failure that poisoned the log before the
-/// append: the writer records each sync in a control frame once idle, after releasing the
-/// waiters, so a fault armed right after an acknowledged append can hit that frame before the
-/// next append's write.
+/// append. (Written for a fault armed right after an acknowledged append that hit the MARK
+/// frame the writer puts after each sync once idle, after releasing the waiters. A failed MARK
+/// poisons nothing now — `tests/mark_frame.rs` — and the lone appenders here write theirs
+/// before their wait returns, so the fault reaches append 6's own write or sync; the arm stays
+/// for a poison recorded by the writer thread's round.)
 fn failure_code(error: &WalError, durability: Durability) -> Option<i32> {
     match error {
         WalError::Poisoned { cause } if durability == Durability::Sync => [EIO, ENOSPC]

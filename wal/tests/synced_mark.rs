@@ -190,12 +190,13 @@ fn options_reject_a_delay_over_the_limit() {
 
 #[test]
 fn a_failure_at_each_step_of_writing_the_mark_poisons_and_loses_nothing() -> TestResult {
-    // The mark's steps: stat and create SYNCED.tmp, write, fdatasync, rename, fsync the
+    // The mark's steps: stat SYNCED.tmp, create it, write, fdatasync, rename, fsync the
     // directory. The fault is armed before the last append, whose own operations come first
-    // and are fixed (its frame's write, the mark slot's write and the fdatasync, then the
-    // MARK frame's write); so failing operation 4 + k fails the mark's step k, for every k.
-    // Then the power goes.
-    const LAST_APPEND_OPS: u64 = 4;
+    // and are fixed (its frame's write, the zeros ahead of it, the mark slot's write and the
+    // fdatasync, then the MARK frame's write); so failing operation 5 + k fails the mark's
+    // step k, for every k. (It was 4 + k, written before the zeros ahead: step 0 hit the
+    // MARK frame, and the directory fsync was never failed.) Then the power goes.
+    const LAST_APPEND_OPS: u64 = 5;
     for k in 0..6 {
         for kind in [FaultKind::Eio, FaultKind::ShortWrite, FaultKind::Enospc] {
             let sim = SimStorage::new(100 + k);
