@@ -60,8 +60,8 @@
 //! acknowledged, and only dropping and reopening (which re-reads the disk) recovers. A sync is
 //! never retried (PostgreSQL's fsyncgate, 2018). The exceptions are writes no acknowledgement
 //! depends on, whose failure is only logged: the zeros a `Sync` writer keeps ahead of its
-//! frames, and the MARK frame it puts after a sync when idle (`wal/FORMAT.md`, "Writing
-//! rules").
+//! frames, and the idle marks — the MARK frame after a sync, the idle `SYNCED`
+//! (`wal/FORMAT.md`, "Writing rules").
 //!
 //! ## Recovery
 //!
@@ -193,9 +193,11 @@ pub struct WalOptions {
     /// allow timed I/O ([`Storage::allows_timed_io`], asked once, at open). `Some(0)`: whenever
     /// the writer goes idle after a sync. With a delay set (and not under `Buffered`), each
     /// segment roll also records the new segment in `SYNCED` (two more syncs per roll, on any
-    /// storage), so a deleted newest segment is a `MissingSegment`. A failure writing it
-    /// poisons the log like any other failed write or sync (nothing acknowledged is at risk;
-    /// reopen to go on). Default [`SYNCED_MARK_DELAY_DEFAULT`], at most
+    /// storage), so a deleted newest segment is a `MissingSegment`. A failure writing the idle
+    /// mark poisons nothing (nothing acknowledged depends on it: it is logged at debug level,
+    /// the old `SYNCED` stays, and the mark is tried again at the next idle period after a
+    /// later sync); a failure writing a roll's poisons the log like any other failed write or
+    /// sync. Default [`SYNCED_MARK_DELAY_DEFAULT`], at most
     /// [`SYNCED_MARK_DELAY_MAX`]. An append that arrives while the mark is being written waits
     /// for it (at most the two syncs).
     pub synced_mark_delay: Option<std::time::Duration>,

@@ -19,10 +19,10 @@
 //! round itself, in any mode. The writer thread keeps the other syncs (interval, roll,
 //! close, concurrent `sync` callers), the idle marks and the writes nobody waits for. A
 //! failed write or sync poisons the log for good (PostgreSQL's `data_sync_retry = off`,
-//! fjall's `Poisoned`, redb's `PreviousIo`) — all but two writes no acknowledgement depends
+//! fjall's `Poisoned`, redb's `PreviousIo`) — all but three writes no acknowledgement depends
 //! on: the zeros a `Sync` writer keeps ahead of its frames, an optimisation
-//! ([`Writer::write_zeros_ahead`]), and the MARK frame that puts a sync on record when the
-//! writer goes idle, evidence of a sync already made ([`Writer::write_mark_frame`]).
+//! ([`Writer::write_zeros_ahead`]), and the two idle marks, evidence of syncs already made
+//! and proven by other means ([`Writer::write_mark_frame`], [`Writer::write_idle_mark`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -771,6 +771,7 @@ impl Wal {
                 options.durability != Durability::Buffered && storage.allows_timed_io()
             }),
             marked,
+            idle_mark_failed: 0,
             marks_rolls,
             writeback: None,
             writes_back: options.durability != Durability::Sync && storage.allows_timed_io(),
@@ -1550,6 +1551,9 @@ struct Writer {
     synced_mark_delay: Option<Duration>,
     /// Highest LSN recorded as synced in `SYNCED` or `CLOSED`.
     marked: u64,
+    /// Highest synced LSN whose idle `SYNCED` write failed ([`Writer::write_idle_mark`]): the
+    /// idle mark is not tried again until a later sync passes it (0: none failed).
+    idle_mark_failed: u64,
     /// Whether each roll records the new segment in `SYNCED` (`proof_before_ack`, or
     /// `synced_mark_delay` set and not `Buffered`; unlike the idle mark, not a timed write: it
     /// is part of the roll).
@@ -1726,10 +1730,12 @@ impl Writer {
 
     /// When the idle high-water mark falls due, if one is wanted: `synced_mark_delay` after
     /// the last sync, once every written LSN is synced and some synced LSN is not in `SYNCED`
-    /// (or `CLOSED`) yet.
+    /// (or `CLOSED`) yet — and not the one whose idle mark just failed (tried again only once
+    /// a later sync passes it: [`Writer::write_idle_mark`]).
     fn mark_deadline(&self) -> Option<Instant> {
         let delay = self.synced_mark_delay?;
-        (self.written == self.synced && self.synced > self.marked).then(|| self.last_sync + delay)
+        (self.written == self.synced && self.synced > self.marked.max(self.idle_mark_failed))
+            .then(|| self.last_sync + delay)
     }
 
     /// Group commit, gathering: under `Sync`, when the last batch held more
@@ -1811,15 +1817,11 @@ impl Writer {
             Stop::Drop => Ok(()),
             Stop::Running if work.mark_due => {
                 // Nothing was appended since (decide checked under the queue's lock, and
-                // anything appended since waits behind this): record the sync in SYNCED, so
-                // that recovery after an unclean shutdown knows these LSNs were durable even
-                // if the frames proving it are cut off or their segment is gone.
-                if self.written == self.synced && self.synced > self.marked {
-                    self.write_synced_file()?;
-                    tracing::trace!(
-                        synced_lsn = self.synced,
-                        "recorded the idle high-water mark"
-                    );
+                // anything appended since waits behind this).
+                if self.written == self.synced
+                    && self.synced > self.marked.max(self.idle_mark_failed)
+                {
+                    self.write_idle_mark();
                 }
                 Ok(())
             }
@@ -2065,6 +2067,45 @@ impl Writer {
                 error = %error,
                 "could not write the MARK frame after a sync; going on without it"
             );
+        }
+    }
+
+    /// Records the sync in `SYNCED` once the writer has been idle for `synced_mark_delay` (the
+    /// idle high-water mark), so that recovery after an unclean shutdown knows these LSNs were
+    /// durable even if the frames proving it are cut off or their segment is gone. Only when
+    /// everything written is synced, which it then is: nothing was appended meanwhile.
+    ///
+    /// Evidence, like the MARK frame ([`Writer::write_mark_frame`]): written after the fact,
+    /// of LSNs already durable, and never counted as proof (`proven` does not move): an
+    /// acknowledged LSN is proven by a mark slot, a seal or a `SYNCED` written by a roll, an
+    /// open or a version-1 segment's proof — or, without proof before acknowledgement, by its
+    /// sync alone. Nothing acknowledged waits for this one or depends on it. (Those other
+    /// `SYNCED` writes do prove something, and their failure still poisons.) So a
+    /// failure at any step of its replace protocol is logged (debug level) and ignored. The
+    /// protocol leaves the old `SYNCED` (or none) until the rename, and renames only a new
+    /// file already fdatasynced, which names LSNs already durable, so either file is true
+    /// after a crash: a failed write, fdatasync or rename leaves the old one and at most a
+    /// `SYNCED.tmp` (removed before the next replace, and at open); a failed directory fsync
+    /// after the rename leaves whichever of the two the directory keeps. `marked` moves only
+    /// on success. Not retried for this LSN (a full disk would fail it every
+    /// `synced_mark_delay`): `idle_mark_failed` holds it off until a later sync, after which
+    /// the next idle period tries again.
+    fn write_idle_mark(&mut self) {
+        match self.write_synced_file() {
+            Ok(()) => {
+                tracing::trace!(
+                    synced_lsn = self.synced,
+                    "recorded the idle high-water mark"
+                );
+            }
+            Err(error) => {
+                self.idle_mark_failed = self.synced;
+                tracing::debug!(
+                    synced_lsn = self.synced,
+                    error = %error,
+                    "could not record the idle high-water mark in SYNCED; going on without it"
+                );
+            }
         }
     }
 

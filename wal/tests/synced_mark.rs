@@ -188,55 +188,181 @@ fn options_reject_a_delay_over_the_limit() {
     ));
 }
 
+/// Waits (real time, at most 30 s) until `done` holds.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Asserts that the disk goes quiet — no operation for 100 ms — within 10 s: the writer,
+/// idle, does not try its mark again and again (it would every millisecond or so).
+fn assert_quiet(sim: &SimStorage, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ops = sim.io_ops();
+        std::thread::sleep(Duration::from_millis(100));
+        if sim.io_ops() == ops {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the writer kept doing I/O while idle"
+        );
+    }
+}
+
 #[test]
-fn a_failure_at_each_step_of_writing_the_mark_poisons_and_loses_nothing() -> TestResult {
-    // The mark's steps: stat SYNCED.tmp, create it, write, fdatasync, rename, fsync the
-    // directory. The fault is armed before the last append, whose own operations come first
-    // and are fixed (its frame's write, the zeros ahead of it, the mark slot's write and the
-    // fdatasync, then the MARK frame's write); so failing operation 5 + k fails the mark's
-    // step k, for every k. (It was 4 + k, written before the zeros ahead: step 0 hit the
-    // MARK frame, and the directory fsync was never failed.) Then the power goes.
-    const LAST_APPEND_OPS: u64 = 5;
-    for k in 0..6 {
+fn a_failure_at_each_step_of_writing_the_idle_mark_poisons_nothing_and_loses_nothing() -> TestResult
+{
+    // The idle mark's steps: stat SYNCED.tmp, create it, write, fdatasync, rename it over
+    // SYNCED, fsync the directory. The fault is armed before the last append, whose own
+    // operations come first and are counted by a run without a fault; so failing operation
+    // `append_ops + k` fails the mark's step k, for every k. The log is not poisoned: the next
+    // append is acknowledged, and the next idle period writes the mark. Then the power goes.
+    const STEPS: u64 = 6;
+    let opts = marked(Durability::Sync, 4096, Some(Duration::from_millis(300)));
+    // Records 1..=9 appended and the log closed (`CLOSED` records LSN 9: the reopened log
+    // owes no mark for it, so none can run, whatever the machine's pauses, while a fault
+    // counts down), then reopened.
+    let reopened = |seed: u64| -> Result<(SimStorage, kairos_wal::Wal), WalError> {
+        let sim = SimStorage::new(seed);
+        sim.set_timed_io(true);
+        let (wal, _, _) = open(&sim, opts.clone())?;
+        for i in 1..=9 {
+            append_one(&wal, i)?;
+        }
+        wal.close()?;
+        let (wal, _, _) = open(&sim, opts.clone())?;
+        Ok((sim, wal))
+    };
+    let append_ops = {
+        let (sim, wal) = reopened(99)?;
+        let before = sim.io_ops();
+        append_one(&wal, 10)?;
+        let ops = sim.io_ops() - before;
+        wait_for_synced_mark(&sim, dir(), 10);
+        assert_eq!(sim.io_ops() - before, ops + STEPS, "the idle mark's steps");
+        ops
+    };
+    for k in 0..STEPS {
         for kind in [FaultKind::Eio, FaultKind::ShortWrite, FaultKind::Enospc] {
-            let sim = SimStorage::new(100 + k);
-            sim.set_timed_io(true);
-            let opts = marked(Durability::Sync, 4096, Some(Duration::from_millis(300)));
-            let (wal, _, _) = open(&sim, opts.clone())?;
-            for i in 1..=9 {
-                append_one(&wal, i)?;
-            }
-            // A clean close records LSN 9 in `CLOSED`: the reopened log owes no mark for it,
-            // so none can run, whatever the machine's pauses, while the fault counts down.
-            wal.close()?;
-            let (wal, _, _) = open(&sim, opts)?;
+            let what = format!("fault at step {k}, {kind:?}");
+            let (sim, wal) = reopened(100 + k)?;
+            let before = sim.io_ops();
             sim.inject(FaultPlan {
-                after: LAST_APPEND_OPS + k,
+                after: append_ops + k,
                 op: FaultOp::Any,
                 kind,
             });
-            append_one(&wal, 10)
-                .map_err(|e| format!("fault {k} {kind:?} hit the append itself: {e}"))?;
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while wal.poisoned().is_none() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "fault {k} {kind:?} did not poison the log"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            assert!(matches!(
-                append_one(&wal, 11),
-                Err(WalError::Poisoned { .. })
-            ));
+            append_one(&wal, 10).map_err(|e| format!("{what} hit the append itself: {e}"))?;
+            assert_eq!(sim.io_ops() - before, append_ops, "{what}");
+            // The mark, after 300 ms: it stops at step k.
+            wait_until(&format!("{what}: the idle mark did not run"), || {
+                sim.io_ops() - before > append_ops + k
+            });
+            assert_quiet(&sim, &what);
+            assert_eq!(sim.io_ops() - before, append_ops + k + 1, "{what}");
+            assert_eq!(
+                wal.poisoned(),
+                None,
+                "{what}: the idle mark poisoned the log"
+            );
+            // Up to the rename, SYNCED is not replaced (there is none: the log was only
+            // closed); after it, it is (its directory fsync failed).
+            assert_eq!(
+                synced_file(&sim).map(|s| s.synced_lsn.0),
+                (k == STEPS - 1).then_some(10),
+                "{what}"
+            );
+            // The log goes on, and the next idle period writes the mark.
+            append_one(&wal, 11).map_err(|e| format!("{what}: append 11: {e}"))?;
+            wait_for_synced_mark(&sim, dir(), 11);
             drop(wal);
             sim.set_timed_io(false);
             sim.power_cut();
-            let (_wal, _, replayed) = open(&sim, WalOptions::default())
-                .map_err(|e| format!("fault {k} {kind:?}: reopen failed: {e}"))?;
-            assert_eq!(replayed, expected(10), "fault {k} {kind:?}");
-            if let Some(synced) = synced_file(&sim) {
-                assert!(synced.synced_lsn.0 <= 10);
+            let (_wal, report, replayed) = open(&sim, WalOptions::default())
+                .map_err(|e| format!("{what}: reopen failed: {e}"))?;
+            assert_eq!(replayed, expected(11), "{what}");
+            assert_eq!(
+                report.torn_tail.map(|t| t.first_lost_lsn.0).unwrap_or(12),
+                12
+            );
+            let names = sim.list(dir())?;
+            assert!(
+                !names.iter().any(|n| n.ends_with(".tmp")),
+                "{what}: {names:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A full disk when the idle mark falls due (with and without proof before acknowledgement):
+/// the appends before it went into the zeros a `Sync` writer keeps ahead of its frames (no
+/// room needed), but `SYNCED.tmp` does not fit. The log is not poisoned, and the writer does
+/// not try the mark again while idle; once room comes back the next append is acknowledged and
+/// the next idle period records it. A crash or power cut, before or after, keeps every append.
+#[test]
+fn a_full_disk_when_the_idle_mark_falls_due_poisons_nothing() -> TestResult {
+    let tmp = dir().join(format!("{SYNCED_FILE_NAME}.tmp"));
+    for proof in [false, true] {
+        for room_back in [false, true] {
+            for (cut, seed) in [(0u64, 40u64), (1, 41), (2, 42), (2, 43)] {
+                let what = format!("proof {proof}, room back {room_back}, cut {cut}, seed {seed}");
+                let sim = SimStorage::new(seed);
+                sim.set_timed_io(true);
+                let opts = WalOptions {
+                    proof_before_ack: proof,
+                    ..marked(Durability::Sync, 1 << 20, Some(Duration::from_millis(1)))
+                };
+                let (wal, _, _) = open(&sim, opts.clone())?;
+                append_one(&wal, 1)?;
+                wait_for_synced_mark(&sim, dir(), 1);
+                sim.set_free_bytes(Some(0));
+                for i in 2..=5 {
+                    append_one(&wal, i).map_err(|e| format!("{what}: append {i}: {e}"))?;
+                }
+                // The mark was tried (its tmp file created, its write refused) and given up.
+                wait_until(&format!("{what}: no idle mark tried"), || {
+                    sim.read_file(&tmp).is_some()
+                });
+                assert_quiet(&sim, &what);
+                assert_eq!(
+                    wal.poisoned(),
+                    None,
+                    "{what}: the idle mark poisoned the log"
+                );
+                assert_eq!(synced_file(&sim).map(|s| s.synced_lsn.0), Some(1), "{what}");
+                let mut acked = 5;
+                if room_back {
+                    sim.set_free_bytes(None);
+                    append_one(&wal, 6).map_err(|e| format!("{what}: append 6: {e}"))?;
+                    acked = 6;
+                    wait_for_synced_mark(&sim, dir(), 6);
+                    assert!(sim.read_file(&tmp).is_none(), "{what}");
+                }
+                drop(wal);
+                sim.set_timed_io(false);
+                match cut {
+                    0 => sim.crash_process(),
+                    1 => sim.power_cut_drop_unsynced(),
+                    _ => sim.power_cut(),
+                }
+                sim.set_free_bytes(None);
+                let (_wal, report, replayed) =
+                    open(&sim, opts).map_err(|e| format!("{what}: reopen failed: {e}"))?;
+                assert_eq!(replayed, expected(acked), "{what}");
+                if let Some(torn) = report.torn_tail {
+                    // Only a random power cut, and only the MARK after the last sync.
+                    assert_eq!((cut, torn.first_lost_lsn.0), (2, acked + 1), "{what}");
+                }
+                assert!(
+                    sim.read_file(&tmp).is_none(),
+                    "{what}: open removes the leftover"
+                );
             }
         }
     }
