@@ -352,7 +352,8 @@ pub struct Config {
     /// corruption instead of being truncated as a torn write
     /// (`kairos_wal::WalOptions::proof_before_ack`; `wal/FORMAT.md`, "Proof
     /// before acknowledgement"). The mark rides on the next group commit's
-    /// fdatasync when calls keep coming; a lone caller pays a second
+    /// fdatasync when one at least as large is queued already (calls keep
+    /// coming), else it takes an fdatasync of its own; a lone caller pays a second
     /// fdatasync (BENCHMARKS.md, "Proof before acknowledgement"). Each segment
     /// roll also records the new segment in `SYNCED`. Default `true`; `false`
     /// acknowledges at the fdatasync itself and leaves the limit README

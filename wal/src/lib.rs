@@ -209,8 +209,8 @@ pub struct WalOptions {
     /// or flipped tail, a newest segment deleted or emptied — is refused as corruption instead
     /// of being read as a torn write (FORMAT.md, "Missing files", lists what `false` leaves
     /// exposed). The mark for one group commit rides on the next one's fdatasync when appends
-    /// keep coming; when the writer would otherwise go idle it pays a second fdatasync of its
-    /// own (a 32-byte slot write). The cost falls on a lone appender under `Sync`, whose every
+    /// keep coming (under `Sync`: when a group commit at least as large is queued already);
+    /// otherwise the writer pays a second fdatasync of its own (a 32-byte slot write). The cost falls on a lone appender under `Sync`, whose every
     /// append then waits for two fdatasyncs (BENCHMARKS.md, "Proof before acknowledgement").
     /// With it, each segment roll (and the creation of a log's first segment) also records the
     /// new segment in `SYNCED`, as `synced_mark_delay` does. Default `true`, the contract the
