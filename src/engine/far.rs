@@ -1221,15 +1221,20 @@ mod tests {
         let storage = Counting::new(kairos_wal::SimStorage::new(11));
         let clock = ManualClock::new(START_MS);
         let engine = engine_on(Arc::new(storage.clone()), &clock);
+        // Ten far tasks in one overflow file: five due at FIRST_DUE, five
+        // half an hour later.
         let later = FIRST_DUE + 1_800_000;
-        for i in 0..10u64 {
-            let due_ms = if i < 5 { FIRST_DUE + i } else { later + i };
-            let at = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
-            engine
-                .schedule(format!("k{i}").as_bytes(), at, b"p")
-                .unwrap();
-        }
-        engine.checkpoint().unwrap();
+        let ten_far = |engine: &Engine| {
+            for i in 0..10u64 {
+                let due_ms = if i < 5 { FIRST_DUE + i } else { later + i };
+                let at = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
+                engine
+                    .schedule(format!("k{i}").as_bytes(), at, b"p")
+                    .unwrap();
+            }
+            engine.checkpoint().unwrap();
+        };
+        ten_far(&engine);
         assert_eq!(engine.stats().far, 10);
         let file = only_overflow_file(&engine);
         let one_read = |what: &str, before: Seen, far: usize| {
@@ -1258,14 +1263,7 @@ mod tests {
         let storage = Counting::new(kairos_wal::SimStorage::new(12));
         let clock = ManualClock::new(START_MS);
         let engine = engine_on(Arc::new(storage.clone()), &clock);
-        for i in 0..10u64 {
-            let due_ms = if i < 5 { FIRST_DUE + i } else { later + i };
-            let at = Due::At(UNIX_EPOCH + Duration::from_millis(due_ms));
-            engine
-                .schedule(format!("k{i}").as_bytes(), at, b"p")
-                .unwrap();
-        }
-        engine.checkpoint().unwrap();
+        ten_far(&engine);
         let file = only_overflow_file(&engine);
         engine.shutdown().unwrap();
         clock.advance(Duration::from_secs(3600 + 60));

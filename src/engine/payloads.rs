@@ -587,20 +587,17 @@ mod tests {
         engine.shutdown().expect("shutdown");
     }
 
-    /// A small deterministic generator (splitmix64) for the randomized
-    /// runs below.
-    struct Rng(u64);
+    /// The randomized runs' seeded generator (rand's `StdRng`), with the two
+    /// draws they use.
+    struct Rng(rand::rngs::StdRng);
 
     impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
+        fn seeded(seed: u64) -> Rng {
+            Rng(rand::SeedableRng::seed_from_u64(seed))
         }
+        /// Uniform in `0..n` (0 when `n` is 0).
         fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
+            rand::Rng::random_range(&mut self.0, 0..n.max(1))
         }
         fn chance(&mut self, one_in: u64) -> bool {
             self.below(one_in) == 0
@@ -653,7 +650,7 @@ mod tests {
     /// was skipped wrongly, or read from a stale cursor. Every delivery
     /// must carry the payload last given to its key.
     fn prefetch_run(seed: u64, wall_steps: bool) -> (u64, u64) {
-        let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x5EED);
+        let mut rng = Rng::seeded(seed);
         let sim = SimStorage::new(seed);
         let clock = ManualClock::new(START_MS);
         let resident = match seed % 3 {
