@@ -946,6 +946,18 @@ fn parse_far(
             ));
         }
         check_id(t.id, entry, header, &mut ids)?;
+        // What the far index keeps of an id (`FarIndex::can_hold`): an
+        // engine keeps a task with a larger id in the wheel.
+        if t.id >> crate::far::FAR_ID_BITS != 0 {
+            return Err((
+                entry,
+                format!(
+                    "far task {}: an id of {} bits or more, which no engine makes far",
+                    t.id,
+                    crate::far::FAR_ID_BITS
+                ),
+            ));
+        }
         out.push(t);
     }
     block_filled(body, at, count)
@@ -1468,6 +1480,31 @@ mod tests {
                         )
                     ),
                     "file {file}, offset {offset}"
+                );
+            }
+        }
+        // An id the far index cannot hold (2^48 or more), within
+        // 1..=max_task_id.
+        let big = 1u64 << crate::far::FAR_ID_BITS;
+        for (id, ok) in [(big - 1, true), (big, false), (u64::MAX - 1, false)] {
+            let h = CheckpointHeader {
+                max_task_id: u64::MAX,
+                ..header()
+            };
+            let mut enc = CheckpointEncoder::new(&h);
+            enc.push_far(&FarTask { id, ..FAR_4 });
+            let bytes = enc.finish();
+            if ok {
+                assert_eq!(decode(&bytes, Path::new("x")).unwrap().far[0].id, id);
+            } else {
+                assert_eq!(
+                    corrupt_at(&bytes),
+                    (
+                        64 + 16,
+                        format!(
+                            "far task {id}: an id of 48 bits or more, which no engine makes far"
+                        )
+                    )
                 );
             }
         }

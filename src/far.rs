@@ -5,7 +5,7 @@
 //! A far task's key, due time and payload live in one entry of an overflow
 //! file (`crate::overflow`, sorted by due time); memory holds only a
 //! [`FarEntry`] — the key's 64-bit keyed hash, the task id and the entry's
-//! place on disk, 24 bytes — in a [`FarIndex`]. A lookup by key compares
+//! place on disk, packed into 20 bytes — in a [`FarIndex`]. A lookup by key compares
 //! hashes; a hash match is confirmed by reading the entry from disk (the
 //! rare collision of two keys on one 64-bit hash is resolved there, as the
 //! issue and DESIGN.md's tombstone index allow). Once a far task's due time
@@ -121,7 +121,8 @@ pub fn unpack_loc(loc: u64) -> (u32, u64) {
     )
 }
 
-/// One far task in memory: 24 bytes.
+/// One far task: what a [`FarIndex`] gives and takes (it stores it packed
+/// into 20 bytes, see [`FarIndex`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FarEntry {
     /// [`KeyHasher::hash`] of its key.
@@ -132,12 +133,200 @@ pub struct FarEntry {
     pub id: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<FarEntry>() == 24);
-
 impl FarEntry {
     /// The overflow file holding its entry.
     pub fn file(&self) -> u32 {
         unpack_loc(self.loc).0
+    }
+}
+
+/// Bits of a task id a [`FarIndex`] keeps: a far task whose id is 2^48 or
+/// more (after 2.8 · 10^14 tasks: nine years at a million a second) is not
+/// taken into the index ([`FarIndex::can_hold`]; it stays in the wheel).
+pub const FAR_ID_BITS: u32 = 48;
+
+/// Overflow files a [`FarIndex`] holds live far tasks of at once, at most
+/// (each such file has a 16-bit slot, see [`FarIndex`]): a far task in one
+/// more file is not taken into the index ([`FarIndex::can_hold`]; it stays
+/// in the wheel). A checkpoint keeps 128 overflow files or fewer.
+pub const FAR_FILES_MAX: usize = 1 << 16;
+
+/// The bits of a hash below its shard's ([`SHARD_BITS`]): what a
+/// [`Packed`] entry keeps of it (its shard holds the rest).
+const HASH_LOW_MASK: u64 = u64::MAX >> SHARD_BITS;
+
+/// Bits of the id in [`Packed::mid`]; the rest are in [`Packed::high`].
+const ID_LOW_BITS: u32 = 40;
+
+/// A [`FarEntry`] as a shard stores it: 20 bytes, not 24 — the hash's 56
+/// bits below the shard's, the id's 48 bits ([`FAR_ID_BITS`]), the file's
+/// 16-bit slot ([`FAR_FILES_MAX`]) and the offset's 40 bits
+/// ([`LOC_OFFSET_BITS`]). Packed to 4-byte alignment (fields are only ever
+/// read and written by value: no reference to a field is taken, which the
+/// compiler refuses for a packed struct anyway). Ordered by
+/// `(high, mid)`, which is (hash, id) within a shard.
+#[derive(Clone, Copy)]
+#[repr(C, packed(4))]
+struct Packed {
+    /// The hash's low 56 bits, then the id's top 8 bits (of 48).
+    high: u64,
+    /// The id's low 40 bits, the file's slot (16 bits), then the offset's
+    /// top 8 bits (of 40).
+    mid: u64,
+    /// The offset's low 32 bits.
+    low: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Packed>() == 20);
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packed")
+            .field("hash_low", &self.hash_low())
+            .field("id", &self.id())
+            .field("slot", &self.slot())
+            .field("offset", &self.offset())
+            .finish()
+    }
+}
+
+impl Packed {
+    const EMPTY: Packed = Packed {
+        high: 0,
+        mid: 0,
+        low: 0,
+    };
+
+    /// `id < 2^48` and `offset < 2^40` (the caller checked).
+    fn new(hash: u64, id: u64, slot: u16, offset: u64) -> Packed {
+        debug_assert!(id >> FAR_ID_BITS == 0 && offset >> LOC_OFFSET_BITS == 0);
+        Packed {
+            high: ((hash & HASH_LOW_MASK) << SHARD_BITS) | (id >> ID_LOW_BITS),
+            mid: ((id & ((1 << ID_LOW_BITS) - 1)) << 24) | (u64::from(slot) << 8) | (offset >> 32),
+            low: offset as u32,
+        }
+    }
+
+    /// The hash's bits below the shard's.
+    fn hash_low(self) -> u64 {
+        self.high >> SHARD_BITS
+    }
+
+    /// The hash's bits below the shard's, at the top of a `u64` (what
+    /// [`bucket`] reads).
+    fn hash_top(self) -> u64 {
+        self.high & !0xFF
+    }
+
+    fn id(self) -> u64 {
+        ((self.high & 0xFF) << ID_LOW_BITS) | (self.mid >> 24)
+    }
+
+    fn is_live(self) -> bool {
+        self.id() != 0
+    }
+
+    fn slot(self) -> u16 {
+        (self.mid >> 8) as u16
+    }
+
+    fn offset(self) -> u64 {
+        ((self.mid & 0xFF) << 32) | u64::from(self.low)
+    }
+
+    /// (hash, id) order within a shard.
+    fn order(self) -> (u64, u64) {
+        (self.high, self.mid)
+    }
+
+    /// Makes it a tombstone: id 0, the rest kept (the hash keeps the
+    /// sorted part in order).
+    fn kill(&mut self) {
+        self.high &= !0xFF;
+        self.mid &= 0xFF_FFFF;
+    }
+}
+
+/// The overflow files holding live far tasks: each one's count of them
+/// and its 16-bit slot (what a [`Packed`] entry holds instead of the file's
+/// 24-bit number; slots are reused once a file has no live entry left).
+#[derive(Debug)]
+struct FileSlots {
+    /// Per file: live entries, slot.
+    live: std::collections::BTreeMap<u32, (u64, u16)>,
+    /// The file of each slot (that of a free slot: whichever held it last).
+    file_of: Vec<u32>,
+    /// Free slots.
+    free: Vec<u16>,
+    /// Slots at most: [`FAR_FILES_MAX`] (fewer in tests).
+    cap: usize,
+}
+
+impl Default for FileSlots {
+    fn default() -> Self {
+        FileSlots {
+            live: Default::default(),
+            file_of: Vec::new(),
+            free: Vec::new(),
+            cap: FAR_FILES_MAX,
+        }
+    }
+}
+
+impl FileSlots {
+    /// Whether an entry in `file` can be counted ([`FileSlots::add`]).
+    fn can_hold(&self, file: u32) -> bool {
+        self.live.contains_key(&file) || !self.free.is_empty() || self.file_of.len() < self.cap
+    }
+
+    /// Counts one more live entry in `file`; its slot, or `None` (nothing
+    /// counted) if it has none and none is left.
+    fn add(&mut self, file: u32, n: u64) -> Option<u16> {
+        use std::collections::btree_map::Entry;
+        match self.live.entry(file) {
+            Entry::Occupied(mut o) => {
+                o.get_mut().0 += n;
+                Some(o.get().1)
+            }
+            Entry::Vacant(v) => {
+                let slot = match self.free.pop() {
+                    Some(slot) => slot,
+                    None if self.file_of.len() >= self.cap => return None,
+                    None => {
+                        let slot = u16::try_from(self.file_of.len()).ok()?;
+                        self.file_of.push(file);
+                        slot
+                    }
+                };
+                self.file_of[usize::from(slot)] = file;
+                v.insert((n, slot));
+                Some(slot)
+            }
+        }
+    }
+
+    /// Counts one live entry of `file` less, freeing its slot at none.
+    fn sub(&mut self, file: u32) {
+        if let Some((n, slot)) = self.live.get_mut(&file) {
+            *n -= 1;
+            if *n == 0 {
+                self.free.push(*slot);
+                self.live.remove(&file);
+            }
+        }
+    }
+
+    fn file(&self, slot: u16) -> u32 {
+        self.file_of.get(usize::from(slot)).copied().unwrap_or(0)
+    }
+
+    /// The entry `p` of shard `s`, as it was given.
+    fn unpack(&self, s: usize, p: Packed) -> FarEntry {
+        FarEntry {
+            hash: ((s as u64) << (64 - SHARD_BITS)) | p.hash_low(),
+            loc: (u64::from(self.file(p.slot())) << LOC_OFFSET_BITS) | p.offset(),
+            id: p.id(),
+        }
     }
 }
 
@@ -149,7 +338,7 @@ const SHARDS: usize = 1 << SHARD_BITS;
 /// See [`SHARDS`].
 const SHARD_BITS: u32 = 8;
 
-/// Entries per block of a shard's sorted part: 2048 × 24 B = 48 KiB, under
+/// Entries per block of a shard's sorted part: 2048 × 20 B = 40 KiB, under
 /// glibc's smallest mmap threshold (128 KiB), so that blocks come from the
 /// heap and a block freed by one merge is reused as it is by the next.
 const BLOCK: usize = 1 << BLOCK_BITS;
@@ -172,9 +361,17 @@ const SHRINK_FRACTION: usize = 4;
 
 /// The far tasks: [`FarEntry`]s in 256 shards by the top 8 bits of the
 /// hash, each an array sorted by hash with a directory of the first entry
-/// of each range of hashes — a static hash table at 100 % load (about 25
-/// bytes per task in all, where a SwissTable of the same entries would take
-/// 27–54 depending on where its power-of-two growth stands).
+/// of each range of hashes — a static hash table at 100 % load (about 21
+/// bytes per task in all, where a SwissTable of the same 24-byte entries
+/// would take 27–54 depending on where its power-of-two growth stands).
+///
+/// An entry is stored in 20 bytes (`Packed`), not the 24 of a [`FarEntry`]:
+/// the hash without the 8 bits its shard gives, the id in 48 bits
+/// ([`FAR_ID_BITS`]), and instead of the file's number a 16-bit slot in a
+/// table of the files holding live far tasks ([`FAR_FILES_MAX`]; a slot is
+/// reused once its file has none left). A far task the index cannot hold
+/// ([`FarIndex::can_hold`]) stays in the wheel. (Session 36: 20 M tasks,
+/// 80 % far, measured BENCHMARKS.md's figures per far task.)
 ///
 /// Lookup is O(1) expected: the top bits of the hash pick a shard, the next
 /// ones a directory bucket of about 4 entries (`BUCKET_ENTRIES`), scanned in
@@ -183,7 +380,7 @@ const SHRINK_FRACTION: usize = 4;
 /// quarter of it. Entries are added in bulk — [`FarIndex::build`] at open
 /// (O(n log n)), [`FarIndex::add`] (a merge, O(n + m log m)) — or one at a
 /// time, [`FarIndex::insert`]: O(1) into its shard's unsorted tail with a
-/// hash table of positions (~35 B per entry there), merged into the shard's
+/// hash table of positions (~30 B per entry there), merged into the shard's
 /// sorted part once the tail holds more than an eighth of it (a sort of the
 /// tail and a merge: amortised O(log n) per insert). Sharding keeps every
 /// rebuild and merge to 1/256 of the index: a checkpoint takes tasks out of
@@ -198,18 +395,18 @@ const SHRINK_FRACTION: usize = 4;
 /// freeing those it shrinks by — no array is ever held twice, and the allocator gets back blocks of one size
 /// it reuses as they are, instead of holes between arrays of ever-changing
 /// sizes. Measured (20 M entries inserted one at a time by one thread, half
-/// removed by another; release build, glibc 2.36): ~28–30 B of RSS
-/// per entry while inserting and no growth while removing, against 28–43 B
-/// and +60 % (94 B per live entry) with one array per shard rebuilt by
-/// copying.
+/// removed by another; release build, glibc 2.36; with 24-byte entries,
+/// before they were packed into 20): ~28–30 B of RSS per entry while
+/// inserting and no growth while removing, against 28–43 B and +60 % (94 B
+/// per live entry) with one array per shard rebuilt by copying.
 /// At most `u32::MAX` entries per shard, and `usize::MAX >> 8` (2^24 on
 /// 32-bit targets) — the engine's task limit is 2^31.
 #[derive(Debug)]
 pub struct FarIndex {
     shards: Box<[Shard]>,
     live: usize,
-    /// Live entries per overflow file.
-    per_file: std::collections::BTreeMap<u32, u64>,
+    /// Live entries per overflow file, and the files' slots.
+    files: FileSlots,
     /// The snapshot being read, if any ([`FarIndex::begin_snapshot`]).
     snapshot: Option<Box<Snapshot>>,
 }
@@ -268,12 +465,12 @@ impl Snapshot {
 struct Shard {
     /// The sorted part, by (hash, id), in blocks of [`BLOCK`] entries; the
     /// last block may be shorter.
-    blocks: Vec<Box<[FarEntry]>>,
+    blocks: Vec<Box<[Packed]>>,
     /// Length of the sorted part.
     sorted: usize,
     /// Entries inserted one at a time since the last merge, in insertion
     /// order. Its capacity is kept across merges (it is needed again).
-    tail: Vec<FarEntry>,
+    tail: Vec<Packed>,
     /// Positions (in `tail`) of the tail's entries, by hash.
     tail_index: hashbrown::HashTable<u32>,
     /// `dir[b]` = index of the first sorted entry whose hash's `bits` bits
@@ -290,7 +487,7 @@ impl Default for FarIndex {
         FarIndex {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             live: 0,
-            per_file: std::collections::BTreeMap::new(),
+            files: FileSlots::default(),
             snapshot: None,
         }
     }
@@ -315,8 +512,9 @@ fn unposition(pos: usize) -> (usize, usize) {
 /// shares (they chose the shard), and its probe start from the low bits:
 /// rotated right, both come from bits that differ between entries, so a
 /// lookup does not visit every entry of the shard's tail.
+/// (Takes a whole hash or its bits below the shard's: the same.)
 fn tail_hash(hash: u64) -> u64 {
-    hash.rotate_right(SHARD_BITS)
+    (hash & HASH_LOW_MASK).rotate_right(SHARD_BITS)
 }
 
 /// Writes a sorted part block by block: every block but the last holds
@@ -324,8 +522,8 @@ fn tail_hash(hash: u64) -> u64 {
 /// entries, so a shard smaller than a block takes no more than it holds
 /// (a wrong `expected` costs a reallocation, never a wrong layout).
 struct BlockWriter {
-    blocks: Vec<Box<[FarEntry]>>,
-    current: Vec<FarEntry>,
+    blocks: Vec<Box<[Packed]>>,
+    current: Vec<Packed>,
     written: usize,
     expected: usize,
 }
@@ -340,7 +538,7 @@ impl BlockWriter {
         }
     }
 
-    fn push(&mut self, e: FarEntry) {
+    fn push(&mut self, e: Packed) {
         if self.current.capacity() == 0 {
             let left = self.expected.saturating_sub(self.written).clamp(1, BLOCK);
             self.current.reserve_exact(left);
@@ -354,7 +552,7 @@ impl BlockWriter {
     }
 
     /// The blocks and the number of entries.
-    fn finish(mut self) -> (Vec<Box<[FarEntry]>>, usize) {
+    fn finish(mut self) -> (Vec<Box<[Packed]>>, usize) {
         if !self.current.is_empty() {
             self.blocks.push(self.current.into_boxed_slice());
         }
@@ -365,7 +563,7 @@ impl BlockWriter {
 impl Shard {
     /// A shard of `entries`, sorted by (hash, id), all live; `expected` is
     /// how many there are (a hint for the blocks' sizes).
-    fn from_sorted(entries: impl IntoIterator<Item = FarEntry>, expected: usize) -> Shard {
+    fn from_sorted(entries: impl IntoIterator<Item = Packed>, expected: usize) -> Shard {
         let mut out = BlockWriter::new(expected);
         for e in entries {
             out.push(e);
@@ -398,7 +596,7 @@ impl Shard {
             self.dir.reserve_exact(len);
             let mut i = 0usize;
             for b in 0..(1u64 << self.bits) {
-                while i < n && bucket(self.sorted_entry(i).hash, self.bits) < b {
+                while i < n && bucket_top(self.sorted_entry(i).hash_top(), self.bits) < b {
                     i += 1;
                 }
                 self.dir.push(i as u32);
@@ -408,20 +606,20 @@ impl Shard {
     }
 
     /// Sorted entry `at` (`at < sorted`).
-    fn sorted_entry(&self, at: usize) -> &FarEntry {
-        &self.blocks[at >> BLOCK_BITS][at & (BLOCK - 1)]
+    fn sorted_entry(&self, at: usize) -> Packed {
+        self.blocks[at >> BLOCK_BITS][at & (BLOCK - 1)]
     }
 
     /// Entry `at` of the shard, in either part.
-    fn entry(&self, at: usize) -> Option<&FarEntry> {
+    fn entry(&self, at: usize) -> Option<Packed> {
         if at < self.sorted {
             Some(self.sorted_entry(at))
         } else {
-            self.tail.get(at - self.sorted)
+            self.tail.get(at - self.sorted).copied()
         }
     }
 
-    fn entry_mut(&mut self, at: usize) -> Option<&mut FarEntry> {
+    fn entry_mut(&mut self, at: usize) -> Option<&mut Packed> {
         if at < self.sorted {
             self.blocks
                 .get_mut(at >> BLOCK_BITS)?
@@ -437,11 +635,12 @@ impl Shard {
     }
 
     /// Every entry held (tombstones too), sorted part first.
-    fn entries(&self) -> impl Iterator<Item = &FarEntry> {
+    fn entries(&self) -> impl Iterator<Item = Packed> + '_ {
         self.blocks
             .iter()
             .flat_map(|b| b.iter())
             .chain(self.tail.iter())
+            .copied()
     }
 
     /// Merges `new` (live entries of this shard, already counted in
@@ -456,19 +655,19 @@ impl Shard {
     /// differ — a block goes back to the arena of the thread that allocated
     /// it: 20 M entries inserted by one thread, half removed by another,
     /// left RSS 60 % above its peak.)
-    fn merge(&mut self, mut new: Vec<FarEntry>) {
-        new.extend(self.tail.drain(..).filter(|e| e.id != 0));
+    fn merge(&mut self, mut new: Vec<Packed>) {
+        new.extend(self.tail.drain(..).filter(|e| e.is_live()));
         self.tail_index.clear();
         if self.tail.capacity() > 2 * (self.live / TAIL_FRACTION).max(TAIL_MERGE_MIN) {
             // The shard shrank: do not keep a tail sized for what it was.
             self.tail.shrink_to(self.live / TAIL_FRACTION);
             self.tail_index.shrink_to(0, |_| 0);
         }
-        new.sort_unstable_by_key(|e| (e.hash, e.id));
+        new.sort_unstable_by_key(|e| e.order());
         let mut kept = 0;
         for at in 0..self.sorted {
-            let e = *self.sorted_entry(at);
-            if e.id != 0 {
+            let e = self.sorted_entry(at);
+            if e.is_live() {
                 if kept != at {
                     self.set(kept, e);
                 }
@@ -483,8 +682,8 @@ impl Shard {
         let mut at = total;
         for e in new.into_iter().rev() {
             while old > 0 {
-                let o = *self.sorted_entry(old - 1);
-                if (o.hash, o.id) <= (e.hash, e.id) {
+                let o = self.sorted_entry(old - 1);
+                if o.order() <= e.order() {
                     break;
                 }
                 at -= 1;
@@ -499,7 +698,7 @@ impl Shard {
         self.build_dir();
     }
 
-    fn set(&mut self, at: usize, e: FarEntry) {
+    fn set(&mut self, at: usize, e: Packed) {
         self.blocks[at >> BLOCK_BITS][at & (BLOCK - 1)] = e;
     }
 
@@ -507,11 +706,7 @@ impl Shard {
     /// kept): every block but the last full, the last allocated to its
     /// length; blocks beyond are freed, missing ones added.
     fn resize_sorted(&mut self, n: usize) {
-        const EMPTY: FarEntry = FarEntry {
-            hash: 0,
-            loc: 0,
-            id: 0,
-        };
+        const EMPTY: Packed = Packed::EMPTY;
         let blocks = n.div_ceil(BLOCK);
         self.blocks.truncate(blocks);
         for b in 0..blocks {
@@ -537,7 +732,7 @@ impl Shard {
         let range = if self.dir.is_empty() {
             0..0
         } else {
-            let b = bucket(hash, self.bits) as usize;
+            let b = bucket_top(hash << SHARD_BITS, self.bits) as usize;
             self.dir[b] as usize..self.dir[b + 1] as usize
         };
         range
@@ -546,13 +741,16 @@ impl Shard {
                     .iter_hash(tail_hash(hash))
                     .map(|&p| self.sorted + p as usize),
             )
-            .filter(move |&p| self.entry(p).is_some_and(|e| e.hash == hash && e.id != 0))
+            .filter(move |&p| {
+                self.entry(p)
+                    .is_some_and(|e| e.hash_low() == hash & HASH_LOW_MASK && e.is_live())
+            })
     }
 
     fn memory_bytes(&self) -> usize {
-        let entry = std::mem::size_of::<FarEntry>();
+        let entry = std::mem::size_of::<Packed>();
         self.blocks.iter().map(|b| b.len() * entry).sum::<usize>()
-            + self.blocks.capacity() * std::mem::size_of::<Box<[FarEntry]>>()
+            + self.blocks.capacity() * std::mem::size_of::<Box<[Packed]>>()
             + self.tail.capacity() * entry
             + self.dir.capacity() * 4
             + (self.tail_index.capacity() * 8).div_ceil(7) * 5
@@ -564,11 +762,23 @@ impl FarIndex {
     /// entries grouped by shard (a checkpoint's order) are sorted a shard at
     /// a time, in O(n) passes when each shard's run is mostly sorted.
     ///
+    /// # Errors
+    /// An entry the index cannot hold ([`FarIndex::can_hold`]: an id of
+    /// 2^48 or more, or more than [`FAR_FILES_MAX`] files): what and why.
+    /// (The engine never makes such a far task: a directory it wrote has
+    /// none.)
+    ///
     /// # Panics
     /// Never; more than `u32::MAX` entries in a shard are not indexable and
     /// are refused by the engine's task limit long before.
-    pub fn build(mut entries: Vec<FarEntry>) -> FarIndex {
+    pub fn build(mut entries: Vec<FarEntry>) -> Result<FarIndex, String> {
         entries.retain(|e| e.id != 0);
+        if let Some(e) = entries.iter().find(|e| e.id >> FAR_ID_BITS != 0) {
+            return Err(format!(
+                "far task {} has an id of {FAR_ID_BITS} bits or more, which no engine makes far",
+                e.id
+            ));
+        }
         if entries.is_sorted_by_key(|e| shard_of(e.hash)) {
             // Grouped by shard, as a checkpoint lists them (each shard's
             // sorted part, then its tail): each shard's run is sorted on its
@@ -590,13 +800,33 @@ impl FarIndex {
             ..FarIndex::default()
         };
         // Counted in a hash map (a few files, millions of entries: a search
-        // of the ordered map per entry was a tenth of an open), then ordered.
+        // of the ordered map per entry was a tenth of an open), then given
+        // slots, which entries are then packed with through another.
         let mut per_file: std::collections::HashMap<u32, u64, foldhash::fast::RandomState> =
             std::collections::HashMap::default();
         for e in &entries {
             *per_file.entry(e.file()).or_insert(0) += 1;
         }
-        index.per_file = per_file.into_iter().collect();
+        if per_file.len() > FAR_FILES_MAX {
+            return Err(format!(
+                "far tasks in {} overflow files, more than the {FAR_FILES_MAX} an engine keeps",
+                per_file.len()
+            ));
+        }
+        let mut files: Vec<(u32, u64)> = per_file.into_iter().collect();
+        files.sort_unstable();
+        let mut slot_of: std::collections::HashMap<u32, u16, foldhash::fast::RandomState> =
+            std::collections::HashMap::default();
+        for (file, n) in files {
+            let Some(slot) = index.files.add(file, n) else {
+                return Err(format!("no slot for overflow file {file}"));
+            };
+            slot_of.insert(file, slot);
+        }
+        let pack = |e: FarEntry| {
+            let (file, offset) = unpack_loc(e.loc);
+            Packed::new(e.hash, e.id, slot_of[&file], offset)
+        };
         // Sorted by hash, so each shard's entries are one run: copied into
         // the shard's blocks from the back, the array giving its memory
         // back as it goes (a shrinking reallocation of a large block is
@@ -604,26 +834,72 @@ impl FarIndex {
         for s in (0..SHARDS).rev() {
             let start = entries.partition_point(|e| shard_of(e.hash) < s);
             let run = entries.len() - start;
-            index.shards[s] = Shard::from_sorted(entries.drain(start..), run);
+            index.shards[s] = Shard::from_sorted(entries.drain(start..).map(pack), run);
             if s % 16 == 0 {
                 entries.shrink_to_fit();
             }
         }
-        index
+        Ok(index)
+    }
+
+    /// Whether an entry of task `id` in overflow file `file` can be taken
+    /// in ([`FarIndex::insert`]): `id` below 2^48 ([`FAR_ID_BITS`]) and the
+    /// file one of the [`FAR_FILES_MAX`] the index can hold at once. (Its
+    /// offset is below 2^40 if it packed into a location: [`pack_loc`].)
+    /// A far task that cannot be taken in stays in the wheel. O(log files).
+    pub fn can_hold(&self, id: u64, file: u32) -> bool {
+        id >> FAR_ID_BITS == 0 && self.files.can_hold(file)
+    }
+
+    /// The entry `p` of shard `s`, as it was given.
+    fn unpack(&self, s: usize, p: Packed) -> FarEntry {
+        self.files.unpack(s, p)
+    }
+
+    /// Lets the index hold far tasks of at most `files` overflow files at
+    /// once (instead of [`FAR_FILES_MAX`]), for tests of what the engine
+    /// does with a far task the index cannot take in.
+    #[cfg(test)]
+    pub(crate) fn limit_files_for_tests(&mut self, files: usize) {
+        self.files.cap = files.min(FAR_FILES_MAX);
     }
 
     /// Adds `new` entries, dropping the removed ones: each shard's live
     /// entries (in order already) and its sorted new ones are merged,
     /// O(n + m log m).
-    pub fn add(&mut self, new: Vec<FarEntry>) {
-        let mut by_shard: Vec<Vec<FarEntry>> = (0..SHARDS).map(|_| Vec::new()).collect();
-        for e in new.into_iter().filter(|e| e.id != 0) {
+    ///
+    /// # Errors
+    /// One of them cannot be taken in ([`FarIndex::can_hold`]): it is
+    /// returned, and none is added.
+    pub fn add(&mut self, new: Vec<FarEntry>) -> Result<(), FarEntry> {
+        let new: Vec<FarEntry> = new.into_iter().filter(|e| e.id != 0).collect();
+        let mut new_files = std::collections::BTreeSet::new();
+        for e in &new {
+            if e.id >> FAR_ID_BITS != 0 {
+                return Err(*e);
+            }
+            if !self.files.live.contains_key(&e.file()) {
+                new_files.insert(e.file());
+                if new_files.len()
+                    > self.files.free.len()
+                        + self.files.cap.saturating_sub(self.files.file_of.len())
+                {
+                    return Err(*e);
+                }
+            }
+        }
+        let mut by_shard: Vec<Vec<Packed>> = (0..SHARDS).map(|_| Vec::new()).collect();
+        for e in new {
             if let Some(snapshot) = &mut self.snapshot {
                 snapshot.note_insert(&e);
             }
+            let (file, offset) = unpack_loc(e.loc);
+            let Some(slot) = self.files.add(file, 1) else {
+                debug_assert!(false, "slots counted above");
+                continue;
+            };
             self.live += 1;
-            *self.per_file.entry(e.file()).or_insert(0) += 1;
-            by_shard[shard_of(e.hash)].push(e);
+            by_shard[shard_of(e.hash)].push(Packed::new(e.hash, e.id, slot, offset));
         }
         for (shard, new) in self.shards.iter_mut().zip(by_shard) {
             if !new.is_empty() || !shard.tail.is_empty() || shard.live < shard.held() {
@@ -631,6 +907,7 @@ impl FarIndex {
                 shard.merge(new);
             }
         }
+        Ok(())
     }
 
     /// Adds one entry (its id must not be 0 and not be in the index
@@ -638,33 +915,47 @@ impl FarIndex {
     /// once it holds more than an eighth of it (amortised O(log n)).
     /// Positions given before an insert are not valid after it (a merge
     /// reorders).
-    pub fn insert(&mut self, entry: FarEntry) {
+    ///
+    /// # Errors
+    /// It cannot be taken in ([`FarIndex::can_hold`]; nothing changed):
+    /// it is returned. An id of 0 is ignored.
+    pub fn insert(&mut self, entry: FarEntry) -> Result<(), FarEntry> {
         if entry.id == 0 {
-            return;
+            return Ok(());
         }
-        let shard = &mut self.shards[shard_of(entry.hash)];
-        let Ok(at) = u32::try_from(shard.tail.len()) else {
+        if entry.id >> FAR_ID_BITS != 0 {
+            return Err(entry);
+        }
+        let s = shard_of(entry.hash);
+        if u32::try_from(self.shards[s].tail.len()).is_err() {
             // (`add` notes it for the snapshot.)
             // Not reachable under the engine's task limit; stays correct.
-            self.add(vec![entry]);
-            return;
+            return self.add(vec![entry]);
+        }
+        let (file, offset) = unpack_loc(entry.loc);
+        let Some(slot) = self.files.add(file, 1) else {
+            return Err(entry);
         };
         if let Some(snapshot) = &mut self.snapshot {
             snapshot.note_insert(&entry);
         }
-        shard.tail.push(entry);
+        let shard = &mut self.shards[s];
+        let at = shard.tail.len() as u32;
+        shard
+            .tail
+            .push(Packed::new(entry.hash, entry.id, slot, offset));
         let tail = &shard.tail;
         shard
             .tail_index
             .insert_unique(tail_hash(entry.hash), at, |&p| {
-                tail_hash(tail[p as usize].hash)
+                tail_hash(tail[p as usize].hash_low())
             });
         shard.live += 1;
         if shard.tail.len() > (shard.sorted / TAIL_FRACTION).max(TAIL_MERGE_MIN) {
             shard.merge(Vec::new());
         }
         self.live += 1;
-        *self.per_file.entry(entry.file()).or_insert(0) += 1;
+        Ok(())
     }
 
     /// Positions of the live entries whose hash is `hash` (usually none or
@@ -690,7 +981,7 @@ impl FarIndex {
         self.shards.iter().enumerate().find_map(|(s, shard)| {
             shard
                 .entries()
-                .position(|e| e.loc == loc && e.id == id)
+                .position(|p| p.is_live() && self.unpack(s, p).loc == loc && p.id() == id)
                 .map(|at| position(s, at))
         })
     }
@@ -703,17 +994,19 @@ impl FarIndex {
     pub fn get(&self, pos: usize) -> FarEntry {
         let (s, at) = unposition(pos);
         match self.shards[s].entry(at) {
-            Some(e) => *e,
+            Some(p) => self.unpack(s, p),
             None => panic!("far index position {pos} was not given by the index"),
         }
     }
 
-    /// The entry at `pos`, tombstone or not, or `None` if there is no
+    /// The entry at `pos`, tombstone or not (a tombstone has id 0, and its
+    /// location may name another file since), or `None` if there is no
     /// position `pos` — for a position kept across changes of the index,
     /// checked against the entry it gave before it is used.
     pub fn entry_at(&self, pos: usize) -> Option<FarEntry> {
         let (s, at) = unposition(pos);
-        self.shards.get(s)?.entry(at).copied()
+        let p = self.shards.get(s)?.entry(at)?;
+        Some(self.unpack(s, p))
     }
 
     /// Removes the entry at `pos` (a tombstone until its shard is rebuilt,
@@ -722,13 +1015,15 @@ impl FarIndex {
     /// before a removal are not valid after it.
     pub fn remove(&mut self, pos: usize) -> Option<FarEntry> {
         let (s, at) = unposition(pos);
-        let shard = self.shards.get_mut(s)?;
-        let e = shard.entry_mut(at)?;
-        if e.id == 0 {
+        let p = self.shards.get(s)?.entry(at)?;
+        if !p.is_live() {
             return None;
         }
-        let out = *e;
-        e.id = 0;
+        let out = self.unpack(s, p);
+        let shard = &mut self.shards[s];
+        if let Some(e) = shard.entry_mut(at) {
+            e.kill();
+        }
         if let Some(snapshot) = &mut self.snapshot {
             snapshot.note_remove(&out);
         }
@@ -738,12 +1033,7 @@ impl FarIndex {
             shard.merge(Vec::new());
         }
         self.live -= 1;
-        if let Some(n) = self.per_file.get_mut(&out.file()) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_file.remove(&out.file());
-            }
-        }
+        self.files.sub(out.file());
         Some(out)
     }
 
@@ -758,21 +1048,23 @@ impl FarIndex {
     }
 
     /// The live entries, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = &FarEntry> {
-        self.shards
-            .iter()
-            .flat_map(|s| s.entries())
-            .filter(|e| e.id != 0)
+    pub fn iter(&self) -> impl Iterator<Item = FarEntry> + '_ {
+        self.shards.iter().enumerate().flat_map(move |(s, shard)| {
+            shard
+                .entries()
+                .filter(|p| p.is_live())
+                .map(move |p| self.unpack(s, p))
+        })
     }
 
     /// Live entries in overflow file `file`.
     pub fn live_in_file(&self, file: u32) -> u64 {
-        self.per_file.get(&file).copied().unwrap_or(0)
+        self.files.live.get(&file).map_or(0, |&(n, _)| n)
     }
 
     /// Overflow files holding live far tasks.
     pub fn files(&self) -> impl Iterator<Item = u32> + '_ {
-        self.per_file.keys().copied()
+        self.files.live.keys().copied()
     }
 
     /// Starts a snapshot: the live entries as they are now, read a few
@@ -811,9 +1103,9 @@ impl FarIndex {
             }
             read += size;
             let inserted = std::mem::take(&mut snapshot.inserted[s]);
-            for e in shard.entries().filter(|e| e.id != 0) {
-                if inserted.is_empty() || !inserted.contains(&e.id) {
-                    emit(e);
+            for p in shard.entries().filter(|p| p.is_live()) {
+                if inserted.is_empty() || !inserted.contains(&p.id()) {
+                    emit(&self.files.unpack(s, p));
                 }
             }
             for e in std::mem::take(&mut snapshot.removed[s]) {
@@ -843,11 +1135,8 @@ impl FarIndex {
     /// empty — for a rebuild. A snapshot under way is dropped.
     pub fn take_entries(&mut self) -> Vec<FarEntry> {
         let mut out = Vec::with_capacity(self.shards.iter().map(Shard::held).sum());
-        for shard in self.shards.iter_mut() {
-            for block in std::mem::take(&mut shard.blocks) {
-                out.extend_from_slice(&block);
-            }
-            out.append(&mut shard.tail);
+        for (s, shard) in self.shards.iter().enumerate() {
+            out.extend(shard.entries().map(|p| self.files.unpack(s, p)));
         }
         *self = FarIndex::default();
         out
@@ -860,13 +1149,14 @@ impl FarIndex {
     }
 }
 
-/// The directory bucket of `hash` in a shard of `2^bits` buckets: the `bits`
-/// bits after the shard's.
-fn bucket(hash: u64, bits: u32) -> u64 {
+/// The directory bucket in a shard of `2^bits` buckets of a hash whose
+/// bits below the shard's are `top`'s top 56 (`hash << SHARD_BITS`): the
+/// first `bits` of them.
+fn bucket_top(top: u64, bits: u32) -> u64 {
     if bits == 0 {
         0
     } else {
-        (hash << SHARD_BITS) >> (64 - bits)
+        top >> (64 - bits)
     }
 }
 
@@ -888,7 +1178,7 @@ mod tests {
         let entries: Vec<FarEntry> = (1..=10_000u64)
             .map(|id| entry(hasher.hash(format!("k{id}").as_bytes()), id))
             .collect();
-        let mut index = FarIndex::build(entries.clone());
+        let mut index = FarIndex::build(entries.clone()).unwrap();
         assert_eq!(index.len(), 10_000);
         for e in &entries {
             let pos = index.find(e.hash, e.loc, e.id).expect("present");
@@ -908,12 +1198,12 @@ mod tests {
         for (i, e) in entries.iter().enumerate() {
             assert_eq!(index.find(e.hash, e.loc, e.id).is_some(), i % 2 == 1);
         }
-        let rebuilt = FarIndex::build(index.take_entries());
+        let rebuilt = FarIndex::build(index.take_entries()).unwrap();
         assert_eq!(rebuilt.len(), 5_000);
         assert_eq!(rebuilt.iter().count(), 5_000);
         assert!(
             rebuilt.memory_bytes()
-                <= 5_000 * 24 + 5_000 + SHARDS * (std::mem::size_of::<Shard>() + 16 + 8)
+                <= 5_000 * 20 + 5_000 + SHARDS * (std::mem::size_of::<Shard>() + 16 + 8)
         );
         rebuilt.check();
     }
@@ -926,7 +1216,9 @@ mod tests {
             let mut live = 0;
             let mut per_file = std::collections::BTreeMap::new();
             for (s, shard) in self.shards.iter().enumerate() {
-                assert!(shard.entries().all(|e| shard_of(e.hash) == s));
+                let entries: Vec<FarEntry> =
+                    shard.entries().map(|p| self.files.unpack(s, p)).collect();
+                assert!(entries.iter().all(|e| shard_of(e.hash) == s));
                 // Every block but the last is full; the sorted part is
                 // sorted and its directory right.
                 let lens: Vec<usize> = shard.blocks.iter().map(|b| b.len()).collect();
@@ -934,7 +1226,7 @@ mod tests {
                 if let Some((_, full)) = lens.split_last() {
                     assert!(full.iter().all(|&n| n == BLOCK));
                 }
-                let sorted: Vec<FarEntry> = shard.entries().take(shard.sorted).copied().collect();
+                let sorted: Vec<FarEntry> = entries[..shard.sorted].to_vec();
                 // A tombstone keeps its hash but has id 0: order by
                 // hash over all entries, by (hash, id) over the live ones.
                 assert!(sorted.windows(2).all(|w| w[0].hash <= w[1].hash));
@@ -943,12 +1235,12 @@ mod tests {
                     .windows(2)
                     .all(|w| (w[0].hash, w[0].id) < (w[1].hash, w[1].id)));
                 for (at, e) in sorted.iter().enumerate() {
-                    let b = bucket(e.hash, shard.bits) as usize;
+                    let b = bucket_top(e.hash << SHARD_BITS, shard.bits) as usize;
                     assert!((shard.dir[b] as usize..shard.dir[b + 1] as usize).contains(&at));
                 }
                 assert_eq!(shard.tail_index.len(), shard.tail.len());
                 assert!(shard.tail.len() <= (shard.sorted / TAIL_FRACTION).max(TAIL_MERGE_MIN));
-                let shard_live = shard.entries().filter(|e| e.id != 0).count();
+                let shard_live = entries.iter().filter(|e| e.id != 0).count();
                 assert_eq!(shard.live, shard_live);
                 let held = shard.held();
                 // Inserts can take a shard of < 64 entries holding
@@ -959,12 +1251,25 @@ mod tests {
                         || held - shard_live < SHRINK_MIN
                 );
                 live += shard_live;
-                for e in shard.entries().filter(|e| e.id != 0) {
+                for e in entries.iter().filter(|e| e.id != 0) {
                     *per_file.entry(e.file()).or_insert(0u64) += 1;
                 }
             }
             assert_eq!(self.live, live);
-            assert_eq!(self.per_file, per_file);
+            let counts: std::collections::BTreeMap<u32, u64> =
+                self.files.live.iter().map(|(&f, &(n, _))| (f, n)).collect();
+            assert_eq!(counts, per_file);
+            // Each live file has a slot of its own, naming it, not free.
+            let mut slots = std::collections::BTreeSet::new();
+            for (&file, &(_, slot)) in &self.files.live {
+                assert!(slots.insert(slot), "slot {slot} given twice");
+                assert_eq!(self.files.file(slot), file);
+                assert!(!self.files.free.contains(&slot));
+            }
+            assert_eq!(
+                slots.len() + self.files.free.len(),
+                self.files.file_of.len()
+            );
         }
     }
 
@@ -972,11 +1277,11 @@ mod tests {
     fn entries_inserted_one_at_a_time_are_found_before_and_after_merging() {
         let hasher = KeyHasher::new(&[5; 16]);
         let e = |id: u64| entry(hasher.hash(&id.to_le_bytes()), id);
-        let mut index = FarIndex::build((1..=100_000).map(e).collect());
+        let mut index = FarIndex::build((1..=100_000).map(e).collect()).unwrap();
         index.check();
         // Into the tails: found at once, alongside the sorted parts.
         for id in 100_001..=130_000 {
-            index.insert(e(id));
+            index.insert(e(id)).unwrap();
             let x = e(id);
             assert_eq!(index.get(index.find(x.hash, x.loc, x.id).unwrap()), x);
         }
@@ -996,12 +1301,12 @@ mod tests {
             id: 500_000,
             ..e(2)
         };
-        index.insert(twin);
+        index.insert(twin).unwrap();
         assert_eq!(index.candidates(twin.hash).count(), 2);
         // Growing the index fivefold one at a time merges every tail into
         // its shard's array on the way (`check`: tails stay bounded).
         for id in 200_001..=700_000 {
-            index.insert(e(id));
+            index.insert(e(id)).unwrap();
         }
         index.check();
         let expected = (1..=130_000u64).filter(|&id| live(id)).count() + 1 + 500_000;
@@ -1025,9 +1330,9 @@ mod tests {
         }
         index.check();
         assert_eq!(index.len(), expected - 490_000);
-        assert!(index.memory_bytes() < 200_000 * 24);
+        assert!(index.memory_bytes() < 200_000 * 20);
         // Id 0 is never inserted.
-        index.insert(FarEntry { id: 0, ..e(3) });
+        index.insert(FarEntry { id: 0, ..e(3) }).unwrap();
         assert_eq!(index.len(), expected - 490_000);
     }
 
@@ -1041,7 +1346,7 @@ mod tests {
         let in_shard_0 = (1..).map(|i: u64| (i, hasher.hash(&i.to_le_bytes())));
         let mut shard0 = in_shard_0.filter(|&(_, h)| shard_of(h) == 0);
         for (id, h) in shard0.by_ref().take(TAIL_MERGE_MIN) {
-            index.insert(entry(h, id));
+            index.insert(entry(h, id)).unwrap();
         }
         assert_eq!(index.shards[0].tail.len(), TAIL_MERGE_MIN);
         let mut visited = 0;
@@ -1062,18 +1367,20 @@ mod tests {
     fn adding_merges_and_drops_removed_entries() {
         let hasher = KeyHasher::new(&[3; 16]);
         let e = |id: u64| entry(hasher.hash(&id.to_le_bytes()), id);
-        let mut index = FarIndex::build((1..=1_000).map(e).collect());
+        let mut index = FarIndex::build((1..=1_000).map(e).collect()).unwrap();
         for id in (1..=1_000).step_by(3) {
             let x = e(id);
             let pos = index.find(x.hash, x.loc, x.id).unwrap();
             index.remove(pos);
         }
-        index.add(
-            (1_001..=1_500)
-                .map(e)
-                .chain([FarEntry { id: 0, ..e(9) }])
-                .collect(),
-        );
+        index
+            .add(
+                (1_001..=1_500)
+                    .map(e)
+                    .chain([FarEntry { id: 0, ..e(9) }])
+                    .collect(),
+            )
+            .unwrap();
         let expected: Vec<u64> = (1..=1_500)
             .filter(|id| id > &1_000 || (id - 1) % 3 != 0)
             .collect();
@@ -1084,13 +1391,13 @@ mod tests {
         }
         index.check();
         // Nothing new, but tombstones: rebuilt, memory back.
-        let mut shrinking = FarIndex::build((1..=100).map(e).collect());
+        let mut shrinking = FarIndex::build((1..=100).map(e).collect()).unwrap();
         for id in 1..=60 {
             let x = e(id);
             let pos = shrinking.find(x.hash, x.loc, x.id).unwrap();
             shrinking.remove(pos);
         }
-        shrinking.add(Vec::new());
+        shrinking.add(Vec::new()).unwrap();
         let held: usize = shrinking.shards.iter().map(Shard::held).sum();
         assert_eq!((shrinking.len(), held), (40, 40));
         shrinking.check();
@@ -1103,7 +1410,7 @@ mod tests {
     fn a_kept_position_is_checked_against_its_entry() {
         let hasher = KeyHasher::new(&[4; 16]);
         let e = |id: u64| entry(hasher.hash(&id.to_le_bytes()), id);
-        let mut index = FarIndex::build((1..=20_000).map(e).collect());
+        let mut index = FarIndex::build((1..=20_000).map(e).collect()).unwrap();
         let x = e(7);
         let pos = index.find(x.hash, x.loc, x.id).unwrap();
         assert_eq!(index.entry_at(pos), Some(x));
@@ -1145,13 +1452,13 @@ mod tests {
             let h = KeyHasher::new(&[6; 16]).hash(&id.to_le_bytes());
             entry((h >> 8) | ((id % 4) << 56), id)
         };
-        let mut index = FarIndex::build((1..=5_000).map(e).collect());
+        let mut index = FarIndex::build((1..=5_000).map(e).collect()).unwrap();
         let mut live: std::collections::BTreeSet<u64> = (1..=5_000).collect();
         let mut next_id = 5_001u64;
         for round in 0..30_000u32 {
             match next() % 10 {
                 0..=4 => {
-                    index.insert(e(next_id));
+                    index.insert(e(next_id)).unwrap();
                     live.insert(next_id);
                     next_id += 1;
                 }
@@ -1166,7 +1473,7 @@ mod tests {
                 }
                 _ => {
                     let n = next() % 200;
-                    index.add((next_id..next_id + n).map(e).collect());
+                    index.add((next_id..next_id + n).map(e).collect()).unwrap();
                     live.extend(next_id..next_id + n);
                     next_id += n;
                 }
@@ -1221,8 +1528,8 @@ mod tests {
         let mut scattered = grouped.clone();
         scattered.sort_unstable_by_key(|e| e.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         assert!(!scattered.is_sorted_by_key(|e| shard_of(e.hash)));
-        let from_grouped = FarIndex::build(grouped.clone());
-        let from_scattered = FarIndex::build(scattered);
+        let from_grouped = FarIndex::build(grouped.clone()).unwrap();
+        let from_scattered = FarIndex::build(scattered).unwrap();
         from_grouped.check();
         assert_eq!(from_grouped.len(), 20_000 - SHARDS);
         assert!(from_grouped.iter().eq(from_scattered.iter()));
@@ -1234,22 +1541,121 @@ mod tests {
     #[test]
     fn equal_hashes_are_all_candidates() {
         let entries: Vec<FarEntry> = (1..=50).map(|id| entry(42 + id % 2, id)).collect();
-        let index = FarIndex::build(entries);
+        let index = FarIndex::build(entries).unwrap();
         assert_eq!(index.candidates(42).count(), 25);
         assert_eq!(index.candidates(43).count(), 25);
         assert_eq!(index.candidates(44).count(), 0);
         // Extreme hashes land in the first and last buckets.
-        let index = FarIndex::build((1..=100).map(|id| entry(u64::MAX - id % 2, id)).collect());
+        let index =
+            FarIndex::build((1..=100).map(|id| entry(u64::MAX - id % 2, id)).collect()).unwrap();
         assert_eq!(index.candidates(u64::MAX).count(), 50);
-        let index = FarIndex::build((1..=100).map(|id| entry(id % 2, id)).collect());
+        let index = FarIndex::build((1..=100).map(|id| entry(id % 2, id)).collect()).unwrap();
         assert_eq!(index.candidates(0).count(), 50);
     }
 
     #[test]
     fn empty_index_finds_nothing() {
-        let index = FarIndex::build(Vec::new());
+        let index = FarIndex::build(Vec::new()).unwrap();
         assert_eq!(index.candidates(5).count(), 0);
         assert!(index.is_empty());
+    }
+
+    /// A packed entry gives back every bit of what it was given, at the
+    /// extremes of each field.
+    #[test]
+    fn packed_entries_keep_every_field_whole() {
+        let id_max = (1u64 << FAR_ID_BITS) - 1;
+        let offset_max = (1u64 << LOC_OFFSET_BITS) - 1;
+        let mut files = FileSlots::default();
+        for (hash, id, file, offset) in [
+            (u64::MAX, id_max, LOC_FILE_MAX, offset_max),
+            (0, 1, 0, 0),
+            (0x8000_0000_0000_0001, 1 << 40, 7, 1 << 32),
+            (0x00FF_FFFF_FFFF_FF00, (1 << 40) - 1, 1, (1 << 32) - 1),
+            (0x0123_4567_89AB_CDEF, 0xFF00_0000_0001, 2, 0xAB_0000_0001),
+        ] {
+            let slot = files.add(file, 1).unwrap();
+            let p = Packed::new(hash, id, slot, offset);
+            let e = files.unpack(shard_of(hash), p);
+            assert_eq!(
+                e,
+                FarEntry {
+                    hash,
+                    loc: pack_loc(file, offset).unwrap(),
+                    id
+                }
+            );
+            assert!(p.is_live());
+            let mut dead = p;
+            dead.kill();
+            assert_eq!(
+                (dead.id(), dead.hash_low(), dead.is_live()),
+                (0, p.hash_low(), false)
+            );
+        }
+        // Slot 65 535, the last.
+        let p = Packed::new(1, 1, u16::MAX, offset_max);
+        assert_eq!((p.slot(), p.offset(), p.id()), (u16::MAX, offset_max, 1));
+        // (hash, id) order, whatever the rest.
+        let a = Packed::new(5, 1 << 41, 0, 9);
+        let b = Packed::new(5, (1 << 41) + 1, 9, 0);
+        let c = Packed::new(6, 1, 0, 0);
+        assert!(a.order() < b.order() && b.order() < c.order());
+    }
+
+    /// Ids of 48 bits or more and files beyond the slots are refused
+    /// whole (nothing changes); a file's slot is freed with its last live
+    /// entry and given to the next file.
+    #[test]
+    fn entries_the_index_cannot_hold_are_refused() {
+        let hasher = KeyHasher::new(&[2; 16]);
+        let at = |id: u64, file: u32| FarEntry {
+            hash: hasher.hash(&id.to_le_bytes()),
+            loc: pack_loc(file, 64 + id % 1_000).unwrap(),
+            id,
+        };
+        let mut index = FarIndex::default();
+        index.limit_files_for_tests(2);
+        let big = at(1 << FAR_ID_BITS, 1);
+        assert!(!index.can_hold(big.id, 1));
+        assert_eq!(index.insert(big), Err(big));
+        assert_eq!(index.add(vec![at(1, 1), big]), Err(big));
+        assert!(index.is_empty());
+        index.insert(at(1, 10)).unwrap();
+        index.insert(at(2, 11)).unwrap();
+        index.insert(at(3, 11)).unwrap();
+        // Two files hold the two slots: a third is refused, theirs not.
+        assert!(!index.can_hold(4, 12));
+        assert!(index.can_hold(4, 10) && index.can_hold(4, 11));
+        assert_eq!(index.insert(at(4, 12)), Err(at(4, 12)));
+        assert_eq!(index.add(vec![at(5, 10), at(6, 12)]), Err(at(6, 12)));
+        assert_eq!(index.len(), 3);
+        index.check();
+        // File 10's last entry goes: its slot is file 12's.
+        let e = at(1, 10);
+        index
+            .remove(index.find(e.hash, e.loc, e.id).unwrap())
+            .unwrap();
+        assert!(index.can_hold(4, 12) && index.can_hold(4, 10));
+        index.insert(at(4, 12)).unwrap();
+        assert!(!index.can_hold(7, 10));
+        index.add(vec![at(5, 11), at(6, 12)]).unwrap();
+        index.check();
+        for (id, file) in [(2, 11), (3, 11), (4, 12), (5, 11), (6, 12)] {
+            let e = at(id, file);
+            assert_eq!(index.get(index.find(e.hash, e.loc, e.id).unwrap()), e);
+        }
+        assert_eq!(index.find(e.hash, e.loc, e.id), None);
+        assert_eq!((index.live_in_file(11), index.live_in_file(12)), (3, 2));
+        assert_eq!(index.files().collect::<Vec<_>>(), [11, 12]);
+        // A build refuses what no engine makes far.
+        assert!(FarIndex::build(vec![at(1, 1), big]).is_err());
+        let many: Vec<FarEntry> = (1..=FAR_FILES_MAX as u64 + 1)
+            .map(|i| at(i, i as u32))
+            .collect();
+        assert!(FarIndex::build(many[1..].to_vec()).is_ok());
+        let err = FarIndex::build(many).unwrap_err();
+        assert!(err.contains("65537 overflow files"), "{err}");
     }
 
     #[test]
@@ -1274,7 +1680,7 @@ mod tests {
         index.check();
         assert_eq!(index.len(), model.len());
         assert_eq!(index.is_empty(), model.is_empty());
-        let mut got: Vec<FarEntry> = index.iter().copied().collect();
+        let mut got: Vec<FarEntry> = index.iter().collect();
         got.sort_unstable_by_key(|e| e.id);
         let want: Vec<FarEntry> = model.values().copied().collect();
         assert_eq!(got, want);
@@ -1303,7 +1709,7 @@ mod tests {
             .iter()
             .map(|s| s.blocks.iter().map(|b| b.len()).sum::<usize>())
             .sum();
-        assert!(index.memory_bytes() >= blocks * 24);
+        assert!(index.memory_bytes() >= blocks * std::mem::size_of::<Packed>());
     }
 
     #[derive(Debug, Clone)]
@@ -1401,7 +1807,7 @@ mod tests {
                     for _ in 0..n {
                         let e = make(top, pool, next_id, rand());
                         next_id += 1;
-                        index.insert(e);
+                        index.insert(e).unwrap();
                         model.insert(e.id, e);
                     }
                 }
@@ -1424,7 +1830,7 @@ mod tests {
                     }
                     // Unsorted, as a caller may give them.
                     batch.reverse();
-                    index.add(batch);
+                    index.add(batch).unwrap();
                 }
                 Op::Remove { top, n, seed } => {
                     let mut ids: Vec<u64> = model
@@ -1480,7 +1886,7 @@ mod tests {
                         removed.push(e);
                     }
                 }
-                Op::AddNothing => index.add(Vec::new()),
+                Op::AddNothing => index.add(Vec::new()).unwrap(),
                 Op::Rebuild => {
                     let all = index.take_entries();
                     assert!(index.is_empty());
@@ -1488,7 +1894,7 @@ mod tests {
                         all.iter().filter(|e| e.id != 0).map(|e| e.id).collect();
                     live.sort_unstable();
                     assert!(live.iter().eq(model.keys()));
-                    index = FarIndex::build(all);
+                    index = FarIndex::build(all).unwrap();
                 }
             }
             agree(&index, &model, &removed);
@@ -1617,9 +2023,9 @@ mod tests {
             next_id += 1;
             e
         };
-        let mut index = FarIndex::build(initial.into_iter().map(&mut fresh).collect());
+        let mut index = FarIndex::build(initial.into_iter().map(&mut fresh).collect()).unwrap();
         let mut model: std::collections::BTreeMap<u64, FarEntry> =
-            index.iter().map(|e| (e.id, *e)).collect();
+            index.iter().map(|e| (e.id, e)).collect();
         let mut expected: Option<Vec<FarEntry>> = None;
         let mut got: Vec<FarEntry> = Vec::new();
         let begin_at = before.min(ops.len());
@@ -1631,7 +2037,7 @@ mod tests {
             match op {
                 SnapOp::Insert(hash) => {
                     let e = fresh(hash);
-                    index.insert(e);
+                    index.insert(e).unwrap();
                     model.insert(e.id, e);
                 }
                 SnapOp::Remove(n) | SnapOp::Move(n) if !model.is_empty() => {
@@ -1644,7 +2050,7 @@ mod tests {
                             loc: pack_loc(2, e.id * 8).unwrap(),
                             ..e
                         };
-                        index.insert(moved);
+                        index.insert(moved).unwrap();
                         model.insert(moved.id, moved);
                     }
                 }
@@ -1657,7 +2063,7 @@ mod tests {
                     for e in &new {
                         model.insert(e.id, *e);
                     }
-                    index.add(new);
+                    index.add(new).unwrap();
                 }
             }
         }
@@ -1671,11 +2077,11 @@ mod tests {
         }
         got.sort_unstable_by_key(|e| e.id);
         assert_eq!(Some(got), expected, "the snapshot is the index as it began");
-        let mut now: Vec<FarEntry> = index.iter().copied().collect();
+        let mut now: Vec<FarEntry> = index.iter().collect();
         now.sort_unstable_by_key(|e| e.id);
         assert_eq!(now, model.values().copied().collect::<Vec<_>>());
         // With no snapshot, nothing is noted and nothing is read.
-        index.insert(fresh(5));
+        index.insert(fresh(5)).unwrap();
         assert_eq!(index.read_snapshot(0, |_| panic!("no snapshot")), None);
     }
 
@@ -1701,7 +2107,7 @@ mod tests {
         run_snapshot(initial.clone(), ops.clone(), 0);
         run_snapshot(initial, ops, 3);
         // Aborted: changes are no longer noted, nothing comes out.
-        let mut index = FarIndex::build(vec![entry(1, 1), entry(2 << 61, 2)]);
+        let mut index = FarIndex::build(vec![entry(1, 1), entry(2 << 61, 2)]).unwrap();
         index.begin_snapshot();
         index.abort_snapshot();
         let pos = index.find(1, entry(1, 1).loc, 1).unwrap();
@@ -1801,14 +2207,14 @@ mod tests {
             assert!(grouped.is_sorted_by_key(|x| shard_of(x.hash)));
             let mut scattered = grouped.clone();
             scattered.reverse();
-            let a = FarIndex::build(grouped.clone());
+            let a = FarIndex::build(grouped.clone()).unwrap();
             a.check();
-            let b = FarIndex::build(scattered);
+            let b = FarIndex::build(scattered).unwrap();
             b.check();
             let live = grouped.iter().filter(|x| x.id != 0).count();
             assert_eq!(a.len(), live);
-            let av: Vec<_> = a.iter().copied().collect();
-            let bv: Vec<_> = b.iter().copied().collect();
+            let av: Vec<_> = a.iter().collect();
+            let bv: Vec<_> = b.iter().collect();
             assert_eq!(av, bv, "round {round}");
             for x in grouped.iter().filter(|x| x.id != 0) {
                 assert!(a.find(x.hash, x.loc, x.id).is_some());

@@ -1527,9 +1527,13 @@ impl Shared {
                                 }
                                 let (id, due_ms) = (task.id.0, task.due_ms);
                                 let hash = hasher.hash(core.payloads.key(&task.bytes));
-                                self.forget_task(&mut core, slot);
-                                core.far.insert(crate::far::FarEntry { hash, loc, id });
-                                note_earliest(&mut earliest, file, due_ms, offset);
+                                // Not taken in (`FarIndex::can_hold`): it
+                                // stays in the wheel, its payload on disk.
+                                let entry = crate::far::FarEntry { hash, loc, id };
+                                if core.far.insert(entry).is_ok() {
+                                    self.forget_task(&mut core, slot);
+                                    note_earliest(&mut earliest, file, due_ms, offset);
+                                }
                             }
                         }
                     }
@@ -2264,8 +2268,9 @@ fn apply_written_move(
         return None;
     }
     let (due_current, far) = move_outcome(core, m, task, far_after);
-    if far && crate::far::pack_loc(file, offset).is_some() {
-        // Goes far: the key is not needed (it is in the entry).
+    if far && crate::far::pack_loc(file, offset).is_some() && core.far.can_hold(m.id, file) {
+        // Goes far (the index takes it in: `can_hold`, under this hold):
+        // the key is not needed (it is in the entry).
         return relink(
             shared,
             core,
@@ -2294,9 +2299,11 @@ fn apply_written_move(
 
 /// Points the task in `slot` (id `id`, key `key` hashing to `hash`) at its
 /// entry at `(file, offset)`: as a far task, out of the slab and the wheel,
-/// if `far` (and the place packs), else by its payload reference
-/// (`due_current`: the entry's due time is still the task's). `Some(true)`:
-/// it went far; `Some(false)`: its payload reference moved.
+/// if `far` (and the place packs, and the far index takes it in:
+/// `FarIndex::can_hold`), else by its payload reference (`due_current`: the
+/// entry's due time is still the task's; `key` must then be the task's: a
+/// caller passing none checked `can_hold` first). `Some(true)`: it went far;
+/// `Some(false)`: its payload reference moved.
 #[allow(clippy::too_many_arguments)]
 fn relink(
     shared: &Shared,
@@ -2310,9 +2317,16 @@ fn relink(
     due_current: bool,
 ) -> Option<bool> {
     if let (true, Some(loc)) = (far, crate::far::pack_loc(file, offset)) {
-        shared.forget_task(core, slot);
-        core.far.insert(crate::far::FarEntry { hash, loc, id });
-        return Some(true);
+        // Not taken in (`FarIndex::can_hold`): it stays in the wheel, its
+        // payload on disk, as below.
+        if core
+            .far
+            .insert(crate::far::FarEntry { hash, loc, id })
+            .is_ok()
+        {
+            shared.forget_task(core, slot);
+            return Some(true);
+        }
     }
     let task = core.tasks.get_mut(slot)?;
     let new_ref = core.payloads.put_on_disk(key, file, offset, due_current);
@@ -2341,10 +2355,22 @@ fn apply_victim_move(
 ) -> Option<Applied> {
     if let Some(old) = crate::far::pack_loc(from.0, from.1) {
         if let Some(pos) = core.far.find(hash, old, vm.id) {
-            let loc = crate::far::pack_loc(file, offset)?;
-            core.far.remove(pos);
+            // One the index cannot take in stays where it is (its file is
+            // kept while it refers to it). The removal only frees: the
+            // insert after it succeeds when `can_hold` says so before.
+            let loc =
+                crate::far::pack_loc(file, offset).filter(|_| core.far.can_hold(vm.id, file))?;
+            let was = core.far.remove(pos)?;
             let id = vm.id;
-            core.far.insert(crate::far::FarEntry { hash, loc, id });
+            if core
+                .far
+                .insert(crate::far::FarEntry { hash, loc, id })
+                .is_err()
+            {
+                debug_assert!(false, "can_hold said it could");
+                let _ = core.far.insert(was);
+                return None;
+            }
             return Some(Applied {
                 far: true,
                 payload: false,
@@ -3359,6 +3385,78 @@ mod tests {
                 );
             }
         }
+        assert_eq!(fired, want);
+    }
+
+    /// A far task the far index cannot take in (here: a second overflow
+    /// file while the index may hold one) stays in the wheel, its payload
+    /// on disk — whether its checkpoint wrote it (`relink`) or a later one
+    /// finds it on disk already — until the index can: then a checkpoint
+    /// takes it far where it is. Every task fires once, at its due time,
+    /// with its payload; cancelled ones never.
+    #[test]
+    fn far_tasks_the_index_cannot_take_in_stay_in_the_wheel_until_it_can() {
+        let sim = kairos_wal::SimStorage::new(37);
+        let clock = crate::ManualClock::new(START_MS);
+        let engine = far_engine(&sim, &clock);
+        engine.shared.core.lock().far.limit_files_for_tests(1);
+        let schedule = |from: u64, to: u64| {
+            for i in from..to {
+                engine
+                    .schedule(
+                        format!("f{i}").as_bytes(),
+                        at(far_due(i)),
+                        &arena_payload("p", i),
+                    )
+                    .expect("schedule");
+            }
+        };
+        let cancel = |from: u64, to: u64| {
+            for i in from..to {
+                let got = engine.cancel(format!("f{i}").as_bytes()).expect("cancel");
+                assert_eq!(
+                    got,
+                    crate::CancelOutcome::Cancelled { deliveries: 0 },
+                    "f{i}"
+                );
+            }
+        };
+        schedule(0, 10);
+        engine.checkpoint().expect("checkpoint");
+        assert_eq!(far_ids(&engine).len(), 10);
+        schedule(10, 20);
+        engine.checkpoint().expect("checkpoint");
+        // In a second file: not taken in.
+        assert_eq!(far_ids(&engine), (1..=10).collect::<Vec<u64>>());
+        assert_eq!(engine.stats().pending, 20);
+        // Their payloads left memory all the same.
+        assert_eq!(engine.stats().payloads_on_disk, 20);
+        assert_eq!(engine.stats().payload_bytes_in_memory, 0);
+        // Found on disk already, still refused while file 1 has a far task.
+        cancel(0, 9);
+        engine.checkpoint().expect("checkpoint");
+        assert_eq!(far_ids(&engine), [10]);
+        // File 1's last far task goes: the slot is free for the others.
+        cancel(9, 10);
+        engine.checkpoint().expect("checkpoint");
+        assert_eq!(far_ids(&engine), (11..=20).collect::<Vec<u64>>());
+        cancel(12, 13);
+        let consumer = engine.consumer();
+        clock.advance(Duration::from_secs(4 * 3600));
+        engine.run_until_idle();
+        let mut fired = Vec::new();
+        while let Ok(d) = consumer.try_recv() {
+            fired.push((
+                String::from_utf8_lossy(d.key()).into_owned(),
+                d.due_ms(),
+                d.payload().to_vec(),
+            ));
+            consumer.ack(&d).expect("ack");
+        }
+        let want: Vec<(String, u64, Vec<u8>)> = (10..20)
+            .filter(|&i| i != 12)
+            .map(|i| (format!("f{i}"), far_due(i), arena_payload("p", i)))
+            .collect();
         assert_eq!(fired, want);
     }
 

@@ -192,7 +192,8 @@ pub struct Stats {
     /// far task promoted or found within the payload window).
     pub payloads_read_back: u64,
     /// Of `scheduled`: far tasks — due beyond [`Config::far_span`], out of
-    /// the wheel, 24 bytes of memory each, key and payload on disk.
+    /// the wheel, about 21 bytes of memory each (a 20-byte entry in the far
+    /// index), key and payload on disk.
     pub far: usize,
     /// Far tasks moved back into the wheel since open, by promotion or by a
     /// reschedule finding them (those already within the far span
@@ -2028,15 +2029,20 @@ impl Shared {
         let far_entries: Vec<FarEntry> = replay
             .take_far_unordered()
             .iter()
-            .filter_map(|t| {
-                Some(FarEntry {
+            .map(|t| {
+                Ok(FarEntry {
                     hash: t.key_hash,
-                    loc: crate::far::pack_loc(t.file, t.offset)?,
+                    loc: crate::far::pack_loc(t.file, t.offset).ok_or_else(|| {
+                        format!(
+                            "far task {} at offset {} of overflow file {}: not a place an entry can be",
+                            t.id, t.offset, t.file
+                        )
+                    })?,
                     id: t.id,
                 })
             })
-            .collect();
-        let mut far_index = FarIndex::build(far_entries);
+            .collect::<Result<_, String>>()?;
+        let mut far_index = FarIndex::build(far_entries)?;
         let hasher = self.core.lock().hasher.clone();
         let (promoted, far_cursors, far_error) = self.promote_at_open(&mut far_index, &hasher, now);
         let (mut live, dead) = replay.into_parts();
