@@ -20,6 +20,13 @@ fn simulation_replays_identically() {
     sim::replays_identically();
 }
 
+/// Only a sync of a log segment owes the MARK frame the harness waits for (see the function's
+/// docs: a sync of an overflow file counted as one made seeds slip their gate under load).
+#[test]
+fn simulation_probe_owes_a_mark_only_for_a_segment_sync() {
+    sim::only_a_segment_sync_owes_a_mark();
+}
+
 /// The checks have teeth: on a disk whose fdatasync lies, seeds fail (see the function's docs).
 #[test]
 fn simulation_catches_a_disk_that_lies_about_fsync() {

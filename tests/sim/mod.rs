@@ -511,9 +511,10 @@ fn scan_frames(buf: &[u8]) -> Vec<FrameInfo> {
 struct ProbeStorage {
     sim: SimStorage,
     probe: Arc<Probe>,
-    /// Only segment files hold log frames (`Mode::Background`: overflow files and the log's
-    /// marker files are written and synced beside the segments at any moment by background
-    /// work, and a sync of one makes no frame durable).
+    /// Failures of segment files only count as the log's (`Mode::Background`: overflow files
+    /// and the log's marker files are written and synced beside the segments at any moment by
+    /// background work, whose failures may leave the engine usable). In every mode only
+    /// segments hold frames and owe a MARK after their sync (`ProbeStorage::open`).
     wal_only: bool,
     /// Set (under the write lock) when the disk is crashed or cut under the running engine:
     /// from then on every call fails with EIO, as its handles do (`SimStorage`'s epochs cover
@@ -557,15 +558,19 @@ impl Storage for ProbeStorage {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
         let _alive = self.alive()?;
         let inner = self.note(IoClass::Open, path, self.sim.open(path, mode))?;
-        // Checkpoint files hold no log frames: the probe does not scan or count them.
+        // Only segments (`*.seg`, `*.seg.tmp`) hold log frames: the probe scans and counts
+        // nothing else. The marker files beside them (TRIM, SYNCED, CLOSED) and the overflow
+        // files are synced by whoever writes them, and a sync of one makes no frame durable
+        // and owes no MARK (`only_a_segment_sync_owes_a_mark`).
+        let segment = path.starts_with(Path::new(DIR).join("wal"))
+            && path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().contains(SEGMENT_SUFFIX));
+        // Whose failures count as the log's (else as a checkpoint's, which may leave the
+        // engine usable): `Mode::Background`, segments only (background work writes the
+        // others); else every file outside the checkpoint directory.
         let log = if self.wal_only {
-            // Segments only (`*.seg`, `*.seg.tmp`): the marker files beside them (TRIM,
-            // SYNCED, CLOSED) are synced by whoever writes them — a background checkpoint's
-            // trim among them —, and a sync of one makes no frame durable.
-            path.starts_with(Path::new(DIR).join("wal"))
-                && path
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().contains(SEGMENT_SUFFIX))
+            segment
         } else {
             !in_checkpoint_dir(path)
         };
@@ -575,6 +580,7 @@ impl Storage for ProbeStorage {
             max_lsn: AtomicU64::new(0),
             frames_end: AtomicU64::new(u64::MAX),
             log,
+            segment,
         }))
     }
 
@@ -656,8 +662,10 @@ struct ProbeFile {
     /// succeeded (`u64::MAX` otherwise): a write of the zeros a `Sync` writer keeps ahead of
     /// its frames starts there, and only such a write is told apart as one.
     frames_end: AtomicU64,
-    /// A file of the log (not a checkpoint file).
+    /// A file whose failures are the log's (not a checkpoint's): see `ProbeStorage::open`.
     log: bool,
+    /// A segment of the log, the only files holding frames.
+    segment: bool,
 }
 
 impl StorageFile for ProbeFile {
@@ -672,7 +680,7 @@ impl StorageFile for ProbeFile {
     }
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if !self.log {
+        if !self.segment {
             let r = self.inner.write_all_at(buf, offset);
             self.probe.io(|| {
                 format!(
@@ -750,7 +758,7 @@ impl StorageFile for ProbeFile {
         self.probe
             .io(|| format!("sync {:?} -> {}", self.inner, r.is_ok()));
         match &r {
-            Ok(()) if self.log => self.probe.synced(self.max_lsn.load(Ordering::SeqCst)),
+            Ok(()) if self.segment => self.probe.synced(self.max_lsn.load(Ordering::SeqCst)),
             Ok(()) => {}
             Err(e) => self.probe.failed(IoClass::Sync, !self.log, e),
         }
@@ -4443,4 +4451,65 @@ pub fn catches_a_disk_that_lies_about_fsync_in(mode: Mode) {
         lost > 0,
         "{runs} seeds on a lying disk and no lost task was reported"
     );
+}
+
+/// The probe owes a MARK frame (and the gated driver waits for one) only after an fdatasync of
+/// a log segment that made DATA frames durable: the writer writes a MARK only after its own
+/// syncs. Syncs of the other files outside the checkpoint directory — overflow files, the
+/// log's marker files — make no frame durable. A `Buffered` or `Interval` seed has DATA frames
+/// written and unsynced for long stretches, and a checkpoint writes and syncs its new
+/// overflow file before it syncs the log: had that sync counted, the probe would have waited
+/// for a MARK nobody writes, and a driver pass reading the clock meanwhile (holding the
+/// engine's lock, which the checkpoint needs next) stalled the run for the gate's 2 s: a gate
+/// slip, which `simulation_replays_identically` fails on.
+pub fn only_a_segment_sync_owes_a_mark() {
+    let probe = Arc::new(Probe::default());
+    let storage = ProbeStorage {
+        sim: SimStorage::new(1),
+        probe: Arc::clone(&probe),
+        wal_only: false,
+        dead: Arc::new(std::sync::RwLock::new(false)),
+    };
+    let dir = Path::new(DIR);
+    let wal_dir = dir.join("wal");
+    let overflow_dir = dir.join(kairos::overflow::OVERFLOW_DIR_NAME);
+    storage.create_dir_all(&wal_dir).unwrap();
+    storage.create_dir_all(&overflow_dir).unwrap();
+    let segment = storage
+        .open(
+            &wal_dir.join(format!("0000000000000001-0000000000000001{SEGMENT_SUFFIX}")),
+            OpenMode::CreateNew,
+        )
+        .unwrap();
+    let frame = kairos_wal::format::encode_frame(FrameKind::Data, 1, 1, 0, b"a record");
+    segment
+        .write_all_at(&frame, SEGMENT_FRAMES_OFFSET as u64)
+        .unwrap();
+    // Written, not synced (as under Buffered): no MARK is owed yet.
+    assert!(probe.wait_quiet(Duration::ZERO));
+    for other in [
+        overflow_dir.join("0000000000000001.ovf.tmp"),
+        wal_dir.join("SYNCED.tmp"),
+    ] {
+        let file = storage.open(&other, OpenMode::CreateNew).unwrap();
+        file.write_all_at(&[7; 300], 0).unwrap();
+        file.write_all_at(&[9; 300], SEGMENT_FRAMES_OFFSET as u64)
+            .unwrap();
+        file.sync_data().unwrap();
+        assert!(
+            probe.wait_quiet(Duration::from_millis(10)),
+            "a sync of {} made the probe wait for a MARK frame",
+            other.display()
+        );
+    }
+    // The segment's own sync does owe one, until the writer writes it.
+    segment.sync_data().unwrap();
+    assert!(!probe.wait_quiet(Duration::ZERO));
+    assert_eq!(probe.lock().durable_lsn, 1);
+    let mark = kairos_wal::format::encode_frame(FrameKind::Mark, 0, 2, 1, &[]);
+    segment
+        .write_all_at(&mark, (SEGMENT_FRAMES_OFFSET + frame.len()) as u64)
+        .unwrap();
+    assert!(probe.wait_quiet(Duration::ZERO));
+    assert!(probe.take_violations().is_empty());
 }
