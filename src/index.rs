@@ -322,14 +322,15 @@ impl Drop for Table {
     }
 }
 
-/// [`TaskIndex::find`] in one table (`shift` its [`home_of`] shift).
+/// [`TaskIndex::find`] in one table (`shift` its [`home_of`] shift): the
+/// slot, with the bucket and the way of its entry.
 #[inline(always)]
 fn find_in(
     buckets: &[Bucket],
     shift: u32,
     tag: u32,
     is_key: &mut impl FnMut(u32) -> bool,
-) -> Option<u32> {
+) -> Option<(u32, usize, usize)> {
     if buckets.is_empty() {
         return None;
     }
@@ -341,9 +342,10 @@ fn find_in(
         let bucket = &buckets[at];
         let mut ways = bucket.matches(tag);
         while ways != 0 {
-            let slot = bucket.slots[ways.trailing_zeros() as usize];
+            let way = ways.trailing_zeros() as usize;
+            let slot = bucket.slots[way];
             if is_key(slot) {
-                return Some(slot);
+                return Some((slot, at, way));
             }
             ways &= ways - 1;
         }
@@ -383,12 +385,7 @@ fn remove_in(buckets: &mut [Bucket], shift: u32, tag: u32, slot: u32) -> bool {
         while ways != 0 {
             let way = ways.trailing_zeros() as usize;
             if bucket.slots[way] == slot {
-                bucket.meta &= !(1 << way);
-                let mut passed = home;
-                while passed != at {
-                    buckets[passed].sub_overflow();
-                    passed = (passed + 1) & mask;
-                }
+                remove_at(buckets, shift, tag, at, way);
                 return true;
             }
             ways &= ways - 1;
@@ -399,6 +396,68 @@ fn remove_in(buckets: &mut [Bucket], shift: u32, tag: u32, slot: u32) -> bool {
         at = (at + 1) & mask;
     }
     false
+}
+
+/// Removes the entry in way `way` of bucket `at` (in the table, filed under
+/// `tag`), lowering the overflow counts of the buckets its probe passed.
+#[inline]
+fn remove_at(buckets: &mut [Bucket], shift: u32, tag: u32, at: usize, way: usize) {
+    let mask = buckets.len() - 1;
+    buckets[at].meta &= !(1 << way);
+    let mut passed = home_of(tag, shift);
+    while passed != at {
+        buckets[passed].sub_overflow();
+        passed = (passed + 1) & mask;
+    }
+}
+
+/// An entry a lookup found ([`TaskIndex::find_entry`]): its slot, its tag
+/// and, if it was in the table new entries go to, its bucket and way there,
+/// so that removing it next ([`TaskIndex::remove_found`]) needs no second
+/// probe. Sixteen bytes, so that `Option<Found>` comes back in two
+/// registers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Found {
+    /// The entry's slot.
+    pub slot: u32,
+    tag: u32,
+    /// `bucket × 8 + way + 1`; [`Found::UNPLACED`] if not known.
+    at: std::num::NonZeroU64,
+}
+
+impl Found {
+    /// `at` of an entry whose place is not known.
+    const UNPLACED: std::num::NonZeroU64 = std::num::NonZeroU64::MAX;
+
+    /// The entry of `slot` under `tag`, found in way `way` of bucket
+    /// `bucket` of the table new entries go to.
+    #[inline]
+    fn placed(slot: u32, tag: u32, bucket: usize, way: usize) -> Found {
+        // A bucket number is below 2^58 (64-byte buckets in memory), so
+        // this neither overflows nor reaches `UNPLACED`.
+        let at = std::num::NonZeroU64::new(((bucket as u64) << 3 | way as u64) + 1)
+            .unwrap_or(Found::UNPLACED);
+        Found { slot, tag, at }
+    }
+
+    /// The entry of `slot` known by its tag only: [`TaskIndex::remove_found`]
+    /// probes for it as [`TaskIndex::remove`] does.
+    pub fn tagged(slot: u32, tag: u32) -> Found {
+        Found {
+            slot,
+            tag,
+            at: Found::UNPLACED,
+        }
+    }
+
+    /// Bucket and way, if known.
+    #[inline]
+    fn place(&self) -> Option<(usize, usize)> {
+        (self.at != Found::UNPLACED).then(|| {
+            let at = self.at.get() - 1;
+            ((at >> 3) as usize, (at & 7) as usize)
+        })
+    }
 }
 
 impl TaskIndex {
@@ -442,19 +501,34 @@ impl TaskIndex {
     /// O(1) expected (one cache line, unless the home bucket overflowed;
     /// while the table grows, a line of each table for a key not in the new
     /// one); `is_key` runs only on tag matches.
+    #[inline]
     pub fn find(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
         let found = find_in(&self.buckets, self.shift, tag, &mut is_key);
         if found.is_some() || self.old_len == 0 {
-            return found;
+            return found.map(|(slot, _, _)| slot);
         }
         self.find_old(tag, is_key)
+    }
+
+    /// [`TaskIndex::find`], with where the entry is (for
+    /// [`TaskIndex::remove_found`]).
+    #[inline]
+    pub fn find_entry(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<Found> {
+        if let Some((slot, at, way)) = find_in(&self.buckets, self.shift, tag, &mut is_key) {
+            return Some(Found::placed(slot, tag, at, way));
+        }
+        if self.old_len == 0 {
+            return None;
+        }
+        self.find_old(tag, is_key)
+            .map(|slot| Found::tagged(slot, tag))
     }
 
     /// [`TaskIndex::find`] in the old table, while the table grows.
     #[cold]
     #[inline(never)]
     fn find_old(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
-        find_in(&self.old, self.old_shift, tag, &mut is_key)
+        find_in(&self.old, self.old_shift, tag, &mut is_key).map(|(slot, _, _)| slot)
     }
 
     /// Adds `slot` under `tag`. The caller has checked that the key is absent.
@@ -647,6 +721,30 @@ impl TaskIndex {
         let removed = remove_in(&mut self.buckets, self.shift, tag, slot);
         self.len -= usize::from(removed);
         removed
+    }
+
+    /// Removes the entry a lookup found ([`TaskIndex::find_entry`]) or one
+    /// known by its tag ([`Found::tagged`], then as [`TaskIndex::remove`]);
+    /// false if absent. Where the lookup found it is checked first — that
+    /// way of that bucket holds the slot under the tag — and the index is
+    /// probed again if not (the table grew or moved entries since), so a
+    /// stale `Found` costs time, never a wrong removal.
+    #[inline]
+    pub fn remove_found(&mut self, found: Found) -> bool {
+        if let Some((at, way)) = found.place() {
+            if self.old_len == 0
+                && self.buckets.get(at).is_some_and(|b| {
+                    b.meta & (1 << way) != 0
+                        && b.tags[way] == found.tag
+                        && b.slots[way] == found.slot
+                })
+            {
+                remove_at(&mut self.buckets, self.shift, found.tag, at, way);
+                self.len -= 1;
+                return true;
+            }
+        }
+        self.remove(found.tag, found.slot)
     }
 
     /// [`TaskIndex::remove`] while the table grows.

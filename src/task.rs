@@ -255,6 +255,7 @@ impl PayloadStore {
     }
 
     /// The task's key (always in memory). O(1).
+    #[inline]
     pub fn key<'a>(&'a self, at: &'a PayloadRef) -> &'a [u8] {
         match at {
             PayloadRef::Small { bytes, key_len, .. } => &bytes[..usize::from(*key_len)],
@@ -513,7 +514,17 @@ impl TaskSlab {
 
     /// Saves `slot` as it is for the snapshot under way, before its first
     /// change, if it has not been read yet.
+    #[inline]
     fn save_for_snapshot(&mut self, slot: u32) {
+        if self.snapshot.is_some() {
+            self.save_for_snapshot_under_way(slot);
+        }
+    }
+
+    /// [`TaskSlab::save_for_snapshot`] while a snapshot is under way.
+    #[cold]
+    #[inline(never)]
+    fn save_for_snapshot_under_way(&mut self, slot: u32) {
         let Some(snapshot) = &mut self.snapshot else {
             return;
         };

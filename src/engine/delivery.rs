@@ -413,7 +413,11 @@ impl Shared {
             .map_err(|cause| AckError::Poisoned { cause })?
         };
         for (d, &tag) in deliveries.iter().filter(|d| !d.at_most_once).zip(&tags) {
-            self.forget_task_tagged(&mut core, d.slot, Some(tag));
+            self.forget_task_tagged(
+                &mut core,
+                d.slot,
+                Some(crate::index::Found::tagged(d.slot, tag)),
+            );
         }
         drop(core);
         self.wait_durable(ticket)

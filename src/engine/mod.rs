@@ -44,7 +44,7 @@ use crate::error::{
     AckError, CancelError, CheckpointError, OpenError, ScheduleError, ShutdownError, SyncError,
 };
 use crate::far::{FarEntry, FarIndex, KeyHasher};
-use crate::index::TaskIndex;
+use crate::index::{Found, TaskIndex};
 use crate::prefetch::prefetch;
 use crate::record::{Record, ID_ONLY_BYTES, RECORD_CANCEL, RECORD_SCHEDULE, SCHEDULE_FIXED_BYTES};
 use crate::replay::{DeadTask, LiveTask, Replay};
@@ -466,12 +466,25 @@ impl Core {
 
     /// The slot of the live task with `key` (whose tag is `tag`), if any.
     fn find_slot(&self, tag: u32, key: &[u8]) -> Option<u32> {
-        let (tasks, payloads) = (&self.tasks, &self.payloads);
-        self.index.find(tag, |slot| {
-            tasks
-                .get(slot)
-                .is_some_and(|t| payloads.key(&t.bytes) == key)
-        })
+        self.index.find(tag, |slot| self.holds_key(slot, key))
+    }
+
+    /// Whether the task in `slot` has `key`: the index's check of a tag
+    /// match, out of line so that the probe around it (a schedule's finds
+    /// almost no match) keeps its registers.
+    #[inline(never)]
+    fn holds_key(&self, slot: u32, key: &[u8]) -> bool {
+        self.tasks
+            .get(slot)
+            .is_some_and(|t| self.payloads.key(&t.bytes) == key)
+    }
+
+    /// [`Core::find_slot`] as the index entry found (its slot, and where it
+    /// is, for removing it without a second probe:
+    /// [`TaskIndex::remove_found`]).
+    #[inline]
+    fn find_entry(&self, tag: u32, key: &[u8]) -> Option<Found> {
+        self.index.find_entry(tag, |slot| self.holds_key(slot, key))
     }
 
     /// Adds a dead letter.
@@ -2899,15 +2912,14 @@ impl Shared {
         Ok(CancelOutcome::NotFound)
     }
 
-    /// Applies a logged cancel to the task in `slot`, whose key's tag is
-    /// `tag`.
-    fn apply_cancel(&self, core: &mut Core, slot: u32, tag: u32, outright: bool) {
+    /// Applies a logged cancel to the task whose index entry is `found`.
+    fn apply_cancel(&self, core: &mut Core, found: Found, outright: bool) {
         if outright {
-            self.forget_task_tagged(core, slot, Some(tag));
-        } else if let Some(t) = core.tasks.get_mut(slot) {
+            self.forget_task_tagged(core, found.slot, Some(found));
+        } else if let Some(t) = core.tasks.get_mut(found.slot) {
             // The holder may still ack or nack; nothing follows either way.
             t.state = TaskState::Abandoned;
-            core.index.remove(tag, slot);
+            core.index.remove_found(found);
         }
     }
 
@@ -2917,16 +2929,40 @@ impl Shared {
         // The key's index bucket starts loading while the lock is taken.
         let tag = self.index_probe.tag(key);
         self.index_probe.prefetch(tag);
+        let core = self.core.lock();
+        if !core.far.is_empty() && self.disk.is_some() {
+            return self.cancel_one_maybe_far(core, key, tag);
+        }
+        // No far task: the key's task, if any, is in the slab
+        // (`Shared::locate_for_cancel` without the far reads).
+        core.check_open().map_err(status_to_cancel_error)?;
+        match core.find_entry(tag, key) {
+            Some(found) => self.cancel_slot(core, found),
+            None => self.not_found(core),
+        }
+    }
+
+    /// [`Shared::cancel_one`] in an engine with far tasks: the key's
+    /// overflow entry, if its hash matches one, is read with the lock let go
+    /// ([`Shared::reading_far`]).
+    #[cold]
+    #[inline(never)]
+    fn cancel_one_maybe_far(
+        &self,
+        core: parking_lot::MutexGuard<'_, Core>,
+        key: &[u8],
+        tag: u32,
+    ) -> Result<CancelOutcome, CancelError> {
         let (mut core, reads, _) = self
-            .lock_reading_far(std::iter::once(key))
+            .reading_far(core, std::iter::once(key))
             .map_err(|cause| CancelError::Poisoned { cause })?;
         core.check_open().map_err(status_to_cancel_error)?;
         let found = self
             .locate_for_cancel(&mut core, key, tag, &reads)
             .map_err(|cause| CancelError::Poisoned { cause })?;
-        let slot = match found {
-            None => return self.not_found(core),
-            Some(far::Located::Slot(slot)) => slot,
+        match found {
+            None => self.not_found(core),
+            Some(far::Located::Slot(slot)) => self.cancel_slot(core, Found::tagged(slot, tag)),
             Some(far::Located::Far { pos, entry: e }) => {
                 let ticket = self
                     .log_ids(&mut core, RECORD_CANCEL, [TaskId(e.id)], |id| {
@@ -2937,9 +2973,20 @@ impl Shared {
                 drop(core);
                 self.wait_durable(ticket)
                     .map_err(|cause| CancelError::Poisoned { cause })?;
-                return Ok(CancelOutcome::Cancelled { deliveries: 0 });
+                Ok(CancelOutcome::Cancelled { deliveries: 0 })
             }
-        };
+        }
+    }
+
+    /// The rest of [`Shared::cancel_one`] once the key's task is found in
+    /// its index entry `found`, under the hold `core`.
+    #[inline]
+    fn cancel_slot(
+        &self,
+        mut core: parking_lot::MutexGuard<'_, Core>,
+        found: Found,
+    ) -> Result<CancelOutcome, CancelError> {
+        let slot = found.slot;
         let (outcome, action) = Self::cancel_decision(&core, slot);
         let Some((id, outright)) = action else {
             return self.not_found(core);
@@ -2947,7 +2994,7 @@ impl Shared {
         let ticket = self
             .log_ids(&mut core, RECORD_CANCEL, [id], |id| Record::Cancel { id })
             .map_err(|cause| CancelError::Poisoned { cause })?;
-        self.apply_cancel(&mut core, slot, tag, outright);
+        self.apply_cancel(&mut core, found, outright);
         drop(core);
         self.wait_durable(ticket)
             .map_err(|cause| CancelError::Poisoned { cause })?;
@@ -3027,7 +3074,7 @@ impl Shared {
                     slot,
                     tag,
                     outright,
-                } => self.apply_cancel(&mut core, slot, tag, outright),
+                } => self.apply_cancel(&mut core, Found::tagged(slot, tag), outright),
                 CancelVictim::Far { pos, entry } => self.drop_far(&mut core, pos, entry),
             }
         }
@@ -3062,16 +3109,18 @@ impl Shared {
         // The index entry is found by the key's tag, not kept in the task
         // (whose entry stays at 64 bytes); an abandoned task has none.
         let Some(tag) = core.tasks.get(slot).map(|t| {
-            (t.state != TaskState::Abandoned).then(|| core.index.tag(core.payloads.key(&t.bytes)))
+            (t.state != TaskState::Abandoned)
+                .then(|| Found::tagged(slot, core.index.tag(core.payloads.key(&t.bytes))))
         }) else {
             return;
         };
         self.forget_task_tagged(core, slot, tag);
     }
 
-    /// [`Shared::forget_task`] when the key's tag is known (`None`: only
-    /// for a task without an index entry, an abandoned one).
-    fn forget_task_tagged(&self, core: &mut Core, slot: u32, tag: Option<u32>) {
+    /// [`Shared::forget_task`] when the key's index entry is known, by its
+    /// tag at least (`None`: only for a task without an index entry, an
+    /// abandoned one); `found` is the entry of `slot`.
+    fn forget_task_tagged(&self, core: &mut Core, slot: u32, found: Option<Found>) {
         if let Some(task) = core.tasks.remove(slot) {
             if let Some(timer) = task.timer {
                 core.wheel.remove(timer);
@@ -3082,8 +3131,8 @@ impl Shared {
                 TaskState::Leased | TaskState::Abandoned => core.in_flight_count -= 1,
             }
             // Absent already for an abandoned task.
-            if let Some(tag) = tag {
-                core.index.remove(tag, slot);
+            if let Some(found) = found {
+                core.index.remove_found(found);
             }
             core.release_bytes(slot, task.bytes);
             // Overdue, backlog and ready entries, if any, are skipped by
