@@ -50,7 +50,7 @@ pub const HORIZON_DEFAULT: Duration = Duration::from_secs(18 * 24 * 3600);
 
 /// Default [`Config::resident_window`]: 1 minute, the same as
 /// [`PAYLOAD_WINDOW_DEFAULT`]: a task due later than that keeps no payload in
-/// memory, so it might as well keep no wheel entry either (24 bytes instead
+/// memory, so it might as well keep no wheel entry either (20 bytes instead
 /// of about 112). Sessions up to 14 used 10 minutes: with the order-timeout
 /// delay mix (45 % within 30 minutes, 35 % within 7 days, 20 % within 30
 /// days) about 15 % of the tasks were then due within the window and cost
@@ -247,7 +247,7 @@ pub struct Config {
     /// Waiting first attempts due later than this from now leave the timing
     /// wheel at the next checkpoint (or sooner, [`Config::relocate_far_tasks`]): their key, due time and payload are
     /// written to an overflow file (or stay in the entry they are in, if its
-    /// due time is still the task's) and memory keeps only 24 bytes (the
+    /// due time is still the task's) and memory keeps only 20 bytes (the
     /// key's hash, the task id and the entry's place; `crate::far`). They are
     /// read back sequentially and put in the wheel ("promoted") once their
     /// due time is within the far span ([`Config::far_span`]) from now, by the prefetcher (or, with
@@ -269,7 +269,7 @@ pub struct Config {
     /// The part of the horizon whose tasks stay whole in memory: waiting
     /// first attempts due later than this from now are kept like far tasks
     /// ([`Config::horizon`]) — key, due time and payload in an overflow
-    /// file, 24 bytes of memory each — and are promoted back into the wheel
+    /// file, 20 bytes of memory each — and are promoted back into the wheel
     /// once due within this window from now. A task in the wheel's memory
     /// costs about 112 bytes plus its key and payload beyond 26 bytes; one
     /// kept out of it about 25, whatever its key and payload (a tiered
@@ -402,7 +402,7 @@ impl Default for Config {
 impl Config {
     /// How far ahead tasks stay whole in the wheel's memory: waiting first
     /// attempts due later than this from now become far tasks (out of the
-    /// wheel, 24 bytes of memory each; see [`Config::horizon`]) and are
+    /// wheel, 20 bytes of memory each; see [`Config::horizon`]) and are
     /// promoted back once due within it. The horizon, or the resident
     /// window (at least the payload window) if shorter; `None` when the
     /// horizon is `None`. No task goes far without a payload window either

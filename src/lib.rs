@@ -6,7 +6,7 @@
 //! (Varghese & Lauck 1987, scheme 7) holds the tasks due soon — by default
 //! within a minute ([`Config::resident_window`]) — and a tombstone index maps
 //! keys to them; tasks due later are *far* tasks, kept on disk in overflow
-//! files sorted by due time ([`overflow`]) with only a 24-byte entry in
+//! files sorted by due time ([`overflow`]) with only a 20-byte entry in
 //! memory ([`far`]), and promoted into the wheel ahead of their due time;
 //! payloads of tasks not due soon stay on disk too. Every state change is a
 //! record in a segmented write-ahead log ([`kairos_wal`]), written before it

@@ -717,7 +717,7 @@ struct Reopened {
     pending: u64,
     payloads_on_disk: u64,
     payload_bytes_in_memory: u64,
-    /// Far tasks (beyond the far span, 24 B of memory each) after the open.
+    /// Far tasks (beyond the far span, 20 B of memory each) after the open.
     far: u64,
 }
 
