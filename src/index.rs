@@ -1222,6 +1222,78 @@ mod tests {
         assert!(index.buckets.iter().all(|b| b.meta == 0));
     }
 
+    /// A `Found` kept while the table changed — grown (during and after
+    /// the doubling), its way emptied and filled by another slot, its slot
+    /// removed and inserted again elsewhere — removes its slot if present
+    /// and nothing else, as [`TaskIndex::remove`] would.
+    #[test]
+    fn a_stale_found_removes_its_slot_and_nothing_else() {
+        let mut index = TaskIndex::default();
+        let mut model: std::collections::BTreeMap<u32, u32> = Default::default();
+        // Few distinct homes: long overflow chains.
+        fn tag(slot: u32) -> u32 {
+            (slot % 37).wrapping_mul(0x0101_0101)
+        }
+        fn put(index: &mut TaskIndex, model: &mut std::collections::BTreeMap<u32, u32>, slot: u32) {
+            index.insert(tag(slot), slot);
+            model.insert(slot, tag(slot));
+        }
+        for slot in 0..500 {
+            put(&mut index, &mut model, slot);
+        }
+        let found = |index: &TaskIndex, slot: u32| {
+            index.find_entry(tag(slot), |s| s == slot).expect("present")
+        };
+        // Kept before the table grows: growth still under way, then over.
+        let before_growth: Vec<Found> = (0..50).map(|s| found(&index, s)).collect();
+        let mut next = 500;
+        while index.old_len == 0 {
+            put(&mut index, &mut model, next);
+            next += 1;
+        }
+        assert!(index.remove_found(before_growth[0]));
+        model.remove(&0);
+        assert!(!index.remove_found(before_growth[0]));
+        while index.old_len > 0 {
+            put(&mut index, &mut model, next);
+            next += 1;
+        }
+        for f in &before_growth[1..] {
+            assert!(index.remove_found(*f));
+            assert!(!index.remove_found(*f));
+            model.remove(&f.slot);
+        }
+        check_invariants(&index);
+        // Its slot removed, its way given to another slot under the same
+        // tag (in a small table: the way freed is the first free one): the
+        // other stays.
+        let mut small = TaskIndex::default();
+        for slot in [1, 2, 3] {
+            small.insert(9, slot);
+        }
+        let kept = small.find_entry(9, |s| s == 2).expect("present");
+        assert!(small.remove(9, 2));
+        small.insert(9, 4);
+        assert_eq!(small.find_entry(9, |s| s == 4).map(|f| f.at), Some(kept.at));
+        assert!(!small.remove_found(kept));
+        assert_eq!(small.len(), 3);
+        for slot in [1, 3, 4] {
+            assert_eq!(small.find(9, |s| s == slot), Some(slot));
+        }
+        // Its slot removed and inserted again (wherever it lands now).
+        let kept = found(&index, 200);
+        assert!(index.remove(tag(200), 200));
+        put(&mut index, &mut model, 200);
+        assert!(index.remove_found(kept));
+        model.remove(&200);
+        assert!(!index.remove_found(kept));
+        check_invariants(&index);
+        assert_eq!(index.len(), model.len());
+        for (&slot, &t) in &model {
+            assert_eq!(index.find(t, |s| s == slot), Some(slot), "slot {slot}");
+        }
+    }
+
     proptest::proptest! {
         /// Inserts, removes and finds against a `HashMap` model, with tags
         /// drawn from a small set (collisions, overflow chains, growth).
