@@ -1131,8 +1131,11 @@ impl FarIndex {
         self.snapshot.is_some()
     }
 
-    /// Takes every entry out (live ones and tombstones), leaving the index
-    /// empty — for a rebuild. A snapshot under way is dropped.
+    /// Takes every entry out (live ones and tombstones, whose location may
+    /// name another file since: see [`FarIndex::entry_at`]), leaving the
+    /// index empty — for a rebuild, which drops the tombstones. A snapshot
+    /// under way is dropped. Holds the index and the entries it returns at
+    /// once (for tests; the engine builds its index at open).
     pub fn take_entries(&mut self) -> Vec<FarEntry> {
         let mut out = Vec::with_capacity(self.shards.iter().map(Shard::held).sum());
         for (s, shard) in self.shards.iter().enumerate() {
