@@ -276,7 +276,13 @@ impl Default for FileSlots {
 impl FileSlots {
     /// Whether an entry in `file` can be counted ([`FileSlots::add`]).
     fn can_hold(&self, file: u32) -> bool {
-        self.live.contains_key(&file) || !self.free.is_empty() || self.file_of.len() < self.cap
+        self.live.contains_key(&file) || self.slots_left() > 0
+    }
+
+    /// Slots a file without one can still get: free ones, and those not
+    /// yet handed out.
+    fn slots_left(&self) -> usize {
+        self.free.len() + self.cap.saturating_sub(self.file_of.len())
     }
 
     /// Counts one more live entry in `file`; its slot, or `None` (nothing
@@ -851,11 +857,6 @@ impl FarIndex {
         id >> FAR_ID_BITS == 0 && self.files.can_hold(file)
     }
 
-    /// The entry `p` of shard `s`, as it was given.
-    fn unpack(&self, s: usize, p: Packed) -> FarEntry {
-        self.files.unpack(s, p)
-    }
-
     /// Lets the index hold far tasks of at most `files` overflow files at
     /// once (instead of [`FAR_FILES_MAX`]), for tests of what the engine
     /// does with a far task the index cannot take in.
@@ -880,10 +881,7 @@ impl FarIndex {
             }
             if !self.files.live.contains_key(&e.file()) {
                 new_files.insert(e.file());
-                if new_files.len()
-                    > self.files.free.len()
-                        + self.files.cap.saturating_sub(self.files.file_of.len())
-                {
+                if new_files.len() > self.files.slots_left() {
                     return Err(*e);
                 }
             }
@@ -981,7 +979,7 @@ impl FarIndex {
         self.shards.iter().enumerate().find_map(|(s, shard)| {
             shard
                 .entries()
-                .position(|p| p.is_live() && self.unpack(s, p).loc == loc && p.id() == id)
+                .position(|p| p.is_live() && self.files.unpack(s, p).loc == loc && p.id() == id)
                 .map(|at| position(s, at))
         })
     }
@@ -994,7 +992,7 @@ impl FarIndex {
     pub fn get(&self, pos: usize) -> FarEntry {
         let (s, at) = unposition(pos);
         match self.shards[s].entry(at) {
-            Some(p) => self.unpack(s, p),
+            Some(p) => self.files.unpack(s, p),
             None => panic!("far index position {pos} was not given by the index"),
         }
     }
@@ -1006,7 +1004,7 @@ impl FarIndex {
     pub fn entry_at(&self, pos: usize) -> Option<FarEntry> {
         let (s, at) = unposition(pos);
         let p = self.shards.get(s)?.entry(at)?;
-        Some(self.unpack(s, p))
+        Some(self.files.unpack(s, p))
     }
 
     /// Removes the entry at `pos` (a tombstone until its shard is rebuilt,
@@ -1019,7 +1017,7 @@ impl FarIndex {
         if !p.is_live() {
             return None;
         }
-        let out = self.unpack(s, p);
+        let out = self.files.unpack(s, p);
         let shard = &mut self.shards[s];
         if let Some(e) = shard.entry_mut(at) {
             e.kill();
@@ -1053,7 +1051,7 @@ impl FarIndex {
             shard
                 .entries()
                 .filter(|p| p.is_live())
-                .map(move |p| self.unpack(s, p))
+                .map(move |p| self.files.unpack(s, p))
         })
     }
 
