@@ -511,8 +511,9 @@ impl TaskIndex {
     }
 
     /// [`TaskIndex::find`], with where the entry is (for
-    /// [`TaskIndex::remove_found`]).
-    #[inline]
+    /// [`TaskIndex::remove_found`]). Always inlined: a single cancel's
+    /// lookup costs ~20 instructions more as a call.
+    #[inline(always)]
     pub fn find_entry(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<Found> {
         if let Some((slot, at, way)) = find_in(&self.buckets, self.shift, tag, &mut is_key) {
             return Some(Found::placed(slot, tag, at, way));
@@ -766,7 +767,6 @@ impl TaskIndex {
     }
 
     /// Number of entries.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }

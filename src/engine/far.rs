@@ -108,8 +108,10 @@ impl Carried {
 /// Where a cancel found its task ([`Shared::locate_for_cancel`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Located {
-    /// In the slab (and the wheel or a queue, or held by a consumer).
-    Slot(u32),
+    /// In the slab (and the wheel or a queue, or held by a consumer): its
+    /// index entry as the lookup found it, so that a cancel removes it
+    /// without a second probe ([`crate::index::TaskIndex::remove_found`]).
+    Slot(crate::index::Found),
     /// A far task: its entry in the far index, and the entry's position
     /// there when found (valid until the index next changes).
     Far { pos: usize, entry: FarEntry },
@@ -358,8 +360,8 @@ impl Shared {
         tag: u32,
         reads: &FarReads,
     ) -> Result<Option<Located>, String> {
-        if let Some(slot) = core.find_slot(tag, key) {
-            return Ok(Some(Located::Slot(slot)));
+        if let Some(found) = core.find_entry(tag, key) {
+            return Ok(Some(Located::Slot(found)));
         }
         match self.find_far(core, key, reads) {
             Ok(found) => Ok(found.map(|(pos, _)| Located::Far {

@@ -1525,6 +1525,21 @@ impl Engine {
         (core.payloads.arena_stats().entries, named)
     }
 
+    /// For tests: the key index's entries, and the tasks in memory that
+    /// must have one (every task but an abandoned one: a cancel of a leased
+    /// task takes its entry out, its key free again). Equal unless an entry
+    /// was left behind or lost. O(live tasks).
+    #[doc(hidden)]
+    pub fn index_entries_accounted(&self) -> (usize, usize) {
+        let core = self.shared.core.lock();
+        let keyed = core
+            .tasks
+            .iter()
+            .filter(|t| t.state != TaskState::Abandoned)
+            .count();
+        (core.index.len(), keyed)
+    }
+
     /// The dead letters, oldest id first. O(dead letters) with their
     /// payloads copied. Returned once the records the list reflects are as
     /// durable as the mode promises (a purge or requeue another caller just
@@ -2962,7 +2977,7 @@ impl Shared {
             .map_err(|cause| CancelError::Poisoned { cause })?;
         match found {
             None => self.not_found(core),
-            Some(far::Located::Slot(slot)) => self.cancel_slot(core, Found::tagged(slot, tag)),
+            Some(far::Located::Slot(found)) => self.cancel_slot(core, found),
             Some(far::Located::Far { pos, entry: e }) => {
                 let ticket = self
                     .log_ids(&mut core, RECORD_CANCEL, [TaskId(e.id)], |id| {
@@ -3028,8 +3043,9 @@ impl Shared {
                 .map_err(|cause| CancelError::Poisoned { cause })?;
             let outcome = match found {
                 None => CancelOutcome::NotFound,
-                Some(far::Located::Slot(slot)) => {
-                    // `find_slot` gives only slots holding a task with the key.
+                Some(far::Located::Slot(found)) => {
+                    let slot = found.slot;
+                    // `find_entry` gives only slots holding a task with the key.
                     let Some(id) = core.tasks.get(slot).map(|t| t.id.0) else {
                         outcomes.push(CancelOutcome::NotFound);
                         continue;
@@ -3037,14 +3053,7 @@ impl Shared {
                     if first(id) {
                         let (outcome, action) = Self::cancel_decision(&core, slot);
                         if let Some((id, outright)) = action {
-                            victims.push((
-                                CancelVictim::Slot {
-                                    slot,
-                                    tag,
-                                    outright,
-                                },
-                                id,
-                            ));
+                            victims.push((CancelVictim::Slot { found, outright }, id));
                         }
                         outcome
                     } else {
@@ -3070,11 +3079,9 @@ impl Shared {
             .or_else(|| Self::barrier_locked(&core));
         for (victim, _) in victims {
             match victim {
-                CancelVictim::Slot {
-                    slot,
-                    tag,
-                    outright,
-                } => self.apply_cancel(&mut core, Found::tagged(slot, tag), outright),
+                CancelVictim::Slot { found, outright } => {
+                    self.apply_cancel(&mut core, found, outright)
+                }
                 CancelVictim::Far { pos, entry } => self.drop_far(&mut core, pos, entry),
             }
         }
@@ -3454,9 +3461,11 @@ fn div_u128(n: u128, d: u128, round: Round) -> u128 {
 /// A task a `cancel_many` call cancels, once its record is logged.
 #[derive(Clone, Copy, Debug)]
 enum CancelVictim {
-    /// In the slab, its key's tag `tag`; `outright`: forgotten at once
-    /// (else left `Abandoned` to its holder).
-    Slot { slot: u32, tag: u32, outright: bool },
+    /// In the slab, its index entry as the lookup found it (removed there
+    /// unless an earlier victim's removal moved it: [`TaskIndex::remove_found`]
+    /// checks); `outright`: forgotten at once (else left `Abandoned` to its
+    /// holder).
+    Slot { found: Found, outright: bool },
     /// A far task: taken out of the far index (`pos`: where it was found).
     Far {
         pos: usize,
