@@ -141,6 +141,8 @@ pub enum ScheduleError {
     #[error("due time is before the Unix epoch")]
     DueBeforeEpoch,
     /// A task with this key is already live (scheduled, or delivered and not acked).
+    /// Answered before `TooManyPending`: at the pending limit a schedule of a
+    /// live key still says that the key is live.
     #[error("a task with key {key:?} is already pending")]
     AlreadyExists {
         /// The key, lossily as UTF-8.
@@ -169,7 +171,8 @@ pub enum ScheduleError {
         /// The maximum.
         max: usize,
     },
-    /// Live tasks would exceed `Config::pending_tasks_max`.
+    /// Live tasks would exceed `Config::pending_tasks_max` (and no key of
+    /// the call is live: that is `AlreadyExists`).
     #[error("{pending} tasks are pending; the maximum is {max}")]
     TooManyPending {
         /// Live tasks now.

@@ -1350,7 +1350,8 @@ fn slow_consumers_with_threads() -> TestResult {
 
 /// `pending_tasks_max` bounds scheduled + ready + in flight (dead letters are not counted):
 /// beyond it `schedule`, `schedule_many`, an upsert of a new key and a requeue return
-/// `TooManyPending` and change nothing; finishing a task makes room again.
+/// `TooManyPending` and change nothing (a live key is `AlreadyExists` first); finishing a task
+/// makes room again.
 #[test]
 fn pending_tasks_max_gives_too_many_pending() -> TestResult {
     let mut c = cfg(30_000, 1, 0);
@@ -1374,6 +1375,28 @@ fn pending_tasks_max_gives_too_many_pending() -> TestResult {
         );
     };
     full(e.schedule_after(b"one-more", ms(1), b""));
+    // A live key is `AlreadyExists` at the limit too, alone or in a batch
+    // that would not fit either.
+    assert_matches!(
+        e.schedule_after(&key("p-", 3), ms(1), b""),
+        Err(ScheduleError::AlreadyExists { .. })
+    );
+    let live_key = key("p-", 4);
+    assert_matches!(
+        e.schedule_many(&[
+            NewTask {
+                key: b"one-more",
+                due: Due::After(ms(1)),
+                payload: b"",
+            },
+            NewTask {
+                key: &live_key,
+                due: Due::After(ms(1)),
+                payload: b"",
+            },
+        ]),
+        Err(ScheduleError::AlreadyExists { .. })
+    );
     assert_matches!(
         e.reschedule(b"one-more", Due::After(ms(1)), None),
         Err(ScheduleError::TooManyPending { .. })

@@ -2399,9 +2399,8 @@ impl Shared {
                 .map_err(|cause| ScheduleError::Poisoned { cause })?;
             (core, far_match.then_some(reads))
         };
-        if let Err(refusal) = self.check_room(&core, 1) {
-            return Err(self.room_refused(core, refusal));
-        }
+        // `AlreadyExists` before `TooManyPending`, as in `schedule_batch`.
+        core.check_open().map_err(status_to_schedule_error)?;
         if core.find_slot(tag, t.key).is_some()
             || match reads {
                 Some(reads) => self
@@ -2411,6 +2410,9 @@ impl Shared {
             }
         {
             return Err(self.already_exists(core, t.key));
+        }
+        if let Err(refusal) = self.check_room(&core, 1) {
+            return Err(self.room_refused(core, refusal));
         }
         self.check_horizon(&core, due_ms, due_tick)?;
         let id = TaskId(core.next_id);
@@ -2662,9 +2664,10 @@ impl Shared {
         let (mut core, reads, far_match) = self
             .lock_reading_far(new.iter().map(|t| t.key))
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
-        if let Err(refusal) = self.check_room(&core, new.len()) {
-            return Err(self.room_refused(core, refusal));
-        }
+        // A key already live is `AlreadyExists` even at the pending limit:
+        // the call would be refused with room to spare too, and a producer
+        // retrying a schedule it made learns that it did.
+        core.check_open().map_err(status_to_schedule_error)?;
         for (i, (t, &tag)) in new.iter().zip(&tags).enumerate() {
             prefetch_lookups(&core.index, &tags, i);
             if core.find_slot(tag, t.key).is_some() {
@@ -2680,6 +2683,9 @@ impl Shared {
                     return Err(self.already_exists(core, t.key));
                 }
             }
+        }
+        if let Err(refusal) = self.check_room(&core, new.len()) {
+            return Err(self.room_refused(core, refusal));
         }
         for (&ms, &tick) in due_ms.iter().zip(&due_ticks) {
             self.check_horizon(&core, ms, tick)?;
