@@ -274,6 +274,13 @@ impl Default for FileSlots {
 }
 
 impl FileSlots {
+    /// Heap bytes held, the map's estimated (see [`FarIndex::memory_bytes`]).
+    fn memory_bytes(&self) -> usize {
+        self.live.len() * 48
+            + self.file_of.capacity() * std::mem::size_of::<u32>()
+            + self.free.capacity() * std::mem::size_of::<u16>()
+    }
+
     /// Whether an entry in `file` can be counted ([`FileSlots::add`]).
     fn can_hold(&self, file: u32) -> bool {
         self.live.contains_key(&file) || self.slots_left() > 0
@@ -1143,10 +1150,13 @@ impl FarIndex {
         out
     }
 
-    /// Heap bytes held.
+    /// Heap bytes held: the shards and the table of files' slots (its map
+    /// counted at about 48 bytes per file, a B-tree's entry and its share
+    /// of a node).
     pub fn memory_bytes(&self) -> usize {
         self.shards.iter().map(Shard::memory_bytes).sum::<usize>()
             + self.shards.len() * std::mem::size_of::<Shard>()
+            + self.files.memory_bytes()
     }
 }
 
