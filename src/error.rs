@@ -63,7 +63,8 @@ pub enum CheckpointError {
     #[error("engine is shut down")]
     Closed,
     /// The engine is poisoned by a failed write or sync (of this checkpoint or earlier), or
-    /// by an earlier failed read of a far task's overflow entry.
+    /// by an earlier failed read of a far task's overflow entry, or by a panic in one of its
+    /// threads (a bug).
     #[error("engine is poisoned: {cause}")]
     Poisoned {
         /// The first failure.
@@ -198,10 +199,10 @@ pub enum ScheduleError {
     Closed,
     /// A write or sync failed — this call's own, or an earlier one — or a
     /// far task's overflow entry could not be read (by this call or an
-    /// earlier one; this poisons the engine too); the engine refuses work
-    /// until reopened. The outcome of this call is unknown (see the type's
+    /// earlier one; this poisons the engine too), or one of the engine's
+    /// threads panicked (a bug); the engine refuses work until reopened. The outcome of this call is unknown (see the type's
     /// docs).
-    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
+    #[error("the engine is poisoned: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -225,9 +226,9 @@ pub enum CancelError {
     #[error("the engine is shut down")]
     Closed,
     /// A write or sync failed, or a far task's overflow entry could not be
-    /// read (which poisons the engine); the engine refuses work until
-    /// reopened.
-    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
+    /// read (which poisons the engine), or one of the engine's threads
+    /// panicked (a bug); the engine refuses work until reopened.
+    #[error("the engine is poisoned: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -242,9 +243,9 @@ pub enum LookupError {
     #[error("the engine is shut down")]
     Closed,
     /// A write or sync failed, or a far task's overflow entry could not be
-    /// read (which poisons the engine); the engine refuses work until
-    /// reopened.
-    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
+    /// read (which poisons the engine), or one of the engine's threads
+    /// panicked (a bug); the engine refuses work until reopened.
+    #[error("the engine is poisoned: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -308,9 +309,9 @@ pub enum AckError {
     #[error("the engine is shut down")]
     Closed,
     /// A write or sync failed, or a far task's overflow entry could not be
-    /// read (which poisons the engine); the engine refuses work until
-    /// reopened.
-    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
+    /// read (which poisons the engine), or one of the engine's threads
+    /// panicked (a bug); the engine refuses work until reopened.
+    #[error("the engine is poisoned: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -330,8 +331,9 @@ pub enum RecvError {
     /// The engine was shut down and nothing is left to receive.
     #[error("the engine is shut down")]
     Closed,
-    /// The engine stopped after an I/O failure.
-    #[error("the engine is poisoned by an I/O failure: {cause}")]
+    /// The engine stopped after an I/O failure (or a panic in one of its
+    /// threads: a bug); `cause` says which.
+    #[error("the engine is poisoned: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -347,9 +349,10 @@ pub enum SyncError {
     #[error("the engine is shut down")]
     Closed,
     /// A write or fdatasync failed (this one or an earlier one), or an earlier read of a far
-    /// task's overflow entry did; the engine refuses work until reopened, and what was logged
-    /// before the call is not known to be durable.
-    #[error("the engine is poisoned by an I/O failure: {cause}")]
+    /// task's overflow entry did, or one of the engine's threads panicked (a bug); the engine
+    /// refuses work until reopened, and what was logged before the call is not known to be
+    /// durable.
+    #[error("the engine is poisoned: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -364,8 +367,8 @@ pub enum ShutdownError {
     #[error(transparent)]
     Wal(#[from] WalError),
     /// The engine was poisoned before shutdown (by a failed write, sync or
-    /// read).
-    #[error("the engine is poisoned by a failed write, sync or read: {cause}")]
+    /// read, or a panic in one of its threads: a bug).
+    #[error("the engine is poisoned: {cause}")]
     Poisoned {
         /// The original failure.
         cause: String,

@@ -691,7 +691,9 @@ pub(super) fn driver_loop(shared: &Shared) {
         } else {
             std::thread::Builder::new()
                 .name("kairos-handout".into())
-                .spawn_scoped(scope, move || handout_loop(shared, rx))
+                .spawn_scoped(scope, move || {
+                    super::poison_on_panic(shared, "kairos-handout", || handout_loop(shared, rx))
+                })
         };
         #[cfg(test)]
         shared.handout_thread.store(
@@ -746,6 +748,10 @@ fn handout_loop(shared: &Shared, rx: std::sync::mpsc::Receiver<Vec<AppendTicket>
     for tickets in rx {
         let durable = shared.all_durable(tickets);
         let mut core = shared.core.lock();
+        #[cfg(test)]
+        if *shared.panic_in_pass.lock() == Some(true) {
+            panic!("a hand-out pass panicked (test)");
+        }
         shared.hand_out_passes(&mut core, 1, durable);
         drop(core);
         shared.idle_cv.notify_all();
@@ -798,6 +804,10 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             break;
         }
         core.sleep = DriverSleep::Busy;
+        #[cfg(test)]
+        if *shared.panic_in_pass.lock() == Some(false) {
+            panic!("a driver pass panicked (test)");
+        }
         let mut now = shared.now();
         let driver_promotes = shared.driver_promotes();
         // When the driver promotes far tasks: once the first is within the

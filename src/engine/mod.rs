@@ -654,6 +654,24 @@ impl Core {
     }
 }
 
+/// Runs `body`, the loop of the engine's thread `name`. A panic in it (a
+/// bug) poisons the engine at once with the panic's message, so that calls
+/// and consumers answer `Poisoned` instead of waiting on a thread that is
+/// gone (a consumer blocked in `recv` would wait forever, and tasks
+/// scheduled meanwhile would never fire); the thread then ends without
+/// unwinding further (the default panic hook has already printed it).
+/// Needs a build that unwinds: with `panic = "abort"` the process ends.
+pub(super) fn poison_on_panic(shared: &Shared, name: &str, body: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_owned());
+        shared.poison(format!("the {name} thread panicked: {message}"));
+    }
+}
+
 /// How many tasks ahead recovery's load loop prefetches: enough to keep
 /// several misses to memory in flight while the loop works on the current
 /// task, few enough that the lines are still cached when it gets there.
@@ -841,6 +859,10 @@ pub(crate) struct Shared {
     /// (`delivery::HANDOUT_THREAD_*`).
     #[cfg(test)]
     handout_thread: std::sync::atomic::AtomicU8,
+    /// Tests: the driver (`Some(false)`) or the hand-out thread
+    /// (`Some(true)`) panics at its next pass, as a bug would.
+    #[cfg(test)]
+    panic_in_pass: Mutex<Option<bool>>,
 }
 
 /// The dead letters at a checkpoint's LSN while it reads them (see
@@ -1279,6 +1301,8 @@ impl Engine {
             checkpoint_yield_hook: Mutex::new(None),
             #[cfg(test)]
             handout_thread: std::sync::atomic::AtomicU8::new(delivery::HANDOUT_THREAD_UNKNOWN),
+            #[cfg(test)]
+            panic_in_pass: Mutex::new(None),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
         // Before any thread starts: a checkpointer woken by the records the open logged
@@ -1291,7 +1315,11 @@ impl Engine {
         let driver_shared = Arc::clone(&shared);
         let driver = std::thread::Builder::new()
             .name("kairos-driver".into())
-            .spawn(move || delivery::driver_loop(&driver_shared));
+            .spawn(move || {
+                poison_on_panic(&driver_shared, "kairos-driver", || {
+                    delivery::driver_loop(&driver_shared)
+                })
+            });
         let driver = match driver {
             Ok(handle) => Some(handle),
             Err(e) => {
@@ -1325,7 +1353,7 @@ impl Engine {
             let thread_shared = Arc::clone(&shared);
             match std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || body(&thread_shared))
+                .spawn(move || poison_on_panic(&thread_shared, name, || body(&thread_shared)))
             {
                 Ok(handle) => background.push(handle),
                 Err(e) => shared.poison(format!("cannot start the {name} thread: {e}")),
@@ -3482,6 +3510,69 @@ enum CancelVictim {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A panic in the driver (`in_handout` false) or the hand-out thread
+    /// (true) — a bug — poisons the engine at once with its message: a
+    /// consumer blocked in `recv` wakes with `Poisoned`, and calls answer
+    /// `Poisoned`, instead of waiting for a thread that is gone. On disk
+    /// (only passes with log records go through the hand-out thread).
+    fn a_thread_panic_poisons_the_engine_at_once(in_handout: bool) {
+        let clock = crate::ManualClock::new(1_700_000_000_000);
+        // The hand-out thread waits for passes' log records: an engine on disk.
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let engine = Engine::open_with(
+            dir.path(),
+            Config::default(),
+            Arc::new(kairos_wal::storage::FsStorage),
+            Arc::new(clock.clone()),
+        )
+        .expect("open");
+        let consumer = engine.consumer();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = std::thread::spawn(move || {
+            let _ = tx.send(consumer.recv_timeout(Duration::from_secs(60)));
+        });
+        *engine.shared.panic_in_pass.lock() = Some(in_handout);
+        engine
+            .schedule_after(b"now", Duration::ZERO, b"")
+            .expect("schedule");
+        let got = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the consumer woke");
+        waiting.join().expect("consumer thread");
+        let thread = if in_handout {
+            "the kairos-handout thread panicked: a hand-out pass panicked (test)"
+        } else {
+            "the kairos-driver thread panicked: a driver pass panicked (test)"
+        };
+        match got {
+            Err(crate::RecvError::Poisoned { cause }) => assert_eq!(cause, thread),
+            other => panic!("expected Poisoned, got {other:?}"),
+        }
+        let refused = engine.schedule_after(b"later", Duration::from_secs(1), b"");
+        assert!(
+            matches!(&refused, Err(ScheduleError::Poisoned { cause }) if cause == thread),
+            "{refused:?}"
+        );
+        assert_eq!(
+            refused.map_err(|e| e.to_string()).unwrap_err(),
+            format!("the engine is poisoned: {thread}")
+        );
+        match engine.shutdown() {
+            Err(crate::ShutdownError::Poisoned { cause }) => assert_eq!(cause, thread),
+            other => panic!("expected Poisoned, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_driver_panic_poisons_the_engine_at_once() {
+        a_thread_panic_poisons_the_engine_at_once(false);
+    }
+
+    #[test]
+    fn a_hand_out_panic_poisons_the_engine_at_once() {
+        a_thread_panic_poisons_the_engine_at_once(true);
+    }
 
     /// `first_repeated_key` stops where a scan with a set of the keys seen
     /// would, whatever the tags (here few, so that unequal keys share them).
