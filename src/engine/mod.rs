@@ -1439,7 +1439,7 @@ impl Engine {
     /// Cost: O(1). A cancelled task's memory (entry, key, payload, wheel
     /// node) is freed at once; a far task ([`Config::far_span`]) is found by
     /// its key hash and one read of its overflow entry (before the engine's
-    /// lock is taken) and taken out of the far index directly (its 24-byte
+    /// lock is taken) and taken out of the far index directly (its 20-byte
     /// entry is given back when its shard is next rebuilt).
     ///
     /// # Errors
