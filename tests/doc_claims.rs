@@ -754,6 +754,35 @@ fn pause_and_resume_are_idempotent() -> TestResult {
     Ok(())
 }
 
+/// `Recovery::wal`: `clean_shutdown` is false on the first open of a new directory (with
+/// `last_lsn` 0), true after `shutdown` — and after a drop that logged nothing since — and
+/// false after a drop that followed a change.
+#[test]
+fn clean_shutdown_is_false_for_a_new_directory_and_after_a_drop() -> TestResult {
+    let mut h = SimHarness::new(11, config(Durability::Sync))?;
+    let fresh = h.engine().recovery().wal.clone();
+    assert!(!fresh.clean_shutdown);
+    assert_eq!(
+        (fresh.last_lsn, fresh.records),
+        (kairos::kairos_wal::Lsn(0), 0)
+    );
+    h.engine()
+        .schedule_after(b"k", Duration::from_secs(60), b"")?;
+    h.restart(Stop::Clean)?;
+    assert!(h.engine().recovery().wal.clean_shutdown);
+    h.restart(Stop::ProcessCrash)?;
+    assert!(
+        h.engine().recovery().wal.clean_shutdown,
+        "nothing logged since the close"
+    );
+    h.engine().cancel(b"k")?;
+    h.restart(Stop::ProcessCrash)?;
+    let crashed = &h.engine().recovery().wal;
+    assert!(!crashed.clean_shutdown);
+    assert_ne!(crashed.last_lsn, kairos::kairos_wal::Lsn(0));
+    Ok(())
+}
+
 // ----------------------------------------------------------------------------------------
 // Task ids
 

@@ -136,6 +136,11 @@ pub enum RescheduleOutcome {
 #[derive(Debug, Clone, Default)]
 pub struct Recovery {
     /// The log's own report: records replayed, torn tail truncated, clean shutdown.
+    /// `wal.clean_shutdown` says whether the log ends with a clean close: it
+    /// is `false` after a crash (or a drop without [`Engine::shutdown`]) that
+    /// followed any change since the last clean close, and also on the first
+    /// open of a new directory, where `wal.last_lsn` is `Lsn(0)`: nothing was
+    /// ever logged.
     pub wal: RecoveryReport,
     /// Live tasks after recovery.
     pub pending: usize,

@@ -37,6 +37,8 @@ pub struct RecoveryReport {
     pub last_lsn: Lsn,
     /// Whether the last thing in the log was a close marker (the previous run called
     /// [`Wal::close`](crate::Wal::close) successfully and nothing was damaged after it).
+    /// `false` after a crash, and also on the first open of a new log, which has nothing to
+    /// have closed (`last_lsn` is then `Lsn(0)`): check both before alerting on a crash.
     pub clean_shutdown: bool,
     /// The unsynced torn tail that was truncated, if any.
     pub torn_tail: Option<TornTail>,
