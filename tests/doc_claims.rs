@@ -1025,6 +1025,16 @@ fn the_handles_cross_threads_and_the_errors_box() {
     send_sync::<kairos::Recovery>();
     send_sync::<ManualClock>();
     send_sync::<kairos::SystemClock>();
+    // What calls return, kept or sent to another thread (a dead-letter page, a lookup, a
+    // checkpoint's report from a maintenance thread), and the configuration.
+    send_sync::<kairos::DeadLetter>();
+    send_sync::<kairos::TaskInfo>();
+    send_sync::<kairos::CheckpointReport>();
+    send_sync::<kairos::CancelOutcome>();
+    send_sync::<kairos::NackOutcome>();
+    send_sync::<kairos::RescheduleOutcome>();
+    send_sync::<kairos::NewTask<'static>>();
+    send_sync::<Config>();
     error::<OpenError>();
     error::<ScheduleError>();
     error::<CancelError>();
@@ -1033,6 +1043,7 @@ fn the_handles_cross_threads_and_the_errors_box() {
     error::<SyncError>();
     error::<CheckpointError>();
     error::<kairos::ShutdownError>();
+    error::<kairos::LookupError>();
     error::<kairos::kairos_wal::WalError>();
 }
 
