@@ -57,8 +57,46 @@
 //! everything logged after it (the task then fires) unless
 //! [`Engine::sync`] ran after it.
 //!
-//! See `README.md` for the durability contract of each [`Durability`] mode
-//! and `ARCHITECTURE.md` for a map of the code.
+//! ## What a returned call survives
+//!
+//! Set per engine with [`Config::durability`]; a call "returned" when it
+//! answered `Ok` (schedule, cancel, reschedule, ack, nack and their batch
+//! forms):
+//!
+//! | mode | the call returns after its record is | process crash | power loss, OS crash |
+//! |---|---|---|---|
+//! | [`Durability::Sync`] (default) | fdatasynced (and proven: [`Config::proof_before_ack`]) | survives | survives |
+//! | [`Durability::Interval`]`(d)` | written to the OS; an fdatasync runs every `d` of real time | survives | survives if it returned more than `d` (plus one sync) before |
+//! | [`Durability::Buffered`] | written to the OS | survives | survives only if synced since: a segment roll, a background write-back (every 4 MiB), a checkpoint, [`Engine::sync`], [`Engine::shutdown`] |
+//! | [`Engine::in_memory`] | applied in memory | lost | lost |
+//!
+//! What a power loss takes under `Interval` and `Buffered` is a suffix: if
+//! a call is lost, so is every call that returned after it.
+//! [`Engine::sync`] makes every call that returned before it survive a
+//! power loss, in every mode. Dropping an [`Engine`] without
+//! [`Engine::shutdown`] is a process crash as far as its directory is
+//! concerned.
+//!
+//! ## Threads and blocking
+//!
+//! Every method blocks its calling thread until it is done; there is no
+//! async API (from async code, call the engine on a blocking thread, e.g.
+//! tokio's `spawn_blocking`). Under `Sync` a schedule, cancel, reschedule,
+//! ack or nack waits for an fdatasync — for two, as a lone caller, with
+//! [`Config::proof_before_ack`]; concurrent callers share them (group
+//! commit) — and under `Interval` and `Buffered` for its record's write to
+//! the OS. Besides: a schedule may wait for far tasks to be moved to disk
+//! when producers outrun the move ([`Config::relocate_far_bytes`]); a
+//! cancel, reschedule or lookup of a key that may be a far task's reads its
+//! overflow entry from disk; [`Engine::lookup`] and [`Engine::dead_letters`]
+//! may wait for a group commit under way; [`Consumer::recv`] waits for a
+//! task. [`Engine::open`] starts background threads named `kairos-*` (the
+//! driver and its hand-out thread, the log's writer, the checkpointer and
+//! the payload prefetcher, as the configuration needs them);
+//! [`Engine::shutdown`] and dropping the engine join them.
+//!
+//! See `README.md` for the full durability contract of each [`Durability`]
+//! mode and `ARCHITECTURE.md` for a map of the code.
 
 // Two audited exceptions, each block with its SAFETY comment, and tests (the
 // index's also pass under Miri, run by hand: `cargo +nightly miri test --lib
