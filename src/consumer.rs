@@ -89,6 +89,74 @@ impl Delivery {
 /// or dropped, it answers [`RecvError::Closed`] and [`AckError::Closed`]
 /// (or `Poisoned`), and keeps only a few tens of KiB of the engine's state —
 /// the tasks' memory is freed then, not when the last handle goes.
+///
+/// A worker pool: each thread loops on [`Consumer::recv`] until the engine
+/// stops, acks what it finished and nacks what failed (retried after the
+/// [`crate::RetryPolicy`] backoff, dead-lettered after its last attempt).
+///
+/// ```
+/// use kairos::{AckError, Config, Consumer, Delivery, Engine, ManualClock, RecvError};
+/// use std::{sync::Arc, time::Duration};
+///
+/// // The work itself: `Err(text)` has the task tried again.
+/// fn cancel_order(task: &Delivery) -> Result<(), String> {
+///     match task.attempt() {
+///         1 => Err("order service unavailable".into()),
+///         _ => Ok(()),
+///     }
+/// }
+///
+/// fn worker(consumer: Consumer) -> Result<(), RecvError> {
+///     loop {
+///         let task = match consumer.recv() {
+///             Ok(task) => task,
+///             Err(RecvError::Closed) => return Ok(()), // the engine shut down
+///             Err(e) => return Err(e),                 // Poisoned: alert, reopen
+///         };
+///         let answer = match cancel_order(&task) {
+///             Ok(()) => consumer.ack(&task),
+///             // `None`: after the retry policy's backoff.
+///             Err(text) => consumer.nack(&task, None, &text).map(|_| ()),
+///         };
+///         match answer {
+///             Ok(()) => {}
+///             // Too late: the lease ran out (another attempt follows), or the task
+///             // is finished. Nothing changed.
+///             Err(AckError::LeaseExpired { .. } | AckError::NotOutstanding { .. }) => {}
+///             Err(AckError::Closed) => return Ok(()),
+///             Err(e) => eprintln!("task {:?}: {e}", task.task_id()),
+///         }
+///     }
+/// }
+///
+/// let clock = ManualClock::new(1_700_000_000_000);
+/// let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+/// let workers: Vec<_> = (0..2)
+///     .map(|_| {
+///         let consumer = engine.consumer();
+///         std::thread::spawn(move || worker(consumer))
+///     })
+///     .collect();
+///
+/// engine.schedule_after(b"order:7:timeout", Duration::from_secs(60), b"")?;
+/// // Attempt 1 fails; attempt 2, due within a second (the default backoff), succeeds.
+/// for _ in 0..10_000 {
+///     if engine.stats().pending == 0 {
+///         break;
+///     }
+///     clock.advance(Duration::from_millis(100));
+///     engine.run_until_idle();
+///     std::thread::sleep(Duration::from_millis(1));
+/// }
+/// assert_eq!(engine.stats().pending, 0);
+/// assert!(engine.dead_letters().is_empty());
+///
+/// engine.shutdown()?; // the workers' `recv` answers `Closed`
+/// for w in workers {
+///     w.join().expect("worker panicked")?;
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Consumer {
     pub(crate) shared: Arc<Shared>,
