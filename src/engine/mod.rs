@@ -1000,7 +1000,9 @@ impl Engine {
     /// for crash tests, or `kairos_wal::FsStorage`, the real file system
     /// `open` uses) and clock (e.g. [`crate::ManualClock`]). A `SimStorage`
     /// clone shares its files: keep one to cut the power and to open the
-    /// same directory again.
+    /// same directory again (the example of [`Engine::sync`] does). Drop the
+    /// engine before the cut: its threads could otherwise go on writing to
+    /// the new image ([`kairos_wal::SimStorage::power_cut`]).
     ///
     /// # Errors
     /// As [`Engine::open`].
@@ -1687,6 +1689,39 @@ impl Engine {
     /// A shutdown may run while this waits: it closes the log cleanly,
     /// which makes everything durable, and this then returns `Ok` (or
     /// `Closed`, if the close ended before what it waited for was proven).
+    ///
+    /// A payment's cancel made to survive a power cut, in an engine that
+    /// runs under `Interval` (the simulated disk of [`Engine::open_with`]
+    /// loses every unsynced byte):
+    ///
+    /// ```
+    /// use kairos::kairos_wal::SimStorage;
+    /// use kairos::{CancelOutcome, Config, Durability, Engine, ManualClock};
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// let disk = SimStorage::new(1);
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let mut config = Config::default();
+    /// config.durability = Durability::Interval(Duration::from_secs(1));
+    /// let open = || {
+    ///     Engine::open_with("/orders", config.clone(), Arc::new(disk.clone()), Arc::new(clock.clone()))
+    /// };
+    ///
+    /// let engine = open()?;
+    /// engine.schedule_after(b"order:1:timeout", Duration::from_secs(1800), b"")?;
+    /// engine.schedule_after(b"order:2:timeout", Duration::from_secs(1800), b"")?;
+    /// // Order 1 is paid: make the cancel durable before confirming the payment.
+    /// assert_eq!(engine.cancel(b"order:1:timeout")?, CancelOutcome::Cancelled { deliveries: 0 });
+    /// engine.sync()?;
+    ///
+    /// drop(engine); // the process dies,
+    /// disk.power_cut_drop_unsynced(); // then the power: what was not synced is gone
+    /// let engine = open()?;
+    /// assert!(engine.lookup(b"order:1:timeout")?.is_none());
+    /// assert!(engine.lookup(b"order:2:timeout")?.is_some());
+    /// engine.shutdown()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     /// [`SyncError::Closed`] after [`Engine::shutdown`] (see above for one
