@@ -59,6 +59,43 @@ impl Engine {
     /// the lock let go (it is then taken twice). The payload is not
     /// returned (nor read).
     ///
+    /// A consumer can check before irreversible work that the task it holds
+    /// was not cancelled meanwhile (a cancel answering
+    /// [`crate::CancelOutcome::AlreadyDelivered`] frees the key at once, so
+    /// the key then has no live task, or a new one):
+    ///
+    /// ```
+    /// use kairos::{CancelOutcome, Config, Delivery, Engine, ManualClock, TaskState};
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+    /// let still_held = |d: &Delivery| -> Result<bool, kairos::LookupError> {
+    ///     Ok(engine.lookup(d.key())?.is_some_and(|t| {
+    ///         t.id == d.task_id() && t.state == TaskState::Leased && t.deliveries == d.attempt()
+    ///     }))
+    /// };
+    ///
+    /// engine.schedule_after(b"order:9:timeout", Duration::ZERO, b"")?;
+    /// engine.run_until_idle();
+    /// let consumer = engine.consumer();
+    /// let task = consumer.try_recv()?;
+    /// assert!(still_held(&task)?);
+    ///
+    /// // The payment arrives while the consumer holds the task.
+    /// assert_eq!(engine.cancel(b"order:9:timeout")?, CancelOutcome::AlreadyDelivered { attempt: 1 });
+    /// assert!(!still_held(&task)?);
+    /// engine.schedule_after(b"order:9:timeout", Duration::from_secs(60), b"")?; // a new task
+    /// assert!(!still_held(&task)?);
+    /// consumer.ack(&task)?; // still accepted: the holder finishes its attempt
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// The answer can be out of date at once (a cancel may follow it), and a
+    /// lease that ran out is seen only once the driver has processed its
+    /// expiry; it narrows the window, the compensation on
+    /// `AlreadyDelivered` still has to be there.
+    ///
     /// # Errors
     /// [`LookupError::Closed`] after a shutdown; [`LookupError::Poisoned`]
     /// once a write or sync has failed, or when a far task's overflow entry
