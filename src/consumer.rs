@@ -179,7 +179,10 @@ impl Consumer {
     }
 
     /// Like [`Consumer::recv`], giving up after `timeout` with
-    /// [`RecvError::Timeout`].
+    /// [`RecvError::Timeout`]. The timeout is real time (an [`Instant`]),
+    /// also for an engine on a [`crate::ManualClock`]: moving that clock
+    /// does not bring it on. One too long for an `Instant` waits like
+    /// [`Consumer::recv`].
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery, RecvError> {
         match Instant::now().checked_add(timeout) {
             Some(deadline) => self.shared.receive(Wait::Until(deadline)),

@@ -754,6 +754,26 @@ fn pause_and_resume_are_idempotent() -> TestResult {
     Ok(())
 }
 
+/// `Consumer::recv_timeout`: the timeout is real time, also on a `ManualClock`: moving the
+/// clock past it does not end the wait, and it ends once that much real time has passed.
+#[test]
+fn recv_timeout_waits_real_time_on_a_manual_clock() -> TestResult {
+    let (e, clock) = in_memory(config(Durability::Sync))?;
+    let consumer = e.consumer();
+    let mover = std::thread::spawn(move || {
+        std::thread::sleep(ms(10));
+        clock.advance(Duration::from_secs(3600));
+    });
+    let started = std::time::Instant::now();
+    assert_eq!(
+        consumer.recv_timeout(ms(100)).err(),
+        Some(RecvError::Timeout)
+    );
+    assert!(started.elapsed() >= ms(100), "{:?}", started.elapsed());
+    mover.join().map_err(|_| "the clock mover panicked")?;
+    Ok(())
+}
+
 /// `Recovery::wal`: `clean_shutdown` is false on the first open of a new directory (with
 /// `last_lsn` 0), true after `shutdown` — and after a drop that logged nothing since — and
 /// false after a drop that followed a change.
