@@ -92,6 +92,17 @@ struct ManualState {
 /// step); [`ManualClock::advance_monotonic`] moves only monotonic time.
 /// Every move wakes the engines using the clock; follow it with
 /// `Engine::run_until_idle` to wait until they have handed out what fell due.
+///
+/// What the clock drives: due times, firing, leases, retry backoffs, the
+/// catch-up rate. What still runs on real time in an engine using it: the
+/// background fdatasync of `Durability::Interval`,
+/// [`Config::checkpoint_interval`](crate::Config::checkpoint_interval),
+/// `Consumer::recv_timeout`, the rounds of the payload prefetcher
+/// ([`Config::payload_prefetch`](crate::Config::payload_prefetch)) and the
+/// log's idle mark ([`Config::synced_mark_delay`](crate::Config::synced_mark_delay)).
+/// A deterministic test turns off what it does not want
+/// (`checkpoint_interval = None`, `payload_prefetch = false`) and calls
+/// `Engine::sync` or `Engine::checkpoint` itself.
 #[derive(Clone)]
 pub struct ManualClock {
     state: Arc<Mutex<ManualState>>,
