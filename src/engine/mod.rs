@@ -1473,6 +1473,11 @@ impl Engine {
     /// yet received by a consumer is taken back and rescheduled. If no task
     /// with `key` is live, schedules a new one (`payload` or empty).
     ///
+    /// So `None` ("keep the payload") on a key whose task finished since the
+    /// caller last saw it — fired and acked, cancelled, dead-lettered —
+    /// schedules a task with an empty payload ([`RescheduleOutcome::Scheduled`]
+    /// tells): pass the payload wherever a task without it would be wrong.
+    ///
     /// Cost: O(1) (index lookup, wheel remove + insert, one log append); a
     /// far task ([`Config::far_span`]) is found by one read of its overflow
     /// entry and put back in the wheel first.
