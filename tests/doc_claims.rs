@@ -774,6 +774,35 @@ fn recv_timeout_waits_real_time_on_a_manual_clock() -> TestResult {
     Ok(())
 }
 
+/// `Engine`: a drop without `shutdown` is a process crash — every returned call is kept, also
+/// under `Buffered` (nothing was synced), but a task waiting unreceived in the ready queue at
+/// the drop has used its attempt, and one on its last attempt is dead-lettered.
+#[test]
+fn a_drop_keeps_returned_calls_and_uses_up_the_attempt_of_tasks_handed_out() -> TestResult {
+    let mut c = config(Durability::Buffered);
+    c.retry.max_attempts = 2;
+    let mut h = SimHarness::new(12, c)?;
+    h.engine().schedule_after(b"ready", Duration::ZERO, b"")?;
+    h.engine()
+        .schedule_after(b"later", Duration::from_secs(60), b"")?;
+    h.engine().cancel(b"later")?;
+    h.engine()
+        .schedule_after(b"later", Duration::from_secs(60), b"again")?;
+    h.engine().run_until_idle();
+    assert_eq!(h.engine().stats().ready, 1);
+    h.restart(Stop::ProcessCrash)?;
+    let r = h.engine().recovery().clone();
+    assert_eq!((r.pending, r.redelivered, r.dead_lettered), (2, 1, 0));
+    h.engine().run_until_idle();
+    let d = h.engine().consumer().try_recv()?;
+    assert_eq!((d.key(), d.attempt()), (&b"ready"[..], 2));
+    h.restart(Stop::ProcessCrash)?;
+    let r = h.engine().recovery().clone();
+    assert_eq!((r.pending, r.redelivered, r.dead_lettered), (1, 0, 1));
+    assert_eq!(h.engine().dead_letters()[0].key, b"ready");
+    Ok(())
+}
+
 /// `Recovery::wal`: `clean_shutdown` is false on the first open of a new directory (with
 /// `last_lsn` 0), true after `shutdown` — and after a drop that logged nothing since — and
 /// false after a drop that followed a change.

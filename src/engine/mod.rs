@@ -929,8 +929,13 @@ static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 /// crashes per the configured [`kairos_wal::Durability`].
 ///
 /// `Engine` is `Send + Sync`: share it by reference or in an `Arc`. Dropping
-/// it without [`Engine::shutdown`] stops it like a crash would (anything not
-/// yet durable may be lost) and never panics. Once it is dropped (or shut
+/// it without [`Engine::shutdown`] stops it like a process crash would, and
+/// never panics: every call that returned is kept, in every durability mode
+/// (its record is with the OS; a power loss before it is synced is another
+/// matter), but the log is not closed cleanly, and a task handed out at the
+/// drop — held by a consumer, or waiting unreceived in the ready queue —
+/// has used that attempt: it comes again as attempt + 1 after the next
+/// open, or is dead-lettered if that was its last. Once it is dropped (or shut
 /// down), the memory of its tasks — keys, payloads, the timing wheel, the
 /// indexes — is freed even while [`Consumer`] handles of it are kept.
 pub struct Engine {
