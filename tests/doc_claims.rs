@@ -803,6 +803,32 @@ fn a_drop_keeps_returned_calls_and_uses_up_the_attempt_of_tasks_handed_out() -> 
     Ok(())
 }
 
+/// `Engine::shutdown`: on a poisoned engine it fails, and releases the directory all the same,
+/// so the directory reopens while the poisoned `Engine` value still exists.
+#[test]
+fn a_failed_shutdown_releases_the_directory() -> TestResult {
+    use kairos::kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
+    let h = SimHarness::new(13, config(Durability::Sync))?;
+    h.engine()
+        .schedule_after(b"a", Duration::from_secs(10), b"")?;
+    h.sim.inject(FaultPlan {
+        after: 0,
+        op: FaultOp::Sync,
+        kind: FaultKind::Eio,
+    });
+    assert_matches!(
+        h.engine()
+            .schedule_after(b"b", Duration::from_secs(10), b""),
+        Err(ScheduleError::Poisoned { .. })
+    );
+    assert_matches!(h.open(), Err(OpenError::Locked { .. }));
+    assert!(h.engine().shutdown().is_err());
+    let reopened = h.open()?;
+    assert!(reopened.lookup(b"a")?.is_some());
+    reopened.shutdown()?;
+    Ok(())
+}
+
 /// `Recovery::wal`: `clean_shutdown` is false on the first open of a new directory (with
 /// `last_lsn` 0), true after `shutdown` — and after a drop that logged nothing since — and
 /// false after a drop that followed a change.

@@ -1835,7 +1835,10 @@ impl Engine {
     ///
     /// # Errors
     /// The log could not be flushed ([`ShutdownError::Wal`]), or the engine
-    /// was already poisoned.
+    /// was already poisoned. The engine is stopped and its directory
+    /// released all the same: this is how a poisoned engine is let go
+    /// before [`Engine::open`] recovers the directory (dropping it does the
+    /// same).
     pub fn shutdown(&self) -> Result<(), ShutdownError> {
         {
             let mut core = self.shared.core.lock();
