@@ -979,8 +979,11 @@ impl Wake for DriverWaker {
 impl Engine {
     /// Opens (or creates) the engine stored in directory `dir` with the real
     /// file system and the system clock. Tasks that fell due while it was
-    /// closed are delivered at once, oldest first; deliveries never acked are
-    /// delivered again.
+    /// closed are delivered at once, oldest first (at
+    /// [`Config::catch_up_tasks_per_sec`] if set; none while
+    /// [`Config::deliveries_paused`]); deliveries never acked are delivered
+    /// again as attempt + 1, or dead-lettered if that was their last
+    /// ([`Engine::recovery`] counts both).
     ///
     /// # Errors
     /// [`OpenError::InvalidConfig`] (checked before the directory is
