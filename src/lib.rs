@@ -95,6 +95,17 @@
 //! the payload prefetcher, as the configuration needs them);
 //! [`Engine::shutdown`] and dropping the engine join them.
 //!
+//! ## Logging
+//!
+//! Kairos emits events through the `tracing` crate and installs no
+//! subscriber: the embedder's is used, or the events are dropped. What the
+//! calls cannot return goes only there: a background checkpoint or move of
+//! far tasks that failed (`warn`; the engine goes on, a later one retries,
+//! and the log keeps growing meanwhile), an overflow file the prefetcher or
+//! a checkpoint passed over as damaged or unreadable (`warn`), the engine
+//! or its log poisoned (`error`; calls then answer `Poisoned`), files
+//! removed at open (`info`).
+//!
 //! See `README.md` for the full durability contract of each [`Durability`]
 //! mode and `ARCHITECTURE.md` for a map of the code.
 
