@@ -172,7 +172,9 @@ pub struct Config {
     /// delivered early and at most one tick late (plus scheduling noise).
     /// Whole milliseconds, 1 ms..=[`TICK_MAX`]. Default [`TICK_DEFAULT`].
     pub tick: Duration,
-    /// When a call returns relative to its record reaching stable storage.
+    /// When a call returns relative to its record reaching stable storage,
+    /// and so what it survives: the crate docs' table, ["What a returned
+    /// call survives"](crate#what-a-returned-call-survives).
     /// Default [`Durability::Sync`]; [`Durability::Interval`] needs a
     /// non-zero interval (checked by in-memory engines too, which otherwise
     /// ignore this field). Its background sync runs on real time, like
