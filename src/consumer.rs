@@ -196,7 +196,7 @@ impl Consumer {
     }
 
     /// A blocking iterator over deliveries; it ends when the engine stops —
-    /// shut down, dropped, or poisoned by an I/O failure alike. To tell
+    /// shut down, dropped, or poisoned (an I/O failure, or a bug: a panic in one of its threads) alike. To tell
     /// them apart (a poisoned engine wants an alert and a reopen), loop on
     /// [`Consumer::recv`] instead: it returns [`RecvError::Closed`] or
     /// [`RecvError::Poisoned`] with the cause.
