@@ -196,8 +196,9 @@ impl Consumer {
     }
 
     /// A blocking iterator over deliveries; it ends when the engine stops —
-    /// shut down, dropped, or poisoned (an I/O failure, or a bug: a panic in one of its threads) alike. To tell
-    /// them apart (a poisoned engine wants an alert and a reopen), loop on
+    /// shut down, dropped, or poisoned (by an I/O failure, or by a panic in
+    /// one of its threads: a bug) alike. To tell them apart (a poisoned
+    /// engine wants an alert and a reopen), loop on
     /// [`Consumer::recv`] instead: it returns [`RecvError::Closed`] or
     /// [`RecvError::Poisoned`] with the cause.
     pub fn iter(&self) -> impl Iterator<Item = Delivery> + '_ {
