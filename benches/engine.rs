@@ -98,7 +98,7 @@ fn in_memory(c: &mut Criterion) {
         b.iter_custom(|iters| {
             time_phase(iters, &keys, &delays, true, |engine, _| {
                 for k in &keys {
-                    engine.cancel(k).expect("cancel");
+                    let _ = engine.cancel(k).expect("cancel");
                 }
             })
         })
@@ -111,7 +111,7 @@ fn in_memory(c: &mut Criterion) {
             let grow = |engine: &Engine| {
                 schedule_all(engine, &keys, &delays);
                 for k in &keys {
-                    engine.cancel(k).expect("cancel");
+                    let _ = engine.cancel(k).expect("cancel");
                 }
             };
             time_prepared(iters, grow, |engine, _| {

@@ -55,14 +55,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     match what {
         "cancel" => {
             for k in &keys {
-                engine.cancel(k)?;
+                let _ = engine.cancel(k)?;
             }
         }
         "warm" => {
             // Schedule again into memory the first round already grew: the
             // engine's own work without the kernel's page faults.
             for k in &keys {
-                engine.cancel(k)?;
+                let _ = engine.cancel(k)?;
             }
             let t = Instant::now();
             for (i, k) in keys.iter().enumerate() {
@@ -194,7 +194,7 @@ fn far_cancel(n: usize) -> Result<(), Box<dyn std::error::Error>> {
     let half = n / 2;
     let t = Instant::now();
     for k in &keys[..half] {
-        engine.cancel(k)?;
+        let _ = engine.cancel(k)?;
     }
     let single = t.elapsed();
     let t = Instant::now();
@@ -229,7 +229,7 @@ fn single_calls(n: usize, mode: &str) -> Result<(), Box<dyn std::error::Error>> 
     let schedule = t.elapsed();
     let t = Instant::now();
     for k in &keys {
-        engine.cancel(k)?;
+        let _ = engine.cancel(k)?;
     }
     println!(
         "{mode}: schedule {:.0} ns/op; cancel {:.0} ns/op",

@@ -520,7 +520,7 @@ fn disk_use_follows_live_data_not_history() -> TestResult {
         }
         for (i, k) in std::mem::take(&mut live_keys).iter().enumerate() {
             if i % 4 != 0 {
-                h.engine().cancel(k)?;
+                let _ = h.engine().cancel(k)?;
             }
         }
         for d in h.advance(Duration::from_secs(2))? {
@@ -971,7 +971,7 @@ fn an_overflow_file_that_cannot_be_removed_keeps_no_other() -> TestResult {
                 other => return Err(format!("round {round}: {other:?}").into()),
             }
             for k in &keys {
-                engine.cancel(k.as_bytes())?;
+                let _ = engine.cancel(k.as_bytes())?;
             }
         }
     }

@@ -819,7 +819,7 @@ fn demo_refuses_a_directory_used_since_it_finished() {
     );
     let reopened = kairos::Engine::open(&dir, kairos::Config::default()).unwrap();
     assert!(reopened.recovery().pending >= 1);
-    reopened.cancel(b"adopted").unwrap();
+    let _ = reopened.cancel(b"adopted").unwrap();
 }
 
 /// The demo's `DEMO` file is at the top of its directory, and the engine and every tool take

@@ -30,13 +30,13 @@ fn verify_inspect_and_dump_read_a_directory_the_engine_wrote_with_far_tasks() ->
         assert_eq!(engine.stats().far, 20);
         // Most of the first file dies; reschedules with and without a payload.
         for i in 0..12 {
-            engine.cancel(&key(i))?;
+            let _ = engine.cancel(&key(i))?;
         }
         engine.reschedule(&key(12), at(due(12) + 3_600_000), None)?;
         engine.reschedule(&key(13), at(due(13)), Some(b"new 13"))?;
         engine.checkpoint()?;
         // Records above the newest checkpoint naming far tasks.
-        engine.cancel(&key(14))?;
+        let _ = engine.cancel(&key(14))?;
         engine.reschedule(&key(15), at(due(15) + 60_000), None)?;
         engine.reschedule(&key(16), at(due(16)), Some(b"new 16"))?;
         let far = engine.stats().far;

@@ -95,7 +95,7 @@ fn build(dir: &Path) -> TestResult<Built> {
         )?;
     }
     for i in (0..60).step_by(3) {
-        engine.cancel(format!("filler:{i}").as_bytes())?;
+        let _ = engine.cancel(format!("filler:{i}").as_bytes())?;
     }
     let at = UNIX_EPOCH + Duration::from_millis(FIXED_DUE_MS);
     let fixed = engine.schedule(b"fixed", Due::At(at), b"fixed payload")?.0;

@@ -785,7 +785,7 @@ fn a_drop_keeps_returned_calls_and_uses_up_the_attempt_of_tasks_handed_out() -> 
     h.engine().schedule_after(b"ready", Duration::ZERO, b"")?;
     h.engine()
         .schedule_after(b"later", Duration::from_secs(60), b"")?;
-    h.engine().cancel(b"later")?;
+    let _ = h.engine().cancel(b"later")?;
     h.engine()
         .schedule_after(b"later", Duration::from_secs(60), b"again")?;
     h.engine().run_until_idle();
@@ -850,7 +850,7 @@ fn clean_shutdown_is_false_for_a_new_directory_and_after_a_drop() -> TestResult 
         h.engine().recovery().wal.clean_shutdown,
         "nothing logged since the close"
     );
-    h.engine().cancel(b"k")?;
+    let _ = h.engine().cancel(b"k")?;
     h.restart(Stop::ProcessCrash)?;
     let crashed = &h.engine().recovery().wal;
     assert!(!crashed.clean_shutdown);

@@ -234,7 +234,7 @@ fn calls(engine: &Engine, clock: &ManualClock, run: &mut Run) -> Option<()> {
     )?;
     for i in [0, 10] {
         let key = k(i);
-        run.call("cancel", &[&key], engine.cancel(&key), |r, o| {
+        let _ = run.call("cancel", &[&key], engine.cancel(&key), |r, o| {
             if o.is_cancelled() {
                 r.fates.insert(key.clone(), Fate::Finished);
             }
@@ -291,7 +291,7 @@ fn calls(engine: &Engine, clock: &ManualClock, run: &mut Run) -> Option<()> {
     }
     if let Some(d) = held.last() {
         // `AlreadyDelivered`: the cancel is logged, no redelivery follows.
-        run.call("cancel held", &[d.key()], engine.cancel(d.key()), |r, o| {
+        let _ = run.call("cancel held", &[d.key()], engine.cancel(d.key()), |r, o| {
             if !matches!(o, kairos::CancelOutcome::NotFound) {
                 r.fates.insert(d.key().to_vec(), Fate::Finished);
             }

@@ -363,7 +363,7 @@ fn calls_between_a_checkpoints_plan_and_apply_keep_every_far_task_right() -> Tes
         engine.checkpoint()?;
         assert_eq!(engine.stats().far, 10);
         for i in 5..10 {
-            engine.cancel(&a(i))?;
+            let _ = engine.cancel(&a(i))?;
             model.remove(&a(i));
         }
         // B0..B9: in memory, beyond the horizon: they go far at the next one.
@@ -614,7 +614,7 @@ fn a_fault_at_any_io_of_a_far_checkpoint_or_promotion_then_a_crash_loses_nothing
         }
         h.engine().checkpoint()?;
         for i in 0..6 {
-            h.engine().cancel(&key(i))?;
+            let _ = h.engine().cancel(&key(i))?;
             model.remove(&key(i));
         }
         for i in 10..15 {
@@ -760,7 +760,7 @@ fn a_far_task_rescheduled_further_out_fires_at_its_new_time_with_its_payload() -
     // Most of the file dies: the next checkpoint copies key 0's entry (due
     // time stale) and the far tasks left forward.
     for i in 1..7 {
-        h.engine().cancel(&key(i))?;
+        let _ = h.engine().cancel(&key(i))?;
         model.remove(&key(i));
     }
     h.engine().checkpoint()?;

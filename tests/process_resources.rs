@@ -108,7 +108,7 @@ fn churn(engine: &Engine, clock: &ManualClock, cycle: usize) -> TestResult {
     }
     engine.checkpoint()?;
     for i in (0..100).step_by(3) {
-        engine.cancel(&key(i))?;
+        let _ = engine.cancel(&key(i))?;
     }
     clock.advance(Duration::from_secs(2));
     let consumer = engine.consumer();
@@ -116,12 +116,12 @@ fn churn(engine: &Engine, clock: &ManualClock, cycle: usize) -> TestResult {
         consumer.ack(&d)?;
     }
     for i in 2..100 {
-        engine.cancel(&key(i))?;
+        let _ = engine.cancel(&key(i))?;
     }
     engine.checkpoint()?;
     // After the checkpoint: the overflow file this far task's entry is read
     // from stays open (`Disk::overflow_file`) until the engine closes.
-    engine.cancel(&key(1))?;
+    let _ = engine.cancel(&key(1))?;
     assert_eq!(engine.stats().pending, 0, "cycle {cycle}");
     Ok(())
 }

@@ -206,7 +206,7 @@ fn a_failed_read_back_leaves_no_overflow_file_after_the_next_checkpoint() -> Tes
     // 5 of the file's 20 entries left live: the next checkpoint compacts it
     // into the file it writes for the 20 tasks below.
     for i in 0..15 {
-        h.engine().cancel(&key(i))?;
+        let _ = h.engine().cancel(&key(i))?;
     }
     for i in 20..40 {
         h.engine()
@@ -243,7 +243,7 @@ fn a_failed_read_back_leaves_no_overflow_file_after_the_next_checkpoint() -> Tes
     for _ in 0..3 {
         h.engine()
             .schedule_after(b"near", Duration::from_secs(1), b"n")?;
-        h.engine().cancel(b"near")?;
+        let _ = h.engine().cancel(b"near")?;
         h.engine().checkpoint()?;
     }
     assert!(
@@ -297,7 +297,7 @@ fn failed_moves_leave_no_overflow_file_behind() -> TestResult {
         // Most of the older ones go: files are compacted as well as written.
         if next > 100 {
             for j in next - 100..next - 80 {
-                h.engine().cancel(&key(j))?;
+                let _ = h.engine().cancel(&key(j))?;
             }
         }
         h.sim.inject(FaultPlan {
@@ -321,7 +321,7 @@ fn failed_moves_leave_no_overflow_file_behind() -> TestResult {
         // Something new, so that the next checkpoint writes one.
         h.engine()
             .schedule_after(b"near", Duration::from_secs(1), b"n")?;
-        h.engine().cancel(b"near")?;
+        let _ = h.engine().cancel(b"near")?;
         h.engine().checkpoint()?;
         let left: Vec<String> = listing(&h)
             .into_iter()
@@ -342,7 +342,7 @@ fn failed_moves_leave_no_overflow_file_behind() -> TestResult {
     h.restart(Stop::Clean)?;
     h.engine()
         .schedule_after(b"near", Duration::from_secs(1), b"n")?;
-    h.engine().cancel(b"near")?;
+    let _ = h.engine().cancel(b"near")?;
     h.engine().checkpoint()?;
     assert_eq!(
         before,

@@ -54,7 +54,7 @@ fn many_moves_with_calls_and_promotion_in_between() -> TestResult {
         assert_eq!(engine.stats().far, n);
         // 60 % cancelled: file 1 is compacted at the next checkpoint.
         for i in (0..n).filter(|i| i % 5 < 3) {
-            engine.cancel(&a(i))?;
+            let _ = engine.cancel(&a(i))?;
             model.remove(&a(i));
         }
         for i in 0..n {

@@ -3079,7 +3079,7 @@ mod tests {
                     payload: &payload("z", k),
                 })
                 .expect("schedule");
-            shared.cancel_one(&key("z", k)).expect("cancel");
+            let _ = shared.cancel_one(&key("z", k)).expect("cancel");
             assert_eq!(kept(), before, "hold {k}");
         }));
         let report = engine.checkpoint().expect("checkpoint");

@@ -1077,7 +1077,7 @@ mod tests {
             let key = format!("n{i}");
             engine.reschedule(b"k", past, None).unwrap();
             engine.schedule(key.as_bytes(), past, b"").unwrap();
-            engine.cancel(key.as_bytes()).unwrap();
+            let _ = engine.cancel(key.as_bytes()).unwrap();
             if i % 100 == 0 {
                 engine.run_until_idle();
                 longest = longest.max(engine.shared.core.lock().overdue.len());

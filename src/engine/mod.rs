@@ -89,6 +89,7 @@ pub struct NewTask<'a> {
 /// ("Cancel and delivery").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "the outcome says whether the task will never be delivered (`Cancelled`) or a consumer already has it (`AlreadyDelivered`)"]
 pub enum CancelOutcome {
     /// The task was waiting — for its first delivery, or for its next
     /// attempt after `deliveries` failed ones — or was due but not yet
