@@ -936,7 +936,8 @@ static NEXT_ENGINE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 /// matter), but the log is not closed cleanly, and a task handed out at the
 /// drop — held by a consumer, or waiting unreceived in the ready queue —
 /// has used that attempt: it comes again as attempt + 1 after the next
-/// open, or is dead-lettered if that was its last. Once it is dropped (or shut
+/// open, or is dead-lettered if that was its last. An engine on disk dropped
+/// while open says so in a `tracing` warning. Once it is dropped (or shut
 /// down), the memory of its tasks — keys, payloads, the timing wheel, the
 /// indexes — is freed even while [`Consumer`] handles of it are kept.
 pub struct Engine {
@@ -1848,6 +1849,14 @@ impl Engine {
             let mut core = self.shared.core.lock();
             if core.status == Status::Open {
                 core.status = Status::Closed;
+                if self.shared.disk.is_some() {
+                    // Like a crash: what was not yet durable may be lost, and
+                    // deliveries handed out come back as a new attempt.
+                    tracing::warn!(
+                        dir = ?self.dir,
+                        "kairos engine dropped without shutdown: reopened as after a crash"
+                    );
+                }
             }
             core.stop = true;
             self.shared.driver_cv.notify_all();
@@ -1921,6 +1930,14 @@ impl Drop for Engine {
             let mut core = self.shared.core.lock();
             if core.status == Status::Open {
                 core.status = Status::Closed;
+                if self.shared.disk.is_some() {
+                    // Like a crash: what was not yet durable may be lost, and
+                    // deliveries handed out come back as a new attempt.
+                    tracing::warn!(
+                        dir = ?self.dir,
+                        "kairos engine dropped without shutdown: reopened as after a crash"
+                    );
+                }
             }
             core.stop = true;
             self.shared.driver_cv.notify_all();
