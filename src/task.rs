@@ -12,8 +12,20 @@ use crate::wheel::TimerKey;
 /// [`crate::Durability`]) takes their ids too, and later schedules are given
 /// them again, unless [`crate::Engine::sync`] ran after them. An in-memory
 /// engine's ids are unique for its life.
+///
+/// Displays as its number:
+///
+/// ```
+/// assert_eq!(kairos::TaskId(42).to_string(), "42");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct TaskId(pub u64);
+
+impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
 
 /// Where a task stands. This is the single place task state is defined.
 ///
