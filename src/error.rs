@@ -108,7 +108,7 @@ pub enum CheckpointError {
 /// failure was this call's own write or sync, its record may or may not
 /// have reached the disk, and the task (or the requeue) may be there after
 /// a reopen.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ScheduleError {
     /// The key is empty.
@@ -211,7 +211,7 @@ pub enum ScheduleError {
 
 /// Cancelling failed. The outcome is unknown to the caller only for
 /// `Poisoned`: the cancel record may or may not have reached the disk.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CancelError {
     /// More keys than [`crate::config::BATCH_TASKS_MAX`] in one call; nothing was cancelled.
@@ -236,7 +236,7 @@ pub enum CancelError {
 }
 
 /// Looking a task up ([`crate::Engine::lookup`]) failed; nothing changed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LookupError {
     /// The engine was shut down.
@@ -257,7 +257,7 @@ pub enum LookupError {
 /// caller: an ack or nack record whose own write or sync failed may or may
 /// not have reached the disk (after a reopen the task is then finished, or
 /// retried or dead-lettered as the nack said).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AckError {
     /// More deliveries than [`crate::config::BATCH_TASKS_MAX`] in one call; nothing was acked.
@@ -341,7 +341,7 @@ pub enum RecvError {
 }
 
 /// [`crate::Engine::sync`] failed: what was logged before the call may not be durable.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SyncError {
     /// The engine was shut down: before the call, or while it waited and before what it

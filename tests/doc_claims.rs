@@ -1229,3 +1229,23 @@ fn time_conversions_cover_the_whole_u64_range() {
         Some(1)
     );
 }
+
+/// The call errors (`ScheduleError`, `CancelError`, `LookupError`, `AckError`, `SyncError`,
+/// like `RecvError`) are `Clone + PartialEq + Eq`: a caller keeps or compares them whole.
+#[test]
+fn call_errors_compare_and_clone() -> TestResult {
+    let (engine, _clock) = in_memory(Config::default())?;
+    engine.schedule_after(b"k", ms(10), b"")?;
+    let refused = engine.schedule_after(b"k", ms(10), b"").unwrap_err();
+    assert_eq!(
+        refused,
+        ScheduleError::AlreadyExists {
+            key: "k".to_owned()
+        }
+    );
+    assert_eq!(refused.clone(), refused);
+    engine.shutdown()?;
+    assert_eq!(engine.cancel(b"k"), Err(CancelError::Closed));
+    assert_eq!(engine.sync(), Err(SyncError::Closed));
+    Ok(())
+}
