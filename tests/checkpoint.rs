@@ -1170,3 +1170,34 @@ fn a_failed_checkpoint_leaves_no_temporary_file() -> TestResult {
     }
     Ok(())
 }
+
+/// `Stats::background_failures`: a background checkpoint that fails (here its rename, which
+/// leaves the engine usable) is counted, and a later one that succeeds adds nothing.
+#[test]
+fn failed_background_checkpoints_are_counted() -> TestResult {
+    let mut c = config(Durability::Buffered);
+    // No roll (its marker is written by a rename too) and no overflow file: the checkpoint's
+    // rename is the only one.
+    c.segment_bytes = 64 << 20;
+    c.payload_window = None;
+    c.checkpoint_log_bytes = Some(1);
+    let h = SimHarness::new(23, c)?;
+    assert_eq!(h.engine().stats().background_failures, 0);
+    h.sim.inject(FaultPlan {
+        after: 0,
+        op: FaultOp::Rename,
+        kind: FaultKind::Eio,
+    });
+    h.engine()
+        .schedule_after(b"a", Duration::from_secs(60), b"a")?;
+    common::wait_until("the background checkpoint failed", || {
+        h.engine().stats().background_failures == 1
+    })?;
+    h.sim.clear_faults();
+    h.engine()
+        .schedule_after(b"b", Duration::from_secs(60), b"b")?;
+    h.engine().checkpoint()?;
+    assert_eq!(h.engine().stats().background_failures, 1);
+    assert_eq!(h.engine().stats().pending, 2);
+    Ok(())
+}

@@ -443,6 +443,7 @@ impl Shared {
                     }
                     Err(error) => {
                         tracing::warn!(%error, "moving far tasks out of the wheel during a checkpoint failed");
+                        self.core.lock().background_failures += 1;
                         moves_inline = false;
                     }
                 }
@@ -819,6 +820,7 @@ impl Shared {
                         Err(CheckpointError::Closed | CheckpointError::Poisoned { .. }) => return,
                         Err(error) => {
                             tracing::warn!(%error, "moving far tasks out of the wheel failed");
+                            self.core.lock().background_failures += 1;
                         }
                     }
                     continue;
@@ -831,7 +833,10 @@ impl Shared {
             match self.checkpoint() {
                 Ok(_) => {}
                 Err(CheckpointError::Closed | CheckpointError::Poisoned { .. }) => return,
-                Err(error) => tracing::warn!(%error, "background checkpoint failed"),
+                Err(error) => {
+                    tracing::warn!(%error, "background checkpoint failed");
+                    self.core.lock().background_failures += 1;
+                }
             }
         }
     }

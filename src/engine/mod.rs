@@ -230,6 +230,16 @@ pub struct Stats {
     /// reserved, an upper bound on the resident bytes (a page's tail is
     /// touched only when used).
     pub arena_bytes: usize,
+    /// Checkpoint work that failed since open without a caller to tell:
+    /// background checkpoints (`Config::checkpoint_log_bytes`,
+    /// `Config::checkpoint_interval`) and moves of far tasks out of the
+    /// wheel (between checkpoints, or inside any checkpoint, which goes on
+    /// without them). Each is also a `tracing` warning with its error, and
+    /// is tried again at the next trigger; none poisons the engine (the log
+    /// and the previous checkpoint are intact). A count that keeps rising
+    /// while the log grows means the data directory needs attention (a
+    /// full disk, a damaged overflow file): the log is not trimmed meanwhile.
+    pub background_failures: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -358,6 +368,8 @@ struct Core {
     promoting: bool,
     /// Far tasks moved back into the wheel so far.
     far_promoted: u64,
+    /// [`Stats::background_failures`].
+    background_failures: u64,
     /// The longest single hold of this lock by a checkpoint since open.
     checkpoint_hold_max: Duration,
     /// See [`Stats::promotion_hold_max`].
@@ -607,6 +619,7 @@ impl Core {
             payloads_read_back: core.payloads_read_back,
             far: core.far.len(),
             far_promoted: core.far_promoted,
+            background_failures: core.background_failures,
             checkpoint_hold_max: core.checkpoint_hold_max,
             promotion_hold_max: core.promotion_hold_max,
             arena_bytes: core.payloads.arena_stats().bytes_reserved,
@@ -1273,6 +1286,7 @@ impl Engine {
             far_cursors: std::collections::BTreeMap::new(),
             promoting: false,
             far_promoted: 0,
+            background_failures: 0,
             checkpoint_hold_max: Duration::ZERO,
             promotion_hold_max: Duration::ZERO,
             far_scheduled: 0,
