@@ -239,6 +239,9 @@ pub struct Stats {
     /// and the previous checkpoint are intact). A count that keeps rising
     /// while the log grows means the data directory needs attention (a
     /// full disk, a damaged overflow file): the log is not trimmed meanwhile.
+    /// A panic of the checkpointer or the prefetch thread (a bug) counts
+    /// too: the engine goes on without that thread (no more background
+    /// checkpoints or moves), and its shutdown answers `Poisoned`.
     pub background_failures: u64,
 }
 
@@ -673,8 +676,9 @@ impl Core {
     }
 }
 
-/// Runs `body`, the loop of the engine's thread `name`. A panic in it (a
-/// bug) poisons the engine at once with the panic's message, so that calls
+/// Runs `body`, the loop of the engine's thread `name` that delivery needs
+/// (the driver, the hand-out thread). A panic in it (a bug) poisons the
+/// engine at once with the panic's message, so that calls
 /// and consumers answer `Poisoned` instead of waiting on a thread that is
 /// gone (a consumer blocked in `recv` would wait forever, and tasks
 /// scheduled meanwhile would never fire); the thread then ends without
@@ -682,13 +686,36 @@ impl Core {
 /// Needs a build that unwinds: with `panic = "abort"` the process ends.
 pub(super) fn poison_on_panic(shared: &Shared, name: &str, body: impl FnOnce()) {
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "no message".to_owned());
+        let message = panic_message(panic.as_ref());
         shared.poison(format!("the {name} thread panicked: {message}"));
     }
+}
+
+/// Runs `body`, the loop of the engine's background thread `name` (the
+/// checkpointer, the prefetch thread), whose work the engine can do without:
+/// a panic in it (a bug) is counted in [`Stats::background_failures`] and
+/// logged at once, and the engine goes on without the thread (producers no
+/// longer wait for its moves; the driver promotes far tasks itself); the
+/// panic then goes on unwinding, so a shutdown's join reports it as
+/// `Poisoned`.
+fn count_panic(shared: &Shared, name: &str, body: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        tracing::error!(
+            message = panic_message(panic.as_ref()),
+            "the {name} thread panicked; the engine goes on without it"
+        );
+        shared.core.lock().background_failures += 1;
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// A panic payload's message, if it has one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned())
 }
 
 /// How many tasks ahead recovery's load loop prefetches: enough to keep
@@ -1384,7 +1411,7 @@ impl Engine {
             let thread_shared = Arc::clone(&shared);
             match std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || poison_on_panic(&thread_shared, name, || body(&thread_shared)))
+                .spawn(move || count_panic(&thread_shared, name, || body(&thread_shared)))
             {
                 Ok(handle) => background.push(handle),
                 Err(e) => shared.poison(format!("cannot start the {name} thread: {e}")),
@@ -2703,9 +2730,7 @@ impl Shared {
         };
         let (due_ms, due_tick) = self.prepare(&new, now)?;
         check_frame_bytes(std::slice::from_ref(&new))?;
-        if let Err(refusal) = self.check_room(&core, 1) {
-            return Err(self.room_refused(core, refusal));
-        }
+        // `AlreadyExists` before `TooManyPending`, as in `schedule_one`.
         let tag = core.key_tag(&key);
         if core.find_slot(tag, &key).is_some()
             || self
@@ -2713,6 +2738,9 @@ impl Shared {
                 .map_err(|cause| ScheduleError::Poisoned { cause })?
         {
             return Err(self.already_exists(core, &key));
+        }
+        if let Err(refusal) = self.check_room(&core, 1) {
+            return Err(self.room_refused(core, refusal));
         }
         self.check_horizon(&core, due_ms, due_tick)?;
         let id = TaskId(core.next_id);

@@ -1483,12 +1483,13 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 let expected = if due_ms > model.wall_ms + DELAY_MAX_MS {
                     cov.hit("schedule:too-far");
                     Answer::TooFar
+                } else if model.tasks.contains_key(&k) {
+                    // A live key is `AlreadyExists` at the pending limit too.
+                    cov.hit("schedule:already-exists");
+                    Answer::AlreadyExists
                 } else if model.live() >= model.pending_max {
                     cov.hit("schedule:too-many-pending");
                     Answer::TooManyPending
-                } else if model.tasks.contains_key(&k) {
-                    cov.hit("schedule:already-exists");
-                    Answer::AlreadyExists
                 } else {
                     cov.hit("schedule");
                     if due_ms <= model.wall_ms {
@@ -1521,12 +1522,12 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 } else if distinct.len() != ks.len() {
                     cov.hit("schedule-many:duplicate");
                     Answer::Duplicate
-                } else if model.live() + ks.len() > model.pending_max {
-                    cov.hit("schedule:too-many-pending");
-                    Answer::TooManyPending
                 } else if ks.iter().any(|k| model.tasks.contains_key(k)) {
                     cov.hit("schedule-many:already-exists");
                     Answer::AlreadyExists
+                } else if model.live() + ks.len() > model.pending_max {
+                    cov.hit("schedule:too-many-pending");
+                    Answer::TooManyPending
                 } else {
                     cov.hit("schedule-many");
                     let ids = ks
@@ -1838,13 +1839,13 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                         cov.hit("schedule:too-far");
                         Answer::TooFar
                     }
-                    Some(_) if model.live() >= model.pending_max => {
-                        cov.hit("schedule:too-many-pending");
-                        Answer::TooManyPending
-                    }
                     Some(dead) if model.tasks.contains_key(&dead.key) => {
                         cov.hit("schedule:already-exists");
                         Answer::AlreadyExists
+                    }
+                    Some(_) if model.live() >= model.pending_max => {
+                        cov.hit("schedule:too-many-pending");
+                        Answer::TooManyPending
                     }
                     Some(dead) => {
                         cov.hit("requeue");
