@@ -701,7 +701,7 @@ pub(super) fn poison_on_panic(shared: &Shared, name: &str, body: impl FnOnce()) 
 fn count_panic(shared: &Shared, name: &str, body: impl FnOnce()) {
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         tracing::error!(
-            message = panic_message(panic.as_ref()),
+            panic = panic_message(panic.as_ref()),
             "the {name} thread panicked; the engine goes on without it"
         );
         shared.core.lock().background_failures += 1;
