@@ -1976,3 +1976,50 @@ fn a_poisoned_engine_answers_the_same_after_its_shutdown() -> TestResult {
     poisoned("sync", format!("{:?}", e.sync()));
     Ok(())
 }
+
+/// Two threads shutting the engine down at once (a signal handler and the main thread, say)
+/// while a delivery pass waits for its fdatasync: neither call returns before the shutdown is
+/// complete — the log closed (its `CLOSED` marker written) and the directory free for a reopen
+/// — and the task the pass logged as delivered, which no consumer received, is taken back as
+/// after a single shutdown: delivered again after the reopen as its first attempt, not
+/// dead-lettered as an attempt lost in flight. (Before, the second call to get past the
+/// driver's join found the log taken by the first, returned `Ok` and unlocked the directory
+/// while the first was still closing the log.)
+#[test]
+fn concurrent_shutdowns_return_once_the_log_is_closed() -> TestResult {
+    let mut h = SimHarness::new(911, cfg(60_000, 1, 0))?;
+    h.engine().schedule_after(b"k", ms(1), b"p")?;
+    h.sim.set_sync_latency(ms(300));
+    h.clock.advance(ms(1));
+    {
+        let e = h.engine();
+        eventually("the pass logged", || e.stats().ready == 1)?;
+        let closed = h.wal_dir().join(kairos_wal::format::CLOSED_FILE_NAME);
+        let (sim, closed) = (&h.sim, &closed);
+        let answers = std::thread::scope(|s| {
+            let calls: Vec<_> = (0..2)
+                .map(|_| s.spawn(move || e.shutdown().map(|()| sim.read_file(closed).is_some())))
+                .collect();
+            calls
+                .into_iter()
+                .map(|c| c.join().map_err(|_| "shutdown panicked"))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        for a in answers {
+            assert!(a?, "a shutdown returned before the log was closed");
+        }
+    }
+    h.stop(Stop::Clean)?;
+    h.sim.set_sync_latency(Duration::ZERO);
+    h.start()?;
+    let r = h.engine().recovery().clone();
+    assert!(r.wal.clean_shutdown, "{r:?}");
+    assert_eq!(
+        (r.redelivered, r.dead_lettered, r.overdue),
+        (0, 0, 1),
+        "{r:?}"
+    );
+    let d = one(drain(h.engine())?)?;
+    assert_eq!((d.key(), d.attempt()), (&b"k"[..], 1));
+    Ok(())
+}

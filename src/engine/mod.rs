@@ -987,6 +987,11 @@ pub struct Engine {
     driver: Mutex<Option<JoinHandle<()>>>,
     /// The checkpointer and the payload prefetcher, if running.
     background: Mutex<Vec<JoinHandle<()>>>,
+    /// Held for the whole of [`Engine::shutdown`]: a second call (another
+    /// thread's) waits for the first to finish, instead of finding the
+    /// threads and the log taken and returning while the first still
+    /// closes the log.
+    shutting_down: Mutex<()>,
     dir_lock: Mutex<Option<Box<dyn LockGuard>>>,
     recovery: Recovery,
     dir: Option<PathBuf>,
@@ -1422,6 +1427,7 @@ impl Engine {
             clock_waker,
             driver: Mutex::new(driver),
             background: Mutex::new(background),
+            shutting_down: Mutex::new(()),
             dir_lock: Mutex::new(None),
             recovery,
             dir: None,
@@ -1869,7 +1875,9 @@ impl Engine {
     /// without counting as an attempt), syncs the log and writes a
     /// clean-close marker, releases the directory. Leases held by consumers
     /// end: those tasks are delivered again after the next open (attempt +
-    /// 1). Idempotent.
+    /// 1). Idempotent; calls from several threads at once run one after the
+    /// other, each returning once the engine is shut down (the log closed,
+    /// the directory released).
     ///
     /// Then frees the memory of the tasks (keys, payloads, the timing wheel,
     /// the indexes, the far tasks), which [`Consumer`] handles kept beyond
@@ -1886,6 +1894,7 @@ impl Engine {
     /// before [`Engine::open`] recovers the directory (dropping it does the
     /// same).
     pub fn shutdown(&self) -> Result<(), ShutdownError> {
+        let _one_at_a_time = self.shutting_down.lock();
         {
             let mut core = self.shared.core.lock();
             if core.status == Status::Open {
