@@ -669,3 +669,129 @@ fn after_a_shutdown_every_consumer_call_is_closed() -> TestResult {
     assert!(h.engine().dead_letters().is_empty());
     Ok(())
 }
+
+/// What an ack, a nack and a lease extension of a delivery whose attempt is over answer, for
+/// each way it can be over: `LeaseExpired` while the task lives on for another attempt,
+/// `NotOutstanding` once it is finished — the three calls always agree, change nothing, and
+/// answer the same whether or not the driver has processed the lease's end yet.
+#[test]
+fn calls_on_a_delivery_whose_attempt_is_over_agree() -> TestResult {
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Over {
+        /// Its lease ran out, not yet processed; attempts left.
+        ExpiredUnprocessed,
+        /// Its lease ran out on the last attempt, not yet processed.
+        ExpiredLastUnprocessed,
+        /// Cancelled while held, then its lease ran out.
+        AbandonedExpired,
+        /// Nacked on its last attempt: a dead letter.
+        NackedDead,
+        /// Redelivered to another consumer after a nack.
+        HeldByAnother,
+        /// Redelivered and acked by another consumer.
+        AckedByAnother,
+        /// Waiting for its retry, then cancelled.
+        CancelledBeforeRetry,
+        /// A dead letter requeued as a new task.
+        Requeued,
+    }
+    use Over::*;
+    for (n, over) in [
+        ExpiredUnprocessed,
+        ExpiredLastUnprocessed,
+        AbandonedExpired,
+        NackedDead,
+        HeldByAnother,
+        AckedByAnother,
+        CancelledBeforeRetry,
+        Requeued,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let h = SimHarness::new(7_200 + n as u64, cfg())?;
+        let e = h.engine();
+        let c = e.consumer();
+        e.schedule_after(b"k", ms(1), b"k:")?;
+        // Attempts used before the one under test: 2 of 3 for the last-attempt cases.
+        let before = match over {
+            ExpiredLastUnprocessed | NackedDead | Requeued => 2,
+            _ => 0,
+        };
+        h.clock.advance(ms(1));
+        e.run_until_idle();
+        let mut d = c.try_recv()?;
+        for _ in 0..before {
+            c.nack(&d, Some(Duration::ZERO), "again")?;
+            e.run_until_idle();
+            d = c.try_recv()?;
+        }
+        assert_eq!(d.attempt(), before + 1);
+        let finished = match over {
+            ExpiredUnprocessed | ExpiredLastUnprocessed => {
+                // The lease's end, with the driver kept from processing it.
+                e.pause_deliveries();
+                e.run_until_idle();
+                h.clock.advance(ms(40));
+                over == ExpiredLastUnprocessed
+            }
+            AbandonedExpired => {
+                assert_eq!(
+                    e.cancel(b"k")?,
+                    CancelOutcome::AlreadyDelivered { attempt: 1 }
+                );
+                h.clock.advance(ms(40));
+                e.run_until_idle();
+                true
+            }
+            NackedDead => {
+                assert_eq!(c.nack(&d, None, "no")?, NackOutcome::DeadLettered);
+                true
+            }
+            HeldByAnother | AckedByAnother => {
+                c.nack(&d, Some(Duration::ZERO), "again")?;
+                e.run_until_idle();
+                let other = c.try_recv()?;
+                assert_eq!(other.attempt(), 2);
+                if over == AckedByAnother {
+                    c.ack(&other)?;
+                }
+                over == AckedByAnother
+            }
+            CancelledBeforeRetry => {
+                c.nack(&d, Some(ms(10)), "later")?;
+                assert_eq!(e.cancel(b"k")?, CancelOutcome::Cancelled { deliveries: 1 });
+                true
+            }
+            Requeued => {
+                assert_eq!(c.nack(&d, None, "no")?, NackOutcome::DeadLettered);
+                e.requeue_dead_letter(d.task_id(), kairos::Due::After(ms(0)))?;
+                e.run_until_idle();
+                let fresh = c.try_recv()?;
+                assert_eq!((fresh.key(), fresh.attempt()), (&b"k"[..], 1));
+                true
+            }
+        };
+        let stats = e.stats();
+        let answers = [
+            format!("{:?}", c.ack(&d)),
+            format!("{:?}", c.ack_many(std::slice::from_ref(&d))),
+            format!("{:?}", c.nack(&d, None, "late").map(|_| ())),
+            format!("{:?}", c.extend_lease(&d, ms(100))),
+        ];
+        let want = if finished {
+            format!("Err(NotOutstanding {{ task_id: {} }})", d.task_id().0)
+        } else {
+            format!("Err(LeaseExpired {{ task_id: {} }})", d.task_id().0)
+        };
+        for a in &answers {
+            assert_eq!(a, &want, "{over:?}");
+        }
+        assert_eq!(
+            e.stats(),
+            stats,
+            "{over:?}: a refused call changed something"
+        );
+    }
+    Ok(())
+}
