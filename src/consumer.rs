@@ -265,10 +265,10 @@ impl Consumer {
     }
 
     /// Deliveries waiting in the engine's ready queue: handed out, not yet
-    /// received. After [`crate::Engine::shutdown`] 0 (the shutdown took
-    /// them back); after the engine was dropped, the count it had then,
-    /// though none of them can be received any more (they are delivered
-    /// again after the next open).
+    /// received. After a clean [`crate::Engine::shutdown`] 0 (the shutdown
+    /// took them back); after the engine was dropped or poisoned, the count
+    /// it had then, though none of them can be received any more (they are
+    /// delivered again after the next open).
     pub fn ready(&self) -> usize {
         self.shared.ready_count()
     }
