@@ -27,6 +27,13 @@ fn simulation_probe_owes_a_mark_only_for_a_segment_sync() {
     sim::only_a_segment_sync_owes_a_mark();
 }
 
+/// A failure the storage answered for an injected fault that fired just before a disarm is
+/// no violation; one with no fault behind it still is (see the function's docs).
+#[test]
+fn simulation_probe_tells_a_late_fault_from_none() {
+    sim::a_fault_recorded_after_its_disarm_is_no_violation();
+}
+
 /// The checks have teeth: on a disk whose fdatasync lies, seeds fail (see the function's docs).
 #[test]
 fn simulation_catches_a_disk_that_lies_about_fsync() {

@@ -190,6 +190,8 @@ struct SimState {
     locks: HashMap<PathBuf, (u64, u64)>,
     next_lock_id: u64,
     faults: Vec<ArmedFault>,
+    /// Injected faults that have fired ([`SimStorage::faults_fired`]).
+    faults_fired: u64,
     io_ops: u64,
     sync_count: u64,
     /// The thread of each file fdatasync, in order (see `sync_threads`).
@@ -239,6 +241,7 @@ impl SimState {
             if matches {
                 if fault.remaining == 0 && fired.is_none() {
                     fired = Some(fault.kind);
+                    self.faults_fired += 1;
                     self.faults.remove(index);
                     continue;
                 }
@@ -421,6 +424,7 @@ impl SimStorage {
             locks: HashMap::new(),
             next_lock_id: 1,
             faults: Vec::new(),
+            faults_fired: 0,
             io_ops: 0,
             sync_count: 0,
             sync_threads: Vec::new(),
@@ -507,6 +511,13 @@ impl SimStorage {
     /// Disarms every injected fault that has not fired yet.
     pub fn clear_faults(&self) {
         self.inner.lock().faults.clear();
+    }
+
+    /// Injected faults that have fired so far (each fails one operation). A test that
+    /// records failures apart from the storage can tell by it that a failure it sees after
+    /// [`SimStorage::clear_faults`] came from a fault that fired before.
+    pub fn faults_fired(&self) -> u64 {
+        self.inner.lock().faults_fired
     }
 
     /// Operations performed so far: every trait method call on the storage or its files
