@@ -894,38 +894,133 @@ pub fn decode(
     store_id: Option<&StoreId>,
     seq: Option<u32>,
 ) -> Result<Vec<(u64, Entry)>, (u64, String)> {
-    let Some(h) = bytes.get(..HEADER_BYTES) else {
-        return Err((
+    decode_from(&mut SliceBytes(bytes), store_id, seq).map_err(|e| match e {
+        DecodeFailure::Corrupt(offset, reason) => (offset, reason),
+        // A slice neither fails to read nor shrinks.
+        DecodeFailure::Io(e) => (0, e.to_string()),
+        DecodeFailure::Shrank(offset) => (offset, "file shrank while being read".into()),
+    })
+}
+
+/// The bytes of an overflow file by offset, for [`decode_from`]: a slice in
+/// memory ([`decode`]) or a file read a window at a time ([`read_file`]).
+trait FileBytes {
+    /// The file's length.
+    fn len(&self) -> u64;
+    /// The `n` bytes at `at` (`at + n` is at most [`FileBytes::len`]);
+    /// `Ok(None)` if the file ended first (it shrank while being read).
+    fn get(&mut self, at: u64, n: usize) -> io::Result<Option<&[u8]>>;
+}
+
+struct SliceBytes<'a>(&'a [u8]);
+
+impl FileBytes for SliceBytes<'_> {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn get(&mut self, at: u64, n: usize) -> io::Result<Option<&[u8]>> {
+        let start = usize::try_from(at).unwrap_or(usize::MAX);
+        Ok(self.0.get(start..).and_then(|rest| rest.get(..n)))
+    }
+}
+
+/// A file read sequentially through a window of [`FILE_WINDOW_BYTES`] (or
+/// one entry, when an entry is larger): memory follows the entries, not the
+/// file's size, whatever its length field says.
+struct WindowBytes<'a> {
+    file: &'a dyn StorageFile,
+    len: u64,
+    buf: Vec<u8>,
+    /// The file offset of `buf[0]`.
+    buf_at: u64,
+}
+
+/// The window [`read_file`] reads an overflow file through.
+const FILE_WINDOW_BYTES: usize = 1 << 20;
+
+impl FileBytes for WindowBytes<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn get(&mut self, at: u64, n: usize) -> io::Result<Option<&[u8]>> {
+        let end = at.saturating_add(n as u64);
+        if at < self.buf_at || end > self.buf_at + self.buf.len() as u64 {
+            let want = (self.len.saturating_sub(at)).min(FILE_WINDOW_BYTES.max(n) as u64);
+            self.buf.clear();
+            self.buf.resize(want as usize, 0);
+            self.buf_at = at;
+            if !read_exact_at(self.file, &mut self.buf, at)? {
+                self.buf.clear();
+                return Ok(None);
+            }
+        }
+        let start = (at - self.buf_at) as usize;
+        Ok(self.buf.get(start..start + n))
+    }
+}
+
+/// Why [`decode_from`] stopped.
+enum DecodeFailure {
+    /// Damage at this offset.
+    Corrupt(u64, String),
+    /// Reading failed.
+    Io(io::Error),
+    /// The file ended before this offset's bytes could be read.
+    Shrank(u64),
+}
+
+/// [`decode`]'s checks over `bytes`: the header first, then each entry in
+/// turn, its length bounded (by [`ENTRY_BYTES_MAX`] and the bytes left)
+/// before the rest of it is read.
+fn decode_from(
+    bytes: &mut dyn FileBytes,
+    store_id: Option<&StoreId>,
+    seq: Option<u32>,
+) -> Result<Vec<(u64, Entry)>, DecodeFailure> {
+    let corrupt = |offset: u64, reason: String| DecodeFailure::Corrupt(offset, reason);
+    let len = bytes.len();
+    if len < HEADER_BYTES as u64 {
+        return Err(corrupt(
             0,
-            format!("file is {} bytes, shorter than the header", bytes.len()),
+            format!("file is {len} bytes, shorter than the header"),
         ));
-    };
+    }
     let mut header = [0u8; HEADER_BYTES];
-    header.copy_from_slice(h);
+    header.copy_from_slice(
+        bytes
+            .get(0, HEADER_BYTES)
+            .map_err(DecodeFailure::Io)?
+            .ok_or(DecodeFailure::Shrank(0))?,
+    );
     if header[H_MAGIC..H_VERSION] != OVERFLOW_MAGIC {
-        return Err((0, "bad magic: not a Kairos overflow file".into()));
+        return Err(corrupt(0, "bad magic: not a Kairos overflow file".into()));
     }
     let version = u32_at(&header, H_VERSION);
     if version != OVERFLOW_FORMAT_VERSION {
-        return Err((
+        return Err(corrupt(
             0,
             format!("format version {version}; this build reads {OVERFLOW_FORMAT_VERSION}"),
         ));
     }
     if u32_at(&header, H_CRC) != header_crc(&header) {
-        return Err((0, "header CRC mismatch".into()));
+        return Err(corrupt(0, "header CRC mismatch".into()));
     }
     if header[H_RESERVED..] != [0u8; 16] {
-        return Err((0, "reserved header bytes are not zero".into()));
+        return Err(corrupt(0, "reserved header bytes are not zero".into()));
     }
     if let Some(id) = store_id {
         if header[H_STORE_ID..H_SEQ] != id[..] {
-            return Err((0, "belongs to another data directory (store id)".into()));
+            return Err(corrupt(
+                0,
+                "belongs to another data directory (store id)".into(),
+            ));
         }
     }
     if let Some(seq) = seq {
         if u64_at(&header, H_SEQ) != u64::from(seq) {
-            return Err((
+            return Err(corrupt(
                 0,
                 format!(
                     "header says file {}, its name {seq}",
@@ -936,27 +1031,49 @@ pub fn decode(
     }
     let count = u64_at(&header, H_ENTRIES);
     let mut out = Vec::new();
-    let mut at = HEADER_BYTES;
+    let mut at = HEADER_BYTES as u64;
     let mut last = (0u64, 0u64);
-    while at < bytes.len() {
-        let rest = &bytes[at..];
-        if rest.len() < ENTRY_FIXED_BYTES {
-            return Err((at as u64, "file ends inside an entry".into()));
+    while at < len {
+        let left = len - at;
+        if left < ENTRY_FIXED_BYTES as u64 {
+            return Err(corrupt(at, "file ends inside an entry".into()));
         }
-        let (entry, len) = match parse_entry(rest).map_err(|r| (at as u64, r))? {
-            Some(x) => x,
-            None => return Err((at as u64, "file ends inside an entry".into())),
+        let fixed = bytes
+            .get(at, ENTRY_FIXED_BYTES)
+            .map_err(DecodeFailure::Io)?
+            .ok_or(DecodeFailure::Shrank(at))?;
+        // The length is checked on the fixed part alone (as `parse_entry` checks it), so
+        // no more than the bytes left — and at most one entry — is ever read.
+        let parsed = match parse_entry(fixed).map_err(|r| corrupt(at, r))? {
+            Some(parsed) => Some(parsed),
+            None => {
+                let total = E_ID as u64 + u64::from(u32_at(fixed, E_BYTES));
+                if total > left {
+                    return Err(corrupt(at, "file ends inside an entry".into()));
+                }
+                let whole = bytes
+                    .get(at, total as usize)
+                    .map_err(DecodeFailure::Io)?
+                    .ok_or(DecodeFailure::Shrank(at))?;
+                parse_entry(whole).map_err(|r| corrupt(at, r))?
+            }
+        };
+        let Some((entry, n)) = parsed else {
+            return Err(corrupt(at, "file ends inside an entry".into()));
         };
         let order = (entry.due_ms, entry.task_id);
         if !out.is_empty() && order <= last {
-            return Err((at as u64, "entries out of (due time, task id) order".into()));
+            return Err(corrupt(
+                at,
+                "entries out of (due time, task id) order".into(),
+            ));
         }
         last = order;
-        out.push((at as u64, entry));
-        at += len;
+        out.push((at, entry));
+        at += n as u64;
     }
     if out.len() as u64 != count {
-        return Err((
+        return Err(corrupt(
             0,
             format!(
                 "header counts {count} entries, the file holds {}",
@@ -967,7 +1084,11 @@ pub fn decode(
     Ok(out)
 }
 
-/// Reads the whole overflow file at `path` (see [`decode`]).
+/// Reads the whole overflow file at `path`, as [`decode`] reads it from
+/// memory, but sequentially through a window of about 1 MiB: memory follows
+/// the entries that check, never the file's length (a file cut short, padded
+/// with zeros or sparse, however long, fails at its first bad entry having
+/// allocated little).
 ///
 /// # Errors
 /// As [`decode`], or an I/O error.
@@ -983,23 +1104,24 @@ pub fn read_file(
     };
     let file = storage.open(path, OpenMode::Read).map_err(io_err)?;
     let len = file.len().map_err(io_err)?;
-    let len = usize::try_from(len).map_err(|_| OverflowReadError::Corrupt {
-        path: path.to_path_buf(),
-        offset: 0,
-        reason: "file too large".into(),
-    })?;
-    let mut bytes = vec![0u8; len];
-    if !read_exact_at(file.as_ref(), &mut bytes, 0).map_err(io_err)? {
-        return Err(OverflowReadError::Corrupt {
+    let mut bytes = WindowBytes {
+        file: file.as_ref(),
+        len,
+        buf: Vec::new(),
+        buf_at: 0,
+    };
+    decode_from(&mut bytes, store_id, seq).map_err(|e| match e {
+        DecodeFailure::Corrupt(offset, reason) => OverflowReadError::Corrupt {
             path: path.to_path_buf(),
-            offset: 0,
+            offset,
+            reason,
+        },
+        DecodeFailure::Io(source) => io_err(source),
+        DecodeFailure::Shrank(offset) => OverflowReadError::Corrupt {
+            path: path.to_path_buf(),
+            offset,
             reason: "file shrank while being read".into(),
-        });
-    }
-    decode(&bytes, store_id, seq).map_err(|(offset, reason)| OverflowReadError::Corrupt {
-        path: path.to_path_buf(),
-        offset,
-        reason,
+        },
     })
 }
 
@@ -1146,6 +1268,50 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `read_file` (from disk, through a window) answers exactly as `decode` (from memory)
+    /// for every cut and bit flip of a file whose middle entry is larger than the window.
+    #[test]
+    fn read_file_agrees_with_decode_through_its_window() {
+        let big = vec![7u8; FILE_WINDOW_BYTES + 100];
+        let (bytes, _) = OverflowWriter::sorted(
+            vec![entry(1, 5, b"p"), entry(2, 6, &big), entry(3, 7, b"xyz")],
+            &[1; 16],
+            1,
+        );
+        let sim = SimStorage::new(1);
+        let path = Path::new("/o");
+        let both = |b: &[u8]| {
+            sim.write_file(path, b);
+            let from_disk = match read_file(&sim, path, Some(&[1; 16]), Some(1)) {
+                Ok(entries) => Ok(entries),
+                Err(OverflowReadError::Corrupt { offset, reason, .. }) => Err((offset, reason)),
+                Err(e) => panic!("{e}"),
+            };
+            (decode(b, Some(&[1; 16]), Some(1)), from_disk)
+        };
+        let (whole, from_disk) = both(&bytes);
+        assert_eq!(whole.as_ref().map(Vec::len), Ok(3));
+        assert_eq!(whole, from_disk);
+        let near_ends = (0..200).chain(bytes.len() - 200..bytes.len());
+        for cut in near_ends.clone().chain([bytes.len() / 2]) {
+            let (whole, from_disk) = both(&bytes[..cut]);
+            assert!(whole.is_err(), "cut {cut}");
+            assert_eq!(whole, from_disk, "cut {cut}");
+        }
+        for at in near_ends {
+            let mut b = bytes.clone();
+            b[at] ^= 0x10;
+            let (whole, from_disk) = both(&b);
+            assert_eq!(whole, from_disk, "flip {at}");
+        }
+        // Zeros after the last entry, as a sparse file's tail reads: damage at the old end.
+        let mut padded = bytes.clone();
+        padded.resize(bytes.len() + 4096, 0);
+        let (whole, from_disk) = both(&padded);
+        assert_eq!(whole.map_err(|e| e.0), Err(bytes.len() as u64));
+        assert_eq!(from_disk.map_err(|e| e.0), Err(bytes.len() as u64));
     }
 
     #[test]

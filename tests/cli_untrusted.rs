@@ -400,3 +400,56 @@ fn dump_tells_an_unreadable_file_from_a_damaged_one() -> TestResult {
     assert!(stderr.contains("damaged log"), "{stderr}");
     Ok(())
 }
+
+/// Finding 5: an overflow file whose length is huge — sparse, or padded with zeros — was read
+/// whole into one allocation of its length before a byte of it was checked, so `verify`,
+/// `inspect` and `dump` aborted ("memory allocation of … bytes failed") or ate the machine's
+/// memory. Each now reads it a window at a time and fails at its first bad entry, naming the
+/// file and the byte offset.
+#[test]
+fn a_huge_sparse_overflow_file_fails_at_its_first_bad_entry_without_reading_it_whole() -> TestResult
+{
+    const HUGE: u64 = 1 << 40;
+    let tmp = tempfile::tempdir()?;
+    let built = tmp.path().join("built");
+    build(&built)?;
+    for zeros_only in [false, true] {
+        let dir = tmp.path().join(format!("sparse-{zeros_only}"));
+        copy_tree(&built, &dir)?;
+        let file1 = dir.join(OVERFLOW_DIR_NAME).join(overflow::file_name(1));
+        // The whole file kept and a sparse tail of zeros after it (the first bad entry is at
+        // its old end), or nothing but zeros (a bad header, at 0).
+        let offset = if zeros_only {
+            std::fs::write(&file1, b"")?;
+            0
+        } else {
+            std::fs::metadata(&file1)?.len()
+        };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file1)?
+            .set_len(HUGE)?;
+        let d = path(&dir);
+        for args in [
+            &["verify", d][..],
+            &["verify", "--json", d],
+            &["inspect", d],
+            &["inspect", "--json", d],
+            &["dump", d],
+            &["dump", "--json", "--key", "late:1", d],
+        ] {
+            let (status, stdout, stderr) = run_bounded(args)?;
+            let all = format!("{stdout}{stderr}");
+            assert_eq!(status, 1, "{args:?}: {all}");
+            assert!(!all.contains("memory allocation"), "{args:?}: {all}");
+            assert!(
+                all.contains(&format!(
+                    "{} is corrupt at byte offset {offset}",
+                    file1.display()
+                )),
+                "{args:?}: {all}"
+            );
+        }
+    }
+    Ok(())
+}

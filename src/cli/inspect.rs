@@ -16,9 +16,11 @@
 //! payload it places in an overflow file), 32 bytes per far task (twice: the
 //! replay's, and the entries to check), and one small entry per task live at
 //! the point read (the replay's, and the latest schedule's segment and size),
-//! not per record. Overflow files are read one at a time, each whole into memory
-//! (`kairos::overflow::read_file`, which checks every entry): bounded by the
-//! size of the largest file, not by the number of tasks.
+//! not per record. Overflow files are read one at a time, each file's entries
+//! into memory (`kairos::overflow::read_file`, which checks every entry,
+//! reading through a window of about 1 MiB, so a length field or a sparse
+//! file allocates nothing beyond the entries that check): bounded by the
+//! entries of the largest file, not by the number of tasks.
 
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
@@ -669,8 +671,9 @@ impl OverflowFile {
             orphan,
             damage: None,
         };
-        // The whole file in memory, and its entries decoded (`read_file` checks every one of
-        // them): about twice its size, for one file at a time. Fine for an offline summary;
+        // The file's entries decoded (`read_file` checks every one of them, reading the file
+        // through a window of about 1 MiB): about its size, for one file at a time — never
+        // more than the entries that check, whatever its length. Fine for an offline summary;
         // the engine itself reads one entry at a time.
         let entries = match ovf::read_file(&FsStorage, &summary.file, store_id, Some(number)) {
             Ok(entries) => entries,
