@@ -453,3 +453,78 @@ fn a_huge_sparse_overflow_file_fails_at_its_first_bad_entry_without_reading_it_w
     }
     Ok(())
 }
+
+/// Finding 6: a checkpoint from another data directory (its store id not the log's). The
+/// engine's open refuses it before replaying anything; the tools never compared the two, so
+/// one whose tasks keep their payloads in memory passed `verify`, and one naming overflow
+/// files was blamed on them ("belongs to another data directory") instead of on itself.
+#[test]
+fn a_checkpoint_from_another_data_directory_is_named_as_such() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    // Payloads in overflow files (`build`), or all in memory.
+    let in_memory = |dir: &Path| -> TestResult {
+        let mut c = config();
+        c.payload_window = None;
+        let clock = ManualClock::new(START_MS);
+        let engine = open_fs(dir, c, &clock)?;
+        for i in 0..20u32 {
+            engine.schedule_after(format!("k:{i}").as_bytes(), HOUR * (i + 1), b"p")?;
+        }
+        engine.checkpoint()?;
+        for i in 20..30u32 {
+            engine.schedule_after(format!("k:{i}").as_bytes(), HOUR * (i + 1), b"p")?;
+        }
+        engine.shutdown()?;
+        Ok(())
+    };
+    for (name, make) in [
+        ("overflow", build as fn(&Path) -> TestResult),
+        ("memory", in_memory),
+    ] {
+        // Two directories made by the same calls: the same LSNs, ids and files, but each
+        // its own store id.
+        let (ours, theirs) = (
+            tmp.path().join(format!("{name}-ours")),
+            tmp.path().join(format!("{name}-theirs")),
+        );
+        make(&ours)?;
+        make(&theirs)?;
+        let ckpt_dir = kairos::checkpoint::CHECKPOINT_DIR_NAME;
+        let ckpt = std::fs::read_dir(ours.join(ckpt_dir))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "ckpt"))
+            .ok_or("no checkpoint")?;
+        let ckpt_name = ckpt.file_name().ok_or("no name")?;
+        std::fs::copy(theirs.join(ckpt_dir).join(ckpt_name), &ckpt)?;
+        assert!(Engine::open(&ours, config()).is_err(), "{name}");
+
+        let d = path(&ours);
+        let v = json(&run(&["verify", "--json", d], 1).0);
+        assert_eq!(
+            v["error"]["file"].as_str().map(PathBuf::from),
+            Some(ckpt.clone()),
+            "{name}: {v}"
+        );
+        assert_eq!(v["error"]["offset"], 16, "{name}: {v}");
+        assert!(
+            v["error"]["message"].as_str().is_some_and(|m| m
+                .contains("belongs to another data directory")
+                && m.contains("checkpoint")),
+            "{name}: {v}"
+        );
+        let v = json(&run(&["inspect", "--json", d], 1).0);
+        assert_eq!(
+            v["error"]["file"].as_str().map(PathBuf::from),
+            Some(ckpt.clone()),
+            "{name}: {v}"
+        );
+        let (_, stderr) = run(&["dump", d], 1);
+        assert!(stderr.contains("damaged checkpoint"), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("checkpoint {} belongs to", ckpt.display())),
+            "{name}: {stderr}"
+        );
+    }
+    Ok(())
+}

@@ -166,6 +166,7 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
         start_from_checkpoint_deferring_overflow(
             &FsStorage,
             &data_dir.join(ckpt::CHECKPOINT_DIR_NAME),
+            &log_dir,
         )
     };
     let stdout = io::stdout().lock();

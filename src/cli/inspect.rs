@@ -468,7 +468,7 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
     // The overflow files are read below, each once, after the log: their damage does not
     // stop the reading of the log.
     let start = match checkpoint_dir.as_deref() {
-        Some(d) => start_from_checkpoint_deferring_overflow(&FsStorage, d),
+        Some(d) => start_from_checkpoint_deferring_overflow(&FsStorage, d, &log_dir),
         None => Ok(None),
     };
     let overflow_dir = checkpoint_dir

@@ -36,7 +36,8 @@ replayed with the rules the engine applies at open (a cancel, delivery or ack mu
 task's schedule, ids must increase, a key may be live only once).
 
 With a checkpoint (DIR/checkpoint), replay starts from the newest one that reads, as the \
-engine's open does, and every overflow file it refers to (DIR/overflow) is read whole and \
+engine's open does — one whose store id is not the log's (META's), another data directory's \
+checkpoint, is damage, as it is to the open —, and every overflow file it refers to (DIR/overflow) is read whole and \
 checked: each task's payload entry must be there with the task's id and key, and each far \
 task's entry (a task beyond the far span, whose key and payload are only in its overflow entry) \
 with the task's id and a key whose hash is the one the checkpoint records. A record naming a \
@@ -441,7 +442,7 @@ pub(crate) fn check(
     let mut census = Census::default();
     let mut start = None;
     if let Some(dir) = &checkpoint_dir {
-        match start_from_checkpoint(storage, dir) {
+        match start_from_checkpoint(storage, dir, &log_dir) {
             Ok(None) => {}
             Ok(Some(mut s)) => {
                 census.covered = s.summary.lsn;
@@ -530,8 +531,9 @@ pub(crate) fn missing_checkpoint(first: Option<(&Path, u64)>, alone: bool) -> Op
 pub(crate) fn start_from_checkpoint(
     storage: &dyn Storage,
     dir: &Path,
+    log_dir: &Path,
 ) -> Result<Option<CheckpointStart>, Failure> {
-    start_from(storage, dir, false)
+    start_from(storage, dir, log_dir, false)
 }
 
 /// As [`start_from_checkpoint`], but the overflow files are not read: the payloads the
@@ -542,15 +544,50 @@ pub(crate) fn start_from_checkpoint(
 pub(crate) fn start_from_checkpoint_deferring_overflow(
     storage: &dyn Storage,
     dir: &Path,
+    log_dir: &Path,
 ) -> Result<Option<CheckpointStart>, Failure> {
-    start_from(storage, dir, true)
+    start_from(storage, dir, log_dir, true)
 }
 
+/// The store id in the `META` of the log in `log_dir`; `None` if it cannot be read or does not
+/// decode (the scan of the log reports that).
+fn log_store_id(storage: &dyn Storage, log_dir: &Path) -> Option<kairos_wal::format::StoreId> {
+    use kairos_wal::format::{decode_meta, META_BYTES, META_FILE_NAME};
+    let file = storage
+        .open(
+            &log_dir.join(META_FILE_NAME),
+            kairos_wal::storage::OpenMode::Read,
+        )
+        .ok()?;
+    if file.len().ok()? != META_BYTES as u64 {
+        return None;
+    }
+    let mut bytes = [0u8; META_BYTES];
+    let mut done = 0;
+    while done < bytes.len() {
+        match file.read_at(&mut bytes[done..], done as u64).ok()? {
+            0 => return None,
+            n => done += n,
+        }
+    }
+    decode_meta(&bytes).ok()
+}
+
+/// The byte offset of the store id in a checkpoint's header (`wal/FORMAT.md`, "Checkpoint
+/// files").
+const CHECKPOINT_STORE_ID_OFFSET: u64 = 16;
+
+/// `start_from_checkpoint`'s body; the checkpoint must belong to the log in `log_dir` (its
+/// store id, the one in the log's `META`), as the engine's open requires before it replays
+/// anything — a checkpoint of another data directory is refused, naming the checkpoint (its
+/// overflow files would otherwise look foreign instead).
 fn start_from(
     storage: &dyn Storage,
     dir: &Path,
+    log_dir: &Path,
     defer_overflow: bool,
 ) -> Result<Option<CheckpointStart>, Failure> {
+    let log_store_id = log_store_id(storage, log_dir);
     let (files, _) = checkpoint::list(storage, dir).map_err(|e| Failure {
         cause: Cause::of_io(&e),
         file: Some(dir.to_path_buf()),
@@ -600,6 +637,19 @@ fn start_from(
             });
             continue;
         };
+        if log_store_id.is_some_and(|id| id != header.store_id) {
+            return Err(Failure {
+                cause: Cause::Damage,
+                file: Some(path.clone()),
+                offset: Some(CHECKPOINT_STORE_ID_OFFSET),
+                message: format!(
+                    "checkpoint {} belongs to another data directory: its store id is not the \
+                     one in the log's META ({}), so the engine's open refuses it",
+                    path.display(),
+                    log_dir.join(kairos_wal::format::META_FILE_NAME).display()
+                ),
+            });
+        }
         let (tasks, far_tasks, dead_letters) = (c.tasks.len(), c.far.len(), c.dead.len());
         let mut named_files: Vec<u32> = c
             .tasks
