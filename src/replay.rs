@@ -884,6 +884,20 @@ impl Replay {
             .chain(self.tasks.values())
     }
 
+    /// The live tasks so far with their ids, in no particular order; far
+    /// tasks are not among them (see [`Replay::far`]).
+    pub fn tasks_with_ids(&self) -> impl Iterator<Item = (u64, &LiveTask)> {
+        self.base
+            .iter()
+            .filter_map(|(id, t)| Some((*id, t.as_ref()?)))
+            .chain(self.tasks.iter().map(|(id, t)| (*id, t)))
+    }
+
+    /// The dead letters so far with their ids, in no particular order.
+    pub fn dead_with_ids(&self) -> impl Iterator<Item = (u64, &DeadTask)> {
+        self.dead.iter().map(|(id, t)| (*id, t))
+    }
+
     /// The largest task id seen (0 if none).
     pub fn max_id(&self) -> u64 {
         self.max_id

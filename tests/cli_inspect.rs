@@ -788,6 +788,67 @@ fn bodies_that_do_not_decode_are_shown_and_fail() -> TestResult {
     Ok(())
 }
 
+/// Records whose bodies decode but which break the engine's replay rules (a cancel of a task
+/// never scheduled, an ack of a task not delivered): the engine refuses to open the directory
+/// and `verify` and `inspect` fail, and `dump` — which only decoded the bodies, and exited 0
+/// — now replays them too and fails, naming the first by LSN, file and byte offset.
+#[test]
+fn records_that_break_the_replay_rules_fail_dump_as_they_fail_verify() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let wal_dir = tmp.path().join("wal");
+    let (wal, _) = kairos_wal::Wal::open(
+        std::sync::Arc::new(FsStorage),
+        &wal_dir,
+        kairos_wal::WalOptions::default(),
+        &mut |_| Ok(()),
+    )?;
+    let mut schedule = Vec::new();
+    schedule.extend_from_slice(&1u64.to_le_bytes());
+    schedule.extend_from_slice(&2_000_000_000_000u64.to_le_bytes());
+    schedule.extend_from_slice(&1u16.to_le_bytes());
+    schedule.extend_from_slice(&0u32.to_le_bytes());
+    schedule.push(b'k');
+    let records = [
+        kairos_wal::Record {
+            record_type: 1,
+            body: &schedule,
+        },
+        kairos_wal::Record {
+            record_type: 2,
+            body: &999u64.to_le_bytes(),
+        },
+        kairos_wal::Record {
+            record_type: 4,
+            body: &1u64.to_le_bytes(),
+        },
+    ];
+    wal.append(&records)?.wait()?;
+    wal.close()?;
+    let d = path(tmp.path());
+    run(&["verify", d], 1);
+    run(&["inspect", d], 1);
+    for args in [
+        &["dump", d][..],
+        &["dump", "--json", d],
+        &["dump", "--key", "k", d],
+    ] {
+        let (stdout, stderr) = run(args, 1);
+        // Every record is still printed (but with --key, only task 1's).
+        let shown = if args.contains(&"--key") { 2 } else { 3 };
+        assert_eq!(stdout.lines().count(), shown, "{args:?}: {stdout}");
+        assert!(
+            stderr.contains(
+                "FAILED: 2 records break the engine's replay rules, the first at LSN 2: cancel \
+                 record for task 999"
+            ),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains("  offset  "), "{args:?}: {stderr}");
+    }
+    assert!(kairos::Engine::open(tmp.path(), Config::default()).is_err());
+    Ok(())
+}
+
 /// Writes a matrix case under `root/wal/`.
 fn write_case(case: &matrix_images::Case, root: &Path) -> TestResult {
     let wal = root.join("wal");

@@ -6,7 +6,10 @@
 //! no memory maps) and each record is printed as soon as it is read, so
 //! memory does not grow with the log. Each body is decoded with
 //! `kairos::record::Record::decode`; one that does not decode is printed as
-//! such and the dump goes on.
+//! such and the dump goes on. The records above the checkpoint are also
+//! replayed on its state with the engine's rules (`kairos::replay::Replay`,
+//! as `verify` and `inspect` do: memory follows the live tasks, not the
+//! log), so a log the engine would refuse fails the dump too.
 //!
 //! The log's older records are deleted once a checkpoint holds their effect,
 //! so the dump starts with the checkpoint the engine's open would start from
@@ -26,6 +29,7 @@ use kairos::checkpoint as ckpt;
 use kairos::far::KeyHasher;
 use kairos::overflow as ovf;
 use kairos::record::{DecodeError, Record};
+use kairos::replay::Replay;
 use kairos_wal::{FsStorage, RecordPlace, RecordView, ScanReport, WalError};
 use serde::Serialize;
 use std::borrow::Cow;
@@ -116,10 +120,16 @@ checkpoint refers to are read and checked too. Each file that fails is called da
 bytes were read and are wrong), unreadable (an I/O error, printed: permission denied, not a \
 regular file) or missing.
 
+The records above the checkpoint (all of them without one) are replayed with the rules the \
+engine applies at open, as `kairos verify` replays them; the first that breaks them (a cancel \
+of a task that is not live, an ack of one not delivered, …) is named in the summary by LSN, \
+file and byte offset.
+
 Exit status 0 when the checkpoint reads, the log holds every record after it, the whole log \
-was read and every body decodes (a torn tail included); 1 if a checkpoint or the log is \
-damaged or unreadable (records before the damage are printed first), an overflow file the \
-checkpoint refers to is damaged, unreadable or missing, a body does not decode, the log was \
+was read, every body decodes and every record replays (a torn tail included); 1 if a \
+checkpoint or the log is damaged or unreadable (records before the damage are printed first), \
+an overflow file the checkpoint refers to is damaged, unreadable or missing, a body does not \
+decode, a record breaks the replay rules, the log was \
 trimmed and the checkpoint that covered its start is missing, an entry named like a log \
 segment, a checkpoint or an overflow file is not a regular file (a FIFO, a directory: the \
 engine passes over it), or the directory cannot be read.")]
@@ -175,6 +185,8 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
         Ok(start) => start,
         Err(failure) => {
             dumper.checkpoint_failure = Some(failure);
+            // No state to replay the records on (the engine would not open).
+            dumper.replay = None;
             None
         }
     };
@@ -184,6 +196,8 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
         }
         c.overflow_refs = Vec::new();
         dumper.start_at(c);
+        dumper.replay = Some(std::mem::take(&mut c.replay));
+        dumper.far = Some(FarReader::new(&FsStorage, Some(c)));
     }
     let scan = kairos_wal::scan_located(
         &FsStorage,
@@ -239,6 +253,16 @@ struct Dumper<W: Write> {
     undecodable_covered: u64,
     /// The first undecodable record: its LSN.
     first_undecodable: Option<u64>,
+    /// The records above `covered` replayed with the engine's rules, on the checkpoint's
+    /// state (`None`: not replayed — the checkpoint the engine starts from could not be
+    /// read, or the log was trimmed and no checkpoint holds what it starts from).
+    replay: Option<Replay>,
+    /// Reads the key and due time of a far task a record names.
+    far: Option<FarReader<'static>>,
+    /// Records above `covered` that decode but break the replay rules.
+    unreplayable: u64,
+    /// The first of them: its LSN, segment file, byte offset and why.
+    first_unreplayable: Option<(u64, PathBuf, u64, String)>,
     /// One line, reused.
     line: String,
     write_error: Option<io::Error>,
@@ -265,6 +289,10 @@ impl<W: Write> Dumper<W> {
             undecodable: 0,
             undecodable_covered: 0,
             first_undecodable: None,
+            replay: Some(Replay::new(false)),
+            far: None,
+            unreplayable: 0,
+            first_unreplayable: None,
             line: String::new(),
             write_error: None,
         }
@@ -300,8 +328,8 @@ impl<W: Write> Dumper<W> {
             );
         }
         self.write_line();
-        // Sorted by id.
-        let far = c.replay.take_far();
+        let mut far: Vec<ckpt::FarTask> = c.replay.far().copied().collect();
+        far.sort_unstable_by_key(|t| t.id);
         let Some(key) = self.key.clone() else {
             for t in &far {
                 let line = StateLine {
@@ -319,13 +347,13 @@ impl<W: Write> Dumper<W> {
             return;
         };
         let far = self.far_with_key(c, &far, &key);
-        let (live, dead) = std::mem::take(&mut c.replay).into_parts();
-        let mut state: Vec<StateLine> = live
-            .into_iter()
+        let mut state: Vec<StateLine> = c
+            .replay
+            .tasks_with_ids()
             .filter(|(_, t)| *t.key == *key)
             .map(|(id, t)| StateLine {
                 id,
-                key: t.key.into(),
+                key: t.key.as_bytes().into(),
                 due_ms: t.due_ms,
                 deliveries: t.deliveries,
                 state: State::Live {
@@ -333,16 +361,17 @@ impl<W: Write> Dumper<W> {
                 },
             })
             .chain(
-                dead.into_iter()
+                c.replay
+                    .dead_with_ids()
                     .filter(|(_, t)| *t.key == *key)
                     .map(|(id, t)| StateLine {
                         id,
-                        key: t.key,
+                        key: t.key.clone(),
                         due_ms: t.due_ms,
                         deliveries: t.deliveries,
                         state: State::Dead {
                             dead_ms: t.dead_ms,
-                            error: t.error,
+                            error: t.error.clone(),
                         },
                     }),
             )
@@ -463,6 +492,31 @@ impl<W: Write> Dumper<W> {
             }
         }
         let decoded = Record::decode(view.record_type, view.body);
+        if self.records == 1 && self.covered == 0 && view.lsn.0 > 1 {
+            // A trimmed log without the checkpoint that holds what it starts from (reported
+            // at the end): its records name tasks the replay cannot know.
+            self.replay = None;
+        }
+        if let (Ok(record), Some(replay)) = (&decoded, self.replay.as_mut()) {
+            if view.lsn.0 > self.covered {
+                let far = self.far.as_ref();
+                let applied = replay.apply_with(record, &mut |t| match far {
+                    Some(far) => far.read(t),
+                    None => Err("there is no checkpoint to read it from".into()),
+                });
+                if let Err(e) = applied {
+                    self.unreplayable += 1;
+                    self.first_unreplayable.get_or_insert_with(|| {
+                        (
+                            view.lsn.0,
+                            place.file.to_path_buf(),
+                            place.offset,
+                            e.to_string(),
+                        )
+                    });
+                }
+            }
+        }
         if decoded.is_err() {
             if view.lsn.0 > self.covered {
                 self.undecodable += 1;
@@ -528,7 +582,7 @@ impl<W: Write> Dumper<W> {
         checkpoint: Option<CheckpointStart>,
         not_regular: &[Failure],
     ) -> Verdict {
-        let mut ok = self.undecodable == 0 && not_regular.is_empty();
+        let mut ok = self.undecodable == 0 && self.unreplayable == 0 && not_regular.is_empty();
         let mut summary = String::new();
         for f in not_regular {
             summary.push_str(&f.describe("kairos dump: FAILED"));
@@ -696,6 +750,17 @@ impl<W: Write> Dumper<W> {
                 self.undecodable,
                 self.first_undecodable.unwrap_or(0)
             );
+        }
+        if let Some((lsn, file, offset, why)) = &self.first_unreplayable {
+            let _ = writeln!(
+                summary,
+                "kairos dump: FAILED: {} records break the engine's replay rules, the first at \
+                 LSN {lsn}: {why} (as `kairos verify` finds): the engine would not open this \
+                 directory",
+                self.unreplayable
+            );
+            let _ = writeln!(summary, "  file    {}", file.display());
+            let _ = writeln!(summary, "  offset  {offset} (byte offset in the file)");
         }
         if self.undecodable_covered > 0 {
             let _ = writeln!(
