@@ -370,6 +370,12 @@ fn dump_tells_an_unreadable_file_from_a_damaged_one() -> TestResult {
     assert_eq!(status, 1, "{stderr}");
     assert!(stderr.contains("unreadable overflow file"), "{stderr}");
     assert!(!stderr.contains("damaged"), "{stderr}");
+    // Named with its article: "an overflow file", not "a overflow file".
+    assert!(
+        stderr.contains("though named like an overflow file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("a overflow file"), "{stderr}");
 
     // The checkpoint replaced by a directory... is not listed (checkpoints are regular files);
     // a checkpoint that is a FIFO likewise. Bad bytes in it are damage.

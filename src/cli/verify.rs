@@ -1017,12 +1017,18 @@ pub(crate) fn not_regular_files(data_dir: &Path, log_dir: &Path) -> Vec<Failure>
             })
             .collect();
         odd.sort();
+        // "an overflow file", "a checkpoint".
+        let article = if what.starts_with(['a', 'e', 'i', 'o', 'u']) {
+            "an"
+        } else {
+            "a"
+        };
         found.extend(odd.into_iter().map(|(path, kind)| Failure {
             cause: Cause::Damage,
             message: format!(
-                "{} is a {kind}, not a regular file, though named like a {what}: the engine \
-                 reads regular files only and passes over it (if it took the place of a \
-                 {what}, that {what} is lost to the engine)",
+                "{} is a {kind}, not a regular file, though named like {article} {what}: the \
+                 engine reads regular files only and passes over it (if it took the place of \
+                 {article} {what}, that {what} is lost to the engine)",
                 path.display()
             ),
             file: Some(path),
