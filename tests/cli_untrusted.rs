@@ -534,3 +534,42 @@ fn a_checkpoint_from_another_data_directory_is_named_as_such() -> TestResult {
     }
     Ok(())
 }
+
+/// Finding 7: a directory where the data directory's `LOCK` or the log's belongs. The engine's
+/// open cannot lock it and fails ("Is a directory"); `verify`, `inspect` and `dump` said
+/// every record checks and exited 0. They now name it and fail.
+#[test]
+fn a_directory_in_place_of_a_lock_file_fails_as_the_open_does() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let built = tmp.path().join("built");
+    build(&built)?;
+    for (name, lock) in [("data", "LOCK"), ("log", "wal/LOCK")] {
+        let dir = tmp.path().join(name);
+        copy_tree(&built, &dir)?;
+        let lock = dir.join(lock);
+        std::fs::remove_file(&lock)?;
+        std::fs::create_dir(&lock)?;
+        let d = path(&dir);
+        for args in [&["verify", d][..], &["inspect", d], &["dump", d]] {
+            let (stdout, stderr) = run(args, 1);
+            assert!(
+                format!("{stdout}{stderr}").contains(&format!(
+                    "{} is a directory where the engine's lock file belongs",
+                    lock.display()
+                )),
+                "{args:?}: {stdout}{stderr}"
+            );
+        }
+        let v = json(&run(&["verify", "--json", d], 1).0);
+        assert_eq!(v["ok"], false, "{v}");
+        assert_eq!(
+            v["not_regular_files"][0]["file"]
+                .as_str()
+                .map(PathBuf::from),
+            Some(lock.clone()),
+            "{v}"
+        );
+        assert!(Engine::open(&dir, config()).is_err(), "{name}");
+    }
+    Ok(())
+}

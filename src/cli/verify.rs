@@ -55,7 +55,8 @@ slot in an older segment, or both slots torn, is damage.
 An entry named like a log segment, a checkpoint or an overflow file that is not a regular file \
 (a FIFO, a directory, a symbolic link) is reported as a failure: the engine reads regular files \
 only and passes over it (never waits on it), so whatever it took the place of is lost to the \
-engine.
+engine. So is a directory in the place of the data directory's LOCK or the log's (wal/LOCK): \
+the engine's open cannot lock it, and fails.
 
 Exit status 0 when every record checks; 1 when something does not (the file and byte offset of \
 the damage, or the LSN of a bad record, are printed), an entry named like a Kairos file is not a \
@@ -983,7 +984,9 @@ fn entry_kind(t: std::fs::FileType) -> &'static str {
 /// (a segment between two others shows as missing; the newest, a checkpoint or an overflow
 /// file may not), and a file the engine writes under that name later cannot replace a
 /// directory. `verify`, `inspect` and `dump` report each one as a failure. Nothing is opened
-/// (the type is read from the directory entry, symbolic links not followed).
+/// (the type is read from the directory entry, symbolic links not followed). Also a `LOCK`
+/// (the data directory's or the log's) that is a directory, or a link to one: the engine's
+/// open fails to lock it.
 pub(crate) fn not_regular_files(data_dir: &Path, log_dir: &Path) -> Vec<Failure> {
     /// A directory, what its files are, and which names are theirs.
     type Place = (PathBuf, &'static str, fn(&str) -> bool);
@@ -1034,6 +1037,28 @@ pub(crate) fn not_regular_files(data_dir: &Path, log_dir: &Path) -> Vec<Failure>
             file: Some(path),
             offset: None,
         }));
+    }
+    // The engine's open locks the data directory's LOCK and the log's (creating them when
+    // missing): a directory in the place of either — or a symbolic link to one — cannot be
+    // opened to lock it, so the open fails. (A FIFO there is opened read-write, which does
+    // not block, and locked: no failure.)
+    let mut locks = vec![log_dir.join(kairos_wal::format::LOCK_FILE_NAME)];
+    if data_dir != log_dir {
+        locks.insert(0, data_dir.join(kairos_wal::format::LOCK_FILE_NAME));
+    }
+    for lock in locks {
+        if std::fs::metadata(&lock).is_ok_and(|m| m.is_dir()) {
+            found.push(Failure {
+                cause: Cause::Damage,
+                message: format!(
+                    "{} is a directory where the engine's lock file belongs: the engine's \
+                     open cannot lock it, and fails",
+                    lock.display()
+                ),
+                file: Some(lock),
+                offset: None,
+            });
+        }
     }
     found
 }
