@@ -571,5 +571,32 @@ fn a_directory_in_place_of_a_lock_file_fails_as_the_open_does() -> TestResult {
         );
         assert!(Engine::open(&dir, config()).is_err(), "{name}");
     }
+    // A dangling symbolic link there: reported the same way; the open fails without creating
+    // the link's target outside the directory.
+    #[cfg(unix)]
+    for (name, lock) in [("data-link", "LOCK"), ("log-link", "wal/LOCK")] {
+        let dir = tmp.path().join(name);
+        copy_tree(&built, &dir)?;
+        let lock = dir.join(lock);
+        let target = tmp.path().join(format!("{name}-outside"));
+        std::fs::remove_file(&lock)?;
+        std::os::unix::fs::symlink(&target, &lock)?;
+        let d = path(&dir);
+        for args in [&["verify", d][..], &["inspect", d], &["dump", d]] {
+            let (stdout, stderr) = run(args, 1);
+            assert!(
+                format!("{stdout}{stderr}").contains(&format!(
+                    "{} is a symbolic link to nothing where the engine's lock file belongs",
+                    lock.display()
+                )),
+                "{args:?}: {stdout}{stderr}"
+            );
+        }
+        assert!(Engine::open(&dir, config()).is_err(), "{name}");
+        assert!(
+            !target.exists(),
+            "{name}: the open created the link's target"
+        );
+    }
     Ok(())
 }

@@ -132,7 +132,7 @@ an overflow file the checkpoint refers to is damaged, unreadable or missing, a b
 decode, a record breaks the replay rules, the log was \
 trimmed and the checkpoint that covered its start is missing, an entry named like a log \
 segment, a checkpoint or an overflow file is not a regular file (a FIFO, a directory: the \
-engine passes over it), a LOCK is a directory (the engine's open cannot lock it), or the \
+engine passes over it), a LOCK is a directory or a dangling link (the engine's open cannot lock it), or the \
 directory cannot be read.")]
 pub struct DumpArgs {
     /// Data directory (or its `wal` log directory).

@@ -117,7 +117,7 @@ reads, every record above the checkpoint decodes and replays (a torn tail includ
 overflow file reads back whole and holds the payloads the checkpoint places there; 1 if a \
 checkpoint, the log or an overflow file the checkpoint names is damaged, a record is bad, an \
 entry named like a log segment, a checkpoint or an overflow file is not a regular file (a FIFO, \
-a directory: the engine passes over it), a LOCK is a directory (the engine's open cannot lock \
+a directory: the engine passes over it), a LOCK is a directory or a dangling link (the engine's open cannot lock \
 it), the log was trimmed and the checkpoint that covered its start is missing, or the directory cannot \
 be read.")]
 pub struct InspectArgs {

@@ -55,8 +55,8 @@ slot in an older segment, or both slots torn, is damage.
 An entry named like a log segment, a checkpoint or an overflow file that is not a regular file \
 (a FIFO, a directory, a symbolic link) is reported as a failure: the engine reads regular files \
 only and passes over it (never waits on it), so whatever it took the place of is lost to the \
-engine. So is a directory in the place of the data directory's LOCK or the log's (wal/LOCK): \
-the engine's open cannot lock it, and fails.
+engine. So is a directory or a dangling symbolic link in the place of the data directory's \
+LOCK or the log's (wal/LOCK): the engine's open cannot lock it, and fails.
 
 Exit status 0 when every record checks; 1 when something does not (the file and byte offset of \
 the damage, or the LSN of a bad record, are printed), an entry named like a Kairos file is not a \
@@ -985,8 +985,8 @@ fn entry_kind(t: std::fs::FileType) -> &'static str {
 /// file may not), and a file the engine writes under that name later cannot replace a
 /// directory. `verify`, `inspect` and `dump` report each one as a failure. Nothing is opened
 /// (the type is read from the directory entry, symbolic links not followed). Also a `LOCK`
-/// (the data directory's or the log's) that is a directory, or a link to one: the engine's
-/// open fails to lock it.
+/// (the data directory's or the log's) that is a directory, a link to one, or a link to
+/// nothing: the engine's open fails to lock it.
 pub(crate) fn not_regular_files(data_dir: &Path, log_dir: &Path) -> Vec<Failure> {
     /// A directory, what its files are, and which names are theirs.
     type Place = (PathBuf, &'static str, fn(&str) -> bool);
@@ -1047,18 +1047,24 @@ pub(crate) fn not_regular_files(data_dir: &Path, log_dir: &Path) -> Vec<Failure>
         locks.insert(0, data_dir.join(kairos_wal::format::LOCK_FILE_NAME));
     }
     for lock in locks {
-        if std::fs::metadata(&lock).is_ok_and(|m| m.is_dir()) {
-            found.push(Failure {
-                cause: Cause::Damage,
-                message: format!(
-                    "{} is a directory where the engine's lock file belongs: the engine's \
-                     open cannot lock it, and fails",
-                    lock.display()
-                ),
-                file: Some(lock),
-                offset: None,
-            });
-        }
+        let what = if std::fs::metadata(&lock).is_ok_and(|m| m.is_dir()) {
+            "a directory"
+        } else if std::fs::symlink_metadata(&lock).is_ok_and(|m| m.is_symlink()) && !lock.exists() {
+            // The open does not follow it (that would create a file outside the directory).
+            "a symbolic link to nothing"
+        } else {
+            continue;
+        };
+        found.push(Failure {
+            cause: Cause::Damage,
+            message: format!(
+                "{} is {what} where the engine's lock file belongs: the engine's open cannot \
+                 lock it, and fails",
+                lock.display()
+            ),
+            file: Some(lock),
+            offset: None,
+        });
     }
     found
 }

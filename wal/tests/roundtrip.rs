@@ -417,3 +417,38 @@ fn fs_storage_roundtrip_with_private_permissions() -> TestResult {
     }
     Ok(())
 }
+
+/// A dangling symbolic link where the lock file goes is not followed: its target (outside
+/// the directory) is not created, and the lock fails naming the link. A link to an existing
+/// file, and a missing lock file, lock as before.
+#[cfg(unix)]
+#[test]
+fn a_dangling_lock_link_creates_nothing_outside_the_directory() {
+    use kairos_wal::storage::{FsStorage, Storage};
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("created-through-the-link");
+    let lock = dir.path().join("LOCK");
+    std::os::unix::fs::symlink(&target, &lock).unwrap();
+    let error = match FsStorage.lock(&lock) {
+        Err(e) => e,
+        Ok(_) => panic!("locked through a dangling link"),
+    };
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(error.to_string().contains("symbolic link"), "{error}");
+    assert!(!target.exists(), "the link's target was created");
+    // A link to a file that exists: the file is locked, as before.
+    std::fs::write(&target, b"").unwrap();
+    let held = FsStorage
+        .lock(&lock)
+        .expect("lock through a link to a file");
+    assert_eq!(
+        FsStorage.lock(&lock).err().map(|e| e.kind()),
+        Some(std::io::ErrorKind::WouldBlock)
+    );
+    drop(held);
+    // A missing lock file is created.
+    let fresh = dir.path().join("wal-LOCK");
+    let _held = FsStorage.lock(&fresh).expect("lock a new file");
+    assert!(fresh.exists());
+}

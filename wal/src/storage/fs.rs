@@ -118,14 +118,7 @@ impl Storage for FsStorage {
     }
 
     fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
-        let mut options = OpenOptions::new();
-        options.read(true).write(true).create(true).truncate(false);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
-        }
-        let file = options.open(path)?;
+        let file = open_lock_file(path)?;
         match file.try_lock() {
             Ok(()) => Ok(Box::new(FsLock { file })),
             Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
@@ -134,6 +127,46 @@ impl Storage for FsStorage {
             )),
             Err(std::fs::TryLockError::Error(e)) => Err(e),
         }
+    }
+}
+
+/// Opens the lock file at `path`, creating it if it is missing — never
+/// through a symbolic link: a dangling link in its place would otherwise have
+/// its target created, a file outside the data directory. An existing file
+/// (or a link to one) is opened as it is; a missing one is created with
+/// `O_EXCL`, which follows no link, so a dangling link fails it and is
+/// reported as such.
+fn open_lock_file(path: &Path) -> io::Result<File> {
+    let mut existing = OpenOptions::new();
+    existing.read(true).write(true);
+    match existing.open(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        other => return other,
+    }
+    let mut create = OpenOptions::new();
+    create.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        create.mode(0o600);
+    }
+    match create.open(path) {
+        // Made meanwhile by another open (which then holds the lock, or
+        // will), or a dangling symbolic link.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            existing.open(path).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is a symbolic link to nothing; not followed (it would create a \
+                         file outside the data directory)",
+                        path.display()
+                    ),
+                ),
+                _ => e,
+            })
+        }
+        other => other,
     }
 }
 
