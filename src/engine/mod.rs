@@ -678,11 +678,11 @@ impl Core {
 
 /// Runs `body`, the loop of the engine's thread `name` that delivery needs
 /// (the driver, the hand-out thread). A panic in it (a bug) poisons the
-/// engine at once with the panic's message, so that calls
-/// and consumers answer `Poisoned` instead of waiting on a thread that is
-/// gone (a consumer blocked in `recv` would wait forever, and tasks
-/// scheduled meanwhile would never fire); the thread then ends without
-/// unwinding further (the default panic hook has already printed it).
+/// engine at once with the panic's message, so that calls and consumers
+/// answer `Poisoned` instead of waiting on a thread that is gone (a
+/// consumer blocked in `recv` would wait forever, and tasks scheduled
+/// meanwhile would never fire); the thread then ends without unwinding
+/// further (the default panic hook has already printed it).
 /// Needs a build that unwinds: with `panic = "abort"` the process ends.
 pub(super) fn poison_on_panic(shared: &Shared, name: &str, body: impl FnOnce()) {
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
