@@ -135,6 +135,7 @@ pub enum RescheduleOutcome {
 
 /// What recovery found when the engine was opened.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct Recovery {
     /// The log's own report: records replayed, torn tail truncated, clean shutdown.
     /// `wal.clean_shutdown` says whether the log ends with a clean close: it
