@@ -264,6 +264,50 @@ impl Consumer {
         self.shared.extend_lease(delivery, lease)
     }
 
+    /// Whether `delivery`'s attempt is still this engine's outstanding lease
+    /// on its task: the task is live under its key, held by a consumer, in
+    /// this attempt. `false` once it was cancelled while held (the cancel
+    /// answered [`crate::CancelOutcome::AlreadyDelivered`]), acked, nacked,
+    /// dead-lettered, or its lease ran out and the driver processed that;
+    /// also for a delivery taken at most once (already finished when
+    /// received) and for one from another engine (before a restart). A
+    /// worker checks it before irreversible work without holding the
+    /// [`crate::Engine`]; the answer can be out of date at once (a cancel may
+    /// follow it), so the compensation on `AlreadyDelivered` still has to be
+    /// there. Durability and cost as [`crate::Engine::lookup`].
+    ///
+    /// ```
+    /// use kairos::{CancelOutcome, Config, Engine, ManualClock};
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+    /// engine.schedule_after(b"order:9:timeout", Duration::ZERO, b"")?;
+    /// engine.run_until_idle();
+    /// let consumer = engine.consumer();
+    /// let task = consumer.try_recv()?;
+    /// assert!(consumer.holds(&task)?);
+    /// // The payment arrives while the consumer holds the task.
+    /// assert_eq!(engine.cancel(b"order:9:timeout")?, CancelOutcome::AlreadyDelivered { attempt: 1 });
+    /// assert!(!consumer.holds(&task)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`crate::Engine::lookup`]: `Closed` after a shutdown, `Poisoned`.
+    pub fn holds(&self, delivery: &Delivery) -> Result<bool, crate::LookupError> {
+        self.shared.holds(delivery)
+    }
+
+    /// A key's live task, as [`crate::Engine::lookup`] answers, for a worker
+    /// that has only its consumer.
+    ///
+    /// # Errors
+    /// As [`crate::Engine::lookup`].
+    pub fn lookup(&self, key: &[u8]) -> Result<Option<crate::TaskInfo>, crate::LookupError> {
+        self.shared.lookup(key)
+    }
+
     /// Deliveries waiting in the engine's ready queue: handed out, not yet
     /// received. After a clean [`crate::Engine::shutdown`] 0 (the shutdown
     /// took them back); after the engine was dropped or poisoned, the count

@@ -1249,3 +1249,77 @@ fn call_errors_compare_and_clone() -> TestResult {
     assert_eq!(engine.sync(), Err(SyncError::Closed));
     Ok(())
 }
+
+/// `Consumer::holds`: true while the delivery's attempt is the outstanding lease on its task;
+/// false once it is cancelled while held, acked, nacked, its lease ran out (processed), for a
+/// delivery taken at most once, and for one from before a restart; `Closed` after a shutdown.
+/// `Consumer::lookup` answers as `Engine::lookup`.
+#[test]
+fn a_consumer_tells_whether_it_still_holds_a_delivery() -> TestResult {
+    let mut c = Config::default();
+    c.lease = ms(100);
+    let (engine, clock) = in_memory(c)?;
+    let consumer = engine.consumer();
+    let take = |key: &[u8]| -> TestResult<kairos::Delivery> {
+        engine.schedule_after(key, Duration::ZERO, b"")?;
+        engine.run_until_idle();
+        Ok(consumer.try_recv()?)
+    };
+    let acked = take(b"acked")?;
+    assert!(consumer.holds(&acked)?);
+    assert_eq!(
+        consumer.lookup(b"acked")?.map(|t| t.state),
+        Some(kairos::TaskState::Leased)
+    );
+    consumer.ack(&acked)?;
+    assert!(!consumer.holds(&acked)?);
+    assert_eq!(consumer.lookup(b"acked")?, None);
+    let cancelled = take(b"cancelled")?;
+    assert_eq!(
+        engine.cancel(b"cancelled")?,
+        CancelOutcome::AlreadyDelivered { attempt: 1 }
+    );
+    assert!(!consumer.holds(&cancelled)?);
+    let nacked = take(b"nacked")?;
+    consumer.nack(&nacked, Some(ms(1)), "failed")?;
+    assert!(!consumer.holds(&nacked)?);
+    // Its next attempt is held by whoever receives it, in that attempt only.
+    clock.advance(ms(1));
+    engine.run_until_idle();
+    let again = consumer.try_recv()?;
+    assert_eq!((again.task_id(), again.attempt()), (nacked.task_id(), 2));
+    assert!(consumer.holds(&again)?);
+    assert!(!consumer.holds(&nacked)?);
+    consumer.ack(&again)?;
+    let expired = take(b"expired")?;
+    assert!(consumer.holds(&expired)?);
+    clock.advance(ms(100));
+    engine.run_until_idle();
+    assert!(!consumer.holds(&expired)?);
+    engine.shutdown()?;
+    assert_eq!(consumer.holds(&expired), Err(kairos::LookupError::Closed));
+
+    // At most once: finished when received.
+    let mut c = Config::default();
+    c.delivery = kairos::DeliveryGuarantee::AtMostOnce;
+    let (engine, _clock) = in_memory(c)?;
+    engine.schedule_after(b"once", Duration::ZERO, b"")?;
+    engine.run_until_idle();
+    let consumer = engine.consumer();
+    let once = consumer.try_recv()?;
+    assert!(!consumer.holds(&once)?);
+
+    // A delivery from before a restart: the task is held again, by another attempt.
+    let mut h = SimHarness::new(29, config(Durability::Sync))?;
+    h.engine().schedule_after(b"k", Duration::ZERO, b"")?;
+    h.engine().run_until_idle();
+    let before = h.engine().consumer().try_recv()?;
+    h.restart(Stop::Clean)?;
+    h.engine().run_until_idle();
+    let consumer = h.engine().consumer();
+    let after = consumer.try_recv()?;
+    assert_eq!((after.task_id(), after.attempt()), (before.task_id(), 2));
+    assert!(consumer.holds(&after)?);
+    assert!(!consumer.holds(&before)?);
+    Ok(())
+}

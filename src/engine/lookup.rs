@@ -106,7 +106,22 @@ impl Engine {
 }
 
 impl Shared {
-    pub(super) fn lookup(&self, key: &[u8]) -> Result<Option<TaskInfo>, LookupError> {
+    /// [`crate::Consumer::holds`].
+    pub(crate) fn holds(&self, delivery: &crate::Delivery) -> Result<bool, LookupError> {
+        if delivery.engine_id != self.engine_id {
+            // From another open of the directory (or another engine): not
+            // this engine's delivery, whatever its task does now. Still
+            // `Closed` or `Poisoned` as a lookup would answer.
+            return self.lookup(delivery.key()).map(|_| false);
+        }
+        Ok(self.lookup(delivery.key())?.is_some_and(|t| {
+            t.id == delivery.task_id()
+                && t.state == TaskState::Leased
+                && t.deliveries == delivery.attempt()
+        }))
+    }
+
+    pub(crate) fn lookup(&self, key: &[u8]) -> Result<Option<TaskInfo>, LookupError> {
         let (mut core, reads, _) = self
             .lock_reading_far(std::iter::once(key))
             .map_err(|cause| LookupError::Poisoned { cause })?;
