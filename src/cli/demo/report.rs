@@ -116,7 +116,9 @@ pub struct Report {
     pub cancel_in_flight: u64,
     /// Of those, `NotFound` (already finished).
     pub cancel_not_found: u64,
-    /// Unique tasks a consumer received.
+    /// Unique tasks a consumer received (at least once). A task nacked and
+    /// then cancelled while waiting for its retry counts here and in
+    /// `cancelled` too, so `delivered + cancelled` can exceed `scheduled`.
     pub delivered: u64,
     /// Unique tasks acked.
     pub acked: u64,
