@@ -1900,14 +1900,6 @@ impl Engine {
             let mut core = self.shared.core.lock();
             if core.status == Status::Open {
                 core.status = Status::Closed;
-                if self.shared.disk.is_some() {
-                    // Like a crash: what was not yet durable may be lost, and
-                    // deliveries handed out come back as a new attempt.
-                    tracing::warn!(
-                        dir = ?self.dir,
-                        "kairos engine dropped without shutdown: reopened as after a crash"
-                    );
-                }
             }
             core.stop = true;
             self.shared.driver_cv.notify_all();
