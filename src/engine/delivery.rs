@@ -249,6 +249,7 @@ impl Shared {
             attempt: task.deliveries,
             at_most_once,
         };
+        c.totals.deliveries += 1;
         if at_most_once {
             let ticket = self.log_ids(&mut core, crate::record::RECORD_ACK, [entry.id], |id| {
                 Record::Ack { id }
@@ -412,6 +413,8 @@ impl Shared {
             })
             .map_err(|cause| AckError::Poisoned { cause })?
         };
+        // Every delivery not at most once (abandoned ones too): `tags` has one each.
+        core.totals.acks += tags.len() as u64;
         for (d, &tag) in deliveries.iter().filter(|d| !d.at_most_once).zip(&tags) {
             self.forget_task_tagged(
                 &mut core,
@@ -454,6 +457,7 @@ impl Shared {
             Ok(state) => state,
             Err(refusal) => return Err(self.refused(core, refusal)),
         };
+        core.totals.nacks += 1;
         if state == TaskState::Abandoned {
             self.forget_task(&mut core, d.slot);
             self.wait_logged(core)
@@ -559,6 +563,7 @@ impl Shared {
                 error: error.as_bytes().into(),
             };
             core.insert_dead(id.0, dead);
+            core.totals.tasks_dead_lettered += 1;
             self.forget_task(core, slot);
             if let Some(cause) = unreadable {
                 self.poison_locked(core, cause);
@@ -577,6 +582,7 @@ impl Shared {
         task.due_ms = due_ms;
         let next_attempt = task.deliveries.saturating_add(1);
         core.in_flight_count -= 1;
+        core.totals.retries += 1;
         let due_tick = self.placement_tick(core, due_ms, self.due_tick(due_ms, now));
         match core.wheel.insert(due_tick, slot) {
             Ok(timer) => {
@@ -968,10 +974,14 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
                     handouts.push(ReadyEntry { slot, id, fired_ms });
                 }
                 TaskState::Leased => {
+                    core.totals.lease_expiries += 1;
                     shared.fail_attempt(&mut core, slot, None, &lease_error, now, &mut batch);
                 }
                 // Cancelled while held, and its holder never answered.
-                TaskState::Abandoned => shared.forget_task(&mut core, slot),
+                TaskState::Abandoned => {
+                    core.totals.lease_expiries += 1;
+                    shared.forget_task(&mut core, slot);
+                }
                 TaskState::Ready => {}
             }
         }

@@ -380,8 +380,10 @@ impl Shared {
     /// overflow entry is dead; the file goes when nothing refers to it).
     /// `pos` is where [`Shared::locate_for_cancel`] found it: still right
     /// unless the index changed since (another cancel of the same call may
-    /// have rebuilt its shard), in which case it is looked up again.
+    /// have rebuilt its shard), in which case it is looked up again. Counts
+    /// in [`crate::Stats::tasks_cancelled`].
     pub(super) fn drop_far(&self, core: &mut Core, pos: usize, e: FarEntry) {
+        core.totals.tasks_cancelled += 1;
         let pos = if core.far.entry_at(pos) == Some(e) {
             Some(pos)
         } else {

@@ -170,7 +170,32 @@ pub struct Recovery {
     pub skipped_checkpoint: Option<String>,
 }
 
-/// Counters for observing an engine (backpressure). Cheap: one lock.
+/// Counters for observing an engine (backpressure, throughput). Cheap: one
+/// lock.
+///
+/// Two kinds. **Levels** say what is there now: `scheduled`, `ready`,
+/// `in_flight`, `catch_up_backlog`, `dead_letters`, `pending`, the payload
+/// and memory figures. **Running totals** (`u64`) count what this engine did
+/// since it was opened, to graph as rates (throughput, retry and failure
+/// rates): `payloads_read_back`, `far_promoted`, `background_failures`, and
+/// the task totals `tasks_scheduled`, `tasks_rescheduled`,
+/// `tasks_cancelled`, `deliveries`, `acks`, `nacks`, `lease_expiries`,
+/// `retries`, `tasks_dead_lettered`. Every total starts at 0 at each open —
+/// recovery replays the log's records but no counts: what the open itself
+/// did is in [`Engine::recovery`] — and never decreases; after
+/// [`Engine::shutdown`] they stay as they were when the engine stopped. A
+/// total counts a change as the engine applies it in memory, under its lock,
+/// where it also logs the change's record: if the log then fails (the engine
+/// is poisoned, the call answers `Poisoned`), a change already counted stays
+/// counted though a reopen may not find it.
+///
+/// Between the totals, at any moment of one open (with deliveries at least
+/// once, [`DeliveryGuarantee::AtLeastOnce`], the default): every delivery
+/// ends in exactly one ack, nack or lease expiry, or is still held, so
+/// `deliveries == acks + nacks + lease_expiries + in_flight`; and every nack
+/// or lease expiry either retries the task, dead-letters it, or finishes a
+/// task cancelled while held, so `nacks + lease_expiries >= retries +
+/// tasks_dead_lettered` (equal when no task was cancelled while held).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
@@ -244,6 +269,88 @@ pub struct Stats {
     /// too: the engine goes on without that thread (no more background
     /// checkpoints or moves), and its shutdown answers `Poisoned`.
     pub background_failures: u64,
+    /// Tasks created since open: one per task accepted by
+    /// [`Engine::schedule`], [`Engine::schedule_at`],
+    /// [`Engine::schedule_after`] and [`Engine::schedule_many`] (each task of
+    /// the batch), by an [`Engine::reschedule`] of a key with no live task
+    /// ([`RescheduleOutcome::Scheduled`]), and by
+    /// [`Engine::requeue_dead_letter`] (the new task it makes). Not counted:
+    /// refused calls (nothing was created), a reschedule of a live task
+    /// (`tasks_rescheduled`), a retry (`retries`), tasks recovered at open.
+    /// Starts at 0 at every open (recovery replays no counts); never
+    /// decreases.
+    pub tasks_scheduled: u64,
+    /// Reschedules of a live task since open: each [`Engine::reschedule`]
+    /// answered [`RescheduleOutcome::Rescheduled`] (a waiting task — far
+    /// ones included —, or a due one no consumer had received yet, given a
+    /// new due time). A reschedule that made a new task counts in
+    /// `tasks_scheduled` instead. Starts at 0 at every open; never
+    /// decreases.
+    pub tasks_rescheduled: u64,
+    /// Tasks cancelled since open: each [`CancelOutcome::Cancelled`] that
+    /// [`Engine::cancel`] or [`Engine::cancel_many`] answered (one per key
+    /// that got it) — a task waiting for its first delivery or a retry, or
+    /// due but not received by any consumer, that will never be delivered
+    /// (again). Not counted: [`CancelOutcome::AlreadyDelivered`] (the
+    /// holder's ack or nack, or its lease's end, counts when it comes) and
+    /// [`CancelOutcome::NotFound`]. Starts at 0 at every open; never
+    /// decreases.
+    pub tasks_cancelled: u64,
+    /// Deliveries since open: each time a consumer received a task
+    /// ([`Consumer::recv`], `try_recv`, `recv_timeout`, `iter`). A task
+    /// received again — after a nack, a lease expiry or a restart — counts
+    /// again; at most once ([`DeliveryGuarantee::AtMostOnce`]) each receipt
+    /// counts too. Not counted: a due task handed to the ready queue that no
+    /// consumer received (cancelled or rescheduled first, or taken back by a
+    /// clean shutdown). Starts at 0 at every open; never decreases.
+    pub deliveries: u64,
+    /// Deliveries acknowledged since open: one per delivery in each
+    /// [`Engine::ack`] / [`Engine::ack_many`] (or [`Consumer`]) call that
+    /// was accepted, a delivery whose task was cancelled while held
+    /// included (its ack is accepted). Not counted: refused acks, and
+    /// deliveries at most once (finished when received; their `ack` does
+    /// nothing). Starts at 0 at every open; never decreases.
+    pub acks: u64,
+    /// Deliveries reported failed since open: each accepted
+    /// [`Engine::nack`] (or [`Consumer::nack`]), whatever its
+    /// [`NackOutcome`] (a retry, a dead letter, or nothing for a task
+    /// cancelled while held). Refused nacks are not counted. Starts at 0 at
+    /// every open; never decreases.
+    pub nacks: u64,
+    /// Leases that ran out without an ack or a nack since open, as the
+    /// driver ended them (less than a tick after their end; none while
+    /// deliveries are paused): each retried its task, dead-lettered it, or
+    /// — cancelled while held — finished it. Not counted: leases ended by a
+    /// restart (their tasks are in [`Recovery::redelivered`] and
+    /// [`Recovery::dead_lettered`]). Starts at 0 at every open; never
+    /// decreases.
+    pub lease_expiries: u64,
+    /// Failed attempts since open — nacks and lease expiries — after which
+    /// the task waits for another attempt ([`NackOutcome::Retry`]: a RETRY
+    /// record). Starts at 0 at every open; never decreases.
+    pub retries: u64,
+    /// Tasks made dead letters since open: by a nack or a lease expiry of
+    /// their last attempt ([`crate::RetryPolicy::max_attempts`]). Not
+    /// counted: tasks dead-lettered by the open itself
+    /// ([`Recovery::dead_lettered`]). Requeues and purges of dead letters
+    /// take nothing off. Starts at 0 at every open; never decreases.
+    pub tasks_dead_lettered: u64,
+}
+
+/// The running totals of [`Stats`] (see there what each counts), kept in
+/// the [`Core`]: each is a plain `+= 1` (or `+= n`) under the engine's lock,
+/// on the path that makes the change.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    tasks_scheduled: u64,
+    tasks_rescheduled: u64,
+    tasks_cancelled: u64,
+    deliveries: u64,
+    acks: u64,
+    nacks: u64,
+    lease_expiries: u64,
+    retries: u64,
+    tasks_dead_lettered: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -374,6 +481,8 @@ struct Core {
     far_promoted: u64,
     /// [`Stats::background_failures`].
     background_failures: u64,
+    /// The task totals of [`Stats`] ([`Stats::tasks_scheduled`] and after).
+    totals: Totals,
     /// The longest single hold of this lock by a checkpoint since open.
     checkpoint_hold_max: Duration,
     /// See [`Stats::promotion_hold_max`].
@@ -624,6 +733,15 @@ impl Core {
             far: core.far.len(),
             far_promoted: core.far_promoted,
             background_failures: core.background_failures,
+            tasks_scheduled: core.totals.tasks_scheduled,
+            tasks_rescheduled: core.totals.tasks_rescheduled,
+            tasks_cancelled: core.totals.tasks_cancelled,
+            deliveries: core.totals.deliveries,
+            acks: core.totals.acks,
+            nacks: core.totals.nacks,
+            lease_expiries: core.totals.lease_expiries,
+            retries: core.totals.retries,
+            tasks_dead_lettered: core.totals.tasks_dead_lettered,
             checkpoint_hold_max: core.checkpoint_hold_max,
             promotion_hold_max: core.promotion_hold_max,
             arena_bytes: core.payloads.arena_stats().bytes_reserved,
@@ -1320,6 +1438,7 @@ impl Engine {
             promoting: false,
             far_promoted: 0,
             background_failures: 0,
+            totals: Totals::default(),
             checkpoint_hold_max: Duration::ZERO,
             promotion_hold_max: Duration::ZERO,
             far_scheduled: 0,
@@ -1601,7 +1720,14 @@ impl Engine {
         }
     }
 
-    /// Counters: scheduled, ready, in flight, backlog, dead letters.
+    /// The engine's counters: levels (scheduled, ready, in flight,
+    /// backlog, dead letters, memory) and running totals since open
+    /// (deliveries, acks, nacks, ...): see [`Stats`]. After a shutdown, the
+    /// figures as they stood when the engine stopped.
+    ///
+    /// Cost: one hold of the engine's lock, O(catch-up backlog + dead
+    /// letters) (`catch_up_backlog` and `payload_bytes_in_memory` are
+    /// summed).
     pub fn stats(&self) -> Stats {
         let core = self.shared.core.lock();
         core.closed_stats.unwrap_or_else(|| core.stats())
@@ -2651,6 +2777,7 @@ impl Shared {
             .append_locked(&mut core, &batch.records())
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         let c = &mut *core;
+        c.totals.tasks_rescheduled += 1;
         if let Some(task) = c.tasks.get_mut(slot) {
             if state == TaskState::Ready {
                 task.state = TaskState::Scheduled;
@@ -2986,6 +3113,7 @@ impl Shared {
         };
         let stored = core.insert_task(task, key_tag);
         debug_assert_eq!(stored, Some(slot));
+        core.totals.tasks_scheduled += 1;
         self.count_far_scheduled(core, due_tick, task_bytes);
         match placed {
             Ok(_) => match core.sleep {
@@ -3080,8 +3208,10 @@ impl Shared {
     }
 
     /// Applies a logged cancel to the task whose index entry is `found`.
+    /// An outright cancel counts in [`Stats::tasks_cancelled`].
     fn apply_cancel(&self, core: &mut Core, found: Found, outright: bool) {
         if outright {
+            core.totals.tasks_cancelled += 1;
             self.forget_task_tagged(core, found.slot, Some(found));
         } else if let Some(t) = core.tasks.get_mut(found.slot) {
             // The holder may still ack or nack; nothing follows either way.
