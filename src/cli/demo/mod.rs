@@ -83,8 +83,10 @@ no duplicate); an attempt number skipped; a delivery after a cancel that promise
 (Cancelled, or AlreadyDelivered for a later attempt); an early delivery; a delivery or a dead \
 letter whose payload is not the one scheduled; p99 lateness above \
 --max-p99-ms when given (otherwise a p99 above 10 ms is only a warning); or the reopened engine \
-not recovering exactly the tasks that were pending at shutdown. A directory open in another \
-engine is never removed.")]
+not recovering exactly the tasks that were pending at shutdown; or the engine's own running \
+totals (Stats, summed over both opens) disagreeing with what the run saw: its deliveries with the \
+receipts, its nacks with the nacks it answered, the tasks it dead-lettered with the dead letters \
+kept. A directory open in another engine is never removed.")]
 pub struct DemoArgs {
     /// Data directory (emptied first if an earlier demo made it; marked with a DEMO file).
     #[arg(long, value_name = "DIR", default_value = "./kairos-data")]
@@ -757,6 +759,12 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
         payloads_moved: o.payloads_moved,
         payloads_on_disk_max: o.payloads_on_disk_max,
         overflow_promoted: o.promoted,
+        engine_deliveries: f.engine_totals.deliveries,
+        engine_acks: f.engine_totals.acks,
+        engine_nacks: f.engine_totals.nacks,
+        engine_retries: f.engine_totals.retries,
+        engine_lease_expiries: f.engine_totals.lease_expiries,
+        engine_dead_lettered: f.engine_totals.dead_lettered,
         timed_out: f.timed_out,
         max_p99_ms: args.max_p99_ms.unwrap_or(DEFAULT_MAX_P99_MS),
         p99_is_gate: args.max_p99_ms.is_some(),

@@ -1,7 +1,9 @@
 //! Payloads on disk during a demo run. With `--horizon` the main thread takes
 //! a checkpoint every half horizon, so that the payloads of tasks not due
 //! within the horizon move to overflow files; with or without it, it watches
-//! how many payloads are on disk and counts those read back.
+//! how many payloads are on disk and counts those read back. At each
+//! shutdown it also adds up the engine's running totals (`Stats`), which the
+//! report checks against what the run's own threads saw.
 
 use super::context::Context;
 use anyhow::Context as _;
@@ -35,13 +37,38 @@ pub struct OverflowFindings {
     pub promoted: u64,
 }
 
+/// The engine's own running totals (`Stats::deliveries`, `acks`, `nacks`,
+/// `retries`, `lease_expiries`, `tasks_dead_lettered`), summed over the
+/// engine generations: each starts at 0 at its open and is read once its
+/// `shutdown()` has returned (no consumer receives, acks or nacks any more,
+/// so the figures are final).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineTotals {
+    /// `Stats::deliveries`: receipts by a consumer.
+    pub deliveries: u64,
+    /// `Stats::acks`.
+    pub acks: u64,
+    /// `Stats::nacks`.
+    pub nacks: u64,
+    /// `Stats::retries`: failed attempts (nacks and lease expiries)
+    /// followed by another attempt.
+    pub retries: u64,
+    /// `Stats::lease_expiries`: leases the engine ended by the clock (not
+    /// those the restart ended).
+    pub lease_expiries: u64,
+    /// `Stats::tasks_dead_lettered` (not those dead-lettered by the reopen).
+    pub dead_lettered: u64,
+}
+
 /// Takes the demo's checkpoints and samples the engine's payload figures;
-/// driven by the main thread between its polls.
+/// driven by the main thread between its polls. Adds up the engine's
+/// totals at each shutdown.
 #[derive(Debug)]
 pub struct Watch {
     every: Option<Duration>,
     next: Instant,
     findings: OverflowFindings,
+    totals: EngineTotals,
 }
 
 impl Watch {
@@ -51,6 +78,7 @@ impl Watch {
             every,
             next: Instant::now() + every.unwrap_or_default(),
             findings: OverflowFindings::default(),
+            totals: EngineTotals::default(),
         }
     }
 
@@ -75,12 +103,25 @@ impl Watch {
         Ok(())
     }
 
-    /// Counts the read-backs of an engine generation once its `shutdown()`
-    /// has returned (the prefetcher is stopped and no consumer receives any
-    /// more, so the count is final).
+    /// Counts the read-backs and the totals of an engine generation once
+    /// its `shutdown()` has returned (the prefetcher is stopped and no
+    /// consumer receives any more, so the counts are final).
     pub fn on_shutdown(&mut self, engine: &Engine) {
         self.sample(engine);
-        self.findings.promoted += engine.stats().payloads_read_back;
+        let stats = engine.stats();
+        self.findings.promoted += stats.payloads_read_back;
+        let t = &mut self.totals;
+        t.deliveries += stats.deliveries;
+        t.acks += stats.acks;
+        t.nacks += stats.nacks;
+        t.retries += stats.retries;
+        t.lease_expiries += stats.lease_expiries;
+        t.dead_lettered += stats.tasks_dead_lettered;
+    }
+
+    /// The engine's totals over the generations shut down so far.
+    pub fn engine_totals(&self) -> EngineTotals {
+        self.totals
     }
 
     /// What the watch found.

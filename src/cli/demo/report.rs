@@ -243,6 +243,25 @@ pub struct Report {
     /// consumer: `Stats::payloads_read_back` summed over both engine
     /// generations, each read once its `shutdown()` returned.
     pub overflow_promoted: u64,
+    /// The engine's own count of deliveries (`Stats::deliveries`, summed
+    /// over both engine generations, each read once its `shutdown()`
+    /// returned): must equal `receipts`.
+    pub engine_deliveries: u64,
+    /// `Stats::acks`, summed likewise: deliveries acked (a task cancelled in
+    /// the consumer's hands and acked by it included).
+    pub engine_acks: u64,
+    /// `Stats::nacks`, summed likewise: must equal `nacked`.
+    pub engine_nacks: u64,
+    /// `Stats::retries`, summed likewise: nacks and lease expiries followed
+    /// by another attempt.
+    pub engine_retries: u64,
+    /// `Stats::lease_expiries`, summed likewise: leases the engine ended by
+    /// the clock (those the restart ended are not counted).
+    pub engine_lease_expiries: u64,
+    /// `Stats::tasks_dead_lettered`, summed likewise; with
+    /// `recovered_dead_lettered`, must equal `dead_letters_kept` (the demo
+    /// neither requeues nor purges a dead letter).
+    pub engine_dead_lettered: u64,
     /// Whether the run gave up waiting for every task to resolve.
     pub timed_out: bool,
 
@@ -302,6 +321,26 @@ impl Report {
             v.push(format!(
                 "the engine keeps {} dead letters, the run saw {} tasks dead-lettered",
                 self.dead_letters_kept, self.dead_lettered
+            ));
+        }
+        // The engine's own totals against what the run's threads saw.
+        if self.engine_deliveries != self.receipts {
+            v.push(format!(
+                "the engine counted {} deliveries (Stats::deliveries), its consumers received {}",
+                self.engine_deliveries, self.receipts
+            ));
+        }
+        if self.engine_nacks != self.nacked {
+            v.push(format!(
+                "the engine counted {} nacks (Stats::nacks), it took {} from the consumers",
+                self.engine_nacks, self.nacked
+            ));
+        }
+        if self.engine_dead_lettered + self.recovered_dead_lettered != self.dead_letters_kept {
+            v.push(format!(
+                "the engine keeps {} dead letters, its totals dead-lettered {} \
+                 (Stats::tasks_dead_lettered) and the reopen {}",
+                self.dead_letters_kept, self.engine_dead_lettered, self.recovered_dead_lettered
             ));
         }
         if !self.recovered_clean_shutdown {
@@ -405,6 +444,16 @@ impl Report {
             out,
             "  leases           {} ms; {} expired; a consumer crashed holding {}",
             self.lease_ms, self.lease_expired, self.crashed_holding
+        )?;
+        writeln!(
+            out,
+            "  engine totals    {} deliveries, {} acks, {} nacks, {} lease expiries, {} retries, {} dead-lettered (Stats, both opens)",
+            self.engine_deliveries,
+            self.engine_acks,
+            self.engine_nacks,
+            self.engine_lease_expiries,
+            self.engine_retries,
+            self.engine_dead_lettered
         )?;
         if self.dead_letters_kept > 0 {
             writeln!(
@@ -541,6 +590,56 @@ mod tests {
         r.judge();
         assert!(!r.ok);
         assert_eq!(r.violations.len(), 2);
+    }
+
+    #[test]
+    fn judge_checks_the_engine_totals_against_the_run() {
+        let agreeing = Report {
+            tasks: 10,
+            scheduled: 10,
+            recovered_clean_shutdown: true,
+            max_p99_ms: 5.0,
+            receipts: 14,
+            engine_deliveries: 14,
+            nacked: 3,
+            engine_nacks: 3,
+            dead_lettered: 2,
+            dead_letters_kept: 2,
+            engine_dead_lettered: 1,
+            recovered_dead_lettered: 1,
+            ..Report::default()
+        };
+        let mut r = agreeing.clone();
+        r.judge();
+        assert!(r.ok, "{:?}", r.violations);
+        for (broken, what) in [
+            (
+                Report {
+                    engine_deliveries: 13,
+                    ..agreeing.clone()
+                },
+                "deliveries",
+            ),
+            (
+                Report {
+                    engine_nacks: 4,
+                    ..agreeing.clone()
+                },
+                "nacks",
+            ),
+            (
+                Report {
+                    engine_dead_lettered: 2,
+                    ..agreeing.clone()
+                },
+                "dead letters",
+            ),
+        ] {
+            let mut r = broken;
+            r.judge();
+            assert_eq!(r.violations.len(), 1, "{what}: {:?}", r.violations);
+            assert!(r.violations[0].contains(what), "{what}: {:?}", r.violations);
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use super::canceller;
 use super::consumers::{wall_clock_us, Crew, Generation, Sample};
 use super::context::Context;
-use super::overflow::{OverflowFindings, Watch};
+use super::overflow::{EngineTotals, OverflowFindings, Watch};
 use super::producer::{self, Call, Pace};
 use super::progress::Progress;
 use super::tracker::{EventTally, Tally, Tracker};
@@ -96,6 +96,8 @@ pub struct Findings {
     pub timed_out: bool,
     /// Checkpoints taken and payloads on disk.
     pub overflow: OverflowFindings,
+    /// The engine's running totals, summed over both generations.
+    pub engine_totals: EngineTotals,
 }
 
 /// The threads that span both generations.
@@ -148,6 +150,7 @@ pub fn run(s: &Settings) -> anyhow::Result<Findings> {
         dead_letters_kept,
         timed_out: !done,
         overflow: watch.findings(),
+        engine_totals: watch.engine_totals(),
     })
 }
 
