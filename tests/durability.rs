@@ -499,6 +499,52 @@ fn a_failed_sync_poisons_the_engine() -> TestResult {
     Ok(())
 }
 
+/// A failed background sync under `Interval` — the log's writer thread's, with no call
+/// waiting for it — poisons the engine at once: a consumer blocked in `recv` wakes with
+/// `Poisoned` (before, it waited until some later call appended and found the log poisoned),
+/// and what returned before the failure survives a process crash.
+#[test]
+fn a_failed_background_sync_wakes_a_blocked_consumer() -> TestResult {
+    use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
+    let mut h = SimHarness::new(
+        5_003,
+        config(Durability::Interval(Duration::from_millis(1))),
+    )?;
+    let consumer = h.engine().consumer();
+    // The simulated storage allows no timed I/O here: the next fdatasync is the writer
+    // thread's interval sync of the schedule below.
+    h.sim.inject(FaultPlan {
+        after: 0,
+        op: FaultOp::Sync,
+        kind: FaultKind::Eio,
+    });
+    // Due in a second of the manual clock, which stands still: nothing falls due, so only
+    // the poisoning can end the wait below before its minute.
+    h.engine()
+        .schedule_after(b"kept", Duration::from_secs(1), b"k")?;
+    match consumer.recv_timeout(Duration::from_secs(60)) {
+        Err(kairos::RecvError::Poisoned { cause }) => {
+            assert!(cause.contains("fdatasync"), "{cause}")
+        }
+        other => return Err(format!("expected Poisoned, got {other:?}").into()),
+    }
+    assert_eq!(h.sim.faults_fired(), 1);
+    assert!(matches!(
+        h.engine()
+            .schedule_after(b"later", Duration::from_secs(1), b""),
+        Err(kairos::ScheduleError::Poisoned { .. })
+    ));
+    h.restart(Stop::ProcessCrash)?;
+    let got = observe_all(&h)?;
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got.get(b"kept".as_slice()),
+        Some(&(START_MS + 1_000, b"k".to_vec()))
+    );
+    h.stop(Stop::Clean)?;
+    Ok(())
+}
+
 #[test]
 fn process_crash_loses_nothing_in_any_mode() -> TestResult {
     let modes = [

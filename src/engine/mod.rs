@@ -1488,6 +1488,19 @@ impl Engine {
             panic_in_pass: Mutex::new(None),
         });
         let recovery = shared.load_replayed(replay, wal_report)?;
+        // A failure of the log's own threads (an `Interval` sync, a write-back) poisons the
+        // engine at once, so that consumers blocked in `recv` and the driver learn it then,
+        // not at the next call that appends. A weak handle: the log, which the engine owns,
+        // keeps the hook.
+        let wal = shared.core.lock().wal.clone();
+        if let Some(wal) = wal {
+            let weak = Arc::downgrade(&shared);
+            wal.on_background_failure(move |error| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.poison(error.to_string());
+                }
+            });
+        }
         // Before any thread starts: a checkpointer woken by the records the open logged
         // (settled deliveries) must not take an overflow file number still on disk.
         if let Some(found) = found {

@@ -107,6 +107,9 @@ struct Shared {
     writer_wake: Condvar,
     /// Wakes waiters: the written/synced marks moved, the log was poisoned, or the writer ended.
     progress: Condvar,
+    /// Told of a failure that poisoned the log on a background thread
+    /// ([`Wal::on_background_failure`]).
+    failure_hook: Mutex<Option<FailureHook>>,
     durability: Durability,
     record_bytes_max: u32,
     /// Sealed segments still on disk whose successor exists durably, oldest first.
@@ -155,6 +158,23 @@ struct State {
     /// Frames in the last round committed: more than one, and callers leave the rounds to the
     /// writer thread (see [`AppendTicket::wait`]).
     last_round_frames: usize,
+}
+
+/// What the owner of a log is told of a failure that poisoned it on a background thread
+/// ([`Wal::on_background_failure`]).
+type FailureHook = Arc<dyn Fn(&WalError) + Send + Sync>;
+
+impl Shared {
+    /// Tells the owner's hook, if one is set, of `error`: a failure of the writer thread or
+    /// the write-back thread that poisoned the log. Called with no lock of the log held, so
+    /// that the hook may take its owner's locks (an owner's thread that holds them while it
+    /// appends or waits for the log takes the log's locks after its own).
+    fn report_background_failure(&self, error: &WalError) {
+        let hook = self.failure_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook(error);
+        }
+    }
 }
 
 /// One append waiting for the writer.
@@ -747,6 +767,7 @@ impl Wal {
             }),
             writer_wake: Condvar::new(),
             progress: Condvar::new(),
+            failure_hook: Mutex::new(None),
             durability: options.durability,
             record_bytes_max: options.record_bytes_max,
             sealed: Mutex::new(sealed),
@@ -957,6 +978,33 @@ impl Wal {
     /// everything appended already is durable.
     pub fn sync(&self) -> Result<(), WalError> {
         sync_shared(&self.shared, &self.writer_state)
+    }
+
+    /// Sets the hook told of a failure that poisons the log on one of its own threads — the
+    /// writer thread (an `Interval` sync, a `Sync` round) or the write-back thread (a
+    /// `Buffered` or `Interval` write-back fdatasync) — with that failure, once, from that
+    /// thread, with no lock of the log held: so that an owner can act on it (poison itself,
+    /// wake whoever waits on it) while nobody appends. Failures of a caller's own write,
+    /// sync or close are returned to that caller and not reported here (a `Sync` round the
+    /// writer thread ran may be both). If the log is poisoned already, the hook is called at
+    /// once, on this thread. Replaces a hook set before.
+    ///
+    /// The hook must not wait for this log's progress (an append's ticket, `sync`, `close`)
+    /// or drop the `Wal`: the thread calling it is one that progress needs.
+    pub fn on_background_failure(&self, hook: impl Fn(&WalError) + Send + Sync + 'static) {
+        let hook: FailureHook = Arc::new(hook);
+        *self.shared.failure_hook.lock() = Some(Arc::clone(&hook));
+        // A failure before the hook was set found none; one after it may report twice.
+        let poisoned = self
+            .shared
+            .state
+            .lock()
+            .poison
+            .as_ref()
+            .map(Poison::to_error);
+        if let Some(error) = poisoned {
+            hook(&error);
+        }
     }
 
     /// A handle that runs [`Wal::sync`] without keeping the log open: the log can be closed
@@ -1374,6 +1422,8 @@ impl Writeback {
                     state.queue.clear();
                     shared.progress.notify_all();
                     shared.writer_wake.notify_all();
+                    drop(state);
+                    shared.report_background_failure(&error);
                     return;
                 }
             }
@@ -1510,6 +1560,12 @@ fn writer_loop(writer: &Mutex<Writer>, shared: &Shared) -> Result<(), WalError> 
             poison(shared, error);
         }
         drop(w);
+        if let (Stop::Running, Err(error)) = (stop, &result) {
+            // An interval sync, or a round whose callers learn it from their tickets: the
+            // owner learns it now, whether or not anyone waits (a close's caller gets its
+            // error from `close`).
+            shared.report_background_failure(error);
+        }
         match (stop, result) {
             (Stop::Running, _) => {}
             (_, Err(e)) => return Err(e),

@@ -157,3 +157,91 @@ fn write_back_on_a_real_disk_across_rolls_reopens_whole() -> TestResult {
             && body[0] == (k + 1) as u8));
     Ok(())
 }
+
+/// The failures the hook set by `Wal::on_background_failure` was told of: the name of the
+/// thread that told it, and the error's text.
+type Reports = Arc<std::sync::Mutex<Vec<(Option<String>, String)>>>;
+
+fn hook_into(wal: &Wal) -> Reports {
+    let reports: Reports = Arc::default();
+    let sink = Arc::clone(&reports);
+    wal.on_background_failure(move |error| {
+        let thread = std::thread::current().name().map(str::to_owned);
+        if let Ok(mut reports) = sink.lock() {
+            reports.push((thread, error.to_string()));
+        }
+    });
+    reports
+}
+
+fn reports_of(reports: &Reports) -> Vec<(Option<String>, String)> {
+    reports.lock().map(|r| r.clone()).unwrap_or_default()
+}
+
+/// A failed write-back (no caller waits for it) is reported to the log's owner once, from
+/// the write-back thread, as it poisons the log — not only to the next caller.
+#[test]
+fn a_failed_write_back_is_reported_to_the_owner() -> TestResult {
+    let sim = SimStorage::new(4);
+    sim.set_timed_io(true);
+    let (wal, _, _) = open(&sim, options(Durability::Buffered, 64 << 20))?;
+    let reports = hook_into(&wal);
+    // The first sync under Buffered without a roll is the write-back's.
+    sim.inject(FaultPlan {
+        after: 0,
+        op: FaultOp::Sync,
+        kind: FaultKind::Eio,
+    });
+    for i in 1..=200 {
+        if append_big(&wal, i).is_err() {
+            break;
+        }
+    }
+    wait_for("the failed write-back was not reported", || {
+        !reports_of(&reports).is_empty()
+    });
+    let got = reports_of(&reports);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0.as_deref(), Some("kairos-wal-writeback"));
+    assert!(got[0].1.contains("write-back"), "{}", got[0].1);
+    assert!(wal.poisoned().is_some());
+    assert_eq!(sim.faults_fired(), 1);
+    Ok(())
+}
+
+/// A failed `Interval` sync (the writer thread's, with no caller waiting) is reported to the
+/// owner once, from the writer thread; a hook set after the log was poisoned is told at once.
+#[test]
+fn a_failed_interval_sync_is_reported_to_the_owner() -> TestResult {
+    let sim = SimStorage::new(5);
+    let (wal, _, _) = open(
+        &sim,
+        options(Durability::Interval(Duration::from_millis(1)), 64 << 20),
+    )?;
+    let reports = hook_into(&wal);
+    sim.inject(FaultPlan {
+        after: 0,
+        op: FaultOp::Sync,
+        kind: FaultKind::Eio,
+    });
+    // Written to the OS when this returns; the writer thread syncs it a millisecond later.
+    wal.append(&[Record {
+        record_type: 1,
+        body: b"x",
+    }])?
+    .wait()?;
+    wait_for("the failed interval sync was not reported", || {
+        !reports_of(&reports).is_empty()
+    });
+    let got = reports_of(&reports);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0.as_deref(), Some("kairos-wal-writer"));
+    assert!(got[0].1.contains("fdatasync"), "{}", got[0].1);
+    assert_eq!(sim.faults_fired(), 1);
+    // Set after the failure: told at once, on this thread.
+    let late = hook_into(&wal);
+    let got = reports_of(&late);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, std::thread::current().name().map(str::to_owned));
+    Ok(())
+}
