@@ -480,6 +480,73 @@ fn a_checkpoint_from_another_directory_is_refused() -> TestResult {
     Ok(())
 }
 
+/// The open checks a checkpoint against the log's `META` with the log's own reader
+/// (`kairos_wal::read_store_id`): a missing `META` and another log's are refused naming the
+/// checkpoint; a damaged one — any size but 32 bytes, a bad checksum — is left to the log's
+/// open, which reports `META` (a 33-byte META starting with another log's valid 32 bytes
+/// used to be taken for another log's, and its damage not reported); an unreadable one is
+/// an I/O error naming it.
+#[test]
+fn the_logs_meta_beside_a_checkpoint_is_read_as_the_log_reads_it() -> TestResult {
+    use kairos_wal::format::encode_meta;
+    use kairos_wal::WalError;
+    let mut h = SimHarness::new(13, config(Durability::Sync))?;
+    load(h.engine(), 10)?;
+    h.engine().checkpoint()?;
+    h.stop(Stop::Clean)?;
+    let meta = h.dir.join("wal").join("META");
+    let good = h.sim.read_file(&meta).ok_or("META")?;
+    let other = encode_meta(&[0xEE; 16]);
+    let mut bad_crc = good.clone();
+    bad_crc[31] ^= 1;
+    let long_other = [other.as_slice(), &[0]].concat();
+    let corrupt = |bytes: &[u8], expected: &str| -> TestResult {
+        h.sim.write_file(&meta, bytes);
+        match h.open() {
+            Err(OpenError::Wal(WalError::Corrupt { file, reason, .. })) => {
+                assert_eq!((file, reason.as_str()), (meta.clone(), expected));
+                Ok(())
+            }
+            other => Err(format!("{} bytes: expected Corrupt, got {other:?}", bytes.len()).into()),
+        }
+    };
+    corrupt(&long_other, "META is 33 bytes, expected 32")?;
+    corrupt(&good[..31], "META is 31 bytes, expected 32")?;
+    corrupt(&[], "META is 0 bytes, expected 32")?;
+    corrupt(&bad_crc, "invalid META: header checksum mismatch")?;
+    h.sim.write_file(&meta, &other);
+    match h.open() {
+        Err(OpenError::CheckpointMismatch { reason, .. }) => {
+            assert_eq!(reason, "it belongs to another log (store id differs)")
+        }
+        other => return Err(format!("another log's META: {other:?}").into()),
+    }
+    h.sim.remove_file(&meta)?;
+    match h.open() {
+        Err(OpenError::CheckpointMismatch { reason, .. }) => {
+            assert_eq!(reason, format!("the log's {} is missing", meta.display()))
+        }
+        other => return Err(format!("no META: {other:?}").into()),
+    }
+    h.sim.write_file(&meta, &good);
+    let storage = common::bad_spots::BadSpotStorage::new(h.sim.clone());
+    storage.spots.lock().map_err(|_| "lock")?.unreadable = Some(("wal/META".into(), 0..32));
+    let opened = Engine::open_with(
+        &h.dir,
+        h.config.clone(),
+        Arc::new(storage.clone()),
+        Arc::new(h.clock.clone()),
+    );
+    match opened {
+        Err(OpenError::Io { op, path, .. }) => assert_eq!((op, path), ("read", meta.clone())),
+        other => return Err(format!("unreadable META: {other:?}").into()),
+    }
+    storage.spots.lock().map_err(|_| "lock")?.unreadable = None;
+    h.start()?;
+    assert_eq!(h.engine().stats().pending, 6);
+    Ok(())
+}
+
 #[test]
 fn checkpoint_errors_in_memory_and_after_shutdown() -> TestResult {
     let clock = ManualClock::new(START_MS);

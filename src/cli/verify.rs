@@ -550,30 +550,6 @@ pub(crate) fn start_from_checkpoint_deferring_overflow(
     start_from(storage, dir, log_dir, true)
 }
 
-/// The store id in the `META` of the log in `log_dir`; `None` if it cannot be read or does not
-/// decode (the scan of the log reports that).
-fn log_store_id(storage: &dyn Storage, log_dir: &Path) -> Option<kairos_wal::format::StoreId> {
-    use kairos_wal::format::{decode_meta, META_BYTES, META_FILE_NAME};
-    let file = storage
-        .open(
-            &log_dir.join(META_FILE_NAME),
-            kairos_wal::storage::OpenMode::Read,
-        )
-        .ok()?;
-    if file.len().ok()? != META_BYTES as u64 {
-        return None;
-    }
-    let mut bytes = [0u8; META_BYTES];
-    let mut done = 0;
-    while done < bytes.len() {
-        match file.read_at(&mut bytes[done..], done as u64).ok()? {
-            0 => return None,
-            n => done += n,
-        }
-    }
-    decode_meta(&bytes).ok()
-}
-
 /// The byte offset of the store id in a checkpoint's header (`wal/FORMAT.md`, "Checkpoint
 /// files").
 const CHECKPOINT_STORE_ID_OFFSET: u64 = 16;
@@ -588,7 +564,9 @@ fn start_from(
     log_dir: &Path,
     defer_overflow: bool,
 ) -> Result<Option<CheckpointStart>, Failure> {
-    let log_store_id = log_store_id(storage, log_dir);
+    // `None` if the log's META is missing, cannot be read or does not decode: the scan of the
+    // log reports that.
+    let log_store_id = kairos_wal::read_store_id(storage, log_dir).ok().flatten();
     let (files, _) = checkpoint::list(storage, dir).map_err(|e| Failure {
         cause: Cause::of_io(&e),
         file: Some(dir.to_path_buf()),

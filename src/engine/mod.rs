@@ -1048,33 +1048,6 @@ struct DeadSnapshot {
 #[cfg(test)]
 type HoldHook = Box<dyn FnMut(&Shared) + Send>;
 
-/// The store id in the log's `META` file; `Ok(None)` if its bytes do not
-/// decode (the log's own open reports that damage).
-fn read_store_id(
-    storage: &dyn Storage,
-    meta: &Path,
-) -> Result<Option<kairos_wal::format::StoreId>, OpenError> {
-    let io = |op| {
-        let path = meta.to_path_buf();
-        move |source| OpenError::Io { op, path, source }
-    };
-    let file = storage
-        .open(meta, kairos_wal::storage::OpenMode::Read)
-        .map_err(io("open"))?;
-    let mut bytes = [0u8; kairos_wal::format::META_BYTES];
-    let mut done = 0;
-    while done < bytes.len() {
-        match file
-            .read_at(&mut bytes[done..], done as u64)
-            .map_err(io("read"))?
-        {
-            0 => return Ok(None),
-            n => done += n,
-        }
-    }
-    Ok(kairos_wal::format::decode_meta(&bytes).ok())
-}
-
 /// A background thread: its name, whether it runs, its body.
 type BackgroundThread = (&'static str, bool, fn(&Shared));
 
@@ -1230,28 +1203,32 @@ impl Engine {
         let wal_dir = dir.join("wal");
         if let Some(loaded) = &loaded {
             let loaded = &loaded.meta;
-            // A checkpoint without its log: refuse rather than start a new,
-            // empty log beside it.
-            let meta = wal_dir.join(kairos_wal::format::META_FILE_NAME);
-            if !storage.exists(&meta).map_err(|source| OpenError::Io {
-                op: "stat",
-                path: meta.clone(),
-                source,
-            })? {
-                return Err(OpenError::CheckpointMismatch {
-                    path: loaded.path.clone(),
-                    reason: format!("the log's {} is missing", meta.display()),
-                });
-            }
-            // Another directory's checkpoint: say so before replaying
-            // anything on it (its overflow files would look foreign too).
-            if let Some(store_id) = read_store_id(storage.as_ref(), &meta)? {
-                if store_id != loaded.store_id {
+            match kairos_wal::read_store_id(storage.as_ref(), &wal_dir) {
+                // A checkpoint without its log: refuse rather than start a
+                // new, empty log beside it.
+                Ok(None) => {
+                    let meta = wal_dir.join(kairos_wal::format::META_FILE_NAME);
+                    return Err(OpenError::CheckpointMismatch {
+                        path: loaded.path.clone(),
+                        reason: format!("the log's {} is missing", meta.display()),
+                    });
+                }
+                // Another directory's checkpoint: say so before replaying
+                // anything on it (its overflow files would look foreign too).
+                Ok(Some(store_id)) if store_id != loaded.store_id => {
                     return Err(OpenError::CheckpointMismatch {
                         path: loaded.path.clone(),
                         reason: "it belongs to another log (store id differs)".into(),
                     });
                 }
+                Ok(Some(_)) => {}
+                Err(WalError::Io { op, path, source }) => {
+                    return Err(OpenError::Io { op, path, source })
+                }
+                // A damaged META (wrong size, magic, CRC or version): the
+                // log's own open below reports it, as it would without a
+                // checkpoint.
+                Err(_) => {}
             }
         }
         let (mut replay, mut checkpoint) = match loaded {

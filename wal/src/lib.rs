@@ -108,8 +108,8 @@ pub mod storage;
 
 pub use error::{ReplayError, WalError};
 pub use recovery::{
-    scan, scan_located, RecordPlace, RecoveryReport, ScanReport, SegmentInfo, TornMarkSlot,
-    TornTail,
+    read_store_id, scan, scan_located, RecordPlace, RecoveryReport, ScanReport, SegmentInfo,
+    TornMarkSlot, TornTail,
 };
 pub use storage::{
     FaultKind, FaultOp, FaultPlan, FsStorage, LockGuard, OpenMode, SimStorage, Storage, StorageFile,

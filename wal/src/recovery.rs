@@ -270,11 +270,34 @@ fn header_error(dir: &Path, name: &str, error: HeaderError) -> WalError {
     }
 }
 
-/// Reads `META` of `dir`: `Ok(None)` if it does not exist.
+/// The store id of the log in `dir`, read from its `META` file (`FORMAT.md`, "META"), as
+/// [`Wal::open`](crate::Wal::open) reads it: `Ok(None)` if `dir/META` does not exist.
+///
+/// For tools and other files of a data directory (a checkpoint, say) that must belong to the
+/// log, without opening it (no lock is taken, nothing is written). Safe on an untrusted
+/// directory: the file's length is checked against the fixed 32 bytes before any byte is
+/// read, into a fixed buffer (nothing is allocated from the file). Reads one small file: O(1).
 ///
 /// # Errors
-/// I/O errors; [`WalError::Corrupt`] or [`WalError::UnsupportedVersion`] for a bad file.
-pub(crate) fn read_meta(storage: &dyn Storage, dir: &Path) -> Result<Option<StoreId>, WalError> {
+/// - [`WalError::Io`] if checking for, opening, sizing or reading the file fails (`op` is
+///   `"stat"`, `"open"` or `"read"`, `path` is `dir/META`).
+/// - [`WalError::Corrupt`] naming `dir/META` at offset 0 if it is not exactly 32 bytes long
+///   (empty, short or long), or its magic, CRC or flags are wrong.
+/// - [`WalError::UnsupportedVersion`] if it declares a version this build cannot read.
+///
+/// ```
+/// use std::path::Path;
+/// use kairos_wal::{format, read_store_id, SimStorage, WalError};
+///
+/// let sim = SimStorage::new(1);
+/// let dir = Path::new("/data/wal");
+/// assert_eq!(read_store_id(&sim, dir).ok(), Some(None)); // no META: no log yet
+/// sim.write_file(&dir.join("META"), &format::encode_meta(&[7; 16]));
+/// assert_eq!(read_store_id(&sim, dir).ok(), Some(Some([7; 16])));
+/// sim.write_file(&dir.join("META"), b"short");
+/// assert!(matches!(read_store_id(&sim, dir), Err(WalError::Corrupt { .. })));
+/// ```
+pub fn read_store_id(storage: &dyn Storage, dir: &Path) -> Result<Option<StoreId>, WalError> {
     let name = format::META_FILE_NAME;
     let mut bytes = [0u8; META_BYTES];
     if !read_fixed(storage, dir, name, &mut bytes)? {
@@ -1491,7 +1514,7 @@ fn scan_with(
         Ok(true) => storage.lock(&lock_path).ok(),
         _ => None,
     };
-    let store_id = match read_meta(storage, dir)? {
+    let store_id = match read_store_id(storage, dir)? {
         Some(id) => id,
         None => {
             let (segments, _) = list_dir(storage, dir)?;

@@ -675,7 +675,7 @@ impl Wal {
                 .sync_dir(dir)
                 .map_err(|e| io_error("fsync dir", dir, e))?;
         }
-        let store_id = match recovery::read_meta(storage.as_ref(), dir)? {
+        let store_id = match recovery::read_store_id(storage.as_ref(), dir)? {
             Some(id) => id,
             None => {
                 recovery::check_meta_absent(storage.as_ref(), dir, &segments)?;
