@@ -656,3 +656,74 @@ fn dump_keeps_the_checkpoint_when_an_overflow_file_is_damaged() -> TestResult {
     assert!(!stderr.contains("damaged checkpoint"), "{stderr}");
     Ok(())
 }
+
+/// `--key` reads a far task's entry from its overflow file; when that fails, the summary says
+/// what was found, as it does for other files: damaged bytes, a file that could not be read
+/// (with the I/O error), or a missing one. It used to call every such file damaged. File 1 is
+/// damaged (its header), so the check of the overflow files stops there and the read of far
+/// task 5's entry in file 2 is the first to find file 2's state.
+#[test]
+fn dump_key_says_whether_a_far_entry_was_damaged_unreadable_or_missing() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    build(&dir, &after())?;
+    let (file1, file2) = (ovf_path(&dir, 1), ovf_path(&dir, 2));
+    let mut bytes = std::fs::read(&file1)?;
+    bytes[0] ^= 0xFF;
+    std::fs::write(&file1, &bytes)?;
+    let good2 = std::fs::read(&file2)?;
+    // The lines the summary gives far task 5's entry, after file 1's.
+    let far5 = |label: &str, why: &str| {
+        format!(
+            "kairos dump: {label} overflow file: cannot read the overflow entry of far task 5 \
+             (overflow file 2, offset 64): {why}\n  file    {}\n  offset  64 (byte offset in \
+             the file)\n",
+            file2.display()
+        )
+    };
+    let dump = || run(&["dump", "--key", "far:5", path(&dir)], 1).1;
+
+    // Missing: the read's error, not a claim about bytes.
+    std::fs::remove_file(&file2)?;
+    let stderr = dump();
+    assert!(
+        stderr.contains(&format!(
+            "kairos dump: damaged overflow file: overflow file {} is corrupt",
+            file1.display()
+        )),
+        "{stderr}"
+    );
+    let missing = far5(
+        "missing",
+        &format!(
+            "read {}: No such file or directory (os error 2)",
+            file2.display()
+        ),
+    );
+    assert!(stderr.contains(&missing), "{stderr}");
+
+    // Unreadable: a directory in its place (the storage refuses to read it).
+    std::fs::create_dir(&file2)?;
+    let stderr = dump();
+    let unreadable = far5(
+        "unreadable",
+        &format!("read {0}: {0} is not a regular file", file2.display()),
+    );
+    assert!(stderr.contains(&unreadable), "{stderr}");
+    std::fs::remove_dir(&file2)?;
+
+    // Damaged: the entry's bytes are there and wrong (its task id).
+    let mut bad = good2.clone();
+    bad[64] ^= 0x01;
+    std::fs::write(&file2, &bad)?;
+    let stderr = dump();
+    assert!(
+        stderr.contains(
+            "kairos dump: damaged overflow file: cannot read the overflow entry of far task 5"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("unreadable overflow file"), "{stderr}");
+    assert!(!stderr.contains("missing overflow file"), "{stderr}");
+    Ok(())
+}

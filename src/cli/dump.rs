@@ -390,7 +390,8 @@ impl<W: Write> Dumper<W> {
     /// The far tasks of checkpoint `c` (`far`, sorted by id) whose key is `key`, as state
     /// lines: those whose key hash is `key`'s, confirmed by reading the key from their
     /// overflow entry (another key may have the same hash). An entry that cannot be read is
-    /// noted in `far_failure`.
+    /// noted in `far_failure`, as damaged (its bytes are wrong), unreadable (an I/O error) or
+    /// missing (its file is not there).
     fn far_with_key(
         &mut self,
         c: &CheckpointStart,
@@ -401,7 +402,7 @@ impl<W: Write> Dumper<W> {
         let reader = FarReader::new(&FsStorage, Some(c));
         let mut lines = Vec::new();
         for t in far.iter().filter(|t| t.key_hash == hash) {
-            match reader.read(t) {
+            match reader.read_entry(t) {
                 Ok((k, due_ms)) if *k == *key => lines.push(StateLine {
                     id: t.id,
                     key: k,
@@ -415,7 +416,7 @@ impl<W: Write> Dumper<W> {
                 Ok(_) => {}
                 Err(why) => {
                     self.far_failure.get_or_insert_with(|| Failure {
-                        cause: Cause::Damage,
+                        cause: why.cause,
                         file: c
                             .overflow_dir
                             .as_ref()
@@ -423,8 +424,8 @@ impl<W: Write> Dumper<W> {
                         offset: Some(t.offset),
                         message: format!(
                             "cannot read the overflow entry of far task {} (overflow file {}, \
-                             offset {}): {why}",
-                            t.id, t.file, t.offset
+                             offset {}): {}",
+                            t.id, t.file, t.offset, why.message
                         ),
                     });
                 }

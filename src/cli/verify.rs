@@ -271,22 +271,57 @@ impl<'a> FarReader<'a> {
 
     /// The key and due time of far task `t` (`Err`: why they cannot be read).
     pub(crate) fn read(&self, t: &checkpoint::FarTask) -> Result<(Box<[u8]>, u64), String> {
+        self.read_entry(t).map_err(|e| e.message)
+    }
+
+    /// As [`FarReader::read`], saying whether the entry was read and found damaged or could
+    /// not be read (an I/O error, a missing file).
+    pub(crate) fn read_entry(
+        &self,
+        t: &checkpoint::FarTask,
+    ) -> Result<(Box<[u8]>, u64), FarReadError> {
         let Some(dir) = &self.overflow_dir else {
-            return Err("there is no overflow directory to read its entry from".into());
+            return Err(FarReadError {
+                cause: Cause::Missing,
+                message: "there is no overflow directory to read its entry from".into(),
+            });
         };
         let path = dir.join(ovf::file_name(t.file));
-        let e = ovf::read_entry(self.storage, &path, t.offset, t.id, None)
-            .map_err(|e| e.to_string())?;
+        let e = ovf::read_entry(self.storage, &path, t.offset, t.id, None).map_err(|e| {
+            FarReadError {
+                cause: match &e {
+                    ovf::OverflowReadError::Io { source, .. } => Cause::of_io(source),
+                    _ => Cause::Damage,
+                },
+                message: e.to_string(),
+            }
+        })?;
         let hash = self.hasher.hash(&e.key);
         if hash != t.key_hash {
-            return Err(format!(
-                "the key of its entry in {} hashes to {hash:016x}, the checkpoint says {:016x}",
-                path.display(),
-                t.key_hash
-            ));
+            return Err(FarReadError {
+                cause: Cause::Damage,
+                message: format!(
+                    "the key of its entry in {} hashes to {hash:016x}, the checkpoint says \
+                     {:016x}",
+                    path.display(),
+                    t.key_hash
+                ),
+            });
         }
         Ok((e.key, e.due_ms))
     }
+}
+
+/// Why [`FarReader::read_entry`] could not read a far task's key and due time.
+#[derive(Debug)]
+pub(crate) struct FarReadError {
+    /// Whether the entry's bytes were read and are wrong ([`Cause::Damage`]: not the task's
+    /// entry, or a key with another hash), or could not be read: an I/O error
+    /// ([`Cause::Unreadable`]), or the file or overflow directory is not there
+    /// ([`Cause::Missing`]).
+    pub(crate) cause: Cause,
+    /// What was found, with the I/O error if any.
+    pub(crate) message: String,
 }
 
 /// Where and why the scan stopped (also used by `dump` and `inspect`).
