@@ -822,6 +822,86 @@ fn demo_refuses_a_directory_used_since_it_finished() {
     let _ = reopened.cancel(b"adopted").unwrap();
 }
 
+/// A demo killed while it runs (as Ctrl-C or `kill` stops it: no report, its log not closed,
+/// its `DEMO` file without a last LSN) leaves a directory the next run empties, saying that
+/// it was a run that did not finish.
+#[test]
+fn demo_after_a_killed_demo_empties_its_directory_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let d = dir.to_str().unwrap();
+    // 30 simulated days in about 30 s: long enough to be killed while it runs.
+    let mut child = Command::new(KAIROS)
+        .args(["demo", "--dir", d, "--tasks", "20000", "--json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait (at most a minute) until its engine has logged something, then kill it.
+    let logged = || {
+        std::fs::read_dir(dir.join("wal")).is_ok_and(|files| {
+            files.flatten().any(|f| {
+                f.path().extension().is_some_and(|x| x == "seg")
+                    && f.metadata().is_ok_and(|m| m.len() >= 4096)
+            })
+        })
+    };
+    let started = std::time::Instant::now();
+    while !logged() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the demo logged nothing"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the demo ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    assert!(!child.wait().unwrap().success());
+    let marker = std::fs::read_to_string(dir.join("DEMO")).unwrap();
+    assert!(!marker.contains("last LSN"), "{marker}");
+
+    let again = || {
+        kairos(&[
+            "demo",
+            "--dir",
+            d,
+            "--tasks",
+            "200",
+            "--time-scale",
+            "2000000",
+            "--max-p99-ms",
+            "600000",
+        ])
+    };
+    let out = again();
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().next(),
+        Some(
+            format!("removed the previous data directory {d} (left by a demo that did not finish)")
+                .as_str()
+        ),
+        "{stdout}"
+    );
+    let marker = std::fs::read_to_string(dir.join("DEMO")).unwrap();
+    assert!(
+        marker.contains("last LSN when the demo finished: "),
+        "{marker}"
+    );
+    // A finished run's directory is emptied without the note.
+    let out = again();
+    assert_eq!(
+        text(&out.stdout).lines().next(),
+        Some(format!("removed the previous data directory {d}").as_str())
+    );
+}
+
 /// The demo's `DEMO` file is at the top of its directory, and the engine and every tool take
 /// the directory as they did without it.
 #[test]

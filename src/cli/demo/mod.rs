@@ -73,7 +73,9 @@ every run starts fresh — but only if it is empty or a demo's: a directory with
 anything a Kairos data directory does not (a file other than DEMO, LOCK, wal/, checkpoint/ and \
 overflow/ with their own files), one an engine has open, and one whose log has records logged \
 after the demo finished (the DEMO file records its last LSN then: something else has used \
-it). Nothing is removed before every \
+it). A run cut short (Ctrl-C, a kill) — while it runs, or while it empties the last run's \
+directory, which keeps its DEMO file to the end — leaves a directory the next run empties (and \
+says so). Nothing is removed before every \
 argument checks and --samples-csv is created.
 
 Exit status 1 if an invariant breaks: a task lost (neither cancelled, acked nor dead-lettered); \
@@ -234,10 +236,16 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<Verdict> {
         }
         None => None,
     };
+    let cut_short = previous.cut_short;
     if previous.remove()? && !args.json {
         outln!(
-            "removed the previous data directory {}",
-            settings.dir.display()
+            "removed the previous data directory {}{}",
+            settings.dir.display(),
+            if cut_short {
+                " (left by a demo that did not finish)"
+            } else {
+                ""
+            }
         );
     }
     mark_as_demo(&settings.dir)?;
@@ -390,7 +398,7 @@ fn real_path(path: &Path) -> anyhow::Result<PathBuf> {
 /// The file `kairos demo` writes at the top of each data directory it uses, so that a later
 /// run removes only a demo's directory, never an application's (whose files are the same).
 pub(super) const DEMO_MARKER: &str = "DEMO";
-/// [`DEMO_MARKER`] being rewritten ([`mark_finished`]), left only by a kill in between.
+/// [`DEMO_MARKER`] being rewritten ([`write_marker`]), left only by a kill in between.
 const DEMO_MARKER_TMP: &str = "DEMO.tmp";
 
 /// What the marker file says to whoever finds it.
@@ -403,6 +411,9 @@ struct PreviousRun {
     dir: PathBuf,
     /// Whether there is anything to remove.
     present: bool,
+    /// Whether it is a run's that did not finish (killed, or failed): its marker records no
+    /// last LSN.
+    cut_short: bool,
     /// The engine's locks on it, held until it is removed.
     _locks: Vec<Box<dyn kairos_wal::storage::LockGuard>>,
 }
@@ -415,6 +426,7 @@ impl PreviousRun {
         let absent = |dir: &Path| PreviousRun {
             dir: dir.to_path_buf(),
             present: false,
+            cut_short: false,
             _locks: Vec::new(),
         };
         // Through a symbolic link: `--dir` may name a directory by a link to it (its contents
@@ -467,7 +479,8 @@ impl PreviousRun {
         // A finished demo wrote its log's last LSN into the marker: records logged since were
         // logged by something else (an application that adopted the directory). An open that
         // logs nothing (`kairos dead-letters list`, `checkpoint`) is not counted.
-        if let Some(at_finish) = finished_lsn(dir)? {
+        let finished = finished_lsn(dir)?;
+        if let Some(at_finish) = finished {
             let now = last_lsn(dir).with_context(|| {
                 format!(
                     "refusing to remove {}: its log cannot be read to tell whether anything used \
@@ -486,25 +499,47 @@ impl PreviousRun {
         Ok(PreviousRun {
             dir: dir.to_path_buf(),
             present: true,
+            cut_short: finished.is_none(),
             _locks: locks,
         })
     }
 
-    /// Removes the directory's contents; returns whether there were any.
+    /// Removes the directory's contents but its [`DEMO_MARKER`], which it first rewrites as
+    /// a run's that has not finished (the caller's [`mark_as_demo`] then writes it again);
+    /// returns whether there was anything to remove.
+    ///
+    /// So a kill (Ctrl-C) at any moment of the removal leaves a directory the next run
+    /// removes: the marker is there, and says nothing about the log, which may be half gone.
+    /// (Removing the marker along with the rest, in whatever order the directory lists its
+    /// entries, could leave the engine's files without it — refused as perhaps an
+    /// application's — or a finished run's marker beside a half-removed log, refused as a log
+    /// that cannot be read.) The check before it ([`PreviousRun::check`], whose locks are
+    /// held until this returns) has already found that nothing but the demo used it.
     fn remove(self) -> anyhow::Result<bool> {
+        self.remove_with(&mut || Ok(()))
+    }
+
+    /// [`PreviousRun::remove`], calling `step` before each change to the directory; an
+    /// error from it stops the removal there (tests: a kill at that point).
+    fn remove_with(self, step: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<bool> {
         if !self.present {
             return Ok(false);
         }
         let dir = &self.dir;
+        step()?;
+        write_marker(dir, DEMO_MARKER_TEXT, step)?;
         // The directory's contents, not the directory: `--dir .` must not fail
         // halfway (a directory cannot remove itself as `.`), nor leave a caller
         // whose working directory it is in a deleted directory.
         for entry in
             std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?
         {
-            let path = entry
-                .with_context(|| format!("cannot list {}", dir.display()))?
-                .path();
+            let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
+            if entry.file_name() == DEMO_MARKER {
+                continue;
+            }
+            let path = entry.path();
+            step()?;
             let removed = if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
                 std::fs::remove_dir_all(&path)
             } else {
@@ -555,9 +590,21 @@ fn finished_lsn(dir: &Path) -> anyhow::Result<Option<u64>> {
 /// to a temporary file and renamed over the marker: a kill leaves the old or the new one.
 fn mark_finished(dir: &Path) -> anyhow::Result<()> {
     let text = format!("{DEMO_MARKER_TEXT}{DEMO_MARKER_LSN}{}\n", last_lsn(dir)?);
+    write_marker(dir, &text, &mut || Ok(()))
+}
+
+/// Replaces [`DEMO_MARKER`] in `dir` with `text`: written to [`DEMO_MARKER_TMP`] and renamed
+/// over it, so a kill leaves the old or the new one. `step` is called before the rename
+/// (see [`PreviousRun::remove_with`]).
+fn write_marker(
+    dir: &Path,
+    text: &str,
+    step: &mut dyn FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let marker = dir.join(DEMO_MARKER);
     let tmp = dir.join(DEMO_MARKER_TMP);
     std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    step()?;
     std::fs::rename(&tmp, &marker)
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), marker.display()))
 }
@@ -779,4 +826,86 @@ fn report(args: &DemoArgs, s: &Settings, f: &Findings) -> Report {
 /// A duration in whole milliseconds.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Makes `dir` as a finished demo leaves it: the engine's files (a log with records after
+    /// a checkpoint, an overflow file the checkpoint moved a payload to) and a marker with
+    /// the log's last LSN.
+    fn finished_demo(dir: &Path) -> anyhow::Result<()> {
+        mark_as_demo(dir)?;
+        let mut config = Config::default();
+        config.payload_window = Some(Duration::from_secs(1));
+        let engine = kairos::Engine::open(dir, config)?;
+        engine.schedule_after(b"later", Duration::from_secs(3_600), b"payload")?;
+        ensure!(engine.checkpoint()?.payloads_moved == 1, "no payload moved");
+        engine.schedule_after(b"after", Duration::from_secs(3_600), b"")?;
+        engine.shutdown()?;
+        mark_finished(dir)
+    }
+
+    /// The sorted names at the top of `dir`.
+    fn names(dir: &Path) -> anyhow::Result<Vec<String>> {
+        let mut names: Vec<String> = entries(dir)?.into_iter().map(|(n, _)| n).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// A kill (Ctrl-C) while the next run removes a finished demo's directory, before any of
+    /// its 6 changes (marker written aside, renamed, 4 entries removed), leaves a directory
+    /// the run after that checks and removes, down to the marker, as a run's that did not
+    /// finish once the marker was rewritten. The marker used to be removed like any entry,
+    /// in the order the directory lists them: a kill after it left the engine's files
+    /// without it (refused: "`kairos demo` did not make"), and a kill after `wal/` left a
+    /// finished run's marker beside no log (refused: "its log cannot be read").
+    #[test]
+    fn a_removal_cut_short_at_any_step_leaves_a_directory_the_next_run_removes(
+    ) -> anyhow::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("data");
+        for kill_at in 0..=6 {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)?;
+            }
+            finished_demo(&dir)?;
+            assert_eq!(
+                names(&dir)?,
+                ["DEMO", "LOCK", "checkpoint", "overflow", "wal"]
+            );
+            let previous = PreviousRun::check(&dir)?;
+            assert!(previous.present && !previous.cut_short);
+            let mut steps = 0;
+            let removal = previous.remove_with(&mut || {
+                if steps == kill_at {
+                    bail!("killed");
+                }
+                steps += 1;
+                Ok(())
+            });
+            match removal {
+                Ok(removed) => {
+                    assert!(removed);
+                    assert_eq!(kill_at, 6, "the removal has 6 steps");
+                    assert_eq!(names(&dir)?, ["DEMO"]);
+                    continue;
+                }
+                Err(e) => assert_eq!(e.to_string(), "killed"),
+            }
+            // The next run, whose locks the killed one's no longer block.
+            let next = PreviousRun::check(&dir)
+                .with_context(|| format!("killed before step {kill_at}"))?;
+            assert!(next.present);
+            assert_eq!(next.cut_short, kill_at >= 2, "killed before step {kill_at}");
+            assert!(next.remove()?);
+            assert_eq!(names(&dir)?, ["DEMO"]);
+            assert_eq!(
+                std::fs::read_to_string(dir.join(DEMO_MARKER))?,
+                DEMO_MARKER_TEXT
+            );
+        }
+        Ok(())
+    }
 }
