@@ -173,7 +173,9 @@ impl Consumer {
     ///
     /// # Errors
     /// [`RecvError::Closed`] once the engine is shut down (or dropped);
-    /// [`RecvError::Poisoned`] if it stopped after an I/O failure.
+    /// [`RecvError::Poisoned`] if it stopped after an I/O failure — as the
+    /// failure happens, also one no call waited for (the log's `Interval`
+    /// sync, a write-back), or after a panic in a thread delivery needs.
     pub fn recv(&self) -> Result<Delivery, RecvError> {
         self.shared.receive(Wait::Forever)
     }
