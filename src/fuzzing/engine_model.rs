@@ -32,7 +32,12 @@
 //!   with `attempt + 1`, overdue tasks, oldest first);
 //! * [`crate::Stats`] (scheduled, ready, in flight, pending, catch-up backlog, dead letters,
 //!   payload bytes in memory) and every dead letter (key, payload, attempts, due time, time of
-//!   death, error text).
+//!   death, error text);
+//! * the running totals of [`crate::Stats`] (`tasks_scheduled`, `tasks_rescheduled`,
+//!   `tasks_cancelled`, `deliveries`, `acks`, `nacks`, `lease_expiries`, `retries`,
+//!   `tasks_dead_lettered`), exactly, against the model's own counts since the last open
+//!   (reset at every reopen, process crash and power cut), and the two relations `Stats`
+//!   documents between them.
 //!
 //! At the end every held delivery is acked, the clock moves past every task still waiting
 //! (which must then all come out, in order), and the engine shuts down cleanly.
@@ -722,6 +727,38 @@ enum Held {
     NotOutstanding,
 }
 
+/// The running totals of [`crate::Stats`] as the model counts them since the engine was last
+/// opened: each is raised where the model applies the change it counts (see [`Stats`]'s
+/// fields for what they count), and all start at 0 again at every open.
+///
+/// [`Stats`]: crate::Stats
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Totals {
+    /// [`Model::add`]: a schedule, a batch's task, a reschedule of a free key, a requeue.
+    tasks_scheduled: u64,
+    /// A reschedule answered `Rescheduled`.
+    tasks_rescheduled: u64,
+    /// A cancel answered `Cancelled` ([`cancel_in_model`]). Never of a far task: this
+    /// target has none (`horizon: None`), so the engine's count in `drop_far` is checked by
+    /// `tests/stats_totals.rs` only.
+    tasks_cancelled: u64,
+    /// [`Model::hand_out`]: every hand-out is received at once (`drain`).
+    deliveries: u64,
+    /// [`Model::finish`]: an accepted ack, of a task cancelled while held too.
+    acks: u64,
+    /// An accepted nack, of a task cancelled while held too.
+    nacks: u64,
+    /// [`Model::pass`]: leases the driver ends, of tasks cancelled while held too.
+    lease_expiries: u64,
+    /// [`Model::fail`] answering `Retry`.
+    retries: u64,
+    /// [`Model::fail`] answering `DeadLettered` (not the open's dead letters).
+    tasks_dead_lettered: u64,
+    /// Nacks and lease expiries of tasks cancelled while held: the failed attempts neither
+    /// retried nor dead-lettered (not a total of `Stats`; its second relation needs it).
+    finished_abandoned: u64,
+}
+
 /// The reference engine: live tasks by key, abandoned tasks and dead letters by id, and the
 /// clock as the engine sees it.
 #[derive(Debug)]
@@ -742,6 +779,8 @@ struct Model {
     paused: bool,
     /// Monotonic time (ms) the wheel stands still at while paused: the clock at the pause.
     paused_at_mono_ms: u64,
+    /// The running totals since the engine was last opened.
+    totals: Totals,
 }
 
 impl Model {
@@ -760,6 +799,7 @@ impl Model {
             retry: setup.config().retry,
             paused: false,
             paused_at_mono_ms: 0,
+            totals: Totals::default(),
         }
     }
 
@@ -805,10 +845,12 @@ impl Model {
         }
     }
 
-    /// Adds a new task; returns its id.
+    /// Adds a new task (one the engine creates and counts in `tasks_scheduled`: never a
+    /// recovered one); returns its id.
     fn add(&mut self, key: Vec<u8>, due_ms: u64, payload: Vec<u8>) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
+        self.totals.tasks_scheduled += 1;
         let rank = self.rank();
         let fire_mono_ms = self.fire_time(due_ms);
         self.tasks.insert(
@@ -848,6 +890,7 @@ impl Model {
             if let Some(t) = self.tasks.get_mut(&k) {
                 t.deliveries += 1;
                 t.lease = Some(lease);
+                self.totals.deliveries += 1;
                 out.push(Expected {
                     id: t.id,
                     key: String::from_utf8_lossy(&k).into_owned(),
@@ -879,6 +922,7 @@ impl Model {
                     error: error.to_owned(),
                 },
             );
+            self.totals.tasks_dead_lettered += 1;
             return NackOutcome::DeadLettered;
         }
         let delay_ms = retry_after_ms.unwrap_or_else(|| {
@@ -887,6 +931,7 @@ impl Model {
         });
         let due_ms = self.wall_ms + delay_ms;
         self.place(key, due_ms);
+        self.totals.retries += 1;
         NackOutcome::Retry {
             next_attempt: t.deliveries + 1,
             due: ms_to_system_time(due_ms),
@@ -913,11 +958,18 @@ impl Model {
             .collect();
         expired.sort();
         let expiries = expired.len();
+        self.totals.lease_expiries += expiries as u64;
         let error = format!("lease of {} ms expired without ack or nack", self.lease_ms);
         for (_, _, k) in expired {
             self.fail(&k, None, &error);
         }
+        // A lease of a task cancelled while held that runs out is an expiry too: it finishes
+        // the task.
+        let before = self.abandoned.len();
         self.abandoned.retain(|_, a| a.lease.fire_mono_ms > mono);
+        let finished = (before - self.abandoned.len()) as u64;
+        self.totals.lease_expiries += finished;
+        self.totals.finished_abandoned += finished;
         let mut due: Vec<(u64, u64, Vec<u8>)> = self
             .tasks
             .iter()
@@ -975,8 +1027,9 @@ impl Model {
         }
     }
 
-    /// An ack of the held delivery `d`: its task is finished.
+    /// An (accepted) ack of the held delivery `d`: its task is finished.
     fn finish(&mut self, d: &Delivery) {
+        self.totals.acks += 1;
         if self.abandoned.remove(&d.task_id().0).is_none() {
             self.tasks.remove(d.key());
         }
@@ -1220,6 +1273,7 @@ pub const OUTCOMES: &[&str] = &[
     "delivery",
     "redelivery",
     "lease-expired",
+    "lease-expired:abandoned",
     "ack",
     "ack:abandoned",
     "ack:lease-expired",
@@ -1383,6 +1437,53 @@ fn check_stats(at: &At<'_>, engine: &Engine, model: &Model) {
         at.fail(format_args!(
             "stats {s:?}; model (scheduled, ready, in_flight, catch_up_backlog, dead_letters, \
              pending, payload_bytes) = {expected:?}"
+        ));
+    }
+    check_totals(at, &s, &model.totals);
+    check_relations(at, &s, &model.totals);
+}
+
+/// The running totals in `s` are the model's, exactly.
+fn check_totals(at: &At<'_>, s: &crate::Stats, model: &Totals) {
+    let got = Totals {
+        tasks_scheduled: s.tasks_scheduled,
+        tasks_rescheduled: s.tasks_rescheduled,
+        tasks_cancelled: s.tasks_cancelled,
+        deliveries: s.deliveries,
+        acks: s.acks,
+        nacks: s.nacks,
+        lease_expiries: s.lease_expiries,
+        retries: s.retries,
+        tasks_dead_lettered: s.tasks_dead_lettered,
+        // Not in `Stats`.
+        finished_abandoned: model.finished_abandoned,
+    };
+    if got != *model {
+        at.fail(format_args!(
+            "running totals differ:\n  engine {got:?}\n  model  {model:?}"
+        ));
+    }
+}
+
+/// The relations `Stats` documents between its totals hold in `s` (a running engine's):
+/// every delivery ends in one ack, nack or lease expiry or is still held; every nack or lease
+/// expiry retries, dead-letters, or finishes a task cancelled while held (the model counts
+/// those: `model.finished_abandoned`).
+fn check_relations(at: &At<'_>, s: &crate::Stats, model: &Totals) {
+    let ended = s.acks + s.nacks + s.lease_expiries + s.in_flight as u64;
+    if s.deliveries != ended {
+        at.fail(format_args!(
+            "deliveries {} != acks + nacks + lease_expiries + in_flight = {ended}: {s:?}",
+            s.deliveries
+        ));
+    }
+    let followed = s.retries + s.tasks_dead_lettered + model.finished_abandoned;
+    if s.nacks + s.lease_expiries != followed {
+        at.fail(format_args!(
+            "nacks + lease_expiries = {} != retries + tasks_dead_lettered + {} finished (cancelled \
+             while held) = {followed}: {s:?}",
+            s.nacks + s.lease_expiries,
+            model.finished_abandoned
         ));
     }
 }
@@ -1561,6 +1662,7 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                         }
                         Some((id, false)) => {
                             cov.hit("reschedule:rescheduled");
+                            model.totals.tasks_rescheduled += 1;
                             if let (Some(p), Some(t)) = (payload, model.tasks.get_mut(&k)) {
                                 t.payload = p.to_vec();
                             }
@@ -1726,8 +1828,10 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                         cov.hit("nack:refused");
                         check_refusal(&at, &got, &expected);
                     } else {
+                        model.totals.nacks += 1;
                         let expected = if held == Held::Abandoned {
                             model.abandoned.remove(&d.task_id().0);
+                            model.totals.finished_abandoned += 1;
                             NackOutcome::Finished
                         } else {
                             model.fail(d.key(), *retry_after_ms, NACK_ERROR)
@@ -1785,6 +1889,8 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                         if let Err(e) = engine.shutdown() {
                             at.fail(format_args!("shutdown failed: {e}"));
                         }
+                        // After a shutdown the totals stay as they were when it stopped.
+                        check_totals(&at, &engine.stats(), &model.totals);
                         drop(engine);
                     }
                     Stop::ProcessCrash => {
@@ -1803,6 +1909,10 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 model.paused = false;
                 let (redelivered, dead_lettered) = model.settle_after_stop();
                 engine = open(&sim, &clock, &config, &at);
+                // A new engine: every total starts at 0 (what the open itself did — the tasks
+                // it recovered, redelivers or dead-lettered — is in its `Recovery`, not in
+                // them); the deliveries it makes at open count.
+                model.totals = Totals::default();
                 let mut backlog: Vec<Vec<u8>> = model
                     .tasks
                     .iter()
@@ -1937,8 +2047,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
         let expected = match at_open {
             Some(expected) => expected,
             None => {
+                let finished_before = model.totals.finished_abandoned;
                 let (expiries, expected) = model.pass();
                 cov.add("lease-expired", expiries);
+                let finished = model.totals.finished_abandoned - finished_before;
+                cov.add("lease-expired:abandoned", finished as usize);
                 expected
             }
         };
@@ -1991,6 +2104,7 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
     if let Err(e) = engine.shutdown() {
         at.fail(format_args!("final shutdown failed: {e}"));
     }
+    check_totals(&at, &engine.stats(), &model.totals);
     cov
 }
 
@@ -2007,6 +2121,7 @@ fn cancel_in_model(model: &mut Model, key: &[u8], cov: &mut Coverage) -> CancelO
             } else {
                 "cancel:cancelled"
             });
+            model.totals.tasks_cancelled += 1;
             CancelOutcome::Cancelled {
                 deliveries: t.deliveries,
             }
