@@ -185,9 +185,10 @@ pub struct Recovery {
 /// did is in [`Engine::recovery`] — and never decreases; after
 /// [`Engine::shutdown`] they stay as they were when the engine stopped. A
 /// total counts a change as the engine applies it in memory, under its lock,
-/// where it also logs the change's record: if the log then fails (the engine
-/// is poisoned, the call answers `Poisoned`), a change already counted stays
-/// counted though a reopen may not find it.
+/// where it also logs the change's record (for a nack and an at-most-once
+/// receipt, just before): if the log fails then, or has failed already (the
+/// engine is poisoned, the call answers `Poisoned`), a change counted stays
+/// counted, though the call failed and a reopen may not find the change.
 ///
 /// Between the totals, at any moment of one open (with deliveries at least
 /// once, [`DeliveryGuarantee::AtLeastOnce`], the default): every delivery
@@ -2006,7 +2007,11 @@ impl Engine {
     ///
     /// # Errors
     /// The log could not be flushed ([`ShutdownError::Wal`]), or the engine
-    /// was already poisoned. The engine is stopped and its directory
+    /// was already poisoned — or is while this runs: a background sync of
+    /// the log (a write-back) failing as the log closes poisons it even if
+    /// the close's own sync succeeded (after a failed fdatasync the OS may
+    /// have dropped the pages it could not write, and a later fdatasync does
+    /// not tell). The engine is stopped and its directory
     /// released all the same: this is how a poisoned engine is let go
     /// before [`Engine::open`] recovers the directory (dropping it does the
     /// same).

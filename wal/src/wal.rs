@@ -981,13 +981,16 @@ impl Wal {
     }
 
     /// Sets the hook told of a failure that poisons the log on one of its own threads — the
-    /// writer thread (an `Interval` sync, a `Sync` round) or the write-back thread (a
-    /// `Buffered` or `Interval` write-back fdatasync) — with that failure, once, from that
-    /// thread, with no lock of the log held: so that an owner can act on it (poison itself,
-    /// wake whoever waits on it) while nobody appends. Failures of a caller's own write,
-    /// sync or close are returned to that caller and not reported here (a `Sync` round the
-    /// writer thread ran may be both). If the log is poisoned already, the hook is called at
-    /// once, on this thread. Replaces a hook set before.
+    /// writer thread (an `Interval` sync, a `Sync` round, a write of frames no caller waits
+    /// for, a panic of its storage) or the write-back thread (a `Buffered` or `Interval`
+    /// write-back fdatasync) — with that failure, from that thread, with no lock of the log
+    /// held: so that an owner can act on it (poison itself, wake whoever waits on it) while
+    /// nobody appends. Each of the two threads reports at most once, its own failure (the
+    /// first to poison the log names the log's poison); a failure that races with this call
+    /// may be reported twice. Failures of a caller's own write, sync or close are returned to
+    /// that caller and not reported here (a `Sync` round the writer thread ran may be both).
+    /// If the log is poisoned already, the hook is called at once, on this thread. Replaces a
+    /// hook set before.
     ///
     /// The hook must not wait for this log's progress (an append's ticket, `sync`, `close`)
     /// or drop the `Wal`: the thread calling it is one that progress needs.
@@ -1334,6 +1337,16 @@ impl Drop for DoneGuard {
         let mut state = self.0.state.lock();
         state.writer_done = true;
         self.0.progress.notify_all();
+        // A panic on the writer thread (a storage bug) poisoned the log as it unwound
+        // (`PoisonOnUnwind`): the owner is told, as of a failure (the writer state, let go by
+        // the unwinding, and the state are not held here).
+        let panicked = std::thread::panicking()
+            .then(|| state.poison.as_ref().map(Poison::to_error))
+            .flatten();
+        drop(state);
+        if let Some(error) = panicked {
+            self.0.report_background_failure(&error);
+        }
     }
 }
 

@@ -341,3 +341,41 @@ fn a_panicking_write_in_a_lone_sync_callers_round_poisons_the_log() -> TestResul
     assert_eq!(replayed, expected(1));
     Ok(())
 }
+
+/// A panic on the writer thread (a storage bug, here while it writes frames whose ticket was
+/// dropped unwaited) is reported to the owner's hook (`Wal::on_background_failure`) as the
+/// thread ends, as a failed write there would be: an owner with nobody appending learns that
+/// the log is poisoned then.
+#[test]
+fn a_panic_on_the_writer_thread_is_reported_to_the_owner() -> TestResult {
+    let (sim, mode, opts) = faulty(900, BUFFERED);
+    let (wal, _, _) = open_at(Arc::new(Faulty::on(&sim, &mode)), dir(), opts)?;
+    let reports: Arc<Mutex<Vec<(Option<String>, String)>>> = Arc::default();
+    let sink = Arc::clone(&reports);
+    wal.on_background_failure(move |error| {
+        let thread = std::thread::current().name().map(str::to_owned);
+        if let Ok(mut reports) = sink.lock() {
+            reports.push((thread, error.to_string()));
+        }
+    });
+    mode.store(PANIC_IN_WRITER_THREAD, Ordering::SeqCst);
+    // Dropped unwaited: the writer thread writes it.
+    drop(wal.append(&[Record {
+        record_type: 1,
+        body: b"x",
+    }])?);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reports.lock().map(|r| r.is_empty()).unwrap_or(true) {
+        assert!(
+            Instant::now() < deadline,
+            "the writer thread's panic was not reported"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let got = reports.lock().map(|r| r.clone()).unwrap_or_default();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0.as_deref(), Some(WRITER_THREAD));
+    assert!(got[0].1.contains("panicked"), "{}", got[0].1);
+    assert!(wal.poisoned().is_some());
+    Ok(())
+}
