@@ -342,6 +342,9 @@ fn a_panicking_write_in_a_lone_sync_callers_round_poisons_the_log() -> TestResul
     Ok(())
 }
 
+/// The failures a hook was told of: the telling thread's name and the error's text.
+type Reports = Arc<Mutex<Vec<(Option<String>, String)>>>;
+
 /// A panic on the writer thread (a storage bug, here while it writes frames whose ticket was
 /// dropped unwaited) is reported to the owner's hook (`Wal::on_background_failure`) as the
 /// thread ends, as a failed write there would be: an owner with nobody appending learns that
@@ -350,7 +353,7 @@ fn a_panicking_write_in_a_lone_sync_callers_round_poisons_the_log() -> TestResul
 fn a_panic_on_the_writer_thread_is_reported_to_the_owner() -> TestResult {
     let (sim, mode, opts) = faulty(900, BUFFERED);
     let (wal, _, _) = open_at(Arc::new(Faulty::on(&sim, &mode)), dir(), opts)?;
-    let reports: Arc<Mutex<Vec<(Option<String>, String)>>> = Arc::default();
+    let reports: Reports = Arc::default();
     let sink = Arc::clone(&reports);
     wal.on_background_failure(move |error| {
         let thread = std::thread::current().name().map(str::to_owned);
