@@ -985,9 +985,8 @@ impl Wal {
     /// for, a panic of its storage) or the write-back thread (a `Buffered` or `Interval`
     /// write-back fdatasync) — with that failure, from that thread, with no lock of the log
     /// held: so that an owner can act on it (poison itself, wake whoever waits on it) while
-    /// nobody appends. Each of the two threads reports at most once, its own failure (the
-    /// first to poison the log names the log's poison); a failure that races with this call
-    /// may be reported twice. Failures of a caller's own write, sync or close are returned to
+    /// nobody appends. Each of the two threads reports at most once (the log's poison names
+    /// the first failure of all); a failure that races with this call may be reported twice. Failures of a caller's own write, sync or close are returned to
     /// that caller and not reported here (a `Sync` round the writer thread ran may be both).
     /// If the log is poisoned already, the hook is called at once, on this thread. Replaces a
     /// hook set before.
