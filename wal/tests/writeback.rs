@@ -158,26 +158,6 @@ fn write_back_on_a_real_disk_across_rolls_reopens_whole() -> TestResult {
     Ok(())
 }
 
-/// The failures the hook set by `Wal::on_background_failure` was told of: the name of the
-/// thread that told it, and the error's text.
-type Reports = Arc<std::sync::Mutex<Vec<(Option<String>, String)>>>;
-
-fn hook_into(wal: &Wal) -> Reports {
-    let reports: Reports = Arc::default();
-    let sink = Arc::clone(&reports);
-    wal.on_background_failure(move |error| {
-        let thread = std::thread::current().name().map(str::to_owned);
-        if let Ok(mut reports) = sink.lock() {
-            reports.push((thread, error.to_string()));
-        }
-    });
-    reports
-}
-
-fn reports_of(reports: &Reports) -> Vec<(Option<String>, String)> {
-    reports.lock().map(|r| r.clone()).unwrap_or_default()
-}
-
 /// A failed write-back (no caller waits for it) is reported to the log's owner once, from
 /// the write-back thread, as it poisons the log — not only to the next caller.
 #[test]

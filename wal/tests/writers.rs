@@ -342,9 +342,6 @@ fn a_panicking_write_in_a_lone_sync_callers_round_poisons_the_log() -> TestResul
     Ok(())
 }
 
-/// The failures a hook was told of: the telling thread's name and the error's text.
-type Reports = Arc<Mutex<Vec<(Option<String>, String)>>>;
-
 /// A panic on the writer thread (a storage bug, here while it writes frames whose ticket was
 /// dropped unwaited) is reported to the owner's hook (`Wal::on_background_failure`) as the
 /// thread ends, as a failed write there would be: an owner with nobody appending learns that
@@ -353,14 +350,7 @@ type Reports = Arc<Mutex<Vec<(Option<String>, String)>>>;
 fn a_panic_on_the_writer_thread_is_reported_to_the_owner() -> TestResult {
     let (sim, mode, opts) = faulty(900, BUFFERED);
     let (wal, _, _) = open_at(Arc::new(Faulty::on(&sim, &mode)), dir(), opts)?;
-    let reports: Reports = Arc::default();
-    let sink = Arc::clone(&reports);
-    wal.on_background_failure(move |error| {
-        let thread = std::thread::current().name().map(str::to_owned);
-        if let Ok(mut reports) = sink.lock() {
-            reports.push((thread, error.to_string()));
-        }
-    });
+    let reports = hook_into(&wal);
     mode.store(PANIC_IN_WRITER_THREAD, Ordering::SeqCst);
     // Dropped unwaited: the writer thread writes it.
     drop(wal.append(&[Record {
@@ -368,14 +358,14 @@ fn a_panic_on_the_writer_thread_is_reported_to_the_owner() -> TestResult {
         body: b"x",
     }])?);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while reports.lock().map(|r| r.is_empty()).unwrap_or(true) {
+    while reports_of(&reports).is_empty() {
         assert!(
             Instant::now() < deadline,
             "the writer thread's panic was not reported"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    let got = reports.lock().map(|r| r.clone()).unwrap_or_default();
+    let got = reports_of(&reports);
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].0.as_deref(), Some(WRITER_THREAD));
     assert!(got[0].1.contains("panicked"), "{}", got[0].1);

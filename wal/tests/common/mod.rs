@@ -258,3 +258,25 @@ pub fn assert_frame_cuts_refused(
         }
     }
 }
+
+/// The failures a hook set by `Wal::on_background_failure` was told of: the name of the
+/// thread that told it, and the error's text.
+pub type Reports = Arc<std::sync::Mutex<Vec<(Option<String>, String)>>>;
+
+/// Sets a hook on `wal` that records each failure it is told of.
+pub fn hook_into(wal: &Wal) -> Reports {
+    let reports: Reports = Arc::default();
+    let sink = Arc::clone(&reports);
+    wal.on_background_failure(move |error| {
+        let thread = std::thread::current().name().map(str::to_owned);
+        if let Ok(mut reports) = sink.lock() {
+            reports.push((thread, error.to_string()));
+        }
+    });
+    reports
+}
+
+/// What the hook of [`hook_into`] was told so far.
+pub fn reports_of(reports: &Reports) -> Vec<(Option<String>, String)> {
+    reports.lock().map(|r| r.clone()).unwrap_or_default()
+}
