@@ -19,7 +19,10 @@ pub enum OpenError {
         /// Which field and why.
         reason: String,
     },
-    /// Creating or locking the directory failed.
+    /// An operation on the data directory failed: creating or locking it
+    /// (an empty path is refused here too), listing or tidying its
+    /// checkpoint and overflow directories, reading the log's META beside
+    /// a checkpoint. `op` names the operation, `path` the file or directory.
     #[error("{op} {path}: {source}")]
     Io {
         /// The operation.
