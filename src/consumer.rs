@@ -2,8 +2,8 @@
 //! hands out. The ready queue behind it is internal.
 
 use crate::clock::ms_to_system_time;
-use crate::engine::{NackOutcome, Shared, Wait};
-use crate::error::{AckError, RecvError};
+use crate::engine::{AckScheduleOutcome, NackOutcome, Shared, Wait};
+use crate::error::{AckError, AckScheduleError, RecvError};
 use crate::task::TaskId;
 use std::fmt;
 use std::sync::Arc;
@@ -232,6 +232,68 @@ impl Consumer {
     /// As [`Consumer::ack`], plus `BatchTooLarge`.
     pub fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
         self.shared.ack_many(deliveries)
+    }
+
+    /// Acknowledges `delivery` and schedules a new task with the same key,
+    /// due at `due`, with `payload`, in one log write: after any crash either
+    /// both happened or neither did (and the delivery comes again). This is
+    /// how a recurring task under one key is made crash-safe: an `ack`
+    /// followed by a `schedule` loses the next occurrence to a crash in
+    /// between, and a `schedule` first is
+    /// [`crate::ScheduleError::AlreadyExists`] (the held task owns the key
+    /// until it is acked). Pass `delivery.payload()` to keep the payload.
+    /// Under `Durability::Sync` both are durable when this returns.
+    ///
+    /// If the task was cancelled while held (the cancel answered
+    /// [`crate::CancelOutcome::AlreadyDelivered`]), the delivery is
+    /// acknowledged and nothing is scheduled
+    /// ([`AckScheduleOutcome::CancelledWhileHeld`]): a cancel ends the
+    /// series. At most once ([`crate::DeliveryGuarantee::AtMostOnce`]) the
+    /// delivery finished when it was received, so this is a plain schedule
+    /// of its key: a cancel made meanwhile found nothing to stop it.
+    ///
+    /// Cost: O(1), an ack and a schedule under one hold of the engine's lock
+    /// and one log append (one group commit under `Sync`). The new task is
+    /// a task of its own: a new id, attempt count 0, counted in
+    /// [`crate::Stats::acks`] and [`crate::Stats::tasks_scheduled`].
+    ///
+    /// ```
+    /// use kairos::{AckScheduleOutcome, Config, Due, Engine, ManualClock};
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+    /// let consumer = engine.consumer();
+    /// let hour = Duration::from_secs(3600);
+    /// engine.schedule_after(b"report:daily", hour, b"team-a")?;
+    /// for _ in 0..3 {
+    ///     clock.advance(hour);
+    ///     engine.run_until_idle();
+    ///     let run = consumer.try_recv()?;
+    ///     // ... the work ...
+    ///     let next = consumer.ack_and_schedule(&run, Due::After(hour), run.payload())?;
+    ///     assert!(matches!(next, AckScheduleOutcome::Scheduled(_)));
+    /// }
+    /// assert_eq!(engine.stats().acks, 3);
+    /// assert_eq!(engine.stats().pending, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`AckScheduleError::Ack`] as [`Consumer::ack`] answers
+    /// (`LeaseExpired`, `NotOutstanding`, `Closed`, `Poisoned`);
+    /// [`AckScheduleError::Schedule`] as [`crate::Engine::schedule`] refuses
+    /// the new task (payload too large, due time out of range; at most once
+    /// also `AlreadyExists`, `TooManyPending`). An error changes nothing,
+    /// except `Poisoned`, whose outcome is unknown (both records or
+    /// neither, after a reopen).
+    pub fn ack_and_schedule(
+        &self,
+        delivery: &Delivery,
+        due: crate::Due,
+        payload: &[u8],
+    ) -> Result<AckScheduleOutcome, AckScheduleError> {
+        self.shared.ack_and_schedule(delivery, due, payload)
     }
 
     /// Reports a failed attempt with its `error` text (kept, up to 4 KiB,

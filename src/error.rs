@@ -255,6 +255,50 @@ pub enum LookupError {
     },
 }
 
+/// [`crate::Consumer::ack_and_schedule`] failed. Nothing changed — the
+/// delivery is still outstanding (or refused as by [`AckError`]) and no task
+/// was scheduled — except for `Ack(AckError::Poisoned)`, whose outcome is
+/// unknown to the caller: the frame holding both the ack and the new task's
+/// schedule may or may not have reached the disk (after a reopen either
+/// both hold or neither does).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AckScheduleError {
+    /// The delivery cannot be acknowledged, as [`crate::Consumer::ack`]
+    /// answers: [`AckError::LeaseExpired`], [`AckError::NotOutstanding`];
+    /// also [`AckError::Closed`] and [`AckError::Poisoned`] (never under
+    /// `Schedule`, whichever part met them).
+    #[error(transparent)]
+    Ack(AckError),
+    /// The next task is refused, as [`crate::Engine::schedule`] refuses it:
+    /// [`ScheduleError::PayloadTooLarge`], [`ScheduleError::DueTooFar`],
+    /// [`ScheduleError::DueBeforeEpoch`], [`ScheduleError::BatchTooManyBytes`];
+    /// for a delivery taken at most once (a plain schedule of its key) also
+    /// [`ScheduleError::AlreadyExists`] and [`ScheduleError::TooManyPending`].
+    #[error(transparent)]
+    Schedule(ScheduleError),
+}
+
+impl From<AckError> for AckScheduleError {
+    fn from(e: AckError) -> Self {
+        AckScheduleError::Ack(e)
+    }
+}
+
+impl From<ScheduleError> for AckScheduleError {
+    /// `Closed` and `Poisoned` become [`AckScheduleError::Ack`]'s, so that a
+    /// caller matches them in one place.
+    fn from(e: ScheduleError) -> Self {
+        match e {
+            ScheduleError::Closed => AckScheduleError::Ack(AckError::Closed),
+            ScheduleError::Poisoned { cause } => {
+                AckScheduleError::Ack(AckError::Poisoned { cause })
+            }
+            other => AckScheduleError::Schedule(other),
+        }
+    }
+}
+
 /// Acknowledging a delivery (or nacking it, or extending its lease) failed.
 /// Nothing changed — except for `Poisoned`, whose outcome is unknown to the
 /// caller: an ack or nack record whose own write or sync failed may or may

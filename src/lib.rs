@@ -141,12 +141,12 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, DeliveryGuarantee, RetryPolicy};
 pub use consumer::{Consumer, Delivery};
 pub use engine::{
-    CancelOutcome, CheckpointReport, DeadLetter, Due, Engine, NackOutcome, NewTask, Recovery,
-    RescheduleOutcome, Stats, TaskInfo,
+    AckScheduleOutcome, CancelOutcome, CheckpointReport, DeadLetter, Due, Engine, NackOutcome,
+    NewTask, Recovery, RescheduleOutcome, Stats, TaskInfo,
 };
 pub use error::{
-    AckError, CancelError, CheckpointError, LookupError, OpenError, RecvError, ScheduleError,
-    ShutdownError, SyncError,
+    AckError, AckScheduleError, CancelError, CheckpointError, LookupError, OpenError, RecvError,
+    ScheduleError, ShutdownError, SyncError,
 };
 /// The write-ahead log crate, re-exported: its types appear in this crate's
 /// API ([`Engine::open_with`] takes a [`kairos_wal::Storage`] such as

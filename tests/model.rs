@@ -34,8 +34,8 @@ mod common;
 use common::{drain, scale, SimHarness, Stop, TestResult, SMALL_SEGMENT_BYTES};
 use kairos::clock::ms_to_system_time;
 use kairos::{
-    AckError, CancelOutcome, Config, Delivery, Due, Durability, NackOutcome, NewTask,
-    RescheduleOutcome, RetryPolicy, ScheduleError, TaskState,
+    AckError, AckScheduleError, AckScheduleOutcome, CancelOutcome, Config, Delivery, Due,
+    Durability, NackOutcome, NewTask, RescheduleOutcome, RetryPolicy, ScheduleError, TaskState,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -89,6 +89,14 @@ enum Op {
     Ack {
         pick: usize,
         fresh: bool,
+    },
+    /// `ack_and_schedule` of a delivery picked as for `Ack`: the next task under its key
+    /// `delay_ms` from now, with a new payload or the delivery's own.
+    AckAndSchedule {
+        pick: usize,
+        fresh: bool,
+        delay_ms: u64,
+        new_payload: bool,
     },
     /// `ack_many` of some held deliveries; with `spoil`, one of them twice or another delivery
     /// too, so the whole call must fail and ack nothing.
@@ -159,6 +167,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop_oneof![-3_600_000..=3_600_000i64, -5..=5i64].prop_map(|ms| Op::StepWall { ms }),
         3 => any::<usize>().prop_map(|pick| Op::Ack { pick, fresh: true }),
         1 => any::<usize>().prop_map(|pick| Op::Ack { pick, fresh: false }),
+        2 => (any::<usize>(), any::<bool>(), delay_ms(), any::<bool>()).prop_map(
+            |(pick, fresh, delay_ms, new_payload)| Op::AckAndSchedule { pick, fresh, delay_ms, new_payload }
+        ),
         2 => (
             proptest::collection::vec(any::<usize>(), 1..=4),
             prop_oneof![3 => Just(None), 1 => any::<bool>().prop_map(Some)],
@@ -1026,6 +1037,51 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                     }
                 }
             }
+            Op::AckAndSchedule {
+                pick,
+                fresh,
+                delay_ms,
+                new_payload,
+            } => {
+                let candidates: Vec<usize> = if *fresh {
+                    ds.held(&model)
+                } else {
+                    (0..ds.all.len()).collect()
+                };
+                if candidates.is_empty() {
+                    continue;
+                }
+                let i = candidates[pick % candidates.len()];
+                let held = ds.status(&model, i);
+                let d = ds.all[i].0.clone();
+                let p = if *new_payload {
+                    payload_for(model.next_seq, 11)
+                } else {
+                    d.payload().to_vec()
+                };
+                let due = Due::After(Duration::from_millis(*delay_ms));
+                let got = h.engine().ack_and_schedule(&d, due, &p);
+                match (held, got) {
+                    (Held::Live, Ok(AckScheduleOutcome::Scheduled(id))) => {
+                        model.finish(&d);
+                        if model.add(d.key().to_vec(), id.0, now_ms + delay_ms, p) {
+                            let got = drain(h.engine())?;
+                            check("overdue deliveries", &got, &model.pass()).map_err(at)?;
+                            ds.add(got);
+                        }
+                    }
+                    (Held::Abandoned, Ok(AckScheduleOutcome::CancelledWhileHeld)) => {
+                        model.finish(&d);
+                    }
+                    (refused, Err(AckScheduleError::Ack(e)))
+                        if expected_refusal(refused, &Err::<(), _>(e.clone())) => {}
+                    (held, got) => {
+                        return Err(at(format!(
+                            "ack_and_schedule of {d:?} ({held:?}) returned {got:?}"
+                        )))
+                    }
+                }
+            }
             Op::AckMany { picks, spoil } => {
                 let held = ds.held(&model);
                 if held.is_empty() {
@@ -1410,6 +1466,18 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
             pick: 0,
             fresh: false,
         },
+        AckAndSchedule {
+            pick: 0,
+            fresh: true,
+            delay_ms: 15,
+            new_payload: true,
+        },
+        AckAndSchedule {
+            pick: 0,
+            fresh: false,
+            delay_ms: 3,
+            new_payload: false,
+        },
         Checkpoint {
             then: Some(Restart::PowerCut),
         },
@@ -1464,6 +1532,12 @@ fn model_fixed_sequence_covers_every_operation() -> TestResult {
         Ack {
             pick: 3,
             fresh: false,
+        },
+        AckAndSchedule {
+            pick: 1,
+            fresh: true,
+            delay_ms: 1_000,
+            new_payload: false,
         },
         AckMany {
             picks: vec![0, 1],

@@ -13,16 +13,16 @@
 //! restart ends them all, see `Shared::load_replayed`).
 
 use super::{
-    status_to_ack_error, wall_ms, Core, DriverSleep, Now, ReadyEntry, RecordBatch, Round, Shared,
-    Status,
+    check_frame_bytes, status_to_ack_error, wall_ms, Core, DriverSleep, Due, NewTask, Now,
+    ReadyEntry, RecordBatch, Round, Shared, Status,
 };
 use crate::clock::ms_to_system_time;
 use crate::config::{DeliveryGuarantee, BATCH_TASKS_MAX};
 use crate::consumer::Delivery;
-use crate::error::{AckError, RecvError};
+use crate::error::{AckError, AckScheduleError, RecvError};
 use crate::record::{Record, ERROR_BYTES_MAX};
 use crate::replay::DeadTask;
-use crate::task::{TaskId, TaskState};
+use crate::task::{PayloadStore, TaskId, TaskState};
 use crate::wheel::{Expired, Tick};
 use kairos_wal::AppendTicket;
 use std::collections::HashSet;
@@ -45,6 +45,20 @@ pub enum NackOutcome {
     /// The task was cancelled while the consumer held it: it is finished,
     /// nothing follows.
     Finished,
+}
+
+/// What [`crate::Consumer::ack_and_schedule`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AckScheduleOutcome {
+    /// The delivery is acknowledged and a new task with its key is
+    /// scheduled, with this id (at most once: the delivery was finished when
+    /// received, and only the new task was made).
+    Scheduled(TaskId),
+    /// The task was cancelled while the consumer held it (its cancel
+    /// answered [`crate::CancelOutcome::AlreadyDelivered`]): the delivery is
+    /// acknowledged and nothing is scheduled — the cancel ends the series.
+    CancelledWhileHeld,
 }
 
 /// A task that exhausted its attempts, kept until requeued or purged.
@@ -425,6 +439,79 @@ impl Shared {
         drop(core);
         self.wait_durable(ticket)
             .map_err(|cause| AckError::Poisoned { cause })
+    }
+
+    /// [`crate::Consumer::ack_and_schedule`]: the ACK of `d` and the
+    /// SCHEDULE of a new task with its key in one log frame, so a replay
+    /// applies both or neither; the held task's key passes to the new task
+    /// under one hold of the lock (no call sees the key free in between).
+    pub(crate) fn ack_and_schedule(
+        &self,
+        d: &Delivery,
+        due: Due,
+        payload: &[u8],
+    ) -> Result<AckScheduleOutcome, AckScheduleError> {
+        let new = NewTask {
+            key: d.key(),
+            due,
+            payload,
+        };
+        if d.at_most_once {
+            // Finished when it was received: only the schedule is left.
+            return Ok(AckScheduleOutcome::Scheduled(self.schedule_one(&new)?));
+        }
+        let now = self.now();
+        let (due_ms, due_tick) = self.prepare(&new, now)?;
+        check_frame_bytes(std::slice::from_ref(&new))?;
+        let tag = self.index_probe.tag(d.key());
+        // Over 1 KiB: allocated and copied before the lock.
+        let prebuilt = PayloadStore::prebuild(d.key(), payload);
+        let now_tick = self.tick_of(now);
+        self.await_relocation();
+        let mut core = self.core.lock();
+        core.check_open().map_err(status_to_ack_error)?;
+        let state = match self.check_lease(&core, d, now_tick) {
+            Ok(state) => state,
+            Err(refusal) => return Err(self.refused(core, refusal).into()),
+        };
+        if state == TaskState::Abandoned {
+            // Finished by its cancel record already (and its key is no
+            // longer its own): as `ack`, once that record is durable.
+            core.totals.acks += 1;
+            self.forget_task_tagged(&mut core, d.slot, None);
+            self.wait_logged(core)
+                .map_err(|cause| AckError::Poisoned { cause })?;
+            return Ok(AckScheduleOutcome::CancelledWhileHeld);
+        }
+        // The held task leaves as the new one comes: the pending count
+        // stays, so there is no `TooManyPending`.
+        self.check_horizon(&core, due_ms, due_tick)?;
+        let id = TaskId(core.next_id);
+        let mut batch = RecordBatch::default();
+        batch.push(&Record::Ack { id: d.task_id });
+        batch.push(&Record::Schedule {
+            id,
+            due_ms,
+            key: d.key(),
+            payload,
+        });
+        let ticket = self
+            .append_locked(&mut core, &batch.records())
+            .map_err(|cause| AckError::Poisoned { cause })?;
+        core.next_id += 1;
+        core.totals.acks += 1;
+        self.forget_task_tagged(
+            &mut core,
+            d.slot,
+            Some(crate::index::Found::tagged(d.slot, tag)),
+        );
+        if self.place_task(&mut core, id, &new, prebuilt, tag, due_ms, due_tick) {
+            self.driver_cv.notify_all();
+        }
+        drop(core);
+        self.wait_durable(ticket)
+            .map_err(|cause| AckError::Poisoned { cause })?;
+        Ok(AckScheduleOutcome::Scheduled(id))
     }
 
     /// A failed attempt reported by the consumer.

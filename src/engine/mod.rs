@@ -34,14 +34,15 @@ pub use lookup::TaskInfo;
 pub use checkpointing::CheckpointReport;
 
 pub(crate) use delivery::Wait;
-pub use delivery::{DeadLetter, NackOutcome};
+pub use delivery::{AckScheduleOutcome, DeadLetter, NackOutcome};
 
 use crate::clock::{system_time_to_ms, system_time_to_ns, Clock, SystemClock};
 use crate::config::DeliveryGuarantee;
 use crate::config::{Config, BATCH_TASKS_MAX};
 use crate::consumer::{Consumer, Delivery};
 use crate::error::{
-    AckError, CancelError, CheckpointError, OpenError, ScheduleError, ShutdownError, SyncError,
+    AckError, AckScheduleError, CancelError, CheckpointError, OpenError, ScheduleError,
+    ShutdownError, SyncError,
 };
 use crate::far::{FarEntry, FarIndex, KeyHasher};
 use crate::index::{Found, TaskIndex};
@@ -274,7 +275,8 @@ pub struct Stats {
     /// [`Engine::schedule`], [`Engine::schedule_at`],
     /// [`Engine::schedule_after`] and [`Engine::schedule_many`] (each task of
     /// the batch), by an [`Engine::reschedule`] of a key with no live task
-    /// ([`RescheduleOutcome::Scheduled`]), and by
+    /// ([`RescheduleOutcome::Scheduled`]), by [`Engine::ack_and_schedule`]
+    /// ([`AckScheduleOutcome::Scheduled`]), and by
     /// [`Engine::requeue_dead_letter`] (the new task it makes). Not counted:
     /// refused calls (nothing was created), a reschedule of a live task
     /// (`tasks_rescheduled`), a retry (`retries`), tasks recovered at open.
@@ -306,9 +308,9 @@ pub struct Stats {
     /// clean shutdown). Starts at 0 at every open; never decreases.
     pub deliveries: u64,
     /// Deliveries acknowledged since open: one per delivery in each
-    /// [`Engine::ack`] / [`Engine::ack_many`] (or [`Consumer`]) call that
-    /// was accepted, a delivery whose task was cancelled while held
-    /// included (its ack is accepted). Not counted: refused acks, and
+    /// [`Engine::ack`] / [`Engine::ack_many`] / [`Engine::ack_and_schedule`]
+    /// (or [`Consumer`]) call that was accepted, a delivery whose task was
+    /// cancelled while held included (its ack is accepted). Not counted: refused acks, and
     /// deliveries at most once (finished when received; their `ack` does
     /// nothing). Starts at 0 at every open; never decreases.
     pub acks: u64,
@@ -1681,6 +1683,20 @@ impl Engine {
     /// for a delivery listed twice).
     pub fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
         self.shared.ack_many(deliveries)
+    }
+
+    /// Acknowledges a delivery and schedules the next task with its key in
+    /// one log write (same as [`Consumer::ack_and_schedule`]).
+    ///
+    /// # Errors
+    /// See [`Consumer::ack_and_schedule`].
+    pub fn ack_and_schedule(
+        &self,
+        delivery: &Delivery,
+        due: Due,
+        payload: &[u8],
+    ) -> Result<AckScheduleOutcome, AckScheduleError> {
+        self.shared.ack_and_schedule(delivery, due, payload)
     }
 
     /// Reports a failed attempt (same as [`Consumer::nack`]).
