@@ -5,7 +5,8 @@
 //! of a waiting, a due-but-unreceived and a retrying task, `AlreadyDelivered`, `NotFound`,
 //! `cancel_many` with a key twice), reschedules (of a live task, of a due one, of a free key),
 //! deliveries and redeliveries, acks (one, many, of a task cancelled while held, refused),
-//! nacks (retry, dead letter, finished, refused), lease expiries (retry, dead letter, of a task
+//! nacks (retry, dead letter, finished, refused), `ack_and_schedule` (live, cancelled while
+//! held, refused), lease expiries (retry, dead letter, of a task
 //! cancelled while held), requeue and purge of dead letters, and at-most-once deliveries.
 //! Every check also holds the two relations `Stats` documents between the totals. Then a
 //! reopen of a disk engine (with far tasks cancelled and rescheduled) starts every total at 0,
@@ -19,8 +20,9 @@ use common::far::{at as far_at, cfg as far_cfg, due as far_due, key as far_key};
 use common::{drain, open_fs, TestResult, START_MS};
 use kairos::clock::ms_to_system_time;
 use kairos::{
-    AckError, CancelOutcome, Config, Delivery, DeliveryGuarantee, Due, Engine, ManualClock,
-    NackOutcome, NewTask, RescheduleOutcome, ScheduleError, Stats,
+    AckError, AckScheduleError, AckScheduleOutcome, CancelOutcome, Config, Delivery,
+    DeliveryGuarantee, Due, Engine, ManualClock, NackOutcome, NewTask, RescheduleOutcome,
+    ScheduleError, Stats,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -509,6 +511,65 @@ fn a_reopened_engine_starts_every_total_at_zero() -> TestResult {
     let r = engine.recovery();
     assert_eq!((r.pending, r.redelivered), (3, 1));
     check(&engine, &Totals::default(), 0, "reopen after a crash");
+    engine.shutdown()?;
+    Ok(())
+}
+
+/// `ack_and_schedule` counts one ack and one scheduled task; on a task cancelled while held,
+/// the ack only; refused, nothing. The relations hold after each step.
+#[test]
+fn ack_and_schedule_counts_an_ack_and_a_new_task() -> TestResult {
+    let clock = ManualClock::new(START_MS);
+    let engine = Engine::in_memory(cfg(), Arc::new(clock.clone()))?;
+    let consumer = engine.consumer();
+    let mut exp = Totals::default();
+    for k in ["a", "b"] {
+        engine.schedule(k.as_bytes(), secs(1), b"p")?;
+        exp.scheduled += 1;
+    }
+    let ds = advance(&clock, &engine, 1_000)?;
+    exp.deliveries += 2;
+    check(&engine, &exp, 0, "two deliveries");
+    let (a, b) = (of(&ds, "a")?, of(&ds, "b")?);
+    assert!(matches!(
+        consumer.ack_and_schedule(
+            a,
+            secs(1),
+            &vec![0; kairos::config::PAYLOAD_BYTES_MAX_DEFAULT + 1]
+        ),
+        Err(AckScheduleError::Schedule(_))
+    ));
+    check(&engine, &exp, 0, "a refused ack_and_schedule");
+    assert!(matches!(
+        consumer.ack_and_schedule(a, secs(1), b"next")?,
+        AckScheduleOutcome::Scheduled(_)
+    ));
+    exp.acks += 1;
+    exp.scheduled += 1;
+    check(&engine, &exp, 0, "ack_and_schedule");
+    assert_eq!(
+        engine.cancel(b"b")?,
+        CancelOutcome::AlreadyDelivered { attempt: 1 }
+    );
+    assert_eq!(
+        consumer.ack_and_schedule(b, secs(1), b"next")?,
+        AckScheduleOutcome::CancelledWhileHeld
+    );
+    exp.acks += 1;
+    check(
+        &engine,
+        &exp,
+        0,
+        "ack_and_schedule of a task cancelled while held",
+    );
+    assert!(matches!(
+        consumer.ack_and_schedule(a, secs(1), b"again"),
+        Err(AckScheduleError::Ack(AckError::NotOutstanding { .. }))
+    ));
+    let next = advance(&clock, &engine, 1_000)?;
+    assert_eq!(got(&next), want(&[("a", 1)]));
+    exp.deliveries += 1;
+    check(&engine, &exp, 0, "the next run delivered");
     engine.shutdown()?;
     Ok(())
 }
