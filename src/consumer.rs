@@ -6,7 +6,10 @@ use crate::engine::{AckScheduleOutcome, NackOutcome, Shared, Wait};
 use crate::error::{AckError, AckScheduleError, RecvError};
 use crate::task::TaskId;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
 /// A task handed to a consumer.
@@ -189,6 +192,60 @@ impl Consumer {
         match Instant::now().checked_add(timeout) {
             Some(deadline) => self.shared.receive(Wait::Until(deadline)),
             None => self.recv(),
+        }
+    }
+
+    /// Receives the next delivery without blocking a thread: the returned
+    /// future is ready when a task is (or when the engine stops, with the
+    /// answers of [`Consumer::recv`]), for consumers on an async runtime
+    /// (tokio, async-std, smol, ...; Kairos depends on none). Any number of
+    /// futures may wait at once, on any consumers of the engine; each task
+    /// goes to one of them (a task made ready wakes every waiting future,
+    /// as it wakes every blocked `recv`, and one takes it).
+    ///
+    /// Dropping the future before it is ready gives nothing up: it holds no
+    /// task until it returns one (cancel-safe, for `select!` and timeouts),
+    /// and its waker is forgotten at once.
+    ///
+    /// A poll takes the engine's lock as [`Consumer::try_recv`] does and
+    /// does the same work, so it can briefly block its thread where
+    /// `try_recv` would: reading the payload of a task kept on disk
+    /// ([`crate::Config::payload_window`]) and, at most once
+    /// ([`crate::DeliveryGuarantee::AtMostOnce`]), waiting for the task's
+    /// ack record to be durable (one fdatasync under `Sync`) before
+    /// returning it. At least once with payloads in memory, a poll never
+    /// waits for the disk.
+    ///
+    /// ```
+    /// use kairos::{Config, Engine, ManualClock};
+    /// use std::future::Future;
+    /// use std::pin::pin;
+    /// use std::sync::Arc;
+    /// use std::task::{Context, Poll, Waker};
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+    /// let consumer = engine.consumer();
+    /// let mut next = pin!(consumer.recv_async());
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// assert!(next.as_mut().poll(&mut cx).is_pending()); // nothing due yet
+    /// engine.schedule_after(b"session:42", std::time::Duration::ZERO, b"")?;
+    /// engine.run_until_idle();
+    /// let Poll::Ready(delivery) = next.as_mut().poll(&mut cx) else {
+    ///     panic!("a due task was not received");
+    /// };
+    /// consumer.ack(&delivery?)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Consumer::recv`]: the future answers [`RecvError::Closed`] once
+    /// the engine is shut down or dropped, [`RecvError::Poisoned`] once it
+    /// stopped after a failure.
+    pub fn recv_async(&self) -> Recv<'_> {
+        Recv {
+            consumer: self,
+            waiter: None,
         }
     }
 
@@ -379,5 +436,145 @@ impl Consumer {
     /// delivered again after the next open).
     pub fn ready(&self) -> usize {
         self.shared.ready_count()
+    }
+}
+
+/// The future of [`Consumer::recv_async`]: a delivery, or why none will come.
+#[must_use = "futures do nothing unless polled"]
+pub struct Recv<'a> {
+    consumer: &'a Consumer,
+    /// Its waker's id among the engine's async waiters, once it has waited.
+    waiter: Option<u64>,
+}
+
+impl fmt::Debug for Recv<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recv")
+            .field("waiting", &self.waiter.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for Recv<'_> {
+    type Output = Result<Delivery, RecvError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let shared = &self.consumer.shared;
+        let first = match shared.receive(Wait::No) {
+            Err(RecvError::Empty) => RecvError::Empty,
+            answer => return Poll::Ready(self.done(answer)),
+        };
+        debug_assert_eq!(first, RecvError::Empty);
+        #[cfg(test)]
+        if let Some(mut hook) = shared.recv_async_hook.lock().take() {
+            hook(shared);
+        }
+        // Filed before looking again, so that a task made ready after this
+        // look wakes the future: nothing falls between the two.
+        let id = shared.register_async_waiter(self.waiter, cx.waker());
+        self.waiter = Some(id);
+        match shared.receive(Wait::No) {
+            Err(RecvError::Empty) => Poll::Pending,
+            answer => Poll::Ready(self.done(answer)),
+        }
+    }
+}
+
+impl Recv<'_> {
+    /// Forgets this future's waker as it returns `answer`.
+    fn done(&mut self, answer: Result<Delivery, RecvError>) -> Result<Delivery, RecvError> {
+        if let Some(id) = self.waiter.take() {
+            self.consumer.shared.forget_async_waiter(id);
+        }
+        answer
+    }
+}
+
+impl Drop for Recv<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.waiter.take() {
+            self.consumer.shared.forget_async_waiter(id);
+        }
+    }
+}
+
+/// The wakers of the futures waiting in [`Consumer::recv_async`], by id: a
+/// few entries (one per waiting future), scanned linearly.
+#[derive(Default)]
+pub(crate) struct AsyncWaiters {
+    next_id: u64,
+    wakers: Vec<(u64, Waker)>,
+}
+
+impl AsyncWaiters {
+    /// Files `waker` under `id` (replacing the one there unless it wakes the
+    /// same task), or under a new id if `id` is `None` or unknown; returns
+    /// the id.
+    pub(crate) fn register(&mut self, id: Option<u64>, waker: &Waker) -> u64 {
+        if let Some(entry) = id.and_then(|id| self.wakers.iter_mut().find(|e| e.0 == id)) {
+            if !entry.1.will_wake(waker) {
+                entry.1 = waker.clone();
+            }
+            return entry.0;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.wakers.push((id, waker.clone()));
+        id
+    }
+
+    /// Drops the waker filed under `id`, if any.
+    pub(crate) fn forget(&mut self, id: u64) {
+        if let Some(i) = self.wakers.iter().position(|e| e.0 == id) {
+            self.wakers.swap_remove(i);
+        }
+    }
+
+    /// The wakers filed.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Waker> {
+        self.wakers.iter().map(|e| &e.1)
+    }
+
+    /// How many are filed.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.wakers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Engine, ManualClock};
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::{Context, Waker};
+
+    /// A pending `recv_async` files one waker; dropping it, or its answer, forgets it — so
+    /// futures made and dropped in a loop (a `select!` with a timeout) leave nothing behind.
+    #[test]
+    fn a_recv_async_forgets_its_waker_when_dropped_or_answered(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let clock = ManualClock::new(1_700_000_000_000);
+        let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+        let consumer = engine.consumer();
+        let waiters = || consumer.shared.async_waiters();
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..1_000 {
+            let mut next = Box::pin(consumer.recv_async());
+            assert!(next.as_mut().poll(&mut cx).is_pending());
+            assert!(next.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(waiters(), 1);
+        }
+        assert_eq!(waiters(), 0);
+        let mut next = Box::pin(consumer.recv_async());
+        assert!(next.as_mut().poll(&mut cx).is_pending());
+        engine.schedule_after(b"k", std::time::Duration::ZERO, b"")?;
+        engine.run_until_idle();
+        assert!(next.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(waiters(), 0);
+        drop(next);
+        assert_eq!(waiters(), 0);
+        engine.shutdown()?;
+        Ok(())
     }
 }

@@ -139,7 +139,7 @@ pub mod wheel;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, DeliveryGuarantee, RetryPolicy};
-pub use consumer::{Consumer, Delivery};
+pub use consumer::{Consumer, Delivery, Recv};
 pub use engine::{
     AckScheduleOutcome, CancelOutcome, CheckpointReport, DeadLetter, Due, Engine, NackOutcome,
     NewTask, Recovery, RescheduleOutcome, Stats, TaskInfo,

@@ -232,6 +232,37 @@ impl Shared {
         }
     }
 
+    /// Wakes every consumer waiting for the ready queue: those blocked in
+    /// `recv` (the condvar) and those in [`crate::Consumer::recv_async`]
+    /// (their wakers, woken after the waiters' lock is let go; the caller
+    /// may hold the core lock, so a waker must not poll inline — none of
+    /// the usual executors' does).
+    pub(super) fn notify_ready(&self) {
+        self.ready_cv.notify_all();
+        let wakers: smallvec::SmallVec<[std::task::Waker; 4]> =
+            self.async_waiters.lock().iter().cloned().collect();
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Files `waker` for the next [`Shared::notify_ready`] under `id` (a new
+    /// id if `None`); returns the id. O(async waiters).
+    pub(crate) fn register_async_waiter(&self, id: Option<u64>, waker: &std::task::Waker) -> u64 {
+        self.async_waiters.lock().register(id, waker)
+    }
+
+    /// How many wakers of `recv_async` futures are filed.
+    #[cfg(test)]
+    pub(crate) fn async_waiters(&self) -> usize {
+        self.async_waiters.lock().len()
+    }
+
+    /// Drops the waker filed under `id`. O(async waiters).
+    pub(crate) fn forget_async_waiter(&self, id: u64) {
+        self.async_waiters.lock().forget(id);
+    }
+
     /// Hands the ready task of `entry` to the calling consumer: leases it
     /// (at least once) or finishes it (at most once, waiting for its ack
     /// record's durability before returning it).
@@ -801,7 +832,7 @@ pub(super) fn driver_loop(shared: &Shared) {
         // The sender is gone: the hand-out thread finishes and is joined.
     });
     shared.idle_cv.notify_all();
-    shared.ready_cv.notify_all();
+    shared.notify_ready();
 }
 
 /// Tests: while above 0 (tests refusing at the moment), a driver starting
@@ -874,7 +905,7 @@ impl Shared {
             };
             if durable && !entries.is_empty() {
                 core.ready.extend(entries);
-                self.ready_cv.notify_all();
+                self.notify_ready();
             }
         }
     }
@@ -1093,7 +1124,7 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
             // No log: consumers may take them now.
             if !handouts.is_empty() {
                 core.ready.extend(handouts.drain(..));
-                shared.ready_cv.notify_all();
+                shared.notify_ready();
             }
             continue;
         }
@@ -1353,5 +1384,36 @@ mod tests {
         assert!(clipped.len() <= ERROR_BYTES_MAX);
         assert!(clipped.len() >= ERROR_BYTES_MAX - 1);
         assert_eq!(clip_error("short"), "short");
+    }
+
+    /// A task made ready between a poll's first look and the filing of its waker wakes no
+    /// one (nothing is filed yet): the poll's second look finds it.
+    #[test]
+    fn a_task_made_ready_while_the_waker_is_filed_is_not_missed(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let clock = ManualClock::new(1_700_000_000_000);
+        let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+        let consumer = engine.consumer();
+        *engine.shared.recv_async_hook.lock() = Some(Box::new(|shared| {
+            let task = crate::NewTask {
+                key: b"between",
+                due: crate::Due::After(std::time::Duration::ZERO),
+                payload: b"",
+            };
+            assert!(shared.schedule_one(&task).is_ok());
+            shared.run_until_idle();
+        }));
+        let mut next = Box::pin(consumer.recv_async());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::future::Future::poll(next.as_mut(), &mut cx) {
+            std::task::Poll::Ready(Ok(d)) => assert_eq!(d.key(), b"between"),
+            other => return Err(format!("expected the task, got {other:?}").into()),
+        }
+        assert!(
+            engine.shared.recv_async_hook.lock().is_none(),
+            "hook not run"
+        );
+        engine.shutdown()?;
+        Ok(())
     }
 }

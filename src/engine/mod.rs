@@ -985,6 +985,9 @@ pub(crate) struct Shared {
     idle_cv: Condvar,
     /// Consumers wait here for the ready queue.
     ready_cv: Condvar,
+    /// Consumers waiting in [`Consumer::recv_async`]: woken wherever
+    /// `ready_cv` is notified ([`Shared::notify_ready`]).
+    async_waiters: Mutex<crate::consumer::AsyncWaiters>,
     /// Distinguishes this engine instance (this open) from every other in
     /// the process, so a delivery is only ever acked by the engine that made it.
     engine_id: u64,
@@ -1015,6 +1018,10 @@ pub(crate) struct Shared {
     /// is free), to change the state under its feet.
     #[cfg(test)]
     hold_hook: Mutex<Option<HoldHook>>,
+    /// Tests: run once by a `recv_async` poll between its first look at the
+    /// ready queue and the filing of its waker (taken out as it runs).
+    #[cfg(test)]
+    pub(crate) recv_async_hook: Mutex<Option<HoldHook>>,
     /// Tests: run where the promotion yields the lock (unlocked), to change
     /// the state under its feet.
     #[cfg(test)]
@@ -1447,6 +1454,7 @@ impl Engine {
             driver_cv: Condvar::new(),
             idle_cv: Condvar::new(),
             ready_cv: Condvar::new(),
+            async_waiters: Mutex::default(),
             engine_id: NEXT_ENGINE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             disk,
             checkpointing: Mutex::new(checkpointing::CheckpointBook::default()),
@@ -1458,6 +1466,8 @@ impl Engine {
             payload_replacements: std::sync::atomic::AtomicU64::new(0),
             #[cfg(test)]
             hold_hook: Mutex::new(None),
+            #[cfg(test)]
+            recv_async_hook: Mutex::new(None),
             #[cfg(test)]
             promote_yield_hook: Mutex::new(None),
             #[cfg(test)]
@@ -2040,7 +2050,7 @@ impl Engine {
             }
             core.stop = true;
             self.shared.driver_cv.notify_all();
-            self.shared.ready_cv.notify_all();
+            self.shared.notify_ready();
             self.shared.checkpoint_cv.notify_all();
             self.shared.prefetch_cv.notify_all();
             self.shared.relocation_cv.notify_all();
@@ -2121,7 +2131,7 @@ impl Drop for Engine {
             }
             core.stop = true;
             self.shared.driver_cv.notify_all();
-            self.shared.ready_cv.notify_all();
+            self.shared.notify_ready();
             self.shared.checkpoint_cv.notify_all();
             self.shared.prefetch_cv.notify_all();
             self.shared.promote_cv.notify_all();
@@ -2220,7 +2230,7 @@ impl Shared {
         core.stop = true;
         self.driver_cv.notify_all();
         self.idle_cv.notify_all();
-        self.ready_cv.notify_all();
+        self.notify_ready();
         self.checkpoint_cv.notify_all();
         self.prefetch_cv.notify_all();
         self.relocation_cv.notify_all();
