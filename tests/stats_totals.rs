@@ -8,7 +8,7 @@
 //! nacks (retry, dead letter, finished, refused), `ack_and_schedule` (live, cancelled while
 //! held, refused), lease expiries (retry, dead letter, of a task
 //! cancelled while held), requeue and purge of dead letters, and at-most-once deliveries.
-//! Every check also holds the two relations `Stats` documents between the totals. Then a
+//! Every check also holds the three relations `Stats` documents between the totals. Then a
 //! reopen of a disk engine (with far tasks cancelled and rescheduled) starts every total at 0,
 //! after a clean shutdown and after a crash.
 //!
@@ -39,6 +39,8 @@ struct Totals {
     lease_expiries: u64,
     retries: u64,
     dead_lettered: u64,
+    requeued: u64,
+    purged: u64,
 }
 
 fn totals(s: &Stats) -> Totals {
@@ -52,6 +54,8 @@ fn totals(s: &Stats) -> Totals {
         lease_expiries: s.lease_expiries,
         retries: s.retries,
         dead_lettered: s.tasks_dead_lettered,
+        requeued: s.dead_letters_requeued,
+        purged: s.dead_letters_purged,
     }
 }
 
@@ -63,6 +67,11 @@ fn totals(s: &Stats) -> Totals {
 fn check(engine: &Engine, expected: &Totals, finished: u64, step: &str) {
     let s = engine.stats();
     assert_eq!(totals(&s), *expected, "after {step}: {s:?}");
+    assert_eq!(
+        s.dead_letters as u64 + s.dead_letters_requeued + s.dead_letters_purged,
+        engine.recovery().dead_letters as u64 + s.tasks_dead_lettered,
+        "after {step}: dead letters kept against made, requeued and purged: {s:?}"
+    );
     if engine.config().delivery == DeliveryGuarantee::AtLeastOnce {
         assert_eq!(
             s.deliveries,
@@ -361,12 +370,17 @@ fn every_total_counts_exactly_what_its_doc_says() -> TestResult {
     ));
     check(&engine, &exp, finished, "acks refused after the end");
 
-    // Dead letters: a requeue is a new task; a purge, a failed requeue take nothing off.
+    // Dead letters: a requeue is a new task; a purge counts; a failed requeue or purge
+    // counts nothing.
     let dead = engine.dead_letters();
     assert_eq!(dead.len(), 2);
     engine.requeue_dead_letter(dead[0].task_id, secs(10))?;
     exp.scheduled += 1;
+    exp.requeued += 1;
+    check(&engine, &exp, finished, "requeue");
     assert!(engine.purge_dead_letter(dead[1].task_id)?);
+    exp.purged += 1;
+    assert!(!engine.purge_dead_letter(dead[1].task_id)?);
     assert!(matches!(
         engine.requeue_dead_letter(dead[1].task_id, secs(10)),
         Err(ScheduleError::NotDeadLetter { .. })
@@ -401,6 +415,8 @@ fn every_total_counts_exactly_what_its_doc_says() -> TestResult {
             lease_expiries: 3,
             retries: 3,
             dead_lettered: 2,
+            requeued: 1,
+            purged: 1,
         }
     );
 
@@ -570,6 +586,52 @@ fn ack_and_schedule_counts_an_ack_and_a_new_task() -> TestResult {
     assert_eq!(got(&next), want(&[("a", 1)]));
     exp.deliveries += 1;
     check(&engine, &exp, 0, "the next run delivered");
+    engine.shutdown()?;
+    Ok(())
+}
+
+/// Dead letters the open found — one made by the open itself, a task held at the shutdown on
+/// its last attempt — count in `Recovery::dead_letters`, so that the relation between the
+/// level and the totals holds from the open on, through a requeue and a purge.
+#[test]
+fn dead_letters_found_at_open_keep_the_relation() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = ManualClock::new(START_MS);
+    let mut c = cfg();
+    c.retry.max_attempts = 1;
+    let engine = open_fs(dir.path(), c.clone(), &clock)?;
+    engine.schedule(b"nacked", secs(1), b"p")?;
+    engine.schedule(b"held", secs(1), b"p")?;
+    let ds = advance(&clock, &engine, 1000)?;
+    assert_eq!(
+        engine.consumer().nack(of(&ds, "nacked")?, None, "x")?,
+        NackOutcome::DeadLettered
+    );
+    let exp = Totals {
+        scheduled: 2,
+        deliveries: 2,
+        nacks: 1,
+        dead_lettered: 1,
+        ..Totals::default()
+    };
+    check(&engine, &exp, 0, "a nack into a dead letter");
+    engine.shutdown()?;
+    drop(engine);
+
+    let engine = open_fs(dir.path(), c, &clock)?;
+    let r = engine.recovery();
+    assert_eq!((r.dead_lettered, r.dead_letters, r.pending), (1, 2, 0));
+    let mut exp = Totals::default();
+    check(&engine, &exp, 0, "reopen");
+    let dead = engine.dead_letters();
+    engine.requeue_dead_letter(dead[0].task_id, secs(1))?;
+    exp.scheduled += 1;
+    exp.requeued += 1;
+    check(&engine, &exp, 0, "requeue");
+    assert!(engine.purge_dead_letter(dead[1].task_id)?);
+    exp.purged += 1;
+    check(&engine, &exp, 0, "purge");
+    assert_eq!(engine.stats().dead_letters, 0);
     engine.shutdown()?;
     Ok(())
 }

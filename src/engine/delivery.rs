@@ -1171,6 +1171,7 @@ impl Shared {
             })
             .map_err(|cause| crate::CancelError::Poisoned { cause })?;
         core.remove_dead(id.0);
+        core.totals.dead_letters_purged += 1;
         drop(core);
         self.wait_durable(ticket)
             .map_err(|cause| crate::CancelError::Poisoned { cause })?;

@@ -181,7 +181,8 @@ pub struct Recovery {
 /// rates): `payloads_read_back`, `far_promoted`, `background_failures`, and
 /// the task totals `tasks_scheduled`, `tasks_rescheduled`,
 /// `tasks_cancelled`, `deliveries`, `acks`, `nacks`, `lease_expiries`,
-/// `retries`, `tasks_dead_lettered`. Every total starts at 0 at each open —
+/// `retries`, `tasks_dead_lettered`, `dead_letters_requeued`,
+/// `dead_letters_purged`. Every total starts at 0 at each open —
 /// recovery replays the log's records but no counts: what the open itself
 /// did is in [`Engine::recovery`] — and never decreases; after
 /// [`Engine::shutdown`] they stay as they were when the engine stopped. A
@@ -197,7 +198,10 @@ pub struct Recovery {
 /// `deliveries == acks + nacks + lease_expiries + in_flight`; and every nack
 /// or lease expiry either retries the task, dead-letters it, or finishes a
 /// task cancelled while held, so `nacks + lease_expiries >= retries +
-/// tasks_dead_lettered` (equal when no task was cancelled while held).
+/// tasks_dead_lettered` (equal when no task was cancelled while held). The
+/// dead letters kept are those the open found plus those made since, less
+/// those requeued or purged: `dead_letters == Recovery::dead_letters +
+/// tasks_dead_lettered - dead_letters_requeued - dead_letters_purged`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
@@ -338,6 +342,14 @@ pub struct Stats {
     /// ([`Recovery::dead_lettered`]). Requeues and purges of dead letters
     /// take nothing off. Starts at 0 at every open; never decreases.
     pub tasks_dead_lettered: u64,
+    /// Dead letters requeued since open ([`Engine::requeue_dead_letter`]
+    /// answered a new task; its task counts in `tasks_scheduled` too). Not
+    /// counted: refused requeues. Starts at 0 at every open; never
+    /// decreases.
+    pub dead_letters_requeued: u64,
+    /// Dead letters purged since open ([`Engine::purge_dead_letter`]
+    /// answered `true`). Starts at 0 at every open; never decreases.
+    pub dead_letters_purged: u64,
 }
 
 /// The running totals of [`Stats`] (see there what each counts), kept in
@@ -354,6 +366,8 @@ struct Totals {
     lease_expiries: u64,
     retries: u64,
     tasks_dead_lettered: u64,
+    dead_letters_requeued: u64,
+    dead_letters_purged: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -745,6 +759,8 @@ impl Core {
             lease_expiries: core.totals.lease_expiries,
             retries: core.totals.retries,
             tasks_dead_lettered: core.totals.tasks_dead_lettered,
+            dead_letters_requeued: core.totals.dead_letters_requeued,
+            dead_letters_purged: core.totals.dead_letters_purged,
             checkpoint_hold_max: core.checkpoint_hold_max,
             promotion_hold_max: core.promotion_hold_max,
             arena_bytes: core.payloads.arena_stats().bytes_reserved,
@@ -2907,6 +2923,7 @@ impl Shared {
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         core.next_id += 1;
         core.remove_dead(dead_id.0);
+        core.totals.dead_letters_requeued += 1;
         if self.place_task(&mut core, id, &new, None, tag, due_ms, due_tick) {
             self.driver_cv.notify_all();
         }
