@@ -214,7 +214,10 @@ impl Consumer {
     /// ([`crate::DeliveryGuarantee::AtMostOnce`]), waiting for the task's
     /// ack record to be durable (one fdatasync under `Sync`) before
     /// returning it. At least once with payloads in memory, a poll never
-    /// waits for the disk.
+    /// waits for the disk. The engine wakes a waiting future's waker while
+    /// it holds its internal lock, so a waker must only schedule the future
+    /// (as every common executor's does), never poll it inline: that poll
+    /// would wait for the lock its own wake holds.
     ///
     /// ```
     /// use kairos::{Config, Engine, ManualClock};
