@@ -548,6 +548,15 @@ mod engine_model_seeds {
         }
     }
 
+    fn ack_and_schedule(pick: u8, when: When, new_payload: bool, fresh: bool) -> Op {
+        Op::AckAndSchedule {
+            pick,
+            when,
+            new_payload,
+            fresh,
+        }
+    }
+
     fn by(ms: u64) -> Op {
         Op::Advance(Advance::By(ms))
     }
@@ -813,6 +822,43 @@ mod engine_model_seeds {
                         ]);
                         ops
                     },
+                },
+            ),
+            (
+                // `ack_and_schedule`: a recurring task under one key (its own payload and a new
+                // one, due later or at once), one cancelled while held (acked, nothing
+                // scheduled), a stale delivery (`NotOutstanding`), one whose attempt was nacked
+                // (`LeaseExpired`), the next run too far; while paused; then a power cut and a
+                // process crash with the next runs waiting, replayed from the log.
+                "recurring",
+                EngineModelInput {
+                    setup: setup(3, 1, 0, 8),
+                    ops: vec![
+                        schedule(0, When::Ago(0), 1),
+                        schedule(1, When::Ago(0), 2),
+                        schedule(2, after(5), 3),
+                        ack_and_schedule(0, after(10), false, true),
+                        Cancel { key: 1 },
+                        ack_and_schedule(0, after(10), true, true),
+                        ack_and_schedule(0, after(10), true, false),
+                        by(5),
+                        ack_and_schedule(0, after(DELAY_MAX_MS + 1), false, true),
+                        ack_and_schedule(0, When::Ago(0), true, true),
+                        nack(0, Some(1), true),
+                        ack_and_schedule(3, after(1), false, false),
+                        PowerCut,
+                        to_next(0),
+                        ack_and_schedule(0, after(1_000), false, true),
+                        to_next(0),
+                        Pause,
+                        ack_and_schedule(0, When::Ago(97), true, true),
+                        by(2),
+                        Resume,
+                        ack_and_schedule(0, after(30), false, true),
+                        ProcessCrash,
+                        to_next(0),
+                        ack(0, true),
+                    ],
                 },
             ),
             (

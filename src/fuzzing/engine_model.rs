@@ -9,7 +9,9 @@
 //! * the operation's answer: ids (dense, never reused across crashes), `AlreadyExists`,
 //!   `DuplicateKeyInBatch`, `TooManyPending`, `DueTooFar`, `InFlight`, every [`CancelOutcome`]
 //!   (`Cancelled { deliveries }`, `AlreadyDelivered { attempt }`, `NotFound`), acks and their
-//!   refusals (`LeaseExpired` / `NotOutstanding`, with the task id), every [`NackOutcome`]
+//!   refusals (`LeaseExpired` / `NotOutstanding`, with the task id), `ack_and_schedule`
+//!   (`Scheduled` with the new task's id, `CancelledWhileHeld`, an ack's refusals, the new
+//!   task's `DueTooFar`), every [`NackOutcome`]
 //!   (the retry's attempt number and due time, dead letter, finished), lease extensions,
 //!   dead-letter requeue and purge; `Engine::sync` (`Ok`, nothing changes);
 //! * paused deliveries ([`Engine::pause_deliveries`], [`Engine::resume_deliveries`]): while
@@ -58,8 +60,9 @@ use kairos_wal::{Durability, SimStorage};
 use crate::clock::ms_to_system_time;
 use crate::config::{DELAY_MAX_DEFAULT, LEASE_MAX, PENDING_TASKS_MAX_DEFAULT};
 use crate::{
-    AckError, CancelOutcome, Config, DeadLetter, Delivery, Due, Engine, ManualClock, NackOutcome,
-    NewTask, Recovery, RecvError, RescheduleOutcome, RetryPolicy, ScheduleError, TaskId,
+    AckError, AckScheduleError, AckScheduleOutcome, CancelOutcome, Config, DeadLetter, Delivery,
+    Due, Engine, ManualClock, NackOutcome, NewTask, Recovery, RecvError, RescheduleOutcome,
+    RetryPolicy, ScheduleError, TaskId,
 };
 
 /// Keys are `key-0` … `key-7`: few, so that collisions, reuse after a task finishes and
@@ -280,13 +283,16 @@ pub enum OpKind {
     Pause,
     Resume,
     Sync,
+    AckAndSchedule,
 }
 
 /// Opcode byte `% 32` → operation (the common ones appear several times). `Checkpoint` took
 /// the last slot, a sixth `Advance`; `Pause` took a fifth `Schedule`, `Sync` a third `Cancel`,
 /// and `Resume` a fifth `Advance` and a third `Ack` (so that an input is paused about a third
-/// of the time, not half): [`EngineModelInput::encode`] writes the first opcode of a kind, so
-/// no seed written before them decodes differently.
+/// of the time, not half); `AckAndSchedule` took slot 20, the second `Ack` (so that acking
+/// operations keep their share): [`EngineModelInput::encode`] writes the first opcode of a
+/// kind, so no seed written before them decodes differently (and none of the committed
+/// `regression-*` inputs, written by the fuzzer, uses slot 20).
 const OPCODES: [OpKind; 32] = {
     use OpKind::*;
     [
@@ -310,7 +316,7 @@ const OPCODES: [OpKind; 32] = {
         Resume,
         StepWall,
         Ack,
-        Ack,
+        AckAndSchedule,
         Resume,
         AckMany,
         Nack,
@@ -355,6 +361,14 @@ pub enum Op {
     StepWall { ms: i64 },
     /// `ack` of a held delivery (`fresh`) or of any delivery made so far.
     Ack { pick: u8, fresh: bool },
+    /// `ack_and_schedule` of a held delivery (`fresh`) or of any delivery made so far: the
+    /// next task under its key due `when`, with a new payload or the delivery's own.
+    AckAndSchedule {
+        pick: u8,
+        when: When,
+        new_payload: bool,
+        fresh: bool,
+    },
     /// `ack_many` of 1..=4 held deliveries, maybe spoiled.
     AckMany { picks: Vec<u8>, spoil: Spoil },
     /// `nack` with `retry_after` (`None`: backoff; one too far).
@@ -413,6 +427,7 @@ impl Op {
             Op::Pause => OpKind::Pause,
             Op::Resume => OpKind::Resume,
             Op::Sync => OpKind::Sync,
+            Op::AckAndSchedule { .. } => OpKind::AckAndSchedule,
         }
     }
 }
@@ -528,6 +543,12 @@ impl EngineModelInput {
                 OpKind::Pause => Op::Pause,
                 OpKind::Resume => Op::Resume,
                 OpKind::Sync => Op::Sync,
+                OpKind::AckAndSchedule => Op::AckAndSchedule {
+                    pick: r.byte(),
+                    when: When::decode(r.byte()),
+                    new_payload: r.byte() % 2 == 1,
+                    fresh: r.fresh(),
+                },
             };
             ops.push(op);
         }
@@ -600,6 +621,17 @@ impl EngineModelInput {
                 }
                 Op::StepWall { ms } => out.push(inverse(ms, |b| WALL_STEPS_MS[usize::from(b % 8)])),
                 Op::Ack { pick, fresh: f } => out.extend([*pick, fresh(*f)]),
+                Op::AckAndSchedule {
+                    pick,
+                    when,
+                    new_payload,
+                    fresh: f,
+                } => out.extend([
+                    *pick,
+                    inverse(when, When::decode),
+                    u8::from(*new_payload),
+                    fresh(*f),
+                ]),
                 Op::AckMany { picks, spoil } => {
                     list(picks, &mut out);
                     out.push(inverse(spoil, Spoil::decode));
@@ -734,7 +766,8 @@ enum Held {
 /// [`Stats`]: crate::Stats
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Totals {
-    /// [`Model::add`]: a schedule, a batch's task, a reschedule of a free key, a requeue.
+    /// [`Model::add`]: a schedule, a batch's task, a reschedule of a free key, a requeue, the
+    /// new task of an `ack_and_schedule`.
     tasks_scheduled: u64,
     /// A reschedule answered `Rescheduled`.
     tasks_rescheduled: u64,
@@ -744,7 +777,8 @@ struct Totals {
     tasks_cancelled: u64,
     /// [`Model::hand_out`]: every hand-out is received at once (`drain`).
     deliveries: u64,
-    /// [`Model::finish`]: an accepted ack, of a task cancelled while held too.
+    /// [`Model::finish`]: an accepted ack (of `ack`, `ack_many`, `ack_and_schedule`), of a
+    /// task cancelled while held too.
     acks: u64,
     /// An accepted nack, of a task cancelled while held too.
     nacks: u64,
@@ -1280,6 +1314,13 @@ pub const OUTCOMES: &[&str] = &[
     "ack:not-outstanding",
     "ack-many",
     "ack-many:spoiled",
+    "ack-and-schedule",
+    "ack-and-schedule:overdue",
+    "ack-and-schedule:own-payload",
+    "ack-and-schedule:cancelled-while-held",
+    "ack-and-schedule:lease-expired",
+    "ack-and-schedule:not-outstanding",
+    "ack-and-schedule:too-far",
     "nack:retry",
     "nack:dead-lettered",
     "nack:finished",
@@ -1806,6 +1847,64 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                                 model.finish(d);
                             }
                         }
+                    }
+                }
+            }
+            Op::AckAndSchedule {
+                pick,
+                when,
+                new_payload,
+                fresh,
+            } => {
+                if let Some(i) = ds.pick(&model, *pick, *fresh) {
+                    let held = ds.status(&model, i);
+                    let d = ds.all[i].0.clone();
+                    let p = if *new_payload {
+                        model.payload(5)
+                    } else {
+                        d.payload().to_vec()
+                    };
+                    let (due, due_ms) = when.resolve(model.wall_ms);
+                    let got = engine.ack_and_schedule(&d, due, &p);
+                    let max_ms = model.wall_ms + DELAY_MAX_MS;
+                    // The new task's due time is checked before the lease (as a nack's
+                    // `retry_after`): too far is refused whatever the delivery's state.
+                    let expected = if due_ms > max_ms {
+                        cov.hit("ack-and-schedule:too-far");
+                        Err(AckScheduleError::Schedule(ScheduleError::DueTooFar {
+                            due_ms,
+                            max_ms,
+                        }))
+                    } else if let Some(refused) = refusal(held, &d) {
+                        cov.hit(if held == Held::Expired {
+                            "ack-and-schedule:lease-expired"
+                        } else {
+                            "ack-and-schedule:not-outstanding"
+                        });
+                        Err(AckScheduleError::Ack(refused))
+                    } else if held == Held::Abandoned {
+                        // A cancel ends the series: acked, nothing scheduled.
+                        cov.hit("ack-and-schedule:cancelled-while-held");
+                        model.finish(&d);
+                        Ok(AckScheduleOutcome::CancelledWhileHeld)
+                    } else {
+                        // The held task leaves as the new one comes, under the same key (no
+                        // `AlreadyExists`, no `TooManyPending`).
+                        cov.hit("ack-and-schedule");
+                        if due_ms <= model.wall_ms {
+                            cov.hit("ack-and-schedule:overdue");
+                        }
+                        if !*new_payload {
+                            cov.hit("ack-and-schedule:own-payload");
+                        }
+                        model.finish(&d);
+                        let id = model.add(d.key().to_vec(), due_ms, p);
+                        Ok(AckScheduleOutcome::Scheduled(TaskId(id)))
+                    };
+                    // Exactly: the outcome and the new id, the refusal's variant and task id,
+                    // `DueTooFar`'s due time and limit.
+                    if got != expected {
+                        at.fail(format_args!("returned {got:?}, model says {expected:?}"));
                     }
                 }
             }
