@@ -344,9 +344,10 @@ impl Consumer {
     /// (`LeaseExpired`, `NotOutstanding`, `Closed`, `Poisoned`);
     /// [`AckScheduleError::Schedule`] as [`crate::Engine::schedule`] refuses
     /// the new task (payload too large, due time out of range; at most once
-    /// also `AlreadyExists`, `TooManyPending`). An error changes nothing,
-    /// except `Poisoned`, whose outcome is unknown (both records or
-    /// neither, after a reopen).
+    /// also `AlreadyExists`, `TooManyPending`). The new task's payload and
+    /// due time are checked first, so their refusal comes before any about
+    /// the delivery. An error changes nothing, except `Poisoned`, whose
+    /// outcome is unknown (both records or neither, after a reopen).
     pub fn ack_and_schedule(
         &self,
         delivery: &Delivery,

@@ -2,7 +2,8 @@
 //! failing and retried deliveries, dead letters and a crashed consumer must
 //! keep every invariant, its data directory must verify, and a flipped byte
 //! in a sealed segment must make `verify` fail naming file and offset; with
-//! `--horizon`, payloads must go to disk and come back intact.
+//! `--horizon`, payloads must go to disk and come back intact; a log written by
+//! `ack_and_schedule` verifies.
 //!
 //! Timing is never asserted (the lateness bound is set out of reach); only
 //! correctness is.
@@ -1143,4 +1144,56 @@ fn demo_follows_a_dir_given_as_a_symbolic_link() {
     assert!(text(&out.stderr).contains("inside --dir"));
     assert_eq!(segments(&real), before, "the last run is still there");
     assert!(!real.join("new-samples.csv").exists());
+}
+
+/// A log written by `ack_and_schedule` (a frame holding a delivery's ACK and the SCHEDULE of
+/// the next task under the same key) verifies, after a clean shutdown and after a crash, and
+/// `verify` counts the one live task: the key passes from task to task, never held twice.
+#[test]
+fn verify_accepts_the_frames_of_ack_and_schedule() {
+    use kairos::{AckScheduleOutcome, Config, Due, Engine, ManualClock};
+    use std::sync::Arc;
+    use std::time::Duration;
+    for crash in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let mut config = Config::default();
+        config.segment_bytes = 4096;
+        let engine = Engine::open_with(
+            dir.path(),
+            config,
+            Arc::new(kairos::kairos_wal::FsStorage),
+            Arc::new(clock.clone()),
+        )
+        .unwrap();
+        let consumer = engine.consumer();
+        let minute = Duration::from_secs(60);
+        engine
+            .schedule_after(b"report:every-minute", minute, &[7; 300])
+            .unwrap();
+        for _ in 0..40 {
+            clock.advance(minute);
+            engine.run_until_idle();
+            let run = consumer.try_recv().unwrap();
+            let next = consumer
+                .ack_and_schedule(&run, Due::After(minute), run.payload())
+                .unwrap();
+            assert!(matches!(next, AckScheduleOutcome::Scheduled(_)));
+        }
+        if crash {
+            drop(engine);
+        } else {
+            engine.shutdown().unwrap();
+        }
+        let out = kairos(&["verify", "--json", dir.path().to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "crash {crash}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["live_tasks"], 1, "crash {crash}: {v}");
+        assert_eq!(v["clean_shutdown"], Value::Bool(!crash), "{v}");
+    }
 }
