@@ -5,12 +5,14 @@
 //!
 //! * **Actors.** Several virtual producers (schedule, schedule_many, reschedule, cancel, lookup,
 //!   cancel_many on a small shared key space), several virtual consumers (receive, ack,
-//!   ack_many — sometimes spoiled —, nack, extend_lease, drop a delivery, ack a delivery from an
-//!   earlier incarnation), a clock (advances from 1 ms to 30 days, wall steps, suspends) and
-//!   chaos (clean reopen, process crash, power cut, arming an I/O fault, checkpoint — sometimes
-//!   with a fault aimed at the checkpoint's own I/O, sometimes followed at once by a crash or
-//!   power cut, see `Sim::op_checkpoint`). A single-threaded
-//!   scheduler picks the next actor from the seed ("swarm" weights: each seed also draws which
+//!   ack_many — sometimes spoiled —, ack_and_schedule — the ack and the next task of the
+//!   delivery's key in one frame; at most once a plain schedule of the key of a delivery taken
+//!   earlier, see `Sim::op_ack_and_schedule` —, nack, extend_lease, drop a delivery, ack a
+//!   delivery from an earlier incarnation), a clock (advances from 1 ms to 30 days, wall
+//!   steps, suspends) and chaos (clean reopen, process crash, power cut, arming an I/O fault,
+//!   checkpoint — sometimes with a fault aimed at the checkpoint's own I/O, sometimes followed
+//!   at once by a crash or power cut, see `Sim::op_checkpoint`). A single-threaded scheduler
+//!   picks the next actor from the seed ("swarm" weights: each seed also draws which
 //!   operations it favours), so concurrent actors interleave deterministically.
 //! * **Faults.** Power cuts keep a seeded random subset of the unsynced writes, torn at
 //!   512-byte sectors into new bytes, zeros, garbage or stale bytes (sometimes the bytes a
@@ -43,6 +45,10 @@
 //!     not live, or that became a dead letter is ever delivered afterwards; an
 //!     `AlreadyDelivered` task is never redelivered; nothing the model cannot explain
 //!     (`AlreadyExists`, `Cancelled`, `InFlight` with no possible live task) appears;
+//!   - `ack_and_schedule` is an ack and a schedule of the same key at once: `Scheduled` only
+//!     for a task not cancelled while held (then `CancelledWhileHeld`, and nothing new may
+//!     ever show); after a `Poisoned` one, the reopened engine holds its old task (live, or a
+//!     dead letter) or its new task, never both and never neither (`Pair`);
 //!   - no task is delivered early: `fired_ms` is a wall reading taken after the due time was
 //!     set, and `fired_ms ≥ due_ms` less any backward wall step (or suspend) in between — the
 //!     README's "Time": firing follows the monotonic clock;
@@ -99,9 +105,10 @@ use common::{SplitMix, START_MS};
 use kairos::checkpoint::CHECKPOINT_DIR_NAME;
 use kairos::clock::{ms_to_system_time, system_time_to_ms};
 use kairos::{
-    AckError, CancelError, CancelOutcome, CheckpointError, CheckpointReport, Clock, Config,
-    Delivery, DeliveryGuarantee, Due, Durability, Engine, LookupError, ManualClock, NackOutcome,
-    NewTask, OpenError, RecvError, RescheduleOutcome, RetryPolicy, ScheduleError,
+    AckError, AckScheduleError, AckScheduleOutcome, CancelError, CancelOutcome, CheckpointError,
+    CheckpointReport, Clock, Config, Delivery, DeliveryGuarantee, Due, Durability, Engine,
+    LookupError, ManualClock, NackOutcome, NewTask, OpenError, RecvError, RescheduleOutcome,
+    RetryPolicy, ScheduleError,
 };
 use kairos_wal::format::{
     FrameHeader, FrameKind, FRAME_HEADER_BYTES, SEGMENT_FRAMES_OFFSET, SEGMENT_SUFFIX,
@@ -855,6 +862,7 @@ enum Op {
     ExtendLease,
     DropHeld,
     AckStale,
+    AckAndSchedule,
     Advance,
     StepWall,
     Suspend,
@@ -865,7 +873,8 @@ enum Op {
     Checkpoint,
 }
 
-const OPS: [(Op, u64); 21] = [
+// `AckAndSchedule` took two of `Ack`'s five (it is an ack too): the ack share stays.
+const OPS: [(Op, u64); 22] = [
     (Op::Schedule, 10),
     (Op::ScheduleMany, 3),
     (Op::Reschedule, 3),
@@ -873,12 +882,13 @@ const OPS: [(Op, u64); 21] = [
     (Op::CancelMany, 2),
     (Op::Lookup, 2),
     (Op::Receive, 8),
-    (Op::Ack, 5),
+    (Op::Ack, 3),
     (Op::AckMany, 2),
     (Op::Nack, 3),
     (Op::ExtendLease, 1),
     (Op::DropHeld, 1),
     (Op::AckStale, 1),
+    (Op::AckAndSchedule, 2),
     (Op::Advance, 8),
     (Op::StepWall, 1),
     (Op::Suspend, 1),
@@ -1173,7 +1183,7 @@ impl Setup {
 
 #[derive(Debug, Default, Clone)]
 pub struct Counters {
-    seeds: u64,
+    pub seeds: u64,
     sync_seeds: u64,
     buffered_seeds: u64,
     interval_seeds: u64,
@@ -1253,6 +1263,22 @@ pub struct Counters {
     pub far_promoted: u64,
     pub payloads_read_back: u64,
     pub live_stops: u64,
+    /// `ack_and_schedule` of a held delivery answered `Scheduled` / `CancelledWhileHeld`; of
+    /// any delivery, refused as an ack (`LeaseExpired`, `NotOutstanding`) / its new task
+    /// refused (`Schedule(DueTooFar)`) / `Poisoned`; at most once (a plain schedule of the
+    /// key) answered `Scheduled` or `Schedule(AlreadyExists)`.
+    pub ack_schedule_scheduled: u64,
+    pub ack_schedule_cancelled_while_held: u64,
+    pub ack_schedule_ack_refused: u64,
+    pub ack_schedule_schedule_refused: u64,
+    pub ack_schedule_poisoned: u64,
+    pub ack_schedule_at_most_once: u64,
+    /// `Poisoned` answers on a live held task (a `Pair`), and of those settled after a
+    /// reopen: the new task showed (both halves held) / the old one came again or became a
+    /// dead letter (neither held).
+    pub ack_schedule_pairs: u64,
+    pub ack_schedule_poisoned_both: u64,
+    pub ack_schedule_poisoned_neither: u64,
 }
 
 impl Counters {
@@ -1317,12 +1343,42 @@ impl Counters {
             overflow_files,
             far_promoted,
             payloads_read_back,
-            live_stops
+            live_stops,
+            ack_schedule_scheduled,
+            ack_schedule_cancelled_while_held,
+            ack_schedule_ack_refused,
+            ack_schedule_schedule_refused,
+            ack_schedule_poisoned,
+            ack_schedule_pairs,
+            ack_schedule_at_most_once,
+            ack_schedule_poisoned_both,
+            ack_schedule_poisoned_neither
         );
         self.known_stale_seed_count += o.known_stale_seeds.len() as u64;
         self.known_stale_seeds.extend(&o.known_stale_seeds);
         self.known_stale_seeds.sort_unstable();
         self.known_stale_seeds.truncate(8);
+    }
+
+    /// `ack_and_schedule`'s outcomes a run reached, by name; a CI-sized run must reach each
+    /// (`tests/simulation.rs`).
+    pub fn ack_and_schedule_outcomes(&self) -> [(&'static str, u64); 8] {
+        [
+            ("Scheduled", self.ack_schedule_scheduled),
+            ("CancelledWhileHeld", self.ack_schedule_cancelled_while_held),
+            ("refused as an ack", self.ack_schedule_ack_refused),
+            ("new task refused", self.ack_schedule_schedule_refused),
+            ("Poisoned on a live held task", self.ack_schedule_pairs),
+            (
+                "Poisoned, both halves held",
+                self.ack_schedule_poisoned_both,
+            ),
+            (
+                "Poisoned, neither half held",
+                self.ack_schedule_poisoned_neither,
+            ),
+            ("at most once", self.ack_schedule_at_most_once),
+        ]
     }
 
     fn count_fault(&mut self, f: Fired) {
@@ -1374,7 +1430,10 @@ impl Counters {
              {:?}); known log bug KNOWN_UNSYNCED_DIR_ENTRY: {} crashes or retries made power \
              cuts; known engine bug KNOWN_UNSYNCED_CHECKPOINT_ENTRY: {} restarts made power cuts\n\
              \x20 checkpoint files written {}, overflow files written {}, far tasks promoted {}, \
-             payloads read back {}, crashes and power cuts under the running engine {}",
+             payloads read back {}, crashes and power cuts under the running engine {}\n\
+             \x20 ack_and_schedule: Scheduled {}, CancelledWhileHeld {}, refused as an ack {}, \
+             new task refused {}, Poisoned {} ({} on a live held task; settled after reopen: \
+             both halves {}, neither {}); at most once (a plain schedule) {}",
             self.seeds,
             elapsed.as_secs_f64(),
             self.sync_seeds,
@@ -1435,7 +1494,16 @@ impl Counters {
             self.overflow_files,
             self.far_promoted,
             self.payloads_read_back,
-            self.live_stops
+            self.live_stops,
+            self.ack_schedule_scheduled,
+            self.ack_schedule_cancelled_while_held,
+            self.ack_schedule_ack_refused,
+            self.ack_schedule_schedule_refused,
+            self.ack_schedule_poisoned,
+            self.ack_schedule_pairs,
+            self.ack_schedule_poisoned_both,
+            self.ack_schedule_poisoned_neither,
+            self.ack_schedule_at_most_once
         )
     }
 }
@@ -1498,6 +1566,20 @@ struct Version {
     /// ready-queue entries of it may linger until the next restart (see
     /// `KNOWN_STALE_READY_ENTRY`).
     rescheduled: bool,
+    /// The `Pair` (index into `Sim::pairs`) it is the old or the new task of.
+    pair: Option<usize>,
+}
+
+/// A poisoned `ack_and_schedule` of a live held task `old`: its ACK and the SCHEDULE of `new`
+/// (same key) went in one frame, so after a reopen `old` is finished by that ack exactly when
+/// `new` exists. Until something shows which (`Sim::settle_pair`), `old` is `Fin::Maybe` and
+/// `new` uncertain, and the key must still hold one of them (or `old` as a dead letter).
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    old: usize,
+    new: usize,
+    /// `Some(true)`: both halves held (`new` showed); `Some(false)`: neither (`old` did).
+    settled: Option<bool>,
 }
 
 /// A delivery a virtual consumer holds.
@@ -1586,6 +1668,10 @@ struct Sim {
     /// Deliveries whose consumer "died" (dropped them): still leased until their lease ends.
     orphans: Vec<Held>,
     stale: Vec<Delivery>,
+    /// At most once: deliveries received (finished then), for `ack_and_schedule`.
+    taken: Vec<Delivery>,
+    /// Poisoned `ack_and_schedule`s of live held tasks (see `Pair`).
+    pairs: Vec<Pair>,
     known_dead: BTreeSet<u64>,
     /// LSN of the newest checkpoint the engine acknowledged.
     checkpoint_lsn: u64,
@@ -1724,6 +1810,8 @@ impl Sim {
             consumers: vec![Vec::new(); setup.consumers],
             orphans: Vec::new(),
             stale: Vec::new(),
+            taken: Vec::new(),
+            pairs: Vec::new(),
             known_dead: BTreeSet::new(),
             checkpoint_lsn: 0,
             counters,
@@ -2014,6 +2102,7 @@ impl Sim {
             sole_cancel: false,
             seen_final: false,
             rescheduled: false,
+            pair: None,
         });
         if let Some(tag) = tag {
             self.by_tag.entry(tag).or_default().push(v);
@@ -2027,6 +2116,7 @@ impl Sim {
 
     /// The engine said `key` has no live task: every possible one is finished for good.
     fn resolve_absent(&mut self, key: usize, except: Option<usize>, cause: &str) {
+        self.check_pairs_of_key(key, except, cause);
         let cands = std::mem::take(&mut self.keys[key]);
         for v in cands {
             if Some(v) == except {
@@ -2043,6 +2133,76 @@ impl Sim {
             if self.possibly_live(v) {
                 self.versions[v].fin = Fin::Yes(Why::NotLive);
             }
+        }
+    }
+
+    /// Whether `p` is unsettled and nothing else finished its tasks since: the key then holds
+    /// `old` (still live, or a dead letter) or `new`.
+    fn pair_open(&self, p: usize) -> bool {
+        let Pair { old, new, settled } = self.pairs[p];
+        settled.is_none()
+            && self.versions[old].fin == Fin::Maybe
+            && self.versions[new].fin == Fin::No
+            && !self.versions[new].certain
+    }
+
+    /// The engine said `key` has no live task but `except`: an open pair of the key must have
+    /// lost both halves' effect on the key — the ack held without the schedule — unless its
+    /// old task may have become a dead letter (or its new one, handed out before a crash)
+    /// where no open looked.
+    fn check_pairs_of_key(&mut self, key: usize, except: Option<usize>, cause: &str) {
+        for v in self.keys[key].clone() {
+            let Some(p) = self.versions[v].pair else {
+                continue;
+            };
+            let Pair { old, new, .. } = self.pairs[p];
+            if v != old
+                || !self.pair_open(p)
+                || except.is_some_and(|e| e == old || e == new)
+                || !self.keys[key].contains(&new)
+                || self.may_be_dead(&self.versions[old])
+                || self.may_be_dead(&self.versions[new])
+            {
+                continue;
+            }
+            let msg = format!(
+                "{cause}, but a poisoned ack_and_schedule left {} live or its new task (one \
+                 frame: both halves or neither)",
+                self.describe(old)
+            );
+            self.violate(Violation::Lost, msg);
+        }
+    }
+
+    /// `v` showed after a poisoned `ack_and_schedule` paired it (delivered, or a dead letter):
+    /// if it is the new task the frame held and the old task is acked; if it is the old one
+    /// the frame did not, and the new task never existed.
+    fn settle_pair(&mut self, v: usize) {
+        let Some(p) = self.versions[v].pair else {
+            return;
+        };
+        let Pair { old, new, settled } = self.pairs[p];
+        if settled.is_some() {
+            return;
+        }
+        let both = v == new;
+        self.pairs[p].settled = Some(both);
+        let (other, why) = if both {
+            self.counters.ack_schedule_poisoned_both += 1;
+            (old, Why::Acked)
+        } else {
+            self.counters.ack_schedule_poisoned_neither += 1;
+            (new, Why::NotLive)
+        };
+        self.log(format!(
+            "the poisoned ack_and_schedule of k{} held {}",
+            self.versions[v].key,
+            if both { "both halves" } else { "neither half" }
+        ));
+        if self.possibly_live(other) {
+            self.versions[other].fin = Fin::Yes(why);
+            let key = self.versions[other].key;
+            self.keys[key].retain(|&u| u != other);
         }
     }
 
@@ -2212,6 +2372,7 @@ impl Sim {
             );
             self.violate(Violation::Resurrected, msg);
         }
+        self.settle_pair(v);
         if self.setup.at_most_once {
             if attempt != 1 {
                 self.violate(
@@ -2296,6 +2457,10 @@ impl Sim {
         ver.payloads = vec![d.payload().to_vec()];
         if self.setup.at_most_once {
             self.keys[key].retain(|&u| u != v);
+            self.taken.push(d);
+            if self.taken.len() > 16 {
+                self.taken.remove(0);
+            }
             return;
         }
         let now = self.now().mono;
@@ -3202,6 +3367,252 @@ impl Sim {
         }
     }
 
+    /// The due time and payload of an `ack_and_schedule`'s new task, as `op_schedule` picks
+    /// them (a due time past `delay_max` one time in fifty): (due, due ms, its description,
+    /// payload tag, payload, far).
+    fn pick_next_task(&mut self) -> (Due, u64, String, u64, Vec<u8>, bool) {
+        let far = self.rng.chance(2);
+        let (due, due_ms, desc) = self.pick_due(far);
+        let tag = self.new_tag();
+        let payload = self.payload(tag);
+        (due, due_ms, desc, tag, payload, far)
+    }
+
+    /// `Consumer::ack_and_schedule`: the ACK of a held delivery and the SCHEDULE of a new task
+    /// with its key, in one frame. Built from `op_ack` and `op_schedule`:
+    /// - `Scheduled(id)`: an acknowledged ack (`acked`: this incarnation, lease not certainly
+    ///   expired, task not finished) and an acknowledged schedule of the key with that id (no
+    ///   other task of the key may be live, ids grow); a task cancelled while held must answer
+    ///   `CancelledWhileHeld` instead;
+    /// - `CancelledWhileHeld`: an ack of a task whose cancel answered `AlreadyDelivered`, and
+    ///   nothing else (the new task's payload tag is never registered: a delivery of it is
+    ///   one the model never scheduled);
+    /// - refused as an ack (`LeaseExpired`, `NotOutstanding`): as `op_ack`'s refusals (never
+    ///   while the lease is certainly active) and nothing scheduled; the new task refused
+    ///   (`DueTooFar`, only for a due time past `delay_max`): nothing changed, the delivery is
+    ///   still held (a later ack must succeed while its lease is active);
+    /// - `Poisoned`: both halves uncertain and coupled (see `Pair`): the old task `Fin::Maybe`,
+    ///   the new one an uncertain version; a later delivery or dead letter of either settles
+    ///   the other, and the key must keep one of them until then (`check_pairs_of_key`, the
+    ///   final drain). A task cancelled while held gets nothing new (that path writes nothing).
+    ///
+    /// One time in ten (when there is one) it is a delivery from an earlier incarnation, which
+    /// must be refused and schedule nothing. At most once the delivery was finished when it
+    /// was received: `op_ack_and_schedule_at_most_once`.
+    fn op_ack_and_schedule(&mut self, c: usize) {
+        if self.setup.at_most_once {
+            self.op_ack_and_schedule_at_most_once(c);
+            return;
+        }
+        if !self.stale.is_empty() && self.rng.chance(10) {
+            self.op_ack_and_schedule_stale(c);
+            return;
+        }
+        let Some(i) = self.pick_held(c) else { return };
+        let h = self.consumers[c].remove(i);
+        let v = h.version;
+        let key = self.versions[v].key;
+        let fin = self.versions[v].fin;
+        let abandoned = fin == Fin::Yes(Why::CancelledInFlight);
+        let (due, due_ms, desc, tag, payload, far) = self.pick_next_task();
+        let fb = self.fault_since_open;
+        let r = self.engine().ack_and_schedule(&h.d, due, &payload);
+        self.settle();
+        self.log(format!(
+            "C{c} ack_and_schedule id {} attempt {} ({:?}) then k{key} {desc} -> {}",
+            h.d.task_id().0,
+            h.d.attempt(),
+            self.lease_state(&h),
+            short(&r)
+        ));
+        match r {
+            Ok(AckScheduleOutcome::Scheduled(id)) => {
+                self.ok_answer("ack_and_schedule", true, fb);
+                self.counters.ack_schedule_scheduled += 1;
+                if abandoned {
+                    let msg = format!(
+                        "ack_and_schedule answered Scheduled for a task cancelled while held \
+                         (must be CancelledWhileHeld): {}",
+                        self.describe(v)
+                    );
+                    self.violate(Violation::Resurrected, msg);
+                }
+                self.acked(&h);
+                self.counters.schedules_acked += 1;
+                self.resolve_absent(
+                    key,
+                    None,
+                    "ack_and_schedule answered Scheduled (its task was the key's live one)",
+                );
+                self.new_version(key, Some(tag), Some(id.0), true, payload, due_ms);
+            }
+            Ok(AckScheduleOutcome::CancelledWhileHeld) => {
+                self.ok_answer("ack_and_schedule", false, fb);
+                self.counters.ack_schedule_cancelled_while_held += 1;
+                if !matches!(fin, Fin::Yes(Why::CancelledInFlight) | Fin::Maybe) {
+                    let msg = format!(
+                        "ack_and_schedule answered CancelledWhileHeld for a task not cancelled: \
+                         {}",
+                        self.describe(v)
+                    );
+                    self.violate(Violation::Other, msg);
+                }
+                self.acked(&h);
+            }
+            Ok(other) => {
+                self.violate(
+                    Violation::Other,
+                    format!("ack_and_schedule: unknown {other:?}"),
+                );
+            }
+            Err(AckScheduleError::Ack(
+                AckError::LeaseExpired { .. } | AckError::NotOutstanding { .. },
+            )) => {
+                self.refusal("ack_and_schedule");
+                self.counters.ack_schedule_ack_refused += 1;
+                self.ack_refused(&h, "ack_and_schedule");
+            }
+            Err(AckScheduleError::Schedule(ScheduleError::DueTooFar { .. })) if far => {
+                self.counters.calls += 1;
+                self.counters.ack_schedule_schedule_refused += 1;
+                // Refused before the ack was looked at: the delivery is held as before.
+                self.consumers[c].push(h);
+            }
+            Err(AckScheduleError::Ack(AckError::Poisoned { .. })) => {
+                self.poisoned_answer("ack_and_schedule");
+                self.counters.ack_schedule_poisoned += 1;
+                if abandoned {
+                    return;
+                }
+                let n = self.new_version(key, Some(tag), None, false, payload, due_ms);
+                if fin == Fin::No {
+                    self.versions[v].fin = Fin::Maybe;
+                    self.counters.ack_schedule_pairs += 1;
+                    let p = self.pairs.len();
+                    self.pairs.push(Pair {
+                        old: v,
+                        new: n,
+                        settled: None,
+                    });
+                    self.versions[v].pair = Some(p);
+                    self.versions[n].pair = Some(p);
+                }
+            }
+            Err(e) => self.violate(
+                Violation::Other,
+                format!("ack_and_schedule: unexpected {e}"),
+            ),
+        }
+    }
+
+    /// `ack_and_schedule` of a delivery from an earlier incarnation: never outstanding, so
+    /// refused (`NotOutstanding`) with nothing scheduled, also when the answer is `Poisoned`
+    /// (the lease is looked at before anything is written).
+    fn op_ack_and_schedule_stale(&mut self, c: usize) {
+        let s = self.rng.range(0, self.stale.len() as u64 - 1) as usize;
+        let d = self.stale[s].clone();
+        let (due, _, desc, _, payload, far) = self.pick_next_task();
+        let r = self.engine().ack_and_schedule(&d, due, &payload);
+        self.settle();
+        self.log(format!(
+            "C{c} ack_and_schedule stale id {} attempt {} then {desc} -> {}",
+            d.task_id().0,
+            d.attempt(),
+            short(&r)
+        ));
+        match r {
+            Err(AckScheduleError::Ack(AckError::NotOutstanding { .. })) => {
+                self.refusal("ack_and_schedule stale");
+                self.counters.ack_schedule_ack_refused += 1;
+            }
+            Err(AckScheduleError::Schedule(ScheduleError::DueTooFar { .. })) if far => {
+                self.counters.calls += 1;
+                self.counters.ack_schedule_schedule_refused += 1;
+            }
+            Err(AckScheduleError::Ack(AckError::Poisoned { .. })) => {
+                self.poisoned_answer("ack_and_schedule stale");
+                self.counters.ack_schedule_poisoned += 1;
+            }
+            Ok(outcome) => self.violate(
+                Violation::Other,
+                format!(
+                    "ack_and_schedule of a delivery from an earlier incarnation answered \
+                     {outcome:?}: {d:?}"
+                ),
+            ),
+            Err(e) => self.violate(
+                Violation::Other,
+                format!("ack_and_schedule stale: unexpected {e}"),
+            ),
+        }
+    }
+
+    /// At most once, `ack_and_schedule` of a delivery taken earlier (finished when received)
+    /// is a plain schedule of its key, held to `op_schedule`'s rules: `Scheduled` means the
+    /// key had no live task, `Schedule(AlreadyExists)` that it has one, `Poisoned` leaves the
+    /// new task uncertain; never `CancelledWhileHeld`.
+    fn op_ack_and_schedule_at_most_once(&mut self, c: usize) {
+        if self.taken.is_empty() {
+            return;
+        }
+        let t = self.rng.range(0, self.taken.len() as u64 - 1) as usize;
+        let d = self.taken.remove(t);
+        let Some(key) = key_of(d.key()) else {
+            self.violate(
+                Violation::Other,
+                format!("a delivery with a foreign key: {d:?}"),
+            );
+            return;
+        };
+        let (due, due_ms, desc, tag, payload, far) = self.pick_next_task();
+        let fb = self.fault_since_open;
+        let r = self.engine().ack_and_schedule(&d, due, &payload);
+        self.settle();
+        self.log(format!(
+            "C{c} ack_and_schedule (at most once) id {} then k{key} {desc} -> {}",
+            d.task_id().0,
+            short(&r)
+        ));
+        match r {
+            Ok(AckScheduleOutcome::Scheduled(id)) => {
+                self.ok_answer("ack_and_schedule", true, fb);
+                self.counters.ack_schedule_at_most_once += 1;
+                self.counters.schedules_acked += 1;
+                self.resolve_absent(
+                    key,
+                    None,
+                    "ack_and_schedule (at most once) answered Scheduled (no live task)",
+                );
+                self.new_version(key, Some(tag), Some(id.0), true, payload, due_ms);
+            }
+            Err(AckScheduleError::Schedule(ScheduleError::AlreadyExists { .. })) => {
+                self.refusal("ack_and_schedule");
+                self.counters.ack_schedule_at_most_once += 1;
+                self.require_present(
+                    key,
+                    "ack_and_schedule (at most once) answered AlreadyExists",
+                );
+            }
+            Err(AckScheduleError::Schedule(ScheduleError::DueTooFar { .. })) if far => {
+                self.counters.calls += 1;
+                self.counters.ack_schedule_schedule_refused += 1;
+            }
+            Err(AckScheduleError::Ack(AckError::Poisoned { .. })) => {
+                self.poisoned_answer("ack_and_schedule");
+                self.counters.ack_schedule_poisoned += 1;
+                self.new_version(key, Some(tag), None, false, payload, due_ms);
+            }
+            Ok(other) => self.violate(
+                Violation::Other,
+                format!("ack_and_schedule at most once answered {other:?}"),
+            ),
+            Err(e) => self.violate(
+                Violation::Other,
+                format!("ack_and_schedule (at most once): unexpected {e}"),
+            ),
+        }
+    }
+
     // ----- the clock -----
 
     fn op_advance(&mut self) {
@@ -3961,6 +4372,7 @@ impl Sim {
                 },
             };
             self.bind_id(v, id, false);
+            self.settle_pair(v);
             if dl.attempts != self.max_attempts() {
                 let msg = format!(
                     "dead letter {id} after {} attempts (max {})",
@@ -4040,6 +4452,7 @@ impl Sim {
             Op::ExtendLease => self.op_extend(c),
             Op::DropHeld => self.op_drop_held(c),
             Op::AckStale => self.op_ack_stale(c),
+            Op::AckAndSchedule => self.op_ack_and_schedule(c),
             Op::Advance => self.op_advance(),
             Op::StepWall => self.op_step_wall(),
             Op::Suspend => self.op_suspend(),
@@ -4144,6 +4557,19 @@ impl Sim {
                 let msg = format!(
                     "{} was acknowledged and live, but never came out",
                     self.describe(v)
+                );
+                self.violate(Violation::Lost, msg);
+            }
+        }
+        // A poisoned ack_and_schedule left its old task live or its new one: one came out
+        // (settling the pair), or the old one is a dead letter (settled by the open's look at
+        // the dead letters), or something since finished them — unless the ack held alone.
+        for p in 0..self.pairs.len() {
+            if self.pair_open(p) {
+                let msg = format!(
+                    "after a poisoned ack_and_schedule neither {} nor its new task came out \
+                     (the ack held without the schedule?)",
+                    self.describe(self.pairs[p].old)
                 );
                 self.violate(Violation::Lost, msg);
             }
