@@ -201,7 +201,10 @@ impl Consumer {
     /// (tokio, async-std, smol, ...; Kairos depends on none). Any number of
     /// futures may wait at once, on any consumers of the engine; each task
     /// goes to one of them (a task made ready wakes every waiting future,
-    /// as it wakes every blocked `recv`, and one takes it).
+    /// as it wakes every blocked `recv`, and one takes it). So each task
+    /// made ready costs a poll of every waiting future, each taking the
+    /// engine's lock: a few waiting futures that hand tasks on to workers
+    /// scale better than thousands waiting at once.
     ///
     /// Dropping the future before it is ready gives nothing up: it holds no
     /// task until it returns one (cancel-safe, for `select!` and timeouts),
@@ -503,11 +506,15 @@ impl Drop for Recv<'_> {
 }
 
 /// The wakers of the futures waiting in [`Consumer::recv_async`], by id: a
-/// few entries (one per waiting future), scanned linearly.
+/// dense vector (woken in one pass) and where each id's entry is in it, so
+/// that filing and forgetting a waker are O(1) however many futures wait —
+/// every one of them files its waker again after each wake-up.
 #[derive(Default)]
 pub(crate) struct AsyncWaiters {
     next_id: u64,
     wakers: Vec<(u64, Waker)>,
+    /// The position in `wakers` of each id's entry.
+    at: std::collections::HashMap<u64, usize, foldhash::fast::RandomState>,
 }
 
 impl AsyncWaiters {
@@ -515,7 +522,8 @@ impl AsyncWaiters {
     /// same task), or under a new id if `id` is `None` or unknown; returns
     /// the id.
     pub(crate) fn register(&mut self, id: Option<u64>, waker: &Waker) -> u64 {
-        if let Some(entry) = id.and_then(|id| self.wakers.iter_mut().find(|e| e.0 == id)) {
+        if let Some(&i) = id.and_then(|id| self.at.get(&id)) {
+            let entry = &mut self.wakers[i];
             if !entry.1.will_wake(waker) {
                 entry.1 = waker.clone();
             }
@@ -523,14 +531,19 @@ impl AsyncWaiters {
         }
         let id = self.next_id;
         self.next_id += 1;
+        self.at.insert(id, self.wakers.len());
         self.wakers.push((id, waker.clone()));
         id
     }
 
     /// Drops the waker filed under `id`, if any.
     pub(crate) fn forget(&mut self, id: u64) {
-        if let Some(i) = self.wakers.iter().position(|e| e.0 == id) {
+        if let Some(i) = self.at.remove(&id) {
             self.wakers.swap_remove(i);
+            // The last entry moved into the gap.
+            if let Some(&(moved, _)) = self.wakers.get(i) {
+                self.at.insert(moved, i);
+            }
         }
     }
 
@@ -542,6 +555,7 @@ impl AsyncWaiters {
     /// How many are filed.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
+        debug_assert_eq!(self.at.len(), self.wakers.len());
         self.wakers.len()
     }
 }
@@ -550,8 +564,73 @@ impl AsyncWaiters {
 mod tests {
     use crate::{Config, Engine, ManualClock};
     use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::task::{Context, Waker};
+    use std::task::{Context, Wake, Waker};
+
+    /// A waker that counts its wakes.
+    #[derive(Default)]
+    struct Counter(AtomicUsize);
+
+    impl Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Many futures wait; every third is dropped (entries leave from the middle of the
+    /// filed wakers) and the others are polled again with new wakers (each replaces its own
+    /// entry, wherever the removals moved it): a task made ready wakes exactly the wakers
+    /// filed last, once each — none of the replaced or dropped ones.
+    #[test]
+    fn wakers_filed_dropped_and_replaced_in_any_order_wake_exactly_the_filed_ones(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let clock = ManualClock::new(1_700_000_000_000);
+        let engine = Engine::in_memory(Config::default(), Arc::new(clock.clone()))?;
+        let consumer = engine.consumer();
+        let counters = |n: usize| -> Vec<Arc<Counter>> { (0..n).map(|_| Arc::default()).collect() };
+        let (first, second) = (counters(100), counters(100));
+        let mut futures: Vec<_> = (0..100)
+            .map(|_| Some(Box::pin(consumer.recv_async())))
+            .collect();
+        for (f, c) in futures.iter_mut().zip(&first) {
+            let waker = Waker::from(c.clone());
+            let f = f.as_mut().ok_or("no future")?;
+            assert!(f
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending());
+        }
+        for i in (0..100).step_by(3) {
+            futures[i] = None;
+        }
+        assert_eq!(consumer.shared.async_waiters(), 66);
+        for (f, c) in futures.iter_mut().zip(&second) {
+            if let Some(f) = f {
+                let waker = Waker::from(c.clone());
+                assert!(f
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending());
+            }
+        }
+        assert_eq!(consumer.shared.async_waiters(), 66);
+        engine.schedule_after(b"k", std::time::Duration::ZERO, b"")?;
+        engine.run_until_idle();
+        for i in 0..100 {
+            let woken = |c: &[Arc<Counter>]| c[i].0.load(Ordering::SeqCst);
+            assert_eq!(
+                woken(&first),
+                0,
+                "future {i}: a replaced or dropped waker was woken"
+            );
+            assert_eq!(woken(&second), usize::from(i % 3 != 0), "future {i}");
+        }
+        drop(futures);
+        assert_eq!(consumer.shared.async_waiters(), 0);
+        engine.shutdown()?;
+        Ok(())
+    }
 
     /// A pending `recv_async` files one waker; dropping it, or its answer, forgets it — so
     /// futures made and dropped in a loop (a `select!` with a timeout) leave nothing behind.
