@@ -318,7 +318,9 @@ impl Consumer {
     /// Cost: O(1), an ack and a schedule under one hold of the engine's lock
     /// and one log append (one group commit under `Sync`). The new task is
     /// a task of its own: a new id, attempt count 0, counted in
-    /// [`crate::Stats::acks`] and [`crate::Stats::tasks_scheduled`].
+    /// [`crate::Stats::tasks_scheduled`]; the ack counts in
+    /// [`crate::Stats::acks`] (at least once: at most once, receipts count
+    /// no acks).
     ///
     /// ```
     /// use kairos::{AckScheduleOutcome, Config, Due, Engine, ManualClock};

@@ -61,7 +61,7 @@
 //!
 //! Set per engine with [`Config::durability`]; a call "returned" when it
 //! answered `Ok` (schedule, cancel, reschedule, ack, nack and their batch
-//! forms):
+//! forms, [`Consumer::ack_and_schedule`]):
 //!
 //! | mode | the call returns after its record is | process crash | power loss, OS crash |
 //! |---|---|---|---|
@@ -79,10 +79,13 @@
 //!
 //! ## Threads and blocking
 //!
-//! Every method blocks its calling thread until it is done; there is no
-//! async API (from async code, call the engine on a blocking thread, e.g.
-//! tokio's `spawn_blocking`). Under `Sync` a schedule, cancel, reschedule,
-//! ack or nack waits for an fdatasync — for two, as a lone caller, with
+//! Every method blocks its calling thread until it is done, except
+//! [`Consumer::recv_async`]: a future that waits for a task without a
+//! thread (its poll still takes the engine's lock, and at most once waits
+//! for its ack record, as [`Consumer::try_recv`] does). From async code,
+//! call the others on a blocking thread (e.g. tokio's `spawn_blocking`).
+//! Under `Sync` a schedule, cancel, reschedule, ack, nack or
+//! `ack_and_schedule` waits for an fdatasync — for two, as a lone caller, with
 //! [`Config::proof_before_ack`]; concurrent callers share them (group
 //! commit) — and under `Interval` and `Buffered` for its record's write to
 //! the OS. Besides: a schedule may wait for far tasks to be moved to disk
