@@ -272,7 +272,7 @@ pub enum AckScheduleError {
     Ack(AckError),
     /// The next task is refused, as [`crate::Engine::schedule`] refuses it:
     /// [`ScheduleError::PayloadTooLarge`], [`ScheduleError::DueTooFar`],
-    /// [`ScheduleError::DueBeforeEpoch`], [`ScheduleError::BatchTooManyBytes`];
+    /// [`ScheduleError::DueBeforeEpoch`];
     /// for a delivery taken at most once (a plain schedule of its key) also
     /// [`ScheduleError::AlreadyExists`] and [`ScheduleError::TooManyPending`].
     #[error(transparent)]

@@ -497,8 +497,10 @@ impl Shared {
         let tag = self.index_probe.tag(d.key());
         // Over 1 KiB: allocated and copied before the lock.
         let prebuilt = PayloadStore::prebuild(d.key(), payload);
-        let now_tick = self.tick_of(now);
         self.await_relocation();
+        // Read after any wait above, as `ack` reads it just before the lock:
+        // a lease that ran out meanwhile refuses the call.
+        let now_tick = self.now_tick();
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_ack_error)?;
         let state = match self.check_lease(&core, d, now_tick) {
