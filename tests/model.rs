@@ -805,6 +805,18 @@ impl Deliveries {
         self.all.extend(ds.into_iter().map(|d| (d, inc)));
     }
 
+    /// The delivery a `pick` byte chooses — among those held now if `fresh`, else among all
+    /// ever made — with what acting on it must answer; `None` if there is none to choose.
+    fn pick(&self, model: &Model, pick: usize, fresh: bool) -> Option<(Delivery, Held)> {
+        let candidates: Vec<usize> = if fresh {
+            self.held(model)
+        } else {
+            (0..self.all.len()).collect()
+        };
+        let i = *candidates.get(pick % candidates.len().max(1))?;
+        Some((self.all[i].0.clone(), self.status(model, i)))
+    }
+
     /// Indices of deliveries the model says are held now.
     fn held(&self, model: &Model) -> Vec<usize> {
         (0..self.all.len())
@@ -1014,17 +1026,9 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                 ds.add(got);
             }
             Op::Ack { pick, fresh } => {
-                let candidates: Vec<usize> = if *fresh {
-                    ds.held(&model)
-                } else {
-                    (0..ds.all.len()).collect()
-                };
-                if candidates.is_empty() {
+                let Some((d, held)) = ds.pick(&model, *pick, *fresh) else {
                     continue;
-                }
-                let i = candidates[pick % candidates.len()];
-                let held = ds.status(&model, i);
-                let d = ds.all[i].0.clone();
+                };
                 let got = h.engine().ack(&d);
                 match held {
                     Held::Live | Held::Abandoned => {
@@ -1043,17 +1047,9 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                 delay_ms,
                 new_payload,
             } => {
-                let candidates: Vec<usize> = if *fresh {
-                    ds.held(&model)
-                } else {
-                    (0..ds.all.len()).collect()
-                };
-                if candidates.is_empty() {
+                let Some((d, held)) = ds.pick(&model, *pick, *fresh) else {
                     continue;
-                }
-                let i = candidates[pick % candidates.len()];
-                let held = ds.status(&model, i);
-                let d = ds.all[i].0.clone();
+                };
                 let p = if *new_payload {
                     payload_for(model.next_seq, 11)
                 } else {

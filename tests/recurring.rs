@@ -6,23 +6,18 @@
 
 mod common;
 
-use common::{advance, config, drain, scaled, SimHarness, Stop, TestResult, START_MS};
+use common::{
+    advance, config, drain, memory_engine, scaled, SimHarness, Stop, TestResult, START_MS,
+};
 use kairos::{
     AckError, AckScheduleError, AckScheduleOutcome, CancelOutcome, Config, Delivery,
-    DeliveryGuarantee, Due, Durability, Engine, ManualClock, ScheduleError, TaskId,
+    DeliveryGuarantee, Due, Durability, ScheduleError, TaskId,
 };
 use kairos_wal::storage::{FaultKind, FaultOp, FaultPlan};
-use std::sync::Arc;
 use std::time::Duration;
 
 const HOUR: Duration = Duration::from_secs(3_600);
 const HOUR_MS: u64 = 3_600_000;
-
-fn memory_engine(config: Config) -> TestResult<(Engine, ManualClock)> {
-    let clock = ManualClock::new(START_MS);
-    let engine = Engine::in_memory(config, Arc::new(clock.clone()))?;
-    Ok((engine, clock))
-}
 
 /// The one delivery `ds` must hold.
 fn only(ds: Vec<Delivery>) -> TestResult<Delivery> {

@@ -4,10 +4,8 @@
 
 mod common;
 
-use common::{config, SimHarness, TestResult, START_MS};
-use kairos::{
-    Config, Consumer, Delivery, DeliveryGuarantee, Durability, Engine, ManualClock, RecvError,
-};
+use common::{config, memory_engine, SimHarness, TestResult, START_MS};
+use kairos::{Config, Consumer, Delivery, DeliveryGuarantee, Durability, RecvError};
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::pin;
@@ -56,12 +54,6 @@ fn block_on<F: Future>(fut: F) -> F::Output {
         }
         std::thread::park();
     }
-}
-
-fn memory_engine(config: Config) -> TestResult<(Engine, ManualClock)> {
-    let clock = ManualClock::new(START_MS);
-    let engine = Engine::in_memory(config, Arc::new(clock.clone()))?;
-    Ok((engine, clock))
 }
 
 /// A waiting future is not woken by a schedule or by a clock move that makes nothing due; it

@@ -107,6 +107,13 @@ pub fn open_fs(dir: &Path, config: Config, clock: &ManualClock) -> Result<Engine
 
 /// Everything ready now: waits for the driver to hand out what is due at the clock's current
 /// time, then receives without blocking until nothing is left.
+/// An in-memory engine with `config` on a [`ManualClock`] at [`START_MS`].
+pub fn memory_engine(config: Config) -> TestResult<(Engine, ManualClock)> {
+    let clock = ManualClock::new(START_MS);
+    let engine = Engine::in_memory(config, Arc::new(clock.clone()))?;
+    Ok((engine, clock))
+}
+
 pub fn drain(engine: &Engine) -> TestResult<Vec<Delivery>> {
     engine.run_until_idle();
     let consumer = engine.consumer();
