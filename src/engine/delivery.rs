@@ -247,7 +247,7 @@ impl Shared {
     }
 
     /// Files `waker` for the next [`Shared::notify_ready`] under `id` (a new
-    /// id if `None`); returns the id. O(async waiters).
+    /// id if `None`); returns the id. O(1).
     pub(crate) fn register_async_waiter(&self, id: Option<u64>, waker: &std::task::Waker) -> u64 {
         self.async_waiters.lock().register(id, waker)
     }
@@ -258,7 +258,7 @@ impl Shared {
         self.async_waiters.lock().len()
     }
 
-    /// Drops the waker filed under `id`. O(async waiters).
+    /// Drops the waker filed under `id`. O(1).
     pub(crate) fn forget_async_waiter(&self, id: u64) {
         self.async_waiters.lock().forget(id);
     }
