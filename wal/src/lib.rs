@@ -114,7 +114,7 @@ pub use recovery::{
 pub use storage::{
     FaultKind, FaultOp, FaultPlan, FsStorage, LockGuard, OpenMode, SimStorage, Storage, StorageFile,
 };
-pub use wal::{AppendTicket, SyncHandle, Wal};
+pub use wal::{AppendTicket, Durable, SyncHandle, Wal};
 
 /// A log sequence number. Dense: the first record ever appended is `Lsn(1)` and each record
 /// gets the next one; `Lsn(0)` means "none".

@@ -158,6 +158,27 @@ struct State {
     /// Frames in the last round committed: more than one, and callers leave the rounds to the
     /// writer thread (see [`AppendTicket::wait`]).
     last_round_frames: usize,
+    /// Wakers of [`Durable`] futures waiting for progress, all woken (and the list emptied)
+    /// wherever `progress` is notified; a future's slot is `None` once it was dropped or done.
+    wakers: Vec<Option<std::task::Waker>>,
+    /// Counts the emptyings of `wakers`: a future's filing `(epoch, index)` names its slot
+    /// only while the epoch is current (else it files anew).
+    wakers_epoch: u64,
+}
+
+impl State {
+    /// Wakes every [`Durable`] future filed (they poll, and file again if still waiting). Called
+    /// with the state lock held, next to each `progress.notify_all()`: a waker must not poll
+    /// inline (none of the usual executors' does). O(1) when none is filed.
+    fn wake_durable_futures(&mut self) {
+        if self.wakers.is_empty() {
+            return;
+        }
+        self.wakers_epoch += 1;
+        for waker in self.wakers.drain(..).flatten() {
+            waker.wake();
+        }
+    }
 }
 
 /// What the owner of a log is told of a failure that poisoned it on a background thread
@@ -756,6 +777,8 @@ impl Wal {
                 leading: false,
                 writer_waits_untimed: false,
                 last_round_frames: 0,
+                wakers: Vec::new(),
+                wakers_epoch: 0,
                 queue: Vec::new(),
                 written_lsn: last,
                 synced_lsn: last,
@@ -1288,6 +1311,130 @@ impl AppendTicket {
     }
 }
 
+impl AppendTicket {
+    /// [`AppendTicket::wait`] as a future, for async callers: it resolves once the append has
+    /// the log's durability (the same rules and errors as `wait`), without blocking the
+    /// polling thread — under `Sync` the writer thread commits the append (a `Durable` never
+    /// commits a round itself, as a lone blocking caller does), under `Interval`/`Buffered` it
+    /// writes it to the OS. Needs no particular async runtime.
+    ///
+    /// Each poll takes the log's state lock briefly; while pending the future files its waker,
+    /// which the log wakes whenever its written or durable marks move, it is poisoned or its
+    /// writer ends (under the state lock: the waker must not poll inline, as no usual
+    /// executor's does). Dropping the future before it resolves is as dropping the ticket: the
+    /// append still happens.
+    ///
+    /// Cost: O(1) per poll; every pending `Durable` of the log is woken per group commit.
+    pub fn durable(self) -> Durable {
+        Durable {
+            ticket: self,
+            filed: None,
+            writer_woken: false,
+        }
+    }
+}
+
+/// The future of [`AppendTicket::durable`]: `Ok(())` once the append has the log's durability.
+///
+/// # Errors
+/// As [`AppendTicket::wait`]: [`WalError::Io`] if the log was poisoned before the append was
+/// durable (the append may or may not survive a reopen), [`WalError::Closed`] if the writer
+/// stopped without completing it.
+#[must_use = "futures do nothing unless polled"]
+pub struct Durable {
+    ticket: AppendTicket,
+    /// Where its waker is filed in `State::wakers`: `(epoch, index)`.
+    filed: Option<(u64, usize)>,
+    /// Whether it asked the writer thread to write (and under `Sync` commit) the append.
+    writer_woken: bool,
+}
+
+impl std::fmt::Debug for Durable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Durable")
+            .field("ticket", &self.ticket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Durable {
+    /// Takes its waker out of the list, if it is still filed there.
+    fn unfile(&mut self, state: &mut State) {
+        if let Some((epoch, index)) = self.filed.take() {
+            if epoch == state.wakers_epoch {
+                if let Some(slot) = state.wakers.get_mut(index) {
+                    *slot = None;
+                }
+            }
+        }
+    }
+}
+
+impl std::future::Future for Durable {
+    type Output = Result<(), WalError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let shared = Arc::clone(&this.ticket.shared);
+        let mut state = shared.state.lock();
+        let done = match shared.durability {
+            Durability::Sync => state.acked_lsn,
+            Durability::Interval(_) | Durability::Buffered => state.written_lsn,
+        };
+        let answer = if done >= this.ticket.last_lsn.0 {
+            Some(Ok(()))
+        } else if let Some(poison) = &state.poison {
+            Some(Err(poison.to_error()))
+        } else if state.writer_done {
+            Some(Err(WalError::Closed))
+        } else {
+            None
+        };
+        if let Some(answer) = answer {
+            this.unfile(&mut state);
+            this.ticket.settled = true;
+            return Poll::Ready(answer);
+        }
+        if !this.writer_woken {
+            // The writer thread writes the queued frames (and under `Sync` commits them,
+            // gathering concurrent appends into one fdatasync), as for a dropped ticket.
+            shared.writer_wake.notify_one();
+            this.writer_woken = true;
+        }
+        match this.filed {
+            Some((epoch, index)) if epoch == state.wakers_epoch => {
+                if let Some(slot) = state.wakers.get_mut(index) {
+                    match slot {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        _ => *slot = Some(cx.waker().clone()),
+                    }
+                }
+            }
+            _ => {
+                state.wakers.push(Some(cx.waker().clone()));
+                this.filed = Some((state.wakers_epoch, state.wakers.len() - 1));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Durable {
+    /// Forgets its waker; the ticket it holds is then dropped as any ticket is (if it did not
+    /// resolve, the writer thread still writes and commits the append).
+    fn drop(&mut self) {
+        if self.filed.is_some() {
+            let shared = Arc::clone(&self.ticket.shared);
+            let mut state = shared.state.lock();
+            self.unfile(&mut state);
+        }
+    }
+}
+
 impl Drop for AppendTicket {
     /// A ticket dropped without [`AppendTicket::wait`]: the writer thread writes its frame (at
     /// once, as if it had been waited for), so that "written to the OS at once" holds under
@@ -1336,6 +1483,7 @@ impl Drop for DoneGuard {
         let mut state = self.0.state.lock();
         state.writer_done = true;
         self.0.progress.notify_all();
+        state.wake_durable_futures();
         // A panic on the writer thread (a storage bug) poisoned the log as it unwound
         // (`PoisonOnUnwind`): the owner is told, as of a failure (the writer state, let go by
         // the unwinding, and the state are not held here).
@@ -1433,6 +1581,7 @@ impl Writeback {
                     }
                     state.queue.clear();
                     shared.progress.notify_all();
+                    state.wake_durable_futures();
                     shared.writer_wake.notify_all();
                     drop(state);
                     shared.report_background_failure(&error);
@@ -1478,6 +1627,7 @@ fn poison(shared: &Shared, error: &WalError) {
     }
     state.queue.clear();
     shared.progress.notify_all();
+    state.wake_durable_futures();
     shared.writer_wake.notify_all();
 }
 
@@ -1916,6 +2066,7 @@ impl Writer {
         state.acked_lsn = self.acked();
         state.last_round_frames = self.last_batch_frames;
         self.shared.progress.notify_all();
+        state.wake_durable_futures();
     }
 
     /// Encodes and writes a batch with as few writes as possible (one unless it rolls).
