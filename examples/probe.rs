@@ -1,4 +1,4 @@
-//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds|far-cancel|floor|every|recurring N`
+//! Hot-path probe for profiling: `cargo run --release --example probe -- schedule|cancel|expire|warm|many|holds|far-cancel|floor|every|recurring|sync|async N`
 //! (`warm`: schedule, cancel all, then time scheduling them again into grown memory;
 //! `many`: batches of 1 000 through `schedule_many` and `cancel_many`;
 //! `holds`: every single `schedule` call timed, the longest ones printed — where the
@@ -31,6 +31,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let how = args.get(3).map_or("joint", String::as_str);
         let mode = args.get(4).map_or("sync", String::as_str);
         return recurring(n, how, mode);
+    }
+    if what == "async" {
+        let inflight: usize = args.get(3).map_or(Ok(64), |s| s.parse())?;
+        let mode = args.get(4).map_or("sync", String::as_str);
+        return async_inflight(n, inflight, mode);
     }
     if what == "sync" {
         let producers: usize = args.get(3).map_or(Ok(8), |s| s.parse())?;
@@ -356,6 +361,71 @@ fn sync_producers(
     println!(
         "{mode}: {producers} producers x {per_producer}: {:.0} tasks/s",
         total as f64 / elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `async N P [MODE]`: ONE thread schedules N tasks through `schedule_async`, keeping P
+/// futures in flight (a minimal executor: poll every pending future when woken, top up to P),
+/// on a fresh temporary directory — what an async service gets from one executor thread.
+/// Compare `sync N 1` (one thread, blocking calls) and `sync N/8 8`.
+fn async_inflight(n: usize, inflight: usize, mode: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Flag(AtomicBool, std::thread::Thread);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+            self.1.unpark();
+        }
+    }
+    type Call<'a> =
+        Pin<Box<dyn Future<Output = Result<kairos::TaskId, kairos::ScheduleError>> + 'a>>;
+    let dir = tempfile::tempdir()?;
+    let mut config = Config::default();
+    config.durability = durability(mode);
+    let engine = Engine::open(dir.path(), config)?;
+    let keys: Vec<Vec<u8>> = (0..n)
+        .map(|i| format!("a:order:{i:012}").into_bytes())
+        .collect();
+    let payload = [0u8; 100];
+    let flag = Arc::new(Flag(AtomicBool::new(false), std::thread::current()));
+    let waker = Waker::from(Arc::clone(&flag));
+    let mut cx = Context::from_waker(&waker);
+    let mut pending: Vec<Call<'_>> = Vec::with_capacity(inflight);
+    let (mut next, mut done) = (0, 0);
+    let t = Instant::now();
+    while done < n {
+        while pending.len() < inflight && next < n {
+            let due = kairos::Due::After(Duration::from_secs(3600));
+            pending.push(Box::pin(engine.schedule_async(&keys[next], due, &payload)));
+            next += 1;
+        }
+        flag.0.store(false, Ordering::SeqCst);
+        let mut i = 0;
+        while i < pending.len() {
+            match pending[i].as_mut().poll(&mut cx) {
+                Poll::Ready(result) => {
+                    result?;
+                    drop(pending.swap_remove(i));
+                    done += 1;
+                }
+                Poll::Pending => i += 1,
+            }
+        }
+        let more = pending.len() < inflight && next < n;
+        if !more && done < n && !flag.0.load(Ordering::SeqCst) {
+            std::thread::park_timeout(Duration::from_millis(10));
+        }
+    }
+    let elapsed = t.elapsed();
+    drop(pending);
+    engine.shutdown()?;
+    println!(
+        "{mode}: 1 thread, {inflight} schedule_async in flight, {n} tasks: {:.0} tasks/s",
+        n as f64 / elapsed.as_secs_f64()
     );
     Ok(())
 }

@@ -79,11 +79,19 @@
 //!
 //! ## Threads and blocking
 //!
-//! Every method blocks its calling thread until it is done, except
-//! [`Consumer::recv_async`]: a future that waits for a task without a
+//! Every method blocks its calling thread until it is done, except the
+//! futures: [`Consumer::recv_async`], which waits for a task without a
 //! thread (its poll still takes the engine's lock, and at most once waits
-//! for its ack record, as [`Consumer::try_recv`] does). From async code,
-//! call the others on a blocking thread (e.g. tokio's `spawn_blocking`).
+//! for its ack record, as [`Consumer::try_recv`] does), and the async forms
+//! of the durable calls — [`Engine::schedule_async`],
+//! [`Engine::schedule_many_async`], [`Engine::cancel_async`],
+//! [`Engine::cancel_many_async`], [`Consumer::ack_async`],
+//! [`Consumer::ack_many_async`] — which do their work on the first poll and
+//! then wait for the log's durability without a thread (the log's writer
+//! thread commits and wakes them). None needs a particular runtime. From
+//! async code, call the other methods (`reschedule`, `nack`,
+//! `ack_and_schedule`, `extend_lease`, `sync`, ...) on a blocking thread
+//! (e.g. tokio's `spawn_blocking`).
 //! Under `Sync` a schedule, cancel, reschedule, ack, nack or
 //! `ack_and_schedule` waits for an fdatasync — for two, as a lone caller, with
 //! [`Config::proof_before_ack`]; concurrent callers share them (group

@@ -31,7 +31,7 @@
 
 mod common;
 
-use common::{drain, scale, SimHarness, Stop, TestResult, SMALL_SEGMENT_BYTES};
+use common::{block_on, drain, scale, SimHarness, Stop, TestResult, SMALL_SEGMENT_BYTES};
 use kairos::clock::ms_to_system_time;
 use kairos::{
     AckError, AckScheduleError, AckScheduleOutcome, CancelOutcome, Config, Delivery, Due,
@@ -851,6 +851,9 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
     let mut checkpoint_lsn = 0;
 
     for (step, op) in ops.iter().enumerate() {
+        // Every other step's schedule, cancel and ack go through the async calls, which must
+        // answer exactly as the blocking ones.
+        let via_async = step % 2 == 1;
         let at =
             |what: String| -> common::BoxError { format!("step {step} {op:?}: {what}").into() };
         let now_ms = h.clock.wall_ms();
@@ -877,7 +880,11 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                         (Due::At(ms_to_system_time(due_ms)), due_ms)
                     }
                 };
-                let got = h.engine().schedule(&k, due, &p);
+                let got = if via_async {
+                    block_on(h.engine().schedule_async(&k, due, &p))
+                } else {
+                    h.engine().schedule(&k, due, &p)
+                };
                 if model.tasks.contains_key(&k) {
                     if !matches!(got, Err(ScheduleError::AlreadyExists { .. })) {
                         return Err(at(format!("expected AlreadyExists, got {got:?}")));
@@ -906,7 +913,11 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                         payload: p,
                     })
                     .collect();
-                let got = h.engine().schedule_many(&batch);
+                let got = if via_async {
+                    block_on(h.engine().schedule_many_async(&batch))
+                } else {
+                    h.engine().schedule_many(&batch)
+                };
                 let mut distinct = ks.clone();
                 distinct.sort();
                 distinct.dedup();
@@ -987,10 +998,12 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                         attempt: t.deliveries,
                     },
                 };
-                let got = h
-                    .engine()
-                    .cancel(&k)
-                    .map_err(|e| at(format!("cancel failed: {e}")))?;
+                let got = if via_async {
+                    block_on(h.engine().cancel_async(&k))
+                } else {
+                    h.engine().cancel(&k)
+                }
+                .map_err(|e| at(format!("cancel failed: {e}")))?;
                 if got != expected {
                     return Err(at(format!(
                         "cancel returned {got:?}, model says {expected:?}"
@@ -1029,7 +1042,11 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                 let Some((d, held)) = ds.pick(&model, *pick, *fresh) else {
                     continue;
                 };
-                let got = h.engine().ack(&d);
+                let got = if via_async {
+                    block_on(h.engine().ack_async(&d))
+                } else {
+                    h.engine().ack(&d)
+                };
                 match held {
                     Held::Live | Held::Abandoned => {
                         got.map_err(|e| at(format!("ack of {d:?} failed: {e}")))?;
@@ -1105,7 +1122,11 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                     }
                     _ => false,
                 };
-                let got = h.engine().ack_many(&batch);
+                let got = if via_async {
+                    block_on(h.engine().ack_many_async(&batch))
+                } else {
+                    h.engine().ack_many(&batch)
+                };
                 if spoiled {
                     if got.is_ok() {
                         return Err(at("spoiled ack_many succeeded".into()));

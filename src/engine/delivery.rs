@@ -12,6 +12,7 @@
 //! the lock before it takes effect (leases themselves are not logged: a
 //! restart ends them all, see `Shared::load_replayed`).
 
+use super::async_calls::{Blocking, WaitMode};
 use super::{
     check_frame_bytes, status_to_ack_error, wall_ms, Core, DriverSleep, Due, NewTask, Now,
     ReadyEntry, RecordBatch, Round, Shared, Status,
@@ -390,16 +391,35 @@ impl Shared {
         &self,
         core: parking_lot::MutexGuard<'_, Core>,
     ) -> Result<(), String> {
+        self.wait_logged_with(core, &Blocking)
+    }
+
+    /// [`Shared::wait_logged`], waiting as `wait` says.
+    pub(super) fn wait_logged_with<W: WaitMode>(
+        &self,
+        core: parking_lot::MutexGuard<'_, Core>,
+        wait: &W,
+    ) -> Result<(), String> {
         let ticket = Self::barrier_locked(&core);
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
     }
 
     /// A refusal of [`Shared::check_lease`], returned once everything logged so far is
     /// durable ([`Shared::wait_logged`]): it may rest on a record not durable yet (a cancel of
     /// the held task, a cancel of its retry).
     fn refused(&self, core: parking_lot::MutexGuard<'_, Core>, refusal: AckError) -> AckError {
-        match self.wait_logged(core) {
+        self.refused_with(core, refusal, &Blocking)
+    }
+
+    /// [`Shared::refused`], waiting as `wait` says.
+    fn refused_with<W: WaitMode>(
+        &self,
+        core: parking_lot::MutexGuard<'_, Core>,
+        refusal: AckError,
+        wait: &W,
+    ) -> AckError {
+        match self.wait_logged_with(core, wait) {
             Ok(()) => refusal,
             Err(cause) => AckError::Poisoned { cause },
         }
@@ -408,6 +428,15 @@ impl Shared {
     /// Acks deliveries with one log write: all of them, or none if any is
     /// not outstanding.
     pub(crate) fn ack_many(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
+        self.ack_many_with(deliveries, &Blocking)
+    }
+
+    /// [`Shared::ack_many`], waiting for durability as `wait` says.
+    pub(crate) fn ack_many_with<W: WaitMode>(
+        &self,
+        deliveries: &[Delivery],
+        wait: &W,
+    ) -> Result<(), AckError> {
         if deliveries.len() > BATCH_TASKS_MAX {
             return Err(AckError::BatchTooLarge {
                 tasks: deliveries.len(),
@@ -436,7 +465,7 @@ impl Shared {
         for d in deliveries.iter().filter(|d| !d.at_most_once) {
             let state = match self.check_lease(&core, d, now) {
                 Ok(state) => state,
-                Err(refusal) => return Err(self.refused(core, refusal)),
+                Err(refusal) => return Err(self.refused_with(core, refusal, wait)),
             };
             if seen.as_mut().is_some_and(|seen| !seen.insert(d.slot)) {
                 return Err(AckError::NotOutstanding {
@@ -468,7 +497,7 @@ impl Shared {
             );
         }
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
             .map_err(|cause| AckError::Poisoned { cause })
     }
 

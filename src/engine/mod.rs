@@ -21,6 +21,7 @@
 //! The delivery side (ready queue, leases, acks, retries, dead letters, the
 //! driver) is in [`delivery`].
 
+mod async_calls;
 mod checkpointing;
 #[cfg(test)]
 mod counting;
@@ -51,6 +52,7 @@ use crate::record::{Record, ID_ONLY_BYTES, RECORD_CANCEL, RECORD_SCHEDULE, SCHED
 use crate::replay::{DeadTask, LiveTask, Replay};
 use crate::task::{PayloadStore, Task, TaskId, TaskSlab, TaskState};
 use crate::wheel::{InsertError, Tick, Wheel, WHEEL_RANGE_TICKS};
+use async_calls::{Blocking, WaitMode};
 use kairos_wal::format::{FRAME_BODY_BYTES_MAX, RECORD_HEADER_BYTES};
 use kairos_wal::storage::LockGuard;
 use kairos_wal::{
@@ -2738,7 +2740,17 @@ impl Shared {
     /// The `AlreadyExists` error for `key`, returned once everything logged
     /// so far is durable (the live task's schedule record among it).
     fn already_exists(&self, core: parking_lot::MutexGuard<'_, Core>, key: &[u8]) -> ScheduleError {
-        match self.wait_logged(core) {
+        self.already_exists_with(core, key, &Blocking)
+    }
+
+    /// [`Shared::already_exists`], waiting as `wait` says.
+    fn already_exists_with<W: WaitMode>(
+        &self,
+        core: parking_lot::MutexGuard<'_, Core>,
+        key: &[u8],
+        wait: &W,
+    ) -> ScheduleError {
+        match self.wait_logged_with(core, wait) {
             Ok(()) => ScheduleError::AlreadyExists {
                 key: key_lossy(key),
             },
@@ -2936,6 +2948,16 @@ impl Shared {
     /// Schedules a non-empty batch atomically; returns the first id (the
     /// batch's ids are consecutive).
     fn schedule_batch(&self, new: &[NewTask<'_>]) -> Result<TaskId, ScheduleError> {
+        self.schedule_batch_with(new, &Blocking)
+    }
+
+    /// [`Shared::schedule_batch`], waiting for durability as `wait` says
+    /// (the async calls defer it to their caller's `.await`).
+    fn schedule_batch_with<W: WaitMode>(
+        &self,
+        new: &[NewTask<'_>],
+        wait: &W,
+    ) -> Result<TaskId, ScheduleError> {
         if new.len() > BATCH_TASKS_MAX {
             return Err(ScheduleError::BatchTooLarge {
                 tasks: new.len(),
@@ -2982,7 +3004,7 @@ impl Shared {
         for (i, (t, &tag)) in new.iter().zip(&tags).enumerate() {
             prefetch_lookups(&core.index, &tags, i);
             if core.find_slot(tag, t.key).is_some() {
-                return Err(self.already_exists(core, t.key));
+                return Err(self.already_exists_with(core, t.key, wait));
             }
         }
         if far_match {
@@ -2991,12 +3013,12 @@ impl Shared {
                     .far_key_or_poison(&mut core, t.key, &reads)
                     .map_err(|cause| ScheduleError::Poisoned { cause })?
                 {
-                    return Err(self.already_exists(core, t.key));
+                    return Err(self.already_exists_with(core, t.key, wait));
                 }
             }
         }
         if let Err(refusal) = self.check_room(&core, new.len()) {
-            return Err(self.room_refused(core, refusal));
+            return Err(self.room_refused_with(core, refusal, wait));
         }
         for (&ms, &tick) in due_ms.iter().zip(&due_ticks) {
             self.check_horizon(&core, ms, tick)?;
@@ -3015,7 +3037,7 @@ impl Shared {
             self.driver_cv.notify_all();
         }
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         Ok(TaskId(first_id))
     }
@@ -3029,10 +3051,20 @@ impl Shared {
         core: parking_lot::MutexGuard<'_, Core>,
         refusal: ScheduleError,
     ) -> ScheduleError {
+        self.room_refused_with(core, refusal, &Blocking)
+    }
+
+    /// [`Shared::room_refused`], waiting as `wait` says.
+    fn room_refused_with<W: WaitMode>(
+        &self,
+        core: parking_lot::MutexGuard<'_, Core>,
+        refusal: ScheduleError,
+        wait: &W,
+    ) -> ScheduleError {
         if !matches!(refusal, ScheduleError::TooManyPending { .. }) {
             return refusal;
         }
-        match self.wait_logged(core) {
+        match self.wait_logged_with(core, wait) {
             Ok(()) => refusal,
             Err(cause) => ScheduleError::Poisoned { cause },
         }
@@ -3337,6 +3369,15 @@ impl Shared {
     }
 
     fn cancel_many(&self, keys: &[&[u8]]) -> Result<Vec<CancelOutcome>, CancelError> {
+        self.cancel_many_with(keys, &Blocking)
+    }
+
+    /// [`Shared::cancel_many`], waiting for durability as `wait` says.
+    fn cancel_many_with<W: WaitMode>(
+        &self,
+        keys: &[&[u8]],
+        wait: &W,
+    ) -> Result<Vec<CancelOutcome>, CancelError> {
         if keys.len() > BATCH_TASKS_MAX {
             return Err(CancelError::BatchTooLarge {
                 tasks: keys.len(),
@@ -3406,7 +3447,7 @@ impl Shared {
             }
         }
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
             .map_err(|cause| CancelError::Poisoned { cause })?;
         Ok(outcomes)
     }

@@ -407,3 +407,23 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> TestResult {
     }
     Ok(())
 }
+
+/// Runs `fut` to completion on this thread, parking while it is pending (a minimal executor:
+/// no async runtime is a dependency).
+pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut fut = std::pin::pin!(fut);
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    loop {
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}

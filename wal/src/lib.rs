@@ -56,6 +56,11 @@
 //! - [`Durability::Buffered`]: written to the OS (as under `Interval`, by the waiting thread),
 //!   synced by the log only when a segment rolls, on [`Wal::sync`] and on [`Wal::close`].
 //!
+//! [`AppendTicket::durable`] is `wait` as a future for async callers ([`Durable`]): the same
+//! answer, but the writer thread does the work (under `Sync` it commits the append with the
+//! concurrent ones; it never leads a round itself) and wakes the future, wherever the log's
+//! written or durable marks move, it is poisoned or its writer ends.
+//!
 //! A failed write or fdatasync *poisons* the log: every waiter gets the error, nothing more is
 //! acknowledged, and only dropping and reopening (which re-reads the disk) recovers. A sync is
 //! never retried (PostgreSQL's fsyncgate, 2018). The exceptions are writes no acknowledgement

@@ -1,0 +1,298 @@
+//! The async forms of the durable calls (`schedule_async`, `schedule_many_async`,
+//! `cancel_async`, `cancel_many_async`, `ack_async`, `ack_many_async`): the same answers as
+//! their blocking twins, durable when they resolve (a power cut right after keeps them),
+//! pending — not blocking — while the log syncs, woken by the log (each test parks until
+//! woken), `Poisoned` after a failed fdatasync, and not undone when dropped after the first
+//! poll. Driven by a minimal thread-parking executor: no async runtime is a dependency.
+
+mod common;
+
+use common::{config, memory_engine, SimHarness, Stop, TestResult};
+use kairos::{
+    AckError, CancelError, CancelOutcome, Config, Due, Durability, NewTask, RecvError,
+    ScheduleError,
+};
+use kairos_wal::{FaultKind, FaultOp, FaultPlan};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// A waker that unparks the thread that made it, and counts its wakes.
+struct Unpark(Thread, AtomicUsize);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        self.0.unpark();
+    }
+}
+
+/// Longest a test waits to be woken before it calls the future lost (liveness, not speed).
+const WOKEN_WITHIN: Duration = Duration::from_secs(60);
+
+/// Runs `fut` to completion, polling it once at the start and then only after a wake; returns
+/// its output and how many polls it took.
+fn block_on<F: Future>(fut: F) -> Result<(F::Output, usize), String> {
+    let mut fut = pin!(fut);
+    let unpark = Arc::new(Unpark(std::thread::current(), AtomicUsize::new(0)));
+    let waker = Waker::from(Arc::clone(&unpark));
+    let mut cx = Context::from_waker(&waker);
+    let mut polls = 0;
+    loop {
+        let seen = unpark.1.load(Ordering::SeqCst);
+        polls += 1;
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return Ok((out, polls));
+        }
+        let start = Instant::now();
+        while unpark.1.load(Ordering::SeqCst) == seen {
+            if start.elapsed() > WOKEN_WITHIN {
+                return Err(format!("not woken within {WOKEN_WITHIN:?}"));
+            }
+            std::thread::park_timeout(Duration::from_millis(100));
+        }
+    }
+}
+
+/// [`block_on`]'s output alone.
+fn run<F: Future>(fut: F) -> Result<F::Output, String> {
+    block_on(fut).map(|(out, _)| out)
+}
+
+fn sync_config() -> Config {
+    config(Durability::Sync)
+}
+
+fn after(ms: u64) -> Due {
+    Due::After(Duration::from_millis(ms))
+}
+
+/// On an in-memory engine (nothing to wait for), each async call answers exactly what its
+/// blocking twin answers for the same sequence: ids, refusals, outcomes.
+#[test]
+fn async_calls_answer_as_the_blocking_calls() -> TestResult {
+    let (engine, clock) = memory_engine(Config::default())?;
+    assert_eq!(run(engine.schedule_async(b"a", after(10), b"pa"))??.0, 1);
+    assert!(matches!(
+        run(engine.schedule_async(b"a", after(20), b"pa"))?,
+        Err(ScheduleError::AlreadyExists { .. })
+    ));
+    let many = [
+        NewTask {
+            key: b"b",
+            due: after(30),
+            payload: b"pb",
+        },
+        NewTask {
+            key: b"c",
+            due: after(40),
+            payload: b"pc",
+        },
+    ];
+    let ids: Vec<u64> = run(engine.schedule_many_async(&many))??
+        .into_iter()
+        .map(|id| id.0)
+        .collect();
+    assert_eq!(ids, [2, 3]);
+    assert!(run(engine.schedule_many_async(&[]))??.is_empty());
+    assert!(matches!(
+        run(engine.schedule_async(b"", after(1), b""))?,
+        Err(ScheduleError::EmptyKey)
+    ));
+    assert_eq!(
+        run(engine.cancel_async(b"b"))??,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
+    assert_eq!(run(engine.cancel_async(b"b"))??, CancelOutcome::NotFound);
+    // "a" falls due and is received: then a cancel is too late, and the ack settles it.
+    clock.advance(Duration::from_millis(10));
+    engine.run_until_idle();
+    let consumer = engine.consumer();
+    let d = consumer.try_recv()?;
+    assert_eq!(d.key(), b"a");
+    assert_eq!(
+        run(engine.cancel_many_async(&[b"a", b"c", b"zz", b"c"]))??,
+        [
+            CancelOutcome::AlreadyDelivered { attempt: 1 },
+            CancelOutcome::Cancelled { deliveries: 0 },
+            CancelOutcome::NotFound,
+            CancelOutcome::NotFound,
+        ]
+    );
+    run(consumer.ack_async(&d))??;
+    assert!(matches!(
+        run(consumer.ack_async(&d))?,
+        Err(AckError::NotOutstanding { .. })
+    ));
+    assert!(matches!(
+        run(consumer.ack_many_async(&[d.clone(), d]))?,
+        Err(AckError::NotOutstanding { .. })
+    ));
+    let stats = engine.stats();
+    assert_eq!((stats.pending, stats.in_flight), (0, 0));
+    engine.shutdown()?;
+    assert!(matches!(
+        run(engine.schedule_async(b"x", after(1), b""))?,
+        Err(ScheduleError::Closed)
+    ));
+    assert!(matches!(
+        run(engine.cancel_async(b"x"))?,
+        Err(CancelError::Closed)
+    ));
+    Ok(())
+}
+
+/// Under `Sync`, on a slow disk: each future is pending at its first poll (the poll does not
+/// wait for the fdatasync), is polled again only when woken, and what it answered survives a
+/// power cut that drops every unsynced byte right after — schedules, a cancel (never
+/// delivered) and an ack (never redelivered).
+#[test]
+fn a_resolved_async_call_survives_a_power_cut() -> TestResult {
+    let mut h = SimHarness::new(5, sync_config())?;
+    h.sim.set_sync_latency(Duration::from_millis(2));
+    let engine = h.engine();
+    let mut polls = Vec::new();
+    for i in 0..6u64 {
+        let key = format!("order:{i}");
+        let (id, p) = block_on(engine.schedule_async(key.as_bytes(), after(1000), b"pay"))?;
+        assert_eq!(id?.0, i + 1);
+        polls.push(p);
+    }
+    let (outcome, p) = block_on(engine.cancel_async(b"order:0"))?;
+    assert_eq!(outcome?, CancelOutcome::Cancelled { deliveries: 0 });
+    polls.push(p);
+    // Five fall due and are received (order:0 was cancelled); order:1 is acked, the other
+    // four stay held.
+    let got = h.advance(Duration::from_millis(1000))?;
+    assert_eq!(got.len(), 5);
+    let d = got
+        .iter()
+        .find(|d| d.key() == b"order:1")
+        .ok_or("order:1 not delivered")?;
+    let consumer = engine.consumer();
+    let (acked, p) = block_on(consumer.ack_async(d))?;
+    acked?;
+    polls.push(p);
+    assert!(polls.iter().all(|&p| p >= 2), "polls per call: {polls:?}");
+    // The power goes while the engine runs; then it is gone.
+    h.sim.power_cut_drop_unsynced();
+    h.restart(Stop::ProcessCrash)?;
+    let got = h.advance(Duration::from_secs(1))?;
+    let mut keys: Vec<&[u8]> = got.iter().map(|d| d.key()).collect();
+    keys.sort();
+    // order:0 cancelled, order:1 acked; the four held are delivered again, nothing else.
+    assert_eq!(keys, [&b"order:2"[..], b"order:3", b"order:4", b"order:5"]);
+    Ok(())
+}
+
+/// Eight threads, each awaiting its own schedules, under `Sync`: every task is durable once its
+/// future resolves (a power cut right after keeps all of them).
+#[test]
+fn concurrent_async_schedules_are_all_durable() -> TestResult {
+    let mut h = SimHarness::new(8, sync_config())?;
+    h.sim.set_sync_latency(Duration::from_millis(1));
+    let engine = h.engine();
+    let (threads, each) = (8usize, 25usize);
+    std::thread::scope(|s| -> TestResult {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || -> Result<(), String> {
+                    for k in 0..each {
+                        let key = format!("t{t}:k{k}");
+                        run(engine.schedule_async(key.as_bytes(), after(500), b"p"))?
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().map_err(|_| "a thread panicked")??;
+        }
+        Ok(())
+    })?;
+    h.sim.power_cut_drop_unsynced();
+    h.restart(Stop::ProcessCrash)?;
+    assert_eq!(h.engine().stats().pending, threads * each);
+    assert_eq!(h.advance(Duration::from_millis(500))?.len(), threads * each);
+    Ok(())
+}
+
+/// A failed fdatasync answers `Poisoned` to the waiting future and poisons the engine: the
+/// next call, blocking or not, is refused as `Poisoned` too.
+#[test]
+fn a_failed_sync_answers_poisoned() -> TestResult {
+    let h = SimHarness::new(9, sync_config())?;
+    let engine = h.engine();
+    run(engine.schedule_async(b"before", after(100), b""))??;
+    h.sim.inject(FaultPlan {
+        after: 0,
+        op: FaultOp::Sync,
+        kind: FaultKind::Eio,
+    });
+    let failed = run(engine.schedule_async(b"during", after(100), b""))?;
+    assert!(
+        matches!(failed, Err(ScheduleError::Poisoned { ref cause }) if cause.contains("os error 5")),
+        "{failed:?}"
+    );
+    assert!(matches!(
+        run(engine.cancel_async(b"before"))?,
+        Err(CancelError::Poisoned { .. })
+    ));
+    assert!(matches!(
+        engine.schedule_after(b"after", Duration::from_millis(1), b""),
+        Err(ScheduleError::Poisoned { .. })
+    ));
+    // The engine itself is poisoned (not only its log): consumers are told.
+    assert!(matches!(
+        engine.consumer().try_recv(),
+        Err(RecvError::Poisoned { .. })
+    ));
+    Ok(())
+}
+
+/// A future dropped after its first poll (pending on the fdatasync) does not undo its call:
+/// the task is scheduled, and a clean reopen finds it.
+#[test]
+fn a_dropped_future_does_not_undo_its_call() -> TestResult {
+    let mut h = SimHarness::new(13, sync_config())?;
+    h.sim.set_sync_latency(Duration::from_millis(5));
+    let engine = h.engine();
+    let unpark = Arc::new(Unpark(std::thread::current(), AtomicUsize::new(0)));
+    let waker = Waker::from(unpark);
+    let mut cx = Context::from_waker(&waker);
+    {
+        let mut fut = Box::pin(engine.schedule_async(b"dropped", after(50), b"still here"));
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+    }
+    // A future never polled does nothing at all.
+    drop(engine.schedule_async(b"never-polled", after(50), b""));
+    assert_eq!(h.engine().stats().pending, 1);
+    h.restart(Stop::Clean)?;
+    let got = h.advance(Duration::from_millis(50))?;
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].key(), got[0].payload()),
+        (&b"dropped"[..], &b"still here"[..])
+    );
+    Ok(())
+}
+
+/// The futures can be handed to a multi-threaded executor.
+#[test]
+fn the_futures_are_send() -> TestResult {
+    fn assert_send<T: Send>(_: &T) {}
+    let (engine, _clock) = memory_engine(Config::default())?;
+    let consumer = engine.consumer();
+    assert_send(&engine.schedule_async(b"k", after(1), b""));
+    assert_send(&engine.schedule_many_async(&[]));
+    assert_send(&engine.cancel_async(b"k"));
+    assert_send(&engine.cancel_many_async(&[]));
+    assert_send(&engine.ack_many_async(&[]));
+    assert_send(&consumer.ack_many_async(&[]));
+    Ok(())
+}
