@@ -9,8 +9,8 @@ mod common;
 
 use common::{config, memory_engine, SimHarness, Stop, TestResult};
 use kairos::{
-    AckError, CancelError, CancelOutcome, Config, Due, Durability, NewTask, RecvError,
-    ScheduleError,
+    AckError, AckScheduleError, AckScheduleOutcome, CancelError, CancelOutcome, Config, Due,
+    Durability, NackOutcome, NewTask, RecvError, ScheduleError,
 };
 use kairos_wal::{FaultKind, FaultOp, FaultPlan};
 use std::future::Future;
@@ -129,6 +129,33 @@ fn async_calls_answer_as_the_blocking_calls() -> TestResult {
         Err(AckError::NotOutstanding { .. })
     ));
     assert!(matches!(
+        run(consumer.nack_async(&d, None, "late"))?,
+        Err(AckError::NotOutstanding { .. })
+    ));
+    // A recurring task: ack_and_schedule_async hands the key on; a nack retries it.
+    run(engine.schedule_async(b"r", after(5), b"run"))??;
+    clock.advance(Duration::from_millis(5));
+    engine.run_until_idle();
+    let run1 = consumer.try_recv()?;
+    let next = run(consumer.ack_and_schedule_async(&run1, after(5), b"run"))??;
+    assert_eq!(next, AckScheduleOutcome::Scheduled(kairos::TaskId(5)));
+    assert!(matches!(
+        run(consumer.ack_and_schedule_async(&run1, after(5), b"run"))?,
+        Err(AckScheduleError::Ack(AckError::NotOutstanding { .. }))
+    ));
+    clock.advance(Duration::from_millis(5));
+    engine.run_until_idle();
+    let run2 = consumer.try_recv()?;
+    assert_eq!(run2.task_id().0, 5);
+    assert!(matches!(
+        run(consumer.nack_async(&run2, Some(Duration::from_millis(1)), "busy"))??,
+        NackOutcome::Retry { .. }
+    ));
+    assert_eq!(
+        run(engine.cancel_async(b"r"))??,
+        CancelOutcome::Cancelled { deliveries: 1 }
+    );
+    assert!(matches!(
         run(consumer.ack_many_async(&[d.clone(), d]))?,
         Err(AckError::NotOutstanding { .. })
     ));
@@ -177,15 +204,41 @@ fn a_resolved_async_call_survives_a_power_cut() -> TestResult {
     let (acked, p) = block_on(consumer.ack_async(d))?;
     acked?;
     polls.push(p);
+    // order:2 is acked with its next run scheduled in the same frame; order:3 is nacked to
+    // a retry in an hour.
+    let d2 = got
+        .iter()
+        .find(|d| d.key() == b"order:2")
+        .ok_or("order:2 not delivered")?;
+    let (next, p) = block_on(consumer.ack_and_schedule_async(d2, after(2000), b"next"))?;
+    assert!(matches!(next?, AckScheduleOutcome::Scheduled(_)));
+    polls.push(p);
+    let d3 = got
+        .iter()
+        .find(|d| d.key() == b"order:3")
+        .ok_or("order:3 not delivered")?;
+    let hour = Duration::from_secs(3600);
+    let (retry, p) = block_on(consumer.nack_async(d3, Some(hour), "busy"))?;
+    assert!(matches!(retry?, NackOutcome::Retry { .. }));
+    polls.push(p);
     assert!(polls.iter().all(|&p| p >= 2), "polls per call: {polls:?}");
     // The power goes while the engine runs; then it is gone.
     h.sim.power_cut_drop_unsynced();
     h.restart(Stop::ProcessCrash)?;
-    let got = h.advance(Duration::from_secs(1))?;
-    let mut keys: Vec<&[u8]> = got.iter().map(|d| d.key()).collect();
-    keys.sort();
-    // order:0 cancelled, order:1 acked; the four held are delivered again, nothing else.
-    assert_eq!(keys, [&b"order:2"[..], b"order:3", b"order:4", b"order:5"]);
+    // order:0 cancelled, order:1 acked, order:3 waiting for its retry: the two still held
+    // are delivered again at once; order:2's next run at its due time; then order:3's retry.
+    let keys_of = |ds: &[kairos::Delivery]| {
+        let mut keys: Vec<Vec<u8>> = ds.iter().map(|d| d.key().to_vec()).collect();
+        keys.sort();
+        keys
+    };
+    let got = h.advance(Duration::from_millis(1))?;
+    assert_eq!(keys_of(&got), [b"order:4".to_vec(), b"order:5".to_vec()]);
+    let got = h.advance(Duration::from_millis(2000))?;
+    assert_eq!(keys_of(&got), [b"order:2".to_vec()]);
+    assert_eq!(got[0].payload(), b"next");
+    let got = h.advance(Duration::from_secs(3600))?;
+    assert_eq!(keys_of(&got), [b"order:3".to_vec()]);
     Ok(())
 }
 
@@ -286,8 +339,17 @@ fn a_dropped_future_does_not_undo_its_call() -> TestResult {
 #[test]
 fn the_futures_are_send() -> TestResult {
     fn assert_send<T: Send>(_: &T) {}
-    let (engine, _clock) = memory_engine(Config::default())?;
+    let (engine, clock) = memory_engine(Config::default())?;
     let consumer = engine.consumer();
+    engine.schedule_after(b"k", Duration::from_millis(1), b"")?;
+    clock.advance(Duration::from_millis(1));
+    engine.run_until_idle();
+    let d = consumer.try_recv()?;
+    assert_send(&consumer.nack_async(&d, None, "e"));
+    assert_send(&consumer.ack_and_schedule_async(&d, after(1), b""));
+    assert_send(&engine.nack_async(&d, None, "e"));
+    assert_send(&engine.ack_and_schedule_async(&d, after(1), b""));
+    assert_send(&engine.ack_async(&d));
     assert_send(&engine.schedule_async(b"k", after(1), b""));
     assert_send(&engine.schedule_many_async(&[]));
     assert_send(&engine.cancel_async(b"k"));

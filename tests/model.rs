@@ -851,8 +851,8 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
     let mut checkpoint_lsn = 0;
 
     for (step, op) in ops.iter().enumerate() {
-        // Every other step's schedule, cancel and ack go through the async calls, which must
-        // answer exactly as the blocking ones.
+        // Every other step's schedule, cancel, ack, nack and ack_and_schedule go through the
+        // async calls, which must answer exactly as the blocking ones.
         let via_async = step % 2 == 1;
         let at =
             |what: String| -> common::BoxError { format!("step {step} {op:?}: {what}").into() };
@@ -1073,7 +1073,11 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                     d.payload().to_vec()
                 };
                 let due = Due::After(Duration::from_millis(*delay_ms));
-                let got = h.engine().ack_and_schedule(&d, due, &p);
+                let got = if via_async {
+                    block_on(h.engine().ack_and_schedule_async(&d, due, &p))
+                } else {
+                    h.engine().ack_and_schedule(&d, due, &p)
+                };
                 match (held, got) {
                     (Held::Live, Ok(AckScheduleOutcome::Scheduled(id))) => {
                         model.finish(&d);
@@ -1148,9 +1152,12 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                 }
                 let i = held[pick % held.len()];
                 let d = ds.all[i].0.clone();
-                let got =
-                    h.engine()
-                        .nack(&d, retry_after_ms.map(Duration::from_millis), NACK_ERROR);
+                let retry_after = retry_after_ms.map(Duration::from_millis);
+                let got = if via_async {
+                    block_on(h.engine().nack_async(&d, retry_after, NACK_ERROR))
+                } else {
+                    h.engine().nack(&d, retry_after, NACK_ERROR)
+                };
                 let expected = match ds.status(&model, i) {
                     Held::Abandoned => {
                         model.abandoned.remove(&d.task_id().0);

@@ -1,5 +1,5 @@
 //! The durable calls as futures, for async embedders: `schedule_async`, `cancel_async`,
-//! `ack_async` and their batch forms. Each does its blocking twin's work on its first poll,
+//! `ack_async` and their batch forms, `nack_async`, `ack_and_schedule_async`. Each does its blocking twin's work on its first poll,
 //! then waits for the log's durability without blocking the polling thread
 //! ([`kairos_wal::AppendTicket::durable`]): under `Sync` the log's writer thread commits the
 //! record, gathered with every other caller's into one group commit, and wakes the future.
@@ -13,11 +13,12 @@
 
 use super::{Engine, NewTask, Shared};
 use crate::consumer::{Consumer, Delivery};
-use crate::error::{AckError, CancelError, ScheduleError};
+use crate::error::{AckError, AckScheduleError, CancelError, ScheduleError};
 use crate::task::TaskId;
-use crate::{CancelOutcome, Due};
+use crate::{AckScheduleOutcome, CancelOutcome, Due, NackOutcome};
 use kairos_wal::AppendTicket;
 use std::cell::Cell;
+use std::time::Duration;
 
 /// How a call waits for the durability of what it logged.
 pub(crate) trait WaitMode {
@@ -83,6 +84,12 @@ impl FromPoison for CancelError {
 impl FromPoison for AckError {
     fn poisoned(cause: String) -> Self {
         AckError::Poisoned { cause }
+    }
+}
+
+impl FromPoison for AckScheduleError {
+    fn poisoned(cause: String) -> Self {
+        AckScheduleError::Ack(AckError::Poisoned { cause })
     }
 }
 
@@ -212,6 +219,39 @@ impl Engine {
             .deferred(|wait| shared.ack_many_with(deliveries, wait))
             .await
     }
+
+    /// [`Engine::nack`] as a future (same as [`Consumer::nack_async`]).
+    ///
+    /// # Errors
+    /// As [`Consumer::nack`].
+    pub async fn nack_async(
+        &self,
+        delivery: &Delivery,
+        retry_after: Option<Duration>,
+        error: &str,
+    ) -> Result<NackOutcome, AckError> {
+        let shared = &*self.shared;
+        shared
+            .deferred(|wait| shared.nack_with(delivery, retry_after, error, wait))
+            .await
+    }
+
+    /// [`Engine::ack_and_schedule`] as a future (same as
+    /// [`Consumer::ack_and_schedule_async`]).
+    ///
+    /// # Errors
+    /// As [`Consumer::ack_and_schedule`].
+    pub async fn ack_and_schedule_async(
+        &self,
+        delivery: &Delivery,
+        due: Due,
+        payload: &[u8],
+    ) -> Result<AckScheduleOutcome, AckScheduleError> {
+        let shared = &*self.shared;
+        shared
+            .deferred(|wait| shared.ack_and_schedule_with(delivery, due, payload, wait))
+            .await
+    }
 }
 
 impl Consumer {
@@ -234,6 +274,41 @@ impl Consumer {
         let shared = &*self.shared;
         shared
             .deferred(|wait| shared.ack_many_with(deliveries, wait))
+            .await
+    }
+
+    /// [`Consumer::nack`] as a future: it resolves once the RETRY or DEAD record has the log's
+    /// durability (as [`Consumer::ack_async`]).
+    ///
+    /// # Errors
+    /// As [`Consumer::nack`].
+    pub async fn nack_async(
+        &self,
+        delivery: &Delivery,
+        retry_after: Option<Duration>,
+        error: &str,
+    ) -> Result<NackOutcome, AckError> {
+        let shared = &*self.shared;
+        shared
+            .deferred(|wait| shared.nack_with(delivery, retry_after, error, wait))
+            .await
+    }
+
+    /// [`Consumer::ack_and_schedule`] as a future: it resolves once the frame of the ACK and
+    /// the next task's SCHEDULE has the log's durability (as [`Consumer::ack_async`]).
+    ///
+    /// # Errors
+    /// As [`Consumer::ack_and_schedule`]; `Poisoned` comes as
+    /// `AckScheduleError::Ack(AckError::Poisoned { .. })`, as there.
+    pub async fn ack_and_schedule_async(
+        &self,
+        delivery: &Delivery,
+        due: Due,
+        payload: &[u8],
+    ) -> Result<AckScheduleOutcome, AckScheduleError> {
+        let shared = &*self.shared;
+        shared
+            .deferred(|wait| shared.ack_and_schedule_with(delivery, due, payload, wait))
             .await
     }
 }

@@ -511,6 +511,17 @@ impl Shared {
         due: Due,
         payload: &[u8],
     ) -> Result<AckScheduleOutcome, AckScheduleError> {
+        self.ack_and_schedule_with(d, due, payload, &Blocking)
+    }
+
+    /// [`Shared::ack_and_schedule`], waiting for durability as `wait` says.
+    pub(crate) fn ack_and_schedule_with<W: WaitMode>(
+        &self,
+        d: &Delivery,
+        due: Due,
+        payload: &[u8],
+        wait: &W,
+    ) -> Result<AckScheduleOutcome, AckScheduleError> {
         let new = NewTask {
             key: d.key(),
             due,
@@ -518,7 +529,8 @@ impl Shared {
         };
         if d.at_most_once {
             // Finished when it was received: only the schedule is left.
-            return Ok(AckScheduleOutcome::Scheduled(self.schedule_one(&new)?));
+            let id = self.schedule_batch_with(std::slice::from_ref(&new), wait)?;
+            return Ok(AckScheduleOutcome::Scheduled(id));
         }
         let now = self.now();
         let (due_ms, due_tick) = self.prepare(&new, now)?;
@@ -534,14 +546,14 @@ impl Shared {
         core.check_open().map_err(status_to_ack_error)?;
         let state = match self.check_lease(&core, d, now_tick) {
             Ok(state) => state,
-            Err(refusal) => return Err(self.refused(core, refusal).into()),
+            Err(refusal) => return Err(self.refused_with(core, refusal, wait).into()),
         };
         if state == TaskState::Abandoned {
             // Finished by its cancel record already (and its key is no
             // longer its own): as `ack`, once that record is durable.
             core.totals.acks += 1;
             self.forget_task_tagged(&mut core, d.slot, None);
-            self.wait_logged(core)
+            self.wait_logged_with(core, wait)
                 .map_err(|cause| AckError::Poisoned { cause })?;
             return Ok(AckScheduleOutcome::CancelledWhileHeld);
         }
@@ -571,7 +583,7 @@ impl Shared {
             self.driver_cv.notify_all();
         }
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
             .map_err(|cause| AckError::Poisoned { cause })?;
         Ok(AckScheduleOutcome::Scheduled(id))
     }
@@ -582,6 +594,17 @@ impl Shared {
         d: &Delivery,
         retry_after: Option<Duration>,
         error: &str,
+    ) -> Result<NackOutcome, AckError> {
+        self.nack_with(d, retry_after, error, &Blocking)
+    }
+
+    /// [`Shared::nack`], waiting for durability as `wait` says.
+    pub(crate) fn nack_with<W: WaitMode>(
+        &self,
+        d: &Delivery,
+        retry_after: Option<Duration>,
+        error: &str,
+        wait: &W,
     ) -> Result<NackOutcome, AckError> {
         if d.at_most_once {
             return Err(AckError::NotOutstanding {
@@ -604,12 +627,12 @@ impl Shared {
         core.check_open().map_err(status_to_ack_error)?;
         let state = match self.check_lease(&core, d, now_tick) {
             Ok(state) => state,
-            Err(refusal) => return Err(self.refused(core, refusal)),
+            Err(refusal) => return Err(self.refused_with(core, refusal, wait)),
         };
         core.totals.nacks += 1;
         if state == TaskState::Abandoned {
             self.forget_task(&mut core, d.slot);
-            self.wait_logged(core)
+            self.wait_logged_with(core, wait)
                 .map_err(|cause| AckError::Poisoned { cause })?;
             return Ok(NackOutcome::Finished);
         }
@@ -619,7 +642,7 @@ impl Shared {
             .append_locked(&mut core, &batch.records())
             .map_err(|cause| AckError::Poisoned { cause })?;
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
             .map_err(|cause| AckError::Poisoned { cause })?;
         Ok(outcome)
     }

@@ -4,7 +4,9 @@
 //! at-least-once engine under [`Durability::Sync`] with the smallest segments the log allows,
 //! a 1 ms tick, a [`SimStorage`] seeded from the input and a [`ManualClock`], and on a small
 //! reference model (maps of live tasks, tasks cancelled while held, dead letters). After every
-//! operation the body checks, exactly:
+//! operation the body checks, exactly (every other step's schedule, schedule_many, cancel,
+//! ack, ack_and_schedule and nack through their async forms, run to completion on the spot:
+//! they must answer as the blocking calls do):
 //!
 //! * the operation's answer: ids (dense, never reused across crashes), `AlreadyExists`,
 //!   `DuplicateKeyInBatch`, `TooManyPending`, `DueTooFar`, `InFlight`, every [`CancelOutcome`]
@@ -1162,6 +1164,25 @@ impl Model {
     }
 }
 
+/// Runs `fut` to completion on this thread, parking while it is pending (no async runtime).
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut fut = std::pin::pin!(fut);
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    loop {
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
 fn key_bytes(k: u8) -> Vec<u8> {
     format!("key-{k}").into_bytes()
 }
@@ -1610,6 +1631,9 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
 
     for (step, op) in input.ops.iter().enumerate() {
         let at = At { step, op: Some(op) };
+        // Every other step's durable calls go through their async forms (run to completion
+        // here), which must answer exactly as the blocking ones.
+        let via_async = step % 2 == 1;
         // Deliveries an open makes (instead of a driver pass).
         let mut at_open: Option<Vec<Expected>> = None;
         match op {
@@ -1621,7 +1645,12 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 let k = key_bytes(*key);
                 let p = model.payload(usize::from(*payload_len));
                 let (due, due_ms) = when.resolve(model.wall_ms);
-                let got = engine.schedule(&k, due, &p).map(|id| vec![id]);
+                let got = if via_async {
+                    block_on(engine.schedule_async(&k, due, &p))
+                } else {
+                    engine.schedule(&k, due, &p)
+                }
+                .map(|id| vec![id]);
                 let expected = if due_ms > model.wall_ms + DELAY_MAX_MS {
                     cov.hit("schedule:too-far");
                     Answer::TooFar
@@ -1654,7 +1683,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                         payload: p,
                     })
                     .collect();
-                let got = engine.schedule_many(&batch);
+                let got = if via_async {
+                    block_on(engine.schedule_many_async(&batch))
+                } else {
+                    engine.schedule_many(&batch)
+                };
                 let mut distinct = ks.clone();
                 distinct.sort();
                 distinct.dedup();
@@ -1734,7 +1767,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
             }
             Op::Cancel { key } => {
                 let k = key_bytes(*key);
-                let got = engine.cancel(&k);
+                let got = if via_async {
+                    block_on(engine.cancel_async(&k))
+                } else {
+                    engine.cancel(&k)
+                };
                 let expected = cancel_in_model(&mut model, &k, &mut cov);
                 match got {
                     Ok(outcome) if outcome == expected => {}
@@ -1780,7 +1817,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 if let Some(i) = ds.pick(&model, *pick, *fresh) {
                     let held = ds.status(&model, i);
                     let d = ds.all[i].0.clone();
-                    let got = engine.ack(&d);
+                    let got = if via_async {
+                        block_on(engine.ack_async(&d))
+                    } else {
+                        engine.ack(&d)
+                    };
                     match refusal(held, &d) {
                         None => {
                             if let Err(e) = got {
@@ -1865,7 +1906,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                         d.payload().to_vec()
                     };
                     let (due, due_ms) = when.resolve(model.wall_ms);
-                    let got = engine.ack_and_schedule(&d, due, &p);
+                    let got = if via_async {
+                        block_on(engine.ack_and_schedule_async(&d, due, &p))
+                    } else {
+                        engine.ack_and_schedule(&d, due, &p)
+                    };
                     let max_ms = model.wall_ms + DELAY_MAX_MS;
                     // The new task's due time is checked before the lease (as a nack's
                     // `retry_after`): too far is refused whatever the delivery's state.
@@ -1917,7 +1962,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                     let held = ds.status(&model, i);
                     let d = ds.all[i].0.clone();
                     let retry_after = retry_after_ms.map(Duration::from_millis);
-                    let got = engine.nack(&d, retry_after, NACK_ERROR);
+                    let got = if via_async {
+                        block_on(engine.nack_async(&d, retry_after, NACK_ERROR))
+                    } else {
+                        engine.nack(&d, retry_after, NACK_ERROR)
+                    };
                     if retry_after_ms.is_some_and(|ms| ms > DELAY_MAX_MS) {
                         cov.hit("nack:too-far");
                         if !matches!(got, Err(AckError::RetryTooFar { .. })) {
