@@ -84,14 +84,15 @@
 //! thread (its poll still takes the engine's lock, and at most once waits
 //! for its ack record, as [`Consumer::try_recv`] does), and the async forms
 //! of the durable calls — [`Engine::schedule_async`],
-//! [`Engine::schedule_many_async`], [`Engine::cancel_async`],
+//! [`Engine::schedule_many_async`], [`Engine::reschedule_async`],
+//! [`Engine::cancel_async`],
 //! [`Engine::cancel_many_async`], [`Consumer::ack_async`],
 //! [`Consumer::ack_many_async`], [`Consumer::nack_async`],
 //! [`Consumer::ack_and_schedule_async`] — which do their work on the first
 //! poll and then wait for the log's durability without a thread (the log's
 //! writer thread commits and wakes them). None needs a particular runtime.
 //! From async code, call the other methods that wait for the disk
-//! (`reschedule`, `requeue_dead_letter`, `checkpoint`, `sync`, `lookup`,
+//! (`requeue_dead_letter`, `purge_dead_letter`, `checkpoint`, `sync`, `lookup`,
 //! `shutdown`, ...) on a blocking thread (e.g. tokio's `spawn_blocking`).
 //! Under `Sync` a schedule, cancel, reschedule, ack, nack or
 //! `ack_and_schedule` waits for an fdatasync — for two, as a lone caller, with

@@ -10,7 +10,7 @@ mod common;
 use common::{config, memory_engine, SimHarness, Stop, TestResult};
 use kairos::{
     AckError, AckScheduleError, AckScheduleOutcome, CancelError, CancelOutcome, Config, Due,
-    Durability, NackOutcome, NewTask, RecvError, ScheduleError,
+    Durability, NackOutcome, NewTask, RecvError, RescheduleOutcome, ScheduleError,
 };
 use kairos_wal::{FaultKind, FaultOp, FaultPlan};
 use std::future::Future;
@@ -151,6 +151,19 @@ fn async_calls_answer_as_the_blocking_calls() -> TestResult {
         run(consumer.nack_async(&run2, Some(Duration::from_millis(1)), "busy"))??,
         NackOutcome::Retry { .. }
     ));
+    // Rescheduling the retry keeps its id; a free key gets a new task.
+    assert_eq!(
+        run(engine.reschedule_async(b"r", after(50), None))??,
+        RescheduleOutcome::Rescheduled(kairos::TaskId(5))
+    );
+    assert_eq!(
+        run(engine.reschedule_async(b"new", after(50), Some(b"n")))??,
+        RescheduleOutcome::Scheduled(kairos::TaskId(6))
+    );
+    assert_eq!(
+        run(engine.cancel_async(b"new"))??,
+        CancelOutcome::Cancelled { deliveries: 0 }
+    );
     assert_eq!(
         run(engine.cancel_async(b"r"))??,
         CancelOutcome::Cancelled { deliveries: 1 }
@@ -189,6 +202,11 @@ fn a_resolved_async_call_survives_a_power_cut() -> TestResult {
         assert_eq!(id?.0, i + 1);
         polls.push(p);
     }
+    // A seventh task, moved an hour later by reschedule_async (same id, new payload).
+    run(engine.schedule_async(b"moved", after(1000), b"old"))??;
+    let (moved, p) = block_on(engine.reschedule_async(b"moved", after(3_601_000), Some(b"new")))?;
+    assert_eq!(moved?, RescheduleOutcome::Rescheduled(kairos::TaskId(7)));
+    polls.push(p);
     let (outcome, p) = block_on(engine.cancel_async(b"order:0"))?;
     assert_eq!(outcome?, CancelOutcome::Cancelled { deliveries: 0 });
     polls.push(p);
@@ -238,7 +256,9 @@ fn a_resolved_async_call_survives_a_power_cut() -> TestResult {
     assert_eq!(keys_of(&got), [b"order:2".to_vec()]);
     assert_eq!(got[0].payload(), b"next");
     let got = h.advance(Duration::from_secs(3600))?;
-    assert_eq!(keys_of(&got), [b"order:3".to_vec()]);
+    assert_eq!(keys_of(&got), [b"moved".to_vec(), b"order:3".to_vec()]);
+    let moved = got.iter().find(|d| d.key() == b"moved").ok_or("moved")?;
+    assert_eq!(moved.payload(), b"new");
     Ok(())
 }
 
@@ -353,6 +373,7 @@ fn the_futures_are_send() -> TestResult {
     assert_send(&engine.schedule_async(b"k", after(1), b""));
     assert_send(&engine.schedule_many_async(&[]));
     assert_send(&engine.cancel_async(b"k"));
+    assert_send(&engine.reschedule_async(b"k", after(1), None));
     assert_send(&engine.cancel_many_async(&[]));
     assert_send(&engine.ack_many_async(&[]));
     assert_send(&consumer.ack_many_async(&[]));

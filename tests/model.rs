@@ -851,8 +851,8 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
     let mut checkpoint_lsn = 0;
 
     for (step, op) in ops.iter().enumerate() {
-        // Every other step's schedule, cancel, ack, nack and ack_and_schedule go through the
-        // async calls, which must answer exactly as the blocking ones.
+        // Every other step's schedule, reschedule, cancel, ack, nack and ack_and_schedule go
+        // through the async calls, which must answer exactly as the blocking ones.
         let via_async = step % 2 == 1;
         let at =
             |what: String| -> common::BoxError { format!("step {step} {op:?}: {what}").into() };
@@ -948,11 +948,12 @@ fn run(seed: u64, setup: Setup, ops: &[Op]) -> TestResult {
                 let k = key_bytes(*key);
                 let p = payload_for(model.next_seq, 3);
                 let payload = new_payload.then_some(p.as_slice());
-                let got = h.engine().reschedule(
-                    &k,
-                    Due::After(Duration::from_millis(*delay_ms)),
-                    payload,
-                );
+                let due = Due::After(Duration::from_millis(*delay_ms));
+                let got = if via_async {
+                    block_on(h.engine().reschedule_async(&k, due, payload))
+                } else {
+                    h.engine().reschedule(&k, due, payload)
+                };
                 let due_ms = now_ms + delay_ms;
                 match model.tasks.get(&k).map(|t| (t.id, t.lease.is_some())) {
                     Some((_, true)) => {

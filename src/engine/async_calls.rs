@@ -1,5 +1,6 @@
 //! The durable calls as futures, for async embedders: `schedule_async`, `cancel_async`,
-//! `ack_async` and their batch forms, `nack_async`, `ack_and_schedule_async`. Each does its blocking twin's work on its first poll,
+//! `ack_async` and their batch forms, `reschedule_async`, `nack_async`,
+//! `ack_and_schedule_async`. Each does its blocking twin's work on its first poll,
 //! then waits for the log's durability without blocking the polling thread
 //! ([`kairos_wal::AppendTicket::durable`]): under `Sync` the log's writer thread commits the
 //! record, gathered with every other caller's into one group commit, and wakes the future.
@@ -15,7 +16,7 @@ use super::{Engine, NewTask, Shared};
 use crate::consumer::{Consumer, Delivery};
 use crate::error::{AckError, AckScheduleError, CancelError, ScheduleError};
 use crate::task::TaskId;
-use crate::{AckScheduleOutcome, CancelOutcome, Due, NackOutcome};
+use crate::{AckScheduleOutcome, CancelOutcome, Due, NackOutcome, RescheduleOutcome};
 use kairos_wal::AppendTicket;
 use std::cell::Cell;
 use std::time::Duration;
@@ -173,6 +174,23 @@ impl Engine {
         Ok((0..tasks.len() as u64)
             .map(|i| TaskId(first.0 + i))
             .collect())
+    }
+
+    /// [`Engine::reschedule`] as a future (upsert: a live task gets the new due time and
+    /// payload, a free key a new task).
+    ///
+    /// # Errors
+    /// As [`Engine::reschedule`].
+    pub async fn reschedule_async(
+        &self,
+        key: &[u8],
+        due: Due,
+        payload: Option<&[u8]>,
+    ) -> Result<RescheduleOutcome, ScheduleError> {
+        let shared = &*self.shared;
+        shared
+            .deferred(|wait| shared.reschedule_with(key, due, payload, wait))
+            .await
     }
 
     /// [`Engine::cancel`] as a future. Under `Sync`, `Cancelled` is durable when it resolves.

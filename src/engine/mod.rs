@@ -2765,6 +2765,17 @@ impl Shared {
         due: Due,
         payload: Option<&[u8]>,
     ) -> Result<RescheduleOutcome, ScheduleError> {
+        self.reschedule_with(key, due, payload, &Blocking)
+    }
+
+    /// [`Shared::reschedule`], waiting for durability as `wait` says.
+    fn reschedule_with<W: WaitMode>(
+        &self,
+        key: &[u8],
+        due: Due,
+        payload: Option<&[u8]>,
+        wait: &W,
+    ) -> Result<RescheduleOutcome, ScheduleError> {
         let new = NewTask {
             key,
             due,
@@ -2787,7 +2798,7 @@ impl Shared {
         let Some(slot) = found else {
             // Upsert: a new task, under the same lock as the lookup.
             if let Err(refusal) = self.check_room(&core, 1) {
-                return Err(self.room_refused(core, refusal));
+                return Err(self.room_refused_with(core, refusal, wait));
             }
             self.check_horizon(&core, due_ms, due_tick)?;
             let id = TaskId(core.next_id);
@@ -2798,7 +2809,7 @@ impl Shared {
                 self.driver_cv.notify_all();
             }
             drop(core);
-            self.wait_durable(ticket)
+            wait.wait(self, ticket)
                 .map_err(|cause| ScheduleError::Poisoned { cause })?;
             return Ok(RescheduleOutcome::Scheduled(id));
         };
@@ -2882,7 +2893,7 @@ impl Shared {
             self.driver_cv.notify_all();
         }
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         Ok(RescheduleOutcome::Rescheduled(id))
     }

@@ -4,9 +4,9 @@
 //! at-least-once engine under [`Durability::Sync`] with the smallest segments the log allows,
 //! a 1 ms tick, a [`SimStorage`] seeded from the input and a [`ManualClock`], and on a small
 //! reference model (maps of live tasks, tasks cancelled while held, dead letters). After every
-//! operation the body checks, exactly (every other step's schedule, schedule_many, cancel,
-//! ack, ack_and_schedule and nack through their async forms, run to completion on the spot:
-//! they must answer as the blocking calls do):
+//! operation the body checks, exactly (every other step's schedule, schedule_many,
+//! reschedule, cancel, ack, ack_and_schedule and nack through their async forms, run to
+//! completion on the spot: they must answer as the blocking calls do):
 //!
 //! * the operation's answer: ids (dense, never reused across crashes), `AlreadyExists`,
 //!   `DuplicateKeyInBatch`, `TooManyPending`, `DueTooFar`, `InFlight`, every [`CancelOutcome`]
@@ -1723,7 +1723,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                 let p = model.payload(3);
                 let payload = new_payload.then_some(p.as_slice());
                 let (due, due_ms) = when.resolve(model.wall_ms);
-                let got = engine.reschedule(&k, due, payload);
+                let got = if via_async {
+                    block_on(engine.reschedule_async(&k, due, payload))
+                } else {
+                    engine.reschedule(&k, due, payload)
+                };
                 let live = model.tasks.get(&k).map(|t| (t.id, t.lease.is_some()));
                 let expected = if due_ms > model.wall_ms + DELAY_MAX_MS {
                     cov.hit("schedule:too-far");
