@@ -127,8 +127,9 @@ impl Shared {
 /// What a poll may still block on (as [`Consumer::recv_async`]'s): a read of a far task's
 /// overflow entry from disk (a schedule or cancel of a key whose hash matches a far task's),
 /// and a schedule's wait while far tasks are moved out of memory faster than they are made
-/// ([`crate::Config::relocate_far_tasks`]), as the blocking call waits. A waker is woken under the log's lock and must not poll inline (as no
-/// usual executor's does).
+/// ([`crate::Config::relocate_far_tasks`]), as the blocking call waits. A waker is woken by
+/// the thread that made the record durable (the log's writer thread, or a blocking caller
+/// committing its own round) and must not poll inline (as no usual executor's does).
 ///
 /// **Dropping a future after its first poll does not undo its call**: the change is made and
 /// logged, and becomes durable as any other; only its answer is lost (a failure of the log

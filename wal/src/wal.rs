@@ -158,8 +158,9 @@ struct State {
     /// Frames in the last round committed: more than one, and callers leave the rounds to the
     /// writer thread (see [`AppendTicket::wait`]).
     last_round_frames: usize,
-    /// Wakers of [`Durable`] futures waiting for progress, all woken (and the list emptied)
-    /// wherever `progress` is notified; a future's slot is `None` once it was dropped or done.
+    /// Wakers of [`Durable`] futures waiting for progress, all taken (the list emptied)
+    /// wherever `progress` is notified and woken once the state lock is let go; a future's
+    /// slot is `None` once it was dropped or done.
     wakers: Vec<Option<std::task::Waker>>,
     /// Counts the emptyings of `wakers`: a future's filing `(epoch, index)` names its slot
     /// only while the epoch is current (else it files anew).
@@ -167,15 +168,29 @@ struct State {
 }
 
 impl State {
-    /// Wakes every [`Durable`] future filed (they poll, and file again if still waiting). Called
-    /// with the state lock held, next to each `progress.notify_all()`: a waker must not poll
-    /// inline (none of the usual executors' does). O(1) when none is filed.
-    fn wake_durable_futures(&mut self) {
+    /// Takes every [`Durable`] future's waker out of the list (they poll when woken, and file
+    /// again if still waiting). Called with the state lock held, next to each
+    /// `progress.notify_all()`; the caller wakes them with [`DurableWakers::wake`] once it has
+    /// let the lock go: a waker's `wake` (or drop) runs the executor's code, which may drop
+    /// another future or ticket of this log (a task dropped when woken), and so take this lock.
+    /// O(1) when none is filed.
+    fn take_durable_wakers(&mut self) -> DurableWakers {
         if self.wakers.is_empty() {
-            return;
+            return DurableWakers(Vec::new());
         }
         self.wakers_epoch += 1;
-        for waker in self.wakers.drain(..).flatten() {
+        DurableWakers(std::mem::take(&mut self.wakers))
+    }
+}
+
+/// Wakers taken out of [`State::wakers`], to wake once the state lock is let go.
+#[must_use = "the futures are woken only by `wake`"]
+struct DurableWakers(Vec<Option<std::task::Waker>>);
+
+impl DurableWakers {
+    /// Wakes them; call with the state lock let go (the writer state may still be held).
+    fn wake(self) {
+        for waker in self.0.into_iter().flatten() {
             waker.wake();
         }
     }
@@ -1320,9 +1335,10 @@ impl AppendTicket {
     ///
     /// Each poll takes the log's state lock briefly; while pending the future files its waker,
     /// which the log wakes whenever its written or durable marks move, it is poisoned or its
-    /// writer ends (under the state lock: the waker must not poll inline, as no usual
-    /// executor's does). Dropping the future before it resolves is as dropping the ticket: the
-    /// append still happens.
+    /// writer ends (with the state lock let go, so a waker may drop another future or ticket of
+    /// the log; but on the thread that moved them, maybe the writer thread holding the writer
+    /// state: the waker must not poll inline, as no usual executor's does). Dropping the
+    /// future before it resolves is as dropping the ticket: the append still happens.
     ///
     /// Cost: O(1) per poll; every pending `Durable` of the log is woken per group commit.
     pub fn durable(self) -> Durable {
@@ -1358,15 +1374,14 @@ impl std::fmt::Debug for Durable {
 }
 
 impl Durable {
-    /// Takes its waker out of the list, if it is still filed there.
-    fn unfile(&mut self, state: &mut State) {
-        if let Some((epoch, index)) = self.filed.take() {
-            if epoch == state.wakers_epoch {
-                if let Some(slot) = state.wakers.get_mut(index) {
-                    *slot = None;
-                }
-            }
+    /// Takes its waker out of the list, if it is still filed there; the caller drops it once
+    /// the state lock is let go (dropping a waker runs the executor's code).
+    fn unfile(&mut self, state: &mut State) -> Option<std::task::Waker> {
+        let (epoch, index) = self.filed.take()?;
+        if epoch != state.wakers_epoch {
+            return None;
         }
+        state.wakers.get_mut(index).and_then(Option::take)
     }
 }
 
@@ -1395,8 +1410,10 @@ impl std::future::Future for Durable {
             None
         };
         if let Some(answer) = answer {
-            this.unfile(&mut state);
+            let unfiled = this.unfile(&mut state);
             this.ticket.settled = true;
+            drop(state);
+            drop(unfiled);
             return Poll::Ready(answer);
         }
         if !this.writer_woken {
@@ -1405,12 +1422,14 @@ impl std::future::Future for Durable {
             shared.writer_wake.notify_one();
             this.writer_woken = true;
         }
+        // A waker replaced here is dropped once the lock is let go.
+        let mut replaced = None;
         match this.filed {
             Some((epoch, index)) if epoch == state.wakers_epoch => {
                 if let Some(slot) = state.wakers.get_mut(index) {
                     match slot {
                         Some(w) if w.will_wake(cx.waker()) => {}
-                        _ => *slot = Some(cx.waker().clone()),
+                        _ => replaced = slot.replace(cx.waker().clone()),
                     }
                 }
             }
@@ -1419,6 +1438,8 @@ impl std::future::Future for Durable {
                 this.filed = Some((state.wakers_epoch, state.wakers.len() - 1));
             }
         }
+        drop(state);
+        drop(replaced);
         Poll::Pending
     }
 }
@@ -1430,7 +1451,9 @@ impl Drop for Durable {
         if self.filed.is_some() {
             let shared = Arc::clone(&self.ticket.shared);
             let mut state = shared.state.lock();
-            self.unfile(&mut state);
+            let unfiled = self.unfile(&mut state);
+            drop(state);
+            drop(unfiled);
         }
     }
 }
@@ -1483,7 +1506,7 @@ impl Drop for DoneGuard {
         let mut state = self.0.state.lock();
         state.writer_done = true;
         self.0.progress.notify_all();
-        state.wake_durable_futures();
+        let wakers = state.take_durable_wakers();
         // A panic on the writer thread (a storage bug) poisoned the log as it unwound
         // (`PoisonOnUnwind`): the owner is told, as of a failure (the writer state, let go by
         // the unwinding, and the state are not held here).
@@ -1491,6 +1514,7 @@ impl Drop for DoneGuard {
             .then(|| state.poison.as_ref().map(Poison::to_error))
             .flatten();
         drop(state);
+        wakers.wake();
         if let Some(error) = panicked {
             self.0.report_background_failure(&error);
         }
@@ -1581,9 +1605,10 @@ impl Writeback {
                     }
                     state.queue.clear();
                     shared.progress.notify_all();
-                    state.wake_durable_futures();
+                    let wakers = state.take_durable_wakers();
                     shared.writer_wake.notify_all();
                     drop(state);
+                    wakers.wake();
                     shared.report_background_failure(&error);
                     return;
                 }
@@ -1627,8 +1652,10 @@ fn poison(shared: &Shared, error: &WalError) {
     }
     state.queue.clear();
     shared.progress.notify_all();
-    state.wake_durable_futures();
+    let wakers = state.take_durable_wakers();
     shared.writer_wake.notify_all();
+    drop(state);
+    wakers.wake();
 }
 
 /// Poisons the log if dropped armed: a write by an appender that panicked half-way (its
@@ -2066,7 +2093,9 @@ impl Writer {
         state.acked_lsn = self.acked();
         state.last_round_frames = self.last_batch_frames;
         self.shared.progress.notify_all();
-        state.wake_durable_futures();
+        let wakers = state.take_durable_wakers();
+        drop(state);
+        wakers.wake();
     }
 
     /// Encodes and writes a batch with as few writes as possible (one unless it rolls).

@@ -179,3 +179,70 @@ fn a_dropped_future_still_lets_its_append_happen() -> TestResult {
     assert_eq!(replayed, expected(5));
     Ok(())
 }
+
+/// A waker may own the last reference to another future of the same log (a task an executor
+/// that is shutting down drops when woken, a `select!` arm's future held by the waker of a
+/// task): waking it, or replacing it, then drops that future. The log must not hold its state
+/// lock while it wakes or drops wakers, or the writer thread deadlocks on itself.
+#[test]
+fn a_waker_that_drops_a_future_of_the_same_log_does_not_deadlock() -> TestResult {
+    use std::sync::Mutex;
+    /// Drops the future it holds when woken.
+    struct DropOnWake(
+        Mutex<Option<std::pin::Pin<Box<kairos_wal::Durable>>>>,
+        Thread,
+    );
+    impl Wake for DropOnWake {
+        fn wake(self: Arc<Self>) {
+            drop(self.0.lock().map(|mut held| held.take()));
+            self.1.unpark();
+        }
+    }
+    let sim = SimStorage::new(17);
+    sim.set_sync_latency(Duration::from_millis(20));
+    let (wal, _, _) = open(&sim, options(Durability::Sync, 1 << 20))?;
+    let plain = Waker::from(Arc::new(Unpark(
+        std::thread::current(),
+        AtomicUsize::new(0),
+    )));
+    // `held` is pending (its waker filed), then handed to the waker of `first`.
+    let mut held = Box::pin(append(&wal, 1)?.durable());
+    assert!(held
+        .as_mut()
+        .poll(&mut Context::from_waker(&plain))
+        .is_pending());
+    let dropper = Arc::new(DropOnWake(Mutex::new(Some(held)), std::thread::current()));
+    let mut first = Box::pin(append(&wal, 2)?.durable());
+    let dropper_waker = Waker::from(Arc::clone(&dropper));
+    assert!(first
+        .as_mut()
+        .poll(&mut Context::from_waker(&dropper_waker))
+        .is_pending());
+    drop(dropper_waker);
+    drop(dropper);
+    // The group commit wakes both; `first` resolves.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let probe = {
+        let wal_sync = wal.sync_handle();
+        std::thread::spawn(move || {
+            let _ = tx.send(wal_sync.sync());
+        })
+    };
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(synced) => synced?,
+        Err(_) => {
+            // The writer thread is stuck on the state lock it holds: leak the log (dropping it
+            // would join that thread forever).
+            std::mem::forget(wal);
+            std::mem::forget(first);
+            std::mem::forget(probe);
+            return Err(
+                "the log deadlocked: a waker dropped a Durable under the state lock".into(),
+            );
+        }
+    }
+    probe.join().map_err(|_| "probe panicked")?;
+    let (out, _) = block_on(first)?;
+    out?;
+    Ok(())
+}
