@@ -370,6 +370,7 @@ fn the_futures_are_send() -> TestResult {
     assert_send(&engine.nack_async(&d, None, "e"));
     assert_send(&engine.ack_and_schedule_async(&d, after(1), b""));
     assert_send(&engine.ack_async(&d));
+    assert_send(&consumer.ack_async(&d));
     assert_send(&engine.schedule_async(b"k", after(1), b""));
     assert_send(&engine.schedule_many_async(&[]));
     assert_send(&engine.cancel_async(b"k"));

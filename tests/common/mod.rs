@@ -409,7 +409,8 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> TestResult {
 }
 
 /// Runs `fut` to completion on this thread, parking while it is pending (a minimal executor:
-/// no async runtime is a dependency).
+/// no async runtime is a dependency). Panics if a pending future goes a minute without being
+/// woken (a lost wake-up; the engine answers in milliseconds).
 pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
     struct Unpark(std::thread::Thread);
     impl std::task::Wake for Unpark {
@@ -424,6 +425,12 @@ pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
         if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
             return out;
         }
-        std::thread::park();
+        // A spurious unpark only polls again; a minute with none is a lost wake-up.
+        let parked = std::time::Instant::now();
+        std::thread::park_timeout(std::time::Duration::from_secs(60));
+        assert!(
+            parked.elapsed() < std::time::Duration::from_secs(60),
+            "a pending future was not woken within a minute"
+        );
     }
 }
