@@ -112,6 +112,34 @@ impl Shared {
         }
         outcome
     }
+
+    /// [`Consumer::ack_many_async`] and [`Engine::ack_many_async`].
+    async fn ack_many_async(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
+        self.deferred(|wait| self.ack_many_with(deliveries, wait))
+            .await
+    }
+
+    /// [`Consumer::nack_async`] and [`Engine::nack_async`].
+    async fn nack_async(
+        &self,
+        delivery: &Delivery,
+        retry_after: Option<Duration>,
+        error: &str,
+    ) -> Result<NackOutcome, AckError> {
+        self.deferred(|wait| self.nack_with(delivery, retry_after, error, wait))
+            .await
+    }
+
+    /// [`Consumer::ack_and_schedule_async`] and [`Engine::ack_and_schedule_async`].
+    async fn ack_and_schedule_async(
+        &self,
+        delivery: &Delivery,
+        due: Due,
+        payload: &[u8],
+    ) -> Result<AckScheduleOutcome, AckScheduleError> {
+        self.deferred(|wait| self.ack_and_schedule_with(delivery, due, payload, wait))
+            .await
+    }
 }
 
 /// Async forms of the durable calls.
@@ -233,10 +261,7 @@ impl Engine {
     /// # Errors
     /// As [`Consumer::ack_many`].
     pub async fn ack_many_async(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
-        let shared = &*self.shared;
-        shared
-            .deferred(|wait| shared.ack_many_with(deliveries, wait))
-            .await
+        self.shared.ack_many_async(deliveries).await
     }
 
     /// [`Engine::nack`] as a future (same as [`Consumer::nack_async`]).
@@ -249,10 +274,7 @@ impl Engine {
         retry_after: Option<Duration>,
         error: &str,
     ) -> Result<NackOutcome, AckError> {
-        let shared = &*self.shared;
-        shared
-            .deferred(|wait| shared.nack_with(delivery, retry_after, error, wait))
-            .await
+        self.shared.nack_async(delivery, retry_after, error).await
     }
 
     /// [`Engine::ack_and_schedule`] as a future (same as
@@ -266,9 +288,8 @@ impl Engine {
         due: Due,
         payload: &[u8],
     ) -> Result<AckScheduleOutcome, AckScheduleError> {
-        let shared = &*self.shared;
-        shared
-            .deferred(|wait| shared.ack_and_schedule_with(delivery, due, payload, wait))
+        self.shared
+            .ack_and_schedule_async(delivery, due, payload)
             .await
     }
 }
@@ -290,10 +311,7 @@ impl Consumer {
     /// # Errors
     /// As [`Consumer::ack_many`].
     pub async fn ack_many_async(&self, deliveries: &[Delivery]) -> Result<(), AckError> {
-        let shared = &*self.shared;
-        shared
-            .deferred(|wait| shared.ack_many_with(deliveries, wait))
-            .await
+        self.shared.ack_many_async(deliveries).await
     }
 
     /// [`Consumer::nack`] as a future: it resolves once the RETRY or DEAD record has the log's
@@ -307,10 +325,7 @@ impl Consumer {
         retry_after: Option<Duration>,
         error: &str,
     ) -> Result<NackOutcome, AckError> {
-        let shared = &*self.shared;
-        shared
-            .deferred(|wait| shared.nack_with(delivery, retry_after, error, wait))
-            .await
+        self.shared.nack_async(delivery, retry_after, error).await
     }
 
     /// [`Consumer::ack_and_schedule`] as a future: it resolves once the frame of the ACK and
@@ -325,9 +340,8 @@ impl Consumer {
         due: Due,
         payload: &[u8],
     ) -> Result<AckScheduleOutcome, AckScheduleError> {
-        let shared = &*self.shared;
-        shared
-            .deferred(|wait| shared.ack_and_schedule_with(delivery, due, payload, wait))
+        self.shared
+            .ack_and_schedule_async(delivery, due, payload)
             .await
     }
 }
