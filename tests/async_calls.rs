@@ -380,3 +380,109 @@ fn the_futures_are_send() -> TestResult {
     assert_send(&consumer.ack_many_async(&[]));
     Ok(())
 }
+
+/// The refusals that rest on an earlier record — `AlreadyExists`, `NotFound`, `NotOutstanding` —
+/// answer only once that record is durable, as the blocking calls do: each is pending at its
+/// first poll while another future's record (polled once, then dropped) is still being
+/// synced, and what it answered survives a power cut right after.
+#[test]
+fn an_async_refusal_waits_for_the_record_it_rests_on() -> TestResult {
+    let mut h = SimHarness::new(21, sync_config())?;
+    h.sim.set_sync_latency(Duration::from_millis(20));
+    let mut cx = Context::from_waker(Waker::noop());
+    let engine = h.engine();
+    // A schedule polled once: made and logged, its fdatasync under way.
+    let mut first = Box::pin(engine.schedule_async(b"k", after(1000), b"p"));
+    assert!(first.as_mut().poll(&mut cx).is_pending());
+    let (dup, polls) = block_on(engine.schedule_async(b"k", after(1000), b"q"))?;
+    assert!(
+        matches!(dup, Err(ScheduleError::AlreadyExists { .. })),
+        "{dup:?}"
+    );
+    assert!(polls >= 2, "AlreadyExists answered at the first poll");
+    drop(first);
+    // A cancel polled once; a second cancel of the key finds it gone.
+    run(engine.schedule_async(b"c", after(1000), b""))??;
+    let mut cancel = Box::pin(engine.cancel_async(b"c"));
+    assert!(cancel.as_mut().poll(&mut cx).is_pending());
+    let (gone, polls) = block_on(engine.cancel_async(b"c"))?;
+    assert_eq!(gone?, CancelOutcome::NotFound);
+    assert!(polls >= 2, "NotFound answered at the first poll");
+    drop(cancel);
+    // A delivery acked by a future polled once; a second ack is refused.
+    run(engine.schedule_async(b"d", after(0), b""))??;
+    let got = h.advance(Duration::from_millis(1))?;
+    let d = got
+        .iter()
+        .find(|d| d.key() == b"d")
+        .ok_or("d not delivered")?;
+    let consumer = engine.consumer();
+    let mut ack = Box::pin(consumer.ack_async(d));
+    assert!(ack.as_mut().poll(&mut cx).is_pending());
+    let (again, polls) = block_on(consumer.ack_async(d))?;
+    assert!(
+        matches!(again, Err(AckError::NotOutstanding { .. })),
+        "{again:?}"
+    );
+    assert!(polls >= 2, "NotOutstanding answered at the first poll");
+    drop(ack);
+    h.sim.power_cut_drop_unsynced();
+    h.restart(Stop::ProcessCrash)?;
+    // "k" scheduled, "c" cancelled, "d" acked: only "k" is left, and comes when due.
+    assert_eq!(h.engine().stats().pending, 1);
+    assert!(h.advance(Duration::from_millis(1))?.is_empty());
+    let got = h.advance(Duration::from_millis(1000))?;
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].key(), got[0].payload()), (&b"k"[..], &b"p"[..]));
+    Ok(())
+}
+
+/// The batch forms under `Sync` on a slow disk: `schedule_many_async`, `cancel_many_async`
+/// and `ack_many_async` are pending at their first poll and what they answered survives a
+/// power cut right after.
+#[test]
+fn resolved_async_batches_survive_a_power_cut() -> TestResult {
+    let mut h = SimHarness::new(22, sync_config())?;
+    h.sim.set_sync_latency(Duration::from_millis(2));
+    let engine = h.engine();
+    let keys: Vec<String> = (0..6).map(|i| format!("b:{i}")).collect();
+    let batch: Vec<NewTask> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| NewTask {
+            key: k.as_bytes(),
+            due: after(if i < 2 { 10 } else { 1000 }),
+            payload: b"p",
+        })
+        .collect();
+    let (ids, polls) = block_on(engine.schedule_many_async(&batch))?;
+    assert_eq!(ids?.len(), 6);
+    assert!(polls >= 2, "schedule_many_async: {polls} poll(s)");
+    let (outcomes, polls) = block_on(engine.cancel_many_async(&[b"b:2", b"b:3", b"none"]))?;
+    assert_eq!(
+        outcomes?,
+        [
+            CancelOutcome::Cancelled { deliveries: 0 },
+            CancelOutcome::Cancelled { deliveries: 0 },
+            CancelOutcome::NotFound,
+        ]
+    );
+    assert!(polls >= 2, "cancel_many_async: {polls} poll(s)");
+    let got = h.advance(Duration::from_millis(10))?;
+    assert_eq!(got.len(), 2);
+    let (acked, polls) = block_on(engine.consumer().ack_many_async(&got))?;
+    acked?;
+    assert!(polls >= 2, "ack_many_async: {polls} poll(s)");
+    h.sim.power_cut_drop_unsynced();
+    h.restart(Stop::ProcessCrash)?;
+    // b:0 and b:1 acked (not delivered again), b:2 and b:3 cancelled: b:4 and b:5 are left.
+    assert!(h.advance(Duration::from_millis(1))?.is_empty());
+    let mut left: Vec<Vec<u8>> = h
+        .advance(Duration::from_millis(1000))?
+        .iter()
+        .map(|d| d.key().to_vec())
+        .collect();
+    left.sort();
+    assert_eq!(left, [b"b:4".to_vec(), b"b:5".to_vec()]);
+    Ok(())
+}
