@@ -5,8 +5,8 @@
 //! a 1 ms tick, a [`SimStorage`] seeded from the input and a [`ManualClock`], and on a small
 //! reference model (maps of live tasks, tasks cancelled while held, dead letters). After every
 //! operation the body checks, exactly (every other step's schedule, schedule_many,
-//! reschedule, cancel, ack, ack_and_schedule and nack through their async forms, run to
-//! completion on the spot: they must answer as the blocking calls do):
+//! reschedule, cancel, cancel_many, ack, ack_many, ack_and_schedule and nack through their
+//! async forms, run to completion on the spot: they must answer as the blocking calls do):
 //!
 //! * the operation's answer: ids (dense, never reused across crashes), `AlreadyExists`,
 //!   `DuplicateKeyInBatch`, `TooManyPending`, `DueTooFar`, `InFlight`, every [`CancelOutcome`]
@@ -1785,7 +1785,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
             Op::CancelMany { keys } => {
                 let ks: Vec<Vec<u8>> = keys.iter().map(|k| key_bytes(*k)).collect();
                 let refs: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
-                let got = engine.cancel_many(&refs);
+                let got = if via_async {
+                    block_on(engine.cancel_many_async(&refs))
+                } else {
+                    engine.cancel_many(&refs)
+                };
                 cov.hit("cancel-many");
                 let expected: Vec<CancelOutcome> = ks
                     .iter()
@@ -1877,7 +1881,11 @@ pub fn engine_model_run(data: &[u8]) -> Coverage {
                         }
                         _ => None,
                     };
-                    let got = engine.ack_many(&batch);
+                    let got = if via_async {
+                        block_on(engine.ack_many_async(&batch))
+                    } else {
+                        engine.ack_many(&batch)
+                    };
                     match expected_error {
                         Some(expected) => {
                             cov.hit("ack-many:spoiled");
