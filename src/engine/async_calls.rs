@@ -1,6 +1,6 @@
 //! The durable calls as futures, for async embedders: `schedule_async`, `cancel_async`,
 //! `ack_async` and their batch forms, `reschedule_async`, `nack_async`,
-//! `ack_and_schedule_async`. Each does its blocking twin's work on its first poll,
+//! `ack_and_schedule_async`, `sync_async`. Each does its blocking twin's work on its first poll,
 //! then waits for the log's durability without blocking the polling thread
 //! ([`kairos_wal::AppendTicket::durable`]): under `Sync` the log's writer thread commits the
 //! record, gathered with every other caller's into one group commit, and wakes the future.
@@ -14,7 +14,7 @@
 
 use super::{Engine, NewTask, Shared};
 use crate::consumer::{Consumer, Delivery};
-use crate::error::{AckError, AckScheduleError, CancelError, ScheduleError};
+use crate::error::{AckError, AckScheduleError, CancelError, ScheduleError, SyncError};
 use crate::task::TaskId;
 use crate::{AckScheduleOutcome, CancelOutcome, Due, NackOutcome, RescheduleOutcome};
 use kairos_wal::AppendTicket;
@@ -220,6 +220,23 @@ impl Engine {
         shared
             .deferred(|wait| shared.reschedule_with(key, due, payload, wait))
             .await
+    }
+
+    /// [`Engine::sync`] as a future: everything logged before the call fdatasynced (and
+    /// proven), in any durability mode — per-call durability for an `Interval` or `Buffered`
+    /// engine in async code. The log's writer thread syncs and wakes it; a shutdown under way
+    /// makes everything durable too (then `Ok`). In memory, `Ok` at once.
+    ///
+    /// # Errors
+    /// As [`Engine::sync`]: [`SyncError::Closed`] after a shutdown; [`SyncError::Poisoned`] if
+    /// the engine was poisoned, or a write or fdatasync failed now (which poisons it).
+    pub async fn sync_async(&self) -> Result<(), SyncError> {
+        let Some(log) = self.shared.sync_handle()? else {
+            return Ok(());
+        };
+        log.sync_async()
+            .await
+            .map_err(|e| self.shared.sync_failed(e))
     }
 
     /// [`Engine::cancel`] as a future. Under `Sync`, `Cancelled` is durable when it resolves.

@@ -2211,27 +2211,34 @@ impl Shared {
 
     /// [`Engine::sync`].
     fn sync_log(&self) -> Result<(), SyncError> {
-        // A handle, not the log: a shutdown meanwhile must be able to close
-        // the log (it takes sole ownership of it) while this waits.
-        let log = {
-            let core = self.core.lock();
-            core.check_open().map_err(|status| match status {
-                Status::Poisoned(cause) => SyncError::Poisoned { cause },
-                _ => SyncError::Closed,
-            })?;
-            match &core.wal {
-                Some(wal) => wal.sync_handle(),
-                None => return Ok(()),
-            }
-        };
-        log.sync().map_err(|e| match e {
+        match self.sync_handle()? {
+            Some(log) => log.sync().map_err(|e| self.sync_failed(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// The log's [`kairos_wal::SyncHandle`] for [`Engine::sync`] and [`Engine::sync_async`] (`None` in
+    /// memory): a handle, not the log, so that a shutdown meanwhile can still close the log
+    /// (it takes sole ownership of it) while the caller waits.
+    fn sync_handle(&self) -> Result<Option<kairos_wal::SyncHandle>, SyncError> {
+        let core = self.core.lock();
+        core.check_open().map_err(|status| match status {
+            Status::Poisoned(cause) => SyncError::Poisoned { cause },
+            _ => SyncError::Closed,
+        })?;
+        Ok(core.wal.as_ref().map(|wal| wal.sync_handle()))
+    }
+
+    /// A failed sync: `Closed`, or the engine poisoned with its cause.
+    fn sync_failed(&self, e: WalError) -> SyncError {
+        match e {
             WalError::Closed => SyncError::Closed,
             e => {
                 let cause = e.to_string();
                 self.poison(cause.clone());
                 SyncError::Poisoned { cause }
             }
-        })
+        }
     }
 
     fn poison(&self, cause: String) {

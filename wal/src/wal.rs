@@ -1233,6 +1233,37 @@ impl SyncHandle {
     pub fn sync(&self) -> Result<(), WalError> {
         sync_shared(&self.shared, &self.writer)
     }
+
+    /// [`SyncHandle::sync`] as a future, for async callers: it resolves once everything
+    /// appended before this call is fdatasynced (and, with `proof_before_ack`, proven), in any
+    /// durability mode, without blocking the polling thread: the writer thread does the sync
+    /// (it never leads a round itself) and wakes it, as [`AppendTicket::durable`]'s future.
+    ///
+    /// # Errors
+    /// As [`SyncHandle::sync`]: [`WalError::Io`] (the log poisoned, now or before), and
+    /// [`WalError::Closed`] when the writer stopped first (a poisoned log answers its poison).
+    pub fn sync_async(&self) -> Durable {
+        let mut state = self.shared.state.lock();
+        let target = state.next_lsn - 1;
+        if state.acked_lsn < target && state.stop == Stop::Running {
+            // As `sync_shared`: the writer thread's next round syncs (and proves) up to it.
+            state.sync_wanted = state.sync_wanted.max(target);
+        }
+        drop(state);
+        Durable {
+            ticket: AppendTicket {
+                shared: Arc::clone(&self.shared),
+                writer: Arc::clone(&self.writer),
+                first_lsn: Lsn(target),
+                last_lsn: Lsn(target),
+                // Nothing of its own to commit when dropped.
+                settled: true,
+            },
+            filed: None,
+            writer_woken: false,
+            sync: true,
+        }
+    }
 }
 
 impl AppendTicket {
@@ -1346,6 +1377,7 @@ impl AppendTicket {
             ticket: self,
             filed: None,
             writer_woken: false,
+            sync: false,
         }
     }
 }
@@ -1363,6 +1395,9 @@ pub struct Durable {
     filed: Option<(u64, usize)>,
     /// Whether it asked the writer thread to write (and under `Sync` commit) the append.
     writer_woken: bool,
+    /// A [`SyncHandle::sync_async`]: done at the acknowledged (fdatasynced, proven) mark in
+    /// every durability mode, not only under `Sync`.
+    sync: bool,
 }
 
 impl std::fmt::Debug for Durable {
@@ -1397,6 +1432,7 @@ impl std::future::Future for Durable {
         let shared = Arc::clone(&this.ticket.shared);
         let mut state = shared.state.lock();
         let done = match shared.durability {
+            _ if this.sync => state.acked_lsn,
             Durability::Sync => state.acked_lsn,
             Durability::Interval(_) | Durability::Buffered => state.written_lsn,
         };
