@@ -224,8 +224,8 @@ impl Engine {
 
     /// [`Engine::sync`] as a future: everything logged before the call fdatasynced (and
     /// proven), in any durability mode — per-call durability for an `Interval` or `Buffered`
-    /// engine in async code. The log's writer thread syncs and wakes it; a shutdown under way
-    /// makes everything durable too (then `Ok`). In memory, `Ok` at once.
+    /// engine in async code. The log's writer thread syncs and wakes it; a shutdown while it
+    /// waits makes everything durable too (then `Ok`). In memory, `Ok` at once.
     ///
     /// # Errors
     /// As [`Engine::sync`]: [`SyncError::Closed`] after a shutdown; [`SyncError::Poisoned`] if

@@ -1382,7 +1382,8 @@ impl AppendTicket {
     }
 }
 
-/// The future of [`AppendTicket::durable`]: `Ok(())` once the append has the log's durability.
+/// The future of [`AppendTicket::durable`]: `Ok(())` once the append has the log's durability;
+/// of [`SyncHandle::sync_async`]: `Ok(())` once everything appended before it is synced.
 ///
 /// # Errors
 /// As [`AppendTicket::wait`]: [`WalError::Io`] if the log was poisoned before the append was
