@@ -1163,3 +1163,56 @@ fn engine_opens(sim: &SimStorage) {
         panic!("the engine opened a verified directory but does not shut down: {e}");
     }
 }
+
+/// Runs `fut` to completion on this thread (a minimal executor for the async calls in tests and
+/// fuzz bodies: no async runtime is a dependency), polling it once at the start and then only
+/// after its waker was woken; returns its output and how many polls it took.
+///
+/// # Errors
+/// A message if a pending future goes [`WOKEN_WITHIN`] without being woken (a lost wake-up: the
+/// engine answers in milliseconds). Spurious unparks do not count as wakes.
+pub fn block_on_counted<F: std::future::Future>(fut: F) -> Result<(F::Output, usize), String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    /// A waker that counts its wakes and unparks the polling thread.
+    struct Unpark(std::thread::Thread, AtomicUsize);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.unpark();
+        }
+    }
+    let mut fut = std::pin::pin!(fut);
+    let unpark = Arc::new(Unpark(std::thread::current(), AtomicUsize::new(0)));
+    let waker = std::task::Waker::from(Arc::clone(&unpark));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut polls = 0;
+    loop {
+        let seen = unpark.1.load(Ordering::SeqCst);
+        polls += 1;
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return Ok((out, polls));
+        }
+        let start = std::time::Instant::now();
+        while unpark.1.load(Ordering::SeqCst) == seen {
+            if start.elapsed() > WOKEN_WITHIN {
+                return Err(format!("not woken within {WOKEN_WITHIN:?}"));
+            }
+            std::thread::park_timeout(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+/// Longest [`block_on_counted`] waits for a pending future's wake (liveness, not speed).
+pub const WOKEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// [`block_on_counted`]'s output alone.
+///
+/// # Panics
+/// On a lost wake-up (see [`block_on_counted`]): in a fuzz body, a finding.
+pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    match block_on_counted(fut) {
+        Ok((out, _)) => out,
+        Err(lost) => panic!("{lost}"),
+    }
+}

@@ -7,55 +7,20 @@
 
 mod common;
 
-use common::{config, memory_engine, SimHarness, Stop, TestResult};
+use common::{block_on_counted, config, memory_engine, SimHarness, Stop, TestResult};
 use kairos::{
     AckError, AckScheduleError, AckScheduleOutcome, CancelError, CancelOutcome, Config, Due,
     Durability, NackOutcome, NewTask, RecvError, RescheduleOutcome, ScheduleError,
 };
 use kairos_wal::{FaultKind, FaultOp, FaultPlan};
 use std::future::Future;
-use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::Thread;
-use std::time::{Duration, Instant};
+use std::task::{Context, Waker};
+use std::time::Duration;
 
-/// A waker that unparks the thread that made it, and counts its wakes.
-struct Unpark(Thread, AtomicUsize);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.1.fetch_add(1, Ordering::SeqCst);
-        self.0.unpark();
-    }
-}
-
-/// Longest a test waits to be woken before it calls the future lost (liveness, not speed).
-const WOKEN_WITHIN: Duration = Duration::from_secs(60);
-
-/// Runs `fut` to completion, polling it once at the start and then only after a wake; returns
-/// its output and how many polls it took.
+/// [`block_on_counted`]: the output and the number of polls (once at the start, then only
+/// after a wake).
 fn block_on<F: Future>(fut: F) -> Result<(F::Output, usize), String> {
-    let mut fut = pin!(fut);
-    let unpark = Arc::new(Unpark(std::thread::current(), AtomicUsize::new(0)));
-    let waker = Waker::from(Arc::clone(&unpark));
-    let mut cx = Context::from_waker(&waker);
-    let mut polls = 0;
-    loop {
-        let seen = unpark.1.load(Ordering::SeqCst);
-        polls += 1;
-        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return Ok((out, polls));
-        }
-        let start = Instant::now();
-        while unpark.1.load(Ordering::SeqCst) == seen {
-            if start.elapsed() > WOKEN_WITHIN {
-                return Err(format!("not woken within {WOKEN_WITHIN:?}"));
-            }
-            std::thread::park_timeout(Duration::from_millis(100));
-        }
-    }
+    block_on_counted(fut)
 }
 
 /// [`block_on`]'s output alone.
@@ -335,9 +300,7 @@ fn a_dropped_future_does_not_undo_its_call() -> TestResult {
     let mut h = SimHarness::new(13, sync_config())?;
     h.sim.set_sync_latency(Duration::from_millis(5));
     let engine = h.engine();
-    let unpark = Arc::new(Unpark(std::thread::current(), AtomicUsize::new(0)));
-    let waker = Waker::from(unpark);
-    let mut cx = Context::from_waker(&waker);
+    let mut cx = Context::from_waker(Waker::noop());
     {
         let mut fut = Box::pin(engine.schedule_async(b"dropped", after(50), b"still here"));
         assert!(fut.as_mut().poll(&mut cx).is_pending());

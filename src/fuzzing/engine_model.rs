@@ -59,6 +59,7 @@ use std::time::Duration;
 
 use kairos_wal::{Durability, SimStorage};
 
+use super::block_on;
 use crate::clock::ms_to_system_time;
 use crate::config::{DELAY_MAX_DEFAULT, LEASE_MAX, PENDING_TASKS_MAX_DEFAULT};
 use crate::{
@@ -1161,25 +1162,6 @@ impl Model {
             .nth(usize::from(pick) % self.dead.len())
             .copied()
             .unwrap_or(0)
-    }
-}
-
-/// Runs `fut` to completion on this thread, parking while it is pending (no async runtime).
-fn block_on<F: std::future::Future>(fut: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let mut fut = std::pin::pin!(fut);
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    loop {
-        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
     }
 }
 

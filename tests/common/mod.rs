@@ -408,29 +408,6 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> TestResult {
     Ok(())
 }
 
-/// Runs `fut` to completion on this thread, parking while it is pending (a minimal executor:
-/// no async runtime is a dependency). Panics if a pending future goes a minute without being
-/// woken (a lost wake-up; the engine answers in milliseconds).
-pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let mut fut = std::pin::pin!(fut);
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    loop {
-        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return out;
-        }
-        // A spurious unpark only polls again; a minute with none is a lost wake-up.
-        let parked = std::time::Instant::now();
-        std::thread::park_timeout(std::time::Duration::from_secs(60));
-        assert!(
-            parked.elapsed() < std::time::Duration::from_secs(60),
-            "a pending future was not woken within a minute"
-        );
-    }
-}
+/// The one minimal executor for the async calls (in `kairos::fuzzing`, shared with the fuzz bodies).
+#[allow(unused_imports)]
+pub use kairos::fuzzing::{block_on, block_on_counted};
