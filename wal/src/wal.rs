@@ -201,6 +201,15 @@ impl DurableWakers {
 type FailureHook = Arc<dyn Fn(&WalError) + Send + Sync>;
 
 impl Shared {
+    /// The mark an append's ticket is done at ([`AppendTicket::wait`], [`Durable`]): the
+    /// acknowledged (fdatasynced, proven) LSN under `Sync`, the written one otherwise.
+    fn ticket_done_mark(&self, state: &State) -> u64 {
+        match self.durability {
+            Durability::Sync => state.acked_lsn,
+            Durability::Interval(_) | Durability::Buffered => state.written_lsn,
+        }
+    }
+
     /// Tells the owner's hook, if one is set, of `error`: a failure of the writer thread or
     /// the write-back thread that poisoned the log. Called with no lock of the log held, so
     /// that the hook may take its owner's locks (an owner's thread that holds them while it
@@ -1307,10 +1316,7 @@ impl AppendTicket {
         let mut writer_woken = false;
         let mut state = shared.state.lock();
         loop {
-            let done = match shared.durability {
-                Durability::Sync => state.acked_lsn,
-                Durability::Interval(_) | Durability::Buffered => state.written_lsn,
-            };
+            let done = shared.ticket_done_mark(&state);
             if done >= self.last_lsn.0 {
                 return Ok(());
             }
@@ -1432,10 +1438,10 @@ impl std::future::Future for Durable {
         let this = self.get_mut();
         let shared = Arc::clone(&this.ticket.shared);
         let mut state = shared.state.lock();
-        let done = match shared.durability {
-            _ if this.sync => state.acked_lsn,
-            Durability::Sync => state.acked_lsn,
-            Durability::Interval(_) | Durability::Buffered => state.written_lsn,
+        let done = if this.sync {
+            state.acked_lsn
+        } else {
+            shared.ticket_done_mark(&state)
         };
         let answer = if done >= this.ticket.last_lsn.0 {
             Some(Ok(()))
