@@ -12,7 +12,7 @@
 //! exactly as its blocking twin's: the outcome it computed, or `Poisoned` if the log failed
 //! before that outcome was durable.
 
-use super::{Engine, NewTask, Shared};
+use super::{batch_ids, Engine, NewTask, Shared};
 use crate::consumer::{Consumer, Delivery};
 use crate::error::{AckError, AckScheduleError, CancelError, ScheduleError, SyncError};
 use crate::task::TaskId;
@@ -200,9 +200,7 @@ impl Engine {
         let first = shared
             .deferred(|wait| shared.schedule_batch_with(tasks, wait))
             .await?;
-        Ok((0..tasks.len() as u64)
-            .map(|i| TaskId(first.0 + i))
-            .collect())
+        Ok(batch_ids(first, tasks.len()))
     }
 
     /// [`Engine::reschedule`] as a future (upsert: a live task gets the new due time and

@@ -1634,9 +1634,7 @@ impl Engine {
             return Ok(Vec::new());
         }
         let first = self.shared.schedule_batch(tasks)?;
-        Ok((0..tasks.len() as u64)
-            .map(|i| TaskId(first.0 + i))
-            .collect())
+        Ok(batch_ids(first, tasks.len()))
     }
 
     /// Cancels the live task with `key`.
@@ -3859,6 +3857,11 @@ enum CancelVictim {
         pos: usize,
         entry: crate::far::FarEntry,
     },
+}
+
+/// The ids of a batch of `n` tasks scheduled at once: consecutive from `first`.
+fn batch_ids(first: TaskId, n: usize) -> Vec<TaskId> {
+    (0..n as u64).map(|i| TaskId(first.0 + i)).collect()
 }
 
 #[cfg(test)]
