@@ -991,6 +991,22 @@ impl FarIndex {
         })
     }
 
+    /// The live far task whose entry comes first in overflow file `file`
+    /// at or after byte `offset`: `(its entry's offset, its task id)`.
+    /// O(n) over the whole index: for going past a damaged entry (see
+    /// `Shared::promote_far`), not for the hot path.
+    pub fn first_live_in_file_from(&self, file: u32, offset: u64) -> Option<(u64, u64)> {
+        if self.live_in_file(file) == 0 {
+            return None;
+        }
+        self.iter()
+            .filter_map(|e| {
+                let (f, at) = unpack_loc(e.loc);
+                (f == file && at >= offset).then_some((at, e.id))
+            })
+            .min()
+    }
+
     /// The entry at `pos` (from [`FarIndex::candidates`] or
     /// [`FarIndex::find`]).
     ///
@@ -1217,6 +1233,41 @@ mod tests {
                 <= 5_000 * 20 + 5_000 + SHARDS * (std::mem::size_of::<Shard>() + 16 + 8)
         );
         rebuilt.check();
+    }
+
+    /// The first live far task of a file at or after an offset, against a
+    /// scan of the entries kept in a plain list.
+    #[test]
+    fn first_live_in_file_from_is_the_least_live_offset_not_before() {
+        let hasher = KeyHasher::new(&[9; 16]);
+        let entries: Vec<FarEntry> = (1..=3_000u64)
+            .map(|id| entry(hasher.hash(format!("k{id}").as_bytes()), id))
+            .collect();
+        let mut index = FarIndex::build(entries.clone()).unwrap();
+        let mut live = entries.clone();
+        for (i, e) in entries.iter().enumerate() {
+            if i % 5 == 0 || (1_000..1_400).contains(&e.id) {
+                let pos = index.find(e.hash, e.loc, e.id).unwrap();
+                index.remove(pos);
+                live.retain(|l| l.id != e.id);
+            }
+        }
+        for file in 1..=4u32 {
+            for offset in (0..3_200u64).step_by(7) {
+                let want = live
+                    .iter()
+                    .filter_map(|e| {
+                        let (f, at) = unpack_loc(e.loc);
+                        (f == file && at >= offset).then_some((at, e.id))
+                    })
+                    .min();
+                assert_eq!(index.first_live_in_file_from(file, offset), want);
+            }
+        }
+        assert_eq!(
+            index.first_live_in_file_from(3, 64 + 1_000),
+            Some((64 + 1_400, 1_400))
+        );
     }
 
     impl FarIndex {

@@ -640,10 +640,15 @@ impl EntryFile {
 /// from — the file's length at its end, otherwise the first entry not taken
 /// — and that entry's due time, read with the entry whole and checked (CRC),
 /// so that a caller can trust it without reading the entry again
-/// ([`DueEntries`]).
+/// ([`DueEntries`]). A read that meets a damaged entry after reading some
+/// stops before it without an error: the entries before it are returned,
+/// with `next` the damaged entry's offset and `next_due_ms` the last
+/// returned entry's due time (a lower bound), so the caller reads on from
+/// there and gets the error.
 ///
 /// # Errors
-/// [`OverflowReadError::Corrupt`] at the first damaged entry; I/O errors.
+/// [`OverflowReadError::Corrupt`] if the entry at `offset` (the first one
+/// the call would return) is damaged; I/O errors.
 pub fn read_due(
     storage: &dyn Storage,
     path: &Path,
@@ -703,7 +708,9 @@ pub struct DueEntries {
     /// whole), or the file's length at its end.
     pub next: u64,
     /// The due time of the entry at `next` as the file has it (checked with
-    /// the entry's CRC); `None` at the file's end.
+    /// the entry's CRC); `None` at the file's end. When the read stopped
+    /// before a damaged entry at `next`, the due time of the last entry
+    /// returned instead: a lower bound (at most the `due_until` asked for).
     pub next_due_ms: Option<u64>,
 }
 
@@ -716,8 +723,56 @@ struct Chunks {
 }
 
 /// [`read_due_at_most`] of the open `file` (at `path`), `len` bytes long,
-/// reading `chunks` at a time.
+/// reading `chunks` at a time. Damage found after at least one entry was
+/// read ends the read there without an error: the entries before it are
+/// returned, `next` is the damaged entry's offset and `next_due_ms` the due
+/// time of the last entry returned (a lower bound, at most `due_until`, so
+/// a caller reads on from `next` and gets the error then). A reader that
+/// can go past damage no live task needs (`crate::engine`'s promotion of
+/// far tasks) thus has every intact entry before it.
 fn read_due_in(
+    file: &dyn StorageFile,
+    len: u64,
+    path: &Path,
+    offset: u64,
+    due_until: u64,
+    chunks: Chunks,
+    entries_max: usize,
+) -> Result<DueEntries, OverflowReadError> {
+    let mut out = Vec::new();
+    match read_due_into(
+        file,
+        len,
+        path,
+        offset,
+        due_until,
+        chunks,
+        entries_max,
+        &mut out,
+    ) {
+        Ok((next, next_due_ms)) => Ok(DueEntries {
+            entries: out,
+            next,
+            next_due_ms,
+        }),
+        Err(OverflowReadError::Corrupt {
+            offset: damaged_at, ..
+        }) if out.last().is_some_and(|(last, _)| *last < damaged_at) => {
+            let next_due_ms = out.last().map(|(_, e)| e.due_ms);
+            Ok(DueEntries {
+                entries: out,
+                next: damaged_at,
+                next_due_ms,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// [`read_due_in`]'s body: the entries read go into `out` (kept when it
+/// fails); returns where to continue and that entry's due time.
+#[allow(clippy::too_many_arguments)]
+fn read_due_into(
     file: &dyn StorageFile,
     len: u64,
     path: &Path,
@@ -725,18 +780,13 @@ fn read_due_in(
     due_until: u64,
     chunks: Chunks,
     entries_max: usize,
-) -> Result<DueEntries, OverflowReadError> {
+    out: &mut Vec<(u64, Entry)>,
+) -> Result<(u64, Option<u64>), OverflowReadError> {
     let entries_max = entries_max.max(1);
     let io_err = |source| OverflowReadError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let stop = |entries, next, due| DueEntries {
-        entries,
-        next,
-        next_due_ms: Some(due),
-    };
-    let mut out = Vec::new();
     let chunk_max = chunks.max.max(ENTRY_FIXED_BYTES);
     let mut chunk_bytes = chunks.first.clamp(ENTRY_FIXED_BYTES, chunk_max);
     offset = offset.max(HEADER_BYTES as u64);
@@ -766,7 +816,7 @@ fn read_due_in(
                 Ok(None) => break,
                 Ok(Some((entry, n))) => {
                     if entry.due_ms > due_until || out.len() >= entries_max {
-                        return Ok(stop(out, entry_offset, entry.due_ms));
+                        return Ok((entry_offset, Some(entry.due_ms)));
                     }
                     out.push((entry_offset, entry));
                     at += n;
@@ -792,7 +842,7 @@ fn read_due_in(
             match parse_entry(&one).map_err(corrupt)? {
                 Some((entry, n)) => {
                     if entry.due_ms > due_until || out.len() >= entries_max {
-                        return Ok(stop(out, offset, entry.due_ms));
+                        return Ok((offset, Some(entry.due_ms)));
                     }
                     out.push((offset, entry));
                     at = n;
@@ -802,11 +852,7 @@ fn read_due_in(
         }
         offset += at as u64;
     }
-    Ok(DueEntries {
-        entries: out,
-        next: offset,
-        next_due_ms: None,
-    })
+    Ok((offset, None))
 }
 
 /// Entries [`read_due`] returns at most per call.
@@ -1321,7 +1367,15 @@ mod tests {
         let sim = SimStorage::new(1);
         sim.write_file(Path::new("/o"), &bytes);
         for chunk in [1, 16, 64, 1 << 20] {
-            assert!(read_due(&sim, Path::new("/o"), 0, u64::MAX, chunk).is_err());
+            // The entry before the stray bytes, then the error from there.
+            let read = read_due(&sim, Path::new("/o"), 0, u64::MAX, chunk).unwrap();
+            assert_eq!(read.entries.len(), 1);
+            assert_eq!(read.next, bytes.len() as u64 - 2);
+            assert_eq!(read.next_due_ms, Some(5));
+            match read_due(&sim, Path::new("/o"), read.next, u64::MAX, chunk) {
+                Err(OverflowReadError::Corrupt { offset, .. }) => assert_eq!(offset, read.next),
+                other => panic!("expected damage at {}, got {other:?}", read.next),
+            }
         }
     }
 

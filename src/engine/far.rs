@@ -543,6 +543,22 @@ impl Shared {
                     next_due_ms: next_due,
                 } = match read {
                     Ok(r) => r,
+                    Err(overflow::OverflowReadError::Corrupt { offset, .. })
+                        if offset == cursor.offset.max(overflow::HEADER_BYTES as u64) =>
+                    {
+                        // As `promote_far_now`: past an entry no far task needs.
+                        let first = far.first_live_in_file_from(file, offset);
+                        match past_damage(file, offset, first, &read) {
+                            Ok(next) => {
+                                cursor = next;
+                                if cursor.next_due_ms == u64::MAX {
+                                    break;
+                                }
+                                continue;
+                            }
+                            Err(cause) => return (out, cursors, Some(cause)),
+                        }
+                    }
                     Err(e) => {
                         return (out, cursors, Some(format!("cannot promote far tasks: {e}")))
                     }
@@ -728,6 +744,28 @@ impl Shared {
                         next_due_ms: next_due,
                     } = match read {
                         Ok(r) => r,
+                        Err(overflow::OverflowReadError::Corrupt { offset, .. })
+                            if offset == c.read_end.offset =>
+                        {
+                            // Damage where this read began: an entry no far
+                            // task needs any more (cancelled, promoted,
+                            // moved) is gone past, to the next one a far
+                            // task does need.
+                            let first = self.core.lock().far.first_live_in_file_from(file, offset);
+                            match past_damage(file, offset, first, &read) {
+                                Ok(next) => {
+                                    c.read_end = FarCursor {
+                                        generation: start.generation,
+                                        ..next
+                                    };
+                                    continue;
+                                }
+                                Err(cause) => {
+                                    failed = Some((file, start, cause));
+                                    break;
+                                }
+                            }
+                        }
                         Err(e) => {
                             failed = Some((file, start, format!("cannot promote far tasks: {e}")));
                             break;
@@ -928,6 +966,59 @@ impl Shared {
                 return core;
             }
             note_hold(&mut core, held_since);
+        }
+    }
+}
+
+/// Where the promotion reads on after finding the entry at `offset` of
+/// overflow file `file` damaged (`read`: that read's error), given the
+/// first live far task of that file at or after `offset` (`first`: its
+/// entry's offset and task id, [`FarIndex::first_live_in_file_from`]).
+///
+/// A far task whose own entry is damaged cannot be promoted: `Err`, the
+/// cause that poisons the engine, naming the file, the offset and the
+/// task (`kairos salvage` cancels such tasks). An entry no far task needs
+/// — its task cancelled, promoted or moved since the file was written, or
+/// a near task's payload (read on its own when that task is delivered) —
+/// is gone past: the reading goes on at the next far task's entry (entries
+/// between are no far task's either), with its due time not known yet
+/// (`next_due_ms` 0: read it), or ends when no far task is left after the
+/// damage (`next_due_ms` `u64::MAX`; far tasks left before it are then
+/// reported missing, as at any file's end). Each skip is logged (WARN).
+fn past_damage(
+    file: u32,
+    offset: u64,
+    first: Option<(u64, u64)>,
+    read: &Result<overflow::DueEntries, overflow::OverflowReadError>,
+) -> Result<FarCursor, String> {
+    let error = match read {
+        Err(e) => e.to_string(),
+        Ok(_) => String::new(),
+    };
+    match first {
+        Some((at, id)) if at == offset => Err(format!(
+            "cannot promote far tasks: {error} (the entry of far task {id}; `kairos salvage` \
+             lists the tasks whose entries are damaged)"
+        )),
+        next => {
+            tracing::warn!(
+                file = %overflow::file_name(file),
+                offset,
+                %error,
+                "a damaged overflow entry that no far task needs is skipped"
+            );
+            Ok(match next {
+                Some((at, _)) => FarCursor {
+                    offset: at,
+                    next_due_ms: 0,
+                    generation: 0,
+                },
+                None => FarCursor {
+                    offset,
+                    next_due_ms: u64::MAX,
+                    generation: 0,
+                },
+            })
         }
     }
 }
