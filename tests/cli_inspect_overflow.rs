@@ -262,20 +262,27 @@ fn a_damaged_or_missing_overflow_file_is_named_by_file_and_offset() -> TestResul
     let tmp = tempfile::tempdir()?;
     let built = tmp.path().join("built");
     build(&built)?;
+    let entries = overflow::read_file(&FsStorage, &ovf_path(&built, 1), None, Some(1))?;
+    let entry_of = |key: &[u8]| {
+        entries
+            .iter()
+            .find(|(_, e)| &*e.key == key)
+            .map(|(o, _)| *o)
+            .ok_or("no such entry")
+    };
 
-    // One bit flipped in the middle of file 1.
+    // One bit flipped in a:0's entry, which a live task needs.
     let dir = tmp.path().join("flipped");
     copy_tree(&built, &dir)?;
     let file1 = ovf_path(&dir, 1);
     let mut bytes = std::fs::read(&file1)?;
-    let at = bytes.len() / 2;
-    bytes[at] ^= 0x10;
+    let offset = entry_of(b"a:0")?;
+    bytes[offset as usize + 40] ^= 0x10;
     std::fs::write(&file1, &bytes)?;
-    let offset = match overflow::read_file(&FsStorage, &file1, None, Some(1)) {
-        Err(OverflowReadError::Corrupt { offset, .. }) => offset,
+    match overflow::read_file(&FsStorage, &file1, None, Some(1)) {
+        Err(OverflowReadError::Corrupt { offset: at, .. }) => assert_eq!(at, offset),
         other => return Err(format!("the flipped file reads as {other:?}").into()),
-    };
-    assert!(offset > 0 && offset <= at as u64, "{offset} vs {at}");
+    }
 
     let v = inspect_json(&dir, 1);
     assert_eq!(v["ok"], false);
@@ -309,6 +316,7 @@ fn a_damaged_or_missing_overflow_file_is_named_by_file_and_offset() -> TestResul
         "{stdout}"
     );
     assert!(stderr.contains(&file1.display().to_string()), "{stderr}");
+    assert!(stderr.contains("kairos salvage"), "{stderr}");
     // The log was read whole: not "before the damage".
     assert!(!stdout.contains("before the damage"), "{stdout}");
     assert!(stdout.contains("clean shutdown  yes"), "{stdout}");
@@ -320,9 +328,36 @@ fn a_damaged_or_missing_overflow_file_is_named_by_file_and_offset() -> TestResul
         stdout.contains(": 5 entries in those that read back, 11 live, due"),
         "{stdout}"
     );
-    // verify agrees.
-    let (stdout, _) = run(&["verify", path(&dir)], 1);
+    // verify and dump agree.
+    let (stdout, stderr) = run(&["verify", path(&dir)], 1);
     assert!(stdout.contains(&format!("offset  {offset}")), "{stdout}");
+    assert!(stderr.contains("kairos salvage"), "{stderr}");
+    let (_, stderr) = run(&["dump", path(&dir)], 1);
+    assert!(stderr.contains(&format!("offset  {offset}")), "{stderr}");
+
+    // The same flip in a:3's entry, whose payload a reschedule after the checkpoint
+    // replaced: no live task needs it, the engine opens. The three tools name it as a
+    // warning.
+    let dir = tmp.path().join("flipped-dead");
+    copy_tree(&built, &dir)?;
+    let file1 = ovf_path(&dir, 1);
+    let dead = entry_of(b"a:3")?;
+    let mut bytes = std::fs::read(&file1)?;
+    bytes[dead as usize + 40] ^= 0x10;
+    std::fs::write(&file1, &bytes)?;
+    let v = inspect_json(&dir, 0);
+    assert!(v["error"].is_null(), "{v}");
+    let warned = v["warnings"].as_array().ok_or("warnings")?;
+    assert_eq!(warned.len(), 1, "{v}");
+    assert_eq!(warned[0]["offset"], dead, "{v}");
+    assert_eq!(v["overflow"]["files"][0]["damage"]["offset"], dead, "{v}");
+    let (stdout, _) = run(&["verify", path(&dir)], 0);
+    assert!(stdout.contains("WARNING: overflow file"), "{stdout}");
+    assert!(stdout.contains(&format!("offset  {dead}")), "{stdout}");
+    let (_, stderr) = run(&["dump", path(&dir)], 0);
+    assert!(stderr.contains("kairos dump: warning"), "{stderr}");
+    assert!(stderr.contains(&format!("offset  {dead}")), "{stderr}");
+    Engine::open(&dir, config())?.shutdown()?;
 
     // File 2 missing: named, without an offset.
     let dir = tmp.path().join("missing");

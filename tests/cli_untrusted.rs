@@ -410,8 +410,9 @@ fn dump_tells_an_unreadable_file_from_a_damaged_one() -> TestResult {
 /// Finding 5: an overflow file whose length is huge — sparse, or padded with zeros — was read
 /// whole into one allocation of its length before a byte of it was checked, so `verify`,
 /// `inspect` and `dump` aborted ("memory allocation of … bytes failed") or ate the machine's
-/// memory. Each now reads it a window at a time and fails at its first bad entry, naming the
-/// file and the byte offset.
+/// memory. Each now reads it a window at a time and names its first bad entry, file and byte
+/// offset: a failure when the header is bad, a warning when what is bad is only zeros after
+/// the entries tasks need (the engine opens, and reads only those).
 #[test]
 fn a_huge_sparse_overflow_file_fails_at_its_first_bad_entry_without_reading_it_whole() -> TestResult
 {
@@ -446,7 +447,11 @@ fn a_huge_sparse_overflow_file_fails_at_its_first_bad_entry_without_reading_it_w
         ] {
             let (status, stdout, stderr) = run_bounded(args)?;
             let all = format!("{stdout}{stderr}");
-            assert_eq!(status, 1, "{args:?}: {all}");
+            // Zeros after the last entry: no live task needs what is there, and the engine
+            // opens (it reads the header, and only the entries tasks need), so the tools name
+            // it as a warning; a bad header fails them.
+            let want = if zeros_only { 1 } else { 0 };
+            assert_eq!(status, want, "{args:?}: {all}");
             assert!(!all.contains("memory allocation"), "{args:?}: {all}");
             assert!(
                 all.contains(&format!(
@@ -455,6 +460,15 @@ fn a_huge_sparse_overflow_file_fails_at_its_first_bad_entry_without_reading_it_w
                 )),
                 "{args:?}: {all}"
             );
+        }
+        if !zeros_only {
+            // As verify says: the engine opens, and every task comes with its payload.
+            let clock = ManualClock::new(START_MS + 61 * 3_600_000);
+            let engine = open_fs(&dir, config(), &clock)?;
+            let ds = common::drain(&engine)?;
+            assert_eq!(ds.len(), 100);
+            assert!(ds.iter().all(|d| d.payload().len() == 64));
+            engine.shutdown()?;
         }
     }
     Ok(())

@@ -18,7 +18,7 @@
 
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
 use super::verify::{
-    check_deferred_overflow_refs, dirs, missing_checkpoint, not_regular_files,
+    check_overflow_refs_after_log, dirs, missing_checkpoint, not_regular_files,
     start_from_checkpoint_deferring_overflow, Cause, CheckpointStart, Failure, FarReader, Torn,
 };
 use super::Verdict;
@@ -191,11 +191,11 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
             None
         }
     };
+    // The overflow files are checked after the log: damage in entries no task live at its
+    // end needs is a warning (as `verify` reports it).
+    let mut overflow_refs = Vec::new();
     if let Some(c) = checkpoint.as_mut() {
-        if let Err(failure) = check_deferred_overflow_refs(&FsStorage, c) {
-            dumper.overflow_failure = Some(failure);
-        }
-        c.overflow_refs = Vec::new();
+        overflow_refs = std::mem::take(&mut c.overflow_refs);
         dumper.start_at(c);
         dumper.replay = Some(std::mem::take(&mut c.replay));
         dumper.far = Some(FarReader::new(&FsStorage, Some(c)));
@@ -206,6 +206,17 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
         args.record_bytes_max,
         &mut |view, place| dumper.visit(view, place),
     );
+    if let Some(c) = &checkpoint {
+        let replayed = scan.is_ok() && dumper.undecodable == 0 && dumper.unreplayable == 0;
+        let (failure, warnings) = check_overflow_refs_after_log(
+            &FsStorage,
+            c,
+            &overflow_refs,
+            dumper.replay.as_ref().filter(|_| replayed),
+        );
+        dumper.overflow_failure = failure;
+        dumper.overflow_warnings = warnings;
+    }
     dumper.write_state();
     dumper.flush();
     if let Some(e) = dumper.write_error.take() {
@@ -245,6 +256,8 @@ struct Dumper<W: Write> {
     checkpoint_failure: Option<Failure>,
     /// The first damage found in the overflow files the checkpoint refers to.
     overflow_failure: Option<Failure>,
+    /// Damage in overflow entries no live task needs.
+    overflow_warnings: Vec<Failure>,
     /// With `--key`: why a far task's overflow entry could not be read to compare its key.
     far_failure: Option<Failure>,
     records: u64,
@@ -284,6 +297,7 @@ impl<W: Write> Dumper<W> {
             state_shown: 0,
             checkpoint_failure: None,
             overflow_failure: None,
+            overflow_warnings: Vec::new(),
             far_failure: None,
             records: 0,
             shown: 0,
@@ -596,6 +610,9 @@ impl<W: Write> Dumper<W> {
         if let Some(failure) = &self.overflow_failure {
             ok = false;
             summary.push_str(&failure.describe(&label(failure, "overflow file")));
+        }
+        for warning in &self.overflow_warnings {
+            summary.push_str(&warning.describe("kairos dump: warning"));
         }
         if let Some(failure) = &self.far_failure {
             ok = false;

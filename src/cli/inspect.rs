@@ -25,8 +25,8 @@
 use super::describe::{file_name, rfc3339, type_name};
 use super::verify::{
     check_overflow_entries, dirs, missing_checkpoint, not_regular_files, orphan_damage,
-    start_from_checkpoint_deferring_overflow, Cause, CheckpointStart, EntryKey, Failure, FarReader,
-    OverflowRef, Tally, Torn,
+    start_from_checkpoint_deferring_overflow, Cause, CheckpointStart, DamagedOverflowFile,
+    EntryKey, EntryUse, Failure, FarReader, NeededEntries, OverflowRef, Tally, Torn,
 };
 use super::Verdict;
 use clap::Args;
@@ -480,7 +480,7 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         // The replay has nowhere to start from (the engine would not open): the log is
         // not read.
         Err(failure) => {
-            let (mut inspection, _) = Reader::new(0, Replay::new(false), far).finish(
+            let (mut inspection, _, _) = Reader::new(0, Replay::new(false), far).finish(
                 dir,
                 log_dir,
                 Ok(ScanReport::default()),
@@ -494,7 +494,7 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
             inspection.checkpoint_tmp_files = checkpoint_tmp_files;
             inspection.log_stopped = true;
             if let Some(d) = overflow_dir {
-                inspection.add_overflow(d, None, &[], None, None);
+                inspection.add_overflow(d, None, &[], (None, None), None);
             }
             return inspection;
         }
@@ -507,7 +507,7 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         reader.visit(v, p)
     });
     let after = reader.after;
-    let (mut inspection, live_refs) = reader.finish(dir, log_dir, scan, disk);
+    let (mut inspection, live_refs, dead_refs) = reader.finish(dir, log_dir, scan, disk);
     let mut refs = Vec::new();
     let mut store_id = None;
     // The files the open keeps: those the checkpoint names (or all, when the newest is damaged).
@@ -544,7 +544,10 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         let named = named
             .as_ref()
             .map(|(files, kept)| (files.as_slice(), *kept));
-        inspection.add_overflow(d, store_id, &refs, Some(&live_refs), named);
+        // Damage is judged against the tasks live at the end of the log only if it was read
+        // whole.
+        let judge = inspection.error.is_none().then_some(&dead_refs);
+        inspection.add_overflow(d, store_id, &refs, (Some(&live_refs), judge), named);
     }
     inspection
 }
@@ -564,13 +567,16 @@ impl Inspection {
     /// the byte offset — but for an orphan, a file the checkpoint does not name (`named`: the
     /// files it names, and whether the open keeps the others anyway, the newest checkpoint
     /// being damaged; `None`: unknown, no checkpoint reads), which the engine removes: its
-    /// damage is a warning, as `verify` reports it.
+    /// damage is a warning, as `verify` reports it. With `dead` (the offsets of dead letters'
+    /// payloads, per file; given when the log was read whole), a file that does not read back
+    /// whole is judged as `verify` judges it ([`DamagedOverflowFile::judge`]): a warning if
+    /// no task or dead letter live at the end of the log needs what is damaged.
     fn add_overflow(
         &mut self,
         dir: PathBuf,
         store_id: Option<[u8; 16]>,
         refs: &[OverflowRef],
-        live: Option<&LiveRefs>,
+        (live, dead): (Option<&LiveRefs>, Option<&LiveRefs>),
         named: Option<(&[u32], bool)>,
     ) {
         let mut damages = Vec::new();
@@ -615,6 +621,40 @@ impl Inspection {
                 if orphan == Some(true) {
                     let kept = named.is_some_and(|(_, kept)| kept);
                     self.warnings.push(orphan_damage(&summary.file, kept, d));
+                } else if let (true, Some(live), Some(dead), Some(hasher)) =
+                    (summary.entries.is_none(), live, dead, hasher.as_ref())
+                {
+                    // The file does not read back whole: a warning if no task live at the
+                    // end of the log needs what is damaged (as `verify` judges it).
+                    let offsets = |m: &LiveRefs| m.get(&number).cloned().unwrap_or_default();
+                    let (live, dead) = (offsets(live), offsets(dead));
+                    let mut needed = NeededEntries::new();
+                    for r in &refs[at..end] {
+                        let used_as = if dead.contains(&r.offset) {
+                            EntryUse::DeadLetter
+                        } else if !live.contains(&r.offset) {
+                            continue;
+                        } else if matches!(r.key, EntryKey::Hash(_)) {
+                            EntryUse::FarTask
+                        } else {
+                            EntryUse::Payload
+                        };
+                        needed.insert((number, r.offset), (r.task_id, used_as));
+                    }
+                    let damaged = DamagedOverflowFile {
+                        file: number,
+                        path: summary.file.clone(),
+                        missing: d.cause == Cause::Missing,
+                        damage: d,
+                        refs: refs[at..end]
+                            .iter()
+                            .map(|r| (r.offset, r.task_id, r.key.clone()))
+                            .collect(),
+                    };
+                    match damaged.judge(&FsStorage, &needed, hasher) {
+                        Ok(warning) => self.warnings.push(warning),
+                        Err(failure) => damages.push(failure),
+                    }
                 } else {
                     damages.push(d);
                 }
@@ -915,7 +955,7 @@ impl Reader {
         log_dir: PathBuf,
         scan: Result<ScanReport, WalError>,
         disk: DiskUsage,
-    ) -> (Inspection, LiveRefs) {
+    ) -> (Inspection, LiveRefs, LiveRefs) {
         let (report, error) = match scan {
             Ok(report)
                 if report.segments.is_empty() && !Failure::log_creation_cut_short(&log_dir) =>
@@ -938,6 +978,12 @@ impl Reader {
             payload_in_memory: replay.live_tasks() - in_overflow - far,
             payload_in_overflow: in_overflow + far,
         };
+        // Dead letters whose payload is still in an overflow file: what the engine's open
+        // reads (not counted as live entries here).
+        let mut dead_refs = LiveRefs::new();
+        for &(file, offset) in replay.dead_payloads_on_disk().values() {
+            dead_refs.entry(file).or_default().push(offset);
+        }
         // Sorted by id.
         let far_tasks = replay.take_far();
         let (live, _) = replay.into_parts();
@@ -1056,7 +1102,7 @@ impl Reader {
             newer_checkpoint_warning: None,
             not_regular_files: Vec::new(),
         };
-        (inspection, live_refs)
+        (inspection, live_refs, dead_refs)
     }
 }
 

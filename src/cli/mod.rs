@@ -33,6 +33,7 @@ mod demo;
 mod describe;
 mod dump;
 mod inspect;
+mod salvage;
 mod verify;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -132,6 +133,7 @@ enum Command {
     Dump(dump::DumpArgs),
     Inspect(inspect::InspectArgs),
     DeadLetters(dead_letters::DeadLettersArgs),
+    Salvage(salvage::SalvageArgs),
 }
 
 /// Parses the command line, runs the command and turns its outcome into the
@@ -147,6 +149,7 @@ pub fn main() -> ExitCode {
         Command::Dump(args) => dump::run(&args),
         Command::Inspect(args) => inspect::run(&args),
         Command::DeadLetters(args) => dead_letters::run(&args),
+        Command::Salvage(args) => salvage::run(&args),
     };
     let code = match outcome {
         Ok(Verdict::Pass) => ExitCode::SUCCESS,

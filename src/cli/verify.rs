@@ -41,7 +41,11 @@ checkpoint, is damage, as it is to the open —, and every overflow file it refe
 checked: each task's payload entry must be there with the task's id and key, and each far \
 task's entry (a task beyond the far span, whose key and payload are only in its overflow entry) \
 with the task's id and a key whose hash is the one the checkpoint records. A record naming a \
-far task has its key and due time read from that entry. The other files in DIR/overflow \
+far task has its key and due time read from that entry. Damage in an entry that no task or \
+dead letter live at the end of the log needs (its task cancelled, acked or given a new payload \
+after the checkpoint), or a missing file none of them needs, is a WARNING: the engine opens and \
+never reads it. Damage a live task needs fails the check; `kairos salvage` lists those tasks \
+and can discard them. The other files in DIR/overflow \
 (orphans: the engine removes them) are listed and read too; a damaged orphan is a WARNING, not \
 damage, as nothing needs it.
 
@@ -208,6 +212,11 @@ pub(crate) struct CheckpointStart {
     /// checks them as it reads the files ([`check_overflow_entries`]); empty after
     /// [`start_from_checkpoint`], which has checked them.
     pub(crate) overflow_refs: Vec<OverflowRef>,
+    /// Overflow files it refers to whose entries do not all read back, or that are missing
+    /// (found by [`start_from_checkpoint`]; empty after
+    /// [`start_from_checkpoint_deferring_overflow`]): damage only if a task live at the end
+    /// of the log needs such an entry ([`DamagedOverflowFile::needed_damage`]).
+    pub(crate) damaged_overflow: Vec<DamagedOverflowFile>,
     /// The overflow files it names (a task's payload or a far task's entry), ascending: the
     /// files the engine's open keeps. The others are orphans, which it removes — unless the
     /// newest checkpoint is damaged (`newer_damage`), when it keeps every file.
@@ -325,7 +334,7 @@ pub(crate) struct FarReadError {
 }
 
 /// Where and why the scan stopped (also used by `dump` and `inspect`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct Failure {
     /// The damaged or unreadable file, if the error names one.
     pub(crate) file: Option<PathBuf>,
@@ -498,7 +507,39 @@ pub(crate) fn check(
     let scan = kairos_wal::scan_located(storage, &log_dir, record_bytes_max, &mut |view, at| {
         census.visit(view, at.file, at.offset, &far_reader)
     });
+    // Damaged overflow entries are damage only if the tasks live at the end of the log need
+    // them; a log that does not read to its end cannot tell, so then they are.
+    let mut overflow_damage = Vec::new();
+    if let Some(s) = &start {
+        if !s.damaged_overflow.is_empty() {
+            let read_whole = census.bad == 0 && scan.as_ref().is_ok_and(|r| !r.segments.is_empty());
+            let files: Vec<u32> = s.damaged_overflow.iter().map(|d| d.file).collect();
+            let needed = needed_entries(&census.replay, &files);
+            let hasher = far::KeyHasher::new(&s.store_id);
+            for d in &s.damaged_overflow {
+                overflow_damage.push(if read_whole {
+                    d.judge(storage, &needed, &hasher)
+                } else {
+                    Err(d.damage.clone())
+                });
+            }
+        }
+    }
     let mut v = Verification::new(storage, log_dir, scan, census);
+    let mut first_failure = true;
+    for judged in overflow_damage {
+        match judged {
+            Ok(warning) => v.warnings.push(warning),
+            // The first overflow file's damage is the one reported, before the log's (as the
+            // engine's open reads the checkpoint first).
+            Err(failure) => {
+                v.ok = false;
+                if std::mem::take(&mut first_failure) {
+                    v.error = Some(failure);
+                }
+            }
+        }
+    }
     if let Some(ovf_dir) = checkpoint_dir
         .as_deref()
         .and_then(Path::parent)
@@ -674,6 +715,7 @@ fn start_from(
         named_files.sort_unstable();
         named_files.dedup();
         let mut overflow_refs = Vec::new();
+        let mut damaged_overflow = Vec::new();
         if defer_overflow {
             overflow_refs = c
                 .tasks
@@ -696,7 +738,8 @@ fn start_from(
                 .collect();
             overflow_refs.sort_unstable_by_key(|r| (r.file, r.offset));
         } else {
-            check_overflow_refs(storage, dir, &header.store_id, &c.tasks, &c.far)?;
+            damaged_overflow =
+                check_overflow_refs(storage, dir, &header.store_id, &c.tasks, &c.far)?;
         }
         let not_replayable = |e: crate_replay::RuleError| Failure {
             cause: Cause::Damage,
@@ -731,6 +774,7 @@ fn start_from(
             store_id: header.store_id,
             overflow_dir: dir.parent().map(|d| d.join(ovf::OVERFLOW_DIR_NAME)),
             overflow_refs,
+            damaged_overflow,
             named_files,
         }));
     }
@@ -748,7 +792,7 @@ fn check_overflow_refs(
     store_id: &[u8; 16],
     tasks: &[(u64, crate_replay::LiveTask)],
     far_tasks: &[checkpoint::FarTask],
-) -> Result<(), Failure> {
+) -> Result<Vec<DamagedOverflowFile>, Failure> {
     // File → (offset, task id, key) of each entry the checkpoint puts there.
     type Refs<'a> = std::collections::BTreeMap<u32, Vec<(u64, u64, EntryKey<&'a [u8]>)>>;
     let mut by_file: Refs<'_> = std::collections::BTreeMap::new();
@@ -768,46 +812,355 @@ fn check_overflow_refs(
     }
     let hasher = far::KeyHasher::new(store_id);
     let Some(data_dir) = checkpoint_dir.parent() else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let ovf_dir = data_dir.join(ovf::OVERFLOW_DIR_NAME);
+    let mut damaged = Vec::new();
     for (file, refs) in by_file {
         let path = ovf_dir.join(ovf::file_name(file));
-        let entries = ovf::read_file(storage, &path, Some(store_id), Some(file))
-            .map_err(|e| Failure::overflow(&path, &e))?;
-        check_overflow_entries(&path, &entries, refs, Some(&hasher))?;
+        let missing = match ovf::read_file(storage, &path, Some(store_id), Some(file)) {
+            Ok(entries) => {
+                check_overflow_entries(&path, &entries, refs, Some(&hasher))?;
+                continue;
+            }
+            // Damage in the entries (the header read whole): whether a task needs them is
+            // known only at the end of the log.
+            Err(ovf::OverflowReadError::Corrupt { offset, .. })
+                if offset >= ovf::HEADER_BYTES as u64 =>
+            {
+                false
+            }
+            Err(ovf::OverflowReadError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                true
+            }
+            Err(e) => return Err(Failure::overflow(&path, &e)),
+        };
+        let damage = match ovf::read_file(storage, &path, Some(store_id), Some(file)) {
+            Err(e) => Failure::overflow(&path, &e),
+            Ok(_) => Failure {
+                cause: Cause::Unreadable,
+                file: Some(path.clone()),
+                offset: None,
+                message: format!("{} read back differently twice", path.display()),
+            },
+        };
+        damaged.push(DamagedOverflowFile {
+            file,
+            path,
+            missing,
+            damage,
+            refs: refs
+                .into_iter()
+                .map(|(offset, id, key)| {
+                    let key = match key {
+                        EntryKey::Key(k) => EntryKey::Key(Box::from(k)),
+                        EntryKey::Hash(h) => EntryKey::Hash(h),
+                    };
+                    (offset, id, key)
+                })
+                .collect(),
+        });
     }
-    Ok(())
+    Ok(damaged)
+}
+
+/// The failure for overflow entries tasks need that do not read back (`lost`, not empty):
+/// the first one's file, offset and reason, and how many there are.
+pub(crate) fn needed_damage_failure(lost: &[DamagedEntry]) -> Failure {
+    let first = &lost[0];
+    let more = match lost.len() {
+        1 => String::new(),
+        n => format!(" ({} more damaged entries that tasks need in it)", n - 1),
+    };
+    Failure {
+        cause: Cause::Damage,
+        file: Some(first.file.clone()),
+        offset: (!first.file_missing).then_some(first.offset),
+        message: format!(
+            "{}: it holds {} {}'s {}{more}; `kairos salvage` lists the tasks whose entries are \
+             damaged and can discard them",
+            first.reason,
+            first.used_as.noun(),
+            first.task_id,
+            match first.used_as {
+                EntryUse::FarTask => "entry",
+                _ => "payload",
+            },
+        ),
+    }
+}
+
+/// An overflow file a checkpoint refers to whose entries do not all read back (or that is
+/// missing), found before the log is read: whether that is damage depends on the log — an
+/// entry no task needs at the end of it (its task cancelled, acked or given a new payload
+/// after the checkpoint) is read by nothing, as the engine's open does not read it (it
+/// checks the header, and that the entry at the largest offset a live task refers to lies
+/// within the file) and its promotion of far tasks goes past it. See
+/// [`DamagedOverflowFile::needed_damage`].
+#[derive(Debug)]
+pub(crate) struct DamagedOverflowFile {
+    /// The overflow file's number.
+    pub(crate) file: u32,
+    /// Its path.
+    pub(crate) path: PathBuf,
+    /// Whether it is missing (otherwise its header reads, an entry does not).
+    pub(crate) missing: bool,
+    /// The first damage in it, as a whole-file read found it (file and offset).
+    pub(crate) damage: Failure,
+    /// The entries the checkpoint places in it: `(offset, task id, key)`.
+    pub(crate) refs: Vec<EntryRef>,
+}
+
+/// An entry a checkpoint places in an overflow file: `(offset, task id, key)`.
+pub(crate) type EntryRef = (u64, u64, EntryKey<Box<[u8]>>);
+
+/// What a live task or dead letter uses an overflow entry for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum EntryUse {
+    /// A far task's whole entry: its key, due time and payload.
+    FarTask,
+    /// A waiting or in-flight task's payload.
+    Payload,
+    /// A dead letter's payload.
+    DeadLetter,
+}
+
+impl EntryUse {
+    /// For messages.
+    pub(crate) fn noun(self) -> &'static str {
+        match self {
+            EntryUse::FarTask => "far task",
+            EntryUse::Payload => "task",
+            EntryUse::DeadLetter => "dead letter",
+        }
+    }
+}
+
+/// Overflow entries tasks need: `(file, offset)` → (task id, what for).
+pub(crate) type NeededEntries = std::collections::HashMap<(u32, u64), (u64, EntryUse)>;
+
+/// The overflow entries the tasks and dead letters live at the end of a replay need, in
+/// given files.
+pub(crate) fn needed_entries(replay: &Replay, files: &[u32]) -> NeededEntries {
+    let wanted = |f: u32| files.contains(&f);
+    let mut needed = std::collections::HashMap::new();
+    for t in replay.far().filter(|t| wanted(t.file)) {
+        needed.insert((t.file, t.offset), (t.id, EntryUse::FarTask));
+    }
+    for (id, t) in replay.tasks_with_ids() {
+        if let Some((f, offset)) = t.payload_at.filter(|(f, _)| wanted(*f)) {
+            needed.insert((f, offset), (id, EntryUse::Payload));
+        }
+    }
+    for (&id, &(f, offset)) in replay.dead_payloads_on_disk().iter() {
+        if wanted(f) {
+            needed.insert((f, offset), (id, EntryUse::DeadLetter));
+        }
+    }
+    needed
+}
+
+/// An overflow entry a live task or dead letter needs that does not read back.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DamagedEntry {
+    /// The task (or dead letter) it belongs to.
+    pub(crate) task_id: u64,
+    /// What the task uses it for.
+    pub(crate) used_as: EntryUse,
+    /// The task's key, when known outside the entry (a far task's is only in it).
+    #[serde(skip)]
+    pub(crate) key: Option<Box<[u8]>>,
+    /// The overflow file.
+    pub(crate) file: PathBuf,
+    /// The entry's byte offset in it.
+    pub(crate) offset: u64,
+    /// What is wrong.
+    pub(crate) reason: String,
+    /// Whether the whole file is missing.
+    #[serde(skip)]
+    pub(crate) file_missing: bool,
+}
+
+impl DamagedOverflowFile {
+    /// The entries of this file that a task or dead letter live at the end of the log needs
+    /// (`needed`, from [`needed_entries`]) and that do not read back as the engine reads
+    /// them one at a time (its id, its key — a far task's: the checkpoint's key hash — and
+    /// its CRC), or all of them if the file is missing.
+    ///
+    /// # Errors
+    /// A needed entry could not be read (an I/O error: nothing is known about it).
+    pub(crate) fn needed_damage(
+        &self,
+        storage: &dyn Storage,
+        needed: &NeededEntries,
+        hasher: &far::KeyHasher,
+    ) -> Result<Vec<DamagedEntry>, Failure> {
+        let mut out = Vec::new();
+        let mut file = None;
+        for (offset, id, key) in &self.refs {
+            let Some(&(task_id, used_as)) = needed.get(&(self.file, *offset)) else {
+                continue;
+            };
+            if task_id != *id {
+                continue;
+            }
+            let known_key = match key {
+                EntryKey::Key(k) => Some(k.clone()),
+                EntryKey::Hash(_) => None,
+            };
+            let damaged = |reason: String| DamagedEntry {
+                task_id,
+                used_as,
+                key: known_key.clone(),
+                file: self.path.clone(),
+                offset: *offset,
+                reason,
+                file_missing: self.missing,
+            };
+            if self.missing {
+                out.push(damaged(format!(
+                    "overflow file {} is missing",
+                    self.path.display()
+                )));
+                continue;
+            }
+            if file.is_none() {
+                file = Some(
+                    ovf::EntryFile::open(storage, &self.path)
+                        .map_err(|e| Failure::overflow(&self.path, &e))?,
+                );
+            }
+            let Some(reader) = &file else { continue };
+            let want_key = match key {
+                EntryKey::Key(k) => Some(&k[..]),
+                EntryKey::Hash(_) => None,
+            };
+            match reader.read(*offset, *id, want_key) {
+                Ok(entry) => {
+                    if let EntryKey::Hash(want) = key {
+                        let got = hasher.hash(&entry.key);
+                        if got != *want {
+                            out.push(damaged(format!(
+                                "overflow file {}: the entry of far task {id} at byte offset \
+                                 {offset} has a key whose hash is {got:016x}, the checkpoint \
+                                 says {want:016x}",
+                                self.path.display()
+                            )));
+                        }
+                    }
+                }
+                Err(e @ ovf::OverflowReadError::Corrupt { .. }) => out.push(damaged(e.to_string())),
+                Err(e) => return Err(Failure::overflow(&self.path, &e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// A file found damaged (or missing) by a whole read, after the log was read to its
+    /// end (`needed`: [`needed_entries`] of that replay): `Ok(warning)` if no task or dead
+    /// letter live then needs what is damaged, `Err(failure)` otherwise — the first needed
+    /// entry that does not read back ([`needed_damage_failure`]), or the whole read's damage
+    /// when it is not in the entries (the header, which the engine's open reads), or an I/O
+    /// error.
+    pub(crate) fn judge(
+        &self,
+        storage: &dyn Storage,
+        needed: &NeededEntries,
+        hasher: &far::KeyHasher,
+    ) -> Result<Failure, Failure> {
+        let in_entries = self.missing
+            || (self.damage.cause == Cause::Damage
+                && self
+                    .damage
+                    .offset
+                    .is_some_and(|o| o >= ovf::HEADER_BYTES as u64));
+        if !in_entries {
+            return Err(self.damage.clone());
+        }
+        match self.needed_damage(storage, needed, hasher)? {
+            lost if lost.is_empty() => Ok(self.unneeded_warning()),
+            lost => Err(needed_damage_failure(&lost)),
+        }
+    }
+
+    /// The warning for damage no live task needs.
+    pub(crate) fn unneeded_warning(&self) -> Failure {
+        let what = if self.missing {
+            format!("overflow file {} is missing", self.path.display())
+        } else {
+            self.damage.message.clone()
+        };
+        Failure {
+            message: format!(
+                "{what}, but no task or dead letter live at the end of the log needs what is \
+                 lost (their tasks finished after the checkpoint): the engine opens and reads \
+                 past it; the file goes once a checkpoint no longer names it"
+            ),
+            ..self.damage.clone()
+        }
+    }
 }
 
 /// Checks the overflow entries a checkpoint started with
-/// [`start_from_checkpoint_deferring_overflow`] refers to (`refs`, sorted by file and offset),
-/// one file at a time, as [`start_from_checkpoint`] does before it accepts the checkpoint —
-/// for a caller that keeps the checkpoint when a file is damaged and reports that file.
-/// Returns the first damage found.
-pub(crate) fn check_deferred_overflow_refs(
+/// [`start_from_checkpoint_deferring_overflow`] refers to (`refs`, taken out of `start`,
+/// sorted by file and offset), after the log was read, as [`start_from_checkpoint`] and
+/// [`check`] do: every file, damage in entries no task or dead letter
+/// live at the end of `replay` needs being a warning ([`DamagedOverflowFile::judge`]) —
+/// without a `replay` (the log did not read to its end), any damage fails. Returns the
+/// first failure and the warnings.
+pub(crate) fn check_overflow_refs_after_log(
     storage: &dyn Storage,
     start: &CheckpointStart,
-) -> Result<(), Failure> {
+    refs: &[OverflowRef],
+    replay: Option<&Replay>,
+) -> (Option<Failure>, Vec<Failure>) {
     let Some(ovf_dir) = &start.overflow_dir else {
-        return Ok(());
+        return (None, Vec::new());
     };
     let hasher = far::KeyHasher::new(&start.store_id);
-    for refs in start.overflow_refs.chunk_by(|a, b| a.file == b.file) {
+    let mut warnings = Vec::new();
+    for refs in refs.chunk_by(|a, b| a.file == b.file) {
         let Some(file) = refs.first().map(|r| r.file) else {
             continue;
         };
         let path = ovf_dir.join(ovf::file_name(file));
-        let entries = ovf::read_file(storage, &path, Some(&start.store_id), Some(file))
-            .map_err(|e| Failure::overflow(&path, &e))?;
-        check_overflow_entries(
-            &path,
-            &entries,
-            refs.iter().map(|r| (r.offset, r.task_id, r.key.as_deref())),
-            Some(&hasher),
-        )?;
+        let damage = match ovf::read_file(storage, &path, Some(&start.store_id), Some(file)) {
+            Ok(entries) => {
+                let checked = check_overflow_entries(
+                    &path,
+                    &entries,
+                    refs.iter().map(|r| (r.offset, r.task_id, r.key.as_deref())),
+                    Some(&hasher),
+                );
+                match checked {
+                    Ok(()) => continue,
+                    Err(f) => return (Some(f), warnings),
+                }
+            }
+            Err(e) => Failure::overflow(&path, &e),
+        };
+        let Some(replay) = replay else {
+            return (Some(damage), warnings);
+        };
+        let d = DamagedOverflowFile {
+            file,
+            path,
+            missing: damage.cause == Cause::Missing,
+            damage,
+            refs: refs
+                .iter()
+                .map(|r| (r.offset, r.task_id, r.key.clone()))
+                .collect(),
+        };
+        match d.judge(storage, &needed_entries(replay, &[file]), &hasher) {
+            Ok(warning) => warnings.push(warning),
+            Err(f) => return (Some(f), warnings),
+        }
     }
-    Ok(())
+    (None, warnings)
 }
 
 /// The entries of the overflow file at `path` (as [`ovf::read_file`] returns them: by

@@ -1,0 +1,275 @@
+//! `kairos salvage`: the tasks whose overflow entries are damaged are listed, and with
+//! `--discard` cancelled (dead letters purged) so that the directory opens and every other
+//! task is delivered, once, with its payload.
+
+#![cfg(feature = "cli")]
+
+mod common;
+
+use common::cli::{copy_tree, json, path, run};
+use common::far::{cfg, due, key, MINUTE};
+use common::{drain, open_fs, TaskMap, TestResult, START_MS};
+use kairos::{Config, Due, ManualClock};
+use kairos_wal::FsStorage;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, UNIX_EPOCH};
+
+fn config() -> Config {
+    let mut c = cfg();
+    c.retry.max_attempts = 1;
+    c
+}
+
+fn at(ms: u64) -> Due {
+    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+/// The overflow file the one checkpoint wrote.
+fn overflow_file(dir: &Path) -> PathBuf {
+    dir.join("overflow").join(kairos::overflow::file_name(1))
+}
+
+/// A data directory, shut down cleanly, holding in overflow file 1: ten far tasks
+/// `far-0000..=far-0009` (due 2 h + i min; `far-0005` cancelled after the checkpoint), the
+/// payloads of five near tasks `near-i` (due 10 + i min), and the payload of a dead letter
+/// `dl` (one attempt, nacked after the checkpoint). Returns what must be delivered:
+/// key → (due, payload).
+fn build(dir: &Path) -> TestResult<TaskMap> {
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(dir, config(), &clock)?;
+    let mut model = BTreeMap::new();
+    for i in 0..10 {
+        let payload = format!("payload {i}").into_bytes();
+        engine.schedule(&key(i), at(due(i)), &payload)?;
+        model.insert(key(i), (due(i), payload));
+    }
+    for i in 0..5u64 {
+        let (k, due_ms, payload) = (
+            format!("near-{i}").into_bytes(),
+            START_MS + (10 + i) * 60_000,
+            format!("near payload {i}").into_bytes(),
+        );
+        engine.schedule(&k, at(due_ms), &payload)?;
+        model.insert(k, (due_ms, payload));
+    }
+    engine.schedule(b"dl", at(START_MS + 5 * 60_000), b"dead letter payload")?;
+    let report = engine.checkpoint()?;
+    assert_eq!(report.payloads_moved, 16, "{report:?}");
+    assert_eq!(engine.stats().far, 10);
+    assert!(engine.cancel(&key(5))?.is_cancelled());
+    model.remove(&key(5));
+    clock.advance(5 * MINUTE);
+    let ds = drain(&engine)?;
+    assert_eq!(ds.len(), 1);
+    assert_eq!(ds[0].payload(), b"dead letter payload");
+    engine.consumer().nack(&ds[0], None, "failed")?;
+    assert_eq!(engine.dead_letters().len(), 1);
+    engine.shutdown()?;
+    Ok(model)
+}
+
+/// Flips a byte of the key of each entry of `keys` in overflow file 1; returns each entry's
+/// offset and task id, by key.
+fn damage(dir: &Path, keys: &[&[u8]]) -> TestResult<BTreeMap<Vec<u8>, (u64, u64)>> {
+    let file = overflow_file(dir);
+    let entries = kairos::overflow::read_file(&FsStorage, &file, None, Some(1))?;
+    let mut bytes = std::fs::read(&file)?;
+    let mut out = BTreeMap::new();
+    for k in keys {
+        let (offset, e) = entries
+            .iter()
+            .find(|(_, e)| &*e.key == *k)
+            .ok_or("no entry")?;
+        bytes[*offset as usize + 30] ^= 0x20;
+        out.insert(k.to_vec(), (*offset, e.task_id));
+    }
+    std::fs::write(&file, &bytes)?;
+    Ok(out)
+}
+
+/// Every file of the log, with its bytes.
+fn log_bytes(dir: &Path) -> TestResult<BTreeMap<PathBuf, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir.join("wal"))? {
+        let p = entry?.path();
+        out.insert(p.clone(), std::fs::read(&p)?);
+    }
+    Ok(out)
+}
+
+#[test]
+fn damaged_entries_are_listed_then_discarded_and_everything_else_is_delivered() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let built = tmp.path().join("built");
+    let mut model = build(&built)?;
+    // Nothing damaged: salvage says so, writes nothing, and passes.
+    let (stdout, _) = run(&["salvage", path(&built)], 0);
+    assert!(stdout.contains("damaged         none"), "{stdout}");
+
+    let dir = tmp.path().join("data");
+    copy_tree(&built, &dir)?;
+    let far3 = key(3);
+    let far5 = key(5);
+    let hit = damage(&dir, &[&far3, &far5, b"near-2", b"dl"])?;
+
+    // verify fails on damage a live task needs, and points at salvage.
+    let (_, stderr) = run(&["verify", path(&dir)], 1);
+    assert!(stderr.contains("kairos salvage"), "{stderr}");
+
+    // The listing: what tasks need (far-0005's entry is dead: a warning); nothing written.
+    let before = log_bytes(&dir)?;
+    let (stdout, _) = run(&["salvage", path(&dir), "--json"], 1);
+    let v = json(&stdout);
+    let listed: Vec<(u64, String, u64)> = v["damaged"]
+        .as_array()
+        .ok_or("damaged")?
+        .iter()
+        .map(|d| {
+            (
+                d["task_id"].as_u64().unwrap_or(0),
+                d["used_as"].as_str().unwrap_or("").to_string(),
+                d["offset"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    let mut want = vec![
+        (hit[&far3].1, "far_task".to_string(), hit[&far3].0),
+        (
+            hit[&b"near-2".to_vec()].1,
+            "payload".into(),
+            hit[&b"near-2".to_vec()].0,
+        ),
+        (
+            hit[&b"dl".to_vec()].1,
+            "dead_letter".into(),
+            hit[&b"dl".to_vec()].0,
+        ),
+    ];
+    want.sort_by_key(|w| w.2);
+    assert_eq!(listed, want, "{v}");
+    let listed_as = |used_as: &str| {
+        v["damaged"]
+            .as_array()
+            .and_then(|a| a.iter().find(|d| d["used_as"] == used_as))
+            .map(|d| d["key"].clone())
+    };
+    assert_eq!(
+        listed_as("far_task"),
+        Some(serde_json::Value::Null),
+        "a far task's key is only in its entry"
+    );
+    assert_eq!(listed_as("payload"), Some("near-2".into()));
+    assert_eq!(listed_as("dead_letter"), Some("dl".into()));
+    let warnings = v["warnings"].as_array().ok_or("warnings")?;
+    assert!(
+        warnings.is_empty(),
+        "damage in a file tasks need is listed, not warned: {v}"
+    );
+    assert_eq!(v["discarded"], false);
+    assert_eq!(log_bytes(&dir)?, before, "a listing writes nothing");
+    let (stdout, _) = run(&["salvage", path(&dir)], 1);
+    assert!(stdout.contains("--discard"), "{stdout}");
+    assert!(stdout.contains("key \"near-2\""), "{stdout}");
+
+    // An engine holding the directory: --discard is refused, nothing written.
+    {
+        let clock = ManualClock::new(START_MS);
+        let _engine = open_fs(&dir, config(), &clock);
+        let (_, stderr) = run(&["salvage", path(&dir), "--discard"], 1);
+        assert!(stderr.contains("open in an engine"), "{stderr}");
+    }
+    assert_eq!(log_bytes(&dir)?.len(), before.len());
+
+    // Discarded: two tasks cancelled, one dead letter purged; verify passes with a warning.
+    let (stdout, _) = run(&["salvage", path(&dir), "--discard", "--json"], 0);
+    let v = json(&stdout);
+    assert_eq!(v["discarded"], true, "{v}");
+    assert_eq!(v["tasks_cancelled"], 2, "{v}");
+    assert_eq!(v["dead_letters_purged"], 1, "{v}");
+    let (stdout, _) = run(&["verify", path(&dir)], 0);
+    assert!(stdout.contains("WARNING: overflow file"), "{stdout}");
+    let (stdout, _) = run(&["salvage", path(&dir)], 0);
+    assert!(stdout.contains("damaged         none"), "{stdout}");
+    assert!(stdout.contains("WARNING"), "{stdout}");
+
+    // The engine opens, overdue far tasks and all: every other task once, with its payload.
+    model.remove(&far3);
+    model.remove(b"near-2".as_slice());
+    let clock = ManualClock::new(START_MS + 3 * 3_600_000);
+    let engine = open_fs(&dir, config(), &clock)?;
+    assert!(engine.dead_letters().is_empty());
+    let mut fired = BTreeMap::new();
+    for d in drain(&engine)? {
+        let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+        assert!(again.is_none(), "twice: {:?}", d.key());
+        engine.consumer().ack(&d)?;
+    }
+    assert_eq!(fired, model);
+    assert_eq!(engine.stats().pending, 0);
+    engine.checkpoint()?;
+    engine.shutdown()?;
+    run(&["verify", path(&dir)], 0);
+    Ok(())
+}
+
+/// A missing overflow file: the tasks that need it are listed and discarded; the directory
+/// opens (the checkpoint names the file, but no live task needs it any more).
+#[test]
+fn a_missing_overflow_file_is_salvaged_by_discarding_the_tasks_that_need_it() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    build(&dir)?;
+    std::fs::remove_file(overflow_file(&dir))?;
+    let clock = ManualClock::new(START_MS);
+    assert!(open_fs(&dir, config(), &clock).is_err());
+    let (stdout, _) = run(&["salvage", path(&dir), "--json"], 1);
+    // Nine far tasks, five payloads, one dead letter.
+    assert_eq!(json(&stdout)["damaged"].as_array().map(Vec::len), Some(15));
+    let (stdout, _) = run(&["salvage", path(&dir), "--discard", "--json"], 0);
+    let v = json(&stdout);
+    assert_eq!(
+        (
+            v["tasks_cancelled"].as_u64(),
+            v["dead_letters_purged"].as_u64()
+        ),
+        (Some(14), Some(1))
+    );
+    let engine = open_fs(&dir, config(), &clock)?;
+    assert_eq!(engine.stats().pending, 0);
+    engine.shutdown()?;
+    run(&["verify", path(&dir)], 0);
+    Ok(())
+}
+
+/// What salvage cannot mend it refuses, writing nothing: a damaged log, a directory that is
+/// not a data directory.
+#[test]
+fn salvage_refuses_what_it_cannot_mend() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    build(&dir)?;
+    // Not a data directory.
+    let (_, stderr) = run(&["salvage", path(&dir.join("overflow"))], 1);
+    assert!(stderr.contains("not a Kairos data directory"), "{stderr}");
+    // A flipped byte in the middle of the log's (only, sealed-by-close) segment.
+    let seg = log_bytes(&dir)?
+        .into_keys()
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .ok_or("segment")?;
+    let mut bytes = std::fs::read(&seg)?;
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&seg, &bytes)?;
+    let before = log_bytes(&dir)?;
+    for discard in [false, true] {
+        let mut args = vec!["salvage", path(&dir)];
+        if discard {
+            args.push("--discard");
+        }
+        let (_, stderr) = run(&args, 1);
+        assert!(stderr.contains("kairos verify"), "{stderr}");
+    }
+    assert_eq!(log_bytes(&dir)?, before);
+    Ok(())
+}
