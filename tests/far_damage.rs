@@ -161,7 +161,12 @@ fn a_damaged_entry_of_a_live_far_task_poisons_naming_the_task() -> TestResult {
             .advance(Duration::from_millis(due(4) - START_MS) - Duration::from_secs(3600));
         h.engine().run_until_idle();
         let cause = poisoned(h.engine()).ok_or("not poisoned")?;
-        for part in [name, format!("offset {offset}"), format!("far task {id}")] {
+        for part in [
+            name,
+            format!("offset {offset}"),
+            format!("far task {id}"),
+            "kairos salvage".into(),
+        ] {
             assert!(cause.contains(&part), "{spot:?}: {part} not in {cause}");
         }
         h.restart(Stop::ProcessCrash)?;

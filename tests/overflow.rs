@@ -220,6 +220,7 @@ fn a_damaged_overflow_entry_poisons_the_receive_naming_file_and_offset() -> Test
                 cause.contains(&name) && cause.contains("offset 552"),
                 "{cause}"
             );
+            assert!(cause.contains("kairos salvage"), "{cause}");
         }
         other => return Err(format!("expected poisoned, got {other:?}").into()),
     }

@@ -204,7 +204,7 @@ impl Shared {
                     let (file, offset) = unpack_loc(e.loc);
                     disk.overflow_file(file)
                         .and_then(|f| f.read(offset, e.id, None))
-                        .map_err(|err| format!("cannot read far task {}: {err}", e.id))?
+                        .map_err(|err| unreadable(&format!("far task {}", e.id), &err))?
                 }
             };
             if *entry.key == *key {
@@ -318,10 +318,11 @@ impl Shared {
                 _ => disk.overflow_file(file).map_err(|err| err.to_string()),
             };
             let read = match &opened {
-                Ok(f) => f.read(offset, id, None).map_err(|err| err.to_string()),
-                Err(err) => Err(err.clone()),
-            }
-            .map_err(|err| format!("cannot read far task {id}: {err}"));
+                Ok(f) => f
+                    .read(offset, id, None)
+                    .map_err(|err| unreadable(&format!("far task {id}"), &err)),
+                Err(err) => Err(format!("cannot read far task {id}: {err}")),
+            };
             // `wanted` is sorted and without repeats: so is `reads`.
             reads.0.push(((loc, id), read));
             open = Some((file, opened));
@@ -967,6 +968,19 @@ impl Shared {
             }
             note_hold(&mut core, held_since);
         }
+    }
+}
+
+/// Why `what` (a task's payload, a far task) cannot be read from its overflow
+/// entry: the read's error, and for damage (not an I/O error) the way out —
+/// an operator's `kairos salvage`, which lists and can discard such tasks.
+pub(super) fn unreadable(what: &str, err: &overflow::OverflowReadError) -> String {
+    match err {
+        overflow::OverflowReadError::Corrupt { .. } => format!(
+            "cannot read {what}: {err} (`kairos salvage` lists the tasks whose entries are \
+             damaged)"
+        ),
+        _ => format!("cannot read {what}: {err}"),
     }
 }
 

@@ -32,7 +32,7 @@ impl Shared {
         disk.overflow_file(file)
             .and_then(|f| f.read(offset, id, Some(key)))
             .map(|e| e.payload)
-            .map_err(|e| format!("cannot read the payload of task {id}: {e}"))
+            .map_err(|e| super::far::unreadable(&format!("the payload of task {id}"), &e))
     }
 
     /// Brings the payload of the task in `slot` into memory if it is on
