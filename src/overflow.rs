@@ -1119,8 +1119,16 @@ fn decode_from(
         at += n as u64;
     }
     if out.len() as u64 != count {
+        // The header read whole: the damage is in the entries — where the file ends if it
+        // holds fewer (cut at an entry boundary), at the first one too many otherwise — so
+        // that a reader judging damage entry by entry (`kairos verify`, `kairos salvage`)
+        // sees which entries are lost.
+        let offset = usize::try_from(count)
+            .ok()
+            .and_then(|c| out.get(c))
+            .map_or(at, |(o, _)| *o);
         return Err(corrupt(
-            0,
+            offset,
             format!(
                 "header counts {count} entries, the file holds {}",
                 out.len()
