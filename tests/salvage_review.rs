@@ -168,3 +168,194 @@ fn a_file_cut_at_an_entry_boundary_losing_a_far_task_is_salvaged() -> TestResult
     run(&["verify", path(&dir)], 0);
     Ok(())
 }
+
+/// Flips a byte of the key of the entry of each key in `keys` in overflow file `n`; returns
+/// their task ids.
+fn flip_keys(dir: &Path, n: u32, keys: &[&[u8]]) -> TestResult<Vec<u64>> {
+    let found = entries(dir, n)?;
+    let file = overflow_file(dir, n);
+    let mut bytes = std::fs::read(&file)?;
+    let mut ids = Vec::new();
+    for k in keys {
+        let (offset, id) = found.get(*k).ok_or("no such entry")?;
+        bytes[*offset as usize + 30] ^= 0x20;
+        ids.push(*id);
+    }
+    std::fs::write(&file, &bytes)?;
+    Ok(ids)
+}
+
+/// The task ids `salvage --json` lists as damaged.
+fn listed(dir: &Path, status: i32) -> TestResult<Vec<u64>> {
+    let (stdout, _) = run(&["salvage", path(dir), "--json"], status);
+    let v = json(&stdout);
+    let mut ids: Vec<u64> = v["damaged"]
+        .as_array()
+        .ok_or("damaged")?
+        .iter()
+        .filter_map(|d| d["task_id"].as_u64())
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// The log's records (LSN, type, body), and the files outside the log by path.
+type DurableState = (Vec<(u64, u8, Vec<u8>)>, BTreeMap<PathBuf, Vec<u8>>);
+
+/// The log's records (LSN, type, body) and the checkpoint and overflow files' bytes: what
+/// a salvage that discards nothing must leave as it is (the log's marks — `SYNCED`, a
+/// segment's mark slots, `CLOSED` — an open rewrites, as the engine's own open does).
+fn durable_state(dir: &Path) -> TestResult<DurableState> {
+    let mut records = Vec::new();
+    kairos_wal::scan_located(
+        &FsStorage,
+        &dir.join("wal"),
+        kairos_wal::RECORD_BYTES_MAX_DEFAULT,
+        &mut |view, _| records.push((view.lsn.0, view.record_type, view.body.to_vec())),
+    )?;
+    let files = tree_bytes(dir)?
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with(dir.join("wal")))
+        .collect();
+    Ok((records, files))
+}
+
+/// `salvage --discard` on a directory where nothing is damaged — shut down cleanly, and
+/// left by a crash — appends nothing and changes no checkpoint or overflow file.
+#[test]
+fn salvage_discard_with_nothing_damaged_writes_nothing() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    far_dir(&dir, 5, &[1])?;
+    let before = durable_state(&dir)?;
+    let (stdout, _) = run(&["salvage", path(&dir), "--discard"], 0);
+    assert!(stdout.contains("damaged         none"), "{stdout}");
+    assert_eq!(durable_state(&dir)?, before, "a clean directory");
+
+    // Left by a crash: an engine dropped without shutdown after a schedule.
+    let crashed = tmp.path().join("crashed");
+    far_dir(&crashed, 5, &[])?;
+    {
+        let clock = ManualClock::new(START_MS);
+        let engine = open_fs(&crashed, config(), &clock)?;
+        engine.schedule(b"late", at(START_MS + 3 * 60_000), b"late payload")?;
+        drop(engine);
+    }
+    let before = durable_state(&crashed)?;
+    run(&["salvage", path(&crashed), "--discard"], 0);
+    assert_eq!(durable_state(&crashed)?, before, "a crashed directory");
+    run(&["salvage", path(&crashed), "--discard"], 0);
+    assert_eq!(durable_state(&crashed)?, before, "run twice");
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(&crashed, config(), &clock)?;
+    let fired = fire_on(&engine, &clock, due(6))?;
+    assert_eq!(fired.len(), 6);
+    engine.shutdown()?;
+    Ok(())
+}
+
+/// A far task promoted, delivered and acked after the checkpoint (between checkpoints, as
+/// every far task that fires is), whose entry then rots: the task is finished, nothing live
+/// needs the entry — yet the open's replay reads it (the DELIVER names a far task), so the
+/// directory never opens again, and salvage cannot mend it.
+#[test]
+#[ignore = "finding: a damaged entry of a far task that fired (and was acked) after the \
+            checkpoint makes the directory unopenable for good; salvage refuses it"]
+fn a_fired_far_tasks_damaged_entry_bricks_the_directory() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let n = 5;
+    let mut model = far_dir(&dir, n, &[])?;
+    // Far task 0 fires and is acked; nothing checkpoints after.
+    {
+        let clock = ManualClock::new(due(0) - 30 * 60_000);
+        let engine = open_fs(&dir, config(), &clock)?;
+        let fired = fire_on(&engine, &clock, due(0))?;
+        assert_eq!(fired.len(), 1);
+        assert!(fired.contains_key(&key(0)));
+        engine.shutdown()?;
+    }
+    model.remove(&key(0));
+    flip_keys(&dir, 1, &[&key(0)])?;
+    // Nothing live needs the entry, so the verdict should be a warning, and the engine should
+    // open and fire the four others.
+    let opened = open_fs(&dir, config(), &ManualClock::new(START_MS));
+    let opens = opened.is_ok();
+    drop(opened);
+    let (stdout, stderr) = {
+        let out = common::cli::kairos(&["salvage", path(&dir), "--discard"]);
+        (
+            common::cli::text(&out.stdout),
+            common::cli::text(&out.stderr),
+        )
+    };
+    assert!(
+        opens,
+        "the engine does not open; salvage --discard says: {stdout}{stderr}"
+    );
+    assert_eq!(fire(&dir, due(0), due(n + 2))?, model);
+    Ok(())
+}
+
+/// Tasks in flight whose payloads are on disk, left by a crash; one's payload entry is
+/// damaged. salvage lists exactly it; after --discard the engine opens and delivers every
+/// other task once with its payload, and checkpoints and reopens repeatedly.
+#[test]
+fn in_flight_payload_damage_after_a_crash_is_salvaged() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let mut model = TaskMap::new();
+    let mut config = config();
+    config.retry.max_attempts = 5;
+    {
+        let clock = ManualClock::new(START_MS);
+        let engine = open_fs(&dir, config.clone(), &clock)?;
+        for i in 0..6u64 {
+            let (k, d, p) = (
+                format!("near-{i}").into_bytes(),
+                START_MS + (10 + i) * 60_000,
+                format!("near payload {i}").into_bytes(),
+            );
+            engine.schedule(&k, at(d), &p)?;
+            model.insert(k, (d, p));
+        }
+        for i in 0..4 {
+            let payload = format!("payload {i}").into_bytes();
+            engine.schedule(&key(i), at(due(i)), &payload)?;
+            model.insert(key(i), (due(i), payload));
+        }
+        let report = engine.checkpoint()?;
+        assert_eq!(report.payloads_moved, 10, "{report:?}");
+        // near-0..=2 handed out, not acked; then a crash.
+        clock.advance(Duration::from_millis(12 * 60_000));
+        let ds = drain(&engine)?;
+        assert_eq!(ds.len(), 3);
+        drop(ds);
+        drop(engine);
+    }
+    let ids = flip_keys(&dir, 1, &[b"near-1"])?;
+    model.remove(b"near-1".as_slice());
+    assert_eq!(listed(&dir, 1)?, ids);
+    run(&["verify", path(&dir)], 1);
+    run(&["salvage", path(&dir), "--discard"], 0);
+    run(&["verify", path(&dir)], 0);
+    assert_eq!(listed(&dir, 0)?, Vec::<u64>::new());
+    // Delivered once each, checkpointing and reopening between.
+    let mut fired = TaskMap::new();
+    let mut now = START_MS + 12 * 60_000;
+    for round in 0..4 {
+        let clock = ManualClock::new(now);
+        let engine = open_fs(&dir, config.clone(), &clock)?;
+        let until = now + 40 * 60_000;
+        for (k, v) in fire_on(&engine, &clock, until)? {
+            assert!(fired.insert(k.clone(), v).is_none(), "twice: {k:?}");
+        }
+        engine.checkpoint()?;
+        engine.shutdown()?;
+        now = until;
+        run(&["verify", path(&dir)], 0);
+        let _ = round;
+    }
+    assert_eq!(fired, model);
+    Ok(())
+}
