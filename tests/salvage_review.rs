@@ -359,3 +359,204 @@ fn in_flight_payload_damage_after_a_crash_is_salvaged() -> TestResult {
     assert_eq!(fired, model);
     Ok(())
 }
+
+/// Flips a byte of each entry of `spots` (key, at the length field when `true`, else the
+/// key) in overflow file `n`.
+fn flip(dir: &Path, n: u32, spots: &[(Vec<u8>, bool)]) -> TestResult {
+    let found = entries(dir, n)?;
+    let file = overflow_file(dir, n);
+    let mut bytes = std::fs::read(&file)?;
+    for (k, length) in spots {
+        let (offset, _) = found.get(k).ok_or("no such entry")?;
+        let at = *offset as usize + if *length { 1 } else { 30 };
+        bytes[at] ^= 0x40;
+    }
+    std::fs::write(&file, &bytes)?;
+    Ok(())
+}
+
+/// Far tasks in two overflow files, runs of damaged entries of cancelled far tasks in each
+/// (length fields and keys, the second file's last entry), the prefetch thread promoting:
+/// every other far task fires once, on time — opened long before, and opened with the
+/// damage within the open's far span — and verify passes with warnings, salvage lists none.
+#[test]
+fn runs_of_dead_damaged_entries_in_two_files_with_prefetch() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let built = tmp.path().join("built");
+    let mut c = config();
+    c.payload_prefetch = true;
+    let mut model = TaskMap::new();
+    {
+        let clock = ManualClock::new(START_MS);
+        let engine = open_fs(&built, c.clone(), &clock)?;
+        for range in [0..40, 40..80] {
+            for i in range {
+                let payload = format!("payload {i}").into_bytes();
+                engine.schedule(&key(i), at(due(i)), &payload)?;
+                model.insert(key(i), (due(i), payload));
+            }
+            engine.checkpoint()?;
+        }
+        assert_eq!(engine.stats().far, 80);
+        for i in [10, 11, 12, 13, 14, 50, 51, 52, 79] {
+            assert!(engine.cancel(&key(i))?.is_cancelled());
+            model.remove(&key(i));
+        }
+        engine.shutdown()?;
+    }
+    assert!(overflow_file(&built, 2).exists());
+    flip(
+        &built,
+        1,
+        &[
+            (key(10), true),
+            (key(11), false),
+            (key(12), false),
+            (key(13), true),
+            (key(14), false),
+        ],
+    )?;
+    flip(
+        &built,
+        2,
+        &[
+            (key(50), false),
+            (key(51), true),
+            (key(52), false),
+            (key(79), true),
+        ],
+    )?;
+    run(&["verify", path(&built)], 0);
+    assert_eq!(listed(&built, 0)?, Vec::<u64>::new());
+    for (name, open_at) in [
+        ("long before", START_MS),
+        ("damage within the span", due(12) - 20 * 60_000),
+        ("overdue", due(60)),
+    ] {
+        let dir = tmp.path().join(name);
+        copy_tree(&built, &dir)?;
+        let clock = ManualClock::new(open_at);
+        let engine = open_fs(&dir, c.clone(), &clock)?;
+        let fired = fire_on(&engine, &clock, due(85))?;
+        let want: TaskMap = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        assert_eq!(fired, want, "{name}");
+        engine.checkpoint()?;
+        engine.shutdown()?;
+        run(&["verify", path(&dir)], 0);
+    }
+    Ok(())
+}
+
+/// A zero-filled tail after the last entry (a file extended, never written), the last far
+/// task cancelled: verify warns, the engine opens and fires the others.
+#[test]
+fn a_zero_filled_tail_is_gone_past() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let model = far_dir(&dir, 6, &[2])?;
+    let file = overflow_file(&dir, 1);
+    let mut bytes = std::fs::read(&file)?;
+    bytes.extend(std::iter::repeat_n(0u8, 5000));
+    std::fs::write(&file, &bytes)?;
+    run(&["verify", path(&dir)], 0);
+    assert_eq!(listed(&dir, 0)?, Vec::<u64>::new());
+    let copy = tmp.path().join("copy");
+    copy_tree(&dir, &copy)?;
+    assert_eq!(fire(&copy, START_MS, due(8))?, model);
+    assert_eq!(fire(&dir, due(7), due(8))?, model);
+    Ok(())
+}
+
+/// A damaged dead entry in a file mostly dead (a compaction victim): checkpoints go on (the
+/// file is not compacted), the engine reopens repeatedly, every live far task fires once.
+#[test]
+fn a_damaged_compaction_victim_does_not_stop_checkpoints() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let n = 20;
+    let cancelled: Vec<usize> = (0..n).filter(|i| i % 4 != 0).collect();
+    let mut model = far_dir(&dir, n, &cancelled)?;
+    flip(&dir, 1, &[(key(5), true), (key(6), false)])?;
+    run(&["verify", path(&dir)], 0);
+    for round in 0..3usize {
+        let clock = ManualClock::new(START_MS + round as u64 * 60_000);
+        let engine = open_fs(&dir, config(), &clock)?;
+        for j in 0..5 {
+            let i = 100 + round * 5 + j;
+            let payload = format!("payload {i}").into_bytes();
+            engine.schedule(&key(i), at(due(i)), &payload)?;
+            model.insert(key(i), (due(i), payload));
+        }
+        engine.checkpoint()?;
+        engine.checkpoint()?;
+        engine.shutdown()?;
+        run(&["verify", path(&dir)], 0);
+    }
+    assert_eq!(fire(&dir, START_MS + 5 * 60_000, due(130))?, model);
+    run(&["verify", path(&dir)], 0);
+    Ok(())
+}
+
+/// The directory of [`a_fired_far_tasks_damaged_entry_bricks_the_directory`] does not open:
+/// verify, inspect and dump must all say so (exit 1), and salvage must refuse writing nothing.
+#[test]
+fn a_directory_that_does_not_open_fails_every_check() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    far_dir(&dir, 5, &[])?;
+    {
+        let clock = ManualClock::new(due(0) - 30 * 60_000);
+        let engine = open_fs(&dir, config(), &clock)?;
+        assert_eq!(fire_on(&engine, &clock, due(0))?.len(), 1);
+        engine.shutdown()?;
+    }
+    flip(&dir, 1, &[(key(0), false)])?;
+    assert!(open_fs(&dir, config(), &ManualClock::new(START_MS)).is_err());
+    run(&["verify", path(&dir)], 1);
+    run(&["inspect", path(&dir)], 1);
+    run(&["dump", path(&dir)], 1);
+    let before = durable_state(&dir)?;
+    run(&["salvage", path(&dir)], 1);
+    run(&["salvage", path(&dir), "--discard"], 1);
+    assert_eq!(durable_state(&dir)?, before);
+    Ok(())
+}
+
+/// An overflow file the checkpoint names whose far tasks were all cancelled after it, its
+/// header then damaged: no task needs anything in it (a missing file in its place is a
+/// warning and the engine opens), yet the open reads its header and refuses, verify fails,
+/// and salvage refuses to mend it — the directory opens again only once someone deletes the
+/// file by hand.
+#[test]
+#[ignore = "finding: a damaged header of a named overflow file no task needs keeps the \
+            directory from opening; salvage cannot mend it (deleting the file does)"]
+fn a_damaged_header_of_a_file_no_task_needs() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    far_dir(&dir, 3, &[0, 1, 2])?;
+    let file = overflow_file(&dir, 1);
+    let mut bytes = std::fs::read(&file)?;
+    bytes[40] ^= 0x01; // entry_count: the header's CRC no longer matches
+    std::fs::write(&file, &bytes)?;
+    // Deleting it: the engine opens (a warning for verify).
+    let deleted = tmp.path().join("deleted");
+    copy_tree(&dir, &deleted)?;
+    std::fs::remove_file(overflow_file(&deleted, 1))?;
+    run(&["verify", path(&deleted)], 0);
+    open_fs(&deleted, config(), &ManualClock::new(START_MS))?.shutdown()?;
+    // Damaged in place: salvage should make it open (or the open tolerate it).
+    let (stdout, stderr) = {
+        let out = common::cli::kairos(&["salvage", path(&dir), "--discard"]);
+        (
+            common::cli::text(&out.stdout),
+            common::cli::text(&out.stderr),
+        )
+    };
+    let opened = open_fs(&dir, config(), &ManualClock::new(START_MS));
+    assert!(
+        opened.is_ok(),
+        "{:?}; salvage --discard said: {stdout}{stderr}",
+        opened.err()
+    );
+    Ok(())
+}
