@@ -131,6 +131,8 @@ fn a_file_cut_at_an_entry_boundary_losing_only_dead_entries_verifies() -> TestRe
     assert_eq!(fire(&copy, START_MS, due(n + 2))?, model);
 
     run(&["verify", path(&dir)], 0);
+    run(&["inspect", path(&dir)], 0);
+    run(&["dump", path(&dir)], 0);
     let (stdout, _) = run(&["salvage", path(&dir), "--json"], 0);
     assert_eq!(json(&stdout)["damaged"].as_array().map(Vec::len), Some(0));
     Ok(())
@@ -459,6 +461,8 @@ fn a_zero_filled_tail_is_gone_past() -> TestResult {
     bytes.extend(std::iter::repeat_n(0u8, 5000));
     std::fs::write(&file, &bytes)?;
     run(&["verify", path(&dir)], 0);
+    run(&["inspect", path(&dir)], 0);
+    run(&["dump", path(&dir)], 0);
     assert_eq!(listed(&dir, 0)?, Vec::<u64>::new());
     let copy = tmp.path().join("copy");
     copy_tree(&dir, &copy)?;
@@ -511,14 +515,27 @@ fn a_directory_that_does_not_open_fails_every_check() -> TestResult {
         engine.shutdown()?;
     }
     flip(&dir, 1, &[(key(0), false)])?;
-    assert!(open_fs(&dir, config(), &ManualClock::new(START_MS)).is_err());
-    run(&["verify", path(&dir)], 1);
-    run(&["inspect", path(&dir)], 1);
-    run(&["dump", path(&dir)], 1);
-    let before = durable_state(&dir)?;
-    run(&["salvage", path(&dir)], 1);
-    run(&["salvage", path(&dir), "--discard"], 1);
-    assert_eq!(durable_state(&dir)?, before);
+    // And a far task given a new payload after the checkpoint (its old entry is where its
+    // key is: the RESCHEDULE's replay reads it), its old entry then damaged.
+    let moved = tmp.path().join("moved");
+    far_dir(&moved, 5, &[])?;
+    {
+        let clock = ManualClock::new(START_MS);
+        let engine = open_fs(&moved, config(), &clock)?;
+        engine.reschedule(&key(1), at(START_MS + 10 * 60_000), Some(b"new payload"))?;
+        engine.shutdown()?;
+    }
+    flip(&moved, 1, &[(key(1), false)])?;
+    for dir in [&dir, &moved] {
+        assert!(open_fs(dir, config(), &ManualClock::new(START_MS)).is_err());
+        run(&["verify", path(dir)], 1);
+        run(&["inspect", path(dir)], 1);
+        run(&["dump", path(dir)], 1);
+        let before = durable_state(dir)?;
+        run(&["salvage", path(dir)], 1);
+        run(&["salvage", path(dir), "--discard"], 1);
+        assert_eq!(durable_state(dir)?, before);
+    }
     Ok(())
 }
 
@@ -558,5 +575,48 @@ fn a_damaged_header_of_a_file_no_task_needs() -> TestResult {
         "{:?}; salvage --discard said: {stdout}{stderr}",
         opened.err()
     );
+    Ok(())
+}
+
+/// Only a dead letter's payload (on disk) is damaged: verify, inspect and dump agree (it is
+/// needed: exit 1), salvage lists exactly it, and after --discard every check passes and
+/// the engine opens with no dead letter.
+#[test]
+fn a_damaged_dead_letter_payload_is_judged_alike_everywhere() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    {
+        let clock = ManualClock::new(START_MS);
+        let engine = open_fs(&dir, config(), &clock)?;
+        engine.schedule(b"dl", at(START_MS + 5 * 60_000), b"dead letter payload")?;
+        engine.schedule(b"other", at(START_MS + 50 * 60_000), b"other payload")?;
+        assert_eq!(engine.checkpoint()?.payloads_moved, 2);
+        clock.advance(5 * MINUTE);
+        let ds = drain(&engine)?;
+        assert_eq!(ds.len(), 1);
+        engine.consumer().nack(&ds[0], None, "failed")?;
+        assert_eq!(engine.dead_letters().len(), 1);
+        engine.shutdown()?;
+    }
+    let ids = flip_keys(&dir, 1, &[b"dl"])?;
+    run(&["verify", path(&dir)], 1);
+    run(&["inspect", path(&dir)], 1);
+    run(&["dump", path(&dir)], 1);
+    assert_eq!(listed(&dir, 1)?, ids);
+    run(&["salvage", path(&dir), "--discard"], 0);
+    run(&["verify", path(&dir)], 0);
+    run(&["inspect", path(&dir)], 0);
+    run(&["dump", path(&dir)], 0);
+    let clock = ManualClock::new(START_MS + 6 * 60_000);
+    let engine = open_fs(&dir, config(), &clock)?;
+    assert!(engine.dead_letters().is_empty());
+    let fired = fire_on(&engine, &clock, START_MS + 60 * 60_000)?;
+    assert_eq!(
+        fired.keys().cloned().collect::<Vec<_>>(),
+        vec![b"other".to_vec()]
+    );
+    engine.checkpoint()?;
+    engine.shutdown()?;
+    run(&["verify", path(&dir)], 0);
     Ok(())
 }
