@@ -28,8 +28,11 @@ fn at(ms: u64) -> Due {
     Due::At(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
+/// Files and their bytes.
+type Image = Vec<(PathBuf, Vec<u8>)>;
+
 /// Every file under `dir` on `sim`, with its bytes.
-fn image(sim: &SimStorage, dir: &Path) -> TestResult<Vec<(PathBuf, Vec<u8>)>> {
+fn image(sim: &SimStorage, dir: &Path) -> TestResult<Image> {
     let mut out = Vec::new();
     for sub in ["", "wal", "checkpoint", "overflow"] {
         let d = dir.join(sub);
@@ -46,9 +49,8 @@ fn image(sim: &SimStorage, dir: &Path) -> TestResult<Vec<(PathBuf, Vec<u8>)>> {
 /// The directory: far tasks 0..6 (one cancelled after the checkpoint), near tasks whose
 /// payloads the checkpoint moved to disk (one cancelled, one given a new payload after it),
 /// and a dead letter whose payload is on disk; shut down cleanly. Returns its image, the
-/// overflow file's path, what must be delivered (key → due, payload) and the dead letter's
-/// payload.
-fn build() -> TestResult<(Vec<(PathBuf, Vec<u8>)>, PathBuf, TaskMap)> {
+/// overflow file's path and what must be delivered (key → due, payload).
+fn build() -> TestResult<(Image, PathBuf, TaskMap)> {
     let mut h = SimHarness::new(41, config())?;
     let mut model = TaskMap::new();
     for i in 0..6 {

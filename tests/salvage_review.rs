@@ -540,13 +540,13 @@ fn a_directory_that_does_not_open_fails_every_check() -> TestResult {
 }
 
 /// An overflow file the checkpoint names whose far tasks were all cancelled after it, its
-/// header then damaged: no task needs anything in it (a missing file in its place is a
-/// warning and the engine opens), yet the open reads its header and refuses, verify fails,
-/// and salvage refuses to mend it — the directory opens again only once someone deletes the
-/// file by hand.
+/// header then damaged: no task needs anything in it, as when it is missing. (Review finding:
+/// the open read its header and refused, verify failed, salvage refused — the directory
+/// opened again only once someone deleted the file by hand.) Now the open counts it empty
+/// (the next checkpoint deletes it) and every check warns. With a live far task in it, every
+/// check fails; salvage lists every far task it holds and `--discard` makes the directory
+/// open, the other tasks firing once.
 #[test]
-#[ignore = "finding: a damaged header of a named overflow file no task needs keeps the \
-            directory from opening; salvage cannot mend it (deleting the file does)"]
 fn a_damaged_header_of_a_file_no_task_needs() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("data");
@@ -561,20 +561,52 @@ fn a_damaged_header_of_a_file_no_task_needs() -> TestResult {
     std::fs::remove_file(overflow_file(&deleted, 1))?;
     run(&["verify", path(&deleted)], 0);
     open_fs(&deleted, config(), &ManualClock::new(START_MS))?.shutdown()?;
-    // Damaged in place: salvage should make it open (or the open tolerate it).
-    let (stdout, stderr) = {
-        let out = common::cli::kairos(&["salvage", path(&dir), "--discard"]);
-        (
-            common::cli::text(&out.stdout),
-            common::cli::text(&out.stderr),
-        )
-    };
-    let opened = open_fs(&dir, config(), &ManualClock::new(START_MS));
+    // Damaged in place: the same.
+    for tool in ["verify", "inspect", "dump"] {
+        let (stdout, stderr) = run(&[tool, path(&dir)], 0);
+        assert!(
+            format!("{stdout}{stderr}").contains("header"),
+            "{tool}: {stdout}{stderr}"
+        );
+    }
+    assert_eq!(listed(&dir, 0)?, Vec::<u64>::new());
+    let engine = open_fs(&dir, config(), &ManualClock::new(START_MS))?;
+    assert_eq!(engine.stats().pending, 0);
+    engine.checkpoint()?;
+    engine.shutdown()?;
     assert!(
-        opened.is_ok(),
-        "{:?}; salvage --discard said: {stdout}{stderr}",
-        opened.err()
+        !overflow_file(&dir, 1).exists(),
+        "the next checkpoint deletes it"
     );
+    run(&["verify", path(&dir)], 0);
+
+    // A live far task among them: the file is needed, every check fails.
+    let live = tmp.path().join("live");
+    let model = far_dir(&live, 3, &[0])?;
+    let ids: Vec<u64> = {
+        let mut ids: Vec<u64> = entries(&live, 1)?
+            .into_iter()
+            .filter(|(k, _)| model.contains_key(k))
+            .map(|(_, (_, id))| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    let file = overflow_file(&live, 1);
+    let mut bytes = std::fs::read(&file)?;
+    bytes[40] ^= 0x01;
+    std::fs::write(&file, &bytes)?;
+    assert!(open_fs(&live, config(), &ManualClock::new(START_MS)).is_err());
+    for tool in ["verify", "inspect", "dump"] {
+        run(&[tool, path(&live)], 1);
+    }
+    assert_eq!(listed(&live, 1)?, ids, "both far tasks left in the file");
+    run(&["salvage", path(&live), "--discard"], 0);
+    run(&["verify", path(&live)], 0);
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(&live, config(), &clock)?;
+    assert_eq!(engine.stats().pending, 0);
+    engine.shutdown()?;
     Ok(())
 }
 

@@ -823,13 +823,8 @@ fn check_overflow_refs(
                 check_overflow_entries(&path, &entries, refs, Some(&hasher))?;
                 continue;
             }
-            // Damage in the entries (the header read whole): whether a task needs them is
-            // known only at the end of the log.
-            Err(ovf::OverflowReadError::Corrupt { offset, .. })
-                if offset >= ovf::HEADER_BYTES as u64 =>
-            {
-                false
-            }
+            // Damage: whether a task needs what it costs is known only at the end of the log.
+            Err(ovf::OverflowReadError::Corrupt { .. }) => false,
             Err(ovf::OverflowReadError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
@@ -877,7 +872,7 @@ pub(crate) fn needed_damage_failure(lost: &[DamagedEntry]) -> Failure {
     Failure {
         cause: Cause::Damage,
         file: Some(first.file.clone()),
-        offset: (!first.file_missing).then_some(first.offset),
+        offset: first.damage_offset,
         message: format!(
             "{}: it holds {} {}'s {}{more}; `kairos salvage` lists the tasks whose entries are \
              damaged and can discard them",
@@ -979,16 +974,17 @@ pub(crate) struct DamagedEntry {
     pub(crate) offset: u64,
     /// What is wrong.
     pub(crate) reason: String,
-    /// Whether the whole file is missing.
+    /// Where the damage is: the entry's offset, or for a file the engine cannot use at all
+    /// its header's damage (`Some(0)`…) or `None` (missing).
     #[serde(skip)]
-    pub(crate) file_missing: bool,
+    pub(crate) damage_offset: Option<u64>,
 }
 
 impl DamagedOverflowFile {
     /// The entries of this file that a task or dead letter live at the end of the log needs
     /// (`needed`, from [`needed_entries`]) and that do not read back as the engine reads
     /// them one at a time (its id, its key — a far task's: the checkpoint's key hash — and
-    /// its CRC), or all of them if the file is missing.
+    /// its CRC), or all of them if the engine cannot use the file ([`Self::whole_file`]).
     ///
     /// # Errors
     /// A needed entry could not be read (an I/O error: nothing is known about it).
@@ -1018,12 +1014,24 @@ impl DamagedOverflowFile {
                 file: self.path.clone(),
                 offset: *offset,
                 reason,
-                file_missing: self.missing,
+                damage_offset: if self.whole_file() {
+                    self.damage.offset
+                } else {
+                    Some(*offset)
+                },
             };
             if self.missing {
                 out.push(damaged(format!(
                     "overflow file {} is missing",
                     self.path.display()
+                )));
+                continue;
+            }
+            if self.whole_file() {
+                out.push(damaged(format!(
+                    "{} (the file's header: the engine's open refuses a file a task needs \
+                     whose header does not read)",
+                    self.damage.message
                 )));
                 continue;
             }
@@ -1062,28 +1070,35 @@ impl DamagedOverflowFile {
     /// A file found damaged (or missing) by a whole read, after the log was read to its
     /// end (`needed`: [`needed_entries`] of that replay): `Ok(warning)` if no task or dead
     /// letter live then needs what is damaged, `Err(failure)` otherwise — the first needed
-    /// entry that does not read back ([`needed_damage_failure`]), or the whole read's damage
-    /// when it is not in the entries (the header, which the engine's open reads), or an I/O
-    /// error.
+    /// entry that does not read back ([`needed_damage_failure`]; every needed entry when the
+    /// header does not read, as the engine's open then refuses the file), or an I/O error.
+    /// A file no task needs is not read by the engine's open beyond its header, and a bad
+    /// header there only makes the open count it empty (the next checkpoint deletes it).
     pub(crate) fn judge(
         &self,
         storage: &dyn Storage,
         needed: &NeededEntries,
         hasher: &far::KeyHasher,
     ) -> Result<Failure, Failure> {
-        let in_entries = self.missing
-            || (self.damage.cause == Cause::Damage
-                && self
-                    .damage
-                    .offset
-                    .is_some_and(|o| o >= ovf::HEADER_BYTES as u64));
-        if !in_entries {
+        if self.damage.cause == Cause::Unreadable {
             return Err(self.damage.clone());
         }
         match self.needed_damage(storage, needed, hasher)? {
             lost if lost.is_empty() => Ok(self.unneeded_warning()),
             lost => Err(needed_damage_failure(&lost)),
         }
+    }
+
+    /// Whether the engine cannot use the file at all — missing, or its header does not read
+    /// (bad bytes, another directory's, another number): every entry a task needs in it is
+    /// lost.
+    pub(crate) fn whole_file(&self) -> bool {
+        self.missing
+            || (self.damage.cause == Cause::Damage
+                && self
+                    .damage
+                    .offset
+                    .is_none_or(|o| o < ovf::HEADER_BYTES as u64))
     }
 
     /// The warning for damage no live task needs.

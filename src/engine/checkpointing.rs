@@ -2767,13 +2767,29 @@ pub(crate) fn prepare_overflow(
             // A file a task needs must read back (its header and the size
             // its last entry needs here; each entry when its payload is
             // read).
-            let n = overflow::read_entry_count(
+            let read = overflow::read_entry_count(
                 storage,
                 &ovf_dir.join(name),
                 checkpoint.map(|c| &c.store_id),
                 *f,
                 last_referenced.get(f).copied(),
-            )?;
+            );
+            let n = match read {
+                Ok(n) => n,
+                // Named only by the checkpoint, no task or dead letter needs
+                // it (their tasks finished after it): damage in it loses
+                // nothing. Known with no entries, so that the next
+                // checkpoint deletes it (as a missing one is not needed).
+                Err(e @ overflow::OverflowReadError::Corrupt { .. }) if !needed.contains(f) => {
+                    tracing::warn!(
+                        error = %e,
+                        "an overflow file no task needs does not read back; the next \
+                         checkpoint removes it"
+                    );
+                    0
+                }
+                Err(e) => return Err(e.into()),
+            };
             written.push((*f, n));
         } else if keep_unreferenced {
             // Kept only for the damaged newest checkpoint, which the next
