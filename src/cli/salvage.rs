@@ -23,10 +23,13 @@
 //! names it. This is an operator's explicit choice, as SQLite's `.recover` or RocksDB's WAL
 //! recovery modes are: those tasks' keys and payloads are lost; every other task is kept.
 //!
+//! An overflow file that is missing, or whose header does not read, loses every entry in it:
+//! every task that needs one is listed (once none does, the engine's open counts such a file
+//! empty, and the next checkpoint deletes it).
+//!
 //! What it cannot mend (it says so and writes nothing): damage in the log or in the checkpoint
-//! (`kairos verify` names it), an overflow file whose header does not read (the engine's open
-//! reads every header the checkpoint names), and a damaged far task's entry that a record
-//! after the checkpoint needs (the replay reads the task's key from it).
+//! (`kairos verify` names it), and the damaged entry of a far task that a record after the
+//! checkpoint names (delivered, rescheduled, nacked: the replay reads the task's key from it).
 
 use super::verify::{
     dirs, needed_entries, start_from_checkpoint, DamagedEntry, EntryUse, Failure, FarReader,
@@ -64,9 +67,12 @@ tasks' keys and payloads are lost; every other task is kept, and the engine open
 entries are dead from then on: the engine reads past them, `kairos verify` reports them as a \
 warning, and they go with their file once a checkpoint no longer names it.
 
+An overflow file that is missing, or whose header does not read, loses every entry in it: every \
+task that needs one is listed.
+
 It cannot mend, and writes nothing for: damage in the log or the checkpoint (`kairos verify` \
-names it), an overflow file whose header does not read, or a far task's damaged entry that a \
-record after the checkpoint needs.
+names it), or the damaged entry of a far task that a record after the checkpoint names \
+(delivered, rescheduled, nacked: the replay reads the task's key from it).
 
 Exit status 0 when no entry a live task needs is damaged, or --discard discarded every one; 1 \
 when damaged entries are listed and not discarded, or the directory cannot be salvaged or read; \

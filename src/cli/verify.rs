@@ -42,9 +42,10 @@ checked: each task's payload entry must be there with the task's id and key, and
 task's entry (a task beyond the far span, whose key and payload are only in its overflow entry) \
 with the task's id and a key whose hash is the one the checkpoint records. A record naming a \
 far task has its key and due time read from that entry. Damage in an entry that no task or \
-dead letter live at the end of the log needs (its task cancelled, acked or given a new payload \
-after the checkpoint), or a missing file none of them needs, is a WARNING: the engine opens and \
-never reads it. Damage a live task needs fails the check; `kairos salvage` lists those tasks \
+dead letter live at the end of the log needs (its task cancelled after the checkpoint, or — \
+not a far task, whose other records need its entry — acked or given a new payload), or a \
+missing file or bad header none of them needs, is a WARNING: the engine opens and never reads \
+it. Damage a live task needs fails the check; `kairos salvage` lists those tasks \
 and can discard them. The other files in DIR/overflow \
 (orphans: the engine removes them) are listed and read too; a damaged orphan is a WARNING, not \
 damage, as nothing needs it.
@@ -889,8 +890,8 @@ pub(crate) fn needed_damage_failure(lost: &[DamagedEntry]) -> Failure {
 
 /// An overflow file a checkpoint refers to whose entries do not all read back (or that is
 /// missing), found before the log is read: whether that is damage depends on the log — an
-/// entry no task needs at the end of it (its task cancelled, acked or given a new payload
-/// after the checkpoint) is read by nothing, as the engine's open does not read it (it
+/// entry no task needs at the end of it (its task cancelled after the checkpoint, or, not a
+/// far task, acked or given a new payload) is read by nothing, as the engine's open does not read it (it
 /// checks the header, and that the entry at the largest offset a live task refers to lies
 /// within the file) and its promotion of far tasks goes past it. See
 /// [`DamagedOverflowFile::needed_damage`].
