@@ -7,23 +7,14 @@
 mod common;
 
 use common::cli::{copy_tree, json, path, run};
-use common::far::{cfg, due, key, MINUTE};
+use common::far::{at, due, key, MINUTE};
 use common::{drain, open_fs, TaskMap, TestResult, START_MS};
-use kairos::{Config, Due, ManualClock};
+use kairos::ManualClock;
 use kairos_wal::FsStorage;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, UNIX_EPOCH};
 
-fn config() -> Config {
-    let mut c = cfg();
-    c.retry.max_attempts = 1;
-    c
-}
-
-fn at(ms: u64) -> Due {
-    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
-}
+use common::far::cfg_one_attempt as config;
 
 /// The overflow file the one checkpoint wrote.
 fn overflow_file(dir: &Path) -> PathBuf {

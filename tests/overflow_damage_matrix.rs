@@ -10,23 +10,15 @@
 
 mod common;
 
-use common::far::{cfg, due, key};
+use common::far::{at, due, key};
 use common::{drain, SimHarness, Stop, TaskMap, TestResult, START_MS};
-use kairos::{Config, Due, Engine, ManualClock};
+use kairos::{Engine, ManualClock};
 use kairos_wal::{SimStorage, Storage};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
-fn config() -> Config {
-    let mut c = cfg();
-    c.retry.max_attempts = 1;
-    c
-}
-
-fn at(ms: u64) -> Due {
-    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
-}
+use common::far::cfg_one_attempt as config;
 
 /// Files and their bytes.
 type Image = Vec<(PathBuf, Vec<u8>)>;

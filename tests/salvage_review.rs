@@ -8,23 +8,15 @@
 mod common;
 
 use common::cli::{copy_tree, json, path, run};
-use common::far::{cfg, due, key, MINUTE};
+use common::far::{at, due, key, MINUTE};
 use common::{drain, open_fs, TaskMap, TestResult, START_MS};
-use kairos::{Config, Due, Engine, ManualClock};
+use kairos::{Engine, ManualClock};
 use kairos_wal::FsStorage;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
-fn config() -> Config {
-    let mut c = cfg();
-    c.retry.max_attempts = 1;
-    c
-}
-
-fn at(ms: u64) -> Due {
-    Due::At(UNIX_EPOCH + Duration::from_millis(ms))
-}
+use common::far::cfg_one_attempt as config;
 
 /// Overflow file `n`.
 fn overflow_file(dir: &Path, n: u32) -> PathBuf {

@@ -28,6 +28,13 @@ pub fn cfg() -> Config {
     c
 }
 
+/// [`cfg`] with one attempt per task: a task nacked once is a dead letter.
+pub fn cfg_one_attempt() -> Config {
+    let mut c = cfg();
+    c.retry.max_attempts = 1;
+    c
+}
+
 /// Due at `ms` (UTC).
 pub fn at(ms: u64) -> Due {
     Due::At(UNIX_EPOCH + Duration::from_millis(ms))
