@@ -819,29 +819,19 @@ fn check_overflow_refs(
     let mut damaged = Vec::new();
     for (file, refs) in by_file {
         let path = ovf_dir.join(ovf::file_name(file));
-        let missing = match ovf::read_file(storage, &path, Some(store_id), Some(file)) {
+        let damage = match ovf::read_file(storage, &path, Some(store_id), Some(file)) {
             Ok(entries) => {
                 check_overflow_entries(&path, &entries, refs, Some(&hasher))?;
                 continue;
             }
-            // Damage: whether a task needs what it costs is known only at the end of the log.
-            Err(ovf::OverflowReadError::Corrupt { .. }) => false,
-            Err(ovf::OverflowReadError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                true
-            }
-            Err(e) => return Err(Failure::overflow(&path, &e)),
-        };
-        let damage = match ovf::read_file(storage, &path, Some(store_id), Some(file)) {
             Err(e) => Failure::overflow(&path, &e),
-            Ok(_) => Failure {
-                cause: Cause::Unreadable,
-                file: Some(path.clone()),
-                offset: None,
-                message: format!("{} read back differently twice", path.display()),
-            },
         };
+        // Damage, or a missing file: whether a task needs what it costs is known only at the
+        // end of the log. An I/O error says nothing about the file.
+        if damage.cause == Cause::Unreadable {
+            return Err(damage);
+        }
+        let missing = damage.cause == Cause::Missing;
         damaged.push(DamagedOverflowFile {
             file,
             path,
@@ -888,20 +878,22 @@ pub(crate) fn needed_damage_failure(lost: &[DamagedEntry]) -> Failure {
     }
 }
 
-/// An overflow file a checkpoint refers to whose entries do not all read back (or that is
-/// missing), found before the log is read: whether that is damage depends on the log — an
-/// entry no task needs at the end of it (its task cancelled after the checkpoint, or, not a
-/// far task, acked or given a new payload) is read by nothing, as the engine's open does not read it (it
-/// checks the header, and that the entry at the largest offset a live task refers to lies
-/// within the file) and its promotion of far tasks goes past it. See
-/// [`DamagedOverflowFile::needed_damage`].
+/// An overflow file a checkpoint refers to that does not read back whole (or is missing),
+/// found before the log is read: whether that is damage depends on the log — an entry no
+/// task needs at the end of it (its task cancelled after the checkpoint, or, not a far task,
+/// acked or given a new payload) is read by nothing: the engine's open reads the header of
+/// a file a task needs and checks that the entry at the largest offset one refers to lies
+/// within it, counts a file no task needs empty if its header does not read, and its
+/// promotion of far tasks goes past an entry no far task needs. See
+/// [`DamagedOverflowFile::judge`].
 #[derive(Debug)]
 pub(crate) struct DamagedOverflowFile {
     /// The overflow file's number.
     pub(crate) file: u32,
     /// Its path.
     pub(crate) path: PathBuf,
-    /// Whether it is missing (otherwise its header reads, an entry does not).
+    /// Whether it is missing (otherwise it is there, and its header or an entry does not
+    /// read back).
     pub(crate) missing: bool,
     /// The first damage in it, as a whole-file read found it (file and offset).
     pub(crate) damage: Failure,
