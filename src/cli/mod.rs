@@ -109,7 +109,8 @@ fn chain(error: &anyhow::Error) -> String {
 /// before then, receive it on consumer threads when it falls due. This tool
 /// runs a demonstration workload against a real data directory, measures the
 /// engine under a load, checks, dumps, summarizes and checkpoints data
-/// directories offline, and manages their dead letters offline.
+/// directories offline, manages their dead letters offline, and salvages a directory whose
+/// overflow entries are damaged.
 #[derive(Debug, Parser)]
 #[command(name = "kairos", version, propagate_version = true)]
 #[command(
