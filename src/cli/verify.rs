@@ -527,12 +527,26 @@ pub(crate) fn check(
         }
     }
     let mut v = Verification::new(storage, log_dir, scan, census);
+    // Damage in the log is the error reported when there is some: the engine's open refuses
+    // the log before it reads any overflow entry, and without the whole log no overflow damage
+    // can be judged — it is then shown as a warning saying so (the check fails either way).
+    // Otherwise the first overflow file's damage is the error.
+    let log_error = v.error.is_some();
     let mut first_failure = true;
     for judged in overflow_damage {
         match judged {
             Ok(warning) => v.warnings.push(warning),
-            // The first overflow file's damage is the one reported, before the log's (as the
-            // engine's open reads the checkpoint first).
+            Err(failure) if log_error => {
+                v.ok = false;
+                v.warnings.push(Failure {
+                    message: format!(
+                        "{} (not judged: the log does not read to its end, so which tasks \
+                         need it is not known)",
+                        failure.message
+                    ),
+                    ..failure
+                });
+            }
             Err(failure) => {
                 v.ok = false;
                 if std::mem::take(&mut first_failure) {
@@ -1780,13 +1794,15 @@ impl Verification {
         outln!(
             "records         {}{} ({counts})",
             self.records,
-            if self.error.is_some() {
+            // The log stopped at damage (read whole, the error is elsewhere: a checkpoint,
+            // an overflow file).
+            if self.error.is_some() && self.clean_shutdown.is_none() {
                 " read before the damage"
             } else {
                 ""
             },
         );
-        if self.error.is_some() || self.segments.is_empty() {
+        if self.clean_shutdown.is_none() || self.segments.is_empty() {
             return;
         }
         outln!("last LSN        {}", self.last_lsn);

@@ -1,0 +1,113 @@
+//! Second review of overflow-damage handling: what `kairos verify` reports when the log is
+//! damaged as well as an overflow entry, and what `kairos salvage` tells an operator.
+
+#![cfg(feature = "cli")]
+
+mod common;
+
+use common::cli::{copy_tree, json, path, run};
+use common::far::{at, due, key};
+use common::{open_fs, TaskMap, TestResult, START_MS};
+use kairos::ManualClock;
+use kairos_wal::FsStorage;
+use std::path::{Path, PathBuf};
+
+use common::far::cfg_one_attempt as config;
+
+/// Overflow file 1.
+fn overflow_file(dir: &Path) -> PathBuf {
+    dir.join("overflow").join(kairos::overflow::file_name(1))
+}
+
+/// Far tasks `0..n` made far by one checkpoint (overflow file 1), then `cancelled`
+/// cancelled; shut down cleanly.
+fn far_dir(dir: &Path, n: usize, cancelled: &[usize]) -> TestResult<TaskMap> {
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(dir, config(), &clock)?;
+    let mut model = TaskMap::new();
+    for i in 0..n {
+        let payload = format!("payload {i}").into_bytes();
+        engine.schedule(&key(i), at(due(i)), &payload)?;
+        model.insert(key(i), (due(i), payload));
+    }
+    engine.checkpoint()?;
+    for &i in cancelled {
+        assert!(engine.cancel(&key(i))?.is_cancelled());
+        model.remove(&key(i));
+    }
+    engine.shutdown()?;
+    Ok(model)
+}
+
+/// Flips a byte of the key in the overflow entry of far task `i`.
+fn flip_far_key(dir: &Path, i: usize) -> TestResult {
+    let file = overflow_file(dir);
+    let entries = kairos::overflow::read_file(&FsStorage, &file, None, Some(1))?;
+    let (offset, _) = entries
+        .iter()
+        .find(|(_, e)| *e.key == *key(i))
+        .ok_or("no entry")?;
+    let mut bytes = std::fs::read(&file)?;
+    bytes[*offset as usize + 30] ^= 0x20;
+    std::fs::write(&file, &bytes)?;
+    Ok(())
+}
+
+/// The log's only segment.
+fn segment(dir: &Path) -> TestResult<PathBuf> {
+    for entry in std::fs::read_dir(dir.join("wal"))? {
+        let p = entry?.path();
+        if p.extension().is_some_and(|e| e == "seg") {
+            return Ok(p);
+        }
+    }
+    Err("no segment".into())
+}
+
+/// A damaged log and a damaged overflow entry no task needs (its far task cancelled after
+/// the checkpoint): the log's damage is what the engine's open refuses and what an operator
+/// must be shown — `verify` must name the segment and its offset, not only the overflow
+/// entry (which, judged alone, is a warning). Before the fix, the overflow entry's damage
+/// replaced the log's as verify's error: verify named only the harmless overflow entry, and
+/// `kairos salvage`, refusing the damaged log, pointed back at `kairos verify` "which names
+/// this damage".
+#[test]
+fn verify_names_the_log_damage_when_an_unneeded_overflow_entry_is_damaged_too() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let built = tmp.path().join("built");
+    far_dir(&built, 5, &[1])?;
+    flip_far_key(&built, 1)?;
+    let (stdout, _) = run(&["verify", path(&built)], 0);
+    assert!(stdout.contains("WARNING: overflow file"), "{stdout}");
+
+    let dir = tmp.path().join("data");
+    copy_tree(&built, &dir)?;
+    let seg = segment(&dir)?;
+    let mut bytes = std::fs::read(&seg)?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&seg, &bytes)?;
+    assert!(open_fs(&dir, config(), &ManualClock::new(START_MS)).is_err());
+
+    let (stdout, _) = run(&["verify", path(&dir), "--json"], 1);
+    let v = json(&stdout);
+    assert_eq!(
+        v["error"]["file"].as_str(),
+        Some(path(&seg)),
+        "verify must name the damaged log: {v}"
+    );
+    let (stdout, stderr) = run(&["verify", path(&dir)], 1);
+    assert!(
+        stdout.contains(path(&seg)) && stderr.contains(path(&seg)),
+        "{stdout}\n{stderr}"
+    );
+    // The overflow entry's damage is still shown.
+    assert!(stdout.contains(path(&overflow_file(&dir))), "{stdout}");
+    // Salvage refuses, pointing at verify, which names the log's damage (above).
+    let (_, stderr) = run(&["salvage", path(&dir)], 1);
+    assert!(
+        stderr.contains("kairos verify") && stderr.contains(path(&seg)),
+        "{stderr}"
+    );
+    Ok(())
+}
