@@ -111,3 +111,37 @@ fn verify_names_the_log_damage_when_an_unneeded_overflow_entry_is_damaged_too() 
     );
     Ok(())
 }
+
+/// One far task's entry damaged: the listing names the file and offset once per entry, in the
+/// singular, and points at `kairos dump` for the key (the far task's SCHEDULE record is still
+/// in the log here, and dump prints it); `--discard` reports in the singular too.
+#[test]
+fn salvage_text_for_one_damaged_far_task() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    far_dir(&dir, 3, &[])?;
+    flip_far_key(&dir, 2)?;
+    let file = overflow_file(&dir);
+    let (stdout, _) = run(&["salvage", path(&dir)], 1);
+    assert!(
+        stdout.contains("1 overflow entry that live tasks"),
+        "{stdout}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("far task"))
+        .ok_or("no far task line")?;
+    assert_eq!(line.matches(path(&file)).count(), 1, "{line}");
+    assert!(
+        stdout.contains(&format!("kairos dump {}", path(&dir))),
+        "{stdout}"
+    );
+    let (dump, _) = run(&["dump", path(&dir)], 1);
+    assert!(dump.contains("key=\"far-0002\""), "{dump}");
+    let (stdout, _) = run(&["salvage", path(&dir), "--discard"], 0);
+    assert!(
+        stdout.contains("1 task cancelled, 0 dead letters purged"),
+        "{stdout}"
+    );
+    Ok(())
+}

@@ -74,6 +74,11 @@ It cannot mend, and writes nothing for: damage in the log or the checkpoint (`ka
 names it), or the damaged entry of a far task that a record after the checkpoint names \
 (delivered, rescheduled, nacked: the replay reads the task's key from it).
 
+With --json, one object: dir, checkpoint (the file read, or null), damaged (each: task_id; \
+used_as, one of far_task, payload, dead_letter; key, or null when only the entry holds it; file; \
+offset, the entry's; reason), warnings (damage no live task needs, as text), discarded, \
+tasks_cancelled, dead_letters_purged, lsns ([first, last] of the records appended, or null).
+
 Exit status 0 when no entry a live task needs is damaged, or --discard discarded every one; 1 \
 when damaged entries are listed and not discarded, or the directory cannot be salvaged or read; \
 2 on bad usage.")]
@@ -390,9 +395,10 @@ fn print(r: &Report) {
         return;
     }
     outln!(
-        "damaged         {} overflow entries that live tasks or dead letters need:",
-        r.damaged.len()
+        "damaged         {} that live tasks or dead letters need:",
+        plural(r.damaged.len(), "overflow entry", "overflow entries")
     );
+    let mut far_keys_unknown = false;
     for d in &r.damaged {
         let noun = match d.used_as {
             EntryUse::FarTask => "far task",
@@ -400,24 +406,34 @@ fn print(r: &Report) {
             EntryUse::DeadLetter => "dead letter (payload)",
         };
         let key = d.key.as_deref().map_or_else(
-            || "key only in the entry".to_string(),
+            || {
+                far_keys_unknown = true;
+                "key only in the entry".to_string()
+            },
             |k| format!("key {k:?}"),
         );
+        // The reason names the file (and the entry's offset, where the damage is in it).
+        outln!("  {noun} {}, {key}: {}", d.task_id, d.reason);
+    }
+    if far_keys_unknown {
         outln!(
-            "  {noun} {}, {key}: {} at byte offset {}: {}",
-            d.task_id,
-            d.file.display(),
-            d.offset,
-            d.reason
+            "                a far task's key is only in its entry; its SCHEDULE record (with \
+             the key) may still be in the log: `kairos dump {}` prints every record the log \
+             holds (task=ID)",
+            r.dir.display()
         );
     }
     if r.discarded {
         let (first, last) = r.lsns.unwrap_or_default();
         outln!(
-            "discarded       {} tasks cancelled, {} dead letters purged (LSN {first}..{last}): \
-             the directory opens; their keys and payloads are lost",
-            r.tasks_cancelled,
-            r.dead_letters_purged
+            "discarded       {}, {} (LSN {first}..{last}): the directory opens; their keys and \
+             payloads are lost",
+            plural(r.tasks_cancelled, "task cancelled", "tasks cancelled"),
+            plural(
+                r.dead_letters_purged,
+                "dead letter purged",
+                "dead letters purged"
+            ),
         );
     } else {
         outln!(
@@ -427,4 +443,9 @@ fn print(r: &Report) {
             r.dir.display()
         );
     }
+}
+
+/// `n` with the singular or the plural noun.
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
