@@ -222,9 +222,11 @@ fn salvage_discard_with_nothing_damaged_writes_nothing() -> TestResult {
     let dir = tmp.path().join("data");
     far_dir(&dir, 5, &[1])?;
     let before = durable_state(&dir)?;
+    let bytes = tree_bytes(&dir)?;
     let (stdout, _) = run(&["salvage", path(&dir), "--discard"], 0);
     assert!(stdout.contains("damaged         none"), "{stdout}");
     assert_eq!(durable_state(&dir)?, before, "a clean directory");
+    assert!(tree_bytes(&dir)? == bytes, "not a byte written");
 
     // Left by a crash: an engine dropped without shutdown after a schedule.
     let crashed = tmp.path().join("crashed");
@@ -236,8 +238,10 @@ fn salvage_discard_with_nothing_damaged_writes_nothing() -> TestResult {
         drop(engine);
     }
     let before = durable_state(&crashed)?;
+    let bytes = tree_bytes(&crashed)?;
     run(&["salvage", path(&crashed), "--discard"], 0);
     assert_eq!(durable_state(&crashed)?, before, "a crashed directory");
+    assert!(tree_bytes(&crashed)? == bytes, "not a byte written");
     run(&["salvage", path(&crashed), "--discard"], 0);
     assert_eq!(durable_state(&crashed)?, before, "run twice");
     let clock = ManualClock::new(START_MS);

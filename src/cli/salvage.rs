@@ -13,8 +13,9 @@
 //! the entry holds for it, its key when known outside the entry (a far task's is only in the
 //! entry), the file, the offset and the reason.
 //!
-//! With `--discard`, it takes the directory's lock (refusing one an engine has open), opens the
-//! log and appends, in one frame under `Sync`, a CANCEL for each such task and a PURGE for
+//! With `--discard`, when something is listed (otherwise nothing is written, not a byte), it
+//! takes the directory's lock (refusing one an engine has open), opens the log, reads the
+//! directory again under the lock, and appends, in one frame under `Sync`, a CANCEL for each such task and a PURGE for
 //! each such dead letter — records the engine itself writes, replayed by id without reading
 //! the entry (`wal/FORMAT.md`, "Kairos record bodies") — then closes the log cleanly and reads
 //! the directory again to check that nothing a live task needs is damaged any more. The
@@ -59,8 +60,9 @@ engine does, and lists each damaged one: the task id, what the entry holds for i
 whole entry, a task's payload, a dead letter's payload), its key when known outside the entry, \
 the file, the offset and the reason. Nothing is written.
 
-With --discard it takes DIR's lock (a directory an engine has open is refused: stop it first), \
-appends to the log one CANCEL record for each such task and one PURGE record for each such dead \
+With --discard, when something is listed (otherwise not a byte is written), it takes DIR's \
+lock (a directory an engine has open is refused: stop it first), reads DIR again, appends to \
+the log one CANCEL record for each such task and one PURGE record for each such dead \
 letter, in one frame, synced — the records a cancel and a purge write — and closes the log \
 cleanly; then it reads DIR again to check that nothing a live task needs is damaged. Those \
 tasks' keys and payloads are lost; every other task is kept, and the engine opens. The damaged \
@@ -160,51 +162,61 @@ pub fn run(args: &SalvageArgs) -> anyhow::Result<Verdict> {
         );
     }
     let storage: Arc<dyn Storage> = Arc::new(FsStorage);
-    // With --discard, the directory is locked before it is read, so that no engine changes it
-    // between the reading and the records appended.
-    let opened = if args.discard {
-        Some(open_log(&storage, &data_dir, &log_dir)?)
+    // Read first without writing anything: a directory salvage cannot mend, or with nothing
+    // to discard, is left exactly as it is (not even a torn tail truncated).
+    let mut finding = find(storage.as_ref(), &data_dir, &log_dir)?;
+    let mut report = Report::default();
+    let mut left = None;
+    let verdict = if !args.discard || finding.damaged.is_empty() {
+        if finding.damaged.is_empty() {
+            Verdict::Pass
+        } else {
+            Verdict::Fail
+        }
     } else {
-        None
-    };
-    let finding = find(storage.as_ref(), &data_dir, &log_dir)?;
-    let mut report = Report {
-        dir: data_dir.clone(),
-        checkpoint: finding.checkpoint.clone(),
-        warnings: finding.warnings.iter().map(|w| w.message.clone()).collect(),
-        ..Report::default()
-    };
-    let verdict = match opened {
-        Some((wal, lock)) => {
-            let outcome = discard(&wal, &finding.damaged, &mut report);
-            let closed = wal.close();
-            drop(lock);
-            outcome?;
-            closed.context("cannot close the log after appending")?;
-            if !finding.damaged.is_empty() {
-                report.discarded = true;
-                // Read again: what a live task needs must all read back now.
-                let again = find(storage.as_ref(), &data_dir, &log_dir)?;
-                if let Some(left) = again.damaged.first() {
-                    bail!(
-                        "after discarding, task {} still needs the damaged entry at byte offset \
-                         {} of {}",
-                        left.task_id,
-                        left.offset,
-                        left.file.display()
-                    );
-                }
-            }
+        // Locked, then read again, so that no engine changes the directory between the
+        // reading and the records appended (what is discarded is this reading's).
+        let (wal, lock) = open_log(&storage, &data_dir, &log_dir)?;
+        let again = find(storage.as_ref(), &data_dir, &log_dir);
+        let outcome = again.and_then(|again| {
+            finding = again;
+            discard(&wal, &finding.damaged, &mut report)
+        });
+        let closed = wal.close();
+        drop(lock);
+        outcome?;
+        closed.context("cannot close the log after appending")?;
+        report.discarded = !finding.damaged.is_empty();
+        // Read again: what a live task needs must all read back now.
+        left = find(storage.as_ref(), &data_dir, &log_dir)?
+            .damaged
+            .into_iter()
+            .next();
+        if left.is_some() {
+            Verdict::Fail
+        } else {
             Verdict::Pass
         }
-        None if finding.damaged.is_empty() => Verdict::Pass,
-        None => Verdict::Fail,
     };
+    report.dir = data_dir.clone();
+    report.checkpoint = finding.checkpoint.clone();
+    report.warnings = finding.warnings.iter().map(|w| w.message.clone()).collect();
     report.damaged = finding.damaged.into_iter().map(Damaged::from).collect();
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print(&report);
+    }
+    if let Some(left) = left {
+        // Not expected: the records appended finish every task listed. Said after the report,
+        // which names what was discarded.
+        errln!(
+            "kairos salvage: after discarding, task {} still needs the damaged entry at byte \
+             offset {} of {}",
+            left.task_id,
+            left.offset,
+            left.file.display()
+        );
     }
     Ok(verdict)
 }
