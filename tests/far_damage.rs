@@ -91,6 +91,9 @@ fn damaged_entries_of_cancelled_far_tasks_are_gone_past_at_run_time() -> TestRes
     assert_eq!(fired, model);
     let stats = h.engine().stats();
     assert_eq!((stats.far, stats.pending), (0, 0), "{stats:?}");
+    // Each damaged entry gone past once, and counted.
+    assert_eq!(stats.overflow_damage_skipped, 3, "{stats:?}");
+    assert_eq!(h.engine().recovery().overflow_damage_skipped, 0);
     Ok(())
 }
 
@@ -119,6 +122,10 @@ fn damaged_entries_of_cancelled_far_tasks_are_gone_past_at_open() -> TestResult 
         let fired = fire_all(h.engine(), &h.clock, due(n + 5))?;
         assert_eq!(poisoned(h.engine()), None, "{stop:?} {spot:?}");
         assert_eq!(fired, model, "{stop:?} {spot:?}");
+        // The open's promotion reads every entry (all due within its far span): the four
+        // damaged ones are gone past by it, none later.
+        assert_eq!(h.engine().recovery().overflow_damage_skipped, 4);
+        assert_eq!(h.engine().stats().overflow_damage_skipped, 0);
         // Reopened after everything was due: nothing is left, nothing again.
         h.restart(Stop::Clean)?;
         assert_eq!(h.engine().stats().pending, 0);

@@ -134,11 +134,13 @@ impl FarReads {
 }
 
 /// What [`Shared::promote_at_open`] found: the tasks promoted, the cursors,
-/// and a read failure, if any.
+/// a read failure, if any, and the damaged entries no far task needed that
+/// it went past.
 pub(super) type PromotedAtOpen = (
     Vec<(u64, LiveTask)>,
     std::collections::BTreeMap<u32, FarCursor>,
     Option<String>,
+    u64,
 );
 
 /// Where the promotion stands in one overflow file holding far tasks.
@@ -521,11 +523,12 @@ impl Shared {
     ) -> PromotedAtOpen {
         let mut out = Vec::new();
         let mut cursors = std::collections::BTreeMap::new();
+        let mut skipped = 0;
         let Some(disk) = &self.disk else {
             for f in far.files() {
                 cursors.insert(f, FarCursor::start());
             }
-            return (out, cursors, None);
+            return (out, cursors, None, 0);
         };
         let until = self.config.far_span().map_or(u64::MAX, |horizon| {
             wall_ms(now).saturating_add(horizon.as_millis() as u64)
@@ -551,17 +554,23 @@ impl Shared {
                         let first = far.first_live_in_file_from(file, offset);
                         match past_damage(file, offset, first, &read) {
                             Ok(next) => {
+                                skipped += 1;
                                 cursor = next;
                                 if cursor.next_due_ms == u64::MAX {
                                     break;
                                 }
                                 continue;
                             }
-                            Err(cause) => return (out, cursors, Some(cause)),
+                            Err(cause) => return (out, cursors, Some(cause), skipped),
                         }
                     }
                     Err(e) => {
-                        return (out, cursors, Some(format!("cannot promote far tasks: {e}")))
+                        return (
+                            out,
+                            cursors,
+                            Some(format!("cannot promote far tasks: {e}")),
+                            skipped,
+                        )
                     }
                 };
                 for (offset, entry) in entries {
@@ -599,13 +608,13 @@ impl Shared {
                 // Read to its end, and far tasks said to be in it were not
                 // (truncated, or an entry whose key does not hash to its far
                 // task's): they would never fire.
-                return (out, cursors, Some(missing_far_tasks(file, left)));
+                return (out, cursors, Some(missing_far_tasks(file, left)), skipped);
             }
             if left > 0 {
                 cursors.insert(file, cursor);
             }
         }
-        (out, cursors, None)
+        (out, cursors, None, skipped)
     }
 
     /// Whether the driver thread promotes far tasks itself: when no
@@ -752,8 +761,14 @@ impl Shared {
                             // task needs any more (cancelled, promoted,
                             // moved) is gone past, to the next one a far
                             // task does need.
-                            let first = self.core.lock().far.first_live_in_file_from(file, offset);
-                            match past_damage(file, offset, first, &read) {
+                            let mut locked = self.core.lock();
+                            let first = locked.far.first_live_in_file_from(file, offset);
+                            let past = past_damage(file, offset, first, &read);
+                            if past.is_ok() {
+                                locked.overflow_damage_skipped += 1;
+                            }
+                            drop(locked);
+                            match past {
                                 Ok(next) => {
                                     c.read_end = FarCursor {
                                         generation: start.generation,

@@ -171,6 +171,13 @@ pub struct Recovery {
     /// it gave the state; the next checkpoint replaces the damaged file.
     /// `None` when the newest checkpoint was used, or there is none.
     pub skipped_checkpoint: Option<String>,
+    /// Damaged overflow entries that no far task needed (their tasks
+    /// cancelled or moved since the file was written) which the open's
+    /// promotion of far tasks went past (each also a `tracing` warning
+    /// naming the file and offset). Not 0: the disk damaged data nothing
+    /// needed any more; `kairos verify` names where (see
+    /// [`Stats::overflow_damage_skipped`] for the engine's later promotions).
+    pub overflow_damage_skipped: u64,
 }
 
 /// Counters for observing an engine (backpressure, throughput). Cheap: one
@@ -180,7 +187,8 @@ pub struct Recovery {
 /// `in_flight`, `catch_up_backlog`, `dead_letters`, `pending`, the payload
 /// and memory figures. **Running totals** (`u64`) count what this engine did
 /// since it was opened, to graph as rates (throughput, retry and failure
-/// rates): `payloads_read_back`, `far_promoted`, `background_failures`, and
+/// rates): `payloads_read_back`, `far_promoted`, `overflow_damage_skipped`,
+/// `background_failures`, and
 /// the task totals `tasks_scheduled`, `tasks_rescheduled`,
 /// `tasks_cancelled`, `deliveries`, `acks`, `nacks`, `lease_expiries`,
 /// `retries`, `tasks_dead_lettered`, `dead_letters_requeued`,
@@ -239,6 +247,14 @@ pub struct Stats {
     /// reschedule finding them (those already within the far span
     /// at open are placed by the open itself and not counted).
     pub far_promoted: u64,
+    /// Damaged overflow entries that no far task needed (their tasks
+    /// cancelled or moved since the file was written) which the promotion
+    /// of far tasks went past since open (each also a `tracing` warning
+    /// naming the file and offset; those the open's own promotion went
+    /// past are in [`Recovery::overflow_damage_skipped`]). A far task's own
+    /// damaged entry is not counted: it poisons the engine. Not 0: the disk
+    /// damaged data nothing needed any more — `kairos verify` names where.
+    pub overflow_damage_skipped: u64,
     /// The longest a checkpoint (background or explicit), or a move of far
     /// tasks between checkpoints ([`Config::relocate_far_tasks`]), held the
     /// engine's lock at once since open: the longest every other call —
@@ -498,6 +514,8 @@ struct Core {
     promoting: bool,
     /// Far tasks moved back into the wheel so far.
     far_promoted: u64,
+    /// [`Stats::overflow_damage_skipped`].
+    overflow_damage_skipped: u64,
     /// [`Stats::background_failures`].
     background_failures: u64,
     /// The task totals of [`Stats`] ([`Stats::tasks_scheduled`] and after).
@@ -751,6 +769,7 @@ impl Core {
             payloads_read_back: core.payloads_read_back,
             far: core.far.len(),
             far_promoted: core.far_promoted,
+            overflow_damage_skipped: core.overflow_damage_skipped,
             background_failures: core.background_failures,
             tasks_scheduled: core.totals.tasks_scheduled,
             tasks_rescheduled: core.totals.tasks_rescheduled,
@@ -1442,6 +1461,7 @@ impl Engine {
             far_cursors: std::collections::BTreeMap::new(),
             promoting: false,
             far_promoted: 0,
+            overflow_damage_skipped: 0,
             background_failures: 0,
             totals: Totals::default(),
             checkpoint_hold_max: Duration::ZERO,
@@ -2387,7 +2407,8 @@ impl Shared {
             .collect::<Result<_, String>>()?;
         let mut far_index = FarIndex::build(far_entries)?;
         let hasher = self.core.lock().hasher.clone();
-        let (promoted, far_cursors, far_error) = self.promote_at_open(&mut far_index, &hasher, now);
+        let (promoted, far_cursors, far_error, damage_skipped) =
+            self.promote_at_open(&mut far_index, &hasher, now);
         let (mut live, dead) = replay.into_parts();
         live.extend(promoted);
         let tasks = live;
@@ -2408,6 +2429,7 @@ impl Shared {
         let (order, dying) = sorted_handles(&tasks, &core.index, dies);
         let mut recovery = Recovery {
             wal,
+            overflow_damage_skipped: damage_skipped,
             ..Recovery::default()
         };
         let mut settle = RecordBatch::default();
