@@ -547,12 +547,12 @@ impl Shared {
                     next_due_ms: next_due,
                 } = match read {
                     Ok(r) => r,
-                    Err(overflow::OverflowReadError::Corrupt { offset, .. })
+                    Err(e @ overflow::OverflowReadError::Corrupt { offset, .. })
                         if offset == cursor.offset.max(overflow::HEADER_BYTES as u64) =>
                     {
                         // As `promote_far_now`: past an entry no far task needs.
                         let first = far.first_live_in_file_from(file, offset);
-                        match past_damage(file, offset, first, &read) {
+                        match past_damage(file, offset, first, &e) {
                             Ok(next) => {
                                 skipped += 1;
                                 cursor = next;
@@ -754,7 +754,7 @@ impl Shared {
                         next_due_ms: next_due,
                     } = match read {
                         Ok(r) => r,
-                        Err(overflow::OverflowReadError::Corrupt { offset, .. })
+                        Err(e @ overflow::OverflowReadError::Corrupt { offset, .. })
                             if offset == c.read_end.offset =>
                         {
                             // Damage where this read began: an entry no far
@@ -763,7 +763,7 @@ impl Shared {
                             // task does need.
                             let mut locked = self.core.lock();
                             let first = locked.far.first_live_in_file_from(file, offset);
-                            let past = past_damage(file, offset, first, &read);
+                            let past = past_damage(file, offset, first, &e);
                             if past.is_ok() {
                                 locked.overflow_damage_skipped += 1;
                             }
@@ -1000,9 +1000,10 @@ pub(super) fn unreadable(what: &str, err: &overflow::OverflowReadError) -> Strin
 }
 
 /// Where the promotion reads on after finding the entry at `offset` of
-/// overflow file `file` damaged (`read`: that read's error), given the
+/// overflow file `file` damaged, given the
 /// first live far task of that file at or after `offset` (`first`: its
-/// entry's offset and task id, [`FarIndex::first_live_in_file_from`]).
+/// entry's offset and task id, [`FarIndex::first_live_in_file_from`]);
+/// `error`: that read's.
 ///
 /// A far task whose own entry is damaged cannot be promoted: `Err`, the
 /// cause that poisons the engine, naming the file, the offset and the
@@ -1018,12 +1019,8 @@ fn past_damage(
     file: u32,
     offset: u64,
     first: Option<(u64, u64)>,
-    read: &Result<overflow::DueEntries, overflow::OverflowReadError>,
+    error: &overflow::OverflowReadError,
 ) -> Result<FarCursor, String> {
-    let error = match read {
-        Err(e) => e.to_string(),
-        Ok(_) => String::new(),
-    };
     match first {
         Some((at, id)) if at == offset => Err(format!(
             "cannot promote far tasks: {error} (the entry of far task {id}; `kairos salvage` \
