@@ -7,7 +7,7 @@
 mod common;
 
 use common::cli::{copy_tree, json, path, run};
-use common::far::{at, due, key, MINUTE};
+use common::far::{at, due, key, overflow_file, MINUTE};
 use common::{drain, open_fs, TaskMap, TestResult, START_MS};
 use kairos::ManualClock;
 use kairos_wal::FsStorage;
@@ -15,11 +15,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::far::cfg_one_attempt as config;
-
-/// The overflow file the one checkpoint wrote.
-fn overflow_file(dir: &Path) -> PathBuf {
-    dir.join("overflow").join(kairos::overflow::file_name(1))
-}
 
 /// A data directory, shut down cleanly, holding in overflow file 1: ten far tasks
 /// `far-0000..=far-0009` (due 2 h + i min; `far-0005` cancelled after the checkpoint), the
@@ -63,7 +58,7 @@ fn build(dir: &Path) -> TestResult<TaskMap> {
 /// Flips a byte of the key of each entry of `keys` in overflow file 1; returns each entry's
 /// offset and task id, by key.
 fn damage(dir: &Path, keys: &[&[u8]]) -> TestResult<BTreeMap<Vec<u8>, (u64, u64)>> {
-    let file = overflow_file(dir);
+    let file = overflow_file(dir, 1);
     let entries = kairos::overflow::read_file(&FsStorage, &file, None, Some(1))?;
     let mut bytes = std::fs::read(&file)?;
     let mut out = BTreeMap::new();
@@ -211,7 +206,7 @@ fn a_missing_overflow_file_is_salvaged_by_discarding_the_tasks_that_need_it() ->
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("data");
     build(&dir)?;
-    std::fs::remove_file(overflow_file(&dir))?;
+    std::fs::remove_file(overflow_file(&dir, 1))?;
     let clock = ManualClock::new(START_MS);
     assert!(open_fs(&dir, config(), &clock).is_err());
     let (stdout, _) = run(&["salvage", path(&dir), "--json"], 1);

@@ -6,42 +6,17 @@
 mod common;
 
 use common::cli::{copy_tree, json, path, run};
-use common::far::{at, due, key};
-use common::{open_fs, TaskMap, TestResult, START_MS};
+use common::far::{far_dir, key, overflow_file};
+use common::{open_fs, TestResult, START_MS};
 use kairos::ManualClock;
 use kairos_wal::FsStorage;
 use std::path::{Path, PathBuf};
 
 use common::far::cfg_one_attempt as config;
 
-/// Overflow file 1.
-fn overflow_file(dir: &Path) -> PathBuf {
-    dir.join("overflow").join(kairos::overflow::file_name(1))
-}
-
-/// Far tasks `0..n` made far by one checkpoint (overflow file 1), then `cancelled`
-/// cancelled; shut down cleanly.
-fn far_dir(dir: &Path, n: usize, cancelled: &[usize]) -> TestResult<TaskMap> {
-    let clock = ManualClock::new(START_MS);
-    let engine = open_fs(dir, config(), &clock)?;
-    let mut model = TaskMap::new();
-    for i in 0..n {
-        let payload = format!("payload {i}").into_bytes();
-        engine.schedule(&key(i), at(due(i)), &payload)?;
-        model.insert(key(i), (due(i), payload));
-    }
-    engine.checkpoint()?;
-    for &i in cancelled {
-        assert!(engine.cancel(&key(i))?.is_cancelled());
-        model.remove(&key(i));
-    }
-    engine.shutdown()?;
-    Ok(model)
-}
-
 /// Flips a byte of the key in the overflow entry of far task `i`.
 fn flip_far_key(dir: &Path, i: usize) -> TestResult {
-    let file = overflow_file(dir);
+    let file = overflow_file(dir, 1);
     let entries = kairos::overflow::read_file(&FsStorage, &file, None, Some(1))?;
     let (offset, _) = entries
         .iter()
@@ -102,7 +77,7 @@ fn verify_names_the_log_damage_when_an_unneeded_overflow_entry_is_damaged_too() 
         "{stdout}\n{stderr}"
     );
     // The overflow entry's damage is still shown.
-    assert!(stdout.contains(path(&overflow_file(&dir))), "{stdout}");
+    assert!(stdout.contains(path(&overflow_file(&dir, 1))), "{stdout}");
     // Salvage refuses, pointing at verify, which names the log's damage (above).
     let (_, stderr) = run(&["salvage", path(&dir)], 1);
     assert!(
@@ -121,7 +96,7 @@ fn salvage_text_for_one_damaged_far_task() -> TestResult {
     let dir = tmp.path().join("data");
     far_dir(&dir, 3, &[])?;
     flip_far_key(&dir, 2)?;
-    let file = overflow_file(&dir);
+    let file = overflow_file(&dir, 1);
     let (stdout, _) = run(&["salvage", path(&dir)], 1);
     assert!(
         stdout.contains("1 overflow entry that live tasks"),

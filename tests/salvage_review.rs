@@ -8,7 +8,7 @@
 mod common;
 
 use common::cli::{copy_tree, json, path, run};
-use common::far::{at, due, key, MINUTE};
+use common::far::{at, due, far_dir, key, overflow_file, MINUTE};
 use common::{drain, open_fs, TaskMap, TestResult, START_MS};
 use kairos::{Engine, ManualClock};
 use kairos_wal::FsStorage;
@@ -17,11 +17,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::far::cfg_one_attempt as config;
-
-/// Overflow file `n`.
-fn overflow_file(dir: &Path, n: u32) -> PathBuf {
-    dir.join("overflow").join(kairos::overflow::file_name(n))
-}
 
 /// The entries of overflow file `n`: key → (offset, task id).
 fn entries(dir: &Path, n: u32) -> TestResult<BTreeMap<Vec<u8>, (u64, u64)>> {
@@ -48,27 +43,6 @@ fn tree_bytes(dir: &Path) -> TestResult<BTreeMap<PathBuf, Vec<u8>>> {
         }
     }
     Ok(out)
-}
-
-/// Far tasks `0..n` (due 2 h + i min) made far by one checkpoint (overflow file 1), then
-/// `cancelled` cancelled; shut down cleanly. Returns what must fire.
-fn far_dir(dir: &Path, n: usize, cancelled: &[usize]) -> TestResult<TaskMap> {
-    let clock = ManualClock::new(START_MS);
-    let engine = open_fs(dir, config(), &clock)?;
-    let mut model = TaskMap::new();
-    for i in 0..n {
-        let payload = format!("payload {i}").into_bytes();
-        engine.schedule(&key(i), at(due(i)), &payload)?;
-        model.insert(key(i), (due(i), payload));
-    }
-    engine.checkpoint()?;
-    assert_eq!(engine.stats().far, n);
-    for &i in cancelled {
-        assert!(engine.cancel(&key(i))?.is_cancelled());
-        model.remove(&key(i));
-    }
-    engine.shutdown()?;
-    Ok(model)
 }
 
 /// Opens the engine at `at_ms`, runs the clock to `until_ms` acking everything; returns what

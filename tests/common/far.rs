@@ -166,3 +166,31 @@ pub fn fire_one_minute(h: &super::SimHarness, fired: &mut TaskMap) -> TestResult
     }
     Ok(())
 }
+
+/// Overflow file `n` of the data directory `dir`.
+pub fn overflow_file(dir: &std::path::Path, n: u32) -> PathBuf {
+    dir.join("overflow").join(kairos::overflow::file_name(n))
+}
+
+/// A data directory at `dir` on the real file system ([`cfg_one_attempt`]): far tasks `0..n`
+/// (key [`key`], due [`due`], payload `payload {i}`) made far by one checkpoint (overflow file
+/// 1), then `cancelled` cancelled (their entries stay); shut down cleanly. Returns what must
+/// fire: key → (due, payload).
+pub fn far_dir(dir: &std::path::Path, n: usize, cancelled: &[usize]) -> TestResult<TaskMap> {
+    let clock = ManualClock::new(START_MS);
+    let engine = super::open_fs(dir, cfg_one_attempt(), &clock)?;
+    let mut model = TaskMap::new();
+    for i in 0..n {
+        let payload = format!("payload {i}").into_bytes();
+        engine.schedule(&key(i), at(due(i)), &payload)?;
+        model.insert(key(i), (due(i), payload));
+    }
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, n);
+    for &i in cancelled {
+        assert!(engine.cancel(&key(i))?.is_cancelled());
+        model.remove(&key(i));
+    }
+    engine.shutdown()?;
+    Ok(model)
+}
