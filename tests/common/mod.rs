@@ -213,12 +213,14 @@ impl SimHarness {
         Ok(h)
     }
 
-    /// Opens another engine on the same directory (the current one, if any, still runs).
+    /// Opens another engine on the same directory (the current one, if any, still runs), on a
+    /// [`SimStorage::process`] view: once [`SimHarness::stop`] cuts the power or crashes the
+    /// process, nothing a thread of that engine still does reaches the disk image.
     pub fn open(&self) -> Result<Engine, OpenError> {
         Engine::open_with(
             &self.dir,
             self.config.clone(),
-            Arc::new(self.sim.clone()),
+            Arc::new(self.sim.process()),
             Arc::new(self.clock.clone()),
         )
     }

@@ -17,7 +17,8 @@
 //!   synced truncation cut off): with [`SimStorage::set_stale_history`] on, a power cut may
 //!   show those old bytes again where unsynced writes did not land.
 //! - Handles and locks carry the epoch they were made in; a power cut or process crash starts
-//!   a new epoch and every older handle fails with EIO.
+//!   a new epoch and every older handle fails with EIO. So does every call through a
+//!   [`SimStorage::process`] view made before it (the dead process's threads touch nothing).
 //! - With [`SimStorage::set_free_bytes`], the disk has a capacity: the files' lengths may add
 //!   up to at most that many bytes, and a write that would pass it stores the part that fits,
 //!   then fails with ENOSPC (a full disk).
@@ -61,6 +62,9 @@ const ENOSPC: i32 = 28;
 #[derive(Clone)]
 pub struct SimStorage {
     inner: Arc<Mutex<SimState>>,
+    /// `Some(epoch)` for a [`process`](Self::process) view: the epoch of the "process" whose
+    /// calls it carries; every call by path fails with EIO once that epoch has passed.
+    process_epoch: Option<u64>,
 }
 
 impl std::fmt::Debug for SimStorage {
@@ -435,6 +439,23 @@ impl SimStorage {
         };
         SimStorage {
             inner: Arc::new(Mutex::new(state)),
+            process_epoch: None,
+        }
+    }
+
+    /// A view of the same files for one "process": it works like `self` until the next
+    /// [`power_cut`](Self::power_cut), [`power_cut_drop_unsynced`](Self::power_cut_drop_unsynced)
+    /// or [`crash_process`](Self::crash_process), after which every call through it — by path
+    /// too (`open`, `create_dir_all`, `list`, `exists`, `rename`, `remove_file`, `sync_dir`,
+    /// `lock`) — fails with EIO, as handles already do. A test that cuts the power under a
+    /// running log or engine opens it on such a view, so that a thread of the dead process
+    /// (a writer mid-roll, a checkpoint) cannot rename, create or sync anything in the image
+    /// the cut left; the next open takes a fresh view. Calls through `self` (and through plain
+    /// clones) are never cut off.
+    pub fn process(&self) -> SimStorage {
+        SimStorage {
+            inner: Arc::clone(&self.inner),
+            process_epoch: Some(self.inner.lock().epoch),
         }
     }
 
@@ -447,10 +468,10 @@ impl SimStorage {
     /// are cleared.
     ///
     /// Calls by path (`open`, `create_dir_all`, `rename`, `remove_file`, `list`, `sync_dir`)
-    /// are *not* cut off: they act on the new image, from any caller. A test that cuts the
-    /// power under a running engine (whose threads may still rename or remove files) must stop
-    /// those calls itself, for example by wrapping the storage in one that refuses every call
-    /// once the cut is made, before it opens the next engine.
+    /// through `self` or a plain clone are *not* cut off: they act on the new image, from any
+    /// caller. A test that cuts the power under a running log or engine (whose threads may
+    /// still roll a segment, rename or remove files) opens it on a [`process`](Self::process)
+    /// view, whose every call fails after the cut.
     pub fn power_cut(&self) {
         let mut guard = self.inner.lock();
         let state = &mut *guard;
@@ -633,13 +654,25 @@ impl SimStorage {
     }
 }
 
+impl SimStorage {
+    /// Locks the state for a call by path, failing with EIO when this is a
+    /// [`process`](Self::process) view whose process a cut or crash has ended.
+    fn state(&self) -> io::Result<parking_lot::MutexGuard<'_, SimState>> {
+        let state = self.inner.lock();
+        match self.process_epoch {
+            Some(epoch) if epoch != state.epoch => Err(os_error(EIO)),
+            _ => Ok(state),
+        }
+    }
+}
+
 impl Storage for SimStorage {
     fn allows_timed_io(&self) -> bool {
         self.inner.lock().timed_io
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        let mut state = self.inner.lock();
+        let mut state = self.state()?;
         state.check(OpClass::Other)?;
         let path = normalize(path);
         if state.names.contains_key(&path) {
@@ -655,7 +688,7 @@ impl Storage for SimStorage {
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
-        let mut guard = self.inner.lock();
+        let mut guard = self.state()?;
         let state = &mut *guard;
         state.check(OpClass::Open)?;
         let path = normalize(path);
@@ -693,7 +726,7 @@ impl Storage for SimStorage {
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let mut state = self.inner.lock();
+        let mut state = self.state()?;
         state.check(OpClass::Other)?;
         let dir = normalize(dir);
         state.require_dir(&dir)?;
@@ -708,14 +741,14 @@ impl Storage for SimStorage {
     }
 
     fn exists(&self, path: &Path) -> io::Result<bool> {
-        let mut state = self.inner.lock();
+        let mut state = self.state()?;
         state.check(OpClass::Other)?;
         let path = normalize(path);
         Ok(state.names.contains_key(&path) || state.dirs.contains(&path))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut guard = self.inner.lock();
+        let mut guard = self.state()?;
         let state = &mut *guard;
         state.check(OpClass::Rename)?;
         let (from, to) = (normalize(from), normalize(to));
@@ -729,7 +762,7 @@ impl Storage for SimStorage {
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        let mut guard = self.inner.lock();
+        let mut guard = self.state()?;
         let state = &mut *guard;
         state.check(OpClass::Other)?;
         let path = normalize(path);
@@ -741,7 +774,7 @@ impl Storage for SimStorage {
     }
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        let mut guard = self.inner.lock();
+        let mut guard = self.state()?;
         let state = &mut *guard;
         state.check(OpClass::Sync)?;
         let dir = normalize(path);
@@ -758,7 +791,7 @@ impl Storage for SimStorage {
     }
 
     fn lock(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
-        let mut guard = self.inner.lock();
+        let mut guard = self.state()?;
         let state = &mut *guard;
         state.check(OpClass::Other)?;
         let path = normalize(path);
@@ -1024,6 +1057,44 @@ mod tests {
         sim.set_stale_history(stale_history);
         sim.power_cut();
         sim.read_file(path).expect("file survives")
+    }
+
+    /// A process view works until a cut or crash, then every call by path through it fails
+    /// (EIO) and changes nothing; the storage itself and a fresh view go on working.
+    #[test]
+    fn a_process_view_dies_with_its_process() {
+        for end in [
+            SimStorage::power_cut as fn(&SimStorage),
+            SimStorage::power_cut_drop_unsynced,
+            SimStorage::crash_process,
+        ] {
+            let sim = SimStorage::new(7);
+            let dir = Path::new("/d");
+            let view = sim.process();
+            view.create_dir_all(dir).expect("mkdir");
+            drop(
+                view.open(Path::new("/d/a"), OpenMode::CreateNew)
+                    .expect("create"),
+            );
+            view.sync_dir(dir).expect("sync dir");
+            end(&sim);
+            let dead = |r: io::Result<()>| {
+                let e = r.expect_err("a dead process's call");
+                assert_eq!(e.raw_os_error(), Some(EIO), "{e}");
+            };
+            dead(view.create_dir_all(Path::new("/e")));
+            dead(view.open(Path::new("/d/b"), OpenMode::CreateNew).map(drop));
+            dead(view.open(Path::new("/d/a"), OpenMode::Read).map(drop));
+            dead(view.list(dir).map(drop));
+            dead(view.exists(dir).map(drop));
+            dead(view.rename(Path::new("/d/a"), Path::new("/d/c")));
+            dead(view.remove_file(Path::new("/d/a")));
+            dead(view.sync_dir(dir));
+            dead(view.lock(Path::new("/d/LOCK")).map(drop));
+            dead(view.clone().list(dir).map(drop));
+            assert_eq!(sim.list(dir).expect("list"), vec!["a".to_owned()]);
+            assert_eq!(sim.process().list(dir).expect("list"), vec!["a".to_owned()]);
+        }
     }
 
     fn has_old_sector(image: &[u8]) -> bool {

@@ -47,11 +47,14 @@ pub fn open_at(
     Ok((wal, report, replayed))
 }
 
+/// Opens the log on a [`SimStorage::process`] view of `sim`: after a power cut or crash, the
+/// old log's threads can touch nothing (a writer mid-roll cannot finish the roll in the new
+/// image, as no real process outlives a power cut).
 pub fn open(
     sim: &SimStorage,
     options: WalOptions,
 ) -> Result<(Wal, RecoveryReport, Replayed), WalError> {
-    open_at(Arc::new(sim.clone()), dir(), options)
+    open_at(Arc::new(sim.process()), dir(), options)
 }
 
 /// The deterministic body of record number `i` (varying lengths, 0..=70 bytes).
