@@ -311,6 +311,38 @@ pub struct Replay {
     far_live: usize,
     /// Whether `far` is sorted by id.
     far_by_id: bool,
+    /// Far tasks a record needed whole whose entry did not read back: held
+    /// by id as ordinary live tasks with an empty key (see
+    /// [`Replay::unresolved_at_end`]).
+    unresolved: IdMap<Unresolved>,
+}
+
+/// A far task whose overflow entry a record after the checkpoint needed
+/// (its key and due time) and could not read: the replay goes on with it
+/// held by id, since later records may finish it, and fails only if it is
+/// still live — or a dead letter — at the end of the log
+/// ([`Replay::unresolved_at_end`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    /// The task's id.
+    pub id: u64,
+    /// The overflow file number of its entry.
+    pub file: u32,
+    /// Byte offset of its entry in that file.
+    pub offset: u64,
+    /// Why the entry did not read back.
+    pub why: String,
+}
+
+impl std::fmt::Display for Unresolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "far task {} (overflow file {}, offset {}) is live at the end of the log, and its \
+             entry, which a record after the checkpoint needed, does not read back: {}",
+            self.id, self.file, self.offset, self.why
+        )
+    }
 }
 
 /// Reads a far task's key and due time from its overflow entry, for a
@@ -451,6 +483,9 @@ impl Replay {
             .filter_map(|(id, t)| Some((*id, t.as_ref()?)))
             .chain(self.tasks.iter().map(|(id, t)| (*id, t)));
         for (id, t) in live {
+            if self.unresolved.contains_key(&id) {
+                continue; // key unknown
+            }
             let hash = keys.hash(&t.key);
             if keys.contains(|id| self.key_of(id), hash, &t.key) {
                 return Err(RuleError(format!(
@@ -685,12 +720,39 @@ impl Replay {
             return Ok(true);
         }
         let t = self.far[pos];
-        let (key, due_ms) = resolve(&t).map_err(|why| {
-            RuleError(format!(
-                "far task {id} (overflow file {}, offset {}): {why}",
-                t.file, t.offset
-            ))
-        })?;
+        let (key, due_ms) = match resolve(&t) {
+            Ok(read) => read,
+            Err(why) => {
+                // Later records may finish it (a far task that fired after
+                // the checkpoint is delivered, then acked): hold it by id,
+                // key unknown (not in the key table), and fail at the end
+                // only if it is still live then.
+                self.far_gone[pos] = true;
+                self.far_live -= 1;
+                self.unresolved.insert(
+                    id,
+                    Unresolved {
+                        id,
+                        file: t.file,
+                        offset: t.offset,
+                        why,
+                    },
+                );
+                self.tasks.insert(
+                    id,
+                    LiveTask {
+                        key: TaskKey::from(&[][..]),
+                        payload: Box::default(),
+                        payload_at: Some((t.file, t.offset)),
+                        due_ms: 0,
+                        deliveries: 0,
+                        in_flight: false,
+                        last_error: Box::default(),
+                    },
+                );
+                return Ok(false);
+            }
+        };
         if !self.claim_key(&key, id)? {
             return Err(RuleError(format!(
                 "far task {id} has key {:?}, which is already live",
@@ -863,6 +925,42 @@ impl Replay {
             t if t.in_flight => Ok(t),
             _ => Err(rule(kind, id, "which is not in flight")),
         }
+    }
+
+    /// Checks, once every record is applied, that no far task whose entry a
+    /// record needed and could not read ([`Unresolved`]) is still live or a
+    /// dead letter: such a task has no key, due time or payload the replay
+    /// could give back, so an engine cannot be built from it. Every caller
+    /// that uses the live tasks or dead letters after the replay calls this
+    /// first. Complexity: O(unresolved tasks).
+    ///
+    /// # Errors
+    /// The one with the smallest id, if any.
+    pub fn unresolved_at_end(&self) -> Result<(), &Unresolved> {
+        match self.unresolved_live().min_by_key(|u| u.id) {
+            Some(u) => Err(u),
+            None => Ok(()),
+        }
+    }
+
+    /// Every far task held by id so far, its entry unread ([`Unresolved`]),
+    /// finished since or not, in no particular order.
+    pub fn unresolved(&self) -> impl Iterator<Item = &Unresolved> {
+        self.unresolved.values()
+    }
+
+    /// The far tasks held by id, their entry unread ([`Unresolved`]), that
+    /// are live (their key is then empty) or dead letters so far, in no
+    /// particular order.
+    pub fn unresolved_live(&self) -> impl Iterator<Item = &Unresolved> {
+        self.unresolved
+            .values()
+            .filter(|u| self.tasks.contains_key(&u.id) || self.dead.contains_key(&u.id))
+    }
+
+    /// Whether `id` is a dead letter so far.
+    pub fn is_dead_letter(&self, id: u64) -> bool {
+        self.dead.contains_key(&id)
     }
 
     /// Live tasks so far, far ones included.
@@ -1079,6 +1177,62 @@ mod tests {
             .apply_with(&Record::Cancel { id: TaskId(4) }, &mut resolve)
             .is_err());
         assert_eq!(r.take_far(), []);
+    }
+
+    /// A far task whose entry does not read is held by id: later records
+    /// apply to it by the rules, and the end check fails only while it is
+    /// live or a dead letter, naming it.
+    #[test]
+    fn a_far_task_whose_entry_does_not_read_is_held_until_the_end() {
+        let far = |id| FarTask {
+            id,
+            key_hash: 0,
+            file: 3,
+            offset: 64 * id,
+        };
+        let deliver = |id| Record::Deliver {
+            id: TaskId(id),
+            fired_ms: 7,
+        };
+        let mut r = Replay::from_checkpoint(9, Vec::new(), Vec::new(), true).unwrap();
+        r.add_far(vec![far(2), far(4), far(6), far(8)]).unwrap();
+        let mut damaged = |_: &FarTask| -> Result<(Box<[u8]>, u64), String> { Err("CRC".into()) };
+        for id in [2, 4, 6, 8] {
+            r.apply_with(&deliver(id), &mut damaged).unwrap();
+        }
+        assert_eq!((r.far_tasks(), r.live_tasks()), (0, 4));
+        // 2 acked, 4 cancelled: finished. 6 dead-lettered, 8 in flight.
+        r.apply(&Record::Ack { id: TaskId(2) }).unwrap();
+        r.apply(&Record::Cancel { id: TaskId(4) }).unwrap();
+        r.apply(&Record::Dead {
+            id: TaskId(6),
+            dead_ms: 9,
+            error: b"e",
+        })
+        .unwrap();
+        // The rules still hold for it: 8 is in flight, so a second DELIVER breaks them.
+        assert!(r.apply(&deliver(8)).is_err());
+        let end = |r: &Replay| {
+            r.unresolved_at_end()
+                .err()
+                .map(|u| (u.id, u.file, u.offset))
+        };
+        assert_eq!(end(&r), Some((6, 3, 384)));
+        let mut held: Vec<u64> = r.unresolved_live().map(|u| u.id).collect();
+        held.sort_unstable();
+        assert_eq!(held, [6, 8]);
+        r.apply(&Record::Purge { id: TaskId(6) }).unwrap();
+        assert_eq!(end(&r), Some((8, 3, 512)));
+        let message = r.unresolved_at_end().err().map(ToString::to_string);
+        assert!(
+            message.as_deref().is_some_and(|m| m.contains("far task 8")
+                && m.contains("overflow file 3, offset 512")
+                && m.contains("CRC")),
+            "{message:?}"
+        );
+        r.apply(&Record::Ack { id: TaskId(8) }).unwrap();
+        assert_eq!(end(&r), None);
+        assert_eq!((r.live_tasks(), r.dead_letters()), (0, 0));
     }
 
     #[test]

@@ -182,3 +182,54 @@ fn a_damaged_entry_of_a_live_far_task_poisons_naming_the_task() -> TestResult {
     }
     Ok(())
 }
+
+/// A far task fired and acked after the checkpoint: at reopen the replay needs its entry (its
+/// key) for the DELIVER that names it. An entry that cannot be *read* (EIO: a bad sector, a
+/// failing disk) says nothing about the task: the open fails, naming it, and opens once the
+/// read works. A *damaged* entry is held by id until the ACK finishes the task: the engine
+/// opens and fires every other far task once. (Before, the damaged entry kept the directory
+/// from ever opening again.)
+#[test]
+fn a_fired_far_tasks_entry_at_reopen_unreadable_or_damaged() -> TestResult {
+    use common::bad_spots::BadSpotStorage;
+    use kairos::Engine;
+    use std::sync::Arc;
+    let (mut h, mut model) = far_tasks(8, 6, &[])?;
+    let fired = fire_all(h.engine(), &h.clock, due(0))?;
+    assert_eq!(fired.keys().collect::<Vec<_>>(), [&key(0)]);
+    model.remove(&key(0));
+    h.stop(Stop::Clean)?;
+    let dir = h.dir.join("overflow");
+    let mut at = None;
+    for name in h.sim.list(&dir)? {
+        for (offset, entry) in kairos::overflow::read_file(&h.sim, &dir.join(&name), None, None)? {
+            if *entry.key == *key(0) {
+                at = Some((name.clone(), offset, entry.task_id));
+            }
+        }
+    }
+    let (name, offset, id) = at.ok_or("task 0's entry")?;
+    let storage = BadSpotStorage::new(h.sim.process());
+    storage.spots.lock().map_err(|_| "lock")?.unreadable =
+        Some((format!("overflow/{name}"), offset..offset + 1));
+    let opened = Engine::open_with(
+        &h.dir,
+        h.config.clone(),
+        Arc::new(storage.clone()),
+        Arc::new(h.clock.clone()),
+    );
+    let refused = opened.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        refused.contains(&format!("cannot read the overflow entry of far task {id}")),
+        "{refused}"
+    );
+    damage(&h, &[(key(0), Spot::Key)])?;
+    h.start()?;
+    assert_eq!(h.engine().stats().pending, 5);
+    // The promotion at open reads the file from its start: past task 0's entry, once.
+    assert_eq!(h.engine().recovery().overflow_damage_skipped, 1);
+    assert_eq!(fire_all(h.engine(), &h.clock, due(7))?, model);
+    h.restart(Stop::Clean)?;
+    assert_eq!(h.engine().stats().pending, 0);
+    Ok(())
+}

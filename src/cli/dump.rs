@@ -216,6 +216,25 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
         );
         dumper.overflow_failure = failure;
         dumper.overflow_warnings = warnings;
+        // A far task a record needed whole, its entry unread, live at the end: the engine's
+        // open refuses the directory (the check above names the entry when it finds it
+        // damaged; this covers an entry that could not be read otherwise).
+        if dumper.overflow_failure.is_none() {
+            let unresolved = dumper
+                .replay
+                .as_ref()
+                .filter(|_| replayed)
+                .and_then(|r| r.unresolved_at_end().err());
+            dumper.overflow_failure = unresolved.map(|u| Failure {
+                file: c
+                    .overflow_dir
+                    .as_ref()
+                    .map(|d| d.join(kairos::overflow::file_name(u.file))),
+                offset: Some(u.offset),
+                message: format!("{u} (`kairos salvage` lists it; `--discard` cancels it)"),
+                cause: Cause::Damage,
+            });
+        }
     }
     dumper.write_state();
     dumper.flush();

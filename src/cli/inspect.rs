@@ -34,7 +34,7 @@ use kairos::checkpoint as ckpt;
 use kairos::far::KeyHasher;
 use kairos::overflow as ovf;
 use kairos::record::Record;
-use kairos::replay::Replay;
+use kairos::replay::{Replay, Unresolved};
 use kairos_wal::format::parse_segment_file_name;
 use kairos_wal::{FsStorage, RecordPlace, RecordView, ScanReport, WalError};
 use serde::Serialize;
@@ -480,7 +480,7 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         // The replay has nowhere to start from (the engine would not open): the log is
         // not read.
         Err(failure) => {
-            let (mut inspection, _, _) = Reader::new(0, Replay::new(false), far).finish(
+            let (mut inspection, _, _, _) = Reader::new(0, Replay::new(false), far).finish(
                 dir,
                 log_dir,
                 Ok(ScanReport::default()),
@@ -507,7 +507,8 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         reader.visit(v, p)
     });
     let after = reader.after;
-    let (mut inspection, live_refs, dead_refs) = reader.finish(dir, log_dir, scan, disk);
+    let (mut inspection, live_refs, dead_refs, unresolved) =
+        reader.finish(dir, log_dir, scan, disk);
     let mut refs = Vec::new();
     let mut store_id = None;
     // The files the open keeps: those the checkpoint names (or all, when the newest is damaged).
@@ -548,6 +549,21 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
         // whole.
         let judge = inspection.error.is_none().then_some(&dead_refs);
         inspection.add_overflow(d, store_id, &refs, (Some(&live_refs), judge), named);
+    }
+    // A far task a record after the checkpoint needed whole, its entry unread, live at the
+    // end: the engine's open refuses the directory (the overflow check above names the entry
+    // when it finds it damaged; this covers an entry that could not be read otherwise).
+    if let Some(u) = unresolved.filter(|_| inspection.error.is_none()) {
+        inspection.ok = false;
+        inspection.error = Some(Failure {
+            file: checkpoint_dir
+                .as_deref()
+                .and_then(Path::parent)
+                .map(|d| d.join(ovf::OVERFLOW_DIR_NAME).join(ovf::file_name(u.file))),
+            offset: Some(u.offset),
+            message: format!("{u} (`kairos salvage` lists it; `--discard` cancels it)"),
+            cause: Cause::Damage,
+        });
     }
     inspection
 }
@@ -955,7 +971,7 @@ impl Reader {
         log_dir: PathBuf,
         scan: Result<ScanReport, WalError>,
         disk: DiskUsage,
-    ) -> (Inspection, LiveRefs, LiveRefs) {
+    ) -> (Inspection, LiveRefs, LiveRefs, Option<Unresolved>) {
         let (report, error) = match scan {
             Ok(report)
                 if report.segments.is_empty() && !Failure::log_creation_cut_short(&log_dir) =>
@@ -984,6 +1000,14 @@ impl Reader {
         for &(file, offset) in replay.dead_payloads_on_disk().values() {
             dead_refs.entry(file).or_default().push(offset);
         }
+        // Far tasks a record needed whole whose entry did not read, still live: their key is
+        // only in that entry (whatever payload they were given since).
+        let unresolved = replay.unresolved_at_end().err().cloned();
+        let unread: Vec<(u32, u64)> = replay
+            .unresolved_live()
+            .filter(|u| !replay.is_dead_letter(u.id))
+            .map(|u| (u.file, u.offset))
+            .collect();
         // Sorted by id.
         let far_tasks = replay.take_far();
         let (live, _) = replay.into_parts();
@@ -991,6 +1015,12 @@ impl Reader {
         for (_, t) in &live {
             if let Some((file, offset)) = t.payload_at {
                 live_refs.entry(file).or_default().push(offset);
+            }
+        }
+        for (file, offset) in unread {
+            let offsets = live_refs.entry(file).or_default();
+            if !offsets.contains(&offset) {
+                offsets.push(offset);
             }
         }
         for t in &far_tasks {
@@ -1102,7 +1132,7 @@ impl Reader {
             newer_checkpoint_warning: None,
             not_regular_files: Vec::new(),
         };
-        (inspection, live_refs, dead_refs)
+        (inspection, live_refs, dead_refs, unresolved)
     }
 }
 

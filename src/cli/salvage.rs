@@ -72,9 +72,13 @@ warning, and they go with their file once a checkpoint no longer names it.
 An overflow file that is missing, or whose header does not read, loses every entry in it: every \
 task that needs one is listed.
 
-It cannot mend, and writes nothing for: damage in the log or the checkpoint (`kairos verify` \
-names it), or the damaged entry of a far task that a record after the checkpoint names \
-(delivered, rescheduled, nacked: the replay reads the task's key from it).
+A far task whose key a record after the checkpoint needed from its damaged entry (it was \
+delivered, rescheduled or nacked since) is listed if it is still live at the end of the log — \
+its key is lost with the entry — and cancelled by --discard like the others; if a later record \
+finished it (acked, cancelled), nothing needs the entry.
+
+It cannot mend, and writes nothing for, damage in the log or the checkpoint (`kairos verify` \
+names it).
 
 With --json, one object: dir, checkpoint (the file read, or null), damaged (each: task_id; \
 used_as, one of far_task, payload, dead_letter; key, or null when only the entry holds it; file; \
@@ -361,8 +365,8 @@ fn find(storage: &dyn Storage, data_dir: &Path, log_dir: &Path) -> anyhow::Resul
     })?;
     if let Some(reason) = blocked {
         bail!(
-            "{reason}; salvage cannot discard a task whose entry a record after the checkpoint \
-             needs"
+            "{reason}; salvage mends damaged overflow entries only, not a log that breaks the \
+             replay rules (`kairos verify` names it)"
         );
     }
     start.check_log(scan.last_lsn.0, after).map_err(cannot)?;

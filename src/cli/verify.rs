@@ -526,6 +526,19 @@ pub(crate) fn check(
             }
         }
     }
+    // A far task a record after the checkpoint needed whole, its entry unread, still live at
+    // the end: the engine's open refuses the directory (the overflow judgement above names
+    // the entry when its file is among the damaged ones; this covers an entry that could not
+    // be read for another reason).
+    let unresolved = census.replay.unresolved_at_end().err().map(|u| Failure {
+        file: start
+            .as_ref()
+            .and_then(|s| s.overflow_dir.as_ref())
+            .map(|d| d.join(ovf::file_name(u.file))),
+        offset: Some(u.offset),
+        message: format!("{u} (`kairos salvage` lists it; `--discard` cancels it)"),
+        cause: Cause::Damage,
+    });
     let mut v = Verification::new(storage, log_dir, scan, census);
     // Damage in the log is the error reported when there is some: the engine's open refuses
     // the log before it reads any overflow entry, and without the whole log no overflow damage
@@ -554,6 +567,10 @@ pub(crate) fn check(
                 }
             }
         }
+    }
+    if let Some(failure) = unresolved.filter(|_| v.ok) {
+        v.ok = false;
+        v.error = Some(failure);
     }
     if let Some(ovf_dir) = checkpoint_dir
         .as_deref()
@@ -960,6 +977,13 @@ pub(crate) fn needed_entries(replay: &Replay, files: &[u32]) -> NeededEntries {
     for (&id, &(f, offset)) in replay.dead_payloads_on_disk().iter() {
         if wanted(f) {
             needed.insert((f, offset), (id, EntryUse::DeadLetter));
+        }
+    }
+    // A far task whose entry a record after the checkpoint could not read, still live: its
+    // key is only in that entry (a new payload given since does not change that).
+    for u in replay.unresolved_live().filter(|u| wanted(u.file)) {
+        if !replay.is_dead_letter(u.id) {
+            needed.insert((u.file, u.offset), (u.id, EntryUse::FarTask));
         }
     }
     needed

@@ -172,9 +172,11 @@ pub struct Recovery {
     /// `None` when the newest checkpoint was used, or there is none.
     pub skipped_checkpoint: Option<String>,
     /// Damaged overflow entries that no far task needed (their tasks
-    /// cancelled or moved since the file was written) which the open's
-    /// promotion of far tasks went past (each also a `tracing` warning
-    /// naming the file and offset). Not 0: the disk damaged data nothing
+    /// cancelled, moved or finished since the file was written) which the
+    /// open's promotion of far tasks went past (each also a `tracing`
+    /// warning naming the file and offset; so is each far task the replay
+    /// held by id because a record needed its damaged entry, and a later
+    /// record finished). Not 0: the disk damaged data nothing
     /// needed any more; `kairos verify` names where (see
     /// [`Stats::overflow_damage_skipped`] for the engine's later promotions).
     pub overflow_damage_skipped: u64,
@@ -1292,10 +1294,24 @@ impl Engine {
         let far_hasher = checkpoint
             .as_ref()
             .map(|c| crate::far::KeyHasher::new(&c.store_id));
+        // A read that failed (EIO, ENOSPC: not a missing file, not bytes read and found
+        // wrong) says nothing about the entry: the open fails at that record, rather than
+        // hold the task by id as for damage (`Replay::apply_with`).
+        let read_failed: std::cell::Cell<Option<String>> = std::cell::Cell::new(None);
         let mut resolve = |t: &crate::checkpoint::FarTask| {
             let path = overflow_dir.join(crate::overflow::file_name(t.file));
             let e = crate::overflow::read_entry(storage.as_ref(), &path, t.offset, t.id, None)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| {
+                    if let crate::overflow::OverflowReadError::Io { source, .. } = &e {
+                        if source.kind() != std::io::ErrorKind::NotFound {
+                            read_failed.set(Some(format!(
+                                "cannot read the overflow entry of far task {}: {e}",
+                                t.id
+                            )));
+                        }
+                    }
+                    e.to_string()
+                })?;
             if far_hasher
                 .as_ref()
                 .is_some_and(|h| h.hash(&e.key) != t.key_hash)
@@ -1317,7 +1333,11 @@ impl Engine {
                 .map_err(|e| ReplayError(e.to_string()))?;
             replay
                 .apply_with(&record, &mut resolve)
-                .map_err(|e| ReplayError(e.to_string()))
+                .map_err(|e| ReplayError(e.to_string()))?;
+            match read_failed.take() {
+                Some(failed) => Err(ReplayError(failed)),
+                None => Ok(()),
+            }
         });
         let (wal, report) = opened.map_err(|e| match e {
             WalError::Locked { .. } => OpenError::Locked { path: dir.clone() },
@@ -1337,6 +1357,23 @@ impl Engine {
         })?;
         if let Some(meta) = &mut checkpoint {
             checkpointing::check_against_log(meta, &wal, replayed_after)?;
+        }
+        // A far task whose entry a record needed and could not read is
+        // finished by a later record (fired and acked, cancelled) or the
+        // directory cannot be served: no key, due time or payload for it.
+        if let Err(u) = replay.unresolved_at_end() {
+            return Err(OpenError::Overflow(
+                crate::overflow::OverflowReadError::Corrupt {
+                    path: overflow_dir.join(crate::overflow::file_name(u.file)),
+                    offset: u.offset,
+                    reason: format!(
+                        "far task {} is live at the end of the log, and a record after the \
+                         checkpoint needed this entry (its key and due time), which does not \
+                         read back: {} (`kairos salvage` lists it; `--discard` cancels it)",
+                        u.id, u.why
+                    ),
+                },
+            ));
         }
         if checkpoint.is_none() && report.first_lsn.0 > 1 {
             // Segments were deleted after a checkpoint that is gone: replaying
@@ -2409,6 +2446,19 @@ impl Shared {
         let hasher = self.core.lock().hasher.clone();
         let (promoted, far_cursors, far_error, damage_skipped) =
             self.promote_at_open(&mut far_index, &hasher, now);
+        // Damaged entries of far tasks the log finished after needing them
+        // (the open has checked that none is live: `unresolved_at_end`). Not
+        // counted here: the promotion counts the entry if it reads that far
+        // in the file (once, not twice).
+        for u in replay.unresolved() {
+            tracing::warn!(
+                file = %crate::overflow::file_name(u.file),
+                offset = u.offset,
+                task = u.id,
+                error = %u.why,
+                "the damaged overflow entry of a far task the log finished is skipped"
+            );
+        }
         let (mut live, dead) = replay.into_parts();
         live.extend(promoted);
         let tasks = live;
