@@ -225,3 +225,52 @@ fn the_future_is_send() -> TestResult {
     engine.shutdown()?;
     Ok(())
 }
+
+/// A waker that panics when woken (a bug in an executor's code) must not kill the thread that
+/// wakes it — the engine's driver, which hands out due tasks — nor keep the other futures from
+/// being woken: two futures wait, the first with a panicking waker; a task falls due; the
+/// second is woken and gets it, the engine is not poisoned, and later tasks keep firing.
+#[test]
+fn a_waker_that_panics_stops_neither_the_driver_nor_the_other_futures() -> TestResult {
+    struct Panics;
+    impl Wake for Panics {
+        fn wake(self: Arc<Self>) {
+            panic!("an executor's waker panicked (this test's, on purpose)");
+        }
+    }
+    let (engine, clock) = memory_engine(Config::default())?;
+    let (first, second) = (engine.consumer(), engine.consumer());
+    let panicky = Waker::from(Arc::new(Panics));
+    let mut a = pin!(first.recv_async());
+    assert!(a
+        .as_mut()
+        .poll(&mut Context::from_waker(&panicky))
+        .is_pending());
+    let (count, waker) = counter();
+    let mut cx = Context::from_waker(&waker);
+    let mut b = pin!(second.recv_async());
+    assert!(b.as_mut().poll(&mut cx).is_pending());
+    engine.schedule_after(b"order:1", Duration::from_secs(1), b"cancel")?;
+    clock.advance(Duration::from_secs(1));
+    engine.run_until_idle();
+    assert!(wakes(&count) > 0, "the second future was not woken");
+    let Poll::Ready(got) = b.as_mut().poll(&mut cx) else {
+        return Err("woken, but pending".into());
+    };
+    let d = got?;
+    assert_eq!(d.key(), b"order:1");
+    second.ack(&d)?;
+    assert!(matches!(
+        engine.cancel(b"no such key"),
+        Ok(kairos::CancelOutcome::NotFound)
+    ));
+    // The driver still runs: a later task fires and is received.
+    engine.schedule_after(b"order:2", Duration::from_secs(1), b"cancel")?;
+    clock.advance(Duration::from_secs(1));
+    engine.run_until_idle();
+    let d = second.try_recv()?;
+    assert_eq!(d.key(), b"order:2");
+    second.ack(&d)?;
+    engine.shutdown()?;
+    Ok(())
+}

@@ -238,12 +238,24 @@ impl Shared {
     /// (their wakers, woken after the waiters' lock is let go; the caller
     /// may hold the core lock, so a waker must not poll inline — none of
     /// the usual executors' does).
+    ///
+    /// A waker runs the executor's code; one that panics is caught and
+    /// logged (ERROR), so that it neither keeps the wakers after it from
+    /// being woken nor unwinds the calling thread — the driver, which hands
+    /// out every due task.
     pub(super) fn notify_ready(&self) {
         self.ready_cv.notify_all();
         let wakers: smallvec::SmallVec<[std::task::Waker; 4]> =
             self.async_waiters.lock().iter().cloned().collect();
         for waker in wakers {
-            waker.wake();
+            // `AssertUnwindSafe`: the waker is consumed; nothing of the
+            // engine is borrowed by it.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake())).is_err() {
+                tracing::error!(
+                    "a recv_async future's waker panicked when woken; the other consumers are \
+                     woken and the engine goes on"
+                );
+            }
         }
     }
 

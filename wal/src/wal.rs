@@ -189,9 +189,20 @@ struct DurableWakers(Vec<Option<std::task::Waker>>);
 
 impl DurableWakers {
     /// Wakes them; call with the state lock let go (the writer state may still be held).
+    ///
+    /// A waker runs the executor's code; one that panics is caught and logged (ERROR), so
+    /// that it neither keeps the wakers after it from being woken (their futures would wait
+    /// for ever) nor unwinds the thread that wakes it — the log's writer, whose death poisons
+    /// the log.
     fn wake(self) {
         for waker in self.0.into_iter().flatten() {
-            waker.wake();
+            // `AssertUnwindSafe`: the waker is consumed, and nothing of the log is borrowed.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake())).is_err() {
+                tracing::error!(
+                    "a Durable future's waker panicked when woken; the other futures are woken \
+                     and the log goes on"
+                );
+            }
         }
     }
 }
