@@ -44,6 +44,34 @@ pub enum OpenError {
     /// offset) or unreadable.
     #[error(transparent)]
     Overflow(#[from] crate::overflow::OverflowReadError),
+    /// A far task that a log record after the checkpoint needed whole
+    /// (delivered, rescheduled or nacked since: its key and due time are
+    /// only in its overflow entry) is live, or a dead letter, at the end of
+    /// the log, and that entry does not read back — damaged, or its file
+    /// missing. The directory cannot be served as it is: `kairos salvage`
+    /// lists such tasks, and `--discard` cancels them (purges a dead
+    /// letter), losing their keys and payloads. (A far task a later record
+    /// finished — acked, cancelled, purged — needs its entry no more, and
+    /// does not stop the open.)
+    #[error(
+        "far task {task_id} is {} at the end of the log, and its overflow entry (byte offset \
+         {offset} of {path}), which a record after the checkpoint needed for its key, does not \
+         read back: {reason} (`kairos salvage` lists it; `--discard` {} it)",
+        if *.dead_letter { "a dead letter" } else { "live" },
+        if *.dead_letter { "purges" } else { "cancels" }
+    )]
+    FarEntryUnreadable {
+        /// The task's id.
+        task_id: u64,
+        /// Whether it is a dead letter (else a live task).
+        dead_letter: bool,
+        /// The overflow file.
+        path: PathBuf,
+        /// The entry's byte offset in it.
+        offset: u64,
+        /// Why the entry does not read back.
+        reason: String,
+    },
     /// A checkpoint file reads back but does not fit the log beside it
     /// (another directory's, or log records after it are missing).
     #[error("checkpoint {path} does not fit the log: {reason}")]

@@ -334,13 +334,52 @@ pub struct Unresolved {
     pub why: String,
 }
 
-impl std::fmt::Display for Unresolved {
+/// A far task held by id ([`Unresolved`]) that is still live, or a dead
+/// letter, at the end of the log ([`Replay::unresolved_at_end`]): its key
+/// (and due time, and payload unless it was given a new one) is lost with
+/// its entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StillHeld {
+    /// The task.
+    pub task: Unresolved,
+    /// Whether it is a dead letter (else a live task).
+    pub dead_letter: bool,
+}
+
+impl StillHeld {
+    /// What it is at the end of the log: `"live"` or `"a dead letter"`.
+    pub fn state(&self) -> &'static str {
+        if self.dead_letter {
+            "a dead letter"
+        } else {
+            "live"
+        }
+    }
+
+    /// What `kairos salvage --discard` writes for it: `"cancels"` or
+    /// `"purges"`.
+    pub fn discard_verb(&self) -> &'static str {
+        if self.dead_letter {
+            "purges"
+        } else {
+            "cancels"
+        }
+    }
+}
+
+impl std::fmt::Display for StillHeld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "far task {} (overflow file {}, offset {}) is live at the end of the log, and its \
-             entry, which a record after the checkpoint needed, does not read back: {}",
-            self.id, self.file, self.offset, self.why
+            "far task {} (overflow file {}, offset {}) is {} at the end of the log, and its \
+             entry, which a record after the checkpoint needed for its key, does not read back: \
+             {} (`kairos salvage` lists it; `--discard` {} it)",
+            self.task.id,
+            self.task.file,
+            self.task.offset,
+            self.state(),
+            self.task.why,
+            self.discard_verb()
         )
     }
 }
@@ -936,9 +975,12 @@ impl Replay {
     ///
     /// # Errors
     /// The one with the smallest id, if any.
-    pub fn unresolved_at_end(&self) -> Result<(), &Unresolved> {
+    pub fn unresolved_at_end(&self) -> Result<(), StillHeld> {
         match self.unresolved_live().min_by_key(|u| u.id) {
-            Some(u) => Err(u),
+            Some(u) => Err(StillHeld {
+                task: u.clone(),
+                dead_letter: self.dead.contains_key(&u.id),
+            }),
             None => Ok(()),
         }
     }
@@ -1215,18 +1257,27 @@ mod tests {
         let end = |r: &Replay| {
             r.unresolved_at_end()
                 .err()
-                .map(|u| (u.id, u.file, u.offset))
+                .map(|u| (u.task.id, u.task.file, u.task.offset, u.dead_letter))
         };
-        assert_eq!(end(&r), Some((6, 3, 384)));
+        assert_eq!(end(&r), Some((6, 3, 384, true)));
+        let message = r.unresolved_at_end().err().map(|u| u.to_string());
+        assert!(
+            message.as_deref().is_some_and(
+                |m| m.contains("is a dead letter") && m.contains("`--discard` purges it")
+            ),
+            "{message:?}"
+        );
         let mut held: Vec<u64> = r.unresolved_live().map(|u| u.id).collect();
         held.sort_unstable();
         assert_eq!(held, [6, 8]);
         r.apply(&Record::Purge { id: TaskId(6) }).unwrap();
-        assert_eq!(end(&r), Some((8, 3, 512)));
-        let message = r.unresolved_at_end().err().map(ToString::to_string);
+        assert_eq!(end(&r), Some((8, 3, 512, false)));
+        let message = r.unresolved_at_end().err().map(|u| u.to_string());
         assert!(
             message.as_deref().is_some_and(|m| m.contains("far task 8")
                 && m.contains("overflow file 3, offset 512")
+                && m.contains("is live")
+                && m.contains("`--discard` cancels it")
                 && m.contains("CRC")),
             "{message:?}"
         );

@@ -512,7 +512,7 @@ fn a_damaged_compaction_victim_does_not_stop_checkpoints() -> TestResult {
 /// then damaged: the RESCHEDULE's replay cannot read the key, and the task is live at the end
 /// of the log, so the directory does not open: verify, inspect and dump say so (exit 1),
 /// salvage lists the task, `--discard` cancels it, and the engine then opens and fires every
-/// other far task once. (The fired-and-acked case, [`a_fired_far_tasks_damaged_entry_bricks_the_directory`],
+/// other far task once. (The fired-and-acked case, [`a_fired_far_tasks_damaged_entry_is_no_damage`],
 /// opens: the replay holds such a task by id until the end of the log.)
 #[test]
 fn a_live_far_tasks_damaged_entry_named_since_the_checkpoint_is_salvaged() -> TestResult {

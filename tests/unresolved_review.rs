@@ -803,8 +803,6 @@ fn a_damaged_finished_entry_in_a_compaction_victim() -> TestResult {
 /// calls it live and says `--discard` cancels it (salvage purges it); for a *missing* file it
 /// says the file "is corrupt"; and it names the file and offset twice.
 #[test]
-#[ignore = "finding: OpenError::Overflow for a held far task says 'live' and 'cancels' for a \
-            dead letter, 'corrupt' for a missing file, and repeats the file and offset"]
 fn the_open_error_says_what_happened_for_a_dead_letter_and_a_missing_file() -> TestResult {
     let tmp = tempfile::tempdir()?;
     // A dead letter.

@@ -225,13 +225,13 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
                 .as_ref()
                 .filter(|_| replayed)
                 .and_then(|r| r.unresolved_at_end().err());
-            dumper.overflow_failure = unresolved.map(|u| Failure {
+            dumper.overflow_failure = unresolved.map(|held| Failure {
                 file: c
                     .overflow_dir
                     .as_ref()
-                    .map(|d| d.join(kairos::overflow::file_name(u.file))),
-                offset: Some(u.offset),
-                message: format!("{u} (`kairos salvage` lists it; `--discard` cancels it)"),
+                    .map(|d| d.join(kairos::overflow::file_name(held.task.file))),
+                offset: Some(held.task.offset),
+                message: held.to_string(),
                 cause: Cause::Damage,
             });
         }

@@ -34,7 +34,7 @@ use kairos::checkpoint as ckpt;
 use kairos::far::KeyHasher;
 use kairos::overflow as ovf;
 use kairos::record::Record;
-use kairos::replay::{Replay, Unresolved};
+use kairos::replay::{Replay, StillHeld};
 use kairos_wal::format::parse_segment_file_name;
 use kairos_wal::{FsStorage, RecordPlace, RecordView, ScanReport, WalError};
 use serde::Serialize;
@@ -553,15 +553,15 @@ fn inspect(dir: &Path, log_dir: PathBuf, record_bytes_max: u32) -> Inspection {
     // A far task a record after the checkpoint needed whole, its entry unread, live at the
     // end: the engine's open refuses the directory (the overflow check above names the entry
     // when it finds it damaged; this covers an entry that could not be read otherwise).
-    if let Some(u) = unresolved.filter(|_| inspection.error.is_none()) {
+    if let Some(held) = unresolved.filter(|_| inspection.error.is_none()) {
         inspection.ok = false;
         inspection.error = Some(Failure {
-            file: checkpoint_dir
-                .as_deref()
-                .and_then(Path::parent)
-                .map(|d| d.join(ovf::OVERFLOW_DIR_NAME).join(ovf::file_name(u.file))),
-            offset: Some(u.offset),
-            message: format!("{u} (`kairos salvage` lists it; `--discard` cancels it)"),
+            file: checkpoint_dir.as_deref().and_then(Path::parent).map(|d| {
+                d.join(ovf::OVERFLOW_DIR_NAME)
+                    .join(ovf::file_name(held.task.file))
+            }),
+            offset: Some(held.task.offset),
+            message: held.to_string(),
             cause: Cause::Damage,
         });
     }
@@ -971,7 +971,7 @@ impl Reader {
         log_dir: PathBuf,
         scan: Result<ScanReport, WalError>,
         disk: DiskUsage,
-    ) -> (Inspection, LiveRefs, LiveRefs, Option<Unresolved>) {
+    ) -> (Inspection, LiveRefs, LiveRefs, Option<StillHeld>) {
         let (report, error) = match scan {
             Ok(report)
                 if report.segments.is_empty() && !Failure::log_creation_cut_short(&log_dir) =>
@@ -1002,7 +1002,7 @@ impl Reader {
         }
         // Far tasks a record needed whole whose entry did not read, still live: their key is
         // only in that entry (whatever payload they were given since).
-        let unresolved = replay.unresolved_at_end().err().cloned();
+        let unresolved = replay.unresolved_at_end().err();
         let unread: Vec<(u32, u64)> = replay
             .unresolved_live()
             .filter(|u| !replay.is_dead_letter(u.id))

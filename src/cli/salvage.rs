@@ -73,9 +73,9 @@ An overflow file that is missing, or whose header does not read, loses every ent
 task that needs one is listed.
 
 A far task whose key a record after the checkpoint needed from its damaged entry (it was \
-delivered, rescheduled or nacked since) is listed if it is still live at the end of the log — \
-its key is lost with the entry — and cancelled by --discard like the others; if a later record \
-finished it (acked, cancelled), nothing needs the entry.
+delivered, rescheduled or nacked since) is listed if it is still live, or a dead letter, at the \
+end of the log — its key is lost with the entry — and cancelled (purged) by --discard like the \
+others; if a later record finished it (acked, cancelled, purged), nothing needs the entry.
 
 It cannot mend, and writes nothing for, damage in the log or the checkpoint (`kairos verify` \
 names it).

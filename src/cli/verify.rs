@@ -530,13 +530,13 @@ pub(crate) fn check(
     // the end: the engine's open refuses the directory (the overflow judgement above names
     // the entry when its file is among the damaged ones; this covers an entry that could not
     // be read for another reason).
-    let unresolved = census.replay.unresolved_at_end().err().map(|u| Failure {
+    let unresolved = census.replay.unresolved_at_end().err().map(|held| Failure {
         file: start
             .as_ref()
             .and_then(|s| s.overflow_dir.as_ref())
-            .map(|d| d.join(ovf::file_name(u.file))),
-        offset: Some(u.offset),
-        message: format!("{u} (`kairos salvage` lists it; `--discard` cancels it)"),
+            .map(|d| d.join(ovf::file_name(held.task.file))),
+        offset: Some(held.task.offset),
+        message: held.to_string(),
         cause: Cause::Damage,
     });
     let mut v = Verification::new(storage, log_dir, scan, census);

@@ -1181,7 +1181,10 @@ impl Engine {
     /// cannot be read or recovered (I/O errors, corruption naming file and
     /// offset, a foreign or missing segment); [`OpenError::Checkpoint`],
     /// [`OpenError::Overflow`] and [`OpenError::CheckpointMismatch`] for a
-    /// checkpoint or overflow file that is damaged or does not fit the log.
+    /// checkpoint or overflow file that is damaged or does not fit the log;
+    /// [`OpenError::FarEntryUnreadable`] for a far task live (or a dead
+    /// letter) at the end of the log whose entry a record after the
+    /// checkpoint needed and does not read back.
     /// An empty path is refused as [`OpenError::Io`] (`InvalidInput`).
     pub fn open(dir: impl AsRef<Path>, config: Config) -> Result<Engine, OpenError> {
         Self::open_with(
@@ -1297,30 +1300,37 @@ impl Engine {
         // A read that failed (EIO, ENOSPC: not a missing file, not bytes read and found
         // wrong) says nothing about the entry: the open fails at that record, rather than
         // hold the task by id as for damage (`Replay::apply_with`).
+        // The reason a held task's entry did not read is given without the
+        // file and offset, which `OpenError::FarEntryUnreadable` names.
         let read_failed: std::cell::Cell<Option<String>> = std::cell::Cell::new(None);
         let mut resolve = |t: &crate::checkpoint::FarTask| {
+            use crate::overflow::OverflowReadError;
             let path = overflow_dir.join(crate::overflow::file_name(t.file));
             let e = crate::overflow::read_entry(storage.as_ref(), &path, t.offset, t.id, None)
-                .map_err(|e| {
-                    if let crate::overflow::OverflowReadError::Io { source, .. } = &e {
-                        if source.kind() != std::io::ErrorKind::NotFound {
-                            read_failed.set(Some(format!(
-                                "cannot read the overflow entry of far task {}: {e}",
-                                t.id
-                            )));
-                        }
+                .map_err(|e| match e {
+                    OverflowReadError::Io { source, .. }
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        "the overflow file is missing".to_owned()
                     }
-                    e.to_string()
+                    OverflowReadError::Io { .. } => {
+                        read_failed.set(Some(format!(
+                            "cannot read the overflow entry of far task {}: {e}",
+                            t.id
+                        )));
+                        e.to_string()
+                    }
+                    OverflowReadError::Corrupt { reason, .. } => reason,
                 })?;
             if far_hasher
                 .as_ref()
                 .is_some_and(|h| h.hash(&e.key) != t.key_hash)
             {
-                return Err(format!(
-                    "the key of its entry in {} does not hash to the key hash the checkpoint \
-                     holds for it",
-                    path.display()
-                ));
+                return Err(
+                    "the key in the entry does not hash to the key hash the checkpoint \
+                     holds for the task"
+                        .to_owned(),
+                );
             }
             Ok((e.key, e.due_ms))
         };
@@ -1361,19 +1371,14 @@ impl Engine {
         // A far task whose entry a record needed and could not read is
         // finished by a later record (fired and acked, cancelled) or the
         // directory cannot be served: no key, due time or payload for it.
-        if let Err(u) = replay.unresolved_at_end() {
-            return Err(OpenError::Overflow(
-                crate::overflow::OverflowReadError::Corrupt {
-                    path: overflow_dir.join(crate::overflow::file_name(u.file)),
-                    offset: u.offset,
-                    reason: format!(
-                        "far task {} is live at the end of the log, and a record after the \
-                         checkpoint needed this entry (its key and due time), which does not \
-                         read back: {} (`kairos salvage` lists it; `--discard` cancels it)",
-                        u.id, u.why
-                    ),
-                },
-            ));
+        if let Err(held) = replay.unresolved_at_end() {
+            return Err(OpenError::FarEntryUnreadable {
+                task_id: held.task.id,
+                dead_letter: held.dead_letter,
+                path: overflow_dir.join(crate::overflow::file_name(held.task.file)),
+                offset: held.task.offset,
+                reason: held.task.why,
+            });
         }
         if checkpoint.is_none() && report.first_lsn.0 > 1 {
             // Segments were deleted after a checkpoint that is gone: replaying
@@ -2456,7 +2461,8 @@ impl Shared {
                 offset = u.offset,
                 task = u.id,
                 error = %u.why,
-                "the damaged overflow entry of a far task the log finished is skipped"
+                "the overflow entry of a far task the log finished does not read back (damaged, \
+                 or its file missing); nothing needs it"
             );
         }
         let (mut live, dead) = replay.into_parts();
