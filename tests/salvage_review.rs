@@ -663,3 +663,24 @@ fn a_damaged_dead_letter_payload_is_judged_alike_everywhere() -> TestResult {
     run(&["verify", path(&dir)], 0);
     Ok(())
 }
+
+/// A missing overflow file holding live far tasks that no record after the checkpoint names:
+/// the open's error says how many tasks need it and points at salvage (review finding: it
+/// named neither).
+#[test]
+fn a_missing_overflow_file_says_how_many_tasks_need_it() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    far_dir(&dir, 3, &[])?;
+    std::fs::remove_file(overflow_file(&dir, 1))?;
+    let refused = open_fs(&dir, config(), &ManualClock::new(START_MS))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        refused.contains("which is missing: entries in it are needed by 3 live tasks or dead letters (`kairos salvage` lists them"),
+        "{refused}"
+    );
+    assert_eq!(listed(&dir, 1)?.len(), 3);
+    Ok(())
+}

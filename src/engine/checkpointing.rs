@@ -2724,12 +2724,24 @@ pub(crate) fn prepare_overflow(
         )
         .collect();
     let present: FileSet = files.iter().map(|(f, _)| *f).collect();
-    if let Some(missing) = needed.iter().find(|f| !present.contains(f)) {
+    if let Some(&missing) = needed.iter().find(|f| !present.contains(f)) {
+        // How many need it (a second pass, on this error only).
+        let needing = replay
+            .tasks()
+            .filter_map(|t| t.payload_at)
+            .chain(replay.dead_payloads_on_disk().values().copied())
+            .chain(replay.far().map(|t| (t.file, t.offset)))
+            .filter(|(f, _)| *f == missing)
+            .count();
         return Err(OpenError::CheckpointMismatch {
             path: checkpoint.map_or_else(|| ovf_dir.clone(), |c| c.path.clone()),
             reason: format!(
-                "it refers to overflow file {}, which is missing",
-                ovf_dir.join(overflow::file_name(*missing)).display()
+                "it refers to overflow file {}, which is missing: entries in it are needed by \
+                 {needing} live {} or dead {} (`kairos salvage` lists them; `--discard` cancels \
+                 them, losing their keys and payloads)",
+                ovf_dir.join(overflow::file_name(missing)).display(),
+                if needing == 1 { "task" } else { "tasks" },
+                if needing == 1 { "letter" } else { "letters" },
             ),
         });
     }
