@@ -89,13 +89,14 @@
 //! [`Engine::cancel_many_async`], [`Consumer::ack_async`],
 //! [`Consumer::ack_many_async`], [`Consumer::nack_async`],
 //! [`Consumer::ack_and_schedule_async`] (and their twins on [`Engine`]),
+//! [`Engine::requeue_dead_letter_async`], [`Engine::purge_dead_letter_async`],
 //! [`Engine::sync_async`] —
 //! which do their work on the first poll (the engine's lock taken, as by
 //! the blocking call) and then wait for the log's durability without a
 //! thread (the log's writer thread commits and wakes them). None needs a
 //! particular runtime. From async code, call the other methods that wait
-//! for the disk (`requeue_dead_letter`, `purge_dead_letter`, `checkpoint`,
-//! `lookup`, `shutdown`, ...) on a blocking thread (e.g. tokio's
+//! for the disk (`checkpoint`, `lookup`, `shutdown`, ...) on a blocking
+//! thread (e.g. tokio's
 //! `spawn_blocking`).
 //! Under `Sync` a schedule, cancel, reschedule, ack, nack or
 //! `ack_and_schedule` waits for an fdatasync — for two, as a lone caller, with

@@ -1,6 +1,7 @@
 //! The durable calls as futures, for async embedders: `schedule_async`, `cancel_async`,
 //! `ack_async` and their batch forms, `reschedule_async`, `nack_async`,
-//! `ack_and_schedule_async`, `sync_async`. Each does its blocking twin's work on its first poll,
+//! `ack_and_schedule_async`, `sync_async`, and for dead letters `requeue_dead_letter_async` and
+//! `purge_dead_letter_async`. Each does its blocking twin's work on its first poll,
 //! then waits for the log's durability without blocking the polling thread
 //! ([`kairos_wal::AppendTicket::durable`]): under `Sync` the log's writer thread commits the
 //! record, gathered with every other caller's into one group commit, and wakes the future.
@@ -153,11 +154,13 @@ impl Shared {
 /// and durability when it resolves. No async runtime is a dependency; the futures are `Send`.
 ///
 /// What a poll may still block on (as [`Consumer::recv_async`]'s): a read of a far task's
-/// overflow entry from disk (a schedule or cancel of a key whose hash matches a far task's),
-/// and a schedule's wait while far tasks are moved out of memory faster than they are made
-/// ([`crate::Config::relocate_far_tasks`]), as the blocking call waits. A waker is woken by
-/// the thread that made the record durable (the log's writer thread, or a blocking caller
-/// committing its own round) and must not poll inline (as no usual executor's does).
+/// overflow entry from disk (a schedule, cancel or dead letter's requeue of a key whose hash
+/// matches a far task's; the requeue reads it under the engine's lock, as its blocking twin),
+/// and a schedule's (or requeue's) wait while far tasks are moved out of memory faster than
+/// they are made ([`crate::Config::relocate_far_tasks`]), as the blocking call waits. A waker
+/// is woken by the thread that made the record durable (the log's writer thread, or a
+/// blocking caller committing its own round) and must not poll inline (as no usual executor's
+/// does).
 ///
 /// **Dropping a future after its first poll does not undo its call**: the change is made and
 /// logged, and becomes durable as any other; only its answer is lost (a failure of the log
@@ -260,6 +263,42 @@ impl Engine {
         let shared = &*self.shared;
         shared
             .deferred(|wait| shared.cancel_many_with(keys, wait))
+            .await
+    }
+
+    /// [`Engine::requeue_dead_letter`] as a future: dead letter `id` back as a new task (new
+    /// id, same key and payload, a fresh attempt count), due at `due`. Under `Sync`, the new
+    /// task (and the dead letter's removal, logged in the same write) is durable when it
+    /// resolves; so is the record a refusal rests on (`NotDeadLetter` for a dead letter
+    /// another call just requeued or purged, `AlreadyExists`, `TooManyPending`). Its first poll
+    /// may block as the blocking call's does on a far task's entry with the key's hash (read
+    /// under the engine's lock) and on far tasks being moved out (see the notes on this `impl`
+    /// block); the fdatasync it never waits for on the polling thread.
+    ///
+    /// # Errors
+    /// As [`Engine::requeue_dead_letter`].
+    pub async fn requeue_dead_letter_async(
+        &self,
+        id: TaskId,
+        due: Due,
+    ) -> Result<TaskId, ScheduleError> {
+        let shared = &*self.shared;
+        shared
+            .deferred(|wait| shared.requeue_dead_letter_with(id, due, wait))
+            .await
+    }
+
+    /// [`Engine::purge_dead_letter`] as a future: deletes dead letter `id` for good; `false`
+    /// if there was none. Under `Sync`, `true` is durable when it resolves, and so is `false`:
+    /// it resolves once the record that removed the dead letter (another call's purge or
+    /// requeue) is.
+    ///
+    /// # Errors
+    /// As [`Engine::purge_dead_letter`].
+    pub async fn purge_dead_letter_async(&self, id: TaskId) -> Result<bool, CancelError> {
+        let shared = &*self.shared;
+        shared
+            .deferred(|wait| shared.purge_dead_letter_with(id, wait))
             .await
     }
 

@@ -1223,11 +1223,20 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
 impl Shared {
     /// Removes dead letter `id`. Returns false if there was none.
     pub(super) fn purge_dead_letter(&self, id: TaskId) -> Result<bool, crate::CancelError> {
+        self.purge_dead_letter_with(id, &Blocking)
+    }
+
+    /// [`Shared::purge_dead_letter`], waiting for durability as `wait` says.
+    pub(super) fn purge_dead_letter_with<W: WaitMode>(
+        &self,
+        id: TaskId,
+        wait: &W,
+    ) -> Result<bool, crate::CancelError> {
         let mut core = self.core.lock();
         core.check_open().map_err(super::status_to_cancel_error)?;
         if !core.dead.contains_key(&id.0) {
             // Gone by a record (a purge, a requeue) that may not be durable yet.
-            self.wait_logged(core)
+            self.wait_logged_with(core, wait)
                 .map_err(|cause| crate::CancelError::Poisoned { cause })?;
             return Ok(false);
         }
@@ -1239,7 +1248,7 @@ impl Shared {
         core.remove_dead(id.0);
         core.totals.dead_letters_purged += 1;
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
             .map_err(|cause| crate::CancelError::Poisoned { cause })?;
         Ok(true)
     }

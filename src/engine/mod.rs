@@ -2990,13 +2990,23 @@ impl Shared {
 
     /// [`Engine::requeue_dead_letter`].
     fn requeue_dead_letter(&self, dead_id: TaskId, due: Due) -> Result<TaskId, ScheduleError> {
+        self.requeue_dead_letter_with(dead_id, due, &Blocking)
+    }
+
+    /// [`Shared::requeue_dead_letter`], waiting for durability as `wait` says.
+    fn requeue_dead_letter_with<W: WaitMode>(
+        &self,
+        dead_id: TaskId,
+        due: Due,
+        wait: &W,
+    ) -> Result<TaskId, ScheduleError> {
         let now = self.now();
         self.await_relocation();
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_schedule_error)?;
         let Some(dead) = core.dead.get(&dead_id.0) else {
             // Gone by a record (a purge, a requeue) that may not be durable yet.
-            return Err(match self.wait_logged(core) {
+            return Err(match self.wait_logged_with(core, wait) {
                 Ok(()) => ScheduleError::NotDeadLetter { task_id: dead_id.0 },
                 Err(cause) => ScheduleError::Poisoned { cause },
             });
@@ -3016,10 +3026,10 @@ impl Shared {
                 .far_key_or_poison(&mut core, &key, &far::FarReads::default())
                 .map_err(|cause| ScheduleError::Poisoned { cause })?
         {
-            return Err(self.already_exists(core, &key));
+            return Err(self.already_exists_with(core, &key, wait));
         }
         if let Err(refusal) = self.check_room(&core, 1) {
-            return Err(self.room_refused(core, refusal));
+            return Err(self.room_refused_with(core, refusal, wait));
         }
         self.check_horizon(&core, due_ms, due_tick)?;
         let id = TaskId(core.next_id);
@@ -3041,7 +3051,7 @@ impl Shared {
             self.driver_cv.notify_all();
         }
         drop(core);
-        self.wait_durable(ticket)
+        wait.wait(self, ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         Ok(id)
     }
