@@ -1,5 +1,6 @@
 //! The async forms of the durable calls (`schedule_async`, `schedule_many_async`,
-//! `cancel_async`, `cancel_many_async`, `ack_async`, `ack_many_async`): the same answers as
+//! `cancel_async`, `cancel_many_async`, `ack_async`, `ack_many_async`, and the dead-letter calls
+//! `requeue_dead_letter_async`, `purge_dead_letter_async`): the same answers as
 //! their blocking twins, durable when they resolve (a power cut right after keeps them),
 //! pending — not blocking — while the log syncs, woken by the log (each test parks until
 //! woken), `Poisoned` after a failed fdatasync, and not undone when dropped after the first
@@ -342,6 +343,8 @@ fn the_futures_are_send() -> TestResult {
     assert_send(&engine.ack_many_async(&[]));
     assert_send(&consumer.ack_many_async(&[]));
     assert_send(&engine.sync_async());
+    assert_send(&engine.requeue_dead_letter_async(kairos::TaskId(1), after(1)));
+    assert_send(&engine.purge_dead_letter_async(kairos::TaskId(1)));
     Ok(())
 }
 
@@ -481,5 +484,231 @@ fn sync_async_makes_a_buffered_engine_durable() -> TestResult {
         run(h.engine().sync_async())?,
         Err(kairos::SyncError::Closed)
     ));
+    Ok(())
+}
+
+/// `config` with one attempt: a nack makes a dead letter.
+fn one_attempt(durability: Durability) -> Config {
+    let mut c = config(durability);
+    c.retry.max_attempts = 1;
+    c
+}
+
+/// Schedules each key (payload `p` + key) due in 10 ms, lets them fall due and nacks each
+/// one's only attempt: dead letters, in key order.
+fn dead_letters_of(
+    engine: &kairos::Engine,
+    clock: &kairos::ManualClock,
+    keys: &[&str],
+) -> TestResult<Vec<kairos::TaskId>> {
+    for key in keys {
+        engine.schedule(key.as_bytes(), after(10), format!("p{key}").as_bytes())?;
+    }
+    let got = common::advance(clock, engine, Duration::from_millis(10))?;
+    let mut ids = Vec::new();
+    for key in keys {
+        let d = got
+            .iter()
+            .find(|d| d.key() == key.as_bytes())
+            .ok_or("not delivered")?;
+        assert_eq!(engine.nack(d, None, "boom")?, NackOutcome::DeadLettered);
+        ids.push(d.task_id());
+    }
+    Ok(ids)
+}
+
+/// `requeue_dead_letter_async` and `purge_dead_letter_async` answer exactly what their
+/// blocking twins answer, on two in-memory engines taken through the same sequence: a new id
+/// for a requeue (the task keeps its key and payload and is delivered when due),
+/// `NotDeadLetter` for a dead letter already requeued and for an unknown id, `AlreadyExists`
+/// when a live task has the key; a purge `true`, then `false`; `Closed` after a shutdown.
+#[test]
+fn dead_letter_async_calls_answer_as_the_blocking_calls() -> TestResult {
+    let unknown = kairos::TaskId(999);
+    let mut answers: Vec<Vec<String>> = Vec::new();
+    for asynchronous in [false, true] {
+        let (engine, clock) = memory_engine(one_attempt(Durability::Sync))?;
+        let [a, b, c] = dead_letters_of(&engine, &clock, &["a", "b", "c"])?[..] else {
+            return Err("three dead letters".into());
+        };
+        let requeue = |id, due| -> Result<Result<kairos::TaskId, ScheduleError>, String> {
+            if asynchronous {
+                run(engine.requeue_dead_letter_async(id, due))
+            } else {
+                Ok(engine.requeue_dead_letter(id, due))
+            }
+        };
+        let purge = |id| -> Result<Result<bool, CancelError>, String> {
+            if asynchronous {
+                run(engine.purge_dead_letter_async(id))
+            } else {
+                Ok(engine.purge_dead_letter(id))
+            }
+        };
+        let mut seen = Vec::new();
+        let new = requeue(a, after(5))??;
+        assert!(new.0 > c.0, "a new id: {new:?}");
+        seen.push(format!("{new:?}"));
+        let again = requeue(a, after(5))?;
+        assert!(
+            matches!(again, Err(ScheduleError::NotDeadLetter { task_id }) if task_id == a.0),
+            "{again:?}"
+        );
+        seen.push(format!("{again:?}"));
+        let none = requeue(unknown, after(5))?;
+        assert!(
+            matches!(none, Err(ScheduleError::NotDeadLetter { task_id: 999 })),
+            "{none:?}"
+        );
+        seen.push(format!("{none:?}"));
+        engine.schedule(b"b", after(1000), b"live")?;
+        let taken = requeue(b, after(5))?;
+        assert!(
+            matches!(taken, Err(ScheduleError::AlreadyExists { .. })),
+            "{taken:?}"
+        );
+        seen.push(format!("{taken:?}"));
+        assert!(purge(c)??);
+        assert!(!purge(c)??);
+        assert!(!purge(unknown)??);
+        seen.push(format!("{:?}", purge(b)?));
+        // The requeued task: same key and payload, the new id, delivered when due.
+        let got = common::advance(&clock, &engine, Duration::from_millis(5))?;
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            (
+                got[0].key(),
+                got[0].payload(),
+                got[0].task_id(),
+                got[0].attempt()
+            ),
+            (&b"a"[..], &b"pa"[..], new, 1)
+        );
+        assert!(engine.dead_letters().is_empty());
+        engine.shutdown()?;
+        seen.push(format!("{:?}", requeue(a, after(5))?));
+        seen.push(format!("{:?}", purge(a)?));
+        assert!(
+            seen.ends_with(&["Err(Closed)".into(), "Err(Closed)".into()]),
+            "{seen:?}"
+        );
+        answers.push(seen);
+    }
+    assert_eq!(answers[0], answers[1]);
+    Ok(())
+}
+
+/// Under `Sync` on a slow disk, `requeue_dead_letter_async` and `purge_dead_letter_async` are
+/// pending at their first poll (the poll does not wait for the fdatasync), and what they
+/// answered survives a power cut that drops every unsynced byte right after: the purged dead
+/// letter is gone, the requeued one is a live task (its key and payload, the id answered)
+/// and no longer a dead letter.
+#[test]
+fn resolved_dead_letter_async_calls_survive_a_power_cut() -> TestResult {
+    let mut h = SimHarness::new(24, one_attempt(Durability::Sync))?;
+    let [x, y] = dead_letters_of(h.engine(), &h.clock, &["x", "y"])?[..] else {
+        return Err("two dead letters".into());
+    };
+    h.sim.set_sync_latency(Duration::from_millis(20));
+    let engine = h.engine();
+    let (new, polls) = block_on(engine.requeue_dead_letter_async(x, after(1000)))?;
+    let new = new?;
+    assert!(polls >= 2, "requeue_dead_letter_async: {polls} poll(s)");
+    let (purged, polls) = block_on(engine.purge_dead_letter_async(y))?;
+    assert!(purged?);
+    assert!(polls >= 2, "purge_dead_letter_async: {polls} poll(s)");
+    h.sim.power_cut_drop_unsynced();
+    h.restart(Stop::ProcessCrash)?;
+    let dead: Vec<_> = h
+        .engine()
+        .dead_letters()
+        .iter()
+        .map(|d| d.task_id)
+        .collect();
+    assert!(
+        dead.is_empty(),
+        "dead letters after the power cut: {dead:?}"
+    );
+    assert_eq!(h.engine().stats().pending, 1);
+    assert!(h.advance(Duration::from_millis(999))?.is_empty());
+    let got = h.advance(Duration::from_millis(1))?;
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].key(), got[0].payload(), got[0].task_id()),
+        (&b"x"[..], &b"px"[..], new)
+    );
+    Ok(())
+}
+
+/// A dead letter gone by another call's record that is not durable yet (a requeue or a purge
+/// polled once, its fdatasync under way): `purge_dead_letter_async`'s `false` and
+/// `requeue_dead_letter_async`'s `NotDeadLetter` answer only once that record is durable, as
+/// the blocking calls do, and what they answered survives a power cut right after.
+#[test]
+fn a_dead_letter_async_refusal_waits_for_the_record_it_rests_on() -> TestResult {
+    let mut h = SimHarness::new(25, one_attempt(Durability::Sync))?;
+    let [x, y] = dead_letters_of(h.engine(), &h.clock, &["x", "y"])?[..] else {
+        return Err("two dead letters".into());
+    };
+    h.sim.set_sync_latency(Duration::from_millis(20));
+    let mut cx = Context::from_waker(Waker::noop());
+    let engine = h.engine();
+    let mut requeue = Box::pin(engine.requeue_dead_letter_async(x, after(1000)));
+    assert!(requeue.as_mut().poll(&mut cx).is_pending());
+    let (gone, polls) = block_on(engine.purge_dead_letter_async(x))?;
+    assert!(!gone?);
+    assert!(polls >= 2, "purge's false answered at the first poll");
+    drop(requeue);
+    let mut purge = Box::pin(engine.purge_dead_letter_async(y));
+    assert!(purge.as_mut().poll(&mut cx).is_pending());
+    let (again, polls) = block_on(engine.requeue_dead_letter_async(y, after(1000)))?;
+    assert!(
+        matches!(again, Err(ScheduleError::NotDeadLetter { .. })),
+        "{again:?}"
+    );
+    assert!(polls >= 2, "NotDeadLetter answered at the first poll");
+    drop(purge);
+    h.sim.power_cut_drop_unsynced();
+    h.restart(Stop::ProcessCrash)?;
+    // x requeued, y purged.
+    assert!(h.engine().dead_letters().is_empty());
+    let got = h.advance(Duration::from_millis(1000))?;
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].key(), got[0].payload()), (&b"x"[..], &b"px"[..]));
+    Ok(())
+}
+
+/// A failed fdatasync answers `Poisoned` to `requeue_dead_letter_async` and
+/// `purge_dead_letter_async` (each on an engine of its own), and poisons the engine.
+#[test]
+fn a_failed_sync_answers_poisoned_to_the_dead_letter_async_calls() -> TestResult {
+    for purge in [false, true] {
+        let h = SimHarness::new(26, one_attempt(Durability::Sync))?;
+        let engine = h.engine();
+        let [dead] = dead_letters_of(engine, &h.clock, &["d"])?[..] else {
+            return Err("one dead letter".into());
+        };
+        h.sim.inject(FaultPlan {
+            after: 0,
+            op: FaultOp::Sync,
+            kind: FaultKind::Eio,
+        });
+        let cause = if purge {
+            match run(engine.purge_dead_letter_async(dead))? {
+                Err(CancelError::Poisoned { cause }) => cause,
+                other => return Err(format!("purge answered {other:?}").into()),
+            }
+        } else {
+            match run(engine.requeue_dead_letter_async(dead, after(10)))? {
+                Err(ScheduleError::Poisoned { cause }) => cause,
+                other => return Err(format!("requeue answered {other:?}").into()),
+            }
+        };
+        assert!(cause.contains("os error 5"), "{cause}");
+        assert!(matches!(
+            engine.consumer().try_recv(),
+            Err(RecvError::Poisoned { .. })
+        ));
+    }
     Ok(())
 }
