@@ -825,7 +825,10 @@ impl Replay {
 
     /// Applies one record; `resolve` reads a far task's key and due time
     /// when the record needs the task whole. On `Err` nothing changed,
-    /// except that a far task may have become an ordinary one.
+    /// except that a far task may have become an ordinary one. If `resolve`
+    /// fails, the far task is held by id ([`Unresolved`]: key and due time
+    /// unknown, outside the key rule) and the record applied to it; the
+    /// caller checks at the end with [`Replay::unresolved_at_end`].
     ///
     /// Rules (`wal/FORMAT.md`, "Replay rules"): a schedule's id exceeds every
     /// earlier id and its key is not live (unless the key rule is off:
