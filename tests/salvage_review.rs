@@ -7,75 +7,19 @@
 
 mod common;
 
-use common::cli::{copy_tree, json, path, run};
-use common::far::{at, due, far_dir, key, overflow_file, MINUTE};
+use common::cli::{copy_tree, json, path, run, tree_bytes};
+use common::far::{
+    at, due, far_dir, fire_dir as fire, fire_on, key, overflow_entries as entries, overflow_file,
+    MINUTE,
+};
 use common::{drain, open_fs, TaskMap, TestResult, START_MS};
-use kairos::{Engine, ManualClock};
+use kairos::ManualClock;
 use kairos_wal::FsStorage;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::far::cfg_one_attempt as config;
-
-/// The entries of overflow file `n`: key → (offset, task id).
-fn entries(dir: &Path, n: u32) -> TestResult<BTreeMap<Vec<u8>, (u64, u64)>> {
-    Ok(
-        kairos::overflow::read_file(&FsStorage, &overflow_file(dir, n), None, Some(n))?
-            .into_iter()
-            .map(|(offset, e)| (e.key.to_vec(), (offset, e.task_id)))
-            .collect(),
-    )
-}
-
-/// Every file under `dir`, with its bytes.
-fn tree_bytes(dir: &Path) -> TestResult<BTreeMap<PathBuf, Vec<u8>>> {
-    let mut out = BTreeMap::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d)? {
-            let p = entry?.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.insert(p.clone(), std::fs::read(&p)?);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Opens the engine at `at_ms`, runs the clock to `until_ms` acking everything; returns what
-/// fired (checking nothing fires twice) and shuts down cleanly.
-fn fire(dir: &Path, at_ms: u64, until_ms: u64) -> TestResult<TaskMap> {
-    let clock = ManualClock::new(at_ms);
-    let engine = open_fs(dir, config(), &clock)?;
-    let fired = fire_on(&engine, &clock, until_ms)?;
-    engine.shutdown()?;
-    Ok(fired)
-}
-
-fn fire_on(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<TaskMap> {
-    let mut fired = TaskMap::new();
-    loop {
-        for d in drain(engine)? {
-            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
-            assert!(
-                again.is_none(),
-                "twice: {:?}",
-                String::from_utf8_lossy(d.key())
-            );
-            engine.consumer().ack(&d)?;
-        }
-        if let Some(cause) = common::far::poisoned(engine) {
-            return Err(format!("poisoned: {cause}").into());
-        }
-        if clock.wall_ms() >= until_ms {
-            return Ok(fired);
-        }
-        clock.advance(MINUTE);
-    }
-}
 
 /// An overflow file cut short exactly at an entry boundary, losing only the entry of a far
 /// task cancelled after the checkpoint: the engine opens and fires every other far task, so

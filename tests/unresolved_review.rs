@@ -10,24 +10,16 @@
 
 mod common;
 
-use common::cli::{json, path, run};
-use common::far::{at, cfg, cfg_one_attempt, due, far_dir, key, overflow_file, MINUTE};
+use common::cli::{json, path, run, tree_bytes};
+use common::far::{
+    at, cfg, cfg_one_attempt, due, far_dir, fire_dir as fire, fire_on, key,
+    overflow_entries as entries, overflow_file, MINUTE,
+};
 use common::{drain, open_fs, TaskMap, TestResult, START_MS};
 use kairos::{Engine, ManualClock};
-use kairos_wal::FsStorage;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
-
-/// The entries of overflow file `n`: key → (offset, task id).
-fn entries(dir: &Path, n: u32) -> TestResult<BTreeMap<Vec<u8>, (u64, u64)>> {
-    Ok(
-        kairos::overflow::read_file(&FsStorage, &overflow_file(dir, n), None, Some(n))?
-            .into_iter()
-            .map(|(offset, e)| (e.key.to_vec(), (offset, e.task_id)))
-            .collect(),
-    )
-}
 
 /// Where to damage an entry.
 #[derive(Clone, Copy, Debug)]
@@ -56,56 +48,6 @@ fn damage(dir: &Path, n: u32, keys: &[(Vec<u8>, Spot)]) -> TestResult<Vec<(u64, 
     }
     std::fs::write(&file, &bytes)?;
     Ok(out)
-}
-
-/// Every file under `dir`, with its bytes.
-fn tree_bytes(dir: &Path) -> TestResult<BTreeMap<PathBuf, Vec<u8>>> {
-    let mut out = BTreeMap::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d)? {
-            let p = entry?.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.insert(p.clone(), std::fs::read(&p)?);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Runs `engine` to `until_ms` minute by minute, acking everything; what fired, key → (due,
-/// payload), checking nothing fires twice and the engine is not poisoned.
-fn fire_on(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<TaskMap> {
-    let mut fired = TaskMap::new();
-    loop {
-        for d in drain(engine)? {
-            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
-            assert!(
-                again.is_none(),
-                "twice: {:?}",
-                String::from_utf8_lossy(d.key())
-            );
-            engine.consumer().ack(&d)?;
-        }
-        if let Some(cause) = common::far::poisoned(engine) {
-            return Err(format!("poisoned: {cause}").into());
-        }
-        if clock.wall_ms() >= until_ms {
-            return Ok(fired);
-        }
-        clock.advance(MINUTE);
-    }
-}
-
-/// Opens `dir` at `at_ms`, fires to `until_ms` (acking), shuts down; what fired.
-fn fire(dir: &Path, at_ms: u64, until_ms: u64) -> TestResult<TaskMap> {
-    let clock = ManualClock::new(at_ms);
-    let engine = open_fs(dir, cfg_one_attempt(), &clock)?;
-    let fired = fire_on(&engine, &clock, until_ms)?;
-    engine.shutdown()?;
-    Ok(fired)
 }
 
 /// `salvage --json`: (task id, used_as) of each listed entry, sorted.

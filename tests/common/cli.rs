@@ -65,3 +65,22 @@ pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Every file under `dir`, with its bytes (to check that a command wrote nothing).
+pub fn tree_bytes(
+    dir: &Path,
+) -> super::TestResult<std::collections::BTreeMap<std::path::PathBuf, Vec<u8>>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let p = entry?.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.insert(p.clone(), std::fs::read(&p)?);
+            }
+        }
+    }
+    Ok(out)
+}

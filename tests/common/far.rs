@@ -194,3 +194,55 @@ pub fn far_dir(dir: &std::path::Path, n: usize, cancelled: &[usize]) -> TestResu
     engine.shutdown()?;
     Ok(model)
 }
+
+/// The entries of overflow file `n` of data directory `dir` (on the real file system): key →
+/// (offset, task id).
+pub fn overflow_entries(
+    dir: &std::path::Path,
+    n: u32,
+) -> TestResult<std::collections::BTreeMap<Vec<u8>, (u64, u64)>> {
+    Ok(kairos::overflow::read_file(
+        &kairos_wal::FsStorage,
+        &overflow_file(dir, n),
+        None,
+        Some(n),
+    )?
+    .into_iter()
+    .map(|(offset, e)| (e.key.to_vec(), (offset, e.task_id)))
+    .collect())
+}
+
+/// Runs `engine` to `until_ms` minute by minute, acking everything; what fired, key → (due,
+/// payload), checking nothing fires twice and the engine is not poisoned.
+pub fn fire_on(engine: &Engine, clock: &ManualClock, until_ms: u64) -> TestResult<TaskMap> {
+    let mut fired = TaskMap::new();
+    loop {
+        for d in super::drain(engine)? {
+            let again = fired.insert(d.key().to_vec(), (d.due_ms(), d.payload().to_vec()));
+            assert!(
+                again.is_none(),
+                "twice: {:?}",
+                String::from_utf8_lossy(d.key())
+            );
+            engine.consumer().ack(&d)?;
+        }
+        if let Some(cause) = poisoned(engine) {
+            return Err(format!("poisoned: {cause}").into());
+        }
+        if clock.wall_ms() >= until_ms {
+            return Ok(fired);
+        }
+        clock.advance(MINUTE);
+    }
+}
+
+/// Opens the data directory `dir` (real file system) with [`cfg_one_attempt`] at `at_ms`,
+/// runs the clock to `until_ms` acking everything ([`fire_on`]), shuts down cleanly; what
+/// fired.
+pub fn fire_dir(dir: &std::path::Path, at_ms: u64, until_ms: u64) -> TestResult<TaskMap> {
+    let clock = ManualClock::new(at_ms);
+    let engine = super::open_fs(dir, cfg_one_attempt(), &clock)?;
+    let fired = fire_on(&engine, &clock, until_ms)?;
+    engine.shutdown()?;
+    Ok(fired)
+}
