@@ -19,15 +19,13 @@
 //! | [`record_body`] | a record type byte and a body | `Record::decode` never panics; what decodes re-encodes to the same bytes |
 //! | [`checkpoint_file`] | a flags byte (fix checksums) and a checkpoint file | `checkpoint::decode` never panics; what decodes survives re-encoding; `Replay::from_checkpoint` never panics |
 //! | [`overflow_file`] | a flags byte (fix checksums) and an overflow file | `overflow::decode`, `read_due`, `read_entry` and `PieceReader` never panic and agree; what decodes re-encodes to the same bytes |
-//! | `verify_dir` (with the `cli` feature) | [`DirImage`]: arbitrary files with plausible or arbitrary names in a log directory | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail); a directory it passes, the engine opens and shuts down |
+//! | `verify_dir` (with the `cli` feature) | [`DirImage`]: arbitrary files with plausible or arbitrary names in a data directory: its log (`wal/`) and, under a flag, checkpoints (`checkpoint/`) and overflow files (`overflow/`), checksums optionally fixed up | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail) when it can start from the checkpoint, and names the checkpoint's damage (reading no log) when it cannot; a directory it passes, the engine opens with the live tasks and dead letters it counted, shuts down, and reopens with the same |
 //! | [`engine_model`](fn@engine_model) | [`EngineModelInput`]: a setup and a sequence of schedule, schedule_many, reschedule, cancel, cancel_many, advance, wall step, ack, ack_many, nack, extend_lease, requeue, purge, clean reopen, process crash and power cut operations | the engine on `SimStorage` with a `ManualClock` (`Sync`, tiny segments) answers, delivers (order, key, payload, due time, attempt, hand-out time), recovers, counts (levels and running totals) and dead-letters exactly as a reference model says |
 //!
 //! Not a stable API: hidden from the docs, changed whenever the targets change.
 
 use std::hash::{DefaultHasher, Hasher};
-use std::path::Path;
-#[cfg(feature = "cli")]
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kairos_wal::format::{
@@ -848,7 +846,28 @@ pub fn overflow_file(data: &[u8]) {
 // ---------------------------------------------------------------------------------------------
 // verify_dir
 
-/// How a [`DirImage`] file is named, from its first byte (`% 8`, except 8 itself: `SYNCED`).
+/// Bits of a [`DirImage`]'s flags byte.
+pub mod dir_flags {
+    /// Make the checksums valid before writing: of `META`, `TRIM`, `CLOSED`, `SYNCED`,
+    /// segment headers, mark slots and frames, and (with [`DATA_FILES`]) of checkpoint
+    /// headers and blocks and of overflow file headers and entries.
+    pub const FIX_CHECKSUMS: u8 = 0x01;
+    /// The kind bytes 9 to 12 name checkpoint and overflow files
+    /// ([`super::file_kinds::CHECKPOINT`] to [`super::file_kinds::OVERFLOW_BY_POSITION`]);
+    /// without this bit they name log files (modulo 8), as they did before these kinds existed.
+    pub const DATA_FILES: u8 = 0x02;
+}
+
+/// How a [`DirImage`] file is named, from its first byte: `% 8`, except 8 itself (`SYNCED`)
+/// and, when the flags byte has [`dir_flags::DATA_FILES`], 9 to 12 themselves (a checkpoint or
+/// an overflow file).
+///
+/// Why a flag: every byte value already named a log file (`kind % 8`; 8 was `META` before
+/// `SYNCED` took it), so giving 9 to 12 a new meaning outright would rename files of the
+/// committed corpus. No committed input made before the data files has bit 1 of its flags
+/// set (their flags bytes are 0 and 1), so under the flag the new kinds change nothing for
+/// them: every earlier input decodes exactly as it did. Without the flag, 9 to 12 still
+/// mean `TRIM`, `CLOSED`, `LOCK` and a segment.
 pub mod file_kinds {
     /// `META`.
     pub const META: u8 = 0;
@@ -869,30 +888,78 @@ pub mod file_kinds {
     pub const ARBITRARY: u8 = 7;
     /// `SYNCED` (only the byte 8 itself; other kinds are taken modulo 8).
     pub const SYNCED: u8 = 8;
+    /// With [`super::dir_flags::DATA_FILES`] (only the byte 9 itself): a checkpoint in the
+    /// data directory's `checkpoint/`, named as the engine names it after the LSN its header
+    /// claims (`{lsn:016x}.ckpt`, bytes 32..40), or after its position (`lsn = index + 1`) if
+    /// it is too short to say.
+    pub const CHECKPOINT: u8 = 9;
+    /// With [`super::dir_flags::DATA_FILES`] (only the byte 10 itself): an overflow file in the
+    /// data directory's `overflow/`, named after the file number its header claims
+    /// (`{n:016x}.ovf`, bytes 32..40), or after its position (`n = index + 1`) if it is too
+    /// short to say or the number does not fit in 32 bits.
+    pub const OVERFLOW: u8 = 10;
+    /// With [`super::dir_flags::DATA_FILES`] (only the byte 11 itself): a checkpoint named
+    /// after its position (`lsn = index + 1`), whatever its header claims.
+    pub const CHECKPOINT_BY_POSITION: u8 = 11;
+    /// With [`super::dir_flags::DATA_FILES`] (only the byte 12 itself): an overflow file named
+    /// after its position (`n = index + 1`), whatever its header claims.
+    pub const OVERFLOW_BY_POSITION: u8 = 12;
+}
+
+/// The directory of the data directory a [`DirFile`] is written into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilePlace {
+    /// The log directory, [`LOG_DIR`].
+    Log,
+    /// `checkpoint/`, beside the log directory.
+    Checkpoint,
+    /// `overflow/`, beside the log directory.
+    Overflow,
 }
 
 /// One file of a [`DirImage`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirFile {
-    /// Its name in the log directory.
+    /// The directory it is in.
+    pub place: FilePlace,
+    /// Its name in that directory.
     pub name: String,
     /// Its bytes.
     pub bytes: Vec<u8>,
 }
 
-/// The decoded input of `verify_dir` (with the `cli` feature): a small log directory of arbitrary files.
+impl DirFile {
+    /// Where it is written on the simulated disk.
+    pub fn path(&self) -> PathBuf {
+        let dir = match self.place {
+            FilePlace::Log => log_dir().to_path_buf(),
+            FilePlace::Checkpoint => data_dir().join(crate::checkpoint::CHECKPOINT_DIR_NAME),
+            FilePlace::Overflow => data_dir().join(crate::overflow::OVERFLOW_DIR_NAME),
+        };
+        dir.join(&self.name)
+    }
+}
+
+/// The data directory [`LOG_DIR`] is the log of (its parent): where a [`DirImage`]'s
+/// checkpoints and overflow files go, and the directory the engine opens.
+fn data_dir() -> &'static Path {
+    log_dir().parent().unwrap_or(log_dir())
+}
+
+/// The decoded input of `verify_dir` (with the `cli` feature): a small data directory of
+/// arbitrary files — its log, and (with [`dir_flags::DATA_FILES`]) checkpoints and overflow
+/// files.
 ///
-/// Layout: a flags byte (bit 0: make the checksums of `META`, `TRIM`, `CLOSED`, segment
-/// headers and frames valid); a byte choosing `record_bytes_max` as in [`SegmentImage`];
-/// then files separated by [`FILE_SEPARATOR`], each a [`file_kinds`] byte (and, for an
-/// arbitrary name, the name) followed by the contents.
+/// Layout: a flags byte ([`dir_flags`]); a byte choosing `record_bytes_max` as in
+/// [`SegmentImage`]; then files separated by [`FILE_SEPARATOR`], each a [`file_kinds`] byte
+/// (and, for an arbitrary name, the name) followed by the contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DirImage {
-    /// Bit 0: fix checksums.
+    /// [`dir_flags`].
     pub flags: u8,
     /// Selects `record_bytes_max` (0: default, `n`: `64 × n` bytes).
     pub record_limit: u8,
-    /// The files, in input order (a later file of the same name replaces an earlier one).
+    /// The files, in input order (a later file of the same path replaces an earlier one).
     pub files: Vec<DirFile>,
 }
 
@@ -902,6 +969,7 @@ impl DirImage {
         let flags = data.first().copied().unwrap_or(0);
         let record_limit = data.get(1).copied().unwrap_or(0);
         let rest = data.get(2..).unwrap_or(&[]);
+        let data_files = flags & dir_flags::DATA_FILES != 0;
         let mut files = Vec::new();
         for (index, piece) in split_at_separator(rest, FILE_SEPARATOR, FILES_MAX)
             .into_iter()
@@ -910,30 +978,48 @@ impl DirImage {
             let Some((&kind, mut bytes)) = piece.split_first() else {
                 continue;
             };
-            // Kind 8 was `META` (8 % 8) before `SYNCED` joined; every other kind keeps its
-            // meaning, so the committed corpus mostly decodes as it did.
-            let name = match if kind == file_kinds::SYNCED {
-                kind
-            } else {
-                kind % 8
-            } {
+            let by_position = index as u64 + 1;
+            let kind = match kind {
+                // Kind 8 was `META` (8 % 8) before `SYNCED` joined; every other kind keeps its
+                // meaning, so the committed corpus mostly decodes as it did.
+                file_kinds::SYNCED => kind,
+                file_kinds::CHECKPOINT..=file_kinds::OVERFLOW_BY_POSITION if data_files => kind,
+                _ => kind % 8,
+            };
+            let mut place = FilePlace::Log;
+            let name = match kind {
                 file_kinds::SYNCED => format::SYNCED_FILE_NAME.to_owned(),
                 file_kinds::META => format::META_FILE_NAME.to_owned(),
                 file_kinds::TRIM => format::TRIM_FILE_NAME.to_owned(),
                 file_kinds::CLOSED => format::CLOSED_FILE_NAME.to_owned(),
                 file_kinds::LOCK => format::LOCK_FILE_NAME.to_owned(),
                 file_kinds::SEGMENT => name_from_header(bytes)
-                    .unwrap_or_else(|| format::segment_file_name(index as u64 + 1, Lsn(1))),
+                    .unwrap_or_else(|| format::segment_file_name(by_position, Lsn(1))),
                 file_kinds::SEGMENT_BY_POSITION => {
                     let first =
                         u64_at(bytes, SEG_PREV_LAST_LSN_OFFSET).map_or(1, |p| p.wrapping_add(1));
-                    format::segment_file_name(index as u64 + 1, Lsn(first))
+                    format::segment_file_name(by_position, Lsn(first))
                 }
                 file_kinds::TMP => format!(
                     "{}{}",
-                    format::segment_file_name(index as u64 + 1, Lsn(1)),
+                    format::segment_file_name(by_position, Lsn(1)),
                     format::TMP_SUFFIX
                 ),
+                file_kinds::CHECKPOINT | file_kinds::CHECKPOINT_BY_POSITION => {
+                    place = FilePlace::Checkpoint;
+                    let lsn = u64_at(bytes, DATA_FILE_NUMBER_OFFSET)
+                        .filter(|_| kind == file_kinds::CHECKPOINT)
+                        .unwrap_or(by_position);
+                    crate::checkpoint::file_name(lsn)
+                }
+                file_kinds::OVERFLOW | file_kinds::OVERFLOW_BY_POSITION => {
+                    place = FilePlace::Overflow;
+                    let n = u64_at(bytes, DATA_FILE_NUMBER_OFFSET)
+                        .filter(|_| kind == file_kinds::OVERFLOW)
+                        .and_then(|n| u32::try_from(n).ok())
+                        .unwrap_or(index as u32 + 1);
+                    crate::overflow::file_name(n)
+                }
                 _ => {
                     let len = usize::from(bytes.first().copied().unwrap_or(0) % 25);
                     let raw = bytes
@@ -944,6 +1030,7 @@ impl DirImage {
                 }
             };
             files.push(DirFile {
+                place,
                 name,
                 bytes: bytes.to_vec(),
             });
@@ -977,21 +1064,29 @@ impl DirImage {
         }
     }
 
-    /// Writes the image into `sim` under [`LOG_DIR`] (fixing checksums if the flag says so).
+    /// Writes the image into `sim`: log files under [`LOG_DIR`], checkpoints and overflow
+    /// files beside it (fixing checksums if the flags say so).
     pub fn write_to(&self, sim: &SimStorage) {
         for file in &self.files {
             let mut bytes = file.bytes.clone();
-            if self.flags & 1 != 0 {
-                if file.name.ends_with(format::SEGMENT_SUFFIX) {
-                    fix_segment_checksums(&mut bytes);
-                } else {
-                    fix_small_file_checksum(&mut bytes);
+            if self.flags & dir_flags::FIX_CHECKSUMS != 0 {
+                match file.place {
+                    FilePlace::Checkpoint => fix_checkpoint_crcs(&mut bytes),
+                    FilePlace::Overflow => fix_overflow_crcs(&mut bytes),
+                    FilePlace::Log if file.name.ends_with(format::SEGMENT_SUFFIX) => {
+                        fix_segment_checksums(&mut bytes);
+                    }
+                    FilePlace::Log => fix_small_file_checksum(&mut bytes),
                 }
             }
-            sim.write_file(&log_dir().join(&file.name), &bytes);
+            sim.write_file(&file.path(), &bytes);
         }
     }
 }
+
+/// Where the headers of checkpoints and overflow files hold the number their file is named
+/// after: a checkpoint's LSN, an overflow file's number (bytes 32..40 of both).
+const DATA_FILE_NUMBER_OFFSET: usize = 32;
 
 /// A file name from arbitrary bytes: letters, digits, `.` and `-` only, never `.` or `..`.
 fn arbitrary_name(raw: &[u8]) -> String {
@@ -1026,6 +1121,10 @@ pub struct VerifyOutcome {
     pub bad_records: u64,
     /// The torn tail: file, offset and first lost LSN.
     pub torn_tail: Option<(PathBuf, u64, u64)>,
+    /// Tasks live at the end of the log (far tasks and tasks in flight included).
+    pub live_tasks: u64,
+    /// Dead letters kept at the end of the log.
+    pub dead_letters: u64,
     /// The whole report as `kairos verify --json` prints it.
     pub json: String,
 }
@@ -1082,6 +1181,8 @@ pub fn verify_log(
         failure_message: error["message"].as_str().map(str::to_owned),
         records: number(&value, "records"),
         bad_records: number(&value, "bad_records"),
+        live_tasks: number(&value, "live_tasks"),
+        dead_letters: number(&value, "dead_letters"),
         torn_tail: (!torn.is_null()).then(|| {
             (
                 path(&torn["file"]).unwrap_or_default(),
@@ -1093,15 +1194,18 @@ pub fn verify_log(
     }
 }
 
-/// Fuzz target `verify_dir`: arbitrary bytes as a small log directory ([`DirImage`]),
-/// checked by the code `kairos verify` runs.
+/// Fuzz target `verify_dir`: arbitrary bytes as a small data directory ([`DirImage`]: a log,
+/// and with [`dir_flags::DATA_FILES`] checkpoints and overflow files), checked by the code
+/// `kairos verify` runs.
 ///
 /// # Panics
 /// On a finding: the check panicked, or its report contradicts itself or the scan — `ok`
 /// with a failure or bad records, `ok` for a log the scan refuses, a corrupt log reported
-/// without its file and offset, a failure or torn tail naming a file outside the directory —
-/// or the engine does not open (or shut down) a directory the check passed, as `verify`
-/// promises it does.
+/// without its file and offset, a failure or torn tail naming a file outside the data
+/// directory, a checkpoint it cannot start from not reported as the failure (the log is then
+/// not read) — or the engine does not open, shut down and reopen a directory the check
+/// passed, as `verify` promises it does, or opens it with other live tasks or dead letters
+/// than the check counted at the end of the log.
 #[cfg(feature = "cli")]
 pub fn verify_dir(data: &[u8]) {
     let image = DirImage::decode(data);
@@ -1109,11 +1213,30 @@ pub fn verify_dir(data: &[u8]) {
     let sim = SimStorage::new(0);
     image.write_to(&sim);
     let outcome = verify_log(&sim, log_dir(), record_bytes_max);
-    let scan = kairos_wal::scan(&sim, log_dir(), record_bytes_max, &mut |_| {});
     if outcome.ok {
         assert_eq!(outcome.failure_message, None, "{outcome:?}");
         assert_eq!(outcome.bad_records, 0, "{outcome:?}");
     }
+    if let Some(file) = &outcome.failure_file {
+        assert!(file.starts_with(data_dir()), "{outcome:?}");
+    }
+    // The checkpoint the check starts from, as it chooses it: when there is one and it cannot
+    // start from it (damaged with no older one to fall back on, another directory's, or an
+    // overflow file it needs refused), that is the failure and the log is not read at all.
+    let checkpoint_dir = data_dir().join(crate::checkpoint::CHECKPOINT_DIR_NAME);
+    if let Err(failure) = cli::verify::start_from_checkpoint(&sim, &checkpoint_dir, log_dir()) {
+        assert!(
+            !outcome.ok,
+            "verify passed a directory whose checkpoint it cannot start from ({}): {outcome:?}",
+            failure.message
+        );
+        assert_eq!(outcome.failure_file, failure.file, "{outcome:?}");
+        assert_eq!(outcome.failure_offset, failure.offset, "{outcome:?}");
+        assert_eq!(outcome.records, 0, "{outcome:?}");
+        assert_eq!(outcome.torn_tail, None, "{outcome:?}");
+        return;
+    }
+    let scan = kairos_wal::scan(&sim, log_dir(), record_bytes_max, &mut |_| {});
     match &scan {
         Err(WalError::Corrupt { file, offset, .. }) => {
             assert!(!outcome.ok, "verify passed a corrupt log: {outcome:?}");
@@ -1136,31 +1259,61 @@ pub fn verify_dir(data: &[u8]) {
             assert_eq!(outcome.torn_tail, torn, "{outcome:?}");
         }
     }
-    if let Some(file) = &outcome.failure_file {
-        assert!(file.starts_with(log_dir()), "{outcome:?}");
-    }
     if outcome.ok && record_bytes_max == kairos_wal::RECORD_BYTES_MAX_DEFAULT {
-        engine_opens(&sim);
+        engine_opens(&sim, &outcome);
     }
 }
 
 /// "A directory that verifies also opens" (`src/cli/verify.rs`): the engine opens the
-/// directory `verify` passed, and shuts down cleanly.
+/// directory `verify` passed (with `outcome`), with the live tasks and dead letters it
+/// counted (tasks in flight whose attempts are used up become dead letters at open), shuts
+/// down cleanly, and reopens with the same tasks and dead letters.
 #[cfg(feature = "cli")]
-fn engine_opens(sim: &SimStorage) {
-    let data_dir = log_dir().parent().unwrap_or(log_dir());
-    let clock = crate::ManualClock::new(kairos_wal::storage::SIM_NOW_MS);
-    let engine = match crate::Engine::open_with(
-        data_dir,
-        crate::Config::default(),
-        Arc::new(sim.clone()),
-        Arc::new(clock),
-    ) {
-        Ok(engine) => engine,
-        Err(e) => panic!("verify passed a directory the engine does not open: {e}"),
+fn engine_opens(sim: &SimStorage, outcome: &VerifyOutcome) {
+    let open = || {
+        let clock = crate::ManualClock::new(kairos_wal::storage::SIM_NOW_MS);
+        crate::Engine::open_with(
+            data_dir(),
+            crate::Config::default(),
+            Arc::new(sim.clone()),
+            Arc::new(clock),
+        )
     };
+    let engine = match open() {
+        Ok(engine) => engine,
+        Err(e) => panic!("verify passed a directory the engine does not open: {e}\n{outcome:?}"),
+    };
+    let first = engine.recovery().clone();
+    let dead_lettered = first.dead_lettered as u64;
+    assert_eq!(
+        (
+            first.pending as u64 + dead_lettered,
+            first.dead_letters as u64
+        ),
+        (outcome.live_tasks, outcome.dead_letters + dead_lettered),
+        "the engine opened other live tasks and dead letters than verify counted \
+         (live, dead): {first:?}\n{outcome:?}"
+    );
     if let Err(e) = engine.shutdown() {
         panic!("the engine opened a verified directory but does not shut down: {e}");
+    }
+    drop(engine);
+    let engine = match open() {
+        Ok(engine) => engine,
+        Err(e) => panic!(
+            "the engine opened and shut down a verified directory, then does not reopen it: \
+             {e}\n{outcome:?}"
+        ),
+    };
+    let again = engine.recovery().clone();
+    assert_eq!(
+        (again.pending, again.dead_letters),
+        (first.pending, first.dead_letters),
+        "a clean shutdown and reopen changed the live tasks and dead letters (live, dead): \
+         {again:?} after {first:?}"
+    );
+    if let Err(e) = engine.shutdown() {
+        panic!("the engine reopened a verified directory but does not shut down: {e}");
     }
 }
 
