@@ -7,7 +7,11 @@
 //!
 //! The seed corpus is written by the real writer: `write_seed_corpus` (ignored; run it with
 //! `cargo test --test fuzz_corpus -- --ignored write_seed_corpus`) rebuilds the `seed-*`
-//! files from the images of the corruption matrix. The `engine_model` seeds are hand-made
+//! files from the images of the corruption matrix; `write_verify_dir_far_seed_corpus` (ignored
+//! too) writes the `verify_dir` seeds of whole data directories (`seed-far-*`: a checkpoint
+//! with far tasks, overflow files, records after it) from the real engine on `SimStorage`,
+//! and `verify_dir_far_seeds_hold_checkpoints_and_overflow_files` checks the committed ones
+//! still hold what they are for. The `engine_model` seeds are hand-made
 //! operation scripts (`engine_model_seeds`), written by `write_engine_model_seed_corpus`;
 //! `engine_model_seeds_exercise_every_outcome` checks that the committed ones reach every
 //! outcome the body counts.
@@ -1308,4 +1312,355 @@ fn write_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
     assert!(total < 200 * 1024, "seed corpus of {total} bytes");
     eprintln!("seed corpus: {total} bytes");
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// verify_dir: data directories with checkpoints, far tasks and overflow files.
+
+/// `verify_dir` seeds holding a whole data directory (`fuzz/corpus/verify_dir/seed-far-*`,
+/// written by `write_verify_dir_far_seed_corpus`): written by the real engine on `SimStorage`
+/// with far tasks (a one-hour horizon: tasks due two hours out go far at a checkpoint), so
+/// each holds a checkpoint with far tasks (their entries in overflow file 1), a task whose
+/// payload is in that file, a dead letter, and log records after the checkpoint naming far
+/// tasks: CANCEL, RESCHEDULE (with and without a new payload), DELIVER/ACK of far tasks
+/// promoted and fired, and a nack that dead-letters one.
+#[cfg(feature = "cli")]
+mod far_seeds {
+    use kairos::fuzzing::{dir_flags, file_kinds, DirImage, FILE_SEPARATOR, LOG_DIR};
+    use kairos::{Config, Due, Durability, Engine, ManualClock};
+    use kairos_wal::{SimStorage, Storage};
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+    /// The clock's start: the fuzz body's engine opens at the same time, so these far
+    /// tasks are still far when it opens the directory.
+    const START_MS: u64 = kairos_wal::storage::SIM_NOW_MS;
+    const MINUTE_MS: u64 = 60_000;
+    /// Far tasks scheduled before the checkpoint.
+    pub const FAR: usize = 8;
+
+    fn data_dir() -> &'static Path {
+        Path::new(LOG_DIR).parent().unwrap_or(Path::new(LOG_DIR))
+    }
+
+    /// A one-hour horizon, the whole of it resident; a one-minute payload window; one
+    /// attempt per task; the longest lease; no background checkpoints or payload reads; 4 KiB
+    /// segments.
+    fn cfg() -> Config {
+        let mut c = Config::default();
+        c.durability = Durability::Sync;
+        c.segment_bytes = 4096;
+        c.checkpoint_log_bytes = None;
+        c.checkpoint_interval = None;
+        c.payload_prefetch = false;
+        c.payload_window = Some(Duration::from_secs(60));
+        c.horizon = Some(Duration::from_secs(3600));
+        c.resident_window = None;
+        c.retry.max_attempts = 1;
+        // A delivery held over the minutes the clock runs stays in flight.
+        c.lease = kairos::config::LEASE_MAX;
+        c
+    }
+
+    fn at(ms: u64) -> Due {
+        Due::At(UNIX_EPOCH + Duration::from_millis(ms))
+    }
+
+    fn key(i: usize) -> Vec<u8> {
+        format!("far-{i}").into_bytes()
+    }
+
+    /// Far task `i` is due two hours and `i` minutes after the start.
+    fn due(i: usize) -> u64 {
+        START_MS + 120 * MINUTE_MS + i as u64 * MINUTE_MS
+    }
+
+    /// How a scenario ends.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub enum End {
+        /// A clean shutdown.
+        Clean,
+        /// A process crash with far task 1 delivered and not acked.
+        Crash,
+        /// New far tasks, a second checkpoint (far tasks in overflow file 2), records on
+        /// them after it, and a clean shutdown.
+        TwoCheckpoints,
+    }
+
+    /// Runs the scenario on a fresh disk; returns it.
+    pub fn run(seed: u64, end: End) -> Result<SimStorage> {
+        let sim = SimStorage::new(seed);
+        let clock = ManualClock::new(START_MS);
+        let engine = Engine::open_with(
+            data_dir(),
+            cfg(),
+            Arc::new(sim.clone()),
+            Arc::new(clock.clone()),
+        )?;
+        for i in 0..FAR {
+            engine.schedule(&key(i), at(due(i)), format!("payload {i}").as_bytes())?;
+        }
+        // Within the horizon, beyond the payload window: its payload goes to the overflow
+        // file (a TASKS entry with payload_kind 1).
+        engine.schedule(b"mid", at(START_MS + 20 * MINUTE_MS), b"mid payload")?;
+        // Delivered and nacked before the checkpoint: a dead letter in it.
+        engine.schedule(b"near", at(START_MS + 30_000), b"near payload")?;
+        clock.advance(Duration::from_secs(60));
+        let consumer = engine.consumer();
+        for d in drain(&engine)? {
+            engine.nack(&d, None, "failed before the checkpoint")?;
+        }
+        let report = engine.checkpoint()?;
+        assert!(report.written, "{report:?}");
+        assert_eq!(engine.stats().far, FAR, "{:?}", engine.stats());
+        assert_eq!(engine.stats().dead_letters, 1, "{:?}", engine.stats());
+        // Records after the checkpoint naming far tasks.
+        assert!(engine.cancel(&key(5))?.is_cancelled());
+        engine.reschedule(&key(6), at(due(30)), Some(b"payload 6, rescheduled"))?;
+        engine.reschedule(&key(7), at(due(40)), None)?;
+        engine.schedule(b"after", at(START_MS + 10 * MINUTE_MS), b"after payload")?;
+        let mut held = Vec::new();
+        // Minute by minute (the driver promotes far tasks once due within the hour) to
+        // far task 2's due time: "mid", "after" and far tasks 0, 1 and 2 fire.
+        while clock.wall_ms() < due(2) {
+            clock.advance(Duration::from_secs(60));
+            for d in drain(&engine)? {
+                match d.key() {
+                    b"far-1" if end == End::Crash => held.push(d),
+                    b"far-2" => {
+                        engine.nack(&d, None, "failed after the checkpoint")?;
+                    }
+                    _ => consumer.ack(&d)?,
+                }
+            }
+        }
+        if end == End::TwoCheckpoints {
+            // The far tasks left are due within the hour now (promoted): new ones, due
+            // hours later, go far at the second checkpoint (overflow file 2).
+            for i in 0..3 {
+                let (k, payload) = (key(100 + i), format!("payload {}", 100 + i));
+                engine.schedule(&k, at(due(240 + i)), payload.as_bytes())?;
+            }
+            let report = engine.checkpoint()?;
+            assert!(report.written, "{report:?}");
+            assert_eq!(engine.stats().far, 3, "{:?}", engine.stats());
+            assert!(engine.cancel(&key(100))?.is_cancelled());
+            engine.reschedule(&key(101), at(due(300)), Some(b"payload 101, rescheduled"))?;
+            engine.reschedule(&key(4), at(due(50)), Some(b"payload 4, rescheduled"))?;
+        }
+        match end {
+            End::Crash => {
+                assert_eq!(held.len(), 1);
+                drop(held);
+                drop(consumer);
+                drop(engine);
+                sim.crash_process();
+            }
+            End::Clean | End::TwoCheckpoints => engine.shutdown()?,
+        }
+        Ok(sim)
+    }
+
+    fn drain(engine: &Engine) -> Result<Vec<kairos::Delivery>> {
+        engine.run_until_idle();
+        let consumer = engine.consumer();
+        let mut out = Vec::new();
+        loop {
+            match consumer.try_recv() {
+                Ok(d) => out.push(d),
+                Err(kairos::RecvError::Empty) => return Ok(out),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The files the engine left on `sim`, each with the [`file_kinds`] byte that names it:
+    /// the log's (`LOCK` left out), then `checkpoint/` and `overflow/` (leftover `*.tmp`
+    /// files left out).
+    pub fn files(sim: &SimStorage) -> Result<Vec<(u8, Vec<u8>)>> {
+        use kairos_wal::format;
+        let mut out = Vec::new();
+        let log = Path::new(LOG_DIR);
+        for name in sim.list(log)? {
+            let kind = match name.as_str() {
+                format::META_FILE_NAME => file_kinds::META,
+                format::TRIM_FILE_NAME => file_kinds::TRIM,
+                format::CLOSED_FILE_NAME => file_kinds::CLOSED,
+                format::SYNCED_FILE_NAME => file_kinds::SYNCED,
+                _ if format::parse_segment_file_name(&name).is_some() => file_kinds::SEGMENT,
+                _ => continue,
+            };
+            out.push((kind, sim.read_file(&log.join(&name)).ok_or("gone")?));
+        }
+        for (dir, kind) in [
+            (
+                kairos::checkpoint::CHECKPOINT_DIR_NAME,
+                file_kinds::CHECKPOINT,
+            ),
+            (kairos::overflow::OVERFLOW_DIR_NAME, file_kinds::OVERFLOW),
+        ] {
+            let dir = data_dir().join(dir);
+            for name in sim.list(&dir)? {
+                if !name.ends_with(".tmp") {
+                    out.push((kind, sim.read_file(&dir.join(&name)).ok_or("gone")?));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `files` as a `verify_dir` input with `flags` ([`dir_flags::DATA_FILES`] added).
+    pub fn input(files: &[(u8, Vec<u8>)], flags: u8) -> Vec<u8> {
+        for (_, bytes) in files {
+            assert!(
+                !bytes
+                    .windows(FILE_SEPARATOR.len())
+                    .any(|w| w == FILE_SEPARATOR),
+                "a file contains the separator"
+            );
+        }
+        let list: Vec<(u8, &[u8])> = files.iter().map(|(k, b)| (*k, b.as_slice())).collect();
+        let input = DirImage::encode(flags | dir_flags::DATA_FILES, 0, &list);
+        assert_eq!(DirImage::decode(&input).files.len(), list.len());
+        input
+    }
+
+    /// `files` with one bit of the payload of far task `i`'s entry (in the first overflow file)
+    /// flipped: its checksum no longer matches.
+    pub fn damage_far_entry(files: &[(u8, Vec<u8>)], i: usize) -> Result<Vec<(u8, Vec<u8>)>> {
+        let mut files = files.to_vec();
+        let (_, bytes) = files
+            .iter_mut()
+            .find(|(k, _)| *k == file_kinds::OVERFLOW)
+            .ok_or("no overflow file")?;
+        let entries = kairos::overflow::decode(bytes, None, None).map_err(|e| format!("{e:?}"))?;
+        let (offset, entry) = entries
+            .iter()
+            .find(|(_, e)| *e.key == *key(i))
+            .ok_or("no entry")?;
+        // The last byte of the entry: its payload's.
+        let at = *offset as usize
+            + kairos::overflow::ENTRY_FIXED_BYTES
+            + entry.key.len()
+            + entry.payload.len()
+            - 1;
+        bytes[at] ^= 0x01;
+        Ok(files)
+    }
+
+    /// The seeds: name and input.
+    pub fn all() -> Result<Vec<(&'static str, Vec<u8>)>> {
+        let clean = files(&run(61, End::Clean)?)?;
+        let crashed = files(&run(62, End::Crash)?)?;
+        let two = files(&run(63, End::TwoCheckpoints)?)?;
+        Ok(vec![
+            ("seed-far-clean", input(&clean, 0)),
+            (
+                "seed-far-clean-fixed-crc",
+                input(&clean, dir_flags::FIX_CHECKSUMS),
+            ),
+            ("seed-far-crashed", input(&crashed, 0)),
+            (
+                "seed-far-two-checkpoints-fixed-crc",
+                input(&two, dir_flags::FIX_CHECKSUMS),
+            ),
+            // Far task 5 was cancelled after the checkpoint: no task needs its entry, verify
+            // warns and passes, the engine opens.
+            (
+                "seed-far-dead-entry-damaged",
+                input(&damage_far_entry(&clean, 5)?, 0),
+            ),
+            // Far task 3 is live: its entry is needed, verify fails.
+            (
+                "seed-far-live-entry-damaged",
+                input(&damage_far_entry(&clean, 3)?, 0),
+            ),
+        ])
+    }
+}
+
+/// Rebuilds the `verify_dir` seeds with checkpoints and overflow files
+/// (`fuzz/corpus/verify_dir/seed-far-*`) from the real engine.
+#[cfg(feature = "cli")]
+#[test]
+#[ignore = "writes fuzz/corpus/verify_dir/seed-far-*; run by hand after a format change"]
+fn write_verify_dir_far_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = fuzz_dir().join("corpus").join("verify_dir");
+    std::fs::create_dir_all(&dir)?;
+    let mut total = 0;
+    for (name, input) in far_seeds::all()? {
+        total += input.len();
+        std::fs::write(dir.join(name), input)?;
+    }
+    assert!(total < 100 * 1024, "seeds of {total} bytes");
+    eprintln!("verify_dir far seeds: {total} bytes");
+    Ok(())
+}
+
+/// The committed `seed-far-*` inputs of `verify_dir` hold what they are there for: a
+/// checkpoint with far tasks, an overflow file, records after the checkpoint; and `verify`
+/// judges them as expected (only the damaged entry of a live far task fails).
+#[cfg(feature = "cli")]
+#[test]
+fn verify_dir_far_seeds_hold_checkpoints_and_overflow_files() {
+    use kairos::fuzzing::{dir_flags, verify_log, DirImage, FilePlace, LOG_DIR};
+    let dir = fuzz_dir().join("corpus").join("verify_dir");
+    let mut seen = 0;
+    for path in inputs("verify_dir") {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if !name.starts_with("seed-far-") {
+            continue;
+        }
+        assert_eq!(path.parent(), Some(dir.as_path()));
+        seen += 1;
+        let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let image = DirImage::decode(&data);
+        assert_ne!(image.flags & dir_flags::DATA_FILES, 0, "{name}");
+        let checkpoint = image
+            .files
+            .iter()
+            .find(|f| f.place == FilePlace::Checkpoint)
+            .unwrap_or_else(|| panic!("{name}: no checkpoint"));
+        let read = kairos::checkpoint::decode(&checkpoint.bytes, Path::new(&checkpoint.name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!read.far.is_empty(), "{name}: no far task");
+        assert!(!read.dead.is_empty(), "{name}: no dead letter");
+        assert!(
+            image.files.iter().any(|f| f.place == FilePlace::Overflow),
+            "{name}: no overflow file"
+        );
+        let sim = kairos_wal::SimStorage::new(0);
+        image.write_to(&sim);
+        let outcome = verify_log(
+            &sim,
+            Path::new(LOG_DIR),
+            kairos_wal::RECORD_BYTES_MAX_DEFAULT,
+        );
+        assert_eq!(
+            outcome.ok,
+            !name.contains("live-entry-damaged"),
+            "{name}: {}",
+            outcome.json
+        );
+        if outcome.ok {
+            let value: serde_json::Value = serde_json::from_str(&outcome.json).expect("json");
+            let lsn = value["checkpoint"]["lsn"].as_u64().expect("a checkpoint");
+            assert!(
+                value["last_lsn"].as_u64() > Some(lsn),
+                "{name}: no record after the checkpoint"
+            );
+            assert!(
+                value["checkpoint"]["far_tasks"].as_u64() > Some(0),
+                "{name}"
+            );
+        }
+        run_bounded("verify_dir", &data, fuzzing::verify_dir);
+    }
+    assert!(seen >= 4, "only {seen} seed-far-* inputs");
 }
