@@ -1664,3 +1664,64 @@ fn verify_dir_far_seeds_hold_checkpoints_and_overflow_files() {
     }
     assert!(seen >= 4, "only {seen} seed-far-* inputs");
 }
+
+/// The kind bytes 9 to 12 of a `verify_dir` input name checkpoints and overflow files only
+/// under `dir_flags::DATA_FILES`; without it they name log files as they always did, so the
+/// inputs committed before the data files decode as they did (none of them sets the flag).
+#[test]
+fn dir_image_data_file_kinds() {
+    use kairos::fuzzing::{dir_flags, file_kinds, DirImage, FilePlace};
+    let mut header = vec![0u8; 64];
+    header[32..40].copy_from_slice(&0x2a_u64.to_le_bytes());
+    let mut too_big = header.clone();
+    too_big[32..40].copy_from_slice(&(1u64 << 32).to_le_bytes());
+    let files: Vec<(u8, &[u8])> = vec![
+        (file_kinds::CHECKPOINT, &header),
+        (file_kinds::OVERFLOW, &header),
+        (file_kinds::CHECKPOINT_BY_POSITION, &header),
+        (file_kinds::OVERFLOW_BY_POSITION, &header),
+        (file_kinds::CHECKPOINT, b"short"),
+        (file_kinds::OVERFLOW, &too_big),
+    ];
+    let placed = |flags: u8| -> Vec<(FilePlace, String)> {
+        DirImage::decode(&DirImage::encode(flags, 0, &files))
+            .files
+            .into_iter()
+            .map(|f| (f.place, f.name))
+            .collect()
+    };
+    let ckpt = |lsn| (FilePlace::Checkpoint, kairos::checkpoint::file_name(lsn));
+    let ovf = |n| (FilePlace::Overflow, kairos::overflow::file_name(n));
+    for fix in [0, dir_flags::FIX_CHECKSUMS] {
+        assert_eq!(
+            placed(dir_flags::DATA_FILES | fix),
+            vec![ckpt(0x2a), ovf(0x2a), ckpt(3), ovf(4), ckpt(5), ovf(6)]
+        );
+        let log: Vec<String> = placed(fix)
+            .into_iter()
+            .map(|(place, name)| {
+                assert_eq!(place, FilePlace::Log, "{name}");
+                name
+            })
+            .collect();
+        // 9, 10, 11, 12 modulo 8: TRIM, CLOSED, LOCK, a segment.
+        assert_eq!(log[..3], ["TRIM", "CLOSED", "LOCK"]);
+        assert!(
+            log[3].ends_with(kairos_wal::format::SEGMENT_SUFFIX),
+            "{log:?}"
+        );
+        assert_eq!(log[4], "TRIM");
+        assert_eq!(log[5], "CLOSED");
+    }
+    for path in inputs("verify_dir") {
+        let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let image = DirImage::decode(&data);
+        if image.flags & dir_flags::DATA_FILES == 0 {
+            assert!(
+                image.files.iter().all(|f| f.place == FilePlace::Log),
+                "{}",
+                path.display()
+            );
+        }
+    }
+}
