@@ -1323,7 +1323,9 @@ fn write_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
 /// each holds a checkpoint with far tasks (their entries in overflow file 1), a task whose
 /// payload is in that file, a dead letter, and log records after the checkpoint naming far
 /// tasks: CANCEL, RESCHEDULE (with and without a new payload), DELIVER/ACK of far tasks
-/// promoted and fired, and a nack that dead-letters one.
+/// promoted and fired, and a nack that dead-letters one. Two seeds hold two checkpoints the
+/// log covers (a crash of the second one before it removed the first), one of them with the
+/// newer one damaged.
 #[cfg(feature = "cli")]
 mod far_seeds {
     use kairos::fuzzing::{dir_flags, file_kinds, DirImage, FILE_SEPARATOR, LOG_DIR};
@@ -1390,8 +1392,9 @@ mod far_seeds {
         TwoCheckpoints,
     }
 
-    /// Runs the scenario on a fresh disk; returns it.
-    pub fn run(seed: u64, end: End) -> Result<SimStorage> {
+    /// Runs the scenario on a fresh disk; returns it, and with [`End::TwoCheckpoints`] the
+    /// files as they were just before the second checkpoint.
+    pub fn run(seed: u64, end: End) -> Result<(SimStorage, Vec<NamedFile>)> {
         let sim = SimStorage::new(seed);
         let clock = ManualClock::new(START_MS);
         let engine = Engine::open_with(
@@ -1437,6 +1440,7 @@ mod far_seeds {
                 }
             }
         }
+        let mut before = Vec::new();
         if end == End::TwoCheckpoints {
             // The far tasks left are due within the hour now (promoted): new ones, due
             // hours later, go far at the second checkpoint (overflow file 2).
@@ -1444,6 +1448,7 @@ mod far_seeds {
                 let (k, payload) = (key(100 + i), format!("payload {}", 100 + i));
                 engine.schedule(&k, at(due(240 + i)), payload.as_bytes())?;
             }
+            before = named_files(&sim)?;
             let report = engine.checkpoint()?;
             assert!(report.written, "{report:?}");
             assert_eq!(engine.stats().far, 3, "{:?}", engine.stats());
@@ -1461,7 +1466,7 @@ mod far_seeds {
             }
             End::Clean | End::TwoCheckpoints => engine.shutdown()?,
         }
-        Ok(sim)
+        Ok((sim, before))
     }
 
     fn drain(engine: &Engine) -> Result<Vec<kairos::Delivery>> {
@@ -1477,10 +1482,21 @@ mod far_seeds {
         }
     }
 
+    /// A file of a data directory: the [`file_kinds`] byte that names it, its name, its bytes.
+    pub type NamedFile = (u8, String, Vec<u8>);
+
     /// The files the engine left on `sim`, each with the [`file_kinds`] byte that names it:
     /// the log's (`LOCK` left out), then `checkpoint/` and `overflow/` (leftover `*.tmp`
     /// files left out).
     pub fn files(sim: &SimStorage) -> Result<Vec<(u8, Vec<u8>)>> {
+        Ok(named_files(sim)?
+            .into_iter()
+            .map(|(kind, _, bytes)| (kind, bytes))
+            .collect())
+    }
+
+    /// [`files`], with their names.
+    pub fn named_files(sim: &SimStorage) -> Result<Vec<NamedFile>> {
         use kairos_wal::format;
         let mut out = Vec::new();
         let log = Path::new(LOG_DIR);
@@ -1493,7 +1509,8 @@ mod far_seeds {
                 _ if format::parse_segment_file_name(&name).is_some() => file_kinds::SEGMENT,
                 _ => continue,
             };
-            out.push((kind, sim.read_file(&log.join(&name)).ok_or("gone")?));
+            let bytes = sim.read_file(&log.join(&name)).ok_or("gone")?;
+            out.push((kind, name, bytes));
         }
         for (dir, kind) in [
             (
@@ -1505,7 +1522,8 @@ mod far_seeds {
             let dir = data_dir().join(dir);
             for name in sim.list(&dir)? {
                 if !name.ends_with(".tmp") {
-                    out.push((kind, sim.read_file(&dir.join(&name)).ok_or("gone")?));
+                    let bytes = sim.read_file(&dir.join(&name)).ok_or("gone")?;
+                    out.push((kind, name, bytes));
                 }
             }
         }
@@ -1551,11 +1569,61 @@ mod far_seeds {
         Ok(files)
     }
 
+    /// The directory a crash of the second checkpoint leaves between its rename and the
+    /// removal of the older checkpoint and segments (`wal/FORMAT.md`, "Checkpoint files",
+    /// writing steps 3 to 5), had the log gone on after it: both checkpoints, the overflow
+    /// files of both (`after`'s where both have one), every segment of either (`after`'s
+    /// where both have one) with `TRIM` as it was `before`, the rest of the log as it is
+    /// `after`. Both checkpoints are covered by the log: the open starts from the newer, or
+    /// from the older one if the newer is damaged.
+    pub fn both_checkpoints(before: &[NamedFile], after: &[NamedFile]) -> Vec<(u8, Vec<u8>)> {
+        let in_after = |kind: u8, name: &str| {
+            after
+                .iter()
+                .any(|(k, n, _)| *k == kind && n.as_str() == name)
+        };
+        let mut out: Vec<(u8, Vec<u8>)> = Vec::new();
+        for (kind, _, bytes) in after {
+            if *kind != file_kinds::TRIM && *kind != file_kinds::CHECKPOINT {
+                out.push((*kind, bytes.clone()));
+            }
+        }
+        for (kind, name, bytes) in before {
+            let take = match *kind {
+                file_kinds::TRIM | file_kinds::CHECKPOINT => true,
+                file_kinds::SEGMENT | file_kinds::OVERFLOW => !in_after(*kind, name),
+                _ => false,
+            };
+            if take {
+                out.push((*kind, bytes.clone()));
+            }
+        }
+        for (kind, _, bytes) in after {
+            if *kind == file_kinds::CHECKPOINT {
+                out.push((*kind, bytes.clone()));
+            }
+        }
+        out
+    }
+
+    /// `files` with the header of its last checkpoint damaged (one bit of its `created_ms`).
+    pub fn damage_newest_checkpoint(files: &[(u8, Vec<u8>)]) -> Result<Vec<(u8, Vec<u8>)>> {
+        let mut files = files.to_vec();
+        let (_, bytes) = files
+            .iter_mut()
+            .rfind(|(k, _)| *k == file_kinds::CHECKPOINT)
+            .ok_or("no checkpoint")?;
+        bytes[48] ^= 0x01;
+        Ok(files)
+    }
+
     /// The seeds: name and input.
     pub fn all() -> Result<Vec<(&'static str, Vec<u8>)>> {
-        let clean = files(&run(61, End::Clean)?)?;
-        let crashed = files(&run(62, End::Crash)?)?;
-        let two = files(&run(63, End::TwoCheckpoints)?)?;
+        let clean = files(&run(61, End::Clean)?.0)?;
+        let crashed = files(&run(62, End::Crash)?.0)?;
+        let (sim, before) = run(63, End::TwoCheckpoints)?;
+        let two = files(&sim)?;
+        let both = both_checkpoints(&before, &named_files(&sim)?);
         Ok(vec![
             ("seed-far-clean", input(&clean, 0)),
             (
@@ -1577,6 +1645,13 @@ mod far_seeds {
             (
                 "seed-far-live-entry-damaged",
                 input(&damage_far_entry(&clean, 3)?, 0),
+            ),
+            // Both checkpoints: the open starts from the newer one; with the newer one's
+            // header damaged, from the older one (verify warns and passes).
+            ("seed-far-two-checkpoint-files", input(&both, 0)),
+            (
+                "seed-far-newest-checkpoint-damaged",
+                input(&damage_newest_checkpoint(&both)?, 0),
             ),
         ])
     }
