@@ -19,7 +19,7 @@
 //! | [`record_body`] | a record type byte and a body | `Record::decode` never panics; what decodes re-encodes to the same bytes |
 //! | [`checkpoint_file`] | a flags byte (fix checksums) and a checkpoint file | `checkpoint::decode` never panics; what decodes survives re-encoding; `Replay::from_checkpoint` never panics |
 //! | [`overflow_file`] | a flags byte (fix checksums) and an overflow file | `overflow::decode`, `read_due`, `read_entry` and `PieceReader` never panic and agree; what decodes re-encodes to the same bytes |
-//! | `verify_dir` (with the `cli` feature) | [`DirImage`]: arbitrary files with plausible or arbitrary names in a data directory: its log (`wal/`) and, under a flag, checkpoints (`checkpoint/`) and overflow files (`overflow/`), checksums optionally fixed up | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail) when it can start from the checkpoint, and names the checkpoint's damage (reading no log) when it cannot; a directory it passes, the engine opens with the live tasks and dead letters it counted, shuts down, and reopens with the same |
+//! | `verify_dir` (with the `cli` feature) | [`DirImage`]: arbitrary files with plausible or arbitrary names in a data directory: its log (`wal/`) and, under a flag, checkpoints (`checkpoint/`) and overflow files (`overflow/`), checksums optionally fixed up | the checking code of `kairos verify` returns a report (never panics) that agrees with `scan` (file and offset of corruption, records, torn tail) when it can start from the checkpoint, and names the checkpoint's damage (reading no log) when it cannot; a directory it passes, the engine opens with the live tasks and dead letters it counted, shuts down, reopens with the same, and runs a day on (far tasks promoted, due tasks delivered and acked) without being poisoned |
 //! | [`engine_model`](fn@engine_model) | [`EngineModelInput`]: a setup and a sequence of schedule, schedule_many, reschedule, cancel, cancel_many, advance, wall step, ack, ack_many, nack, extend_lease, requeue, purge, clean reopen, process crash and power cut operations | the engine on `SimStorage` with a `ManualClock` (`Sync`, tiny segments) answers, delivers (order, key, payload, due time, attempt, hand-out time), recovers, counts (levels and running totals) and dead-letters exactly as a reference model says |
 //!
 //! Not a stable API: hidden from the docs, changed whenever the targets change.
@@ -1204,8 +1204,9 @@ pub fn verify_log(
 /// without its file and offset, a failure or torn tail naming a file outside the data
 /// directory, a checkpoint it cannot start from not reported as the failure (the log is then
 /// not read) — or the engine does not open, shut down and reopen a directory the check
-/// passed, as `verify` promises it does, or opens it with other live tasks or dead letters
-/// than the check counted at the end of the log.
+/// passed, as `verify` promises it does, opens it with other live tasks or dead letters than
+/// the check counted at the end of the log, or is poisoned (a damaged overflow entry a task
+/// needs, found by a promotion or a delivery) when its clock then runs a day on.
 #[cfg(feature = "cli")]
 pub fn verify_dir(data: &[u8]) {
     let image = DirImage::decode(data);
@@ -1267,16 +1268,17 @@ pub fn verify_dir(data: &[u8]) {
 /// "A directory that verifies also opens" (`src/cli/verify.rs`): the engine opens the
 /// directory `verify` passed (with `outcome`), with the live tasks and dead letters it
 /// counted (tasks in flight whose attempts are used up become dead letters at open), shuts
-/// down cleanly, and reopens with the same tasks and dead letters.
+/// down cleanly, reopens with the same tasks and dead letters, and runs [`RUN_ON`] on without
+/// being poisoned: what falls due is promoted, delivered and acked.
 #[cfg(feature = "cli")]
 fn engine_opens(sim: &SimStorage, outcome: &VerifyOutcome) {
+    let clock = crate::ManualClock::new(kairos_wal::storage::SIM_NOW_MS);
     let open = || {
-        let clock = crate::ManualClock::new(kairos_wal::storage::SIM_NOW_MS);
         crate::Engine::open_with(
             data_dir(),
             crate::Config::default(),
             Arc::new(sim.clone()),
-            Arc::new(clock),
+            Arc::new(clock.clone()),
         )
     };
     let engine = match open() {
@@ -1312,10 +1314,37 @@ fn engine_opens(sim: &SimStorage, outcome: &VerifyOutcome) {
         "a clean shutdown and reopen changed the live tasks and dead letters (live, dead): \
          {again:?} after {first:?}"
     );
+    // Then the clock runs a day on: what falls due is promoted (far tasks, from their
+    // overflow entries), delivered (payloads read back from theirs) and acked. Verify
+    // checked every entry a live task needs, so nothing poisons the engine.
+    clock.advance(RUN_ON);
+    engine.run_until_idle();
+    let consumer = engine.consumer();
+    loop {
+        match consumer.try_recv() {
+            Ok(delivery) => {
+                if let Err(e) = consumer.ack(&delivery) {
+                    panic!("a delivery from a verified directory cannot be acked: {e}");
+                }
+            }
+            Err(crate::RecvError::Empty) => break,
+            Err(e) => {
+                panic!("the engine running a verified directory fails a receive: {e}\n{outcome:?}")
+            }
+        }
+    }
+    if let Err(crate::CancelError::Poisoned { cause }) = engine.cancel(b"\0fuzz: no such key") {
+        panic!("the engine running a verified directory is poisoned: {cause}\n{outcome:?}");
+    }
     if let Err(e) = engine.shutdown() {
         panic!("the engine reopened a verified directory but does not shut down: {e}");
     }
 }
+
+/// How far [`engine_opens`] runs the clock after the reopen: a day, beyond the far tasks of
+/// the seed corpus (due hours after [`kairos_wal::storage::SIM_NOW_MS`]).
+#[cfg(feature = "cli")]
+const RUN_ON: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Runs `fut` to completion on this thread (a minimal executor for the async calls in tests and
 /// fuzz bodies: no async runtime is a dependency), polling it once at the start and then only
