@@ -1328,48 +1328,17 @@ fn engine_opens(sim: &SimStorage, outcome: &VerifyOutcome) {
                 }
             }
             Err(crate::RecvError::Empty) => break,
-            Err(crate::RecvError::Poisoned { cause })
-                if known_out_of_order_poison(&cause, outcome) =>
-            {
-                return;
-            }
             Err(e) => {
                 panic!("the engine running a verified directory fails a receive: {e}\n{outcome:?}")
             }
         }
     }
     if let Err(crate::CancelError::Poisoned { cause }) = engine.cancel(b"\0fuzz: no such key") {
-        if known_out_of_order_poison(&cause, outcome) {
-            return;
-        }
         panic!("the engine running a verified directory is poisoned: {cause}\n{outcome:?}");
     }
     if let Err(e) = engine.shutdown() {
         panic!("the engine reopened a verified directory but does not shut down: {e}");
     }
-}
-
-/// A KNOWN LIMIT, not fixed (session 42; ignored reproducer
-/// `finding_verify_dir_far_entry_out_of_order_poisons_the_promotion` in tests/fuzz_corpus.rs,
-/// RELIABILITY.md): `verify` warns of overflow entries that read back intact but out of (due
-/// time, task id) order where no task needs the entry, and passes; the promotion of far tasks
-/// poisons the engine on any order violation it reads across. So that the bounded fuzzing in CI
-/// explores past it, a poison with that cause after that warning is not a failure of the
-/// target; any other poison still is. Remove this once the promotion goes past such an entry
-/// (or verify fails where the promotion will read across it).
-///
-/// Verify reports one problem per overflow file (the first it reads), so the order violation
-/// may lie behind other damage it warned of in the same file (CI found that too): the poison is
-/// accepted when its cause names the order violation in a file verify warned of.
-#[cfg(feature = "cli")]
-fn known_out_of_order_poison(cause: &str, outcome: &VerifyOutcome) -> bool {
-    const ORDER: &str = "out of (due time, task id) order";
-    // The cause names the file as `overflow file {name} has an entry out of ...`.
-    let file = cause
-        .split("overflow file ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next());
-    cause.contains(ORDER) && file.is_some_and(|f| outcome.json.contains(&format!("/{f}\"")))
 }
 
 /// How far [`engine_opens`] runs the clock after the reopen: a day, beyond the far tasks of

@@ -1801,38 +1801,14 @@ fn dir_image_data_file_kinds() {
     }
 }
 
-/// `verify_dir` (run-on oracle, this session's 15-minute run) found that `verify` passes a
-/// directory whose engine is poisoned once its far tasks come due. The input is
-/// `seed-far-clean-fixed-crc` with one change: in overflow file 1, the entry of far task 2
-/// (task id 3, at byte offset 196; the task was nacked to a dead letter after the
-/// checkpoint, so no task needs the entry) has its due time set below the entry before it
-/// (far task 1's, at 152), its CRC made valid by the input's fix-checksums flag. Far tasks
-/// 3 and 4 (ids 4 and 5, entries at 240 and 284) are still far in that file.
-///
-/// `verify` reads the whole file (`overflow::decode`: "entries out of (due time, task id)
-/// order" at 196), then judges the damage by reading each entry a live task needs on its own
-/// (id, key hash, CRC: all fine) and reports a warning — "no task or dead letter live at the
-/// end of the log needs what is lost ... the engine opens and reads past it" — and passes.
-/// The engine opens, shuts down and reopens; but when the clock reaches the far tasks, the
-/// promotion reads the file sequentially from its cursor (offset 64, where the open's
-/// promotion stopped), compares each entry's (due, id) with the one before
-/// (`Carried::take`, `src/engine/far.rs`) and poisons the engine at 196 — "cannot promote far
-/// tasks: overflow file 0000000000000001.ovf has an entry out of (due time, task id) order at
-/// offset 196" — whether or not a far task needs that entry; far tasks 3 and 4 never fire.
-/// (The promotion goes past a damaged entry no far task needs only when the damage is a read
-/// error where its read begins, `past_damage`; an order violation is not one.)
-///
-/// Not fixed here: either the promotion goes past an out-of-order entry no far task needs
-/// (but which of the two entries is wrong is not known: raising the due time of the entry
-/// before a far task's own makes the far task's entry the one out of order), or `verify`
-/// fails such a file when the promotion will read across the violation (before the last far
-/// task's entry in the file) — and then `salvage`, which lists damaged entries one by one,
-/// has nothing to discard. A writer never writes entries out of order, so on a real disk
-/// this needs damage that keeps the entry's CRC valid. Passes once the two agree.
+/// `seed-far-clean-fixed-crc` (a `verify_dir` seed: far tasks `far-1`… in overflow file 1,
+/// the input's fix-checksums flag set) with the due time of `key`'s entry set one
+/// millisecond below the entry before it — each entry still intact (its CRC made valid by the
+/// flag), the file out of (due, id) order there, as only damage that keeps CRCs whole leaves
+/// it (the writer sorts every file). Returns the input, the entry's offset and task id, and
+/// the verify report on it.
 #[cfg(feature = "cli")]
-#[test]
-#[ignore = "finding: verify passes an overflow file with intact entries out of (due, id) order that the far promotion poisons on"]
-fn finding_verify_dir_far_entry_out_of_order_poisons_the_promotion() {
+fn far_clean_with_due_lowered(key: &[u8]) -> (Vec<u8>, u64, u64, fuzzing::VerifyOutcome) {
     use kairos::fuzzing::{dir_flags, DirImage};
     let path = fuzz_dir()
         .join("corpus")
@@ -1854,13 +1830,66 @@ fn finding_verify_dir_far_entry_out_of_order_poisons_the_promotion() {
     let entries = kairos::overflow::decode(&file.bytes, None, None).expect("intact");
     let at = entries
         .iter()
-        .position(|(_, e)| *e.key == *b"far-2")
-        .expect("far task 2's entry");
+        .position(|(_, e)| *e.key == *key)
+        .expect("the key's entry");
     let (offset, entry) = &entries[at];
     let before = &entries[at - 1].1;
-    assert_eq!((*offset, entry.task_id), (196, 3));
     // Its due time (bytes 16..24 of the entry), set below the entry before it.
     let due = start + *offset as usize + 16;
     input[due..due + 8].copy_from_slice(&(before.due_ms - 1).to_le_bytes());
+    let image = DirImage::decode(&input);
+    let sim = kairos_wal::SimStorage::new(0);
+    image.write_to(&sim);
+    let outcome = fuzzing::verify_log(&sim, Path::new(fuzzing::LOG_DIR), image.record_bytes_max());
+    (input, *offset, entry.task_id, outcome)
+}
+
+/// `verify_dir`'s finding of session 42, fixed: in overflow file 1, the entry of `far-2`
+/// (task 3, at byte offset 196; the task was nacked to a dead letter after the checkpoint, so
+/// no task needs the entry) is out of order (below far task 1's, at 152). Far tasks 3 and 4
+/// (ids 4 and 5, entries at 240 and 284) are still far in that file. `verify` warns and
+/// passes ("the engine opens and reads past it"); before the fix the promotion poisoned the
+/// engine when it read across the entry (any order violation: "overflow file
+/// 0000000000000001.ovf has an entry out of (due time, task id) order at offset 196"), so far
+/// tasks 4 and 5 never fired. Now it goes past an entry out of order that no far task owns,
+/// and the oracle — the engine opens, reopens and runs a day on without being poisoned —
+/// holds.
+#[cfg(feature = "cli")]
+#[test]
+fn verify_dir_an_entry_out_of_order_that_no_far_task_needs_is_gone_past() {
+    let (input, offset, id, outcome) = far_clean_with_due_lowered(b"far-2");
+    assert_eq!((offset, id), (196, 3));
+    assert!(outcome.ok, "{outcome:?}");
+    assert!(
+        outcome.json.contains("out of (due time, task id) order"),
+        "{}",
+        outcome.json
+    );
+    fuzzing::verify_dir(&input);
+}
+
+/// The other side of the rule: `far-3`'s entry (far task 4, at 240, live) out of order. The
+/// promotion cannot place it (it poisons the engine, naming the task), so `verify` fails,
+/// naming the file, the offset and the task — before the fix it warned and passed, as for an
+/// entry no task needs. The oracle holds (a directory verify refuses is not run).
+#[cfg(feature = "cli")]
+#[test]
+fn verify_dir_a_far_tasks_entry_out_of_order_fails_verify() {
+    let (input, offset, id, outcome) = far_clean_with_due_lowered(b"far-3");
+    assert_eq!((offset, id), (240, 4));
+    assert!(!outcome.ok, "{outcome:?}");
+    assert_eq!(outcome.failure_offset, Some(240), "{outcome:?}");
+    let message = outcome.failure_message.clone().unwrap_or_default();
+    assert!(
+        message.contains("far task 4") && message.contains("out of (due time, task id) order"),
+        "{message}"
+    );
+    assert!(
+        outcome
+            .failure_file
+            .as_ref()
+            .is_some_and(|f| f.ends_with("overflow/0000000000000001.ovf")),
+        "{outcome:?}"
+    );
     fuzzing::verify_dir(&input);
 }

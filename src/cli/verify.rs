@@ -1095,7 +1095,62 @@ impl DamagedOverflowFile {
                 Err(e) => return Err(Failure::overflow(&self.path, &e)),
             }
         }
+        if !self.whole_file() {
+            self.far_entries_out_of_order(storage, needed, &mut out)?;
+        }
         Ok(out)
+    }
+
+    /// Adds to `out` the far tasks `needed` whose entries in this file each read back but
+    /// out of (due time, task id) order ([`ovf::out_of_order`]): the promotion of far tasks
+    /// cannot place them and poisons the engine when it reads there (an entry out of order
+    /// that no far task needs, it goes past). Entries already in `out` are not added again.
+    fn far_entries_out_of_order(
+        &self,
+        storage: &dyn Storage,
+        needed: &NeededEntries,
+        out: &mut Vec<DamagedEntry>,
+    ) -> Result<(), Failure> {
+        let mut far: Vec<(u64, u64)> = self
+            .refs
+            .iter()
+            .filter_map(|(offset, id, _)| match needed.get(&(self.file, *offset)) {
+                Some(&(task_id, EntryUse::FarTask)) if task_id == *id => Some((*offset, *id)),
+                _ => None,
+            })
+            .collect();
+        if far.is_empty() {
+            return Ok(());
+        }
+        far.sort_unstable();
+        let offsets: Vec<u64> = far.iter().map(|(offset, _)| *offset).collect();
+        let found = ovf::out_of_order(storage, &self.path, &offsets)
+            .map_err(|e| Failure::overflow(&self.path, &e))?;
+        for (offset, _) in found {
+            if out.iter().any(|d| d.offset == offset) {
+                continue;
+            }
+            let Ok(at) = far.binary_search_by_key(&offset, |(o, _)| *o) else {
+                continue;
+            };
+            let task_id = far[at].1;
+            out.push(DamagedEntry {
+                task_id,
+                used_as: EntryUse::FarTask,
+                key: None,
+                file: self.path.clone(),
+                offset,
+                reason: format!(
+                    "overflow file {}: the entry of far task {task_id} at byte offset {offset} \
+                     is out of (due time, task id) order (an entry before it is due later): the \
+                     promotion of far tasks cannot place it, and poisons the engine when it \
+                     reads there",
+                    self.path.display()
+                ),
+                damage_offset: Some(offset),
+            });
+        }
+        Ok(())
     }
 
     /// A file found damaged (or missing) by a whole read, after the log was read to its

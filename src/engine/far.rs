@@ -69,6 +69,8 @@ const PROMOTE_FILE_ENTRIES_MIN: usize = if cfg!(test) { 10 } else { 512 };
 
 /// A file's entries read by [`Shared::promote_far`] but not yet promoted.
 struct Carried {
+    /// The overflow file's number.
+    file: u32,
     /// The file's cursor as the last pass left it (where `entries` begin).
     at: FarCursor,
     /// Entries read, in file order, from `at` on.
@@ -80,8 +82,9 @@ struct Carried {
 }
 
 impl Carried {
-    fn at(cursor: FarCursor) -> Carried {
+    fn at(file: u32, cursor: FarCursor) -> Carried {
         Carried {
+            file,
             at: cursor,
             entries: Default::default(),
             read_end: cursor,
@@ -89,19 +92,42 @@ impl Carried {
         }
     }
 
-    /// Adds entries read after the others; `Some(offset)` of the first
-    /// that is not after the one before it in (due, id) order (the file is
-    /// damaged: reading it on could go round in circles).
-    fn take(&mut self, got: Vec<(u64, overflow::Entry)>) -> Option<u64> {
+    /// Adds entries read after the others, keeping them in strictly
+    /// increasing (due, id) order. An entry that is not after the greatest
+    /// read before it (the file is damaged: the writer sorts every file)
+    /// is gone past if no far task owns it (`owned(offset, entry)`, asked
+    /// only then: a cancelled task's, a near task's payload — read by
+    /// offset, never by the promotion): `Ok(n)`, the number gone past.
+    /// `Err((offset, task id))` for one a far task owns: placing it would
+    /// break the order the passes rely on (an entry held back behind the
+    /// cutoff could wait behind itself for ever), and `kairos verify`
+    /// reports such a far task as damaged ([`overflow::out_of_order`]).
+    fn take(
+        &mut self,
+        got: Vec<(u64, overflow::Entry)>,
+        mut owned: impl FnMut(u64, &overflow::Entry) -> bool,
+    ) -> Result<u64, (u64, u64)> {
+        let mut skipped = 0;
         for (offset, entry) in got {
             let order = (entry.due_ms, entry.task_id);
             if self.last.is_some_and(|last| order <= last) {
-                return Some(offset);
+                if owned(offset, &entry) {
+                    return Err((offset, entry.task_id));
+                }
+                tracing::warn!(
+                    file = %overflow::file_name(self.file),
+                    offset,
+                    task = entry.task_id,
+                    "an overflow entry out of (due time, task id) order that no far task \
+                     needs is skipped"
+                );
+                skipped += 1;
+                continue;
             }
             self.last = Some(order);
             self.entries.push_back((offset, entry));
         }
-        None
+        Ok(skipped)
     }
 }
 
@@ -738,7 +764,9 @@ impl Shared {
             let mut cutoff: Option<(u64, u64)> = None;
             for &(file, start) in &due {
                 let path = disk.overflow_dir().join(overflow::file_name(file));
-                let c = carried.entry(file).or_insert_with(|| Carried::at(start));
+                let c = carried
+                    .entry(file)
+                    .or_insert_with(|| Carried::at(file, start));
                 while c.entries.len() < per_file && c.read_end.next_due_ms <= until {
                     let read = overflow::read_due_at_most(
                         storage,
@@ -788,17 +816,30 @@ impl Shared {
                         }
                     };
                     let got_none = got.is_empty();
-                    if let Some(offset) = c.take(got) {
-                        failed = Some((
-                            file,
-                            start,
-                            format!(
-                                "cannot promote far tasks: overflow file {} has an entry out of \
-                                 (due time, task id) order at offset {offset}",
-                                overflow::file_name(file)
-                            ),
-                        ));
-                        break;
+                    let owned = |offset: u64, entry: &overflow::Entry| {
+                        let core = self.core.lock();
+                        pack_loc(file, offset).is_some_and(|loc| {
+                            let hash = core.hasher.hash(&entry.key);
+                            core.far.find(hash, loc, entry.task_id).is_some()
+                        })
+                    };
+                    match c.take(got, owned) {
+                        Ok(0) => {}
+                        Ok(skipped) => self.core.lock().overflow_damage_skipped += skipped,
+                        Err((offset, id)) => {
+                            failed = Some((
+                                file,
+                                start,
+                                format!(
+                                    "cannot promote far tasks: overflow file {} has the entry \
+                                     of far task {id} out of (due time, task id) order at \
+                                     offset {offset} (`kairos salvage` lists the tasks whose \
+                                     entries are damaged)",
+                                    overflow::file_name(file)
+                                ),
+                            ));
+                            break;
+                        }
                     }
                     c.read_end = FarCursor {
                         offset: next,
@@ -1219,6 +1260,91 @@ mod tests {
             error.contains("out of") && error.contains(name.as_str()),
             "{error}"
         );
+    }
+
+    /// One file of 150 far tasks `a-000`… (`one_file`), the tasks of
+    /// `cancel` cancelled, then the entries at file positions `i` and `j`
+    /// (in (due, id) order; all the same size) swapped, each intact. The
+    /// file's path and the engine, wrapped to be driven from another thread.
+    fn swapped(
+        sim: &kairos_wal::SimStorage,
+        clock: &ManualClock,
+        cancel: &[&str],
+        (i, j): (usize, usize),
+    ) -> (std::path::PathBuf, Arc<Engine>, Vec<(u64, String)>) {
+        let engine = engine(sim, clock);
+        let mut scheduled = Vec::new();
+        one_file(&engine, "a", 150, &mut scheduled);
+        for key in cancel {
+            let outcome = engine.cancel(key.as_bytes()).unwrap();
+            assert!(
+                matches!(outcome, crate::CancelOutcome::Cancelled { .. }),
+                "{outcome:?}"
+            );
+        }
+        let dir = Path::new("/kairos/overflow");
+        let names = sim.list(dir).unwrap();
+        let [name] = names.as_slice() else {
+            panic!("one overflow file expected: {names:?}");
+        };
+        let path = dir.join(name);
+        let mut bytes = sim.read_file(&path).unwrap();
+        let header = crate::overflow::HEADER_BYTES;
+        let entry = (bytes.len() - header) / 150;
+        assert_eq!((bytes.len() - header) % 150, 0, "equal entries expected");
+        let (a, b) = (header + i * entry, header + j * entry);
+        let first = bytes[a..a + entry].to_vec();
+        bytes.copy_within(b..b + entry, a);
+        bytes[b..b + entry].copy_from_slice(&first);
+        sim.write_file(&path, &bytes);
+        (path, Arc::new(engine), scheduled)
+    }
+
+    /// Entries out of (due, id) order that no far task owns (their tasks
+    /// cancelled: `a-000`'s entry, first in the file, swapped with
+    /// `a-030`'s, second — due at the same millisecond, a later id) are
+    /// gone past, each counted: every other task fires once, in (due,
+    /// schedule) order. Before, any order violation poisoned the engine.
+    #[test]
+    fn an_entry_out_of_order_that_no_far_task_owns_is_gone_past() {
+        let sim = kairos_wal::SimStorage::new(9);
+        let clock = ManualClock::new(START_MS);
+        let cancelled = ["a-000".to_string(), "a-030".to_string()];
+        let (_, engine, scheduled) = swapped(&sim, &clock, &["a-000", "a-030"], (0, 1));
+        let fired = fire_all(&engine, &clock);
+        assert_eq!(fired, uncancelled_by_due(scheduled, &cancelled));
+        let stats = engine.stats();
+        assert_eq!(
+            (stats.far_promoted, stats.overflow_damage_skipped),
+            (148, 1)
+        );
+    }
+
+    /// An entry out of order that a far task owns (`a-030`'s, in its place
+    /// second in the file, after `a-060`'s swapped in first — both of whose
+    /// tasks were cancelled) poisons the engine when the promotion reads
+    /// it, naming the file, the offset and the task: it cannot be placed
+    /// in (due, id) order (`kairos verify` reports it as damaged).
+    #[test]
+    fn a_far_tasks_entry_out_of_order_poisons_the_promotion_naming_it() {
+        let sim = kairos_wal::SimStorage::new(10);
+        let clock = ManualClock::new(START_MS);
+        let (path, engine, _) = swapped(&sim, &clock, &["a-000", "a-060"], (0, 2));
+        let id = engine.lookup(b"a-030").unwrap().expect("a-030 is far").id.0;
+        clock.advance(Duration::from_secs(2 * 3600));
+        engine.run_until_idle();
+        let at = Due::At(UNIX_EPOCH + Duration::from_millis(FIRST_DUE));
+        let error = engine.schedule(b"after", at, b"").unwrap_err().to_string();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let entry = (sim.read_file(&path).unwrap().len() - crate::overflow::HEADER_BYTES) / 150;
+        let offset = crate::overflow::HEADER_BYTES + entry;
+        assert!(
+            error.contains(&format!("far task {id} out of (due time, task id) order"))
+                && error.contains(&format!("offset {offset}"))
+                && error.contains(&name),
+            "{error}"
+        );
+        assert_eq!(engine.stats().far_promoted, 0);
     }
 
     /// A promotion yields the lock after every task it puts in the wheel

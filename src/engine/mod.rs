@@ -251,7 +251,8 @@ pub struct Stats {
     pub far_promoted: u64,
     /// Damaged overflow entries that no far task needed (their tasks
     /// cancelled or moved since the file was written) which the promotion
-    /// of far tasks went past since open (each also a `tracing` warning
+    /// of far tasks went past since open — entries that do not read back,
+    /// and entries that read back but out of (due time, task id) order (each also a `tracing` warning
     /// naming the file and offset; those the open's own promotion went
     /// past are in [`Recovery::overflow_damage_skipped`]). A far task's own
     /// damaged entry is not counted: it poisons the engine. Not 0: the disk
