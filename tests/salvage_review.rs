@@ -628,3 +628,58 @@ fn a_missing_overflow_file_says_how_many_tasks_need_it() -> TestResult {
     assert_eq!(listed(&dir, 1)?.len(), 3);
     Ok(())
 }
+
+/// Entries out of (due, id) order, each intact (the writer never leaves a file so: damage that
+/// kept the CRCs whole). Far tasks 0 and 2 are cancelled after the checkpoint and their
+/// entries swapped: task 0's (due first) now third, task 2's first — so far task 1's own
+/// entry, in its place, follows one due later. The promotion goes past task 0's entry (no far
+/// task owns it) but cannot place task 1's and poisons the engine, naming the task; `verify`
+/// fails naming it, `salvage` lists it, and `--discard` cancels it: every other far task then
+/// fires once, and verify passes (a warning for the entries no task needs).
+#[test]
+fn a_far_tasks_entry_out_of_order_is_salvaged() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let n = 10;
+    let mut model = far_dir(&dir, n, &[0, 2])?;
+    let found = entries(&dir, 1)?;
+    let (first, _) = found[&key(0)];
+    let (third, _) = found[&key(2)];
+    let (second, id) = found[&key(1)];
+    let size = (second - first) as usize;
+    assert_eq!(third - second, second - first, "equal entries expected");
+    let file = overflow_file(&dir, 1);
+    let mut bytes = std::fs::read(&file)?;
+    let (a, b) = (first as usize, third as usize);
+    let entry_a = bytes[a..a + size].to_vec();
+    bytes.copy_within(b..b + size, a);
+    bytes[b..b + size].copy_from_slice(&entry_a);
+    std::fs::write(&file, &bytes)?;
+
+    let copy = tmp.path().join("copy");
+    copy_tree(&dir, &copy)?;
+    let poisoned = fire(&copy, START_MS, due(n + 2))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        poisoned.contains(&format!("far task {id} out of (due time, task id) order")),
+        "{poisoned}"
+    );
+
+    let (stdout, _) = run(&["verify", path(&dir), "--json"], 1);
+    let message = json(&stdout)["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains(&format!("far task {id}")) && message.contains("out of (due time"),
+        "{message}"
+    );
+    assert_eq!(listed(&dir, 1)?, vec![id]);
+    run(&["salvage", path(&dir), "--discard"], 0);
+    model.remove(&key(1));
+    assert_eq!(fire(&dir, START_MS, due(n + 2))?, model);
+    run(&["verify", path(&dir)], 0);
+    Ok(())
+}
