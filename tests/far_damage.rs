@@ -9,7 +9,6 @@ mod common;
 
 use common::far::{cfg, due, fire_all, key, poisoned, schedule_far, MINUTE};
 use common::{SimHarness, Stop, TaskMap, TestResult, START_MS};
-use kairos_wal::Storage;
 use std::time::Duration;
 
 /// Where to damage an entry.
@@ -29,15 +28,10 @@ enum Spot {
 fn damage(h: &SimHarness, spots: &[(Vec<u8>, Spot)]) -> TestResult<Vec<(String, u64, u64)>> {
     let dir = h.dir.join("overflow");
     let mut found = Vec::new();
-    for name in h.sim.list(&dir)? {
-        let path = dir.join(&name);
-        for (offset, entry) in kairos::overflow::read_file(&h.sim, &path, None, None)? {
-            if let Some((_, spot)) = spots.iter().find(|(k, _)| **k == *entry.key) {
-                found.push((name.clone(), offset, entry.task_id, *spot));
-            }
-        }
+    for (key, spot) in spots {
+        let (name, offset, id) = common::far::sim_entry_of(&h.sim, &h.dir, key)?;
+        found.push((name, offset, id, *spot));
     }
-    assert_eq!(found.len(), spots.len(), "entries found");
     for (name, offset, _, spot) in &found {
         let path = dir.join(name);
         let mut bytes = h.sim.read_file(&path).ok_or("bytes")?;
@@ -199,16 +193,7 @@ fn a_fired_far_tasks_entry_at_reopen_unreadable_or_damaged() -> TestResult {
     assert_eq!(fired.keys().collect::<Vec<_>>(), [&key(0)]);
     model.remove(&key(0));
     h.stop(Stop::Clean)?;
-    let dir = h.dir.join("overflow");
-    let mut at = None;
-    for name in h.sim.list(&dir)? {
-        for (offset, entry) in kairos::overflow::read_file(&h.sim, &dir.join(&name), None, None)? {
-            if *entry.key == *key(0) {
-                at = Some((name.clone(), offset, entry.task_id));
-            }
-        }
-    }
-    let (name, offset, id) = at.ok_or("task 0's entry")?;
+    let (name, offset, id) = common::far::sim_entry_of(&h.sim, &h.dir, &key(0))?;
     let storage = BadSpotStorage::new(h.sim.process());
     storage.spots.lock().map_err(|_| "lock")?.unreadable =
         Some((format!("overflow/{name}"), offset..offset + 1));

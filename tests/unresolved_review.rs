@@ -665,7 +665,6 @@ fn the_open_error_names_task_file_offset_and_what_to_do() -> TestResult {
 fn an_unreadable_entry_fails_verify_as_it_fails_the_open() -> TestResult {
     use common::bad_spots::BadSpotStorage;
     use common::{SimHarness, Stop};
-    use kairos_wal::Storage;
     use std::sync::Arc;
     let h = SimHarness::new(7, cfg())?;
     common::far::schedule_far(h.engine(), 4)?;
@@ -674,16 +673,7 @@ fn an_unreadable_entry_fails_verify_as_it_fails_the_open() -> TestResult {
     assert_eq!(fired.len(), 1);
     let mut h = h;
     h.stop(Stop::Clean)?;
-    let dir = h.dir.join("overflow");
-    let mut at = None;
-    for name in h.sim.list(&dir)? {
-        for (offset, entry) in kairos::overflow::read_file(&h.sim, &dir.join(&name), None, None)? {
-            if *entry.key == *key(0) {
-                at = Some((name.clone(), offset));
-            }
-        }
-    }
-    let (name, offset) = at.ok_or("task 0's entry")?;
+    let (name, offset, _) = common::far::sim_entry_of(&h.sim, &h.dir, &key(0))?;
     let storage = BadSpotStorage::new(h.sim.process());
     storage.spots.lock().map_err(|_| "lock")?.unreadable =
         Some((format!("overflow/{name}"), offset + 30..offset + 31));

@@ -246,3 +246,22 @@ pub fn fire_dir(dir: &std::path::Path, at_ms: u64, until_ms: u64) -> TestResult<
     engine.shutdown()?;
     Ok(fired)
 }
+
+/// The overflow entry holding the task of `key` in data directory `dir` on `sim` (every
+/// overflow file read whole): its file's name, its offset and its task id.
+pub fn sim_entry_of(
+    sim: &SimStorage,
+    dir: &std::path::Path,
+    key: &[u8],
+) -> TestResult<(String, u64, u64)> {
+    use kairos_wal::Storage;
+    let dir = dir.join("overflow");
+    for name in sim.list(&dir)? {
+        for (offset, entry) in kairos::overflow::read_file(sim, &dir.join(&name), None, None)? {
+            if *entry.key == *key {
+                return Ok((name, offset, entry.task_id));
+            }
+        }
+    }
+    Err(format!("no overflow entry of {:?}", String::from_utf8_lossy(key)).into())
+}
