@@ -23,6 +23,8 @@ mod matrix_images;
 #[allow(dead_code)]
 mod alloc_probe;
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use alloc_probe::{run_bounded, LargestAllocation};
@@ -92,7 +94,7 @@ fn overflow_file_corpus() {
 /// payloads of different sizes; each with flags 0 and 1 (fix checksums).
 #[test]
 #[ignore = "writes fuzz/corpus/overflow_file; run by hand after a format change"]
-fn write_overflow_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+fn write_overflow_seed_corpus() -> common::TestResult {
     use kairos::overflow::{Entry, OverflowWriter};
     let dir = fuzz_dir().join("corpus").join("overflow_file");
     std::fs::create_dir_all(&dir)?;
@@ -127,7 +129,7 @@ fn checkpoint_file_corpus() {
 /// that the corpus goes on reading version 1; this function does not touch them.
 #[test]
 #[ignore = "writes fuzz/corpus/checkpoint_file; run by hand after a format change"]
-fn write_checkpoint_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+fn write_checkpoint_seed_corpus() -> common::TestResult {
     use kairos::{Config, Engine, ManualClock};
     use kairos_wal::SimStorage;
     use std::sync::Arc;
@@ -184,7 +186,7 @@ fn write_checkpoint_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
 /// The committed checkpoint seeds hold a version 2 file with far tasks (the one
 /// [`far_checkpoint_seed`] writes) and version 1 files, and both kinds read.
 #[test]
-fn checkpoint_seeds_cover_far_tasks_and_version_1() -> Result<(), Box<dyn std::error::Error>> {
+fn checkpoint_seeds_cover_far_tasks_and_version_1() -> common::TestResult {
     use kairos::checkpoint::{decode, FarTask};
     let dir = fuzz_dir().join("corpus").join("checkpoint_file");
     let far = std::fs::read(dir.join("seed-far-0"))?;
@@ -938,7 +940,7 @@ fn engine_model_single_operations() {
 /// Rebuilds the `engine_model` seed corpus (`fuzz/corpus/engine_model/seed-*`).
 #[test]
 #[ignore = "writes fuzz/corpus/engine_model; run by hand after changing the seeds"]
-fn write_engine_model_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+fn write_engine_model_seed_corpus() -> common::TestResult {
     use kairos::fuzzing::EngineModelInput;
     let dir = fuzz_dir().join("corpus").join("engine_model");
     std::fs::create_dir_all(&dir)?;
@@ -1102,7 +1104,7 @@ mod seeds {
 /// Rebuilds the seed corpus (`fuzz/corpus/<target>/seed-*`) from the real writer.
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand after a format change"]
-fn write_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+fn write_seed_corpus() -> common::TestResult {
     use kairos::fuzzing::{file_kinds, segment_flags};
     use matrix_images::*;
     use seeds::*;
@@ -1335,7 +1337,7 @@ mod far_seeds {
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
 
-    type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+    type Result<T> = crate::common::TestResult<T>;
 
     /// The clock's start: the fuzz body's engine opens at the same time, so these far
     /// tasks are still far when it opens the directory.
@@ -1413,7 +1415,7 @@ mod far_seeds {
         engine.schedule(b"near", at(START_MS + 30_000), b"near payload")?;
         clock.advance(Duration::from_secs(60));
         let consumer = engine.consumer();
-        for d in drain(&engine)? {
+        for d in crate::common::drain(&engine)? {
             engine.nack(&d, None, "failed before the checkpoint")?;
         }
         let report = engine.checkpoint()?;
@@ -1430,7 +1432,7 @@ mod far_seeds {
         // far task 2's due time: "mid", "after" and far tasks 0, 1 and 2 fire.
         while clock.wall_ms() < due(2) {
             clock.advance(Duration::from_secs(60));
-            for d in drain(&engine)? {
+            for d in crate::common::drain(&engine)? {
                 match d.key() {
                     b"far-1" if end == End::Crash => held.push(d),
                     b"far-2" => {
@@ -1467,19 +1469,6 @@ mod far_seeds {
             End::Clean | End::TwoCheckpoints => engine.shutdown()?,
         }
         Ok((sim, before))
-    }
-
-    fn drain(engine: &Engine) -> Result<Vec<kairos::Delivery>> {
-        engine.run_until_idle();
-        let consumer = engine.consumer();
-        let mut out = Vec::new();
-        loop {
-            match consumer.try_recv() {
-                Ok(d) => out.push(d),
-                Err(kairos::RecvError::Empty) => return Ok(out),
-                Err(e) => return Err(e.into()),
-            }
-        }
     }
 
     /// A file of a data directory: the [`file_kinds`] byte that names it, its name, its bytes.
@@ -1662,7 +1651,7 @@ mod far_seeds {
 #[cfg(feature = "cli")]
 #[test]
 #[ignore = "writes fuzz/corpus/verify_dir/seed-far-*; run by hand after a format change"]
-fn write_verify_dir_far_seed_corpus() -> Result<(), Box<dyn std::error::Error>> {
+fn write_verify_dir_far_seed_corpus() -> common::TestResult {
     let dir = fuzz_dir().join("corpus").join("verify_dir");
     std::fs::create_dir_all(&dir)?;
     let mut total = 0;
