@@ -676,6 +676,8 @@ fn a_far_tasks_entry_out_of_order_is_salvaged() -> TestResult {
         message.contains(&format!("far task {id}")) && message.contains("out of (due time"),
         "{message}"
     );
+    run(&["inspect", path(&dir)], 1);
+    run(&["dump", path(&dir)], 1);
     assert_eq!(listed(&dir, 1)?, vec![id]);
     run(&["salvage", path(&dir), "--discard"], 0);
     model.remove(&key(1));
