@@ -57,6 +57,44 @@ impl Shared {
     }
 }
 
+impl Core {
+    /// The least offset after `offset` in overflow file `file` of an entry
+    /// a task still needs: the payload of a task in memory
+    /// (`bytes.on_disk()`), or a far task's entry (whose payload the
+    /// promotion leaves there); `None` if no task needs an entry after
+    /// `offset`. Where the prefetcher reads on past a damaged entry at
+    /// `offset`: no task refers to the entries between, nor will one (new
+    /// references go to new files, but for far tasks promoted, counted
+    /// here). Dead letters are not looked at: their payloads are always in
+    /// memory (read back at open, or when the task is dead-lettered).
+    ///
+    /// O(tasks + far tasks) — a scan of the slab (none when no task's
+    /// payload is in `file`) and [`crate::far::FarIndex::first_live_in_file_from`]
+    /// — under the engine's lock: made only when the prefetcher meets
+    /// damage, once per damaged entry (its cursor then moves past it).
+    pub(super) fn next_needed_entry_after(&self, file: u32, offset: u64) -> Option<u64> {
+        let from = offset.checked_add(1)?;
+        let in_memory = if self.payloads.live_in_file(file) == 0 {
+            None
+        } else {
+            self.tasks
+                .iter()
+                .filter_map(|t| t.bytes.on_disk())
+                .filter(|&(f, at)| f == file && at >= from)
+                .map(|(_, at)| at)
+                .min()
+        };
+        let far = self
+            .far
+            .first_live_in_file_from(file, from)
+            .map(|(at, _)| at);
+        match (in_memory, far) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 /// Bytes the prefetcher reads first from an overflow file, at its cursor:
 /// a page, which holds the entry there unless it is larger (that entry is
 /// then read whole). Most rounds find it not due (overflow files hold
@@ -101,9 +139,10 @@ pub(super) struct FileCursor {
     pub failures: u32,
     /// The round from which the file is read again (after a failure).
     pub retry_round: u64,
-    /// An entry is damaged (checksum, format): the file is not read again
-    /// while the engine runs; the consumer receiving one of its tasks reads
-    /// the entry itself and reports the damage.
+    /// An entry is damaged (checksum, format) and no task needs an entry
+    /// after it ([`Core::next_needed_entry_after`]): the file is not read
+    /// again while the engine runs. (With one needed after it, the cursor
+    /// goes on at that entry instead.)
     pub damaged: bool,
 }
 
@@ -198,11 +237,19 @@ impl Shared {
     /// A file whose read fails: if it is no longer in use (a checkpoint
     /// removed it since the round began — its entries were moved to
     /// another file or belong to no live task), it is dropped quietly; if
-    /// an entry is damaged, a warning, and it is not read again while the
-    /// engine runs; any other failure (I/O) is a warning, and it is read
-    /// again from where it stopped after a backoff
-    /// ([`prefetch_retry_rounds`]), so that its payloads still come back
-    /// ahead of their due time once the fault clears.
+    /// an entry is damaged (checksum, format), a warning naming the file
+    /// and the offset, and the reading goes on, in the same round, at the
+    /// next entry after it that a task still needs
+    /// ([`Core::next_needed_entry_after`]: an O(tasks) scan under the
+    /// engine's lock, made only on damage) — entries between are no task's
+    /// — or, when there is none, the file is not read again while the
+    /// engine runs. The damaged entry is gone past even when a task needs
+    /// it: the prefetcher poisons nothing; the consumer receiving that task
+    /// reads the entry itself and reports the damage. Any other failure
+    /// (I/O) is a warning, and the file is read again from where it
+    /// stopped after a backoff ([`prefetch_retry_rounds`]), so that its
+    /// payloads still come back ahead of their due time once the fault
+    /// clears.
     pub(super) fn prefetch_files(
         &self,
         disk: &super::checkpointing::Disk,
@@ -221,22 +268,61 @@ impl Shared {
             if cursor.damaged || round < cursor.retry_round || cursor.nothing_due_by(until) {
                 continue;
             }
-            let error = match self.prefetch_file(disk, file, cursor, until) {
-                Ok(()) => {
-                    cursor.failures = 0;
-                    continue;
+            // Read until done, going past each damaged entry (every skip
+            // moves the cursor forward: this ends).
+            let error = loop {
+                let error = match self.prefetch_file(disk, file, cursor, until) {
+                    Ok(()) => {
+                        cursor.failures = 0;
+                        break None;
+                    }
+                    Err(error) => error,
+                };
+                let next = {
+                    let core = self.core.lock();
+                    if !core.overflow_files.contains_key(&file) {
+                        break Some((error, true));
+                    }
+                    match &error {
+                        overflow::OverflowReadError::Corrupt { offset, .. } => {
+                            core.next_needed_entry_after(file, (*offset).max(cursor.offset))
+                        }
+                        overflow::OverflowReadError::Io { .. } => None,
+                    }
+                };
+                match (&error, next) {
+                    (overflow::OverflowReadError::Corrupt { offset, .. }, Some(next)) => {
+                        tracing::warn!(
+                            file = %overflow::file_name(file),
+                            offset,
+                            %error,
+                            "prefetch goes past a damaged overflow entry, to the next entry \
+                             a task needs"
+                        );
+                        cursor.offset = next;
+                        cursor.next_due_ms = None;
+                    }
+                    _ => break Some((error, false)),
                 }
-                Err(error) => error,
             };
-            if !self.core.lock().overflow_files.contains_key(&file) {
+            let Some((error, removed)) = error else {
+                continue;
+            };
+            if removed {
                 // Removed since the round listed it: nothing of it is due.
                 tracing::debug!(%error, "overflow file removed while being prefetched");
                 prefetcher.cursors.remove(&file);
                 continue;
             }
             match error {
-                overflow::OverflowReadError::Corrupt { .. } => {
-                    tracing::warn!(%error, "prefetch stopped for this damaged overflow file");
+                overflow::OverflowReadError::Corrupt { offset, .. } => {
+                    tracing::warn!(
+                        file = %overflow::file_name(file),
+                        offset,
+                        %error,
+                        "prefetch stopped for this damaged overflow file: no task needs an \
+                         entry after the damaged one"
+                    );
                     cursor.damaged = true;
                 }
                 overflow::OverflowReadError::Io { .. } => {
@@ -954,11 +1040,21 @@ mod tests {
         engine.shutdown().expect("shutdown");
     }
 
-    /// A damaged entry stops the prefetching of its file, with one warning:
-    /// later rounds do not read it again.
-    #[test]
-    fn a_damaged_file_is_not_read_again() {
-        let (sim, _clock, engine, file) = due_within_window(64, 1);
+    /// Where the payload of the task with key `key` is on disk: (file,
+    /// offset).
+    fn payload_at(engine: &Engine, key: &[u8]) -> (u32, u64) {
+        let core = engine.shared.core.lock();
+        let at = core
+            .tasks
+            .iter()
+            .find(|t| core.payloads.key(&t.bytes) == key)
+            .and_then(|t| t.bytes.on_disk());
+        at.expect("a task with its payload on disk")
+    }
+
+    /// Flips a byte of the payload of the entry at `offset` of overflow
+    /// file `file` (keys of at most 8 bytes): its checksum fails.
+    fn damage(sim: &SimStorage, engine: &Engine, file: u32, offset: u64) {
         let path = engine
             .shared
             .disk
@@ -966,20 +1062,182 @@ mod tests {
             .expect("on disk")
             .overflow_dir()
             .join(overflow::file_name(file));
-        // A byte of the entry's payload flipped: its checksum fails.
         let handle = sim.open(&path, OpenMode::ReadWrite).expect("open");
-        let at = overflow::HEADER_BYTES as u64 + overflow::ENTRY_FIXED_BYTES as u64 + 4;
+        let at = offset + overflow::ENTRY_FIXED_BYTES as u64 + 8;
         let mut byte = [0u8];
         handle.read_at(&mut byte, at).expect("read");
         handle.write_all_at(&[byte[0] ^ 0x55], at).expect("write");
-        drop(handle);
+    }
+
+    /// The length of overflow file `file`.
+    fn file_len(sim: &SimStorage, engine: &Engine, file: u32) -> u64 {
+        let disk = engine.shared.disk.as_ref().expect("on disk");
+        let path = disk.overflow_dir().join(overflow::file_name(file));
+        sim.read_file(&path).expect("file").len() as u64
+    }
+
+    /// A cursor past the last entry of a file of `len` bytes, read without
+    /// a failure.
+    fn at_end(len: u64) -> FileCursor {
+        FileCursor {
+            offset: len,
+            next_due_ms: Some(u64::MAX),
+            failures: 0,
+            retry_round: 0,
+            damaged: false,
+        }
+    }
+
+    /// A damaged entry that no task needs (its task cancelled since the
+    /// checkpoint wrote it) followed by live tasks' entries: the round goes
+    /// past it with one warning and prefetches every later payload, before
+    /// its due time; the consumer gets each task with its payload, reading
+    /// nothing. (Before, the file was not read again after the damage: the
+    /// three later payloads were read at receive.)
+    #[test]
+    fn a_damaged_entry_no_task_needs_is_gone_past_and_later_payloads_are_prefetched() {
+        let (sim, clock, engine, file) = due_within_window(64, 5);
+        let (_, dead_at) = payload_at(&engine, b"k1");
+        assert!(engine.cancel(b"k1").expect("cancel").is_cancelled());
+        damage(&sim, &engine, file, dead_at);
         let mut p = Prefetcher::default();
         assert_eq!(round(&engine, &mut p, &[file]), (1, 0));
-        assert!(p.cursors[&file].damaged);
+        assert_eq!(p.cursors[&file], at_end(file_len(&sim, &engine, file)));
+        let stats = engine.stats();
+        assert_eq!((stats.payloads_on_disk, stats.payloads_read_back), (0, 4));
+        // Nothing due is left: the next round reads nothing.
         let ops = sim.io_ops();
         assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
+        assert_eq!(sim.io_ops(), ops);
+        // Due: handed out with their payloads, nothing more read.
+        clock.advance(Duration::from_millis(30_000 + 5));
+        engine.run_until_idle();
+        let consumer = engine.consumer();
+        for i in [0, 2, 3, 4] {
+            let d = consumer.try_recv().expect("due");
+            assert_eq!(d.key(), format!("k{i}").as_bytes());
+            assert_eq!(d.payload(), &payload(i)[..]);
+            consumer.ack(&d).expect("ack");
+        }
+        assert!(matches!(consumer.try_recv(), Err(crate::RecvError::Empty)));
+        assert_eq!(engine.stats().payloads_read_back, 4);
+        engine.shutdown().expect("shutdown");
+    }
+
+    /// A damaged entry that a live task needs: the round goes past it too
+    /// (one warning; the prefetcher poisons nothing) and prefetches the
+    /// payloads after it; that task's payload stays on disk, and receiving
+    /// it reads the entry and reports the damage as before — the engine is
+    /// poisoned, naming the file and the offset.
+    #[test]
+    fn a_damaged_entry_a_task_needs_is_gone_past_and_receiving_that_task_reports_it() {
+        let (sim, clock, engine, file) = due_within_window(69, 4);
+        let (_, needed_at) = payload_at(&engine, b"k1");
+        damage(&sim, &engine, file, needed_at);
+        let mut p = Prefetcher::default();
+        assert_eq!(round(&engine, &mut p, &[file]), (1, 0));
+        assert_eq!(p.cursors[&file], at_end(file_len(&sim, &engine, file)));
+        let stats = engine.stats();
+        assert_eq!((stats.payloads_on_disk, stats.payloads_read_back), (1, 3));
+        assert_eq!(payload_at(&engine, b"k1"), (file, needed_at));
+        assert!(engine.shared.core.lock().status == super::super::Status::Open);
+        clock.advance(Duration::from_millis(30_000 + 4));
+        engine.run_until_idle();
+        let consumer = engine.consumer();
+        let d = consumer.try_recv().expect("due");
+        assert_eq!((d.key(), d.payload()), (&b"k0"[..], &payload(0)[..]));
+        consumer.ack(&d).expect("ack");
+        match consumer.try_recv() {
+            Err(crate::RecvError::Poisoned { cause }) => {
+                let name = overflow::file_name(file);
+                assert!(
+                    cause.contains(&name) && cause.contains(&format!("byte offset {needed_at}")),
+                    "{cause}"
+                );
+            }
+            other => panic!("receiving the task whose entry is damaged: {other:?}"),
+        }
+        assert_eq!(engine.stats().payloads_read_back, 3);
+    }
+
+    /// Damage at a file's last entry (a live task's): the payloads before
+    /// it are prefetched, one warning, and the file is not read again — no
+    /// I/O in later rounds.
+    #[test]
+    fn damage_at_the_last_entry_stops_the_prefetching_of_its_file() {
+        let (sim, _clock, engine, file) = due_within_window(70, 3);
+        let (_, last) = payload_at(&engine, b"k2");
+        damage(&sim, &engine, file, last);
+        let mut p = Prefetcher::default();
+        assert_eq!(round(&engine, &mut p, &[file]), (1, 0));
+        assert_eq!(
+            p.cursors[&file],
+            FileCursor {
+                offset: last,
+                next_due_ms: Some(START_MS + 10 * MINUTE_MS + 1),
+                failures: 0,
+                retry_round: 0,
+                damaged: true,
+            }
+        );
+        let stats = engine.stats();
+        assert_eq!((stats.payloads_on_disk, stats.payloads_read_back), (1, 2));
+        let ops = sim.io_ops();
+        for _ in 0..3 {
+            assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
+        }
         assert_eq!(sim.io_ops(), ops, "a damaged file was read again");
         assert_eq!(engine.stats().payloads_on_disk, 1);
+    }
+
+    /// A damaged entry no task needs before the entries of far tasks not
+    /// promoted yet: the round goes past it to the first far task's entry
+    /// (a far task's entry is needed: its payload stays there once
+    /// promoted), and once they are promoted and come within the window
+    /// their payloads are prefetched. (Looking only at the tasks in memory,
+    /// the file would not be read again.)
+    #[test]
+    fn a_damaged_entry_before_far_tasks_entries_does_not_stop_their_prefetching() {
+        let storage = Counting::new(SimStorage::new(71));
+        let clock = ManualClock::new(START_MS);
+        let (engine, files) = far_files(&storage, &clock, 1);
+        let file = files[0];
+        let first = overflow::HEADER_BYTES as u64;
+        assert!(engine.cancel(b"f0-000").expect("cancel").is_cancelled());
+        damage(&storage.sim, &engine, file, first);
+        let mut p = Prefetcher::default();
+        assert_eq!(round(&engine, &mut p, &[file]), (1, 0));
+        assert_eq!(
+            p.cursors[&file],
+            FileCursor {
+                offset: first + FAR_ENTRY_BYTES,
+                next_due_ms: Some(START_MS + DAY_MS + 1),
+                failures: 0,
+                retry_round: 0,
+                damaged: false,
+            }
+        );
+        // Half a minute before they fall due: promoted, and prefetched.
+        clock.advance(Duration::from_millis(DAY_MS - 30_000));
+        engine.run_until_idle();
+        assert_eq!(engine.stats().far, 0);
+        assert_eq!(round(&engine, &mut p, &[file]), (0, 0));
+        let stats = engine.stats();
+        assert_eq!(
+            (stats.payloads_on_disk as u64, stats.payloads_read_back),
+            (0, FAR_PER_FILE - 1)
+        );
+        clock.advance(Duration::from_millis(30_000 + FAR_PER_FILE));
+        engine.run_until_idle();
+        let consumer = engine.consumer();
+        for i in 1..FAR_PER_FILE {
+            let d = consumer.try_recv().expect("due");
+            assert_eq!(d.key(), format!("f0-{i:03}").as_bytes());
+            assert_eq!(d.payload(), &payload(i)[..]);
+            consumer.ack(&d).expect("ack");
+        }
+        assert_eq!(engine.stats().payloads_read_back, FAR_PER_FILE - 1);
+        engine.shutdown().expect("shutdown");
     }
 
     /// The prefetcher reads a file the engine keeps open through that
