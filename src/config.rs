@@ -329,9 +329,11 @@ pub struct Config {
     /// once it has read that entry (a 4 KiB read the first time). A read of an
     /// overflow file that fails (I/O) is tried again from where it stopped
     /// 1, 2, 4, … rounds later (a round every quarter of `payload_window`),
-    /// at most 16; a file with a damaged entry is not prefetched again until
-    /// the engine is reopened (the consumer receiving one of its tasks reads
-    /// the entry itself and reports the damage).
+    /// at most 16. A damaged entry is gone past (a warning naming file and
+    /// offset): the file is read on from the next entry a task still needs,
+    /// or not again until the engine is reopened if none is left; a task
+    /// whose own entry is damaged is read by the consumer receiving it,
+    /// which reports the damage.
     pub payload_prefetch: bool,
     /// How long the log stays idle after an fdatasync before it records the
     /// synced position in its `SYNCED` file (two more syncs, once per idle

@@ -257,6 +257,9 @@ pub struct Stats {
     /// past are in [`Recovery::overflow_damage_skipped`]). A far task's own
     /// damaged entry is not counted: it poisons the engine. Not 0: the disk
     /// damaged data nothing needed any more — `kairos verify` names where.
+    /// The payload prefetcher's own goings-past of damage are not counted
+    /// (only logged): it can meet the entry the promotion counted, and an
+    /// entry a live task needs, which that task's delivery reports.
     pub overflow_damage_skipped: u64,
     /// The longest a checkpoint (background or explicit), or a move of far
     /// tasks between checkpoints ([`Config::relocate_far_tasks`]), held the
