@@ -685,3 +685,67 @@ fn a_far_tasks_entry_out_of_order_is_salvaged() -> TestResult {
     run(&["verify", path(&dir)], 0);
     Ok(())
 }
+
+/// A waiting task's payload entry out of (due, id) order — behind the entry of a task cancelled
+/// since, whose due time the damage raised (CRCs kept whole) — is read only by offset while the
+/// task is not far, so `verify` passes (a warning: no far task's entry is out of order). Its
+/// walk ([`kairos::overflow::out_of_order`]) counts only the checkpoint's far tasks, which
+/// holds only if no checkpoint later makes such a task far *in place* (where its entry is):
+/// the file would gain a far task whose entry is out of order, and the promotion would poison
+/// the engine on it. A checkpoint does that to a waiting task due beyond the far span whose
+/// entry's due time is still the task's — never one opened from a checkpoint (whether the
+/// entry's due time is still the task's is not known then). Here the horizon shrinks between
+/// two runs so that `q` is due beyond the far span: the checkpoint leaves it in the wheel,
+/// and every task fires once.
+#[test]
+fn a_payload_entry_out_of_order_is_not_made_far_in_place_after_a_reopen() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let hour = 3_600_000;
+    // Run 1, a 3 h horizon: `c` and `q` (due 2 h 29 and 2 h 30 out) are near, their payloads
+    // spilled to overflow file 1 (beyond the one-minute payload window); `r` and `s` (5 h and
+    // 6 h out) go far in the same file.
+    let mut wide = config();
+    wide.horizon = Some(Duration::from_secs(3 * 3600));
+    let (c, q, r, s) = (b"task-c", b"task-q", b"task-r", b"task-s");
+    let (c_due, q_due) = (
+        START_MS + 2 * hour + 29 * 60_000,
+        START_MS + 2 * hour + 30 * 60_000,
+    );
+    let (r_due, s_due) = (START_MS + 5 * hour, START_MS + 6 * hour);
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(&dir, wide, &clock)?;
+    for (k, d) in [(c, c_due), (q, q_due), (r, r_due), (s, s_due)] {
+        engine.schedule(k, at(d), b"payload")?;
+    }
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 2);
+    assert!(engine.cancel(c)?.is_cancelled());
+    engine.shutdown()?;
+    drop(engine);
+    // `c`'s entry (first in the file) raised to due after `q`'s, still before `r`'s.
+    let found = entries(&dir, 1)?;
+    let (c_at, _) = found[&c[..]];
+    assert!(found[&q[..]].0 > c_at, "{found:?}");
+    let file = overflow_file(&dir, 1);
+    let mut bytes = std::fs::read(&file)?;
+    let due_at = c_at as usize + 16;
+    bytes[due_at..due_at + 8].copy_from_slice(&(q_due + 5 * 60_000).to_le_bytes());
+    kairos::fuzzing::fix_overflow_crcs(&mut bytes);
+    std::fs::write(&file, &bytes)?;
+    run(&["verify", path(&dir)], 0);
+
+    // Run 2, a one-hour horizon: `q` is due beyond the far span, but a checkpoint (taken with
+    // something logged since the last) does not make it far.
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(&dir, config(), &clock)?;
+    let n = b"task-n";
+    engine.schedule(n, at(START_MS + 10 * 60_000), b"payload")?;
+    engine.checkpoint()?;
+    assert_eq!(engine.stats().far, 2, "q is not made far in place");
+    let fired = fire_on(&engine, &clock, s_due + MINUTE.as_millis() as u64)?;
+    let keys: Vec<&[u8]> = fired.keys().map(Vec::as_slice).collect();
+    assert_eq!(keys, [&n[..], &q[..], &r[..], &s[..]]);
+    engine.shutdown()?;
+    Ok(())
+}
