@@ -862,8 +862,8 @@ const READ_DUE_ENTRIES_MAX: usize = 65_536;
 const ORDER_WALK_PIECE_BYTES: usize = 1 << 20;
 
 /// The far tasks' entries of the overflow file at `path` that the promotion
-/// of far tasks would find out of (due time, task id) order: `(offset, task
-/// id)` of each entry at one of `far_offsets` (ascending: the entries far
+/// of far tasks would find out of (due time, task id) order: the offset of
+/// each entry at one of `far_offsets` (ascending: the entries far
 /// tasks live in the file) that is not after the greatest (due, id) of the
 /// entries read before it. The file is read as the promotion reads it,
 /// sequentially from its first entry; an entry out of order that no far
@@ -883,7 +883,7 @@ pub fn out_of_order(
     storage: &dyn Storage,
     path: &Path,
     far_offsets: &[u64],
-) -> Result<Vec<(u64, u64)>, OverflowReadError> {
+) -> Result<Vec<u64>, OverflowReadError> {
     let mut reader = PieceReader::open(storage, path, ORDER_WALK_PIECE_BYTES)?;
     let mut greatest: Option<(u64, u64)> = None;
     let mut out = Vec::new();
@@ -895,7 +895,7 @@ pub fn out_of_order(
                 let order = (entry.due_ms, entry.task_id);
                 if greatest.is_some_and(|g| order <= g) {
                     if far_offsets.binary_search(&offset).is_ok() {
-                        out.push((offset, entry.task_id));
+                        out.push(offset);
                     }
                 } else {
                     greatest = Some(order);
@@ -1370,13 +1370,10 @@ mod tests {
         let far = [offsets[2], offsets[6], offsets[7]];
         assert_eq!(
             out_of_order(&sim, path, &far).unwrap(),
-            [(offsets[2], 3), (offsets[6], 6)]
+            [offsets[2], offsets[6]]
         );
         // Without a far task after the damage, the reading ends there.
-        assert_eq!(
-            out_of_order(&sim, path, &far[..1]).unwrap(),
-            [(offsets[2], 3)]
-        );
+        assert_eq!(out_of_order(&sim, path, &far[..1]).unwrap(), [offsets[2]]);
         // A sorted file has none.
         let (sorted, at) = OverflowWriter::sorted(
             vec![entry(1, 10, b"a"), entry(2, 10, b"b"), entry(3, 5, b"c")],
@@ -1385,7 +1382,7 @@ mod tests {
         );
         sim.write_file(path, &sorted);
         let all: Vec<u64> = at.iter().map(|(_, o)| *o).collect();
-        assert_eq!(out_of_order(&sim, path, &all).unwrap(), []);
+        assert!(out_of_order(&sim, path, &all).unwrap().is_empty());
     }
 
     #[test]

@@ -1111,7 +1111,8 @@ impl DamagedOverflowFile {
         needed: &NeededEntries,
         out: &mut Vec<DamagedEntry>,
     ) -> Result<(), Failure> {
-        let mut far: Vec<(u64, u64)> = self
+        // Offset → task id of each far task's entry in this file.
+        let far: std::collections::BTreeMap<u64, u64> = self
             .refs
             .iter()
             .filter_map(|(offset, id, _)| match needed.get(&(self.file, *offset)) {
@@ -1122,18 +1123,14 @@ impl DamagedOverflowFile {
         if far.is_empty() {
             return Ok(());
         }
-        far.sort_unstable();
-        let offsets: Vec<u64> = far.iter().map(|(offset, _)| *offset).collect();
+        let offsets: Vec<u64> = far.keys().copied().collect();
         let found = ovf::out_of_order(storage, &self.path, &offsets)
             .map_err(|e| Failure::overflow(&self.path, &e))?;
-        for (offset, _) in found {
+        for offset in found {
             if out.iter().any(|d| d.offset == offset) {
                 continue;
             }
-            let Ok(at) = far.binary_search_by_key(&offset, |(o, _)| *o) else {
-                continue;
-            };
-            let task_id = far[at].1;
+            let task_id = far[&offset];
             out.push(DamagedEntry {
                 task_id,
                 used_as: EntryUse::FarTask,
@@ -1142,9 +1139,9 @@ impl DamagedOverflowFile {
                 offset,
                 reason: format!(
                     "overflow file {}: the entry of far task {task_id} at byte offset {offset} \
-                     is out of (due time, task id) order (an entry before it is due later): the \
-                     promotion of far tasks cannot place it, and poisons the engine when it \
-                     reads there",
+                     is out of (due time, task id) order (an entry before it in the file comes \
+                     after it in that order): the promotion of far tasks cannot place it, and \
+                     poisons the engine when it reads there",
                     self.path.display()
                 ),
                 damage_offset: Some(offset),

@@ -252,9 +252,10 @@ pub struct Stats {
     /// Damaged overflow entries that no far task needed (their tasks
     /// cancelled or moved since the file was written) which the promotion
     /// of far tasks went past since open — entries that do not read back,
-    /// and entries that read back but out of (due time, task id) order (each also a `tracing` warning
-    /// naming the file and offset; those the open's own promotion went
-    /// past are in [`Recovery::overflow_damage_skipped`]). A far task's own
+    /// and entries that read back but out of (due time, task id) order
+    /// (each also a `tracing` warning naming the file and offset; those the
+    /// open's own promotion went past are in
+    /// [`Recovery::overflow_damage_skipped`]). A far task's own
     /// damaged entry is not counted: it poisons the engine. Not 0: the disk
     /// damaged data nothing needed any more — `kairos verify` names where.
     /// The payload prefetcher's own goings-past of damage are not counted
