@@ -858,44 +858,61 @@ fn read_due_into(
 /// Entries [`read_due`] returns at most per call.
 const READ_DUE_ENTRIES_MAX: usize = 65_536;
 
-/// Bytes [`out_of_order`] reads at once.
+/// Bytes [`walk_far_entries`] reads at once.
 const ORDER_WALK_PIECE_BYTES: usize = 1 << 20;
 
-/// The far tasks' entries of the overflow file at `path` that the promotion
-/// of far tasks would find out of (due time, task id) order: the offset of
-/// each entry at one of `far_offsets` (ascending: the entries far
-/// tasks live in the file) that is not after the greatest (due, id) of the
-/// entries read before it. The file is read as the promotion reads it,
-/// sequentially from its first entry; an entry out of order that no far
-/// task owns is gone past (it does not raise the greatest), and a damaged
-/// entry ends the sequential reading, which goes on at the next of
-/// `far_offsets` after it (as the promotion does; entries between are no
-/// far task's). The header is not read. The writer sorts every file, so
-/// only damage that kept each entry's CRC whole puts one out of order; the
-/// promotion, which starts where its cursor is rather than at the first
-/// entry, finds a subset of these (`kairos verify` and `kairos salvage`
-/// report them as damaged far tasks). Memory: one piece of about 1 MiB.
+/// What [`walk_far_entries`] found of the far tasks' entries of a file:
+/// offsets, ascending, each one of the `far_offsets` it was given.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FarWalk {
+    /// Entries that are not after the greatest (due time, task id) of the
+    /// entries read before them: the promotion cannot place them.
+    pub out_of_order: Vec<u64>,
+    /// Offsets at which the reading never found an entry beginning (one
+    /// inside another entry, a crafted checkpoint's): the promotion, which
+    /// reads the file entry after entry, never finds those far tasks.
+    pub unreached: Vec<u64>,
+}
+
+/// Reads the overflow file at `path` as the promotion of far tasks reads
+/// it, and reports the far tasks' entries (at `far_offsets`, ascending) it
+/// could not promote ([`FarWalk`]): those out of (due time, task id) order
+/// — not after the greatest (due, id) of the entries read before them —
+/// and those it never reaches. The file is read sequentially from its
+/// first entry; an entry out of order that no far task owns is gone past
+/// (it does not raise the greatest), and a damaged entry ends the
+/// sequential reading, which goes on at the next of `far_offsets` after it
+/// (as the promotion does; entries between are no far task's). The header
+/// is not read. The writer sorts every file, so only damage that kept each
+/// entry's CRC whole puts one out of order; the promotion, which starts
+/// where its cursor is rather than at the first entry, finds a subset of
+/// these (`kairos verify` and `kairos salvage` report them as damaged far
+/// tasks). Memory: one piece of about 1 MiB.
 ///
 /// # Errors
 /// I/O errors ([`OverflowReadError::Io`]); damage is gone past, not an
 /// error.
-pub fn out_of_order(
+pub fn walk_far_entries(
     storage: &dyn Storage,
     path: &Path,
     far_offsets: &[u64],
-) -> Result<Vec<u64>, OverflowReadError> {
+) -> Result<FarWalk, OverflowReadError> {
     let mut reader = PieceReader::open(storage, path, ORDER_WALK_PIECE_BYTES)?;
     let mut greatest: Option<(u64, u64)> = None;
-    let mut out = Vec::new();
+    let mut walk = FarWalk::default();
+    let mut reached = vec![false; far_offsets.len()];
     loop {
         let at = reader.next;
+        if let Ok(i) = far_offsets.binary_search(&at) {
+            reached[i] = true;
+        }
         match reader.next_entry() {
-            Ok(None) => return Ok(out),
+            Ok(None) => break,
             Ok(Some((offset, entry))) => {
                 let order = (entry.due_ms, entry.task_id);
                 if greatest.is_some_and(|g| order <= g) {
                     if far_offsets.binary_search(&offset).is_ok() {
-                        out.push(offset);
+                        walk.out_of_order.push(offset);
                     }
                 } else {
                     greatest = Some(order);
@@ -905,12 +922,19 @@ pub fn out_of_order(
                 let after = far_offsets.partition_point(|&o| o <= at);
                 match far_offsets.get(after) {
                     Some(&next) => reader.next = next,
-                    None => return Ok(out),
+                    None => break,
                 }
             }
             Err(e) => return Err(e),
         }
     }
+    walk.unreached = far_offsets
+        .iter()
+        .zip(reached)
+        .filter(|(_, reached)| !reached)
+        .map(|(&offset, _)| offset)
+        .collect();
+    Ok(walk)
 }
 
 /// The entry count in the header of the overflow file number `seq` at
@@ -1335,12 +1359,12 @@ mod tests {
         assert_eq!(corrupt_at(r.next_entry().unwrap_err()), offsets[1].1);
     }
 
-    /// [`out_of_order`] reads as the promotion does: an entry not after the
+    /// [`walk_far_entries`] reads as the promotion does: an entry not after the
     /// greatest before it is out of order (reported if a far task's; the
     /// greatest not raised by it), and a damaged entry is gone past to the
     /// next far task's entry after it.
     #[test]
-    fn out_of_order_reports_far_tasks_entries_not_after_the_greatest_before() {
+    fn the_far_walk_reports_entries_not_after_the_greatest_before() {
         let (header, _) = OverflowWriter::sorted(Vec::new(), &[9; 16], 1);
         let mut bytes = header;
         let mut offsets = Vec::new();
@@ -1368,12 +1392,12 @@ mod tests {
         // task's. After the damage the reading goes on at task 6's entry (task 8's, due
         // later than all, is not read: read, it would put 6's and 7's out of order).
         let far = [offsets[2], offsets[6], offsets[7]];
-        assert_eq!(
-            out_of_order(&sim, path, &far).unwrap(),
-            [offsets[2], offsets[6]]
-        );
+        let walk = walk_far_entries(&sim, path, &far).unwrap();
+        assert_eq!(walk.out_of_order, [offsets[2], offsets[6]]);
+        assert!(walk.unreached.is_empty());
         // Without a far task after the damage, the reading ends there.
-        assert_eq!(out_of_order(&sim, path, &far[..1]).unwrap(), [offsets[2]]);
+        let walk = walk_far_entries(&sim, path, &far[..1]).unwrap();
+        assert_eq!(walk.out_of_order, [offsets[2]]);
         // A sorted file has none.
         let (sorted, at) = OverflowWriter::sorted(
             vec![entry(1, 10, b"a"), entry(2, 10, b"b"), entry(3, 5, b"c")],
@@ -1382,7 +1406,53 @@ mod tests {
         );
         sim.write_file(path, &sorted);
         let all: Vec<u64> = at.iter().map(|(_, o)| *o).collect();
-        assert!(out_of_order(&sim, path, &all).unwrap().is_empty());
+        assert_eq!(
+            walk_far_entries(&sim, path, &all).unwrap(),
+            FarWalk::default()
+        );
+    }
+
+    /// A far task's offset where no entry of the file's chain begins — a
+    /// whole, intact entry inside another entry's payload — is unreached:
+    /// the promotion, reading entry after entry, never finds it; reached
+    /// once damage before it makes the reading jump there.
+    #[test]
+    fn the_far_walk_reports_offsets_inside_another_entry_as_unreached() {
+        let mut nested = Vec::new();
+        encode_entry(&mut nested, 9, 15, b"k9", b"inner");
+        let (header, _) = OverflowWriter::sorted(Vec::new(), &[9; 16], 1);
+        let mut bytes = header;
+        let mut offsets = Vec::new();
+        for (id, due, payload) in [(1, 10, &b"x"[..]), (2, 20, &nested), (3, 30, b"y")] {
+            offsets.push(bytes.len() as u64);
+            encode_entry(&mut bytes, id, due, format!("k{id}").as_bytes(), payload);
+        }
+        let inside = offsets[1] as usize
+            + bytes[offsets[1] as usize..]
+                .windows(nested.len())
+                .position(|w| w == nested)
+                .expect("the nested entry");
+        let inside = inside as u64;
+        let sim = SimStorage::new(1);
+        let path = Path::new("/o");
+        sim.write_file(path, &bytes);
+        // It reads back on its own, as verify's check of each entry reads it.
+        assert_eq!(
+            read_entry(&sim, path, inside, 9, Some(b"k9"))
+                .unwrap()
+                .due_ms,
+            15
+        );
+        let far = [offsets[0], inside, offsets[2]];
+        let walk = walk_far_entries(&sim, path, &far).unwrap();
+        assert_eq!(walk.unreached, [inside]);
+        assert!(walk.out_of_order.is_empty());
+        // Entry 1 damaged: the reading goes on at the next far offset, inside
+        // entry 2, then on from the nested entry's end (entry 3).
+        bytes[offsets[0] as usize + ENTRY_FIXED_BYTES] ^= 1;
+        sim.write_file(path, &bytes);
+        let walk = walk_far_entries(&sim, path, &far).unwrap();
+        assert_eq!(walk, FarWalk::default());
     }
 
     #[test]

@@ -689,7 +689,7 @@ fn a_far_tasks_entry_out_of_order_is_salvaged() -> TestResult {
 /// A waiting task's payload entry out of (due, id) order — behind the entry of a task cancelled
 /// since, whose due time the damage raised (CRCs kept whole) — is read only by offset while the
 /// task is not far, so `verify` passes (a warning: no far task's entry is out of order). Its
-/// walk ([`kairos::overflow::out_of_order`]) counts only the checkpoint's far tasks, which
+/// walk ([`kairos::overflow::walk_far_entries`]) counts only the checkpoint's far tasks, which
 /// holds only if no checkpoint later makes such a task far *in place* (where its entry is):
 /// the file would gain a far task whose entry is out of order, and the promotion would poison
 /// the engine on it. A checkpoint does that to a waiting task due beyond the far span whose

@@ -1096,16 +1096,17 @@ impl DamagedOverflowFile {
             }
         }
         if !self.whole_file() {
-            self.far_entries_out_of_order(storage, needed, &mut out)?;
+            self.far_entries_not_promotable(storage, needed, &mut out)?;
         }
         Ok(out)
     }
 
     /// Adds to `out` the far tasks `needed` whose entries in this file each read back but
-    /// out of (due time, task id) order ([`ovf::out_of_order`]): the promotion of far tasks
-    /// cannot place them and poisons the engine when it reads there (an entry out of order
-    /// that no far task needs, it goes past). Entries already in `out` are not added again.
-    fn far_entries_out_of_order(
+    /// which the promotion of far tasks cannot promote ([`ovf::walk_far_entries`]): out of
+    /// (due time, task id) order — it poisons the engine when it reads there (an entry out
+    /// of order that no far task needs, it goes past) — or at an offset its entry-after-entry
+    /// reading never reaches. Entries already in `out` are not added again.
+    fn far_entries_not_promotable(
         &self,
         storage: &dyn Storage,
         needed: &NeededEntries,
@@ -1124,9 +1125,25 @@ impl DamagedOverflowFile {
             return Ok(());
         }
         let offsets: Vec<u64> = far.keys().copied().collect();
-        let found = ovf::out_of_order(storage, &self.path, &offsets)
+        let walk = ovf::walk_far_entries(storage, &self.path, &offsets)
             .map_err(|e| Failure::overflow(&self.path, &e))?;
-        for offset in found {
+        let out_of_order = walk.out_of_order.into_iter().map(|offset| {
+            (
+                offset,
+                "is out of (due time, task id) order (an entry before it in the file comes after \
+                 it in that order): the promotion of far tasks cannot place it, and poisons the \
+                 engine when it reads there",
+            )
+        });
+        let unreached = walk.unreached.into_iter().map(|offset| {
+            (
+                offset,
+                "does not begin where an entry of the file does (it lies inside another \
+                 entry): the promotion of far tasks, which reads the file entry after entry, \
+                 never finds it, and poisons the engine at the file's end",
+            )
+        });
+        for (offset, what) in out_of_order.chain(unreached) {
             if out.iter().any(|d| d.offset == offset) {
                 continue;
             }
@@ -1139,9 +1156,7 @@ impl DamagedOverflowFile {
                 offset,
                 reason: format!(
                     "overflow file {}: the entry of far task {task_id} at byte offset {offset} \
-                     is out of (due time, task id) order (an entry before it in the file comes \
-                     after it in that order): the promotion of far tasks cannot place it, and \
-                     poisons the engine when it reads there",
+                     {what}",
                     self.path.display()
                 ),
                 damage_offset: Some(offset),

@@ -101,7 +101,7 @@ impl Carried {
     /// `Err((offset, task id))` for one a far task owns: placing it would
     /// break the order the passes rely on (an entry held back behind the
     /// cutoff could wait behind itself for ever), and `kairos verify`
-    /// reports such a far task as damaged ([`overflow::out_of_order`]).
+    /// reports such a far task as damaged ([`overflow::walk_far_entries`]).
     fn take(
         &mut self,
         got: Vec<(u64, overflow::Entry)>,
