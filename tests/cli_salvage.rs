@@ -259,3 +259,45 @@ fn salvage_refuses_what_it_cannot_mend() -> TestResult {
     assert_eq!(log_bytes(&dir)?, before);
     Ok(())
 }
+
+/// Without a checkpoint (no overflow file in use) salvage still reads the log, as the open
+/// would: a damaged one is refused as it is with a checkpoint, not called sound (it used to
+/// answer "damaged none" with exit status 0 for a log `kairos verify` fails).
+#[test]
+fn salvage_without_a_checkpoint_still_refuses_a_damaged_log() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(&dir, config(), &clock)?;
+    for i in 0..50 {
+        engine.schedule(&key(i), at(START_MS + 10_000), b"payload")?;
+    }
+    engine.shutdown()?;
+    let checkpoints = dir.join("checkpoint");
+    assert!(!checkpoints.exists() || std::fs::read_dir(&checkpoints)?.next().is_none());
+    // Sound, it passes.
+    let (stdout, _) = run(&["salvage", path(&dir)], 0);
+    assert!(stdout.contains("damaged         none"), "{stdout}");
+    let seg = log_bytes(&dir)?
+        .into_keys()
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .ok_or("segment")?;
+    let mut bytes = std::fs::read(&seg)?;
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&seg, &bytes)?;
+    run(&["verify", path(&dir)], 1);
+    let before = log_bytes(&dir)?;
+    for discard in [false, true] {
+        let mut args = vec!["salvage", path(&dir)];
+        if discard {
+            args.push("--discard");
+        }
+        let (stdout, stderr) = run(&args, 1);
+        assert!(!stdout.contains("damaged         none"), "{stdout}");
+        assert!(stderr.contains("corrupt log"), "{stderr}");
+        assert!(stderr.contains("kairos verify"), "{stderr}");
+    }
+    assert_eq!(log_bytes(&dir)?, before, "nothing written");
+    Ok(())
+}

@@ -33,9 +33,10 @@
 //! checkpoint names (delivered, rescheduled, nacked: the replay reads the task's key from it).
 
 use super::verify::{
-    dirs, needed_entries, start_from_checkpoint, DamagedEntry, EntryUse, Failure, FarReader,
+    dirs, missing_checkpoint, needed_entries, start_from_checkpoint, DamagedEntry, EntryUse,
+    Failure, FarReader,
 };
-use super::{ckpt as checkpoint, far, record, Record, Verdict};
+use super::{ckpt as checkpoint, far, record, Record, Replay, Verdict};
 use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
 use kairos_wal::{FsStorage, Storage, Wal, WalError, WalOptions};
@@ -315,7 +316,24 @@ fn find(storage: &dyn Storage, data_dir: &Path, log_dir: &Path) -> anyhow::Resul
     let Some(mut start) =
         start_from_checkpoint(storage, &checkpoint_dir, log_dir).map_err(cannot)?
     else {
-        // No checkpoint: every payload is in the log, no overflow file is in use.
+        // No checkpoint: every payload is in the log, no overflow file is in use — but the
+        // log is still read and replayed as the open would, so that salvage does not call a
+        // directory whose log is damaged sound (it cannot mend it: it says so).
+        let mut replay = Replay::default();
+        let (scan, _) = replay_log(
+            storage,
+            log_dir,
+            0,
+            &mut replay,
+            &FarReader::new(storage, None),
+        )?;
+        let first = scan
+            .segments
+            .first()
+            .map(|s| (s.file.as_path(), s.first_lsn.0));
+        if let Some(failure) = missing_checkpoint(first, false) {
+            return Err(cannot(failure));
+        }
         return Ok(Finding::default());
     };
     let mut finding = Finding {
@@ -327,8 +345,45 @@ fn find(storage: &dyn Storage, data_dir: &Path, log_dir: &Path) -> anyhow::Resul
     }
     // The log after the checkpoint, replayed by the engine's rules.
     let far_reader = FarReader::new(storage, Some(&start));
-    let covered = start.summary.lsn;
     let mut replay = std::mem::take(&mut start.replay);
+    let (scan, after) = replay_log(
+        storage,
+        log_dir,
+        start.summary.lsn,
+        &mut replay,
+        &far_reader,
+    )?;
+    start.check_log(scan.last_lsn.0, after).map_err(cannot)?;
+    if start.damaged_overflow.is_empty() {
+        return Ok(finding);
+    }
+    let files: Vec<u32> = start.damaged_overflow.iter().map(|d| d.file).collect();
+    let needed = needed_entries(&replay, &files);
+    let hasher = far::KeyHasher::new(&start.store_id);
+    for d in &start.damaged_overflow {
+        let lost = d
+            .needed_damage(storage, &needed, &hasher)
+            .map_err(|f| anyhow!("cannot read {}: {}", d.path.display(), f.message))?;
+        if lost.is_empty() {
+            finding.warnings.push(d.unneeded_warning());
+        }
+        finding.damaged.extend(lost);
+    }
+    finding.damaged.sort_by_key(|d| (d.file.clone(), d.offset));
+    Ok(finding)
+}
+
+/// Reads the log in `log_dir` and replays on `replay`, by the engine's rules, the records above
+/// `covered` (the checkpoint's LSN; 0 without one); returns the scan's report and the number of
+/// records replayed. A log that does not read, or a record that does not replay, is an error
+/// naming it: salvage cannot mend either.
+fn replay_log(
+    storage: &dyn Storage,
+    log_dir: &Path,
+    covered: u64,
+    replay: &mut Replay,
+    far_reader: &FarReader<'_>,
+) -> anyhow::Result<(kairos_wal::ScanReport, u64)> {
     let mut after = 0u64;
     let mut blocked: Option<String> = None;
     let scan = kairos_wal::scan_located(
@@ -369,24 +424,7 @@ fn find(storage: &dyn Storage, data_dir: &Path, log_dir: &Path) -> anyhow::Resul
              replay rules (`kairos verify` names it)"
         );
     }
-    start.check_log(scan.last_lsn.0, after).map_err(cannot)?;
-    if start.damaged_overflow.is_empty() {
-        return Ok(finding);
-    }
-    let files: Vec<u32> = start.damaged_overflow.iter().map(|d| d.file).collect();
-    let needed = needed_entries(&replay, &files);
-    let hasher = far::KeyHasher::new(&start.store_id);
-    for d in &start.damaged_overflow {
-        let lost = d
-            .needed_damage(storage, &needed, &hasher)
-            .map_err(|f| anyhow!("cannot read {}: {}", d.path.display(), f.message))?;
-        if lost.is_empty() {
-            finding.warnings.push(d.unneeded_warning());
-        }
-        finding.damaged.extend(lost);
-    }
-    finding.damaged.sort_by_key(|d| (d.file.clone(), d.offset));
-    Ok(finding)
+    Ok((scan, after))
 }
 
 /// Prints the report as text.
