@@ -301,3 +301,40 @@ fn salvage_without_a_checkpoint_still_refuses_a_damaged_log() -> TestResult {
     assert_eq!(log_bytes(&dir)?, before, "nothing written");
     Ok(())
 }
+
+/// `dump --key` reads the entry of each far task whose key hash matches: when that entry is
+/// damaged but its task finished after the checkpoint (`far-0005`, cancelled), nothing needs
+/// it — `verify` and a plain `dump` warn and pass, the engine opens — so `dump --key` warns
+/// and passes too (it used to fail, exit status 1, "damaged overflow file", on a directory
+/// the other tools pass: the state `salvage --discard` leaves). A damaged entry a live task
+/// needs still fails it (on a copy of the directory).
+#[test]
+fn dump_key_warns_for_a_damaged_entry_no_live_task_needs() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    build(&dir)?;
+    let live_damaged = tmp.path().join("live");
+    copy_tree(&dir, &live_damaged)?;
+    damage(&dir, &[&key(5)])?;
+    let (stdout, stderr) = run(&["verify", path(&dir)], 0);
+    let said = format!("{stdout}{stderr}").to_lowercase();
+    assert!(said.contains("warning"), "{said}");
+    run(&["dump", path(&dir)], 0);
+    let cancelled = String::from_utf8(key(5))?;
+    let (stdout, stderr) = run(&["dump", "--key", &cancelled, path(&dir)], 0);
+    assert!(stdout.contains("CANCEL"), "{stdout}");
+    assert!(
+        stderr.contains("kairos dump: warning: cannot read the overflow entry of far task")
+            && stderr.contains("whether that task had the key is unknown"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("damaged overflow file"), "{stderr}");
+
+    // A live far task's entry damaged too: `--key` naming it fails, as verify does.
+    damage(&live_damaged, &[&key(3)])?;
+    run(&["verify", path(&live_damaged)], 1);
+    let live = String::from_utf8(key(3))?;
+    let (_, stderr) = run(&["dump", "--key", &live, path(&live_damaged)], 1);
+    assert!(stderr.contains("damaged overflow file"), "{stderr}");
+    Ok(())
+}

@@ -18,7 +18,7 @@
 
 use super::describe::{self, file_name, preview, quoted, rfc3339, task_id, type_name};
 use super::verify::{
-    check_overflow_refs_after_log, dirs, missing_checkpoint, not_regular_files,
+    check_overflow_refs_after_log, dirs, missing_checkpoint, needed_entries, not_regular_files,
     start_from_checkpoint_deferring_overflow, Cause, CheckpointStart, Failure, FarReader, Torn,
 };
 use super::Verdict;
@@ -216,6 +216,16 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
         );
         dumper.overflow_failure = failure;
         dumper.overflow_warnings = warnings;
+        // `--key` could not read a far task's entry to compare its key: that fails the dump
+        // only if something live at the end of the log needs the entry (the engine would meet
+        // the damage); if its task finished since, the engine opens and never reads it.
+        if let Some((file, offset)) = dumper.far_failure_entry {
+            dumper.far_failure_needed = dumper
+                .replay
+                .as_ref()
+                .filter(|_| replayed)
+                .is_none_or(|r| needed_entries(r, &[file]).contains_key(&(file, offset)));
+        }
         // A far task a record needed whole, its entry unread, live at the end: the engine's
         // open refuses the directory (the check above names the entry when it finds it
         // damaged; this covers an entry that could not be read otherwise).
@@ -279,6 +289,12 @@ struct Dumper<W: Write> {
     overflow_warnings: Vec<Failure>,
     /// With `--key`: why a far task's overflow entry could not be read to compare its key.
     far_failure: Option<Failure>,
+    /// The far task whose entry `far_failure` names: whether a task or dead letter live at
+    /// the end of the log needs that entry (or the log did not replay to its end). Only then
+    /// does it fail the dump; otherwise it is a warning, as `verify` reports such damage.
+    far_failure_needed: bool,
+    /// The file and offset of the entry `far_failure` names.
+    far_failure_entry: Option<(u32, u64)>,
     records: u64,
     shown: u64,
     undecodable: u64,
@@ -318,6 +334,8 @@ impl<W: Write> Dumper<W> {
             overflow_failure: None,
             overflow_warnings: Vec::new(),
             far_failure: None,
+            far_failure_needed: true,
+            far_failure_entry: None,
             records: 0,
             shown: 0,
             undecodable: 0,
@@ -448,6 +466,7 @@ impl<W: Write> Dumper<W> {
                 }),
                 Ok(_) => {}
                 Err(why) => {
+                    self.far_failure_entry.get_or_insert((t.file, t.offset));
                     self.far_failure.get_or_insert_with(|| Failure {
                         cause: why.cause,
                         file: c
@@ -634,14 +653,27 @@ impl<W: Write> Dumper<W> {
             summary.push_str(&warning.describe("kairos dump: warning"));
         }
         if let Some(failure) = &self.far_failure {
-            ok = false;
-            // Once per file: `--key` reads far tasks' entries in a file found damaged above.
-            let same_file = self
-                .overflow_failure
-                .as_ref()
-                .is_some_and(|f| f.file == failure.file);
-            if !same_file {
-                summary.push_str(&failure.describe(&label(failure, "overflow file")));
+            if self.far_failure_needed {
+                ok = false;
+                // Once per file: `--key` reads far tasks' entries in a file found damaged above.
+                let same_file = self
+                    .overflow_failure
+                    .as_ref()
+                    .is_some_and(|f| f.file == failure.file);
+                if !same_file {
+                    summary.push_str(&failure.describe(&label(failure, "overflow file")));
+                }
+            } else {
+                let note = Failure {
+                    message: format!(
+                        "{}; no task or dead letter live at the end of the log needs that entry \
+                         (its task finished after the checkpoint), so the engine opens and never \
+                         reads it, but whether that task had the key is unknown",
+                        failure.message
+                    ),
+                    ..failure.clone()
+                };
+                summary.push_str(&note.describe("kairos dump: warning"));
             }
         }
         if let Some(failure) = &self.checkpoint_failure {
