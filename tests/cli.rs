@@ -1197,3 +1197,60 @@ fn verify_accepts_the_frames_of_ack_and_schedule() {
         assert_eq!(v["clean_shutdown"], Value::Bool(!crash), "{v}");
     }
 }
+
+/// A negative number given to an option that takes a number is refused by that option's own
+/// check, naming it and its range — not taken for an unknown flag (clap's default: "unexpected
+/// argument '-5' found", the option unnamed), which is what a new user saw for `--tasks -5`.
+#[test]
+fn a_negative_number_is_refused_naming_its_option() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let dir = dir.to_str().unwrap();
+    for (args, says) in [
+        (
+            &["demo", "--dir", dir, "--tasks", "-5"][..],
+            "invalid value '-5' for '--tasks <N>'",
+        ),
+        (
+            &["demo", "--dir", dir, "--time-scale", "-1"],
+            "invalid value '-1' for '--time-scale <X>': must be a number from 1",
+        ),
+        (
+            &["demo", "--dir", dir, "--rate", "-0.5"],
+            "invalid value '-0.5' for '--rate <N>'",
+        ),
+        (
+            &["bench", "--dir", dir, "--tasks", "-5"],
+            "invalid value '-5' for '--tasks <N>'",
+        ),
+        (
+            &[
+                "bench",
+                "--dir",
+                dir,
+                "--tasks",
+                "10",
+                "--far-fraction",
+                "-0.1",
+            ],
+            "invalid value '-0.1' for '--far-fraction <F>'",
+        ),
+        (
+            &["dead-letters", "purge", dir, "--id", "-3"],
+            "invalid value '-3' for '--id <ID>'",
+        ),
+    ] {
+        let out = kairos(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("unexpected argument"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A flag still is one: a value that is not a number is not swallowed.
+    let out = kairos(&["demo", "--dir", dir, "--tasks", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(!tmp.path().join("data").exists(), "nothing was created");
+}

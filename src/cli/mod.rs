@@ -140,7 +140,7 @@ enum Command {
 /// Parses the command line, runs the command and turns its outcome into the
 /// process exit status. Errors are printed to stderr with their causes.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     let outcome = match cli.command {
         Command::Checkpoint(args) => checkpoint::run(&args),
         Command::Demo(args) => demo::run(&args),
@@ -173,6 +173,28 @@ pub fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     code
+}
+
+/// Parses the command line as `Cli::parse` does, but with every option that takes a value
+/// accepting one that is a negative number (`--tasks -5`): the option's own check then refuses
+/// it naming the option and its range (`invalid value '-5' for '--tasks <N>'`), where clap
+/// would take `-5` for an unknown flag ("unexpected argument '-5' found") and leave the option
+/// unnamed.
+fn parse() -> Cli {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    fn negative_values(command: clap::Command) -> clap::Command {
+        command
+            .mut_args(|arg| {
+                if arg.is_positional() || !arg.get_action().takes_values() {
+                    arg
+                } else {
+                    arg.allow_negative_numbers(true)
+                }
+            })
+            .mut_subcommands(negative_values)
+    }
+    let matches = negative_values(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// A usage error found after parsing — arguments each valid but not together — reported by
