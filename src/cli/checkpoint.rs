@@ -20,7 +20,9 @@ Write a checkpoint of a data directory, offline, and delete the log segments it 
 
 A checkpoint holds every live task and dead letter as of the log's last record \
 (DIR/checkpoint/{LSN}.ckpt, format in wal/FORMAT.md); the next open reads it and only the log \
-after it, and the log segments before it are deleted. A running engine takes checkpoints by \
+after it, and the sealed log segments it covers are deleted (the newest segment, which the log \
+still appends to, stays until the log rolls to a new one: a log smaller than a segment keeps \
+every record, and the report says 0 log segments deleted). A running engine takes checkpoints by \
 itself (Config::checkpoint_log_bytes, Config::checkpoint_interval); this command is for a \
 directory no engine has open — it takes the directory's lock and refuses one that is open.
 
