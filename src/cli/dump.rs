@@ -668,7 +668,8 @@ impl<W: Write> Dumper<W> {
                     message: format!(
                         "{}; no task or dead letter live at the end of the log needs that entry \
                          (its task finished after the checkpoint), so the engine opens and never \
-                         reads it, but whether that task had the key is unknown",
+                         reads it; that task is shown only if a record still in the log names \
+                         it with the key",
                         failure.message
                     ),
                     ..failure.clone()
