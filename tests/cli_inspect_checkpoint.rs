@@ -320,7 +320,7 @@ fn dump_starts_with_the_checkpoint_and_keeps_one_tasks_history_whole() -> TestRe
     assert_eq!(
         lines[0],
         format!(
-            "checkpoint {name} at LSN {}: {} live tasks, 1 dead letters",
+            "checkpoint {name} at LSN {}: {} live tasks, 1 dead letter",
             built.lsn, built.tasks
         )
     );

@@ -6,7 +6,7 @@
 //! has no log), calls `Engine::checkpoint` and shuts the engine down cleanly.
 
 use super::dead_letters::{open, report_settled, Target};
-use super::Verdict;
+use super::{plural, Verdict};
 use anyhow::Context as _;
 use clap::Args;
 use serde::Serialize;
@@ -86,23 +86,27 @@ pub fn run(args: &CheckpointArgs) -> anyhow::Result<Verdict> {
         outln!("{}", serde_json::to_string_pretty(&outcome)?);
     } else if outcome.written {
         outln!(
-            "checkpoint of {} at LSN {}: {} live tasks, {} dead letters, {} bytes, {} log segments deleted, {} payloads moved to an overflow file, {} overflow files deleted, {:.1} ms",
+            "checkpoint of {} at LSN {}: {}, {}, {} bytes, {} deleted, {} moved to an overflow file, {} deleted, {:.1} ms",
             outcome.dir.display(),
             outcome.lsn,
-            outcome.tasks,
-            outcome.dead_letters,
+            plural(outcome.tasks as u64, "live task", "live tasks"),
+            plural(outcome.dead_letters as u64, "dead letter", "dead letters"),
             outcome.bytes,
-            outcome.segments_removed,
-            outcome.payloads_moved,
-            outcome.overflow_files_removed,
+            plural(outcome.segments_removed as u64, "log segment", "log segments"),
+            plural(outcome.payloads_moved as u64, "payload", "payloads"),
+            plural(outcome.overflow_files_removed as u64, "overflow file", "overflow files"),
             outcome.elapsed_ms
         );
     } else {
         outln!(
-            "{}: the checkpoint at LSN {} already covers the whole log; {} log segments deleted",
+            "{}: the checkpoint at LSN {} already covers the whole log; {} deleted",
             outcome.dir.display(),
             outcome.lsn,
-            outcome.segments_removed
+            plural(
+                outcome.segments_removed as u64,
+                "log segment",
+                "log segments"
+            )
         );
     }
     Ok(Verdict::Pass)

@@ -70,10 +70,10 @@ When the data directory has a checkpoint (DIR/checkpoint/*.ckpt; the engine then
 log segments it covers), the first line names the one the engine's open would start from — the \
 newest that reads back whole:
 
-  checkpoint 0000000000000123.ckpt at LSN 291: 40 live tasks, 1 dead letters
+  checkpoint 0000000000000123.ckpt at LSN 291: 40 live tasks, 1 dead letter
 
 If it holds far tasks (tasks beyond the far span, whose key, due time and payload are only in \
-their overflow entry), the count names them (40 live tasks, 3 far tasks, 1 dead letters) and \
+their overflow entry), the count names them (40 live tasks, 3 far tasks, 1 dead letter) and \
 one line per far task follows, by id: its id, the 64-bit hash of its key (SipHash-1-3 keyed by \
 the store id, 16 hex digits), and the number of the overflow file and the byte offset of its \
 entry:

@@ -28,7 +28,7 @@ use super::verify::{
     start_from_checkpoint_deferring_overflow, Cause, CheckpointStart, DamagedOverflowFile,
     EntryKey, EntryUse, Failure, FarReader, NeededEntries, OverflowRef, Tally, Torn,
 };
-use super::Verdict;
+use super::{plural, Verdict};
 use clap::Args;
 use kairos::checkpoint as ckpt;
 use kairos::far::KeyHasher;
@@ -1298,13 +1298,13 @@ impl Inspection {
                     .clone()
                     .unwrap_or_else(|| format!("at {} ms", c.created_ms)),
                 c.bytes,
-                count(c.tasks as u64, "live task", "live tasks")
+                plural(c.tasks as u64, "live task", "live tasks")
                     + &if c.far_tasks > 0 {
-                        format!(", {}", count(c.far_tasks as u64, "far task", "far tasks"))
+                        format!(", {}", plural(c.far_tasks as u64, "far task", "far tasks"))
                     } else {
                         String::new()
                     },
-                count(c.dead_letters as u64, "dead letter", "dead letters"),
+                plural(c.dead_letters as u64, "dead letter", "dead letters"),
                 c.max_task_id,
                 c.lsn
             ),
@@ -1358,7 +1358,7 @@ impl Inspection {
                 "  {}  {} bytes, {}, LSN {}..{}, {}, live {:.1}%",
                 file_name(&s.file),
                 s.bytes,
-                count(s.records, "record", "records"),
+                plural(s.records, "record", "records"),
                 s.first_lsn,
                 s.last_lsn,
                 match s.sealed {
@@ -1434,7 +1434,7 @@ impl Inspection {
             t.live,
             t.waiting,
             t.in_flight,
-            count(t.dead_letters as u64, "dead letter", "dead letters"),
+            plural(t.dead_letters as u64, "dead letter", "dead letters"),
             if self.log_stopped {
                 format!(" (as of LSN {}, before the damage)", self.last_lsn)
             } else {
@@ -1484,14 +1484,14 @@ impl Inspection {
         } else {
             outln!(
                 "overflow        {}{}, {} bytes: {}{}{}",
-                count(t.files as u64, "file", "files"),
+                plural(t.files as u64, "file", "files"),
                 if t.damaged_files > 0 {
                     format!(" ({} damaged)", t.damaged_files)
                 } else {
                     String::new()
                 },
                 t.bytes,
-                count(t.entries, "entry", "entries")
+                plural(t.entries, "entry", "entries")
                     + if t.damaged_files > 0 {
                         " in those that read back"
                     } else {
@@ -1508,7 +1508,7 @@ impl Inspection {
                 None => line.push_str("missing or unreadable"),
             }
             if let Some(n) = f.entries {
-                line.push_str(&format!(", {}", count(n, "entry", "entries")));
+                line.push_str(&format!(", {}", plural(n, "entry", "entries")));
                 line.push_str(&live(f.live_entries, f.dead_fraction));
                 line.push_str(&due(
                     &f.first_due,
@@ -1558,14 +1558,14 @@ impl Inspection {
         outln!(
             "disk            {} bytes in {}; log segments {} bytes in {}",
             d.total_bytes,
-            count(d.total_files, "file", "files"),
+            plural(d.total_files, "file", "files"),
             d.wal_segment_bytes,
-            count(d.wal_segment_files, "file", "files")
+            plural(d.wal_segment_files, "file", "files")
         );
         for part in &d.parts {
             let mut items: Vec<String> = Vec::new();
             if part.segment_files > 0 {
-                items.push(count(part.segment_files, "log segment", "log segments"));
+                items.push(plural(part.segment_files, "log segment", "log segments"));
             }
             items.extend(
                 part.listed
@@ -1576,13 +1576,13 @@ impl Inspection {
                 .files
                 .saturating_sub(part.segment_files + part.listed.len() as u64);
             if unlisted > 0 {
-                items.push(count(unlisted, "more file", "more files"));
+                items.push(plural(unlisted, "more file", "more files"));
             }
             outln!(
                 "  {:<14}{} bytes in {}{}{}",
                 part.name,
                 part.bytes,
-                count(part.files, "file", "files"),
+                plural(part.files, "file", "files"),
                 if items.is_empty() { "" } else { ": " },
                 items.join(", ")
             );
@@ -1625,9 +1625,4 @@ impl Inspection {
             outln!("OK");
         }
     }
-}
-
-/// `1 file`, `2 files`.
-fn count(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }

@@ -49,6 +49,8 @@ use kairos::replay::Replay;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+/// Shared with the fuzz build, which compiles `verify.rs` on its own.
+pub(crate) use verify::plural;
 
 /// Set once a write to stdout has failed: the rest of the output is dropped.
 static STDOUT_GONE: AtomicBool = AtomicBool::new(false);

@@ -36,7 +36,7 @@ use super::verify::{
     dirs, missing_checkpoint, needed_entries, start_from_checkpoint, DamagedEntry, EntryUse,
     Failure, FarReader,
 };
-use super::{ckpt as checkpoint, far, record, Record, Replay, Verdict};
+use super::{ckpt as checkpoint, far, plural, record, Record, Replay, Verdict};
 use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
 use kairos_wal::{FsStorage, Storage, Wal, WalError, WalOptions};
@@ -443,7 +443,7 @@ fn print(r: &Report) {
     }
     outln!(
         "damaged         {} that live tasks or dead letters need:",
-        plural(r.damaged.len(), "overflow entry", "overflow entries")
+        plural(r.damaged.len() as u64, "overflow entry", "overflow entries")
     );
     let mut far_keys_unknown = false;
     for d in &r.damaged {
@@ -475,9 +475,13 @@ fn print(r: &Report) {
         outln!(
             "discarded       {}, {} (LSN {first}..{last}): the directory opens; their keys and \
              payloads are lost",
-            plural(r.tasks_cancelled, "task cancelled", "tasks cancelled"),
             plural(
-                r.dead_letters_purged,
+                r.tasks_cancelled as u64,
+                "task cancelled",
+                "tasks cancelled"
+            ),
+            plural(
+                r.dead_letters_purged as u64,
                 "dead letter purged",
                 "dead letters purged"
             ),
@@ -490,9 +494,4 @@ fn print(r: &Report) {
             r.dir.display()
         );
     }
-}
-
-/// `n` with the singular or the plural noun.
-fn plural(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }

@@ -172,17 +172,27 @@ pub(crate) struct CheckpointSummary {
     pub(crate) dead_letters: usize,
 }
 
+/// `n` and the noun for it: `one` for 1, `many` otherwise ("0 dead letters", "1 dead letter").
+pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 impl CheckpointSummary {
-    /// `N live tasks, [F far tasks, ]D dead letters` (far tasks named only if there are any).
+    /// `N live tasks, [F far tasks, ]D dead letters` (far tasks named only if there are any;
+    /// each noun singular for 1).
     pub(crate) fn counts(&self) -> String {
         let far = if self.far_tasks > 0 {
-            format!("{} far tasks, ", self.far_tasks)
+            format!(
+                "{}, ",
+                plural(self.far_tasks as u64, "far task", "far tasks")
+            )
         } else {
             String::new()
         };
         format!(
-            "{} live tasks, {far}{} dead letters",
-            self.tasks, self.dead_letters
+            "{}, {far}{}",
+            plural(self.tasks as u64, "live task", "live tasks"),
+            plural(self.dead_letters as u64, "dead letter", "dead letters")
         )
     }
 }
@@ -1921,10 +1931,10 @@ impl Verification {
             String::new()
         };
         outln!(
-            "live tasks      {} ({} delivered, not acked{far}); {} dead letters",
+            "live tasks      {} ({} delivered, not acked{far}); {}",
             self.live_tasks,
             self.live_delivered,
-            self.dead_letters
+            plural(self.dead_letters as u64, "dead letter", "dead letters")
         );
     }
 
