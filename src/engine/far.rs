@@ -1264,8 +1264,8 @@ mod tests {
 
     /// One file of 150 far tasks `a-000`… (`one_file`), the tasks of
     /// `cancel` cancelled, then the entries at file positions `i` and `j`
-    /// (in (due, id) order; all the same size) swapped, each intact. The
-    /// file's path and the engine, wrapped to be driven from another thread.
+    /// (in (due, id) order; all the same size) swapped, each intact: the
+    /// file's path, the engine, and (due, key) of every task scheduled.
     fn swapped(
         sim: &kairos_wal::SimStorage,
         clock: &ManualClock,
