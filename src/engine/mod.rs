@@ -565,6 +565,10 @@ struct Core {
     /// Tests: promotion passes that stopped for it.
     #[cfg(test)]
     promote_interrupts: u64,
+    /// Tests: scans of the tasks for the entries the prefetcher needs past
+    /// damage (`Core::needed_entries_after`).
+    #[cfg(test)]
+    needed_entry_scans: u64,
 }
 
 /// The structures [`Core::release_memory`] took out of a stopped engine,
@@ -1525,6 +1529,8 @@ impl Engine {
             closed_stats: None,
             #[cfg(test)]
             promote_interrupts: 0,
+            #[cfg(test)]
+            needed_entry_scans: 0,
         };
         let index_probe = core.index.probe();
         let shared = Arc::new(Shared {

@@ -58,40 +58,50 @@ impl Shared {
 }
 
 impl Core {
-    /// The least offset after `offset` in overflow file `file` of an entry
-    /// a task still needs: the payload of a task in memory
-    /// (`bytes.on_disk()`), or a far task's entry (whose payload the
-    /// promotion leaves there); `None` if no task needs an entry after
-    /// `offset`. Where the prefetcher reads on past a damaged entry at
-    /// `offset`: no task refers to the entries between, nor will one (new
-    /// references go to new files, but for far tasks promoted, counted
-    /// here). Dead letters are not looked at: their payloads are always in
-    /// memory (read back at open, or when the task is dead-lettered).
+    /// The offsets after `offset` in overflow file `file`, ascending, of
+    /// the entries tasks still need: the payloads of tasks in memory
+    /// (`bytes.on_disk()`) and far tasks' entries (whose payload the
+    /// promotion leaves there). Where the prefetcher reads on past a
+    /// damaged entry: no task refers to the entries between, nor will one
+    /// (new references go to new files; a far task promoted keeps its
+    /// entry's place, counted here) — so the list, taken once, stays good
+    /// for the rest of a round: an entry in it no longer needed (its task
+    /// finished, or its payload read back since) is only read for nothing.
+    /// Dead letters are not looked at: their payloads are always in memory
+    /// (read back at open, or when the task is dead-lettered).
     ///
     /// O(tasks + far tasks) — a scan of the slab (none when no task's
-    /// payload is in `file`) and [`crate::far::FarIndex::first_live_in_file_from`]
-    /// — under the engine's lock: made only when the prefetcher meets
-    /// damage, once per damaged entry (its cursor then moves past it).
-    pub(super) fn next_needed_entry_after(&self, file: u32, offset: u64) -> Option<u64> {
-        let from = offset.checked_add(1)?;
-        let in_memory = if self.payloads.live_in_file(file) == 0 {
-            None
-        } else {
-            self.tasks
-                .iter()
-                .filter_map(|t| t.bytes.on_disk())
-                .filter(|&(f, at)| f == file && at >= from)
-                .map(|(_, at)| at)
-                .min()
-        };
-        let far = self
-            .far
-            .first_live_in_file_from(file, from)
-            .map(|(at, _)| at);
-        match (in_memory, far) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+    /// payload is in `file`) and of the far index (none when no far task's
+    /// entry is) — under the engine's lock: made only when the prefetcher
+    /// meets damage, once per damaged file and round (not per damaged
+    /// entry: [`Shared::prefetch_files`] keeps the list).
+    pub(super) fn needed_entries_after(&mut self, file: u32, offset: u64) -> Vec<u64> {
+        #[cfg(test)]
+        {
+            self.needed_entry_scans += 1;
         }
+        let mut needed = Vec::new();
+        if self.payloads.live_in_file(file) > 0 {
+            needed.extend(
+                self.tasks
+                    .iter()
+                    .filter_map(|t| t.bytes.on_disk())
+                    .filter(|&(f, at)| f == file && at > offset)
+                    .map(|(_, at)| at),
+            );
+        }
+        if self.far.live_in_file(file) > 0 {
+            needed.extend(
+                self.far
+                    .iter()
+                    .map(|e| crate::far::unpack_loc(e.loc))
+                    .filter(|&(f, at)| f == file && at > offset)
+                    .map(|(_, at)| at),
+            );
+        }
+        needed.sort_unstable();
+        needed.dedup();
+        needed
     }
 }
 
@@ -140,7 +150,7 @@ pub(super) struct FileCursor {
     /// The round from which the file is read again (after a failure).
     pub retry_round: u64,
     /// An entry is damaged (checksum, format) and no task needs an entry
-    /// after it ([`Core::next_needed_entry_after`]): the file is not read
+    /// after it ([`Core::needed_entries_after`]): the file is not read
     /// again while the engine runs. (With one needed after it, the cursor
     /// goes on at that entry instead.)
     pub damaged: bool,
@@ -240,8 +250,9 @@ impl Shared {
     /// an entry is damaged (checksum, format), a warning naming the file
     /// and the offset, and the reading goes on, in the same round, at the
     /// next entry after it that a task still needs
-    /// ([`Core::next_needed_entry_after`]: an O(tasks) scan under the
-    /// engine's lock, made only on damage) — entries between are no task's
+    /// ([`Core::needed_entries_after`]: an O(tasks) scan under the
+    /// engine's lock, made only on damage, once per file and round) —
+    /// entries between are no task's
     /// — or, when there is none, the file is not read again while the
     /// engine runs. The damaged entry is gone past even when a task needs
     /// it: the prefetcher poisons nothing; the consumer receiving that task
@@ -269,7 +280,9 @@ impl Shared {
                 continue;
             }
             // Read until done, going past each damaged entry (every skip
-            // moves the cursor forward: this ends).
+            // moves the cursor forward: this ends). The entries tasks need
+            // after the first damage, listed once for the round.
+            let mut needed: Option<Vec<u64>> = None;
             let error = loop {
                 let error = match self.prefetch_file(disk, file, cursor, until) {
                     Ok(()) => {
@@ -279,13 +292,18 @@ impl Shared {
                     Err(error) => error,
                 };
                 let next = {
-                    let core = self.core.lock();
+                    let mut core = self.core.lock();
                     if !core.overflow_files.contains_key(&file) {
                         break Some((error, true));
                     }
                     match &error {
                         overflow::OverflowReadError::Corrupt { offset, .. } => {
-                            core.next_needed_entry_after(file, (*offset).max(cursor.offset))
+                            let damaged = (*offset).max(cursor.offset);
+                            let needed = needed
+                                .get_or_insert_with(|| core.needed_entries_after(file, damaged));
+                            needed
+                                .get(needed.partition_point(|&at| at <= damaged))
+                                .copied()
                         }
                         overflow::OverflowReadError::Io { .. } => None,
                     }
@@ -1188,6 +1206,35 @@ mod tests {
         }
         assert_eq!(sim.io_ops(), ops, "a damaged file was read again");
         assert_eq!(engine.stats().payloads_on_disk, 1);
+    }
+
+    /// Damage over many entries live tasks need (a zeroed range, say): the
+    /// round goes past each (one warning each; receiving those tasks
+    /// reports it) and prefetches the payload after them — with one scan of
+    /// the tasks for the file, not one per damaged entry (each O(tasks)
+    /// under the engine's lock: a hole over 10 000 entries of an engine of
+    /// a million tasks would hold it for 10^10 steps in one round).
+    #[test]
+    fn many_damaged_entries_cost_one_scan_of_the_tasks_per_round() {
+        const N: u64 = 50;
+        let (sim, _clock, engine, file) = due_within_window(72, N);
+        for i in 0..N - 1 {
+            let (_, at) = payload_at(&engine, format!("k{i}").as_bytes());
+            damage(&sim, &engine, file, at);
+        }
+        let mut p = Prefetcher::default();
+        assert_eq!(round(&engine, &mut p, &[file]), (N as usize - 1, 0));
+        assert_eq!(p.cursors[&file], at_end(file_len(&sim, &engine, file)));
+        let stats = engine.stats();
+        assert_eq!(
+            (stats.payloads_on_disk as u64, stats.payloads_read_back),
+            (N - 1, 1)
+        );
+        assert_eq!(
+            engine.shared.core.lock().needed_entry_scans,
+            1,
+            "scans of the tasks in one round"
+        );
     }
 
     /// A damaged entry no task needs before the entries of far tasks not
