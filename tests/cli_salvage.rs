@@ -338,3 +338,44 @@ fn dump_key_warns_for_a_damaged_entry_no_live_task_needs() -> TestResult {
     assert!(stderr.contains("damaged overflow file"), "{stderr}");
     Ok(())
 }
+
+/// Without a checkpoint, a torn tail an unclean close left (the last frame cut short) is what
+/// the engine's open truncates: `kairos verify` passes it (a warning), and so does salvage —
+/// it is not damage salvage must refuse, nor is it called damaged.
+#[test]
+fn salvage_without_a_checkpoint_passes_a_torn_tail_as_verify_does() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(&dir, config(), &clock)?;
+    for i in 0..50 {
+        engine.schedule(&key(i), at(START_MS + 10_000), b"payload")?;
+    }
+    drop(engine); // no shutdown: a crash as far as the log knows
+    let checkpoints = dir.join("checkpoint");
+    assert!(!checkpoints.exists() || std::fs::read_dir(&checkpoints)?.next().is_none());
+    let seg = log_bytes(&dir)?
+        .into_keys()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .max()
+        .ok_or("segment")?;
+    let mut bytes = std::fs::read(&seg)?;
+    bytes.extend(std::iter::repeat_n(0xA5u8, 100));
+    std::fs::write(&seg, &bytes)?;
+    let (vout, verr) = run(&["verify", path(&dir)], 0);
+    let (stdout, stderr) = run(&["salvage", path(&dir)], 0);
+    assert!(
+        stdout.contains("damaged         none"),
+        "{stdout}\n{stderr}\n{vout}\n{verr}"
+    );
+    let (stdout, stderr) = run(&["salvage", path(&dir), "--discard"], 0);
+    assert!(
+        stdout.contains("damaged         none"),
+        "{stdout}\n{stderr}"
+    );
+    // The engine opens it (truncating the tail), every task there.
+    let engine = open_fs(&dir, config(), &clock)?;
+    assert_eq!(engine.stats().pending, 50);
+    engine.shutdown()?;
+    Ok(())
+}
