@@ -1254,3 +1254,50 @@ fn a_negative_number_is_refused_naming_its_option() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(!tmp.path().join("data").exists(), "nothing was created");
 }
+
+/// A negative duration given to an option that takes one (`--delay -5s`) is refused by that
+/// option's own check, naming it — as a negative number is (above). Clap took `-5s` for flags
+/// (`unexpected argument '-5' found`, with the tip to pass '-- -5', which for an option's value
+/// does not work), leaving the option unnamed: only values that read as numbers were let
+/// through to the option.
+#[test]
+fn a_negative_duration_is_refused_naming_its_option() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let dir = dir.to_str().unwrap();
+    for (args, says) in [
+        (
+            &["dead-letters", "requeue", dir, "--all", "--delay", "-5s"][..],
+            "invalid value '-5s' for '--delay <DURATION>'",
+        ),
+        (
+            &["demo", "--dir", dir, "--horizon", "-1d"],
+            "invalid value '-1d' for '--horizon <DURATION>'",
+        ),
+        (
+            &[
+                "bench",
+                "--dir",
+                dir,
+                "--tasks",
+                "10",
+                "--resident-window",
+                "-1m",
+            ],
+            "invalid value '-1m' for '--resident-window <D|off>'",
+        ),
+    ] {
+        let out = kairos(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("unexpected argument"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A flag after such an option is taken for its value, and refused by the same check.
+    let out = kairos(&["demo", "--dir", dir, "--horizon", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(!tmp.path().join("data").exists(), "nothing was created");
+}

@@ -677,7 +677,8 @@ struct Tuning {
     /// raises a shorter window to the payload window (1m) and caps a longer
     /// one at the 18-day horizon (`Config::far_span`); the report gives the
     /// window used.
-    #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window)]
+    #[arg(long, value_name = "D|off", default_value = "1m", value_parser = parse_window,
+          allow_hyphen_values = true)]
     resident_window: ResidentWindow,
     /// `Config::relocate_far_bytes`: far tasks leave the wheel in the
     /// background once those scheduled since the last move take this much

@@ -100,7 +100,8 @@ struct RequeueArgs {
     which: Selection,
     /// Due this long from now: `0` (now), or whole numbers with units, e.g.
     /// `250ms`, `30s`, `5m`, `2h`, `1d`, `1h30m`.
-    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = super::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = super::parse_duration,
+          allow_hyphen_values = true)]
     delay: Duration,
 }
 

@@ -181,7 +181,10 @@ pub fn main() -> ExitCode {
 /// accepting one that is a negative number (`--tasks -5`): the option's own check then refuses
 /// it naming the option and its range (`invalid value '-5' for '--tasks <N>'`), where clap
 /// would take `-5` for an unknown flag ("unexpected argument '-5' found") and leave the option
-/// unnamed.
+/// unnamed. (Only values that read as numbers: a flag after the option stays a flag. The
+/// options taking a duration, `-5s` being no number, take any value beginning with '-'
+/// themselves — `allow_hyphen_values`: no duration begins with one, so a flag taken for their
+/// value is refused by their check too.)
 fn parse() -> Cli {
     use clap::{CommandFactory as _, FromArgMatches as _};
     fn negative_values(command: clap::Command) -> clap::Command {

@@ -176,7 +176,7 @@ pub struct DemoArgs {
     /// it the engine's defaults apply (a one-minute window, checkpoints
     /// every 10 minutes or 256 MiB of log), and a 35-s demo moves little or
     /// nothing to disk.
-    #[arg(long, value_name = "DURATION", value_parser = parse_horizon)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_horizon, allow_hyphen_values = true)]
     horizon: Option<Duration>,
 }
 
