@@ -379,3 +379,24 @@ fn salvage_without_a_checkpoint_passes_a_torn_tail_as_verify_does() -> TestResul
     engine.shutdown()?;
     Ok(())
 }
+
+/// A log of one record: `verify`'s segment line and `dump`'s summary say "1 record", as the
+/// other counts of these tools do since they share one plural helper (they said "1 records").
+#[test]
+fn one_record_is_counted_in_the_singular() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(&dir, config(), &clock)?;
+    engine.schedule(&key(0), at(START_MS + 10_000), b"payload")?;
+    engine.shutdown()?;
+    let (stdout, _) = run(&["verify", path(&dir)], 0);
+    assert!(stdout.contains(" 1 record, "), "{stdout}");
+    assert!(!stdout.contains("1 records"), "{stdout}");
+    let (_, stderr) = run(&["dump", path(&dir)], 0);
+    assert!(stderr.contains("kairos dump: 1 record, "), "{stderr}");
+    assert!(stderr.contains("in 1 segment of"), "{stderr}");
+    let (_, stderr) = run(&["dump", path(&dir), "--key", "nobody"], 0);
+    assert!(stderr.contains("0 of 1 record shown"), "{stderr}");
+    Ok(())
+}

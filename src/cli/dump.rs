@@ -21,7 +21,7 @@ use super::verify::{
     check_overflow_refs_after_log, dirs, missing_checkpoint, needed_entries, not_regular_files,
     start_from_checkpoint_deferring_overflow, Cause, CheckpointStart, Failure, FarReader, Torn,
 };
-use super::Verdict;
+use super::{plural, Verdict};
 use anyhow::Context as _;
 use clap::builder::TypedValueParser as _;
 use clap::Args;
@@ -731,10 +731,9 @@ impl<W: Write> Dumper<W> {
                 };
                 let _ = write!(
                     summary,
-                    "kairos dump: {} records{lsns}, in {} segment{} of {}; clean shutdown: {}",
-                    self.records,
-                    report.segments.len(),
-                    if report.segments.len() == 1 { "" } else { "s" },
+                    "kairos dump: {}{lsns}, in {} of {}; clean shutdown: {}",
+                    plural(self.records, "record", "records"),
+                    plural(report.segments.len() as u64, "segment", "segments"),
                     log_dir.display(),
                     if report.clean_shutdown { "yes" } else { "no" },
                 );
@@ -779,8 +778,8 @@ impl<W: Write> Dumper<W> {
                 }
                 let _ = writeln!(
                     summary,
-                    "kairos dump: the {} records read before {stopped_by} are printed above",
-                    self.records
+                    "kairos dump: printed above: the {} read before {stopped_by}",
+                    plural(self.records, "record", "records")
                 );
             }
         }
@@ -809,8 +808,9 @@ impl<W: Write> Dumper<W> {
             };
             let _ = writeln!(
                 summary,
-                "kairos dump: {} of {} records shown: {whose}{state}",
-                self.shown, self.records
+                "kairos dump: {} of {} shown: {whose}{state}",
+                self.shown,
+                plural(self.records, "record", "records")
             );
         }
         if self.undecodable > 0 {

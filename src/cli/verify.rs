@@ -1835,10 +1835,10 @@ impl Verification {
         }
         for s in &self.segments {
             outln!(
-                "  segment {}  {} bytes, {} records, LSN {}..{}{}",
+                "  segment {}  {} bytes, {}, LSN {}..{}{}",
                 s.file.display(),
                 s.bytes,
-                s.records,
+                plural(s.records, "record", "records"),
                 s.first_lsn,
                 s.last_lsn,
                 match s.sealed {
