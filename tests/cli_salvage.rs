@@ -400,3 +400,29 @@ fn one_record_is_counted_in_the_singular() -> TestResult {
     assert!(stderr.contains("0 of 1 record shown"), "{stderr}");
     Ok(())
 }
+
+/// `dump --key` with a key that begins with '-': `--key=-x` finds its task, and the help says
+/// so — `--key -x` is refused as an unknown option (clap's tip, "use '-- -x'", does not work
+/// for an option's value), while since every option takes negative numbers `--key -5` is the
+/// key "-5": which of the two a key beginning with '-' gets was not said anywhere.
+#[test]
+fn dump_key_beginning_with_a_hyphen() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let clock = ManualClock::new(START_MS);
+    let engine = open_fs(&dir, config(), &clock)?;
+    engine.schedule(b"-x", at(START_MS + 10_000), b"payload")?;
+    engine.schedule(b"-5", at(START_MS + 10_000), b"payload")?;
+    engine.shutdown()?;
+    for key in ["-x", "-5"] {
+        let (_, stderr) = run(&["dump", path(&dir), &format!("--key={key}")], 0);
+        assert!(stderr.contains("1 of 2 records shown"), "{key}: {stderr}");
+    }
+    let (_, stderr) = run(&["dump", path(&dir), "--key", "-5"], 0);
+    assert!(stderr.contains("1 of 2 records shown"), "{stderr}");
+    let (_, stderr) = run(&["dump", path(&dir), "--key", "-x"], 2);
+    assert!(stderr.contains("unexpected argument '-x'"), "{stderr}");
+    let (help, _) = run(&["dump", "--help"], 0);
+    assert!(help.contains("--key=-x"), "{help}");
+    Ok(())
+}

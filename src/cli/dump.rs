@@ -139,7 +139,8 @@ pub struct DumpArgs {
     #[arg(value_name = "DIR")]
     dir: PathBuf,
     /// Only the records of the tasks that ever had this key (not empty: no task has an empty
-    /// key).
+    /// key). A key that begins with '-' is given as `--key=-x` (`--key -x` reads `-x` as an
+    /// option; one that reads as a number, `--key -5`, is taken as the key).
     #[arg(long, value_name = "K",
           value_parser = clap::builder::OsStringValueParser::new().try_map(non_empty_key))]
     key: Option<OsString>,
