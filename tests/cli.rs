@@ -1240,19 +1240,25 @@ fn a_negative_number_is_refused_naming_its_option() {
             "invalid value '-3' for '--id <ID>'",
         ),
     ] {
-        let out = kairos(args);
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(says), "{args:?}: {stderr}");
-        assert!(
-            !stderr.contains("unexpected argument"),
-            "{args:?}: {stderr}"
-        );
+        assert_refused_naming_the_option(args, says);
     }
     // A flag still is one: a value that is not a number is not swallowed.
     let out = kairos(&["demo", "--dir", dir, "--tasks", "--json"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(!tmp.path().join("data").exists(), "nothing was created");
+}
+
+/// `kairos args` exits 2 with an error that `says` (the option and its value), not clap's
+/// "unexpected argument" (a negative value taken for a flag).
+fn assert_refused_naming_the_option(args: &[&str], says: &str) {
+    let out = kairos(args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(stderr.contains(says), "{args:?}: {stderr}");
+    assert!(
+        !stderr.contains("unexpected argument"),
+        "{args:?}: {stderr}"
+    );
 }
 
 /// A negative duration given to an option that takes one (`--delay -5s`) is refused by that
@@ -1287,14 +1293,7 @@ fn a_negative_duration_is_refused_naming_its_option() {
             "invalid value '-1m' for '--resident-window <D|off>'",
         ),
     ] {
-        let out = kairos(args);
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(says), "{args:?}: {stderr}");
-        assert!(
-            !stderr.contains("unexpected argument"),
-            "{args:?}: {stderr}"
-        );
+        assert_refused_naming_the_option(args, says);
     }
     // A flag after such an option is taken for its value, and refused by the same check.
     let out = kairos(&["demo", "--dir", dir, "--horizon", "--json"]);

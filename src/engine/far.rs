@@ -1224,27 +1224,10 @@ mod tests {
     fn entries_out_of_order_poison_the_promotion_instead_of_looping() {
         let sim = kairos_wal::SimStorage::new(8);
         let clock = ManualClock::new(START_MS);
-        let engine = engine(&sim, &clock);
-        let mut scheduled = Vec::new();
-        one_file(&engine, "a", 150, &mut scheduled);
-        let dir = Path::new("/kairos/overflow");
-        let names = sim.list(dir).unwrap();
-        let [name] = names.as_slice() else {
-            panic!("one overflow file expected: {names:?}");
-        };
-        let path = dir.join(name);
-        let mut bytes = sim.read_file(&path).unwrap();
-        let header = crate::overflow::HEADER_BYTES;
-        let entry = (bytes.len() - header) / 150;
-        assert_eq!((bytes.len() - header) % 150, 0, "equal entries expected");
-        let (first, last) = (header, bytes.len() - entry);
-        let first_entry = bytes[first..first + entry].to_vec();
-        bytes.copy_within(last.., first);
-        bytes[last..].copy_from_slice(&first_entry);
-        sim.write_file(&path, &bytes);
+        let (path, engine, _) = swapped(&sim, &clock, &[], (0, 149));
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
         clock.advance(Duration::from_secs(2 * 3600));
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let engine = Arc::new(engine);
         let driven = Arc::clone(&engine);
         std::thread::spawn(move || {
             driven.run_until_idle();
