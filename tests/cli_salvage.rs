@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::cli::{copy_tree, json, path, run};
+use common::cli::{copy_tree, json, path, run, tree_bytes};
 use common::far::{at, due, key, overflow_file, MINUTE};
 use common::{drain, open_fs, TaskMap, TestResult, START_MS};
 use kairos::ManualClock;
@@ -424,5 +424,43 @@ fn dump_key_beginning_with_a_hyphen() -> TestResult {
     assert!(stderr.contains("unexpected argument '-x'"), "{stderr}");
     let (help, _) = run(&["dump", "--help"], 0);
     assert!(help.contains("--key=-x"), "{help}");
+    Ok(())
+}
+
+/// A directory holding only an empty `wal/`: `verify` fails ("no log segments … not a Kairos
+/// data or log directory"), and so does salvage, with and without `--discard`, writing
+/// nothing — it answered "damaged none", exit 0 (found by a review). A data directory whose
+/// log's creation was cut short (its LOCK there, `wal/` empty) passes both, as the engine
+/// opens it.
+#[test]
+fn salvage_refuses_a_log_directory_without_segments_as_verify_does() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    std::fs::create_dir_all(dir.join("wal"))?;
+    let (stdout, _) = run(&["verify", path(&dir)], 1);
+    assert!(stdout.contains("no log segments"), "{stdout}");
+    let before = tree_bytes(&dir)?;
+    for discard in [false, true] {
+        let mut args = vec!["salvage", path(&dir)];
+        if discard {
+            args.push("--discard");
+        }
+        let (stdout, stderr) = run(&args, 1);
+        assert!(!stdout.contains("damaged         none"), "{stdout}");
+        assert!(stderr.contains("no log segments"), "{stderr}");
+    }
+    assert!(tree_bytes(&dir)? == before, "nothing written");
+
+    let cut = tmp.path().join("cut");
+    let engine = open_fs(&cut, config(), &ManualClock::new(START_MS))?;
+    engine.shutdown()?;
+    for file in std::fs::read_dir(cut.join("wal"))? {
+        std::fs::remove_file(file?.path())?;
+    }
+    run(&["verify", path(&cut)], 0);
+    run(&["salvage", path(&cut)], 0);
+    assert!(open_fs(&cut, config(), &ManualClock::new(START_MS))?
+        .shutdown()
+        .is_ok());
     Ok(())
 }

@@ -327,6 +327,9 @@ fn find(storage: &dyn Storage, data_dir: &Path, log_dir: &Path) -> anyhow::Resul
             &mut replay,
             &FarReader::new(storage, None),
         )?;
+        if scan.segments.is_empty() && !Failure::log_creation_cut_short(log_dir) {
+            return Err(cannot(Failure::no_log(log_dir)));
+        }
         let first = scan
             .segments
             .first()
