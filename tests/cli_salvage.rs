@@ -260,6 +260,24 @@ fn salvage_refuses_what_it_cannot_mend() -> TestResult {
     Ok(())
 }
 
+/// A data directory at `dir` whose log alone holds `keys` (due 10 s after `START_MS`, payload
+/// `payload`; no checkpoint taken), shut down cleanly or, if not `clean`, dropped (a crash as
+/// far as the log knows).
+fn log_only(dir: &Path, keys: impl IntoIterator<Item = Vec<u8>>, clean: bool) -> TestResult {
+    let engine = open_fs(dir, config(), &ManualClock::new(START_MS))?;
+    for k in keys {
+        engine.schedule(&k, at(START_MS + 10_000), b"payload")?;
+    }
+    if clean {
+        engine.shutdown()?;
+    } else {
+        drop(engine);
+    }
+    let checkpoints = dir.join("checkpoint");
+    assert!(!checkpoints.exists() || std::fs::read_dir(&checkpoints)?.next().is_none());
+    Ok(())
+}
+
 /// Without a checkpoint (no overflow file in use) salvage still reads the log, as the open
 /// would: a damaged one is refused as it is with a checkpoint, not called sound (it used to
 /// answer "damaged none" with exit status 0 for a log `kairos verify` fails).
@@ -267,14 +285,7 @@ fn salvage_refuses_what_it_cannot_mend() -> TestResult {
 fn salvage_without_a_checkpoint_still_refuses_a_damaged_log() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("data");
-    let clock = ManualClock::new(START_MS);
-    let engine = open_fs(&dir, config(), &clock)?;
-    for i in 0..50 {
-        engine.schedule(&key(i), at(START_MS + 10_000), b"payload")?;
-    }
-    engine.shutdown()?;
-    let checkpoints = dir.join("checkpoint");
-    assert!(!checkpoints.exists() || std::fs::read_dir(&checkpoints)?.next().is_none());
+    log_only(&dir, (0..50).map(key), true)?;
     // Sound, it passes.
     let (stdout, _) = run(&["salvage", path(&dir)], 0);
     assert!(stdout.contains("damaged         none"), "{stdout}");
@@ -346,14 +357,7 @@ fn dump_key_warns_for_a_damaged_entry_no_live_task_needs() -> TestResult {
 fn salvage_without_a_checkpoint_passes_a_torn_tail_as_verify_does() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("data");
-    let clock = ManualClock::new(START_MS);
-    let engine = open_fs(&dir, config(), &clock)?;
-    for i in 0..50 {
-        engine.schedule(&key(i), at(START_MS + 10_000), b"payload")?;
-    }
-    drop(engine); // no shutdown: a crash as far as the log knows
-    let checkpoints = dir.join("checkpoint");
-    assert!(!checkpoints.exists() || std::fs::read_dir(&checkpoints)?.next().is_none());
+    log_only(&dir, (0..50).map(key), false)?;
     let seg = log_bytes(&dir)?
         .into_keys()
         .filter(|p| p.extension().is_some_and(|e| e == "seg"))
@@ -374,7 +378,7 @@ fn salvage_without_a_checkpoint_passes_a_torn_tail_as_verify_does() -> TestResul
         "{stdout}\n{stderr}"
     );
     // The engine opens it (truncating the tail), every task there.
-    let engine = open_fs(&dir, config(), &clock)?;
+    let engine = open_fs(&dir, config(), &ManualClock::new(START_MS))?;
     assert_eq!(engine.stats().pending, 50);
     engine.shutdown()?;
     Ok(())
@@ -386,10 +390,7 @@ fn salvage_without_a_checkpoint_passes_a_torn_tail_as_verify_does() -> TestResul
 fn one_record_is_counted_in_the_singular() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("data");
-    let clock = ManualClock::new(START_MS);
-    let engine = open_fs(&dir, config(), &clock)?;
-    engine.schedule(&key(0), at(START_MS + 10_000), b"payload")?;
-    engine.shutdown()?;
+    log_only(&dir, [key(0)], true)?;
     let (stdout, _) = run(&["verify", path(&dir)], 0);
     assert!(stdout.contains(" 1 record, "), "{stdout}");
     assert!(!stdout.contains("1 records"), "{stdout}");
@@ -409,11 +410,7 @@ fn one_record_is_counted_in_the_singular() -> TestResult {
 fn dump_key_beginning_with_a_hyphen() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("data");
-    let clock = ManualClock::new(START_MS);
-    let engine = open_fs(&dir, config(), &clock)?;
-    engine.schedule(b"-x", at(START_MS + 10_000), b"payload")?;
-    engine.schedule(b"-5", at(START_MS + 10_000), b"payload")?;
-    engine.shutdown()?;
+    log_only(&dir, [b"-x".to_vec(), b"-5".to_vec()], true)?;
     for key in ["-x", "-5"] {
         let (_, stderr) = run(&["dump", path(&dir), &format!("--key={key}")], 0);
         assert!(stderr.contains("1 of 2 records shown"), "{key}: {stderr}");
