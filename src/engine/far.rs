@@ -817,11 +817,7 @@ impl Shared {
                     };
                     let got_none = got.is_empty();
                     let owned = |offset: u64, entry: &overflow::Entry| {
-                        let core = self.core.lock();
-                        pack_loc(file, offset).is_some_and(|loc| {
-                            let hash = core.hasher.hash(&entry.key);
-                            core.far.find(hash, loc, entry.task_id).is_some()
-                        })
+                        self.core.lock().far_owner(file, offset, entry).is_some()
                     };
                     match c.take(got, owned) {
                         Ok(0) => {}
@@ -963,11 +959,7 @@ impl Shared {
                 let Some((file, offset, entry)) = pending.next() else {
                     break;
                 };
-                let Some(loc) = pack_loc(file, offset) else {
-                    continue;
-                };
-                let hash = core.hasher.hash(&entry.key);
-                if let Some(pos) = core.far.find(hash, loc, entry.task_id) {
+                if let Some(pos) = core.far_owner(file, offset, &entry) {
                     self.unfar(&mut core, pos, entry, now);
                 }
             }
@@ -1037,6 +1029,20 @@ pub(super) fn unreadable(what: &str, err: &overflow::OverflowReadError) -> Strin
              damaged)"
         ),
         _ => format!("cannot read {what}: {err}"),
+    }
+}
+
+impl Core {
+    /// Where in the far index the far task that owns `entry` — read at
+    /// `offset` of overflow file `file` — is (a position for
+    /// [`FarIndex::remove`]), or `None` if no far task does: the entry is a
+    /// cancelled, promoted or moved task's, or a near task's payload. Found
+    /// by the hash of the entry's key, its place and its task id. O(1)
+    /// expected (one far-index lookup).
+    fn far_owner(&self, file: u32, offset: u64, entry: &overflow::Entry) -> Option<usize> {
+        let loc = pack_loc(file, offset)?;
+        self.far
+            .find(self.hasher.hash(&entry.key), loc, entry.task_id)
     }
 }
 
