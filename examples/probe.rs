@@ -3,6 +3,8 @@
 //! `many`: batches of 1 000 through `schedule_many` and `cancel_many`;
 //! `holds`: every single `schedule` call timed, the longest ones printed — where the
 //! engine's structures grow).
+//! `PROBE_CLOCK=system` in the environment: the engine reads the system clocks, as a service's
+//! does, instead of a manual clock (every mode but `expire` and those with their own setup).
 //! Pair with `perf stat -e instructions` or `valgrind --tool=callgrind`.
 use kairos::{Config, Engine, ManualClock};
 use std::sync::Arc;
@@ -45,7 +47,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clock = ManualClock::new(1_700_000_000_000);
     let mut config = Config::default();
     config.pending_tasks_max = n + 1;
-    let engine = Engine::in_memory(config, Arc::new(clock.clone()))?;
+    // `PROBE_CLOCK=system`: the wall and monotonic clocks a service reads
+    // (`SystemClock`) instead of the manual one, for the cost of reading them
+    // (not with `expire`, which moves the manual clock).
+    let engine = if std::env::var("PROBE_CLOCK").is_ok_and(|c| c == "system") && what != "expire" {
+        Engine::in_memory(config, Arc::new(kairos::SystemClock::new()))?
+    } else {
+        Engine::in_memory(config, Arc::new(clock.clone()))?
+    };
     let keys = keys(n);
     let payload = [7u8; 64];
     if what == "many" {
