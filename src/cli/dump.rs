@@ -220,12 +220,12 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
         // `--key` could not read a far task's entry to compare its key: that fails the dump
         // only if something live at the end of the log needs the entry (the engine would meet
         // the damage); if its task finished since, the engine opens and never reads it.
-        if let Some((file, offset)) = dumper.far_failure_entry {
-            dumper.far_failure_needed = dumper
-                .replay
-                .as_ref()
-                .filter(|_| replayed)
-                .is_none_or(|r| needed_entries(r, &[file]).contains_key(&(file, offset)));
+        // Each such entry is judged on its own (a key's hash can be two far tasks').
+        let replay = dumper.replay.as_ref().filter(|_| replayed);
+        let files: Vec<u32> = dumper.far_failures.iter().map(|f| f.entry.0).collect();
+        let needed = replay.map(|r| needed_entries(r, &files));
+        for f in &mut dumper.far_failures {
+            f.needed = needed.as_ref().is_none_or(|n| n.contains_key(&f.entry));
         }
         // A far task a record needed whole, its entry unread, live at the end: the engine's
         // open refuses the directory (the check above names the entry when it finds it
@@ -262,6 +262,19 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<Verdict> {
     ))
 }
 
+/// With `--key`: a far task's overflow entry that could not be read to compare its key.
+#[derive(Debug)]
+struct FarFailure {
+    /// Why, naming the task, the file and the offset.
+    failure: Failure,
+    /// The entry's overflow file and offset.
+    entry: (u32, u64),
+    /// Whether a task or dead letter live at the end of the log needs the entry (or the log
+    /// did not replay to its end). Only then does it fail the dump; otherwise it is a warning,
+    /// as `verify` reports such damage.
+    needed: bool,
+}
+
 /// Prints records as the scan hands them over.
 struct Dumper<W: Write> {
     out: W,
@@ -288,14 +301,9 @@ struct Dumper<W: Write> {
     overflow_failure: Option<Failure>,
     /// Damage in overflow entries no live task needs.
     overflow_warnings: Vec<Failure>,
-    /// With `--key`: why a far task's overflow entry could not be read to compare its key.
-    far_failure: Option<Failure>,
-    /// The far task whose entry `far_failure` names: whether a task or dead letter live at
-    /// the end of the log needs that entry (or the log did not replay to its end). Only then
-    /// does it fail the dump; otherwise it is a warning, as `verify` reports such damage.
-    far_failure_needed: bool,
-    /// The file and offset of the entry `far_failure` names.
-    far_failure_entry: Option<(u32, u64)>,
+    /// With `--key`: the far tasks' overflow entries that could not be read to compare their
+    /// key with it, in the order they were tried (each entry once).
+    far_failures: Vec<FarFailure>,
     records: u64,
     shown: u64,
     undecodable: u64,
@@ -334,9 +342,7 @@ impl<W: Write> Dumper<W> {
             checkpoint_failure: None,
             overflow_failure: None,
             overflow_warnings: Vec::new(),
-            far_failure: None,
-            far_failure_needed: true,
-            far_failure_entry: None,
+            far_failures: Vec::new(),
             records: 0,
             shown: 0,
             undecodable: 0,
@@ -442,7 +448,7 @@ impl<W: Write> Dumper<W> {
     /// The far tasks of checkpoint `c` (`far`, sorted by id) whose key is `key`, as state
     /// lines: those whose key hash is `key`'s, confirmed by reading the key from their
     /// overflow entry (another key may have the same hash). An entry that cannot be read is
-    /// noted in `far_failure`, as damaged (its bytes are wrong), unreadable (an I/O error) or
+    /// noted in `far_failures`, as damaged (its bytes are wrong), unreadable (an I/O error) or
     /// missing (its file is not there).
     fn far_with_key(
         &mut self,
@@ -467,8 +473,11 @@ impl<W: Write> Dumper<W> {
                 }),
                 Ok(_) => {}
                 Err(why) => {
-                    self.far_failure_entry.get_or_insert((t.file, t.offset));
-                    self.far_failure.get_or_insert_with(|| Failure {
+                    let entry = (t.file, t.offset);
+                    if self.far_failures.iter().any(|f| f.entry == entry) {
+                        continue;
+                    }
+                    let failure = Failure {
                         cause: why.cause,
                         file: c
                             .overflow_dir
@@ -480,6 +489,11 @@ impl<W: Write> Dumper<W> {
                              offset {}): {}",
                             t.id, t.file, t.offset, why.message
                         ),
+                    };
+                    self.far_failures.push(FarFailure {
+                        failure,
+                        entry,
+                        needed: true,
                     });
                 }
             }
@@ -653,8 +667,11 @@ impl<W: Write> Dumper<W> {
         for warning in &self.overflow_warnings {
             summary.push_str(&warning.describe("kairos dump: warning"));
         }
-        if let Some(failure) = &self.far_failure {
-            if self.far_failure_needed {
+        for FarFailure {
+            failure, needed, ..
+        } in &self.far_failures
+        {
+            if *needed {
                 ok = false;
                 // Once per file: `--key` reads far tasks' entries in a file found damaged above.
                 let same_file = self
