@@ -148,6 +148,36 @@ fn due_past_delay_max_is_rejected_never_clamped_never_fired() -> TestResult {
     assert_survivors(&mut h, &keepers, max_ms + 7_200_000)
 }
 
+/// Exactly `delay_max` is accepted also when the wall clock is not on a whole millisecond (as
+/// a real clock almost never is): the limit is compared before the due time is rounded up, so
+/// `schedule_after(key, delay_max, ..)`, and `Due::At` of the same instant, are not refused
+/// with a `max_ms` one below their `due_ms`. A nanosecond more is still refused.
+#[test]
+fn exactly_delay_max_is_accepted_between_milliseconds() -> TestResult {
+    let clock = ManualClock::new(START_MS);
+    let mut c = Config::default();
+    c.delay_max = Duration::from_secs(3_600);
+    let e = Engine::in_memory(c, Arc::new(clock.clone()))?;
+    // The wall clock at START_MS + 0.5 ms.
+    clock.advance(Duration::from_micros(500));
+    let max = Duration::from_secs(3_600);
+    let id = e.schedule_after(b"after-max", max, b"")?;
+    let due = e.lookup(b"after-max")?.ok_or("scheduled task not found")?;
+    assert_eq!((due.id, due.due_ms), (id, START_MS + 3_600_001));
+    let at = UNIX_EPOCH + Duration::from_micros(START_MS * 1_000 + 500) + max;
+    e.schedule_at(b"at-max", at, b"")?;
+    match e.schedule_after(b"past-max", max + Duration::from_nanos(1), b"") {
+        Err(ScheduleError::DueTooFar { due_ms, max_ms }) => {
+            assert_eq!(
+                (due_ms, max_ms),
+                (START_MS + 3_600_001, START_MS + 3_600_000)
+            );
+        }
+        other => return Err(format!("expected DueTooFar, got {other:?}").into()),
+    }
+    Ok(())
+}
+
 #[test]
 fn due_before_epoch_is_rejected_and_a_past_due_time_fires_at_once() -> TestResult {
     let (mut h, keepers) = harness(|_| {})?;

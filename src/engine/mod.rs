@@ -3864,9 +3864,13 @@ enum Round {
 }
 
 /// [`Shared::validate_due`]: the due time in UTC ms (rounded up), checked
-/// against `delay_max`. A delay from a wall time after the epoch — nearly
-/// every call — is worked out inline in `u64`: both below 2^62 ns (146
-/// years), their sum cannot overflow, and the figures are
+/// against `delay_max`: accepted when it is at most `delay_max` after the
+/// wall reading, compared in nanoseconds before the rounding — so a delay of
+/// exactly `delay_max` is accepted whatever the sub-millisecond part of the
+/// reading (rounding the due time up and the limit down refused it at every
+/// reading but a whole millisecond). A delay from a wall time after the
+/// epoch — nearly every call — is worked out inline in `u64`: both below
+/// 2^62 ns (146 years), their sum cannot overflow, and the figures are
 /// [`due_ms_general`]'s (`due_ms_fast_path_matches_the_general_one`).
 #[inline]
 fn due_ms_checked(due: Due, wall_ns: i128, delay_max: Duration) -> Result<u64, ScheduleError> {
@@ -3875,11 +3879,9 @@ fn due_ms_checked(due: Due, wall_ns: i128, delay_max: Duration) -> Result<u64, S
         if let Ok(wall) = u64::try_from(wall_ns) {
             if wall < LIMIT_NS && d.as_secs() < LIMIT_NS / 1_000_000_000 {
                 let due_ns = wall + d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos());
-                let due_ms = due_ns.div_ceil(1_000_000);
-                let delay_max_ms = u64::try_from(delay_max.as_millis()).unwrap_or(u64::MAX);
-                let max_ms = (wall / 1_000_000).saturating_add(delay_max_ms);
-                if due_ms <= max_ms {
-                    return Ok(due_ms);
+                let delay_max_ns = u64::try_from(delay_max.as_nanos()).unwrap_or(u64::MAX);
+                if due_ns <= wall.saturating_add(delay_max_ns) {
+                    return Ok(due_ns.div_ceil(1_000_000));
                 }
             }
         }
@@ -3910,20 +3912,28 @@ fn due_ms_general(due: Due, wall_ns: i128, delay_max: Duration) -> Result<u64, S
         return Err(ScheduleError::DueBeforeEpoch);
     };
     let due_ms = div_u128(due_ns, 1_000_000, Round::Up);
-    let max_ms = latest_due_ms(wall_ns, delay_max);
     match u64::try_from(due_ms) {
-        Ok(due_ms) if due_ms <= max_ms => Ok(due_ms),
+        Ok(due_ms) if due_ns <= latest_due_ns(wall_ns, delay_max) => Ok(due_ms),
         _ => Err(ScheduleError::DueTooFar {
             due_ms: u64::try_from(due_ms).unwrap_or(u64::MAX),
-            max_ms,
+            max_ms: latest_due_ms(wall_ns, delay_max),
         }),
     }
 }
 
-/// The latest due time accepted at `wall_ns`: wall time + `delay_max`, UTC ms.
+/// The latest due time accepted at `wall_ns`: wall time + `delay_max`, UTC ns
+/// (a wall time before the epoch counts as the epoch).
+fn latest_due_ns(wall_ns: i128, delay_max: Duration) -> u128 {
+    u128::try_from(wall_ns)
+        .unwrap_or(0)
+        .saturating_add(delay_max.as_nanos())
+}
+
+/// [`latest_due_ns`] in whole UTC ms, rounded down: what `DueTooFar` reports
+/// (a refused due time, rounded up, is always past it).
 fn latest_due_ms(wall_ns: i128, delay_max: Duration) -> u64 {
-    let wall_ms = div_u128(u128::try_from(wall_ns).unwrap_or(0), 1_000_000, Round::Down);
-    u64::try_from(wall_ms + delay_max.as_millis()).unwrap_or(u64::MAX)
+    let ms = div_u128(latest_due_ns(wall_ns, delay_max), 1_000_000, Round::Down);
+    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 /// `n / d`, rounded as asked. Divides in 64 bits whenever both fit (always
