@@ -179,7 +179,12 @@ impl ManualClock {
                 };
                 wall
             } else {
-                s.wall.checked_sub(d).unwrap_or(UNIX_EPOCH)
+                // `SystemTime` reaches before the epoch on Unix: `checked_sub`
+                // alone would not saturate.
+                s.wall
+                    .checked_sub(d)
+                    .filter(|wall| *wall >= UNIX_EPOCH)
+                    .unwrap_or(UNIX_EPOCH)
             };
         });
     }
@@ -270,6 +275,21 @@ mod tests {
         assert_eq!(c.now_monotonic(), Duration::from_millis(250));
         c.advance_monotonic(Duration::from_millis(5));
         assert_eq!(c.now_monotonic(), Duration::from_millis(255));
+    }
+
+    /// A step back past the epoch stops there, as documented: the wall clock
+    /// reads the epoch, not a time before it (which `wall_ms` would show as 0
+    /// while the engine saw a pre-epoch wall time), and a step forward then
+    /// counts from the epoch.
+    #[test]
+    fn a_step_back_past_the_epoch_saturates_there() {
+        let c = ManualClock::new(1_000);
+        c.step_wall(-2_000);
+        assert_eq!(c.now_wall(), UNIX_EPOCH);
+        c.step_wall(500);
+        assert_eq!(c.wall_ms(), 500);
+        c.step_wall(i64::MIN);
+        assert_eq!(c.now_wall(), UNIX_EPOCH);
     }
 
     #[test]
