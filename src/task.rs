@@ -449,11 +449,15 @@ pub(crate) struct Task {
     /// The task's wheel entry while it waits there.
     pub timer: Option<TimerKey>,
     /// Whether it waits in the catch-up backlog found at open (its entry
-    /// there is live): set when the open puts it there, cleared when it is
-    /// handed out or goes to the overdue queue (a reschedule to a past due
-    /// time, a retry due at once), so an entry left behind in the backlog
-    /// neither counts in `Stats::catch_up_backlog` nor takes a catch-up
-    /// token when the task waits untimed again.
+    /// there is live): set when the open (or a promotion the wheel cannot
+    /// take) puts it there, cleared when it is handed out, rescheduled or
+    /// goes to the overdue queue (a reschedule to a past due time, a retry
+    /// due at once), so an entry left behind in the backlog neither counts
+    /// in `Stats::catch_up_backlog` nor takes a catch-up token when the task
+    /// waits untimed again. Set only on a task `Scheduled` with no timer,
+    /// and cleared as it leaves that state or gets a timer. Changed through
+    /// [`TaskSlab::set_in_backlog`] once the task is in the slab, which
+    /// counts the tasks that have it ([`TaskSlab::in_backlog`]).
     pub in_backlog: bool,
 }
 
@@ -472,6 +476,8 @@ pub(crate) struct TaskSlab {
     slots: Vec<Slot>,
     free_head: Option<u32>,
     len: usize,
+    /// Tasks with [`Task::in_backlog`] set.
+    in_backlog: usize,
     /// The snapshot being read, if any ([`TaskSlab::begin_snapshot`]).
     snapshot: Option<Box<SlabSnapshot>>,
     /// Arena entries named by saved tasks the snapshot has read since the
@@ -502,6 +508,30 @@ enum Slot {
 impl TaskSlab {
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// How many tasks wait in the catch-up backlog ([`Task::in_backlog`]).
+    /// O(1).
+    pub fn in_backlog(&self) -> usize {
+        self.in_backlog
+    }
+
+    /// Sets or clears [`Task::in_backlog`] of the task in `slot` (none:
+    /// nothing), keeping [`TaskSlab::in_backlog`] right. Copies the task for
+    /// the snapshot under way, as [`TaskSlab::get_mut`] does, only if the
+    /// flag changes.
+    pub fn set_in_backlog(&mut self, slot: u32, on: bool) {
+        if self.get(slot).is_none_or(|t| t.in_backlog == on) {
+            return;
+        }
+        if let Some(task) = self.get_mut(slot) {
+            task.in_backlog = on;
+            if on {
+                self.in_backlog += 1;
+            } else {
+                self.in_backlog -= 1;
+            }
+        }
     }
 
     /// Makes room for `additional` more tasks without growing the slab.
@@ -662,6 +692,7 @@ impl TaskSlab {
             self.save_for_snapshot(slot);
         }
         self.len += 1;
+        self.in_backlog += usize::from(task.in_backlog);
         if let Some(slot) = self.free_head {
             let entry = &mut self.slots[slot as usize];
             if let Slot::Vacant { next_free } = *entry {
@@ -672,6 +703,7 @@ impl TaskSlab {
         }
         let Ok(slot) = u32::try_from(self.slots.len()) else {
             self.len -= 1;
+            self.in_backlog -= usize::from(task.in_backlog);
             return None;
         };
         self.slots.push(Slot::Occupied(task));
@@ -751,7 +783,10 @@ impl TaskSlab {
         self.free_head = Some(slot);
         self.len -= 1;
         match old {
-            Slot::Occupied(t) => Some(t),
+            Slot::Occupied(t) => {
+                self.in_backlog -= usize::from(t.in_backlog);
+                Some(t)
+            }
             Slot::Vacant { .. } => None,
         }
     }

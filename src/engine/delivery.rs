@@ -821,21 +821,15 @@ impl Shared {
     /// took a dead letter, a nack that made one), and must not outlive a crash that undoes
     /// them. Without a log, or with nothing pending, it waits for nothing.
     /// Up to `max` dead letters whose ids are above `after` (all with
-    /// `None`), oldest id first: the ids are chosen under the lock
-    /// (O(dead letters) comparisons), and only the chosen ones copied.
+    /// `None`), oldest id first: found under the lock in O(log dead
+    /// letters) (they are kept in id order), and only those copied.
     pub(super) fn dead_letters_after(&self, after: Option<TaskId>, max: usize) -> Vec<DeadLetter> {
         let core = self.core.lock();
         let floor = after.map_or(0, |id| id.0);
-        let mut ids: Vec<u64> = core.dead.keys().copied().filter(|&id| id > floor).collect();
-        if ids.len() > max {
-            // The `max` smallest ids, in no order yet.
-            ids.select_nth_unstable(max);
-            ids.truncate(max);
-        }
-        ids.sort_unstable();
-        let out: Vec<DeadLetter> = ids
-            .iter()
-            .filter_map(|&id| core.dead.get(&id).map(|d| (id, d)))
+        let out: Vec<DeadLetter> = core
+            .dead
+            .after(floor)
+            .take(max)
             .map(|(id, d)| DeadLetter {
                 task_id: TaskId(id),
                 key: d.key.to_vec(),
@@ -1151,8 +1145,8 @@ fn drive(shared: &Shared, handouts_tx: Option<std::sync::mpsc::Sender<Vec<Append
                 TaskState::Scheduled => {
                     task.state = TaskState::Ready;
                     task.timer = None;
-                    task.in_backlog = false;
                     task.deliveries = task.deliveries.saturating_add(1);
+                    core.tasks.set_in_backlog(slot, false);
                     core.ready_count += 1;
                     batch.push(&Record::Deliver { id, fired_ms });
                     handouts.push(ReadyEntry { slot, id, fired_ms });
@@ -1234,7 +1228,7 @@ impl Shared {
     ) -> Result<bool, crate::CancelError> {
         let mut core = self.core.lock();
         core.check_open().map_err(super::status_to_cancel_error)?;
-        if !core.dead.contains_key(&id.0) {
+        if !core.dead.contains(id.0) {
             // Gone by a record (a purge, a requeue) that may not be durable yet.
             self.wait_logged_with(core, wait)
                 .map_err(|cause| crate::CancelError::Poisoned { cause })?;

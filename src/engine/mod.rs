@@ -25,6 +25,7 @@ mod async_calls;
 mod checkpointing;
 #[cfg(test)]
 mod counting;
+mod dead;
 mod delivery;
 mod far;
 mod lookup;
@@ -478,7 +479,7 @@ struct Core {
     in_flight_count: usize,
     /// Dead letters by task id. Changed through [`Core::insert_dead`] and
     /// [`Core::remove_dead`] once open (a checkpoint's snapshot of them).
-    dead: HashMap<u64, DeadTask>,
+    dead: dead::DeadLetters,
     /// The dead letters as they were at a checkpoint's LSN, while it reads
     /// them ([`Core::begin_dead_snapshot`]).
     dead_snapshot: Option<Box<DeadSnapshot>>,
@@ -583,7 +584,7 @@ struct ReleasedMemory {
     _ready: VecDeque<ReadyEntry>,
     _handouts_pending: VecDeque<Vec<ReadyEntry>>,
     _receiving: Vec<ReadyEntry>,
-    _dead: HashMap<u64, DeadTask>,
+    _dead: dead::DeadLetters,
     _dead_snapshot: Option<Box<DeadSnapshot>>,
     _far: FarIndex,
     _far_cursors: std::collections::BTreeMap<u32, far::FarCursor>,
@@ -609,11 +610,7 @@ impl Core {
     fn push_overdue(&mut self, slot: u32, id: TaskId) {
         // Out of the backlog, if it was there: its entry there is stale.
         // (Read first: `get_mut` copies the task for a checkpoint's snapshot.)
-        if self.tasks.get(slot).is_some_and(|t| t.in_backlog) {
-            if let Some(task) = self.tasks.get_mut(slot) {
-                task.in_backlog = false;
-            }
-        }
+        self.tasks.set_in_backlog(slot, false);
         self.overdue.push_back((slot, id));
         if self.paused && self.overdue.len() > OVERDUE_KEPT_MIN.max(2 * self.tasks.len()) {
             let tasks = &self.tasks;
@@ -676,7 +673,7 @@ impl Core {
 
     /// Removes a dead letter (requeued or purged); whether there was one.
     fn remove_dead(&mut self, id: u64) -> bool {
-        let Some(task) = self.dead.remove(&id) else {
+        let Some(task) = self.dead.remove(id) else {
             return false;
         };
         if let Some(snapshot) = &mut self.dead_snapshot {
@@ -694,8 +691,7 @@ impl Core {
     /// each, O(D log D) in the caller's hold); until it ends, one removed
     /// before it is read is kept as it was and one added is noted.
     fn begin_dead_snapshot(&mut self) {
-        let mut ids: Vec<u64> = self.dead.keys().copied().collect();
-        ids.sort_unstable();
+        let ids: Vec<u64> = self.dead.ids().collect();
         self.dead_snapshot = Some(Box::new(DeadSnapshot {
             ids,
             next: 0,
@@ -726,7 +722,7 @@ impl Core {
             } else if snapshot.inserted.contains(&id) {
                 true
             } else {
-                self.dead.get(&id).is_none_or(|task| emit(id, task))
+                self.dead.get(id).is_none_or(|task| emit(id, task))
             };
             if !go_on {
                 break;
@@ -767,15 +763,20 @@ impl Core {
             scheduled: pending - core.ready_count - core.in_flight_count,
             ready: core.ready_count,
             in_flight: core.in_flight_count,
-            catch_up_backlog: core
-                .backlog
-                .iter()
-                .filter(|&&(slot, id)| core.tasks.waits_in_backlog(slot, id))
-                .count(),
+            catch_up_backlog: {
+                debug_assert_eq!(
+                    core.tasks.in_backlog(),
+                    core.backlog
+                        .iter()
+                        .filter(|&&(slot, id)| core.tasks.waits_in_backlog(slot, id))
+                        .count(),
+                    "tasks marked in the backlog against its live entries"
+                );
+                core.tasks.in_backlog()
+            },
             dead_letters: core.dead.len(),
             pending,
-            payload_bytes_in_memory: core.payloads.bytes_in_memory()
-                + core.dead.values().map(|d| d.payload.len()).sum::<usize>(),
+            payload_bytes_in_memory: core.payloads.bytes_in_memory() + core.dead.payload_bytes(),
             payloads_on_disk: core.payloads.tasks_on_disk() as usize + core.far.len(),
             payloads_read_back: core.payloads_read_back,
             far: core.far.len(),
@@ -828,7 +829,7 @@ impl Core {
             _handouts_pending: std::mem::take(&mut self.handouts_pending),
             _receiving: std::mem::take(&mut self.receiving),
             _dead: if keep_dead {
-                HashMap::new()
+                dead::DeadLetters::default()
             } else {
                 std::mem::take(&mut self.dead)
             },
@@ -1493,7 +1494,7 @@ impl Engine {
             receiving: Vec::new(),
             ready_count: 0,
             in_flight_count: 0,
-            dead: HashMap::new(),
+            dead: dead::DeadLetters::default(),
             dead_snapshot: None,
             next_id: replay.max_id().saturating_add(1),
             wal: wal.map(Arc::new),
@@ -1831,9 +1832,10 @@ impl Engine {
     /// (deliveries, acks, nacks, ...): see [`Stats`]. After a shutdown, the
     /// figures as they stood when the engine stopped.
     ///
-    /// Cost: one hold of the engine's lock, O(catch-up backlog + dead
-    /// letters) (`catch_up_backlog` and `payload_bytes_in_memory` are
-    /// summed).
+    /// Cost: one hold of the engine's lock, independent of the number of
+    /// tasks and dead letters (a sum over the overflow files): the levels
+    /// are counted as they change (the catch-up backlog's tasks by the task
+    /// slab, the dead letters' payload bytes as they come and go).
     pub fn stats(&self) -> Stats {
         let core = self.shared.core.lock();
         core.closed_stats.unwrap_or_else(|| core.stats())
@@ -1891,8 +1893,9 @@ impl Engine {
     /// seen only if its id is above where the walk is. Durability as for
     /// [`Engine::dead_letters`].
     ///
-    /// Cost: O(dead letters) id comparisons under the engine's lock, plus
-    /// copying the `max` returned (key, payload, error).
+    /// Cost: O(log dead letters) under the engine's lock to find the first
+    /// (they are kept in id order), plus copying the `max` returned (key,
+    /// payload, error).
     pub fn dead_letters_after(&self, after: Option<TaskId>, max: usize) -> Vec<DeadLetter> {
         self.shared.dead_letters_after(after, max)
     }
@@ -2505,11 +2508,13 @@ impl Shared {
         // Dead letters whose payload a checkpoint had moved to disk: read
         // back now (dead letters are kept in memory whole).
         for (id, (file, offset)) in dead_on_disk {
-            let Some(d) = core.dead.get_mut(&id) else {
+            let Some(d) = core.dead.get(id) else {
                 continue;
             };
             match self.read_payload_at(file, offset, id, &d.key) {
-                Ok(p) => d.payload = p,
+                Ok(p) => {
+                    core.dead.set_payload(id, p);
+                }
                 Err(cause) => {
                     unreadable.get_or_insert(cause);
                 }
@@ -2658,9 +2663,7 @@ impl Shared {
                     if !in_flight {
                         recovery.overdue += 1;
                     }
-                    if let Some(task) = c.tasks.get_mut(slot) {
-                        task.in_backlog = true;
-                    }
+                    c.tasks.set_in_backlog(slot, true);
                     c.backlog.push_back((slot, TaskId(id)));
                 }
             }
@@ -2977,6 +2980,9 @@ impl Shared {
                 task.bytes.due_moved();
             }
         }
+        // Placed anew: out of the catch-up backlog if it waited there (its
+        // entry there is left behind, stale).
+        c.tasks.set_in_backlog(slot, false);
         let due_tick = self.placement_tick(c, due_ms, due_tick);
         let wake = match c.wheel.insert(due_tick, slot) {
             Ok(timer) => {
@@ -3015,7 +3021,7 @@ impl Shared {
         self.await_relocation();
         let mut core = self.core.lock();
         core.check_open().map_err(status_to_schedule_error)?;
-        let Some(dead) = core.dead.get(&dead_id.0) else {
+        let Some(dead) = core.dead.get(dead_id.0) else {
             // Gone by a record (a purge, a requeue) that may not be durable yet.
             return Err(match self.wait_logged_with(core, wait) {
                 Ok(()) => ScheduleError::NotDeadLetter { task_id: dead_id.0 },
