@@ -205,8 +205,9 @@ pub struct Config {
     /// or the lease ends, though its key is free at once. Dead letters do
     /// not count.
     pub pending_tasks_max: usize,
-    /// Latest due time accepted, relative to now. Must fit the wheel:
-    /// at most `tick × 2^41` (half the wheel's range; ≈ 69 years at 1 ms).
+    /// Latest due time accepted, relative to now. Above zero, and must fit
+    /// the wheel: at most `tick × 2^41` (half the wheel's range; ≈ 69 years
+    /// at 1 ms).
     /// Default [`DELAY_MAX_DEFAULT`] (10 years).
     pub delay_max: Duration,
     /// At-least-once (default) or at-most-once delivery.
@@ -475,6 +476,11 @@ impl Config {
                 "pending_tasks_max must be in 1..={PENDING_TASKS_LIMIT}, got {}",
                 self.pending_tasks_max
             ));
+        }
+        if self.delay_max.is_zero() {
+            // Every due time but an overdue one would be refused: a field
+            // left unset, not a queue anyone wants.
+            return Err("delay_max must be above zero, got 0ns".into());
         }
         // Half the wheel's range: the other half absorbs driver lag.
         let wheel_range_ms = u128::from(WHEEL_RANGE_TICKS / 2) * u128::from(self.tick_ms());

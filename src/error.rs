@@ -3,6 +3,10 @@
 use kairos_wal::WalError;
 use std::path::PathBuf;
 
+/// What every `Poisoned` error's message ends with: what a caller does about it.
+pub(crate) const POISON_REMEDY: &str = "a poisoned engine takes no more changes: shut it down, \
+     deal with the cause, and open the directory again";
+
 /// Opening an engine failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -96,7 +100,7 @@ pub enum CheckpointError {
     /// The engine is poisoned by a failed write or sync (of this checkpoint or earlier), or
     /// by an earlier failed read of a far task's overflow entry, or by a panic in one of its
     /// threads (a bug).
-    #[error("engine is poisoned: {cause}")]
+    #[error("engine is poisoned: {cause} ({})", POISON_REMEDY)]
     Poisoned {
         /// The first failure.
         cause: String,
@@ -233,7 +237,7 @@ pub enum ScheduleError {
     /// earlier one; this poisons the engine too), or one of the engine's
     /// threads panicked (a bug); the engine refuses work until reopened. The outcome of this call is unknown (see the type's
     /// docs).
-    #[error("the engine is poisoned: {cause}")]
+    #[error("the engine is poisoned: {cause} ({})", POISON_REMEDY)]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -259,7 +263,7 @@ pub enum CancelError {
     /// A write or sync failed, or a far task's overflow entry could not be
     /// read (which poisons the engine), or one of the engine's threads
     /// panicked (a bug); the engine refuses work until reopened.
-    #[error("the engine is poisoned: {cause}")]
+    #[error("the engine is poisoned: {cause} ({})", POISON_REMEDY)]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -276,7 +280,7 @@ pub enum LookupError {
     /// A write or sync failed, or a far task's overflow entry could not be
     /// read (which poisons the engine), or one of the engine's threads
     /// panicked (a bug); the engine refuses work until reopened.
-    #[error("the engine is poisoned: {cause}")]
+    #[error("the engine is poisoned: {cause} ({})", POISON_REMEDY)]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -300,7 +304,10 @@ pub enum AckScheduleError {
     Ack(AckError),
     /// The next task is refused, as [`crate::Engine::schedule`] refuses it:
     /// [`ScheduleError::PayloadTooLarge`], [`ScheduleError::DueTooFar`],
-    /// [`ScheduleError::DueBeforeEpoch`];
+    /// [`ScheduleError::DueBeforeEpoch`], and [`ScheduleError::KeyTooLong`]
+    /// when the delivery's key is longer than the configuration in use
+    /// allows (the directory reopened with a lower
+    /// [`crate::Config::key_bytes_max`]: such a recurring series ends here);
     /// for a delivery taken at most once (a plain schedule of its key) also
     /// [`ScheduleError::AlreadyExists`] and [`ScheduleError::TooManyPending`].
     #[error(transparent)]
@@ -386,7 +393,7 @@ pub enum AckError {
     /// A write or sync failed, or a far task's overflow entry could not be
     /// read (which poisons the engine), or one of the engine's threads
     /// panicked (a bug); the engine refuses work until reopened.
-    #[error("the engine is poisoned: {cause}")]
+    #[error("the engine is poisoned: {cause} ({})", POISON_REMEDY)]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -408,7 +415,7 @@ pub enum RecvError {
     Closed,
     /// The engine stopped after an I/O failure (or a panic in one of its
     /// threads: a bug); `cause` says which.
-    #[error("the engine is poisoned: {cause}")]
+    #[error("the engine is poisoned: {cause} ({})", POISON_REMEDY)]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -427,7 +434,7 @@ pub enum SyncError {
     /// task's overflow entry did, or one of the engine's threads panicked (a bug); the engine
     /// refuses work until reopened, and what was logged before the call is not known to be
     /// durable.
-    #[error("the engine is poisoned: {cause}")]
+    #[error("the engine is poisoned: {cause} ({})", POISON_REMEDY)]
     Poisoned {
         /// The original failure.
         cause: String,
@@ -443,7 +450,7 @@ pub enum ShutdownError {
     Wal(#[from] WalError),
     /// The engine was poisoned before shutdown (by a failed write, sync or
     /// read, or a panic in one of its threads: a bug).
-    #[error("the engine is poisoned: {cause}")]
+    #[error("the engine is poisoned: {cause} ({})", POISON_REMEDY)]
     Poisoned {
         /// The original failure.
         cause: String,

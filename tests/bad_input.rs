@@ -404,6 +404,27 @@ fn second_open_of_a_directory_is_locked_fs() -> TestResult {
     Ok(())
 }
 
+/// A data directory path that names a regular file: the error says it is not a directory
+/// (it said "File exists"), and the file is left as it was.
+#[test]
+fn a_file_in_place_of_the_data_directory_is_named_as_such() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("orders");
+    std::fs::write(&file, b"not a directory")?;
+    match Engine::open(&file, config(Durability::Sync)) {
+        Err(e @ OpenError::Io { .. }) => assert_eq!(
+            e.to_string(),
+            format!(
+                "create directory {}: it exists and is not a directory",
+                file.display()
+            )
+        ),
+        other => return Err(format!("expected Io, got {:?}", other.map(|_| ())).into()),
+    }
+    assert_eq!(std::fs::read(&file)?, b"not a directory");
+    Ok(())
+}
+
 #[test]
 fn second_open_of_a_directory_is_locked_sim() -> TestResult {
     let (mut h, keepers) = harness(|_| {})?;
@@ -585,7 +606,18 @@ fn io_failure_poisons_with_typed_errors_and_reopen_recovers() -> TestResult {
             .engine()
             .schedule_after(b"doomed", Duration::from_secs(1), b"d")
         {
-            Err(ScheduleError::Poisoned { cause }) => assert!(!cause.is_empty()),
+            Err(e @ ScheduleError::Poisoned { .. }) => {
+                // The message says what to do about it, not only what happened.
+                let said = e.to_string();
+                assert!(
+                    said.starts_with("the engine is poisoned: ")
+                        && said.ends_with(
+                            "(a poisoned engine takes no more changes: shut it down, deal \
+                             with the cause, and open the directory again)"
+                        ),
+                    "{said}"
+                );
+            }
             other => return Err(format!("{kind:?}: expected Poisoned, got {other:?}").into()),
         }
         let e = h.engine();

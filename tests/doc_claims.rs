@@ -62,7 +62,7 @@ fn counts(s: Stats) -> (usize, usize, usize, usize, usize) {
 #[test]
 fn config_check_names_each_bad_field_and_accepts_each_limit() {
     type Tweak = fn(&mut Config);
-    let bad: [(Tweak, &str); 24] = [
+    let bad: [(Tweak, &str); 25] = [
         (
             |c| c.tick = TICK_MAX + ms(1),
             "tick must be a whole number of milliseconds in 1 ms..=1 h, got 3600.001s",
@@ -94,6 +94,10 @@ fn config_check_names_each_bad_field_and_accepts_each_limit() {
         (
             |c| c.pending_tasks_max = 0,
             "pending_tasks_max must be in 1..=2147483648, got 0",
+        ),
+        (
+            |c| c.delay_max = Duration::ZERO,
+            "delay_max must be above zero, got 0ns",
         ),
         (
             |c| c.delay_max = ms((1 << 41) + 1),

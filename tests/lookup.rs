@@ -232,7 +232,7 @@ fn lookup_of_a_damaged_far_entry_poisons_and_names_the_file() -> TestResult {
             cause: cause.clone()
         }
         .to_string(),
-        format!("the engine is poisoned: {cause}")
+        format!("the engine is poisoned: {cause} (a poisoned engine takes no more changes: shut it down, deal with the cause, and open the directory again)")
     );
     // Every call after it says so alike: a failed read poisoned the engine.
     let Err(cancelled) = h.engine().cancel(b"other") else {
@@ -241,7 +241,7 @@ fn lookup_of_a_damaged_far_entry_poisons_and_names_the_file() -> TestResult {
     assert!(matches!(cancelled, CancelError::Poisoned { .. }));
     assert_eq!(
         cancelled.to_string(),
-        format!("the engine is poisoned: {cause}")
+        format!("the engine is poisoned: {cause} (a poisoned engine takes no more changes: shut it down, deal with the cause, and open the directory again)")
     );
     let Err(scheduled) = h
         .engine()
@@ -252,7 +252,7 @@ fn lookup_of_a_damaged_far_entry_poisons_and_names_the_file() -> TestResult {
     assert!(matches!(scheduled, ScheduleError::Poisoned { .. }));
     assert_eq!(
         scheduled.to_string(),
-        format!("the engine is poisoned: {cause}")
+        format!("the engine is poisoned: {cause} (a poisoned engine takes no more changes: shut it down, deal with the cause, and open the directory again)")
     );
     assert!(matches!(
         h.engine().lookup(b"other"),

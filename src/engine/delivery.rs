@@ -63,7 +63,9 @@ pub enum AckScheduleOutcome {
 }
 
 /// A task that exhausted its attempts, kept until requeued or purged.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// (`Debug` shows the key as text, lossily, and the payload's length, as
+/// [`crate::Delivery`]'s does.)
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeadLetter {
     /// The task's id.
@@ -80,6 +82,20 @@ pub struct DeadLetter {
     pub dead_ms: u64,
     /// The error of its last attempt (the nack's text, or a lease expiry).
     pub error: String,
+}
+
+impl std::fmt::Debug for DeadLetter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadLetter")
+            .field("task_id", &self.task_id)
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("payload_bytes", &self.payload.len())
+            .field("attempts", &self.attempts)
+            .field("due_ms", &self.due_ms)
+            .field("dead_ms", &self.dead_ms)
+            .field("error", &self.error)
+            .finish()
+    }
 }
 
 /// How a receive waits for a ready task.
@@ -1258,6 +1274,26 @@ mod tests {
     use std::sync::Arc;
 
     const START_MS: u64 = 1_700_000_000_000;
+
+    /// A dead letter's `Debug` shows its key as text and its payload's
+    /// length, as a delivery's does (it showed both as byte arrays).
+    #[test]
+    fn a_dead_letters_debug_shows_the_key_as_text_and_the_payload_length() {
+        let d = DeadLetter {
+            task_id: TaskId(7),
+            key: b"order:7".to_vec(),
+            payload: vec![0; 300],
+            attempts: 3,
+            due_ms: 10,
+            dead_ms: 20,
+            error: "boom".into(),
+        };
+        assert_eq!(
+            format!("{d:?}"),
+            "DeadLetter { task_id: TaskId(7), key: \"order:7\", payload_bytes: 300, \
+             attempts: 3, due_ms: 10, dead_ms: 20, error: \"boom\" }"
+        );
+    }
 
     /// While paused nothing drains the overdue queue, yet it stays within
     /// twice the live tasks (plus `OVERDUE_KEPT_MIN`) however often tasks

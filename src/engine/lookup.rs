@@ -42,8 +42,10 @@ impl Engine {
     /// deliveries ([`TaskInfo`]). Changes nothing: a task due beyond
     /// [`crate::Config::far_span`] stays in its overflow file. `None` for a
     /// key no live task has — never scheduled, cancelled (also while a
-    /// consumer held it), finished, dead-lettered — and for a key no task
-    /// could have (empty or longer than `Config::key_bytes_max`).
+    /// consumer held it), finished, dead-lettered — and for the empty key.
+    /// A key longer than `Config::key_bytes_max` is looked up like any
+    /// other: a task scheduled under a larger limit (the directory reopened
+    /// with a lower one) is found, as it still fires and can be cancelled.
     ///
     /// It returns once everything logged before it is as durable as the
     /// mode promises, as a cancel answering `NotFound` does: under `Sync`

@@ -1240,7 +1240,18 @@ impl Engine {
             .map_err(|source| OpenError::Io {
                 op: "create directory",
                 path: dir.clone(),
-                source,
+                // `create_dir_all` fails so only where the path itself is
+                // something else than a directory (a parent that is one
+                // fails with "Not a directory"): "File exists" would not
+                // say what to fix.
+                source: if source.kind() == std::io::ErrorKind::AlreadyExists {
+                    std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "it exists and is not a directory",
+                    )
+                } else {
+                    source
+                },
             })?;
         let lock_path = dir.join("LOCK");
         let dir_lock = storage.lock(&lock_path).map_err(|source| {
@@ -1878,7 +1889,11 @@ impl Engine {
     /// made, a nack that made a dead letter): it may block on the log's
     /// pending commit (under `Sync`, the fdatasync — two with the proof
     /// before acknowledgement — of the round under way), and waits for
-    /// nothing when nothing is pending.
+    /// nothing when nothing is pending. On a poisoned engine (that wait, or
+    /// an earlier write or sync, failed) the list is what memory holds,
+    /// which may reflect changes that never became durable; a call that
+    /// returns a `Result` ([`Engine::lookup`], a schedule, a cancel) answers
+    /// `Poisoned` then.
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
         self.shared.dead_letters_after(None, usize::MAX)
     }
@@ -4028,7 +4043,10 @@ mod tests {
         );
         assert_eq!(
             refused.map_err(|e| e.to_string()).unwrap_err(),
-            format!("the engine is poisoned: {thread}")
+            format!(
+                "the engine is poisoned: {thread} ({})",
+                crate::error::POISON_REMEDY
+            )
         );
         match engine.shutdown() {
             Err(crate::ShutdownError::Poisoned { cause }) => assert_eq!(cause, thread),
