@@ -436,7 +436,7 @@ fn lease_expiry_on_the_last_attempt_dead_letters() -> TestResult {
             2,
             START_MS + 11_000,
             START_MS + 21_000,
-            "lease of 10000 ms expired without ack or nack".into(),
+            "lease expired without ack or nack (Config::lease is 10000 ms)".into(),
         );
         assert_eq!(dead_rows(e), std::slice::from_ref(&expected_x));
         assert_eq!(counts(e.stats()), (0, 0, 1, 1, 1));

@@ -72,7 +72,7 @@ fn nack_text(task: usize, attempt: u32) -> String {
 }
 
 fn lease_error() -> String {
-    format!("lease of {LEASE_MS} ms expired without ack or nack")
+    format!("lease expired without ack or nack (Config::lease is {LEASE_MS} ms)")
 }
 
 /// What a call answered.

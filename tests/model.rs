@@ -608,7 +608,10 @@ impl Model {
             })
             .collect();
         expired.sort();
-        let error = format!("lease of {} ms expired without ack or nack", self.lease_ms);
+        let error = format!(
+            "lease expired without ack or nack (Config::lease is {} ms)",
+            self.lease_ms
+        );
         for (_, _, k) in expired {
             self.fail(&k, None, &error);
         }

@@ -111,10 +111,12 @@ pub(crate) enum Wait {
 /// 1 GiB frame limit; retry and dead records carry at most 4 KiB of error).
 const PASS_CHUNK_RECORDS: usize = 65_536;
 
-/// Error text of a lease that expired.
+/// Error text of a lease that expired: names the configured lease, not
+/// this one's length, which [`crate::Consumer::extend_lease`] may have
+/// changed (a task does not keep it).
 fn lease_expired_error(lease: Duration) -> String {
     format!(
-        "lease of {} ms expired without ack or nack",
+        "lease expired without ack or nack (Config::lease is {} ms)",
         lease.as_millis()
     )
 }

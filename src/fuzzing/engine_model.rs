@@ -996,7 +996,10 @@ impl Model {
         expired.sort();
         let expiries = expired.len();
         self.totals.lease_expiries += expiries as u64;
-        let error = format!("lease of {} ms expired without ack or nack", self.lease_ms);
+        let error = format!(
+            "lease expired without ack or nack (Config::lease is {} ms)",
+            self.lease_ms
+        );
         for (_, _, k) in expired {
             self.fail(&k, None, &error);
         }
