@@ -3,6 +3,20 @@
 use kairos_wal::WalError;
 use std::path::PathBuf;
 
+/// Characters of a key an error message shows; a longer key is cut there
+/// (the error's `key` field holds it whole).
+const KEY_SHOWN_CHARS_MAX: usize = 100;
+
+/// `key` quoted (`{:?}`) for an error message: whole up to
+/// [`KEY_SHOWN_CHARS_MAX`] characters, else its first ones, "…" and its
+/// length — a key may be 64 KiB, and a message of that size helps no one.
+fn key_shown(key: &str) -> String {
+    match key.char_indices().nth(KEY_SHOWN_CHARS_MAX) {
+        None => format!("{key:?}"),
+        Some((cut, _)) => format!("{:?}… ({} characters)", &key[..cut], key.chars().count()),
+    }
+}
+
 /// What every `Poisoned` error's message ends with: what a caller does about it.
 pub(crate) const POISON_REMEDY: &str = "a poisoned engine takes no more changes: shut it down, \
      deal with the cause, and open the directory again";
@@ -179,13 +193,13 @@ pub enum ScheduleError {
     /// A task with this key is already live (scheduled, or delivered and not acked).
     /// Answered before `TooManyPending`: at the pending limit a schedule of a
     /// live key still says that the key is live.
-    #[error("a task with key {key:?} is already pending")]
+    #[error("a task with key {} is already pending", key_shown(key))]
     AlreadyExists {
         /// The key, lossily as UTF-8.
         key: String,
     },
     /// The same key appears twice in one batch.
-    #[error("key {key:?} appears twice in one batch")]
+    #[error("key {} appears twice in one batch", key_shown(key))]
     DuplicateKeyInBatch {
         /// The key, lossily as UTF-8.
         key: String,
@@ -218,7 +232,7 @@ pub enum ScheduleError {
     },
     /// A consumer holds the task with this key now: it cannot be
     /// rescheduled (cancel it, or let the consumer nack it).
-    #[error("task {key:?} is held by a consumer")]
+    #[error("task {} is held by a consumer", key_shown(key))]
     InFlight {
         /// The key (lossy UTF-8).
         key: String,
@@ -455,4 +469,38 @@ pub enum ShutdownError {
         /// The original failure.
         cause: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key in an error message is shown whole up to 100 characters, cut
+    /// after them with its length otherwise; the field keeps it whole.
+    #[test]
+    fn a_long_key_is_cut_in_the_message_not_in_the_field() {
+        let short = "order:1".to_string();
+        assert_eq!(
+            ScheduleError::AlreadyExists { key: short.clone() }.to_string(),
+            "a task with key \"order:1\" is already pending"
+        );
+        let exactly: String = "é".repeat(KEY_SHOWN_CHARS_MAX);
+        assert_eq!(
+            ScheduleError::InFlight {
+                key: exactly.clone()
+            }
+            .to_string(),
+            format!("task {exactly:?} is held by a consumer")
+        );
+        let long: String = "k".repeat(65_536);
+        let e = ScheduleError::DuplicateKeyInBatch { key: long.clone() };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "key {:?}… (65536 characters) appears twice in one batch",
+                "k".repeat(KEY_SHOWN_CHARS_MAX)
+            )
+        );
+        assert!(matches!(e, ScheduleError::DuplicateKeyInBatch { key } if key == long));
+    }
 }
