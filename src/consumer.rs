@@ -289,7 +289,8 @@ impl Consumer {
     }
 
     /// Acknowledges many deliveries with one log write: all of them, or none
-    /// if any is not outstanding (the error names the first).
+    /// if any is not outstanding (the error names the first) — a delivery
+    /// given twice is, the second time ([`AckError::NotOutstanding`]).
     ///
     /// # Errors
     /// As [`Consumer::ack`], plus `BatchTooLarge`.

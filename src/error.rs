@@ -367,10 +367,11 @@ pub enum AckError {
     /// The delivery is not outstanding, and its task is finished or will be
     /// at its lease's end — acked, cancelled, dead-lettered (also when its
     /// last attempt's lease just ran out) — or unknown, or the delivery is
-    /// from another engine instance (e.g. from before a restart). Nothing
+    /// from another engine instance (e.g. from before a restart), or it is
+    /// given a second time in one [`crate::Consumer::ack_many`]. Nothing
     /// changed.
     #[error(
-        "delivery of task {task_id} is not outstanding (finished, stale, or from another engine)"
+        "delivery of task {task_id} is not outstanding (finished, stale, from another engine, or given twice to one ack_many)"
     )]
     NotOutstanding {
         /// The task id in the delivery.

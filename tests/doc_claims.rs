@@ -365,7 +365,7 @@ fn error_texts_name_the_key_the_task_and_the_limit() -> TestResult {
     assert_eq!(
         ack_text(e.ack(&d)),
         Err(format!(
-            "delivery of task {} is not outstanding (finished, stale, or from another engine)",
+            "delivery of task {} is not outstanding (finished, stale, from another engine, or given twice to one ack_many)",
             held.0
         ))
     );
