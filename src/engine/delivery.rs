@@ -84,6 +84,19 @@ pub struct DeadLetter {
     pub error: String,
 }
 
+impl DeadLetter {
+    /// [`DeadLetter::due_ms`] as a `SystemTime`: the due time of its last
+    /// attempt.
+    pub fn due(&self) -> SystemTime {
+        ms_to_system_time(self.due_ms)
+    }
+
+    /// [`DeadLetter::dead_ms`] as a `SystemTime`: when it was dead-lettered.
+    pub fn dead_at(&self) -> SystemTime {
+        ms_to_system_time(self.dead_ms)
+    }
+}
+
 impl std::fmt::Debug for DeadLetter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeadLetter")
@@ -1295,6 +1308,10 @@ mod tests {
             "DeadLetter { task_id: TaskId(7), key: \"order:7\", payload_bytes: 300, \
              attempts: 3, due_ms: 10, dead_ms: 20, error: \"boom\" }"
         );
+        // The times as `SystemTime`, as `Delivery::due` and `TaskInfo::due` give them.
+        let epoch = std::time::SystemTime::UNIX_EPOCH;
+        assert_eq!(d.due(), epoch + Duration::from_millis(10));
+        assert_eq!(d.dead_at(), epoch + Duration::from_millis(20));
     }
 
     /// While paused nothing drains the overdue queue, yet it stays within
