@@ -60,6 +60,12 @@ impl Delivery {
     pub fn payload(&self) -> &[u8] {
         &self.payload
     }
+    /// The payload bytes, taken out of the delivery without a copy — once
+    /// it has been acked or nacked (those take the delivery by reference),
+    /// or for a delivery taken at most once.
+    pub fn into_payload(self) -> Vec<u8> {
+        self.payload
+    }
     /// The due time, UTC milliseconds since the Unix epoch.
     pub fn due_ms(&self) -> u64 {
         self.due_ms

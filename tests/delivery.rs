@@ -170,6 +170,20 @@ fn lease_expiry_redelivers_with_attempt_2_and_refuses_the_late_ack() -> TestResu
 /// keep a 10 s lease alive for a minute; without them it runs out exactly 10 s after the
 /// last one. A heartbeat outside 1 ms..=12 h is refused and changes nothing; an expired lease
 /// cannot be revived.
+/// A delivery's payload can be taken out of it once acked (`into_payload`), the bytes it
+/// was scheduled with.
+#[test]
+fn an_acked_deliverys_payload_is_taken_out_whole() -> TestResult {
+    let h = SimHarness::new(403, cfg(10_000, 3, 0))?;
+    let e = h.engine();
+    let payload: Vec<u8> = (0..=255u8).cycle().take(3_000).collect();
+    e.schedule_after(b"job", ms(5), &payload)?;
+    let d = one(h.advance(ms(5))?)?;
+    e.consumer().ack(&d)?;
+    assert_eq!(d.into_payload(), payload);
+    Ok(())
+}
+
 #[test]
 fn heartbeat_keeps_a_lease_alive() -> TestResult {
     let h = SimHarness::new(402, cfg(10_000, 3, 0))?;
