@@ -205,7 +205,9 @@ pub struct Config {
     /// or the lease ends, though its key is free at once. Dead letters do
     /// not count.
     pub pending_tasks_max: usize,
-    /// Latest due time accepted, relative to now. Above zero, and must fit
+    /// Latest due time accepted, relative to now, in whole milliseconds: a
+    /// due time (rounded up to the millisecond, as every due time is) is
+    /// accepted when it is at most now + `delay_max` rounded up. Above zero, and must fit
     /// the wheel: at most `tick × 2^41` (half the wheel's range; ≈ 69 years
     /// at 1 ms).
     /// Default [`DELAY_MAX_DEFAULT`] (10 years).

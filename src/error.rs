@@ -184,7 +184,9 @@ pub enum ScheduleError {
     DueTooFar {
         /// Requested due time, UTC ms (saturated at `u64::MAX`).
         due_ms: u64,
-        /// Latest acceptable due time at the moment of the call, UTC ms.
+        /// Latest acceptable due time at the moment of the call, UTC ms:
+        /// now + `delay_max`, rounded up as due times are (a due time is
+        /// accepted exactly when its ms are at most this).
         max_ms: u64,
     },
     /// The due time is before the Unix epoch.
@@ -464,8 +466,10 @@ pub enum ShutdownError {
     #[error(transparent)]
     Wal(#[from] WalError),
     /// The engine was poisoned before shutdown (by a failed write, sync or
-    /// read, or a panic in one of its threads: a bug).
-    #[error("the engine is poisoned: {cause} ({})", POISON_REMEDY)]
+    /// read, or a panic in one of its threads: a bug). It is shut down
+    /// nonetheless: what to do is deal with the cause and open the
+    /// directory again.
+    #[error("the engine was poisoned: {cause} (it is shut down; deal with the cause and open the directory again)")]
     Poisoned {
         /// The original failure.
         cause: String,

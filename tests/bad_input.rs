@@ -149,29 +149,40 @@ fn due_past_delay_max_is_rejected_never_clamped_never_fired() -> TestResult {
 }
 
 /// Exactly `delay_max` is accepted also when the wall clock is not on a whole millisecond (as
-/// a real clock almost never is): the limit is compared before the due time is rounded up, so
-/// `schedule_after(key, delay_max, ..)`, and `Due::At` of the same instant, are not refused
-/// with a `max_ms` one below their `due_ms`. A nanosecond more is still refused.
+/// a real clock almost never is), and the limit is kept in whole milliseconds as due times
+/// are: a due time, rounded up to the millisecond, is accepted exactly when it is at most
+/// now + `delay_max` rounded up — the `max_ms` a refusal at that reading reports. So
+/// `schedule_after(key, delay_max, ..)`, and `Due::At` of the same instant, are accepted (they
+/// were refused with a `max_ms` one below their `due_ms`), a nanosecond more still falls in
+/// that millisecond, and a due time in the next one is refused; every accepted due time is at
+/// most that `max_ms` (a review's test).
 #[test]
 fn exactly_delay_max_is_accepted_between_milliseconds() -> TestResult {
     let clock = ManualClock::new(START_MS);
     let mut c = Config::default();
     c.delay_max = Duration::from_secs(3_600);
     let e = Engine::in_memory(c, Arc::new(clock.clone()))?;
-    // The wall clock at START_MS + 0.5 ms.
+    // The wall clock at START_MS + 0.5 ms: the latest due time is START_MS + 3 600 000.5 ms,
+    // in whole milliseconds START_MS + 3 600 001.
     clock.advance(Duration::from_micros(500));
     let max = Duration::from_secs(3_600);
+    let latest_ms = START_MS + 3_600_001;
     let id = e.schedule_after(b"after-max", max, b"")?;
     let due = e.lookup(b"after-max")?.ok_or("scheduled task not found")?;
-    assert_eq!((due.id, due.due_ms), (id, START_MS + 3_600_001));
+    assert_eq!((due.id, due.due_ms), (id, latest_ms));
     let at = UNIX_EPOCH + Duration::from_micros(START_MS * 1_000 + 500) + max;
     e.schedule_at(b"at-max", at, b"")?;
-    match e.schedule_after(b"past-max", max + Duration::from_nanos(1), b"") {
+    e.schedule_after(b"a-ns-more", max + Duration::from_nanos(1), b"")?;
+    e.schedule_after(b"half-ms-more", max + Duration::from_micros(500), b"")?;
+    let mut accepted = Vec::new();
+    for k in [&b"after-max"[..], b"at-max", b"a-ns-more", b"half-ms-more"] {
+        accepted.push(e.lookup(k)?.ok_or("scheduled task not found")?.due_ms);
+    }
+    assert_eq!(accepted, [latest_ms; 4]);
+    let past = max + Duration::from_micros(500) + Duration::from_nanos(1);
+    match e.schedule_after(b"past-max", past, b"") {
         Err(ScheduleError::DueTooFar { due_ms, max_ms }) => {
-            assert_eq!(
-                (due_ms, max_ms),
-                (START_MS + 3_600_001, START_MS + 3_600_000)
-            );
+            assert_eq!((due_ms, max_ms), (latest_ms + 1, latest_ms));
         }
         other => return Err(format!("expected DueTooFar, got {other:?}").into()),
     }

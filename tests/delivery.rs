@@ -166,10 +166,6 @@ fn lease_expiry_redelivers_with_attempt_2_and_refuses_the_late_ack() -> TestResu
     Ok(())
 }
 
-/// A heartbeat (`extend_lease`) moves the deadline to `lease` from now: heartbeats every 5 s
-/// keep a 10 s lease alive for a minute; without them it runs out exactly 10 s after the
-/// last one. A heartbeat outside 1 ms..=12 h is refused and changes nothing; an expired lease
-/// cannot be revived.
 /// A delivery's payload can be taken out of it once acked (`into_payload`), the bytes it
 /// was scheduled with.
 #[test]
@@ -184,6 +180,10 @@ fn an_acked_deliverys_payload_is_taken_out_whole() -> TestResult {
     Ok(())
 }
 
+/// A heartbeat (`extend_lease`) moves the deadline to `lease` from now: heartbeats every 5 s
+/// keep a 10 s lease alive for a minute; without them it runs out exactly 10 s after the
+/// last one. A heartbeat outside 1 ms..=12 h is refused and changes nothing; an expired lease
+/// cannot be revived.
 #[test]
 fn heartbeat_keeps_a_lease_alive() -> TestResult {
     let h = SimHarness::new(402, cfg(10_000, 3, 0))?;

@@ -15,7 +15,7 @@
 use super::async_calls::{Blocking, WaitMode};
 use super::{
     check_frame_bytes, status_to_ack_error, wall_ms, Core, DriverSleep, Due, NewTask, Now,
-    ReadyEntry, RecordBatch, Round, Shared, Status,
+    ReadyEntry, RecordBatch, Shared, Status,
 };
 use crate::clock::ms_to_system_time;
 use crate::config::{DeliveryGuarantee, BATCH_TASKS_MAX};
@@ -156,9 +156,8 @@ impl Shared {
     /// before it takes the lock, and the driver may have moved the wheel past that reading
     /// meanwhile.
     fn lease_end(&self, now_ns: u128, elapsed: Tick, lease: Duration) -> Tick {
-        let to_ticks = |ns: u128| {
-            u64::try_from(super::div_u128(ns, self.tick_ns, Round::Up)).unwrap_or(u64::MAX)
-        };
+        let to_ticks =
+            |ns: u128| u64::try_from(super::div_ceil_u128(ns, self.tick_ns)).unwrap_or(u64::MAX);
         let end = to_ticks(now_ns.saturating_add(lease.as_nanos()));
         let lease_ticks = to_ticks(lease.as_nanos()).max(1);
         Tick(end.max(elapsed.0.saturating_add(lease_ticks)))

@@ -2405,7 +2405,7 @@ impl Shared {
             // Already due: overdue, handed out at once (not at the next tick).
             return Tick(0);
         }
-        let ticks = div_u128(due_mono_ns as u128, self.tick_ns, Round::Up);
+        let ticks = div_ceil_u128(due_mono_ns as u128, self.tick_ns);
         Tick(u64::try_from(ticks).unwrap_or(u64::MAX))
     }
 
@@ -2439,7 +2439,7 @@ impl Shared {
         if due_mono_ns <= 0 {
             return Tick(0);
         }
-        let ticks = div_u128(due_mono_ns as u128, self.tick_ns, Round::Up);
+        let ticks = div_ceil_u128(due_mono_ns as u128, self.tick_ns);
         Tick(u64::try_from(ticks).unwrap_or(u64::MAX))
     }
 
@@ -3878,18 +3878,14 @@ struct Now {
     engine_ns: u128,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Round {
-    Down,
-    Up,
-}
-
 /// [`Shared::validate_due`]: the due time in UTC ms (rounded up), checked
-/// against `delay_max`: accepted when it is at most `delay_max` after the
-/// wall reading, compared in nanoseconds before the rounding — so a delay of
-/// exactly `delay_max` is accepted whatever the sub-millisecond part of the
-/// reading (rounding the due time up and the limit down refused it at every
-/// reading but a whole millisecond). A delay from a wall time after the
+/// against `delay_max`: accepted when it is at most the latest due time in
+/// ms, wall reading + `delay_max` rounded up too ([`latest_due_ms`], what
+/// `DueTooFar` reports) — so a delay of exactly `delay_max` is accepted
+/// whatever the sub-millisecond part of the reading (rounding the due time
+/// up and the limit down refused it at every reading but a whole
+/// millisecond), and every due time accepted is at most the `max_ms` a
+/// refusal at that reading reports. A delay from a wall time after the
 /// epoch — nearly every call — is worked out inline in `u64`: both below
 /// 2^62 ns (146 years), their sum cannot overflow, and the figures are
 /// [`due_ms_general`]'s (`due_ms_fast_path_matches_the_general_one`).
@@ -3900,9 +3896,10 @@ fn due_ms_checked(due: Due, wall_ns: i128, delay_max: Duration) -> Result<u64, S
         if let Ok(wall) = u64::try_from(wall_ns) {
             if wall < LIMIT_NS && d.as_secs() < LIMIT_NS / 1_000_000_000 {
                 let due_ns = wall + d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos());
+                let due_ms = due_ns.div_ceil(1_000_000);
                 let delay_max_ns = u64::try_from(delay_max.as_nanos()).unwrap_or(u64::MAX);
-                if due_ns <= wall.saturating_add(delay_max_ns) {
-                    return Ok(due_ns.div_ceil(1_000_000));
+                if due_ms <= wall.saturating_add(delay_max_ns).div_ceil(1_000_000) {
+                    return Ok(due_ms);
                 }
             }
         }
@@ -3932,46 +3929,37 @@ fn due_ms_general(due: Due, wall_ns: i128, delay_max: Duration) -> Result<u64, S
     let Ok(due_ns) = u128::try_from(due_ns) else {
         return Err(ScheduleError::DueBeforeEpoch);
     };
-    let due_ms = div_u128(due_ns, 1_000_000, Round::Up);
+    let due_ms = div_ceil_u128(due_ns, 1_000_000);
+    let max_ms = latest_due_ms(wall_ns, delay_max);
     match u64::try_from(due_ms) {
-        Ok(due_ms) if due_ns <= latest_due_ns(wall_ns, delay_max) => Ok(due_ms),
+        Ok(due_ms) if due_ms <= max_ms => Ok(due_ms),
         _ => Err(ScheduleError::DueTooFar {
             due_ms: u64::try_from(due_ms).unwrap_or(u64::MAX),
-            max_ms: latest_due_ms(wall_ns, delay_max),
+            max_ms,
         }),
     }
 }
 
-/// The latest due time accepted at `wall_ns`: wall time + `delay_max`, UTC ns
-/// (a wall time before the epoch counts as the epoch).
-fn latest_due_ns(wall_ns: i128, delay_max: Duration) -> u128 {
-    u128::try_from(wall_ns)
-        .unwrap_or(0)
-        .saturating_add(delay_max.as_nanos())
-}
-
-/// [`latest_due_ns`] in whole UTC ms, rounded down: what `DueTooFar` reports
-/// (a refused due time, rounded up, is always past it).
+/// The latest due time accepted at `wall_ns`: wall time + `delay_max` in UTC
+/// ms, rounded up as due times are (a wall time before the epoch counts as
+/// the epoch; saturated at `u64::MAX`). What `DueTooFar` reports: a due time
+/// is accepted exactly when its ms are at most this.
 fn latest_due_ms(wall_ns: i128, delay_max: Duration) -> u64 {
-    let ms = div_u128(latest_due_ns(wall_ns, delay_max), 1_000_000, Round::Down);
-    u64::try_from(ms).unwrap_or(u64::MAX)
+    let latest_ns = u128::try_from(wall_ns)
+        .unwrap_or(0)
+        .saturating_add(delay_max.as_nanos());
+    u64::try_from(div_ceil_u128(latest_ns, 1_000_000)).unwrap_or(u64::MAX)
 }
 
-/// `n / d`, rounded as asked. Divides in 64 bits whenever both fit (always
-/// in practice: 2^64 ns is 584 years), since the 128-bit division routine
+/// `n / d`, rounded up. Divides in 64 bits whenever both fit (always in
+/// practice: 2^64 ns is 584 years), since the 128-bit division routine
 /// costs several times as much on the schedule path.
 #[inline]
-fn div_u128(n: u128, d: u128, round: Round) -> u128 {
+fn div_ceil_u128(n: u128, d: u128) -> u128 {
     if let (Ok(n), Ok(d)) = (u64::try_from(n), u64::try_from(d)) {
-        return u128::from(match round {
-            Round::Down => n / d,
-            Round::Up => n.div_ceil(d),
-        });
+        return u128::from(n.div_ceil(d));
     }
-    match round {
-        Round::Down => n / d,
-        Round::Up => n.div_ceil(d),
-    }
+    n.div_ceil(d)
 }
 
 /// A task a `cancel_many` call cancels, once its record is logged.
@@ -4049,7 +4037,13 @@ mod tests {
             )
         );
         match engine.shutdown() {
-            Err(crate::ShutdownError::Poisoned { cause }) => assert_eq!(cause, thread),
+            Err(e @ crate::ShutdownError::Poisoned { .. }) => assert_eq!(
+                e.to_string(),
+                format!(
+                    "the engine was poisoned: {thread} (it is shut down; deal with the cause \
+                     and open the directory again)"
+                )
+            ),
             other => panic!("expected Poisoned, got {other:?}"),
         }
     }
@@ -4130,7 +4124,7 @@ mod tests {
     /// The 64-bit fast path and the 128-bit fallback agree with plain
     /// division at every boundary between them, rounding both ways.
     #[test]
-    fn div_u128_matches_plain_division_at_the_boundaries() {
+    fn div_ceil_u128_matches_plain_division_at_the_boundaries() {
         let big = u128::from(u64::MAX);
         let cases = [
             (0u128, 1u128),
@@ -4149,9 +4143,8 @@ mod tests {
             (5, big + 1),
         ];
         for (n, d) in cases {
-            assert_eq!(div_u128(n, d, Round::Down), n / d, "{n} / {d}");
             let up = n / d + u128::from(n % d != 0);
-            assert_eq!(div_u128(n, d, Round::Up), up, "ceil {n} / {d}");
+            assert_eq!(div_ceil_u128(n, d), up, "ceil {n} / {d}");
         }
     }
 }
