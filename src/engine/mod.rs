@@ -2837,8 +2837,10 @@ impl Shared {
         {
             return Err(self.already_exists(core, t.key));
         }
-        if let Err(refusal) = self.check_room(&core, 1) {
-            return Err(self.room_refused(core, refusal));
+        // `check_room` without its second `check_open` (done above), the
+        // refusal built out of line.
+        if core.tasks.len() + core.far.len() >= self.config.pending_tasks_max {
+            return Err(self.too_many_pending(core));
         }
         self.check_horizon(&core, due_ms, due_tick)?;
         let id = TaskId(core.next_id);
@@ -3183,6 +3185,19 @@ impl Shared {
         wait.wait(self, ticket)
             .map_err(|cause| ScheduleError::Poisoned { cause })?;
         Ok(TaskId(first_id))
+    }
+
+    /// `schedule_one`'s refusal of one more task at `pending_tasks_max` (the
+    /// engine open): [`Shared::check_room`]'s `TooManyPending`, answered as
+    /// [`Shared::room_refused`] answers it. Out of line.
+    #[cold]
+    #[inline(never)]
+    fn too_many_pending(&self, core: parking_lot::MutexGuard<'_, Core>) -> ScheduleError {
+        let refusal = ScheduleError::TooManyPending {
+            pending: core.tasks.len() + core.far.len(),
+            max: self.config.pending_tasks_max,
+        };
+        self.room_refused(core, refusal)
     }
 
     /// A refusal of [`Shared::check_room`]: `TooManyPending` counts live tasks whose
