@@ -200,6 +200,14 @@ fn lookup_after_shutdown_is_closed() -> TestResult {
     Ok(())
 }
 
+/// What every call on an engine poisoned by `cause` says (the remedy included).
+fn poisoned_message(cause: &str) -> String {
+    format!(
+        "the engine is poisoned: {cause} (a poisoned engine takes no more changes: shut it \
+         down, deal with the cause, and open the directory again)"
+    )
+}
+
 /// A far task whose overflow entry is damaged: the lookup reports the
 /// damage (file and offset), poisons the engine as a cancel of it would,
 /// and a reopen refuses nothing it did not refuse before.
@@ -232,17 +240,14 @@ fn lookup_of_a_damaged_far_entry_poisons_and_names_the_file() -> TestResult {
             cause: cause.clone()
         }
         .to_string(),
-        format!("the engine is poisoned: {cause} (a poisoned engine takes no more changes: shut it down, deal with the cause, and open the directory again)")
+        poisoned_message(&cause)
     );
     // Every call after it says so alike: a failed read poisoned the engine.
     let Err(cancelled) = h.engine().cancel(b"other") else {
         return Err("a cancel on a poisoned engine".into());
     };
     assert!(matches!(cancelled, CancelError::Poisoned { .. }));
-    assert_eq!(
-        cancelled.to_string(),
-        format!("the engine is poisoned: {cause} (a poisoned engine takes no more changes: shut it down, deal with the cause, and open the directory again)")
-    );
+    assert_eq!(cancelled.to_string(), poisoned_message(&cause));
     let Err(scheduled) = h
         .engine()
         .schedule_after(b"other", Duration::from_secs(1), b"")
@@ -250,10 +255,7 @@ fn lookup_of_a_damaged_far_entry_poisons_and_names_the_file() -> TestResult {
         return Err("a schedule on a poisoned engine".into());
     };
     assert!(matches!(scheduled, ScheduleError::Poisoned { .. }));
-    assert_eq!(
-        scheduled.to_string(),
-        format!("the engine is poisoned: {cause} (a poisoned engine takes no more changes: shut it down, deal with the cause, and open the directory again)")
-    );
+    assert_eq!(scheduled.to_string(), poisoned_message(&cause));
     assert!(matches!(
         h.engine().lookup(b"other"),
         Err(LookupError::Poisoned { .. })

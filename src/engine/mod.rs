@@ -3193,11 +3193,16 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn too_many_pending(&self, core: parking_lot::MutexGuard<'_, Core>) -> ScheduleError {
-        let refusal = ScheduleError::TooManyPending {
+        let refusal = self.pending_limit_reached(&core);
+        self.room_refused(core, refusal)
+    }
+
+    /// `TooManyPending`, with the live tasks counted now.
+    fn pending_limit_reached(&self, core: &Core) -> ScheduleError {
+        ScheduleError::TooManyPending {
             pending: core.tasks.len() + core.far.len(),
             max: self.config.pending_tasks_max,
-        };
-        self.room_refused(core, refusal)
+        }
     }
 
     /// A refusal of [`Shared::check_room`]: `TooManyPending` counts live tasks whose
@@ -3243,12 +3248,8 @@ impl Shared {
     #[inline]
     fn check_room(&self, core: &Core, adding: usize) -> Result<(), ScheduleError> {
         core.check_open().map_err(status_to_schedule_error)?;
-        let live = core.tasks.len() + core.far.len();
-        if live + adding > self.config.pending_tasks_max {
-            return Err(ScheduleError::TooManyPending {
-                pending: live,
-                max: self.config.pending_tasks_max,
-            });
+        if core.tasks.len() + core.far.len() + adding > self.config.pending_tasks_max {
+            return Err(self.pending_limit_reached(core));
         }
         Ok(())
     }
